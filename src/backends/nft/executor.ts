@@ -1,0 +1,69 @@
+// How nft JSON transactions reach the kernel. The CLI path lives here; the in-process
+// libnftables path (native addon) implements the same interface.
+
+import { execa } from 'execa';
+
+export interface NftExecutor {
+  /** `addon` (in-process libnftables) or `cli` (`nft -j -f -`). */
+  readonly kind: 'addon' | 'cli';
+  /** Runs one JSON document as one transaction; rejects with nft's own message. */
+  run(json: string): Promise<void>;
+  /** Runs a JSON document in check mode: validated by the kernel, nothing is committed. */
+  check(json: string): Promise<void>;
+  /** `nft -j list table <family> <name>` output, or undefined when the table does not exist. */
+  listTable(family: 'ip' | 'ip6', name: string): Promise<string | undefined>;
+}
+
+export class NftError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'NftError';
+  }
+}
+
+/** nft's stderr keeps the useful part on its `Error:` lines. */
+export function nftErrorMessage(stderr: string): string {
+  const lines = stderr
+    .split('\n')
+    .map((l) => l.trim())
+    .filter((l) => l.length > 0);
+  const errors = lines.filter((l) => l.startsWith('Error:') || l.includes('Error:'));
+  return (errors.length > 0 ? errors : lines).slice(0, 3).join('; ') || 'nft failed without a message';
+}
+
+export function isNoSuchObject(err: unknown): boolean {
+  return err instanceof Error && /No such file or directory|does not exist/i.test(err.message);
+}
+
+export class NftCliExecutor implements NftExecutor {
+  readonly kind = 'cli' as const;
+  constructor(private readonly binary = 'nft') {}
+
+  async run(json: string): Promise<void> {
+    await this.exec(['-j', '-f', '-'], json);
+  }
+
+  async check(json: string): Promise<void> {
+    await this.exec(['-c', '-j', '-f', '-'], json);
+  }
+
+  async listTable(family: 'ip' | 'ip6', name: string): Promise<string | undefined> {
+    try {
+      return await this.exec(['-j', 'list', 'table', family, name]);
+    } catch (err) {
+      if (isNoSuchObject(err)) return undefined;
+      throw err;
+    }
+  }
+
+  private async exec(args: string[], input?: string): Promise<string> {
+    const result = await execa(this.binary, args, { input: input ?? '', reject: false, stripFinalNewline: true });
+    if (result.failed) {
+      if ((result as { code?: string }).code === 'ENOENT') {
+        throw new NftError(`the '${this.binary}' command was not found: install the nftables package`);
+      }
+      throw new NftError(nftErrorMessage(`${result.stderr}\n${result.stdout}`));
+    }
+    return result.stdout;
+  }
+}

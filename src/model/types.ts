@@ -1,0 +1,137 @@
+// Types shared by the model, the backends and the controller.
+// The model never sees a Kubernetes client object: only these stripped shapes.
+
+export type Family = 'ipv4' | 'ipv6';
+export const FAMILIES: readonly Family[] = ['ipv4', 'ipv6'];
+
+export type Protocol = 'TCP' | 'UDP' | 'SCTP';
+export const PROTOCOLS: readonly Protocol[] = ['TCP', 'UDP', 'SCTP'];
+
+/** The fields of a core/v1 Service the controller reads; everything else is stripped before caching. */
+export interface ServiceInfo {
+  namespace: string;
+  name: string;
+  uid?: string;
+  /** RFC 3339 timestamp (metadata.creationTimestamp); missing sorts last. */
+  creationTimestamp?: string;
+  type?: string;
+  clusterIP?: string;
+  clusterIPs?: string[];
+  externalIPs?: string[];
+  externalTrafficPolicy?: string;
+  ports?: Array<{ name?: string; protocol?: string; port?: number }>;
+  ingress?: Array<{ ip?: string; hostname?: string; ipMode?: string }>;
+}
+
+/** The fields of this node's core/v1 Node the controller reads. */
+export interface NodeInfo {
+  name: string;
+  podCIDR?: string;
+  podCIDRs?: string[];
+}
+
+export type DetectLocalMode = 'NodeCIDR' | 'ClusterCIDR' | 'BridgeInterface' | 'InterfaceNamePrefix';
+export const DETECT_LOCAL_MODES: readonly DetectLocalMode[] = [
+  'NodeCIDR',
+  'ClusterCIDR',
+  'BridgeInterface',
+  'InterfaceNamePrefix',
+];
+
+export interface ModelConfig {
+  detectLocalMode: DetectLocalMode;
+  /** --cluster-cidr (ClusterCIDR mode), already validated CIDRs of either family. */
+  clusterCidrs: string[];
+  /** --pod-bridge-interface (BridgeInterface mode). */
+  podBridgeInterface?: string;
+  /** --pod-interface-name-prefix (InterfaceNamePrefix mode). */
+  podInterfaceNamePrefix?: string;
+  /** --masquerade-bit: the mark is 1 << bit. */
+  masqueradeBit: number;
+  /** --local-traffic-policy-only */
+  localTrafficPolicyOnly: boolean;
+}
+
+/** One translation: traffic to (externalIp, protocol, port) goes to (clusterIp, port). */
+export interface Entry {
+  family: Family;
+  externalIp: string;
+  protocol: Protocol;
+  port: number;
+  clusterIp: string;
+  /** `namespace/name` of the owning Service. */
+  service: string;
+}
+
+/** How packets from local pods are recognised in the prerouting hook, per family. */
+export type LocalPodMatch =
+  | { kind: 'cidrs'; cidrs: string[] }
+  | { kind: 'interface'; name: string }
+  | { kind: 'interfacePrefix'; prefix: string }
+  /** Prerouting rules are not programmed for this family; `reason` says why. */
+  | { kind: 'none'; reason: string };
+
+export type SkipReason =
+  | 'ipModeProxy'
+  | 'unknownIpMode'
+  | 'hostnameOnly'
+  | 'headless'
+  | 'noClusterIP'
+  | 'externalName'
+  | 'familyWithoutClusterIP'
+  | 'invalidAddress'
+  | 'invalidName'
+  | 'invalidPort'
+  | 'unsupportedProtocol'
+  | 'notLocalTrafficPolicy';
+
+export const SKIP_REASONS: readonly SkipReason[] = [
+  'ipModeProxy',
+  'unknownIpMode',
+  'hostnameOnly',
+  'headless',
+  'noClusterIP',
+  'externalName',
+  'familyWithoutClusterIP',
+  'invalidAddress',
+  'invalidName',
+  'invalidPort',
+  'unsupportedProtocol',
+  'notLocalTrafficPolicy',
+];
+
+export interface Skip {
+  service: string;
+  reason: SkipReason;
+  /** The address, port or field that was skipped, for logs. */
+  detail: string;
+}
+
+export interface Conflict {
+  family: Family;
+  externalIp: string;
+  protocol: Protocol;
+  port: number;
+  winner: string;
+  loser: string;
+}
+
+export interface FamilyState {
+  /** Sorted by (externalIp, protocol, port); keys are unique. */
+  entries: Entry[];
+  localPodMatch: LocalPodMatch;
+}
+
+export interface DesiredState {
+  ipv4: FamilyState;
+  ipv6: FamilyState;
+  /** 1 << masqueradeBit */
+  masqueradeMark: number;
+  skips: Skip[];
+  conflicts: Conflict[];
+}
+
+/** A stable identity of an entry's match: one kernel map key. */
+export function entryKey(e: Pick<Entry, 'family' | 'externalIp' | 'protocol' | 'port'>): string {
+  return `${e.family}|${e.externalIp}|${e.protocol}|${e.port}`;
+}

@@ -1,0 +1,85 @@
+// The in-process nftables addon is built and is the path in use. This fails (never skips) when
+// build/Release/nftables_addon.node is absent: a build that quietly fell back to the CLI must
+// not pass. Nothing here talks to the kernel.
+
+import assert from 'node:assert/strict';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createRequire } from 'node:module';
+import {
+  NftAddonExecutor,
+  defaultAddonPath,
+  loadNftAddon,
+  selectNftExecutor,
+  type NftablesAddon,
+} from '../../src/backends/nft/addon-executor.js';
+import { NftCliExecutor, NftError } from '../../src/backends/nft/executor.js';
+
+describe('nftables addon build', () => {
+  it('build/Release/nftables_addon.node exists', () => {
+    const path = defaultAddonPath();
+    assert.match(path, /build\/Release\/nftables_addon\.node$/);
+    assert.ok(existsSync(path), `${path} is missing: install libnftables-dev and run \`npm run build:native\``);
+  });
+
+  it('loads and exposes run, check, list and the libnftables version', () => {
+    const load = loadNftAddon();
+    assert.ok(load.executor, load.executor ? '' : load.reason);
+    assert.ok(load.executor instanceof NftAddonExecutor);
+    assert.equal(load.executor.kind, 'addon');
+    assert.match(load.executor.libnftablesVersion, /^\d+\.\d+(\.\d+)?$/);
+  });
+
+  it('is what automatic executor selection picks', () => {
+    const choice = selectNftExecutor('auto');
+    assert.equal(choice.executor.kind, 'addon');
+    assert.match(choice.reason, /in process through libnftables \d+\.\d+/);
+  });
+
+  it('rejects a non-string document before any work is queued', () => {
+    const addon = createRequire(import.meta.url)(defaultAddonPath()) as NftablesAddon;
+    assert.throws(() => addon.run(42 as unknown as string), { name: 'TypeError', message: 'json must be a string' });
+    assert.throws(() => addon.list('ip', undefined as unknown as string), { name: 'TypeError', message: 'table must be a string' });
+  });
+});
+
+describe('nft executor selection without the addon', () => {
+  const missing = '/nonexistent/build/Release/nftables_addon.node';
+
+  it('says how to build the addon when it is missing', () => {
+    const load = loadNftAddon(missing);
+    assert.equal(load.executor, undefined);
+    assert.match(!load.executor ? load.reason : '', /not built .* install libnftables-dev and run `npm run build:native`/);
+  });
+
+  it('says why when the file is not a loadable addon', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'nftables-addon-'));
+    try {
+      const notAnAddon = join(dir, 'nftables_addon.node');
+      writeFileSync(notAnAddon, 'not a shared object');
+      const load = loadNftAddon(notAnAddon);
+      assert.equal(load.executor, undefined);
+      assert.match(!load.executor ? load.reason : '', /did not load \(.*\): install libnftables1/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('auto falls back to the CLI and gives the reason', () => {
+    const choice = selectNftExecutor('auto', missing);
+    assert.ok(choice.executor instanceof NftCliExecutor);
+    assert.match(choice.reason, /nft CLI: the in-process nftables addon is not built/);
+  });
+
+  it('an explicit addon preference fails with the reason instead of falling back', () => {
+    assert.throws(() => selectNftExecutor('addon', missing), (err: unknown) => {
+      return err instanceof NftError && /npm run build:native/.test(err.message);
+    });
+  });
+
+  it('cli is used when configured, even with the addon built', () => {
+    const choice = selectNftExecutor('cli');
+    assert.equal(choice.executor.kind, 'cli');
+  });
+});

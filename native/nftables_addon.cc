@@ -2,14 +2,17 @@
 // per call. Every call runs on a libuv worker thread (Napi::AsyncWorker) so a large transaction
 // never blocks the event loop; results come back as promises.
 //
-// One nft_ctx per call, all calls serialised by one lock:
+// One long-lived nft_ctx per addon instance, all calls serialised by one process-wide lock:
+// - Freeing a context after a transaction costs about 6 ms (its netlink socket is closed),
+//   against about 0.1 ms for a single-element transaction on a kept context: a context per
+//   call would make every partial sync 50 times slower.
 // - libnftables keeps unsynchronised process-wide state (a one-time initialisation inside
 //   nft_ctx_new, an interface cache released at the end of every command), so even separate
-//   contexts must not run at the same time. A pool would buy no parallelism.
-// - A fresh context carries nothing between calls: no stale cache holding a copy of our
-//   tables (tens of thousands of map elements) between syncs, no dry-run flag or buffered
-//   output left over from the previous call.
-// - Creating and freeing one costs about 0.02 ms, small beside the smallest transaction.
+//   contexts must not run at the same time: a pool of several would buy no parallelism.
+// - A kept context stays correct when others change the ruleset: libnftables compares the
+//   ruleset generation before each command and refetches its cache when it moved, and drops
+//   its cache after a failed command. Dry-run is set on every call.
+// The netlink socket belongs to the network namespace the process was in at the first call.
 
 #include <napi.h>
 #include <nftables/libnftables.h>
@@ -17,6 +20,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -27,6 +31,7 @@
 
 namespace {
 
+// Guards libnftables' process-wide state: one lock for every addon instance in the process.
 std::mutex& LibnftablesLock() {
   static std::mutex lock;
   return lock;
@@ -43,22 +48,45 @@ std::string TrimTrailingNewlines(std::string text) {
   return text;
 }
 
-// Runs one document (JSON, because the context's output flags say JSON) on a fresh context.
-CommandResult RunOnFreshContext(const std::string& document, bool dryRun) {
-  std::lock_guard<std::mutex> guard(LibnftablesLock());
-  nft_ctx* ctx = nft_ctx_new(NFT_CTX_DEFAULT);
-  // libnftables 1.0.6 has no input flags: the JSON output flag is what makes it parse JSON.
-  nft_ctx_output_set_flags(ctx, NFT_CTX_OUTPUT_JSON);
-  nft_ctx_set_dry_run(ctx, dryRun);
-  nft_ctx_buffer_output(ctx);
-  nft_ctx_buffer_error(ctx);
-  CommandResult result;
-  result.rc = nft_run_cmd_from_buffer(ctx, document.c_str());
-  result.output = TrimTrailingNewlines(nft_ctx_get_output_buffer(ctx));
-  result.error = TrimTrailingNewlines(nft_ctx_get_error_buffer(ctx));
-  nft_ctx_free(ctx);
-  return result;
-}
+// The context of one addon instance, created at its first use (on a worker thread).
+class NftSession {
+ public:
+  NftSession() = default;
+  NftSession(const NftSession&) = delete;
+  NftSession& operator=(const NftSession&) = delete;
+
+  ~NftSession() {
+    std::lock_guard<std::mutex> guard(LibnftablesLock());
+    if (ctx_ != nullptr) nft_ctx_free(ctx_);
+  }
+
+  // Runs one document (JSON, because the context's output flags say JSON).
+  CommandResult Run(const std::string& document, bool dryRun) {
+    std::lock_guard<std::mutex> guard(LibnftablesLock());
+    if (ctx_ == nullptr) {
+      ctx_ = nft_ctx_new(NFT_CTX_DEFAULT);
+      // libnftables 1.0.6 has no input flags: the JSON output flag is what makes it parse JSON.
+      nft_ctx_output_set_flags(ctx_, NFT_CTX_OUTPUT_JSON);
+      nft_ctx_buffer_output(ctx_);
+      nft_ctx_buffer_error(ctx_);
+    }
+    nft_ctx_set_dry_run(ctx_, dryRun);
+    CommandResult result;
+    result.rc = nft_run_cmd_from_buffer(ctx_, document.c_str());
+    // Reading a buffer also empties it for the next call.
+    result.output = TrimTrailingNewlines(nft_ctx_get_output_buffer(ctx_));
+    result.error = TrimTrailingNewlines(nft_ctx_get_error_buffer(ctx_));
+    return result;
+  }
+
+ private:
+  nft_ctx* ctx_ = nullptr;
+};
+
+using SharedSession = std::shared_ptr<NftSession>;
+
+// Workers hold the session too, so it outlives an environment torn down while they run.
+SharedSession SessionOf(Napi::Env env) { return *env.GetInstanceData<SharedSession>(); }
 
 std::string FailureMessage(const CommandResult& result) {
   if (!result.error.empty()) return result.error;
@@ -91,6 +119,7 @@ class TransactionWorker : public Napi::AsyncWorker {
  public:
   TransactionWorker(Napi::Env env, std::string document, bool dryRun)
       : Napi::AsyncWorker(env, dryRun ? "nftables.check" : "nftables.run"),
+        session_(SessionOf(env)),
         deferred_(Napi::Promise::Deferred::New(env)),
         document_(std::move(document)),
         dryRun_(dryRun) {}
@@ -99,7 +128,7 @@ class TransactionWorker : public Napi::AsyncWorker {
 
  protected:
   void Execute() override {
-    result_ = RunOnFreshContext(document_, dryRun_);
+    result_ = session_->Run(document_, dryRun_);
     if (result_.rc != 0) SetError(FailureMessage(result_));
   }
 
@@ -112,6 +141,7 @@ class TransactionWorker : public Napi::AsyncWorker {
   void OnError(const Napi::Error& error) override { deferred_.Reject(error.Value()); }
 
  private:
+  SharedSession session_;
   Napi::Promise::Deferred deferred_;
   std::string document_;
   bool dryRun_;
@@ -123,6 +153,7 @@ class ListTableWorker : public Napi::AsyncWorker {
  public:
   ListTableWorker(Napi::Env env, const std::string& family, const std::string& table)
       : Napi::AsyncWorker(env, "nftables.list"),
+        session_(SessionOf(env)),
         deferred_(Napi::Promise::Deferred::New(env)),
         document_("{\"nftables\":[{\"list\":{\"table\":{\"family\":" + JsonString(family) +
                   ",\"name\":" + JsonString(table) + "}}}]}") {}
@@ -131,7 +162,7 @@ class ListTableWorker : public Napi::AsyncWorker {
 
  protected:
   void Execute() override {
-    result_ = RunOnFreshContext(document_, false);
+    result_ = session_->Run(document_, false);
     if (result_.rc == 0) return;
     // nft reports a missing table as ENOENT; any other failure is an error.
     missing_ = result_.error.find(std::strerror(ENOENT)) != std::string::npos;
@@ -149,6 +180,7 @@ class ListTableWorker : public Napi::AsyncWorker {
   void OnError(const Napi::Error& error) override { deferred_.Reject(error.Value()); }
 
  private:
+  SharedSession session_;
   Napi::Promise::Deferred deferred_;
   std::string document_;
   CommandResult result_;
@@ -183,6 +215,7 @@ Napi::Value List(const Napi::CallbackInfo& info) {
 }
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  env.SetInstanceData<SharedSession>(new SharedSession(std::make_shared<NftSession>()));
   exports.Set("run", Napi::Function::New(env, Run, "run"));
   exports.Set("check", Napi::Function::New(env, Check, "check"));
   exports.Set("list", Napi::Function::New(env, List, "list"));

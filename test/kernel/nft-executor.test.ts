@@ -171,10 +171,29 @@ for (const { kind, create } of EXECUTORS) {
     it('check mode validates without committing', async () => {
       await executor.check(testTableDocument(3));
       assert.equal(await executor.listTable('ip', TEST_TABLE), undefined);
-      const intoMissingMap = nftDocument([
+      // Nothing checked is taken as existing afterwards, in check mode or for real.
+      const intoCheckedMap = nftDocument([
         { add: { element: { family: 'ip', table: TEST_TABLE, name: TEST_MAP, elem: [[{ concat: ['10.0.0.1', 80] }, '192.0.2.1']] } } },
       ]);
-      await assert.rejects(executor.check(intoMissingMap), (err: unknown) => err instanceof NftError);
+      await assert.rejects(executor.check(intoCheckedMap), /No such file or directory/);
+      await assert.rejects(executor.run(intoCheckedMap), /No such file or directory/);
+      assert.equal(await executor.listTable('ip', TEST_TABLE), undefined);
+    });
+
+    it('serves concurrent transactions and listings', async () => {
+      await executor.run(testTableDocument(0));
+      const addOne = (i: number) =>
+        nftDocument([
+          { add: { element: { family: 'ip', table: TEST_TABLE, name: TEST_MAP, elem: [[{ concat: [elementAddress(i), 80] }, '192.0.2.1']] } } },
+        ]);
+      const settled = await Promise.all([
+        ...Array.from({ length: 20 }, (_, i) => executor.run(addOne(i))),
+        executor.listTable('ip', TEST_TABLE),
+      ]);
+      assert.equal(typeof settled[20], 'string');
+      const listing = await executor.listTable('ip', TEST_TABLE);
+      assert.ok(listing !== undefined);
+      assert.equal(mapElements(listing, TEST_MAP).length, 20);
     });
 
     it('keeps the event loop running during a 50,000-element transaction', async () => {

@@ -47,10 +47,13 @@ function nodeGypScript() {
 
 function main() {
   const havePkgConfig = succeeds('pkg-config', ['--version']);
-  const present = NATIVE_LIBRARIES.filter((lib) => havePkgConfig && succeeds('pkg-config', ['--exists', lib.pkgConfigName]));
+  const present = NATIVE_LIBRARIES.filter(
+    (lib) => havePkgConfig && succeeds('pkg-config', ['--exists', lib.pkgConfigName]),
+  );
   for (const lib of NATIVE_LIBRARIES.filter((l) => !present.includes(l))) {
     const missing = havePkgConfig ? `${lib.pkgConfigName} not found by pkg-config` : 'pkg-config not found';
-    say(`${missing}: install the Debian packages pkg-config and ${lib.debianPackage} to build the ${lib.addon}; until then ${lib.fallback}.`);
+    const install = `install the Debian packages pkg-config and ${lib.debianPackage} to build the ${lib.addon}`;
+    say(`${missing}: ${install}; until then ${lib.fallback}.`);
   }
   if (present.length === 0) {
     // Nothing to build: leave no stale addon from an earlier build behind.
@@ -65,7 +68,8 @@ function main() {
   ].filter(([command, args]) => !succeeds(command, args));
   if (missingTools.length > 0) {
     const packages = missingTools.map(([, , debianPackage]) => debianPackage).join(' ');
-    say(`cannot build native addons: install the Debian packages ${packages}; until then ${present.map((l) => l.fallback).join(' and ')}.`);
+    const fallbacks = present.map((l) => l.fallback).join(' and ');
+    say(`cannot build native addons: install the Debian packages ${packages}; until then ${fallbacks}.`);
     return 0;
   }
 
@@ -78,9 +82,10 @@ function main() {
   const args = [nodeGyp, 'rebuild', '--loglevel=warn', ...(headers ? [`--nodedir=${headers}`] : [])];
   const build = spawnSync(process.execPath, args, { cwd: packageRoot, stdio: 'inherit' });
   if (build.status !== 0) {
+    const expectedHeaders = join(dirname(dirname(process.execPath)), 'include', 'node');
     const hint = headers
       ? 'see the compiler output above'
-      : `no Node.js headers found under ${dirname(dirname(process.execPath))}/include/node: install Node.js with its headers or set npm's nodedir`;
+      : `no Node.js headers in ${expectedHeaders}: install Node.js with its headers or set npm's nodedir`;
     say(`building the native addons failed (${hint}).`);
     return 1;
   }

@@ -48,16 +48,25 @@ function elementAddress(i: number): string {
   return `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`;
 }
 
+function addElementsCommand(indexes: number[]): NftCommand {
+  const elem = indexes.map((i) => [{ concat: [elementAddress(i), 80] }, '192.0.2.1']);
+  return { add: { element: { family: 'ip', table: TEST_TABLE, name: TEST_MAP, elem } } };
+}
+
+function addElementsDocument(indexes: number[]): string {
+  return nftDocument([addElementsCommand(indexes)]);
+}
+
 function testTableDocument(elementCount: number): string {
-  const base = { family: 'ip', table: TEST_TABLE };
   const commands: NftCommand[] = [
     { add: { table: { family: 'ip', name: TEST_TABLE } } },
-    { add: { map: { ...base, name: TEST_MAP, type: ['ipv4_addr', 'inet_service'], map: 'ipv4_addr' } } },
+    {
+      add: {
+        map: { family: 'ip', table: TEST_TABLE, name: TEST_MAP, type: ['ipv4_addr', 'inet_service'], map: 'ipv4_addr' },
+      },
+    },
   ];
-  if (elementCount > 0) {
-    const elem = Array.from({ length: elementCount }, (_, i) => [{ concat: [elementAddress(i), 80] }, '192.0.2.1']);
-    commands.push({ add: { element: { ...base, name: TEST_MAP, elem } } });
-  }
+  if (elementCount > 0) commands.push(addElementsCommand(Array.from({ length: elementCount }, (_, i) => i)));
   return nftDocument(commands);
 }
 
@@ -85,7 +94,13 @@ function mapElements(listing: string, mapName: string): string[] {
   }).sort();
 }
 
-function entry(family: Family, externalIp: string, protocol: Entry['protocol'], port: number, clusterIp: string): Entry {
+function entry(
+  family: Family,
+  externalIp: string,
+  protocol: Entry['protocol'],
+  port: number,
+  clusterIp: string,
+): Entry {
   return { family, externalIp, protocol, port, clusterIp, service: `default/svc-${port}` };
 }
 
@@ -172,9 +187,7 @@ for (const { kind, create } of EXECUTORS) {
       await executor.check(testTableDocument(3));
       assert.equal(await executor.listTable('ip', TEST_TABLE), undefined);
       // Nothing checked is taken as existing afterwards, in check mode or for real.
-      const intoCheckedMap = nftDocument([
-        { add: { element: { family: 'ip', table: TEST_TABLE, name: TEST_MAP, elem: [[{ concat: ['10.0.0.1', 80] }, '192.0.2.1']] } } },
-      ]);
+      const intoCheckedMap = addElementsDocument([1]);
       await assert.rejects(executor.check(intoCheckedMap), /No such file or directory/);
       await assert.rejects(executor.run(intoCheckedMap), /No such file or directory/);
       assert.equal(await executor.listTable('ip', TEST_TABLE), undefined);
@@ -182,12 +195,8 @@ for (const { kind, create } of EXECUTORS) {
 
     it('serves concurrent transactions and listings', async () => {
       await executor.run(testTableDocument(0));
-      const addOne = (i: number) =>
-        nftDocument([
-          { add: { element: { family: 'ip', table: TEST_TABLE, name: TEST_MAP, elem: [[{ concat: [elementAddress(i), 80] }, '192.0.2.1']] } } },
-        ]);
       const settled = await Promise.all([
-        ...Array.from({ length: 20 }, (_, i) => executor.run(addOne(i))),
+        ...Array.from({ length: 20 }, (_, i) => executor.run(addElementsDocument([i]))),
         executor.listTable('ip', TEST_TABLE),
       ]);
       assert.equal(typeof settled[20], 'string');

@@ -76,6 +76,8 @@ export class NftAddonExecutor implements NftExecutor {
   }
 }
 
+const BUILD_HINT = 'install libnftables-dev and run `npm run build:native`';
+
 export type NftAddonLoad = { executor: NftAddonExecutor } | { executor: undefined; reason: string };
 
 /** Loads the addon; never throws: a missing or broken addon comes back as a reason to log. */
@@ -83,7 +85,7 @@ export function loadNftAddon(path = defaultAddonPath()): NftAddonLoad {
   if (!existsSync(path)) {
     return {
       executor: undefined,
-      reason: `the in-process nftables addon is not built (${path} is missing): install libnftables-dev and run \`npm run build:native\``,
+      reason: `the in-process nftables addon is not built (${path} is missing): ${BUILD_HINT}`,
     };
   }
   let loaded: unknown;
@@ -93,7 +95,7 @@ export function loadNftAddon(path = defaultAddonPath()): NftAddonLoad {
     const firstLine = ((err as Error).message ?? String(err)).split('\n')[0];
     return {
       executor: undefined,
-      reason: `the in-process nftables addon did not load (${firstLine}): install libnftables1 and run \`npm run build:native\``,
+      reason: `the in-process nftables addon did not load (${firstLine}): ${BUILD_HINT}`,
     };
   }
   if (!isNftablesAddon(loaded)) {
@@ -114,7 +116,10 @@ export interface NftExecutorChoice {
  * `auto`: the addon when it loads, else the CLI. `addon`: the addon or an NftError saying why it
  * cannot be used (an explicit choice is not silently replaced). `cli`: the CLI.
  */
-export function selectNftExecutor(preference: NftExecutorPreference, addonPath = defaultAddonPath()): NftExecutorChoice {
+export function selectNftExecutor(
+  preference: NftExecutorPreference,
+  addonPath = defaultAddonPath(),
+): NftExecutorChoice {
   if (preference === 'cli') {
     return { executor: new NftCliExecutor(), reason: 'nftables is programmed through the nft CLI, as configured' };
   }

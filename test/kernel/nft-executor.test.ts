@@ -3,34 +3,16 @@
 // `unshare --net --mount`); it refuses to run in the machine's own namespace.
 
 import assert from 'node:assert/strict';
-import { readFileSync, readlinkSync } from 'node:fs';
 import { execa } from 'execa';
 import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
 import { NftCliExecutor, NftError, type NftExecutor } from '../../src/backends/nft/executor.js';
 import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import { MAP_NAME, TABLE_NAME, nftDocument, type NftCommand } from '../../src/backends/nft/render.js';
 import type { DesiredState, Entry, Family } from '../../src/model/types.js';
+import { assertIsolatedNetns } from '../support/node-network.js';
 
 const TEST_TABLE = 'nft-executor-test';
 const TEST_MAP = 'address-port-to-address';
-
-/**
- * Refuses to touch the machine's own firewall: some ancestor process (the one that ran
- * `unshare --net`) must live in another network namespace than this process.
- */
-function assertInOwnNetworkNamespace(): void {
-  const own = readlinkSync('/proc/self/ns/net');
-  for (let pid = process.ppid; pid > 1; ) {
-    try {
-      if (readlinkSync(`/proc/${pid}/ns/net`) !== own) return;
-    } catch {
-      // An ancestor we may not inspect: look further up.
-    }
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    pid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
-  }
-  throw new Error('kernel tests change nftables: run them inside `unshare --net --mount` (test/run.mjs does)');
-}
 
 function addonExecutor(): NftExecutor {
   const load = loadNftAddon();
@@ -124,7 +106,7 @@ async function kernelElements(executor: NftExecutor, family: 'ip' | 'ip6'): Prom
   return mapElements(listing, MAP_NAME);
 }
 
-before(assertInOwnNetworkNamespace);
+before(assertIsolatedNetns);
 
 for (const { kind, create } of EXECUTORS) {
   describe(`nft executor (${kind}) on the kernel`, function () {

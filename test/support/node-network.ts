@@ -8,6 +8,7 @@
 import { execFileSync, spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { randomBytes } from 'node:crypto';
+import { readFileSync, readlinkSync } from 'node:fs';
 import * as dgram from 'node:dgram';
 import * as net from 'node:net';
 import { fileURLToPath } from 'node:url';
@@ -16,22 +17,25 @@ export function sh(cmd: string, args: string[], input?: string): string {
   return execFileSync(cmd, args, { encoding: 'utf8', input, stdio: ['pipe', 'pipe', 'pipe'] });
 }
 
-/** Refuses to run in the machine's own network namespace: kernel tests change the firewall. */
+/**
+ * Refuses to touch the machine's own network: some ancestor process (the one that ran
+ * `unshare --net`) must live in another network namespace than this process.
+ */
 export function assertIsolatedNetns(): void {
-  const self = readLinkSafe('/proc/self/ns/net');
-  const init = readLinkSafe('/proc/1/ns/net');
-  if (self === init) {
-    throw new Error('kernel tests must run in a network namespace of their own: use `npm test` (test/run.mjs)');
+  const own = readlinkSync('/proc/self/ns/net');
+  for (let pid = process.ppid; pid > 1; ) {
+    try {
+      if (readlinkSync(`/proc/${pid}/ns/net`) !== own) {
+        sh('ip', ['link', 'set', 'lo', 'up']);
+        return;
+      }
+    } catch {
+      // An ancestor we may not inspect: look further up.
+    }
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    pid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
   }
-  sh('ip', ['link', 'set', 'lo', 'up']);
-}
-
-function readLinkSafe(path: string): string {
-  try {
-    return execFileSync('readlink', [path], { encoding: 'utf8' }).trim();
-  } catch {
-    return `unreadable:${path}`;
-  }
+  throw new Error('kernel tests change the firewall: run them inside `unshare --net --mount` (npm test does)');
 }
 
 export const NODE = {

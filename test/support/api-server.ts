@@ -48,6 +48,8 @@ interface Resource {
   hasStatus: boolean;
   /** DELETE answers with the deleted object (as Services do) rather than a Status. */
   deleteReturnsObject: boolean;
+  /** Fields a fieldSelector may name, as the real server allows them for this resource. */
+  selectableFields: string[];
   categories?: string[];
 }
 
@@ -57,18 +59,26 @@ const RESOURCES: readonly Resource[] = [
   {
     kind: 'Service', plural: 'services', singular: 'service', namespaced: true, shortNames: ['svc'],
     verbs: ALL_VERBS, hasStatus: true, deleteReturnsObject: true, categories: ['all'],
+    selectableFields: ['metadata.name', 'metadata.namespace'],
   },
   {
     kind: 'Node', plural: 'nodes', singular: 'node', namespaced: false, shortNames: ['no'],
     verbs: ALL_VERBS, hasStatus: true, deleteReturnsObject: false,
+    selectableFields: ['metadata.name', 'spec.unschedulable'],
   },
   {
     kind: 'Event', plural: 'events', singular: 'event', namespaced: true, shortNames: ['ev'],
     verbs: ['create', 'get', 'list', 'watch'], hasStatus: false, deleteReturnsObject: false,
+    selectableFields: [
+      'metadata.name', 'metadata.namespace', 'involvedObject.kind', 'involvedObject.namespace',
+      'involvedObject.name', 'involvedObject.uid', 'involvedObject.apiVersion', 'involvedObject.resourceVersion',
+      'involvedObject.fieldPath', 'reason', 'reportingComponent', 'source', 'type',
+    ],
   },
   {
     kind: 'Namespace', plural: 'namespaces', singular: 'namespace', namespaced: false, shortNames: ['ns'],
     verbs: ['create', 'get', 'list', 'watch'], hasStatus: false, deleteReturnsObject: false,
+    selectableFields: ['metadata.name', 'status.phase'],
   },
 ];
 
@@ -205,7 +215,7 @@ type LabelRequirement =
   | { key: string; op: 'exists' | 'notexists' };
 
 interface FieldRequirement {
-  field: 'metadata.name' | 'metadata.namespace';
+  field: string;
   equal: boolean;
   value: string;
 }
@@ -249,23 +259,29 @@ function parseLabelSelector(selector: string): LabelRequirement[] {
   });
 }
 
-function parseFieldSelector(selector: string): FieldRequirement[] {
+function parseFieldSelector(resource: Resource, selector: string): FieldRequirement[] {
   return splitTopLevel(selector).map((term) => {
     const m = /^([A-Za-z.]+)\s*(==|=|!=)\s*(.*)$/.exec(term);
     if (!m) throw new ApiError(400, `invalid selector: '${selector}'; can't understand '${term}'`);
     const field = m[1]!;
-    if (field !== 'metadata.name' && field !== 'metadata.namespace') {
-      throw new ApiError(400, `field label not supported: ${field}`);
-    }
+    if (!resource.selectableFields.includes(field)) throw new ApiError(400, `field label not supported: ${field}`);
     return { field, equal: m[2] !== '!=', value: m[3]! };
   });
 }
 
-function parseSelection(query: URLSearchParams): Selection {
+function parseSelection(resource: Resource, query: URLSearchParams): Selection {
   return {
     labels: parseLabelSelector(query.get('labelSelector') ?? ''),
-    fields: parseFieldSelector(query.get('fieldSelector') ?? ''),
+    fields: parseFieldSelector(resource, query.get('fieldSelector') ?? ''),
   };
+}
+
+/** A field's value as field selectors compare it: a string, '' when absent. */
+function fieldValue(obj: KubeObject, field: string): string {
+  if (field === 'source') return obj.source?.component ?? '';
+  const value: unknown = field.split('.').reduce<unknown>((o, k) => (isPlainObject(o) ? o[k] : undefined), obj);
+  if (value === undefined || value === null) return field === 'spec.unschedulable' ? 'false' : '';
+  return String(value);
 }
 
 function selects(selection: Selection, obj: KubeObject): boolean {
@@ -283,8 +299,7 @@ function selects(selection: Selection, obj: KubeObject): boolean {
     if (!ok) return false;
   }
   for (const r of selection.fields) {
-    const actual = r.field === 'metadata.name' ? obj.metadata?.name ?? '' : obj.metadata?.namespace ?? '';
-    if ((actual === r.value) !== r.equal) return false;
+    if ((fieldValue(obj, r.field) === r.value) !== r.equal) return false;
   }
   return true;
 }
@@ -1013,9 +1028,9 @@ export class ApiStandIn {
     if (method === 'GET' && (watch || name === undefined)) {
       verbAllowed(watch ? 'watch' : 'list');
       if (subresource) throw methodNotAllowed();
-      const selection = parseSelection(query);
+      const selection = parseSelection(resource, query);
       if (name !== undefined) selection.fields.push({ field: 'metadata.name', equal: true, value: name });
-      if (watch) this.serveWatch(res, route, selection, query);
+      if (watch) this.serveWatch(req, res, route, selection, query);
       else this.serveList(req, res, route, selection, query);
       return;
     }
@@ -1159,7 +1174,7 @@ export class ApiStandIn {
     return { snapshot, offset: parsed.offset };
   }
 
-  private serveWatch(res: ServerResponse, route: Route, selection: Selection, query: URLSearchParams): void {
+  private serveWatch(req: IncomingMessage, res: ServerResponse, route: Route, selection: Selection, query: URLSearchParams): void {
     const { resource } = route;
     this.stats.watches[resource.plural] = (this.stats.watches[resource.plural] ?? 0) + 1;
     const from = query.get('resourceVersion') ?? '';
@@ -1168,17 +1183,29 @@ export class ApiStandIn {
     }
     const timeoutSeconds = Number(query.get('timeoutSeconds') ?? 0);
     const bookmarks = query.get('allowWatchBookmarks') === 'true';
-    const write = (event: KubeObject) => res.write(JSON.stringify(event) + '\n');
-    const watcher: Watcher = {
-      resource,
-      namespace: route.namespace,
-      selection,
-      send: (type, object) => write({ type, object }),
+    const write = (event: KubeObject) => {
+      // A reset connection closes the response a moment later; nothing more is written to it.
+      if (!res.destroyed && !res.writableEnded) res.write(JSON.stringify(event) + '\n');
     };
+    // kubectl get -w asks for Table rows; the column definitions come with the first one only.
+    const asTable = wantsTable(req);
+    let columnsSent = false;
+    const send = (type: ChangeType, object: KubeObject) => {
+      if (!asTable) {
+        write({ type, object });
+        return;
+      }
+      const table = toTable(resource, [object], { resourceVersion: object.metadata.resourceVersion }, query.get('includeObject') ?? 'Metadata');
+      if (columnsSent) table.columnDefinitions = [];
+      columnsSent = true;
+      write({ type, object: table });
+    };
+    const watcher: Watcher = { resource, namespace: route.namespace, selection, send };
 
     res.writeHead(200, { 'Content-Type': 'application/json', 'Cache-Control': 'no-cache, private' });
     res.flushHeaders();
     res.socket?.setNoDelay(true);
+    res.on('error', () => undefined);
 
     // Unset or 0: start with the current state as synthetic ADDED events, as the real server does.
     let replay: Array<{ type: ChangeType; object: KubeObject }>;
@@ -1200,7 +1227,7 @@ export class ApiStandIn {
         return type ? [{ type, object: withTypeMeta(resource, c.object) }] : [];
       });
     }
-    for (const event of replay) write(event);
+    for (const event of replay) send(event.type, event.object);
 
     const unsubscribe = this.store.subscribe(watcher);
     const timers: NodeJS.Timeout[] = [];

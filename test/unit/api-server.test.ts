@@ -161,6 +161,17 @@ describe('Kubernetes API stand-in', function () {
       assert.deepEqual([res.body.kind, res.body.status, res.body.reason, res.body.code], ['Status', 'Failure', 'Unauthorized', 401]);
     });
 
+    it('rejects a client whose kubeconfig has no credentials with 401', async () => {
+      const noToken = server.kubeconfig().replace(/user:\n\s+token: .*/, 'user: {}');
+      assert.doesNotMatch(noToken, /token/);
+      const kc = new KubeConfig();
+      kc.loadFromString(noToken);
+      await assert.rejects(kc.makeApiClient(CoreV1Api).listNamespace(), (err: Error & { code?: number }) => {
+        assert.equal(err.code, 401);
+        return true;
+      });
+    });
+
     it('answers failures as metav1 Status objects with the real codes and reasons', async () => {
       const missing = await raw(server, 'GET', '/api/v1/namespaces/default/services/nope');
       assert.deepEqual([missing.status, missing.body.kind, missing.body.reason, missing.body.code], [404, 'Status', 'NotFound', 404]);
@@ -357,6 +368,15 @@ describe('Kubernetes API stand-in', function () {
       assert.deepEqual(events.map((e) => [e.metadata.namespace, e.reason]), [['shop', 'ExternalIPConflict']]);
       const listed = await raw(server, 'GET', '/api/v1/namespaces/shop/events');
       assert.deepEqual([listed.body.kind, listed.body.items.length], ['EventList', 1]);
+      // kubectl describe finds an object's events with these field selectors.
+      const forWeb = await raw(
+        server,
+        'GET',
+        `/api/v1/events?fieldSelector=${encodeURIComponent('involvedObject.name=web,involvedObject.kind=Service,type=Warning')}`,
+      );
+      assert.deepEqual(forWeb.body.items.map((e: Json) => e.reason), ['ExternalIPConflict']);
+      const forApi = await raw(server, 'GET', `/api/v1/events?fieldSelector=${encodeURIComponent('involvedObject.name=api')}`);
+      assert.deepEqual(forApi.body.items, []);
     });
 
     it('apply() fills metadata, keeps or honours creationTimestamp, and skips no-op replaces', () => {
@@ -427,8 +447,12 @@ describe('Kubernetes API stand-in', function () {
 
     it('answer an expired resourceVersion with an ERROR event carrying a 410 Expired Status', async () => {
       const a = server.apply(service('default', 'a'));
-      server.apply(service('default', 'b'));
+      const b = server.apply(service('default', 'b'));
       server.expireHistory();
+      // Even the latest version seen before the expiry is too old now.
+      const latest = await recordWatch(server, '/api/v1/services', { resourceVersion: b.metadata.resourceVersion });
+      await latest.done;
+      assert.deepEqual(latest.events.map((e) => [e.type, e.object.code]), [['ERROR', 410]]);
       const w = await recordWatch(server, '/api/v1/services', { resourceVersion: a.metadata.resourceVersion });
       assert.equal(await w.done, null);
       assert.equal(w.events.length, 1);
@@ -700,6 +724,29 @@ ${ports}
       assert.equal((await kubectl('apply', '--validate=false', '-f', file)).trim(), 'service/api unchanged');
     });
 
+    it('get -w prints watch events as server-side table rows', async () => {
+      server.apply(service('shop', 'web', { clusterIP: '10.96.5.5' }));
+      const child = spawn('kubectl', ['--kubeconfig', kubeconfig, 'get', 'svc', '-n', 'shop', '-w', '--output-watch-events'], {
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      stopAfter.push(() => child.kill('SIGKILL'));
+      let out = '';
+      child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+      child.stderr.on('data', (d: Buffer) => (out += d.toString()));
+      await waitFor(() => /ADDED\s+web/.test(out), `the initial row (got: ${out})`);
+      server.apply(service('shop', 'web', { clusterIP: '10.96.5.5', spec: { externalIPs: ['198.51.100.9'] } }));
+      await waitFor(() => /MODIFIED\s+web/.test(out), `the modified row (got: ${out})`);
+      server.remove('Service', 'shop', 'web');
+      await waitFor(() => /DELETED\s+web/.test(out), `the deleted row (got: ${out})`);
+      const rows = out.trim().split('\n').map((l) => l.trim().split(/\s+/));
+      assert.deepEqual(rows[0]!.slice(0, 4), ['EVENT', 'NAME', 'TYPE', 'CLUSTER-IP']);
+      assert.deepEqual(rows.slice(1).map((r) => [r[0], r[1], r[4]]), [
+        ['ADDED', 'web', '<none>'],
+        ['MODIFIED', 'web', '198.51.100.9'],
+        ['DELETED', 'web', '198.51.100.9'],
+      ]);
+    });
+
     it('delete svc removes the Service', async () => {
       server.apply(service('shop', 'web'));
       server.apply(service('shop', 'keep'));
@@ -708,16 +755,6 @@ ${ports}
       await assert.rejects(kubectl('delete', 'svc', '-n', 'shop', 'web'), /NotFound|not found/);
     });
 
-    it('rejects a client whose kubeconfig has no credentials with 401', async () => {
-      const noToken = server.kubeconfig().replace(/user:\n\s+token: .*/, 'user: {}');
-      assert.doesNotMatch(noToken, /token/);
-      const kc = new KubeConfig();
-      kc.loadFromString(noToken);
-      await assert.rejects(kc.makeApiClient(CoreV1Api).listNamespace(), (err: Error & { code?: number }) => {
-        assert.equal(err.code, 401);
-        return true;
-      });
-    });
   });
 
   describe('standalone command', () => {

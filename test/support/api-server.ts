@@ -863,7 +863,8 @@ export class ApiStandIn {
   /**
    * Creates or replaces an object by kind/namespace/name, status included, and returns what
    * was stored. Only metadata is filled in (no Service defaults), so tests can store shapes a
-   * real server would not produce. A replace that changes nothing is a no-op, as on the real server.
+   * real server would not produce. A given uid or creationTimestamp is kept. A replace that
+   * changes nothing is a no-op (no new resourceVersion, no event), as on the real server.
    */
   apply(obj: KubeObject): KubeObject {
     const resource = resourceOfKind(obj?.kind);
@@ -897,6 +898,10 @@ export class ApiStandIn {
     }
   }
 
+  /**
+   * Forgets the watch history (and open list snapshots): resuming a watch from any
+   * resourceVersion seen so far gets 410 Gone; a new list works and can be watched from.
+   */
   expireHistory(): void {
     this.store.expireHistory();
     this.snapshots.clear();

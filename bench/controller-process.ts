@@ -1,0 +1,187 @@
+// The controller as users run it: dist/src/cli/main.js in a process of its own, fed by the API
+// stand-in, programming the kernel of the benchmark's network namespace. Its debug log gives
+// the duration of each backend sync ('synced', ms); /proc gives its resident memory.
+
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { readFileSync } from 'node:fs';
+import { createInterface } from 'node:readline';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+
+const CLI = fileURLToPath(new URL('../src/cli/main.js', import.meta.url));
+const GC_HOOK = pathToFileURL(fileURLToPath(new URL('./gc-on-signal.js', import.meta.url))).href;
+
+export interface SyncLine {
+  mode: 'full' | 'partial';
+  entries: number;
+  ms: number;
+  /** performance.now() of the benchmark process when the line was read. */
+  seenAt: number;
+}
+
+export interface ControllerFlags {
+  kubeconfig: string;
+  nodeName: string;
+  nftExecutor: 'addon' | 'cli';
+  minSyncPeriod: string;
+  syncPeriod: string;
+}
+
+export interface MemoryFigures {
+  rssBytes: number;
+  heapUsedBytes: number;
+  heapTotalBytes: number;
+  externalBytes: number;
+}
+
+export class ControllerProcess {
+  readonly syncs: SyncLine[] = [];
+  private readonly waiters = new Set<() => void>();
+  private readonly stderrLines: string[] = [];
+  private memoryWaiter: ((m: MemoryFigures) => void) | undefined;
+  private exited = false;
+  readonly startedAt = performance.now();
+  /** performance.now() when the controller said its caches synced. */
+  cachesSyncedAt: number | undefined;
+
+  private constructor(private readonly child: ChildProcess) {
+    createInterface({ input: child.stdout! }).on('line', (line) => this.onLogLine(line));
+    createInterface({ input: child.stderr! }).on('line', (line) => this.onErrorLine(line));
+    child.on('exit', () => {
+      this.exited = true;
+      this.notify();
+    });
+  }
+
+  static start(flags: ControllerFlags): ControllerProcess {
+    const args = [
+      '--expose-gc',
+      '--import',
+      GC_HOOK,
+      CLI,
+      '--kubeconfig',
+      flags.kubeconfig,
+      '--node-name',
+      flags.nodeName,
+      '--backend',
+      'nft',
+      '--nft-executor',
+      flags.nftExecutor,
+      '--min-sync-period',
+      flags.minSyncPeriod,
+      '--sync-period',
+      flags.syncPeriod,
+      '--log-level',
+      'debug',
+    ];
+    const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    return new ControllerProcess(child);
+  }
+
+  get pid(): number {
+    return this.child.pid!;
+  }
+
+  private onLogLine(line: string): void {
+    let record: Record<string, unknown>;
+    try {
+      record = JSON.parse(line) as Record<string, unknown>;
+    } catch {
+      return;
+    }
+    if (record.msg === 'synced' && typeof record.ms === 'number') {
+      const entries = record.entries as { ipv4: number; ipv6: number };
+      this.syncs.push({
+        mode: record.mode as SyncLine['mode'],
+        entries: entries.ipv4 + entries.ipv6,
+        ms: record.ms,
+        seenAt: performance.now(),
+      });
+    } else if (record.msg === 'caches synced') {
+      this.cachesSyncedAt = performance.now();
+    } else if (typeof record.level === 'number' && record.level >= 50) {
+      this.stderrLines.push(`controller: ${String(record.msg)}`);
+    }
+    this.notify();
+  }
+
+  private onErrorLine(line: string): void {
+    const prefix = 'bench-memory ';
+    if (line.startsWith(prefix)) {
+      const m = JSON.parse(line.slice(prefix.length)) as Record<string, number>;
+      this.memoryWaiter?.({
+        rssBytes: m.rss!,
+        heapUsedBytes: m.heapUsed!,
+        heapTotalBytes: m.heapTotal!,
+        externalBytes: m.external!,
+      });
+      this.memoryWaiter = undefined;
+      return;
+    }
+    this.stderrLines.push(line);
+  }
+
+  private notify(): void {
+    for (const waiter of [...this.waiters]) waiter();
+  }
+
+  /** Resolves when `done()` holds, checked after every log line; rejects on exit or timeout. */
+  async waitFor(what: string, done: () => boolean, timeoutMs: number): Promise<void> {
+    if (done()) return;
+    await new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => finish(new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)), timeoutMs);
+      const check = () => {
+        if (done()) finish();
+        else if (this.exited) finish(new Error(`the controller exited while waiting for ${what}: ${this.lastErrors()}`));
+      };
+      const finish = (err?: Error) => {
+        clearTimeout(timer);
+        this.waiters.delete(check);
+        if (err) reject(err);
+        else resolve();
+      };
+      this.waiters.add(check);
+    });
+  }
+
+  /** Waits until `count` syncs of `mode` have been logged in all. */
+  async waitForSyncs(mode: SyncLine['mode'], count: number, timeoutMs: number): Promise<SyncLine[]> {
+    const ofMode = () => this.syncs.filter((s) => s.mode === mode);
+    await this.waitFor(`${count} ${mode} syncs`, () => ofMode().length >= count, timeoutMs);
+    return ofMode();
+  }
+
+  lastErrors(): string {
+    return this.stderrLines.slice(-5).join(' | ') || 'no error output';
+  }
+
+  /** VmRSS and VmHWM (peak) of the controller process, in bytes. */
+  residentMemory(): { rssBytes: number; peakRssBytes: number } {
+    const status = readFileSync(`/proc/${this.pid}/status`, 'utf8');
+    const kib = (field: string) => Number(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? NaN) * 1024;
+    return { rssBytes: kib('VmRSS'), peakRssBytes: kib('VmHWM') };
+  }
+
+  /** Asks the controller for a full garbage collection and its memory figures afterwards. */
+  async collectGarbage(timeoutMs = 10_000): Promise<MemoryFigures> {
+    const figures = new Promise<MemoryFigures>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error('the controller did not report its memory')), timeoutMs);
+      this.memoryWaiter = (m) => {
+        clearTimeout(timer);
+        resolve(m);
+      };
+    });
+    this.child.kill('SIGUSR2');
+    return figures;
+  }
+
+  /** SIGTERM, as a kubelet stops it; the rules stay in place. */
+  async stop(): Promise<void> {
+    if (this.exited) return;
+    const exit = once(this.child, 'exit');
+    this.child.kill('SIGTERM');
+    const timer = setTimeout(() => this.child.kill('SIGKILL'), 10_000);
+    await exit;
+    clearTimeout(timer);
+  }
+}

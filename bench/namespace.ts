@@ -1,0 +1,45 @@
+// The benchmark programs nftables and iptables: it only ever does so in network namespaces it
+// creates, never in the machine's own.
+
+import { readFileSync, readlinkSync } from 'node:fs';
+
+function namespaceOf(pid: number | 'self', kind: 'net' | 'mnt'): string | undefined {
+  try {
+    return readlinkSync(`/proc/${pid}/ns/${kind}`);
+  } catch {
+    return undefined; // a process we may not inspect
+  }
+}
+
+function parentOf(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+}
+
+/**
+ * True when some ancestor process lives in another network namespace and some in another mount
+ * namespace than this process: this process runs in namespaces made by `unshare` below them.
+ */
+export function isolatedFromMachine(): boolean {
+  const own = { net: namespaceOf('self', 'net'), mnt: namespaceOf('self', 'mnt') };
+  const differs = { net: false, mnt: false };
+  for (let pid = process.ppid; pid > 1 && !(differs.net && differs.mnt); pid = parentOf(pid)) {
+    for (const kind of ['net', 'mnt'] as const) {
+      const theirs = namespaceOf(pid, kind);
+      if (theirs !== undefined && theirs !== own[kind]) differs[kind] = true;
+    }
+  }
+  return differs.net && differs.mnt;
+}
+
+/** Waits until process `pid` has left this process's network namespace (after its unshare). */
+export async function waitForOwnNetworkNamespace(pid: number, timeoutMs = 5000): Promise<void> {
+  const own = namespaceOf('self', 'net');
+  const deadline = performance.now() + timeoutMs;
+  while (performance.now() < deadline) {
+    const theirs = namespaceOf(pid, 'net');
+    if (theirs !== undefined && theirs !== own) return;
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+  throw new Error(`process ${pid} did not enter a network namespace of its own`);
+}

@@ -1,0 +1,202 @@
+// The printed table and the JSON shape of a benchmark run.
+
+import type { FirstPacketResult } from './first-packet.js';
+import { median } from './stats.js';
+
+export interface FullSyncResult {
+  services: number;
+  executor: 'addon' | 'cli';
+  entries: number;
+  /** From the controller's start to its first 'synced' line (lists, model, first sync). */
+  startToFirstSyncMs: number;
+  /** The first sync after start. */
+  firstMs: number;
+  /** Periodic full syncs (--sync-period 1s). */
+  periodicMs: number[];
+  medianMs: number;
+}
+
+export interface LatencyResult {
+  services: number;
+  executor: 'addon';
+  changes: number;
+  samplesMs: number[];
+  p50Ms: number;
+  p90Ms: number;
+  p99Ms: number;
+  maxMs: number;
+  /** The controller's own figure for the same syncs: backend sync only. */
+  partialSyncs: number;
+  partialSyncP50Ms: number;
+  partialSyncP99Ms: number;
+}
+
+export interface MemoryResult {
+  services: number;
+  /** VmRSS after 5 s idle following the first sync. */
+  rssIdleMiB: number;
+  /** VmRSS 2 s after a forced full garbage collection. */
+  rssAfterGcMiB: number;
+  /** VmHWM: the peak, reached while listing. */
+  peakRssMiB: number;
+  heapUsedMiB: number;
+  heapTotalMiB: number;
+  externalMiB: number;
+}
+
+export interface BenchResults {
+  command: string;
+  startedAt: string;
+  finishedAt?: string;
+  machine: {
+    cpus: number;
+    kernel: string;
+    node: string;
+    nft: string;
+    loadAverageAtStart: number[];
+    loadAverageAtEnd?: number[];
+  };
+  fullSync: FullSyncResult[];
+  latency?: LatencyResult;
+  memory: MemoryResult[];
+  firstPacket: FirstPacketResult[];
+}
+
+const FULL_SYNC_TARGETS: Record<number, number> = { 10_000: 150, 50_000: 1000 };
+const LATENCY_TARGET_MS = 5;
+const MEMORY_TARGET_MIB = 100;
+
+function n(value: number): string {
+  return value.toLocaleString('en-US');
+}
+
+function ms(value: number, digits = 1): string {
+  return Number.isFinite(value) ? `${value.toFixed(digits)} ms` : '-';
+}
+
+function table(header: string[], rows: string[][]): string[] {
+  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
+  const line = (cells: string[]) =>
+    cells.map((c, i) => (i === 0 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join('  ').trimEnd();
+  return [line(header), ...rows.map(line)];
+}
+
+function verdict(ok: boolean): string {
+  return ok ? 'met' : 'MISSED';
+}
+
+export function formatReport(r: BenchResults): string {
+  const out: string[] = [];
+  out.push(`ipvs-node-controller benchmark, ${r.startedAt}`);
+  out.push(`command: ${r.command}`);
+  out.push(
+    `machine: ${r.machine.cpus} CPUs, kernel ${r.machine.kernel}, node ${r.machine.node}, ${r.machine.nft}, ` +
+      `load average ${r.machine.loadAverageAtStart.join(' ')} at start, ${(r.machine.loadAverageAtEnd ?? []).join(' ')} at end`,
+  );
+  out.push(
+    'setup: the controller (dist/src/cli/main.js --backend nft) in a network namespace of the benchmark, fed by',
+    '  the API stand-in over HTTPS; LoadBalancer Services with one TCP port and one ingress IP each (one map element).',
+  );
+
+  if (r.fullSync.length > 0) {
+    out.push('', '1. Full sync: duration of the backend sync from the controller\'s debug line \'synced\' (ms);');
+    out.push('   median of the periodic full syncs (--sync-period 1s), and the first sync after start.');
+    const sizes = [...new Set(r.fullSync.map((f) => f.services))];
+    const rows = sizes.map((services) => {
+      const of = (e: string) => r.fullSync.find((f) => f.services === services && f.executor === e);
+      const addon = of('addon');
+      const cli = of('cli');
+      const target = FULL_SYNC_TARGETS[services];
+      return [
+        n(services),
+        n(addon?.entries ?? cli?.entries ?? 0),
+        ms(addon?.medianMs ?? NaN),
+        addon ? `${Math.min(...addon.periodicMs)}-${Math.max(...addon.periodicMs)}` : '-',
+        ms(addon?.firstMs ?? NaN),
+        ms(cli?.medianMs ?? NaN),
+        ms(cli?.firstMs ?? NaN),
+        addon ? `${(addon.startToFirstSyncMs / 1000).toFixed(1)} s` : '-',
+        target !== undefined && addon ? `< ${target} ms: ${verdict(addon.medianMs < target)}` : '',
+      ];
+    });
+    out.push(
+      ...table(
+        ['Services', 'elements', 'addon median', 'range', 'addon first', 'CLI median', 'CLI first', 'start to 1st sync', 'target (addon)'],
+        rows,
+      ).map((l) => `   ${l}`),
+    );
+  }
+
+  if (r.latency) {
+    const l = r.latency;
+    out.push('', `2. Change-to-kernel latency, ${n(l.services)} Services, addon, --min-sync-period 0 (each change is its own sync):`);
+    out.push('   one Service\'s ingress IP changes in the stand-in; time until `nft monitor` shows the new element in the kernel.');
+    out.push(
+      ...table(
+        ['changes', 'p50', 'p90', 'p99', 'max', 'controller partial sync p50 / p99', 'target p99'],
+        [
+          [
+            n(l.changes),
+            ms(l.p50Ms, 2),
+            ms(l.p90Ms, 2),
+            ms(l.p99Ms, 2),
+            ms(l.maxMs, 2),
+            `${ms(l.partialSyncP50Ms, 0)} / ${ms(l.partialSyncP99Ms, 0)} (${l.partialSyncs} syncs)`,
+            `< ${LATENCY_TARGET_MS} ms: ${verdict(l.p99Ms < LATENCY_TARGET_MS)}`,
+          ],
+        ],
+      ).map((line) => `   ${line}`),
+    );
+  }
+
+  if (r.memory.length > 0) {
+    out.push('', '3. Resident memory of the controller process with the Services cached (addon):');
+    out.push('   RSS after 5 s idle; RSS after a forced full GC; peak RSS (while listing); V8 heap used after GC.');
+    out.push(
+      ...table(
+        ['Services', 'RSS idle', 'RSS after GC', 'peak RSS', 'heap used', 'target'],
+        r.memory.map((m) => [
+          n(m.services),
+          `${m.rssIdleMiB.toFixed(1)} MiB`,
+          `${m.rssAfterGcMiB.toFixed(1)} MiB`,
+          `${m.peakRssMiB.toFixed(1)} MiB`,
+          `${m.heapUsedMiB.toFixed(1)} MiB`,
+          m.services === 10_000 ? `< ${MEMORY_TARGET_MIB} MiB: ${verdict(m.rssIdleMiB < MEMORY_TARGET_MIB)}` : '',
+        ]),
+      ).map((line) => `   ${line}`),
+    );
+  }
+
+  if (r.firstPacket.length > 0) {
+    const rounds = r.firstPacket[0]!.p50Us.length;
+    out.push('', `4. First packet: TCP connect() time to the last-added Service's LoadBalancer IP (answered via its ClusterIP);`);
+    out.push(`   C connect loop, median over ${rounds} rounds (fresh namespace each, scenarios in turn) of each round's p50 / p99.`);
+    out.push('   node: host-network client (nat output hook); pod: client in a pod namespace (prerouting hook).');
+    const base = (client: string) =>
+      r.firstPacket.find((f) => f.label === 'nft map' && f.services === 1 && f.client === client);
+    const rows = r.firstPacket.map((f) => {
+      const p50 = median(f.p50Us);
+      const reference = base(f.client);
+      const vsOne = reference ? `${(((p50 - median(reference.p50Us)) / median(reference.p50Us)) * 100).toFixed(1)} %` : '-';
+      const translated = [...f.answers].every((a) => a === 'C') ? 'ClusterIP' : `NOT (${f.answers})`;
+      return [
+        `${f.label}, ${n(f.services)} Service${f.services === 1 ? '' : 's'}`,
+        f.client,
+        translated,
+        `${p50.toFixed(1)} us`,
+        `${median(f.p99Us).toFixed(1)} us`,
+        vsOne,
+        String(f.failures),
+      ];
+    });
+    out.push(...table(['scenario', 'client', 'reached', 'p50', 'p99', 'p50 vs nft 1', 'failures'], rows).map((l) => `   ${l}`));
+    const nft10k = r.firstPacket.filter((f) => f.label === 'nft map' && f.services === 10_000);
+    for (const f of nft10k) {
+      const reference = base(f.client);
+      if (!reference) continue;
+      const delta = (median(f.p50Us) - median(reference.p50Us)) / median(reference.p50Us);
+      out.push(`   target (${f.client}): nft at 10,000 within 10 % of nft at 1: ${verdict(delta <= 0.1)}`);
+    }
+  }
+  return out.join('\n') + '\n';
+}

@@ -1,0 +1,339 @@
+// The performance suite: `npm run bench` (root). Measures, on the kernel, in a network namespace
+// of its own, with Services served by the Kubernetes API stand-in over its real wire protocol:
+//   1. full sync time of the running controller for N LoadBalancer Services, addon and CLI;
+//   2. change-to-kernel latency of partial syncs (one Service's ingress IP changes);
+//   3. resident memory of the controller with N Services cached;
+//   4. first-packet cost (TCP set-up) through the nft map, and through the original's rules.
+// Prints a table and writes bench/results/<timestamp>.json. Asserts nothing.
+//
+//   npm run bench [-- --sizes 1000,10000,50000 --changes 500 --rounds 5 --only full,latency,memory,first-packet]
+
+import { execFileSync, spawnSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { cpus, loadavg, tmpdir } from 'node:os';
+import { dirname, join, relative } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import { ApiStandIn } from '../test/support/api-server.js';
+import { ControllerProcess, type ControllerFlags } from './controller-process.js';
+import { measureFirstPacket, originalIptablesRules, type FirstPacketScenario } from './first-packet.js';
+import { compilePrograms } from './first-packet-programs.js';
+import { ElementMonitor } from './kernel-monitor.js';
+import { isolatedFromMachine } from './namespace.js';
+import {
+  formatReport,
+  type BenchResults,
+  type FullSyncResult,
+  type LatencyResult,
+  type MemoryResult,
+} from './report.js';
+import { NODE_NAME, benchNode, benchService, movedIp } from './services.js';
+import { median, percentile, seededRandom } from './stats.js';
+
+const SELF = fileURLToPath(import.meta.url);
+const RESULTS_DIR = join(dirname(SELF), '..', '..', 'bench', 'results');
+const MEASURES = ['full', 'latency', 'memory', 'first-packet'] as const;
+type Measure = (typeof MEASURES)[number];
+const TABLE = 'ipvs-node-controller';
+/** The change-latency and the nft first-packet measures run at this size, as the targets say. */
+const LATENCY_SERVICES = 10_000;
+const MEMORY_SIZES = [10_000, 50_000];
+const MiB = 1024 * 1024;
+
+interface Options {
+  sizes: number[];
+  changes: number;
+  fullSyncs: number;
+  rounds: number;
+  connects: number;
+  only: Set<Measure>;
+}
+
+function parseOptions(argv: string[]): Options {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      sizes: { type: 'string', default: '1000,10000,50000' },
+      changes: { type: 'string', default: '500' },
+      'full-syncs': { type: 'string', default: '5' },
+      rounds: { type: 'string', default: '5' },
+      connects: { type: 'string', default: '10000' },
+      only: { type: 'string', default: MEASURES.join(',') },
+    },
+  });
+  const count = (flag: string, text: string) => {
+    const n = Number(text);
+    if (!Number.isInteger(n) || n < 1) throw new Error(`--${flag}: '${text}' is not a positive integer`);
+    return n;
+  };
+  const only = new Set<Measure>();
+  for (const m of values.only.split(',')) {
+    if (!(MEASURES as readonly string[]).includes(m)) throw new Error(`--only: '${m}' is not one of ${MEASURES.join(', ')}`);
+    only.add(m as Measure);
+  }
+  return {
+    sizes: values.sizes.split(',').map((s) => count('sizes', s)).sort((a, b) => a - b),
+    changes: count('changes', values.changes),
+    fullSyncs: count('full-syncs', values['full-syncs']),
+    rounds: count('rounds', values.rounds),
+    connects: count('connects', values.connects),
+    only,
+  };
+}
+
+function log(message: string): void {
+  process.stderr.write(`[bench] ${message}\n`);
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+class Bench {
+  private readonly workDir = mkdtempSync(join(tmpdir(), 'ipvs-node-controller-bench-'));
+  private readonly kubeconfig = join(this.workDir, 'kubeconfig');
+  private services = 0;
+  /** `nft list table` of what the controller programmed, by number of Services. */
+  private readonly tables = new Map<number, string>();
+
+  private constructor(
+    private readonly standIn: ApiStandIn,
+    private readonly options: Options,
+  ) {}
+
+  static async start(options: Options): Promise<Bench> {
+    const standIn = await ApiStandIn.start();
+    const bench = new Bench(standIn, options);
+    await standIn.writeKubeconfig(bench.kubeconfig);
+    standIn.apply(benchNode());
+    return bench;
+  }
+
+  async close(): Promise<void> {
+    await this.standIn.stop();
+    rmSync(this.workDir, { recursive: true, force: true });
+  }
+
+  /** Adds Services until the stand-in serves n (never removes). */
+  private ensureServices(n: number): void {
+    if (n > this.services) log(`serving ${n.toLocaleString('en-US')} Services`);
+    for (; this.services < n; this.services++) this.standIn.apply(benchService(this.services));
+  }
+
+  private controller(flags: Partial<ControllerFlags>): ControllerProcess {
+    return ControllerProcess.start({
+      kubeconfig: this.kubeconfig,
+      nodeName: NODE_NAME,
+      nftExecutor: 'addon',
+      minSyncPeriod: '1s',
+      syncPeriod: '1h',
+      ...flags,
+    });
+  }
+
+  private saveTable(services: number): void {
+    // -y: numeric priorities, which nft 1.0.6 reads back on the output hook.
+    this.tables.set(services, execFileSync('nft', ['-y', 'list', 'table', 'ip', TABLE], { encoding: 'utf8' }));
+  }
+
+  private startupTimeoutMs(services: number): number {
+    return 60_000 + services * 4;
+  }
+
+  async fullSync(services: number, executor: 'addon' | 'cli'): Promise<FullSyncResult> {
+    this.ensureServices(services);
+    log(`full sync, ${services.toLocaleString('en-US')} Services, ${executor}`);
+    const c = this.controller({ nftExecutor: executor, syncPeriod: '1s' });
+    try {
+      const timeout = this.startupTimeoutMs(services) + this.options.fullSyncs * (5_000 + services / 10);
+      const syncs = await c.waitForSyncs('full', this.options.fullSyncs + 1, timeout);
+      const [first, ...periodic] = syncs.slice(0, this.options.fullSyncs + 1);
+      return {
+        services,
+        executor,
+        entries: first!.entries,
+        startToFirstSyncMs: first!.seenAt - c.startedAt,
+        firstMs: first!.ms,
+        periodicMs: periodic.map((s) => s.ms),
+        medianMs: median(periodic.map((s) => s.ms)),
+      };
+    } finally {
+      await c.stop();
+    }
+  }
+
+  /** A controller with --min-sync-period 0: memory with the Services cached, then (at 10,000) latency. */
+  async steadyState(services: number): Promise<{ memory?: MemoryResult; latency?: LatencyResult }> {
+    this.ensureServices(services);
+    const c = this.controller({ minSyncPeriod: '0s' });
+    const out: { memory?: MemoryResult; latency?: LatencyResult } = {};
+    try {
+      await c.waitForSyncs('full', 1, this.startupTimeoutMs(services));
+      if (services === 1 || services === LATENCY_SERVICES) this.saveTable(services);
+      if (this.options.only.has('memory') && MEMORY_SIZES.includes(services)) {
+        log(`memory, ${services.toLocaleString('en-US')} Services`);
+        await sleep(5_000);
+        const idle = c.residentMemory();
+        const heap = await c.collectGarbage();
+        await sleep(2_000);
+        const afterGc = c.residentMemory();
+        out.memory = {
+          services,
+          rssIdleMiB: idle.rssBytes / MiB,
+          rssAfterGcMiB: afterGc.rssBytes / MiB,
+          peakRssMiB: afterGc.peakRssBytes / MiB,
+          heapUsedMiB: heap.heapUsedBytes / MiB,
+          heapTotalMiB: heap.heapTotalBytes / MiB,
+          externalMiB: heap.externalBytes / MiB,
+        };
+      }
+      if (this.options.only.has('latency') && services === LATENCY_SERVICES) {
+        out.latency = await this.changeLatency(c, services);
+      }
+    } finally {
+      await c.stop();
+    }
+    return out;
+  }
+
+  /**
+   * Moves one Service's ingress IP at a time (a random Service, a fresh address) and times, in
+   * this process, from the write into the stand-in to the moment `nft monitor` shows the new
+   * element in the kernel. Pauses between changes so that each is its own sync.
+   */
+  private async changeLatency(c: ControllerProcess, services: number): Promise<LatencyResult> {
+    log(`change-to-kernel latency, ${services.toLocaleString('en-US')} Services, ${this.options.changes} changes`);
+    const monitor = await ElementMonitor.start();
+    const random = seededRandom(4);
+    const samplesMs: number[] = [];
+    const partialBefore = c.syncs.length;
+    try {
+      for (let k = 0; k < this.options.changes; k++) {
+        const i = Math.floor(random() * (services - 1));
+        const next = benchService(i, movedIp(k));
+        const seen = monitor.elementAdded(movedIp(k), 10_000);
+        const changedAt = performance.now();
+        this.standIn.apply(next);
+        samplesMs.push((await seen) - changedAt);
+        await sleep(10 + Math.floor(random() * 20));
+      }
+    } finally {
+      await monitor.stop();
+    }
+    await sleep(200);
+    const partial = c.syncs.slice(partialBefore).filter((s) => s.mode === 'partial').map((s) => s.ms);
+    return {
+      services,
+      executor: 'addon',
+      changes: samplesMs.length,
+      samplesMs,
+      p50Ms: percentile(samplesMs, 50),
+      p90Ms: percentile(samplesMs, 90),
+      p99Ms: percentile(samplesMs, 99),
+      maxMs: Math.max(...samplesMs),
+      partialSyncs: partial.length,
+      partialSyncP50Ms: percentile(partial, 50),
+      partialSyncP99Ms: percentile(partial, 99),
+    };
+  }
+
+  async firstPacket(): Promise<BenchResults['firstPacket']> {
+    const one = this.tables.get(1);
+    const many = this.tables.get(LATENCY_SERVICES);
+    const scenarios: FirstPacketScenario[] = [];
+    const file = (name: string, text: string) => {
+      const path = join(this.workDir, name);
+      writeFileSync(path, text);
+      return path;
+    };
+    if (one) scenarios.push({ label: 'nft map', services: 1, rules: { loader: 'nft', file: file('nft-1.nft', one) } });
+    if (many) {
+      scenarios.push({ label: 'nft map', services: LATENCY_SERVICES, rules: { loader: 'nft', file: file('nft-n.nft', many) } });
+      const rules = file('iptables-n.rules', originalIptablesRules(LATENCY_SERVICES));
+      for (const loader of ['iptables-legacy-restore', 'iptables-nft-restore'] as const) {
+        scenarios.push({ label: `original rules, ${loader.replace('-restore', '')}`, services: LATENCY_SERVICES, rules: { loader, file: rules } });
+      }
+    }
+    log(`first packet: ${scenarios.length} scenarios x ${this.options.rounds} rounds x ${this.options.connects} connects`);
+    const programs = compilePrograms(this.workDir);
+    return measureFirstPacket(scenarios, {
+      programs,
+      workDir: this.workDir,
+      rounds: this.options.rounds,
+      warmup: Math.ceil(this.options.connects / 5),
+      connects: this.options.connects,
+      onRound: (round) => log(`first packet, round ${round + 1} of ${this.options.rounds}`),
+    });
+  }
+}
+
+function tool(cmd: string, args: string[]): string {
+  try {
+    return execFileSync(cmd, args, { encoding: 'utf8' }).trim();
+  } catch {
+    return 'unknown';
+  }
+}
+
+async function benchmark(argv: string[]): Promise<void> {
+  const options = parseOptions(argv);
+  execFileSync('ip', ['link', 'set', 'lo', 'up']);
+  const results: BenchResults = {
+    command: `npm run bench${argv.length > 0 ? ` -- ${argv.join(' ')}` : ''}`,
+    startedAt: new Date().toISOString(),
+    machine: {
+      cpus: cpus().length,
+      kernel: tool('uname', ['-r']),
+      node: process.version,
+      nft: tool('nft', ['--version']),
+      loadAverageAtStart: loadavg().map((l) => Number(l.toFixed(2))),
+    },
+    fullSync: [],
+    memory: [],
+    firstPacket: [],
+  };
+  const bench = await Bench.start(options);
+  try {
+    const needFirstPacket = options.only.has('first-packet');
+    if (needFirstPacket) await bench.steadyState(1);
+    for (const services of options.sizes) {
+      if (options.only.has('full')) {
+        for (const executor of ['addon', 'cli'] as const) results.fullSync.push(await bench.fullSync(services, executor));
+      }
+      const wantsSteady =
+        (options.only.has('memory') && MEMORY_SIZES.includes(services)) ||
+        ((options.only.has('latency') || needFirstPacket) && services === LATENCY_SERVICES);
+      if (wantsSteady) {
+        const { memory, latency } = await bench.steadyState(services);
+        if (memory) results.memory.push(memory);
+        if (latency) results.latency = latency;
+      }
+    }
+    if (needFirstPacket) results.firstPacket = await bench.firstPacket();
+  } finally {
+    await bench.close();
+  }
+  results.finishedAt = new Date().toISOString();
+  results.machine.loadAverageAtEnd = loadavg().map((l) => Number(l.toFixed(2)));
+  process.stdout.write(formatReport(results));
+  mkdirSync(RESULTS_DIR, { recursive: true });
+  const path = join(RESULTS_DIR, `${results.startedAt.replace(/[:.]/g, '-')}.json`);
+  writeFileSync(path, JSON.stringify(results, null, 2) + '\n');
+  process.stdout.write(`\nresults: ${relative(process.cwd(), path)}\n`);
+}
+
+const argv = process.argv.slice(2);
+if (process.getuid?.() !== 0) {
+  console.error('the benchmark programs nftables and iptables in network namespaces of its own: run it as root');
+  process.exit(1);
+} else if (isolatedFromMachine()) {
+  benchmark(argv).catch((err: unknown) => {
+    console.error(`bench: ${(err as Error).stack ?? String(err)}`);
+    process.exit(1);
+  });
+} else {
+  // Never the machine's own firewall: the whole suite runs in new network and mount namespaces.
+  const r = spawnSync('unshare', ['--net', '--mount', '--propagation', 'private', '--', process.execPath, SELF, ...argv], {
+    stdio: 'inherit',
+  });
+  if (r.error) console.error(`bench: cannot create a network namespace (unshare): ${r.error.message}`);
+  process.exit(r.status ?? 1);
+}

@@ -17,6 +17,7 @@ import { formatDuration } from '../config/duration.js';
 import { readObjectsFile } from './objects-file.js';
 import { CoreV1Api } from '@kubernetes/client-node';
 import { toNodeInfo, toServiceInfo } from '../kube/objects.js';
+import { Operations } from '../metrics/operations.js';
 
 const PROGRAM = 'ipvs-node-controller';
 
@@ -120,14 +121,28 @@ async function cleanup(config: Config, logger: Logger): Promise<number> {
 }
 
 async function run(config: Config, logger: Logger): Promise<number> {
+  // Metrics, health endpoints and Events (src/metrics/operations.ts).
+  const operations = await Operations.start(config, logger).catch((err: Error) => {
+    throw new FatalError(err.message);
+  });
+  try {
+    return await runController(config, logger, operations);
+  } finally {
+    await operations.close();
+  }
+}
+
+async function runController(config: Config, logger: Logger, operations: Operations): Promise<number> {
   const backend = await createBackend(config, logger);
+  operations.describeBackend(backend);
   const kc = kubeConfigOrFail(config);
   let controller: Controller | undefined;
-  const caches = createClusterCaches(kc, config.nodeName, () => controller?.onCacheChange(), {
+  const caches = createClusterCaches(kc, config.nodeName, () => controller?.onCacheChange(), operations.informerObserver({
     onError: (resource, err, retryInMs) =>
       logger.warn({ resource, retryInMs }, `cannot list/watch ${resource}, keeping the last rules: ${err.message}`),
-  });
+  }));
   controller = new Controller({
+    observer: operations.controllerObserver(kc, caches.services),
     caches,
     backend,
     model: config.model,
@@ -136,6 +151,7 @@ async function run(config: Config, logger: Logger): Promise<number> {
     syncPeriodMs: config.syncPeriodMs,
     logger,
   });
+  operations.attach(controller);
   logger.info(
     {
       backend: backend.name,

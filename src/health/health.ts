@@ -30,15 +30,26 @@ export class ApiReachability implements InformerObserver {
   private readonly firstListedAt = new Map<string, number>();
   private readonly failing = new Map<string, { since: number; message: string }>();
 
-  constructor(private readonly now: () => number = Date.now) {}
+  constructor(
+    private readonly now: () => number = Date.now,
+    /** Called when a resource that was failing is listed or watched again. */
+    private readonly onRecovered?: (resource: string, failedForMs: number) => void,
+  ) {}
 
   onList(resource: string): void {
     if (!this.firstListedAt.has(resource)) this.firstListedAt.set(resource, this.now());
-    this.failing.delete(resource);
+    this.recovered(resource);
   }
 
   onWatch(resource: string): void {
+    this.recovered(resource);
+  }
+
+  private recovered(resource: string): void {
+    const f = this.failing.get(resource);
+    if (!f) return;
     this.failing.delete(resource);
+    this.onRecovered?.(resource, this.now() - f.since);
   }
 
   onError(resource: string, err: Error): void {

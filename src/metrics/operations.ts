@@ -20,7 +20,9 @@ const NOT_STARTED: ControllerStatus = { cachesSynced: false, localPodMatchProble
 
 export class Operations {
   readonly metrics = new ControllerMetrics();
-  readonly api = new ApiReachability();
+  readonly api = new ApiReachability(Date.now, (resource, ms) =>
+    this.logger.info({ resource, failedForMs: ms }, `${resource} are listed and watched again`),
+  );
   private readonly startedAt = Date.now();
   private readonly endpoints: HttpEndpoint[] = [];
   private controller: Controller | undefined;

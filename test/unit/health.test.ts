@@ -155,7 +155,8 @@ describe('API reachability as the informers report it', function () {
   it('marks the outage from its first error through the retries, and clears it when a watch is re-established', async () => {
     const kc = new KubeConfig();
     kc.loadFromString(server.kubeconfig());
-    const api = new ApiReachability();
+    const recovered: string[] = [];
+    const api = new ApiReachability(Date.now, (resource) => recovered.push(resource));
     const errors: string[] = [];
     caches = createClusterCaches(kc, 'node-1', () => undefined, {
       onList: (r) => api.onList(r),
@@ -180,6 +181,7 @@ describe('API reachability as the informers report it', function () {
 
     server.setUnavailable(false);
     await waitFor(() => api.unreachable() === undefined, 'the watches to be re-established');
+    assert.deepEqual(recovered.sort(), ['nodes', 'services']);
   });
 });
 

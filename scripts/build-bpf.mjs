@@ -1,0 +1,62 @@
+#!/usr/bin/env node
+// Compiles the eBPF backend's object (bpf/ipvs_node_controller.bpf.c -> build/bpf/*.bpf.o).
+// A missing clang or missing libbpf headers is not an error: the object is skipped with one line
+// naming what to install, and the ebpf backend's probe says it is not built. A compile error with
+// everything present is a bug: it fails loudly.
+
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const packageRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+const source = join(packageRoot, 'bpf', 'ipvs_node_controller.bpf.c');
+const output = join(packageRoot, 'build', 'bpf', 'ipvs_node_controller.bpf.o');
+const clang = process.env.CLANG || 'clang';
+const say = (line) => console.warn(`ipvs-node-controller: ${line}`);
+
+function run(command, args) {
+  return spawnSync(command, args, { encoding: 'utf8' });
+}
+
+/** Include directories for the system headers (asm/types.h lives under the multiarch directory). */
+function includeDirs() {
+  const dirs = [];
+  const multiarch = run(clang, ['-print-multiarch']);
+  const triple = multiarch.status === 0 ? multiarch.stdout.trim() : '';
+  if (triple && existsSync(join('/usr/include', triple))) dirs.push(join('/usr/include', triple));
+  const pkg = run('pkg-config', ['--cflags-only-I', 'libbpf']);
+  if (pkg.status === 0) {
+    for (const flag of pkg.stdout.trim().split(/\s+/)) if (flag.startsWith('-I')) dirs.push(flag.slice(2));
+  }
+  return dirs;
+}
+
+function main() {
+  const version = run(clang, ['--version']);
+  if (version.error || version.status !== 0) {
+    say(`eBPF object not built: '${clang}' not found (install clang to use --backend=ebpf)`);
+    return 0;
+  }
+  const dirs = includeDirs();
+  const hasHeader = (rel) => ['/usr/include', ...dirs].some((d) => existsSync(join(d, rel)));
+  if (!hasHeader('bpf/bpf_helpers.h')) {
+    say('eBPF object not built: bpf/bpf_helpers.h not found (install libbpf-dev to use --backend=ebpf)');
+    return 0;
+  }
+  if (!hasHeader('linux/bpf.h') || !hasHeader('asm/types.h')) {
+    say('eBPF object not built: kernel UAPI headers not found (install linux-libc-dev to use --backend=ebpf)');
+    return 0;
+  }
+  mkdirSync(dirname(output), { recursive: true });
+  const args = ['-O2', '-g', '-target', 'bpf', '-Wall', ...dirs.map((d) => `-I${d}`), '-c', source, '-o', output];
+  const result = spawnSync(clang, args, { stdio: 'inherit' });
+  if (result.status !== 0) {
+    say(`eBPF object failed to compile: ${clang} ${args.join(' ')}`);
+    return 1;
+  }
+  say(`eBPF object built: ${output}`);
+  return 0;
+}
+
+process.exit(main());

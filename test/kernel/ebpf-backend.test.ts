@@ -206,6 +206,7 @@ describe('ebpf backend on the kernel', function () {
     const probe = await backend.probe();
     assert.equal(probe.ok, true, probe.detail);
     assert.match(probe.detail, /libbpf/);
+    assert.match(probe.detail, /is not the root cgroup: only processes below it are translated/);
   });
 
   it('probe names a missing cgroup v2 directory and a path that is not on bpffs', async function () {

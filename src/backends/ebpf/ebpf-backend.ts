@@ -126,11 +126,16 @@ export class EbpfBackend implements Backend {
     } catch (err) {
       return { ok: false, detail: `the kernel refused the eBPF programs: ${(err as Error).message}` };
     }
+    // Only the root of the hierarchy lacks cgroup.type; a container's private cgroup namespace
+    // shows its own cgroup as /sys/fs/cgroup, which would cover that container alone.
+    const scope = existsSync(join(this.cgroupPath, 'cgroup.type'))
+      ? `; ${this.cgroupPath} is not the root cgroup: only processes below it are translated`
+      : '';
     return {
       ok: true,
       detail: `eBPF cgroup socket hooks on ${this.cgroupPath}, pinned in ${this.bpffsPath} (libbpf ${
         (load as Extract<AddonLoad, { ok: true }>).addon.libbpfVersion
-      }, kernel ${kernel})`,
+      }, kernel ${kernel})${scope}`,
     };
   }
 

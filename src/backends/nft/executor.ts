@@ -1,10 +1,13 @@
 // How nft JSON transactions reach the kernel. The CLI path lives here; the in-process
 // libnftables path (native addon) implements the same interface.
 
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { execa } from 'execa';
 
 export interface NftExecutor {
-  /** `addon` (in-process libnftables) or `cli` (`nft -j -f -`). */
+  /** `addon` (in-process libnftables) or `cli` (`nft -j -f FILE`). */
   readonly kind: 'addon' | 'cli';
   /** Runs one JSON document as one transaction; rejects with nft's own message. */
   run(json: string): Promise<void>;
@@ -40,11 +43,11 @@ export class NftCliExecutor implements NftExecutor {
   constructor(private readonly binary = 'nft') {}
 
   async run(json: string): Promise<void> {
-    await this.exec(['-j', '-f', '-'], json);
+    await this.execDocument([], json);
   }
 
   async check(json: string): Promise<void> {
-    await this.exec(['-c', '-j', '-f', '-'], json);
+    await this.execDocument(['-c'], json);
   }
 
   async listTable(family: 'ip' | 'ip6', name: string): Promise<string | undefined> {
@@ -56,8 +59,23 @@ export class NftCliExecutor implements NftExecutor {
     }
   }
 
-  private async exec(args: string[], input?: string): Promise<string> {
-    const result = await execa(this.binary, args, { input: input ?? '', reject: false, stripFinalNewline: true });
+  /**
+   * nft reads `-f -` by opening /dev/stdin, which fails (ENXIO) on the socket Node gives a
+   * child as its stdin: the document goes through a private file instead.
+   */
+  private async execDocument(flags: string[], json: string): Promise<void> {
+    const dir = await mkdtemp(join(tmpdir(), 'nft-transaction-'));
+    try {
+      const file = join(dir, 'document.json');
+      await writeFile(file, json, { mode: 0o600 });
+      await this.exec([...flags, '-j', '-f', file]);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  }
+
+  private async exec(args: string[]): Promise<string> {
+    const result = await execa(this.binary, args, { stdin: 'ignore', reject: false, stripFinalNewline: true });
     if (result.failed) {
       if ((result as { code?: string }).code === 'ENOENT') {
         throw new NftError(`the '${this.binary}' command was not found: install the nftables package`);

@@ -106,9 +106,11 @@ export function renderFullSyncJson(family: Family, state: FamilyState, masquerad
         set: { ...base, name: LOCAL_POD_SET, type: ADDR_TYPE[family], flags: ['interval'], comment: 'local pod CIDRs' },
       },
     });
-    cmds.push({
-      add: { element: { ...base, name: LOCAL_POD_SET, elem: state.localPodMatch.cidrs.map(cidrElementJson) } },
-    });
+    if (state.localPodMatch.cidrs.length > 0) {
+      cmds.push({
+        add: { element: { ...base, name: LOCAL_POD_SET, elem: state.localPodMatch.cidrs.map(cidrElementJson) } },
+      });
+    }
   }
   cmds.push(
     {

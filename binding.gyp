@@ -1,0 +1,31 @@
+# Native addons, one target per system library. A target whose library pkg-config cannot find
+# becomes an empty target (type none, no .node file), so a machine without one -dev package
+# still builds the others and `node-gyp rebuild` never fails for a missing library; the
+# TypeScript side then uses its fallback (the nft CLI for libnftables).
+# A further addon goes beside nftables_addon the same way: a have_<library> variable and a
+# target whose sources and libraries sit under the condition that the variable is 1.
+{
+  'variables': {
+    'have_libnftables%': '<!(pkg-config --exists libnftables && echo 1 || echo 0)',
+  },
+  'targets': [
+    {
+      'target_name': 'nftables_addon',
+      'conditions': [
+        ['have_libnftables==1', {
+          'sources': ['native/nftables_addon.cc'],
+          'dependencies': ["<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"],
+          'defines': [
+            'NAPI_VERSION=8',
+            'LIBNFTABLES_VERSION="<!(pkg-config --modversion libnftables)"',
+          ],
+          'cflags_cc': ['-std=c++17', '<!@(pkg-config --cflags libnftables)'],
+          'cflags_cc!': ['-std=gnu++17'],
+          'libraries': ['<!@(pkg-config --libs libnftables)'],
+        }, {
+          'type': 'none',
+        }],
+      ],
+    },
+  ],
+}

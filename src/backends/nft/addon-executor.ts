@@ -1,0 +1,135 @@
+// The in-process libnftables path: the native addon built from native/nftables_addon.cc
+// (build/Release/nftables_addon.node). Same contract as the CLI path; the controller falls back
+// to the CLI when the addon is not built or does not load, and says why once.
+
+import { existsSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { NftCliExecutor, NftError, nftErrorMessage, type NftExecutor } from './executor.js';
+
+/** What native/nftables_addon.cc exports. */
+export interface NftablesAddon {
+  /** Runs one JSON document as one transaction, off the event loop. */
+  run(json: string): Promise<{ output: string }>;
+  /** The same in check mode: validated by the kernel, nothing is committed. */
+  check(json: string): Promise<{ output: string }>;
+  /** JSON listing of one table, or null when it does not exist. */
+  list(family: string, table: string): Promise<string | null>;
+  /** The libnftables version the addon was built against. */
+  readonly version: string;
+}
+
+/** build/Release/nftables_addon.node of this package, found from this module (src/ or dist/src/). */
+export function defaultAddonPath(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  while (!existsSync(join(dir, 'package.json')) && dirname(dir) !== dir) dir = dirname(dir);
+  return join(dir, 'build', 'Release', 'nftables_addon.node');
+}
+
+function isNftablesAddon(value: unknown): value is NftablesAddon {
+  const v = value as Partial<Record<keyof NftablesAddon, unknown>> | null;
+  return (
+    typeof v === 'object' &&
+    v !== null &&
+    typeof v.run === 'function' &&
+    typeof v.check === 'function' &&
+    typeof v.list === 'function' &&
+    typeof v.version === 'string'
+  );
+}
+
+function asNftError(err: unknown): NftError {
+  return new NftError(nftErrorMessage(err instanceof Error ? err.message : String(err)));
+}
+
+export class NftAddonExecutor implements NftExecutor {
+  readonly kind = 'addon' as const;
+  constructor(private readonly addon: NftablesAddon) {}
+
+  get libnftablesVersion(): string {
+    return this.addon.version;
+  }
+
+  async run(json: string): Promise<void> {
+    try {
+      await this.addon.run(json);
+    } catch (err) {
+      throw asNftError(err);
+    }
+  }
+
+  async check(json: string): Promise<void> {
+    try {
+      await this.addon.check(json);
+    } catch (err) {
+      throw asNftError(err);
+    }
+  }
+
+  async listTable(family: 'ip' | 'ip6', name: string): Promise<string | undefined> {
+    try {
+      return (await this.addon.list(family, name)) ?? undefined;
+    } catch (err) {
+      throw asNftError(err);
+    }
+  }
+}
+
+const BUILD_HINT = 'install libnftables-dev and run `npm run build:native`';
+
+export type NftAddonLoad = { executor: NftAddonExecutor } | { executor: undefined; reason: string };
+
+/** Loads the addon; never throws: a missing or broken addon comes back as a reason to log. */
+export function loadNftAddon(path = defaultAddonPath()): NftAddonLoad {
+  if (!existsSync(path)) {
+    return {
+      executor: undefined,
+      reason: `the in-process nftables addon is not built (${path} is missing): ${BUILD_HINT}`,
+    };
+  }
+  let loaded: unknown;
+  try {
+    loaded = createRequire(import.meta.url)(path);
+  } catch (err) {
+    const firstLine = ((err as Error).message ?? String(err)).split('\n')[0];
+    return {
+      executor: undefined,
+      reason: `the in-process nftables addon did not load (${firstLine}): ${BUILD_HINT}`,
+    };
+  }
+  if (!isNftablesAddon(loaded)) {
+    return { executor: undefined, reason: `${path} is not the nftables addon: run \`npm run build:native\`` };
+  }
+  return { executor: new NftAddonExecutor(loaded) };
+}
+
+export type NftExecutorPreference = 'auto' | 'addon' | 'cli';
+
+export interface NftExecutorChoice {
+  executor: NftExecutor;
+  /** Why this executor was chosen: one line for the caller to log once. */
+  reason: string;
+}
+
+/**
+ * `auto`: the addon when it loads, else the CLI. `addon`: the addon or an NftError saying why it
+ * cannot be used (an explicit choice is not silently replaced). `cli`: the CLI.
+ */
+export function selectNftExecutor(
+  preference: NftExecutorPreference,
+  addonPath = defaultAddonPath(),
+): NftExecutorChoice {
+  if (preference === 'cli') {
+    return { executor: new NftCliExecutor(), reason: 'nftables is programmed through the nft CLI, as configured' };
+  }
+  const load = loadNftAddon(addonPath);
+  if (load.executor) {
+    return {
+      executor: load.executor,
+      reason: `nftables is programmed in process through libnftables ${load.executor.libnftablesVersion}`,
+    };
+  }
+  if (preference === 'addon') throw new NftError(load.reason);
+  return { executor: new NftCliExecutor(), reason: `nftables is programmed through the nft CLI: ${load.reason}` };
+}

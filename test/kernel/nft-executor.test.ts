@@ -1,0 +1,240 @@
+// Both nft executors (in-process libnftables addon and the nft CLI) against the real kernel.
+// Runs as root inside a network namespace of its own (test/run.mjs wraps mocha in
+// `unshare --net --mount`); it refuses to run in the machine's own namespace.
+
+import assert from 'node:assert/strict';
+import { execa } from 'execa';
+import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
+import { NftCliExecutor, NftError, type NftExecutor } from '../../src/backends/nft/executor.js';
+import { NftBackend } from '../../src/backends/nft/nft-backend.js';
+import { MAP_NAME, TABLE_NAME, nftDocument, type NftCommand } from '../../src/backends/nft/render.js';
+import type { DesiredState, Entry, Family } from '../../src/model/types.js';
+import { assertIsolatedNetns } from '../support/node-network.js';
+
+const TEST_TABLE = 'nft-executor-test';
+const TEST_MAP = 'address-port-to-address';
+
+function addonExecutor(): NftExecutor {
+  const load = loadNftAddon();
+  if (!load.executor) throw new Error(load.reason);
+  return load.executor;
+}
+
+const EXECUTORS: Array<{ kind: 'addon' | 'cli'; create: () => NftExecutor }> = [
+  { kind: 'addon', create: addonExecutor },
+  { kind: 'cli', create: () => new NftCliExecutor() },
+];
+
+/** 10.a.b.c for element i, so that every element has its own key. */
+function elementAddress(i: number): string {
+  return `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`;
+}
+
+function addElementsCommand(indexes: number[]): NftCommand {
+  const elem = indexes.map((i) => [{ concat: [elementAddress(i), 80] }, '192.0.2.1']);
+  return { add: { element: { family: 'ip', table: TEST_TABLE, name: TEST_MAP, elem } } };
+}
+
+function addElementsDocument(indexes: number[]): string {
+  return nftDocument([addElementsCommand(indexes)]);
+}
+
+function testTableDocument(elementCount: number): string {
+  const commands: NftCommand[] = [
+    { add: { table: { family: 'ip', name: TEST_TABLE } } },
+    {
+      add: {
+        map: { family: 'ip', table: TEST_TABLE, name: TEST_MAP, type: ['ipv4_addr', 'inet_service'], map: 'ipv4_addr' },
+      },
+    },
+  ];
+  if (elementCount > 0) commands.push(addElementsCommand(Array.from({ length: elementCount }, (_, i) => i)));
+  return nftDocument(commands);
+}
+
+const deleteTestTable = nftDocument([
+  { add: { table: { family: 'ip', name: TEST_TABLE } } },
+  { delete: { table: { family: 'ip', name: TEST_TABLE } } },
+]);
+
+type ListedObject = Record<string, { name?: string; elem?: unknown[] } | undefined>;
+
+/** The elements of one map in an `nft -j list table` listing, as `key : value` text, sorted. */
+function mapElements(listing: string, mapName: string): string[] {
+  const objects = (JSON.parse(listing) as { nftables: ListedObject[] }).nftables;
+  const map = objects.map((o) => o.map).find((m) => m?.name === mapName);
+  assert.ok(map, `map ${mapName} is not in the listing`);
+  const keyText = (key: unknown): string => {
+    const k = key as { elem?: { val: unknown }; concat?: unknown[] };
+    if (k.elem) return keyText(k.elem.val);
+    if (k.concat) return k.concat.join(' . ');
+    return String(key);
+  };
+  return (map.elem ?? []).map((e) => {
+    const [key, value] = e as [unknown, unknown];
+    return `${keyText(key)} : ${String(value)}`;
+  }).sort();
+}
+
+function entry(
+  family: Family,
+  externalIp: string,
+  protocol: Entry['protocol'],
+  port: number,
+  clusterIp: string,
+): Entry {
+  return { family, externalIp, protocol, port, clusterIp, service: `default/svc-${port}` };
+}
+
+function desiredState(ipv4: Entry[], ipv6: Entry[]): DesiredState {
+  return {
+    ipv4: { entries: ipv4, localPodMatch: { kind: 'cidrs', cidrs: ['10.244.1.0/24'] } },
+    ipv6: { entries: ipv6, localPodMatch: { kind: 'cidrs', cidrs: ['fd00:10:244:1::/64'] } },
+    masqueradeMark: 0x4000,
+    skips: [],
+    conflicts: [],
+  };
+}
+
+function expectedElements(entries: Entry[]): string[] {
+  return entries.map((e) => `${e.externalIp} . ${e.protocol.toLowerCase()} . ${e.port} : ${e.clusterIp}`).sort();
+}
+
+async function kernelElements(executor: NftExecutor, family: 'ip' | 'ip6'): Promise<string[]> {
+  const listing = await executor.listTable(family, TABLE_NAME);
+  assert.ok(listing !== undefined, `table ${family} ${TABLE_NAME} does not exist`);
+  return mapElements(listing, MAP_NAME);
+}
+
+before(assertIsolatedNetns);
+
+for (const { kind, create } of EXECUTORS) {
+  describe(`nft executor (${kind}) on the kernel`, function () {
+    this.timeout(60_000);
+    let executor: NftExecutor;
+
+    before(() => {
+      executor = create();
+      assert.equal(executor.kind, kind);
+    });
+
+    afterEach(async () => {
+      await executor.run(deleteTestTable);
+      await new NftBackend(executor).cleanup();
+    });
+
+    it('runs a transaction and lists it back', async () => {
+      await executor.run(testTableDocument(3));
+      const listing = await executor.listTable('ip', TEST_TABLE);
+      assert.ok(listing !== undefined);
+      assert.deepEqual(mapElements(listing, TEST_MAP), [
+        '10.0.0.0 . 80 : 192.0.2.1',
+        '10.0.0.1 . 80 : 192.0.2.1',
+        '10.0.0.2 . 80 : 192.0.2.1',
+      ]);
+    });
+
+    it('lists a table that does not exist as undefined', async () => {
+      assert.equal(await executor.listTable('ip', TEST_TABLE), undefined);
+      assert.equal(await executor.listTable('ip6', TEST_TABLE), undefined);
+    });
+
+    it("rejects a bad table family with nft's message", async () => {
+      const bad = nftDocument([{ add: { table: { family: 'bogus', name: TEST_TABLE } } }]);
+      await assert.rejects(executor.run(bad), (err: unknown) => {
+        assert.ok(err instanceof NftError);
+        assert.match(err.message, /Error: Unknown family 'bogus'/);
+        return true;
+      });
+    });
+
+    it("rejects a JSON syntax error with nft's message", async () => {
+      await assert.rejects(executor.run('{"nftables": [{"add": '), (err: unknown) => {
+        assert.ok(err instanceof NftError);
+        assert.match(err.message, /Error: syntax error/);
+        return true;
+      });
+    });
+
+    it('rolls back the whole transaction when one command fails', async () => {
+      const partlyBad = nftDocument([
+        { add: { table: { family: 'ip', name: TEST_TABLE } } },
+        { add: { element: { family: 'ip', table: TEST_TABLE, name: 'no-such-map', elem: ['10.0.0.1'] } } },
+      ]);
+      await assert.rejects(executor.run(partlyBad), /No such file or directory/);
+      assert.equal(await executor.listTable('ip', TEST_TABLE), undefined);
+    });
+
+    it('check mode validates without committing', async () => {
+      await executor.check(testTableDocument(3));
+      assert.equal(await executor.listTable('ip', TEST_TABLE), undefined);
+      // Nothing checked is taken as existing afterwards, in check mode or for real.
+      const intoCheckedMap = addElementsDocument([1]);
+      await assert.rejects(executor.check(intoCheckedMap), /No such file or directory/);
+      await assert.rejects(executor.run(intoCheckedMap), /No such file or directory/);
+      assert.equal(await executor.listTable('ip', TEST_TABLE), undefined);
+    });
+
+    it('serves concurrent transactions and listings', async () => {
+      await executor.run(testTableDocument(0));
+      const settled = await Promise.all([
+        ...Array.from({ length: 20 }, (_, i) => executor.run(addElementsDocument([i]))),
+        executor.listTable('ip', TEST_TABLE),
+      ]);
+      assert.equal(typeof settled[20], 'string');
+      const listing = await executor.listTable('ip', TEST_TABLE);
+      assert.ok(listing !== undefined);
+      assert.equal(mapElements(listing, TEST_MAP).length, 20);
+    });
+
+    it('keeps the event loop running during a 50,000-element transaction', async () => {
+      const document = testTableDocument(50_000);
+      let ticks = 0;
+      const timer = setInterval(() => ticks++, 1);
+      try {
+        await executor.run(document);
+      } finally {
+        clearInterval(timer);
+      }
+      assert.ok(ticks > 0, 'no timer fired while the transaction ran');
+      const listing = await executor.listTable('ip', TEST_TABLE);
+      assert.ok(listing !== undefined);
+      assert.equal(mapElements(listing, TEST_MAP).length, 50_000);
+    });
+
+    it('NftBackend: full sync, then a partial sync of the changed elements', async () => {
+      const backend = new NftBackend(executor);
+      const web4 = entry('ipv4', '192.0.2.10', 'TCP', 80, '10.96.0.10');
+      const dns4 = entry('ipv4', '192.0.2.11', 'UDP', 53, '10.96.0.11');
+      const web6 = entry('ipv6', '2001:db8::10', 'TCP', 443, 'fd00:96::10');
+      const full = await backend.sync(desiredState([web4, dns4], [web6]), { full: true });
+      assert.equal(full.mode, 'full');
+      assert.deepEqual(await kernelElements(executor, 'ip'), expectedElements([web4, dns4]));
+      assert.deepEqual(await kernelElements(executor, 'ip6'), expectedElements([web6]));
+
+      // One removed, one moved to another ClusterIP, one added; ipv6 unchanged.
+      const dns4Moved = { ...dns4, clusterIp: '10.96.0.99' };
+      const sctp4 = entry('ipv4', '192.0.2.12', 'SCTP', 3868, '10.96.0.12');
+      const partial = await backend.sync(desiredState([dns4Moved, sctp4], [web6]), { full: false });
+      assert.equal(partial.mode, 'partial');
+      assert.deepEqual(await kernelElements(executor, 'ip'), expectedElements([dns4Moved, sctp4]));
+      assert.deepEqual(await kernelElements(executor, 'ip6'), expectedElements([web6]));
+    });
+
+    it('NftBackend: a partial sync after someone deleted the table falls back to a full sync', async () => {
+      const backend = new NftBackend(executor);
+      const web4 = entry('ipv4', '192.0.2.20', 'TCP', 80, '10.96.0.20');
+      const web6 = entry('ipv6', '2001:db8::20', 'TCP', 80, 'fd00:96::20');
+      await backend.sync(desiredState([web4], [web6]), { full: true });
+
+      await execa('nft', ['delete', 'table', 'ip', TABLE_NAME]);
+      assert.equal(await executor.listTable('ip', TABLE_NAME), undefined);
+
+      const api4 = entry('ipv4', '192.0.2.21', 'TCP', 8080, '10.96.0.21');
+      const result = await backend.sync(desiredState([web4, api4], [web6]), { full: false });
+      assert.equal(result.mode, 'full');
+      assert.deepEqual(await kernelElements(executor, 'ip'), expectedElements([web4, api4]));
+      assert.deepEqual(await kernelElements(executor, 'ip6'), expectedElements([web6]));
+    });
+  });
+}

@@ -1,0 +1,201 @@
+// Every row of semantics.md that a packet can show, for every kernel backend: real packets
+// from a pod namespace, the node namespace and an outside host.
+
+import assert from 'node:assert/strict';
+import type { Backend } from '../../src/backends/backend.js';
+import { NftBackend } from '../../src/backends/nft/nft-backend.js';
+import { NftCliExecutor } from '../../src/backends/nft/executor.js';
+import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
+import { buildDesiredState } from '../../src/model/desired-state.js';
+import type { DesiredState, ModelConfig, NodeInfo } from '../../src/model/types.js';
+import { probe, readJsonCounters, sh } from '../support/node-network.js';
+import { CONFIG, EXTERNAL_IP, LB_PATH, LB_PROXY, LB_V4, LB_V6, NODE_INFO, SERVICES, Scenario } from './scenario.js';
+
+export interface BackendUnderTest {
+  name: string;
+  make(): Backend;
+  /** Removes our objects behind the controller's back (someone flushed the ruleset). */
+  removeByHand(): void;
+}
+
+function addonBackend(): Backend {
+  const load = loadNftAddon();
+  if (!load.executor) throw new Error(`the nftables addon must be built for kernel tests: ${load.reason}`);
+  return new NftBackend(load.executor);
+}
+
+export const BACKENDS: BackendUnderTest[] = [
+  {
+    name: 'nft (addon)',
+    make: addonBackend,
+    removeByHand: () => sh('nft', ['delete', 'table', 'ip', 'ipvs-node-controller']),
+  },
+  {
+    name: 'nft (cli)',
+    make: () => new NftBackend(new NftCliExecutor()),
+    removeByHand: () => sh('nft', ['delete', 'table', 'ip', 'ipvs-node-controller']),
+  },
+];
+
+function desired(config: Partial<ModelConfig> = {}, node: NodeInfo | undefined = NODE_INFO): DesiredState {
+  return buildDesiredState(SERVICES, node, { ...CONFIG, ...config });
+}
+
+/** Counts marked packets to the ClusterIPs, as kube-proxy's masquerade rule would see them. */
+function installMarkObserver(): void {
+  sh(
+    'nft',
+    ['-f', '-'],
+    `table inet mark-observer {
+      chain input { type filter hook input priority 0; policy accept;
+        meta mark & 0x4000 == 0x4000 ip daddr 10.96.0.10 tcp dport 80 counter comment "marked-input"
+      }
+      chain output { type filter hook output priority 0; policy accept;
+        meta mark & 0x4000 == 0x4000 ip daddr 10.96.0.10 tcp dport 80 counter comment "marked-output"
+      }
+    }\n`,
+  );
+}
+
+for (const backendUnderTest of BACKENDS) {
+  describe(`packets through the ${backendUnderTest.name} backend`, function () {
+    this.timeout(30_000);
+    const scenario = new Scenario();
+    const pod = () => scenario.network.pod.ns;
+    const outside = () => scenario.network.outside.ns;
+    let backend: Backend | undefined;
+
+    before(async () => {
+      await scenario.setUp();
+      backend = backendUnderTest.make();
+      const probed = await backend!.probe();
+      assert.ok(probed.ok, probed.detail);
+    });
+    after(async () => {
+      try {
+        await backend?.cleanup();
+        await backend?.close?.();
+      } finally {
+        await scenario.tearDown();
+      }
+    });
+
+    it('leaves traffic alone before anything is programmed', async () => {
+      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), LB_PATH);
+      assert.equal(await probe(undefined, 'tcp', LB_V4, 80), LB_PATH);
+    });
+
+    it('translates a pod connection to a LoadBalancer IP to the ClusterIP (prerouting)', async () => {
+      await backend!.sync(desired(), { full: true });
+      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
+      assert.equal(await probe(pod(), 'udp', LB_V4, 80), `svc-a from ${LB_V4}`);
+    });
+
+    it('translates a host-network connection (output, source local)', async () => {
+      assert.equal(await probe(undefined, 'tcp', LB_V4, 80), 'svc-a');
+      assert.equal(await probe(undefined, 'udp', LB_V4, 80), `svc-a from ${LB_V4}`);
+    });
+
+    it('marks translated packets for masquerade', async () => {
+      installMarkObserver();
+      try {
+        await probe(pod(), 'tcp', LB_V4, 80);
+        await probe(undefined, 'tcp', LB_V4, 80);
+        const counters = readJsonCounters('inet', 'mark-observer');
+        assert.ok(counters.get('marked-input')! > 0, 'pod traffic to the ClusterIP carries the masquerade bit');
+        assert.ok(counters.get('marked-output')! > 0, 'node traffic to the ClusterIP carries the masquerade bit');
+      } finally {
+        sh('nft', ['delete', 'table', 'inet', 'mark-observer']);
+      }
+    });
+
+    it('does not translate traffic from outside the node', async () => {
+      assert.equal(await probe(outside(), 'tcp', LB_V4, 80), LB_PATH);
+      assert.equal(await probe(outside(), 'udp', LB_V4, 80), `${LB_PATH} from ${LB_V4}`);
+    });
+
+    it('sends a second Service on the same IP and another port to its own ClusterIP', async () => {
+      assert.equal(await probe(pod(), 'tcp', LB_V4, 8080), 'svc-b');
+      assert.equal(await probe(undefined, 'tcp', LB_V4, 8080), 'svc-b');
+    });
+
+    it('leaves ipMode Proxy addresses to the load balancer', async () => {
+      assert.equal(await probe(pod(), 'tcp', LB_PROXY, 80), LB_PATH);
+      assert.equal(await probe(undefined, 'tcp', LB_PROXY, 80), LB_PATH);
+    });
+
+    it('translates spec.externalIPs', async () => {
+      assert.equal(await probe(pod(), 'tcp', EXTERNAL_IP, 443), 'svc-ext');
+    });
+
+    it('translates IPv6 LoadBalancer IPs of a dual-stack Service', async () => {
+      assert.equal(await probe(pod(), 'tcp', LB_V6, 80), 'svc-a6');
+      assert.equal(await probe(undefined, 'tcp', LB_V6, 80), 'svc-a6');
+      assert.equal(await probe(outside(), 'tcp', LB_V6, 80), LB_PATH);
+    });
+
+    it('only translates what is asked for: another port on a translated IP is left alone', async () => {
+      assert.equal(await probe(pod(), 'udp', LB_V4, 8080), `${LB_PATH} from ${LB_V4}`);
+    });
+
+    it('restores rules removed by hand on the next full resync', async () => {
+      backendUnderTest.removeByHand();
+      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), LB_PATH);
+      await backend!.sync(desired(), { full: true });
+      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
+    });
+
+    it('removes the translation of a deleted Service', async () => {
+      const withoutB = buildDesiredState(
+        SERVICES.filter((s) => s.name !== 'svc-b'),
+        NODE_INFO,
+        CONFIG,
+      );
+      await backend!.sync(withoutB, { full: false });
+      assert.equal(await probe(pod(), 'tcp', LB_V4, 8080), LB_PATH);
+      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
+      await backend!.sync(desired(), { full: false });
+      assert.equal(await probe(pod(), 'tcp', LB_V4, 8080), 'svc-b');
+    });
+
+    it('programs output rules but no prerouting rules when the node has no podCIDR', async () => {
+      await backend!.sync(desired({}, { name: 'node-1' }), { full: true });
+      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), LB_PATH);
+      assert.equal(await probe(undefined, 'tcp', LB_V4, 80), 'svc-a');
+    });
+
+    it('recognises local pods by interface name prefix', async () => {
+      const prefix = scenario.network.podVethName.slice(0, 4);
+      await backend!.sync(desired({ detectLocalMode: 'InterfaceNamePrefix', podInterfaceNamePrefix: prefix }), {
+        full: true,
+      });
+      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
+      assert.equal(await probe(outside(), 'tcp', LB_V4, 80), LB_PATH);
+    });
+
+    it('recognises local pods by bridge interface', async () => {
+      await backend!.sync(
+        desired({ detectLocalMode: 'BridgeInterface', podBridgeInterface: scenario.network.podVethName }),
+        { full: true },
+      );
+      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
+      assert.equal(await probe(outside(), 'tcp', LB_V4, 80), LB_PATH);
+    });
+
+    it('recognises local pods by cluster CIDR', async () => {
+      await backend!.sync(desired({ detectLocalMode: 'ClusterCIDR', clusterCidrs: ['10.244.0.0/16'] }), { full: true });
+      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
+      assert.equal(await probe(outside(), 'tcp', LB_V4, 80), LB_PATH);
+      // No IPv6 cluster CIDR: IPv6 pod traffic is not recognised, host traffic still is.
+      assert.equal(await probe(pod(), 'tcp', LB_V6, 80), LB_PATH);
+      assert.equal(await probe(undefined, 'tcp', LB_V6, 80), 'svc-a6');
+    });
+
+    it('removes everything on cleanup, and a second cleanup succeeds', async () => {
+      await backend!.cleanup();
+      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), LB_PATH);
+      assert.equal(await probe(undefined, 'tcp', LB_V4, 80), LB_PATH);
+      await backend!.cleanup();
+    });
+  });
+}

@@ -1,0 +1,96 @@
+// The Services, addresses and servers shared by the packet tests of every backend.
+
+import type { ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import { NamedServer, NodeNetwork, NODE } from '../support/node-network.js';
+
+export const LB_V4 = '192.0.2.10';
+export const LB_V6 = '2001:db8::10';
+export const LB_PROXY = '192.0.2.20';
+export const EXTERNAL_IP = '198.51.100.7';
+
+/** What answers when a connection is NOT translated: the load balancer path. */
+export const LB_PATH = 'lb-path';
+
+export const SERVICES: ServiceInfo[] = [
+  {
+    namespace: 'default',
+    name: 'svc-a',
+    type: 'LoadBalancer',
+    creationTimestamp: '2024-01-01T00:00:00Z',
+    clusterIP: '10.96.0.10',
+    clusterIPs: ['10.96.0.10', 'fd00::10'],
+    externalTrafficPolicy: 'Local',
+    ports: [
+      { port: 80, protocol: 'TCP' },
+      { port: 80, protocol: 'UDP' },
+    ],
+    ingress: [{ ip: LB_V4 }, { ip: LB_V6, ipMode: 'VIP' }],
+  },
+  {
+    // Shares svc-a's LoadBalancer IP on another port, as MetalLB allows.
+    namespace: 'default',
+    name: 'svc-b',
+    type: 'LoadBalancer',
+    creationTimestamp: '2024-01-02T00:00:00Z',
+    clusterIP: '10.96.0.11',
+    ports: [{ port: 8080, protocol: 'TCP' }],
+    ingress: [{ ip: LB_V4 }],
+  },
+  {
+    namespace: 'default',
+    name: 'svc-proxy',
+    type: 'LoadBalancer',
+    creationTimestamp: '2024-01-03T00:00:00Z',
+    clusterIP: '10.96.0.12',
+    ports: [{ port: 80, protocol: 'TCP' }],
+    ingress: [{ ip: LB_PROXY, ipMode: 'Proxy' }, { hostname: 'lb.example.com' }],
+  },
+  {
+    namespace: 'shop',
+    name: 'svc-ext',
+    type: 'ClusterIP',
+    creationTimestamp: '2024-01-04T00:00:00Z',
+    clusterIP: '10.96.0.13',
+    ports: [{ port: 443, protocol: 'TCP' }],
+    externalIPs: [EXTERNAL_IP],
+  },
+];
+
+export const NODE_INFO: NodeInfo = { name: 'node-1', podCIDRs: [NODE.podCidr4, NODE.podCidr6] };
+
+export const CONFIG: ModelConfig = {
+  detectLocalMode: 'NodeCIDR',
+  clusterCidrs: [],
+  masqueradeBit: 14,
+  localTrafficPolicyOnly: false,
+};
+
+/** Servers: each ClusterIP answers with its Service name; each external address with LB_PATH. */
+const SERVERS: Array<[string, number, string]> = [
+  ['10.96.0.10', 80, 'svc-a'],
+  ['fd00::10', 80, 'svc-a6'],
+  ['10.96.0.11', 8080, 'svc-b'],
+  ['10.96.0.12', 80, 'svc-proxy'],
+  ['10.96.0.13', 443, 'svc-ext'],
+  [LB_V4, 80, LB_PATH],
+  [LB_V4, 8080, LB_PATH],
+  [LB_V6, 80, LB_PATH],
+  [LB_PROXY, 80, LB_PATH],
+  [EXTERNAL_IP, 443, LB_PATH],
+];
+
+export class Scenario {
+  readonly network = new NodeNetwork();
+  private servers: NamedServer[] = [];
+
+  async setUp(): Promise<void> {
+    this.network.setUp();
+    for (const [address] of SERVERS) this.network.bindAddress(address);
+    for (const [address, port, name] of SERVERS) this.servers.push(await NamedServer.start(address, port, name));
+  }
+
+  async tearDown(): Promise<void> {
+    for (const s of this.servers.splice(0)) await s.stop();
+    this.network.tearDown();
+  }
+}

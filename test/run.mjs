@@ -1,0 +1,39 @@
+#!/usr/bin/env node
+// Runs the unit tests, then the kernel tests inside a network and mount namespace of their own,
+// so that nothing they program can reach the machine's firewall, routes or /run/netns.
+// Kernel tests need root (CI runs as root); without it they are reported as not run and the run fails.
+
+import { spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+
+const mocha = ['node_modules/mocha/bin/mocha.js', '--reporter', process.env.MOCHA_REPORTER ?? 'spec'];
+const only = process.argv.slice(2);
+const suites = [
+  { name: 'unit', glob: 'dist/test/unit/**/*.test.js', isolated: false },
+  { name: 'kernel', glob: 'dist/test/kernel/**/*.test.js', isolated: true },
+];
+
+if (!existsSync('dist/test')) {
+  console.error('dist/test is missing: run `npm run build` first (npm test does)');
+  process.exit(2);
+}
+
+let failed = false;
+for (const suite of suites) {
+  if (only.length > 0 && !only.includes(suite.name)) continue;
+  console.log(`\n=== ${suite.name} tests ===`);
+  let cmd = process.execPath;
+  let args = [...mocha, suite.glob];
+  if (suite.isolated) {
+    if (process.getuid?.() !== 0) {
+      console.error('kernel tests need root (network namespaces, nftables, iptables): run `sudo npm test`');
+      failed = true;
+      continue;
+    }
+    cmd = 'unshare';
+    args = ['--net', '--mount', '--propagation', 'private', '--', process.execPath, ...args];
+  }
+  const result = spawnSync(cmd, args, { stdio: 'inherit' });
+  if (result.status !== 0) failed = true;
+}
+process.exit(failed ? 1 : 0);

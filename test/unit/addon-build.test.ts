@@ -1,0 +1,130 @@
+// The in-process nftables addon is built and is the path in use. This fails (never skips) when
+// build/Release/nftables_addon.node is absent: a build that quietly fell back to the CLI must
+// not pass. Nothing here talks to the kernel.
+
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { createRequire } from 'node:module';
+import {
+  NftAddonExecutor,
+  defaultAddonPath,
+  loadNftAddon,
+  selectNftExecutor,
+  type NftablesAddon,
+} from '../../src/backends/nft/addon-executor.js';
+import { NftCliExecutor, NftError } from '../../src/backends/nft/executor.js';
+
+describe('nftables addon build', () => {
+  it('build/Release/nftables_addon.node exists', () => {
+    const path = defaultAddonPath();
+    assert.match(path, /build\/Release\/nftables_addon\.node$/);
+    assert.ok(existsSync(path), `${path} is missing: install libnftables-dev and run \`npm run build:native\``);
+  });
+
+  it('loads and exposes run, check, list and the libnftables version', () => {
+    const load = loadNftAddon();
+    assert.ok(load.executor, load.executor ? '' : load.reason);
+    assert.ok(load.executor instanceof NftAddonExecutor);
+    assert.equal(load.executor.kind, 'addon');
+    assert.match(load.executor.libnftablesVersion, /^\d+\.\d+(\.\d+)?$/);
+  });
+
+  it('is what automatic executor selection picks', () => {
+    const choice = selectNftExecutor('auto');
+    assert.equal(choice.executor.kind, 'addon');
+    assert.match(choice.reason, /in process through libnftables \d+\.\d+/);
+  });
+
+  it('rejects a non-string document before any work is queued', () => {
+    const addon = createRequire(import.meta.url)(defaultAddonPath()) as NftablesAddon;
+    assert.throws(() => addon.run(42 as unknown as string), { name: 'TypeError', message: 'json must be a string' });
+    assert.throws(() => addon.list('ip', undefined as unknown as string), {
+      name: 'TypeError',
+      message: 'table must be a string',
+    });
+  });
+});
+
+describe('nft executor selection without the addon', () => {
+  const missing = '/nonexistent/build/Release/nftables_addon.node';
+
+  it('says how to build the addon when it is missing', () => {
+    const load = loadNftAddon(missing);
+    assert.equal(load.executor, undefined);
+    const reason = !load.executor ? load.reason : '';
+    assert.match(reason, /not built .* install libnftables-dev and run `npm run build:native`/);
+  });
+
+  it('says why when the file is not a loadable addon', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'nftables-addon-'));
+    try {
+      const notAnAddon = join(dir, 'nftables_addon.node');
+      writeFileSync(notAnAddon, 'not a shared object');
+      const load = loadNftAddon(notAnAddon);
+      assert.equal(load.executor, undefined);
+      assert.match(!load.executor ? load.reason : '', /did not load \(.*\): install libnftables-dev/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('auto falls back to the CLI and gives the reason', () => {
+    const choice = selectNftExecutor('auto', missing);
+    assert.ok(choice.executor instanceof NftCliExecutor);
+    assert.match(choice.reason, /nft CLI: the in-process nftables addon is not built/);
+  });
+
+  it('an explicit addon preference fails with the reason instead of falling back', () => {
+    assert.throws(() => selectNftExecutor('addon', missing), (err: unknown) => {
+      return err instanceof NftError && /npm run build:native/.test(err.message);
+    });
+  });
+
+  it('cli is used when configured, even with the addon built', () => {
+    const choice = selectNftExecutor('cli');
+    assert.equal(choice.executor.kind, 'cli');
+  });
+});
+
+describe('scripts/build-native.mjs without the libraries', () => {
+  // A copy of the script in a scratch package, so the real build/ is never touched.
+  let scratch: string;
+  const packageRoot = dirname(dirname(dirname(defaultAddonPath())));
+  const script = join(packageRoot, 'scripts', 'build-native.mjs');
+
+  beforeEach(() => {
+    scratch = mkdtempSync(join(tmpdir(), 'build-native-'));
+    mkdirSync(join(scratch, 'scripts'));
+    copyFileSync(script, join(scratch, 'scripts', 'build-native.mjs'));
+    mkdirSync(join(scratch, 'build', 'Release'), { recursive: true });
+    writeFileSync(join(scratch, 'build', 'Release', 'nftables_addon.node'), 'stale');
+  });
+
+  afterEach(() => rmSync(scratch, { recursive: true, force: true }));
+
+  function buildNative(env: NodeJS.ProcessEnv): { status: number | null; lines: string[] } {
+    const scratchScript = join(scratch, 'scripts', 'build-native.mjs');
+    const run = spawnSync(process.execPath, [scratchScript], { env, encoding: 'utf8' });
+    const lines = `${run.stdout}${run.stderr}`.split('\n').filter((l) => l.length > 0);
+    return { status: run.status, lines };
+  }
+
+  it('succeeds with one line naming libnftables-dev and the CLI fallback when pkg-config cannot find it', () => {
+    const { status, lines } = buildNative({ ...process.env, PKG_CONFIG_LIBDIR: join(scratch, 'no-pkgconfig') });
+    assert.equal(status, 0);
+    assert.equal(lines.length, 1, lines.join('\n'));
+    assert.match(lines[0], /libnftables not found by pkg-config: install .*libnftables-dev/);
+    assert.match(lines[0], /until then the `nft` CLI will be used\.$/);
+    assert.equal(existsSync(join(scratch, 'build')), false, 'a stale addon was left behind');
+  });
+
+  it('succeeds with one line when pkg-config itself is missing', () => {
+    const { status, lines } = buildNative({ PATH: join(scratch, 'empty-path') });
+    assert.equal(status, 0);
+    assert.equal(lines.length, 1, lines.join('\n'));
+    assert.match(lines[0], /pkg-config not found: install the Debian packages pkg-config and libnftables-dev/);
+  });
+});

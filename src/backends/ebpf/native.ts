@@ -64,32 +64,30 @@ export function packageRoot(): string {
   }
 }
 
-/** Where the compiled BPF object ships (scripts/build-bpf.mjs writes it). */
+/** Where the compiled BPF object ships: beside its source (scripts/build-bpf.mjs writes it). */
 export function defaultObjectPath(): string {
-  return join(packageRoot(), 'build', 'bpf', OBJECT_FILE);
+  return join(packageRoot(), 'bpf', OBJECT_FILE);
 }
 
-/** Top-level binding.gyp output first; the stand-alone native/bpf build otherwise. */
-function addonCandidates(): string[] {
-  const root = packageRoot();
-  return [join(root, 'build', 'Release', ADDON_FILE), join(root, 'native', 'bpf', 'build', 'Release', ADDON_FILE)];
+/** Where node-gyp puts the addon (binding.gyp target ebpf_addon). */
+export function defaultAddonPath(): string {
+  return join(packageRoot(), 'build', 'Release', ADDON_FILE);
 }
 
 export type AddonLoad = { ok: true; addon: EbpfAddon; path: string } | { ok: false; reason: string };
 
 /** Loads the addon, or says in one line why it cannot. */
-export function loadEbpfAddon(): AddonLoad {
-  const require = createRequire(import.meta.url);
-  const found = addonCandidates().filter((p) => existsSync(p));
-  if (found.length === 0) {
+export function loadEbpfAddon(path = defaultAddonPath()): AddonLoad {
+  if (!existsSync(path)) {
     return {
       ok: false,
-      reason: 'the eBPF addon is not built: install libbpf-dev and pkg-config, then reinstall (npm rebuild)',
+      reason: `the eBPF addon ${path} is not built: install libbpf-dev and pkg-config, then run \`npm run build:native\``,
     };
   }
   try {
-    return { ok: true, addon: require(found[0]!) as EbpfAddon, path: found[0]! };
+    return { ok: true, addon: createRequire(import.meta.url)(path) as EbpfAddon, path };
   } catch (err) {
-    return { ok: false, reason: `the eBPF addon ${found[0]} cannot be loaded: ${(err as Error).message.split('\n')[0]}` };
+    const first = (err as Error).message.split('\n')[0];
+    return { ok: false, reason: `the eBPF addon ${path} did not load (${first}): install libbpf1 and rebuild` };
   }
 }

@@ -254,8 +254,10 @@ async function benchmark(): Promise<void> {
     const entries = Array.from({ length: ENTRIES }, (_, i) => entry(i));
     const ebpf = new EbpfBackend({ cgroupPath: lab.cgroupPath, bpffsPath: join(lab.bpffsMount, 'ipvs-node-controller') });
     const nft = new NftBackend(new NftCliExecutor());
-    const probe = await ebpf.probe();
-    if (!probe.ok) throw new Error(`ebpf: ${probe.detail}`);
+    for (const b of [ebpf, nft]) {
+      const probe = await b.probe();
+      if (!probe.ok) throw new Error(`${b.name}: ${probe.detail}`);
+    }
 
     console.log(
       `${ENTRIES} entries; connect() loop of ${CONNECTS} connections after ${WARMUP} warm-up; ` +

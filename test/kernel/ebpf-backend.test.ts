@@ -217,6 +217,24 @@ describe('ebpf backend on the kernel', function () {
     assert.match(probe.detail, /is not on a bpffs mount/);
   });
 
+  it('a sync that cannot attach rejects with the reason, and leaves nothing attached', async function () {
+    const notCgroup = new EbpfBackend({ cgroupPath: lab.scratch, bpffsPath: lab.bpffsPath });
+    await assert.rejects(notCgroup.sync(desiredOf(ALL_ENTRIES), { full: true }), {
+      name: 'BackendError',
+      message: new RegExp(`^ebpf attach failed: ${lab.scratch} is not a cgroup v2 directory`),
+    });
+    const noObject = new EbpfBackend({
+      cgroupPath: lab.cgroupPath,
+      bpffsPath: lab.bpffsPath,
+      objectPath: join(lab.scratch, 'absent.bpf.o'),
+    });
+    await assert.rejects(noObject.sync(desiredOf(ALL_ENTRIES), { full: true }), {
+      message: /^ebpf attach failed: open BPF object .*absent\.bpf\.o: No such file or directory/,
+    });
+    assert.deepEqual(cgroupPrograms(lab.cgroupPath), []);
+    await noObject.cleanup();
+  });
+
   it('before any sync, a client in the cgroup reaches the external IP itself', async function () {
     const r = await lab.client(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, String(PORT)]);
     assert.match(String(r.reply), /^external /);

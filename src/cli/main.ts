@@ -75,8 +75,9 @@ async function loadForDryRun(config: Config): Promise<{ services: ServiceInfo[];
 async function dryRun(config: Config): Promise<number> {
   const { services, node } = await loadForDryRun(config);
   const desired = buildDesiredState(services, node, config.model);
-  process.stdout.write(describeDesiredState(desired, services.length));
-  process.stdout.write(renderDesiredStateText(desired));
+  // Wait for the write: stdout on a pipe is asynchronous and process.exit would cut it short.
+  const text = describeDesiredState(desired, services.length) + renderDesiredStateText(desired);
+  await new Promise<void>((resolve, reject) => process.stdout.write(text, (err) => (err ? reject(err) : resolve())));
   return 0;
 }
 

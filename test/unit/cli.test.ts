@@ -63,6 +63,19 @@ describe('command line', function () {
     assert.match(r.stdout, /203\.0\.113\.5 \. tcp \. 443 comment "shop\/web" : 10\.96\.0\.1/);
   });
 
+  it('writes a large ruleset to a pipe completely before it exits', async () => {
+    const items = Array.from({ length: 5000 }, (_, i) => ({
+      kind: 'Service',
+      metadata: { name: `s${i}`, namespace: 'big' },
+      spec: { type: 'LoadBalancer', clusterIP: `10.96.${i >> 8}.${i & 255}`, ports: [{ port: 80 }] },
+      status: { loadBalancer: { ingress: [{ ip: `172.16.${i >> 8}.${i & 255}` }] } },
+    }));
+    const r = await cli(['--dry-run', '--from-file', '-'], JSON.stringify({ kind: 'List', items }));
+    assert.equal(r.exitCode, 0, r.stderr);
+    assert.equal(r.stdout.match(/ comment "big\/s\d+" : /g)?.length, 5000);
+    assert.match(r.stdout, /dnat ip6 to ip6 daddr/, 'the last table is there');
+  });
+
   it('an unreadable or malformed file is one clear line and exit code 1', async () => {
     const bad = join(dir, 'bad.yaml');
     writeFileSync(bad, 'items: [unclosed');

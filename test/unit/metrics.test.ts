@@ -191,3 +191,17 @@ describe('metrics endpoint', () => {
     );
   });
 });
+
+describe('docs/operations.md', () => {
+  it('documents every metric of ours, every skip reason and the operational flags', async () => {
+    const { readFile } = await import('node:fs/promises');
+    const { fileURLToPath } = await import('node:url');
+    const docs = await readFile(fileURLToPath(new URL('../../../docs/operations.md', import.meta.url)), 'utf8');
+    const metrics = new ControllerMetrics({ defaultMetrics: false });
+    const names = new Exposition((await metrics.exposition()).text).families();
+    assert.ok(names.length >= 14);
+    for (const name of names) assert.ok(docs.includes(`| \`${name}\` |`), `${name} is not in the metrics reference`);
+    for (const reason of SKIP_REASONS) assert.ok(docs.includes(`| \`${reason}\` |`), `${reason} is not in the troubleshooting table`);
+    for (const flag of ['--metrics-bind-address', '--healthz-bind-address', '--emit-events']) assert.ok(docs.includes(`| \`${flag}\` |`), flag);
+  });
+});

@@ -39,34 +39,26 @@ function assertGolden(name: string, actual: string): void {
   assert.equal(actual, readFileSync(path, 'utf8'), `${name} differs from the golden file`);
 }
 
-/** The two Services of the original controller's README listing. */
-export const SEED_SERVICES: ServiceInfo[] = [
-  {
-    namespace: 'default',
-    name: 'lb-service-1',
-    type: 'LoadBalancer',
-    creationTimestamp: '2020-01-01T00:00:00Z',
-    clusterIP: '10.231.42.164',
-    ports: [
-      { port: 80, protocol: 'TCP' },
-      { port: 443, protocol: 'TCP' },
-    ],
-    ingress: [{ ip: '10.19.20.201' }],
-  },
-  {
-    namespace: 'default',
-    name: 'lb-service-2',
-    type: 'LoadBalancer',
-    creationTimestamp: '2020-01-01T00:00:00Z',
-    clusterIP: '10.231.2.62',
-    ports: [
-      { port: 80, protocol: 'TCP' },
-      { port: 443, protocol: 'TCP' },
-    ],
-    ingress: [{ ip: '10.19.22.57' }],
-  },
-];
-export const SEED_POD_CIDR = '10.240.2.128/25';
+type ListingRow = [target: string, source: string, destination: string, extras: string];
+
+/** The original controller's README listing, and the Services behind it. */
+interface SeedListing {
+  podCidr: string;
+  services: Array<{ name: string; clusterIP: string; externalIP: string; ports: number[] }>;
+  IPVS_OUTPUT: ListingRow[];
+  IPVS_PREROUTING: ListingRow[];
+}
+const SEED = JSON.parse(readFileSync(join(GOLDEN_DIR, 'iptables-seed-listing.json'), 'utf8')) as SeedListing;
+
+const SEED_SERVICES: ServiceInfo[] = SEED.services.map((s) => ({
+  namespace: 'default',
+  name: s.name,
+  type: 'LoadBalancer',
+  clusterIP: s.clusterIP,
+  ports: s.ports.map((port) => ({ port, protocol: 'TCP' })),
+  ingress: [{ ip: s.externalIP }],
+}));
+const SEED_POD_CIDR = SEED.podCidr;
 
 const CONFIG: ModelConfig = {
   detectLocalMode: 'NodeCIDR',
@@ -86,34 +78,17 @@ function withKubeMarkMasq(): NatTableView {
 }
 
 /**
- * The rows of the original's `iptables -nvL -t nat` listing (target, source, destination,
- * comment, `to:`), IPVS_OUTPUT then IPVS_PREROUTING, as in its README.
+ * A rendered rule as `iptables -nvL` shows it, with protocol and port left out: the columns
+ * target, source, destination, then the comment, ADDRTYPE and `to:` extras.
  */
-const SEED_ROWS: Record<string, Array<[string, string, string, string]>> = {
-  IPVS_OUTPUT: [
-    ['KUBE-MARK-MASQ', '0.0.0.0/0', '10.19.20.201', 'default/lb-service-1'],
-    ['DNAT', '0.0.0.0/0', '10.19.20.201', 'default/lb-service-1 to:10.231.42.164'],
-    ['KUBE-MARK-MASQ', '0.0.0.0/0', '10.19.22.57', 'default/lb-service-2'],
-    ['DNAT', '0.0.0.0/0', '10.19.22.57', 'default/lb-service-2 to:10.231.2.62'],
-  ],
-  IPVS_PREROUTING: [
-    ['KUBE-MARK-MASQ', SEED_POD_CIDR, '10.19.20.201', 'default/lb-service-1'],
-    ['DNAT', SEED_POD_CIDR, '10.19.20.201', 'default/lb-service-1 to:10.231.42.164'],
-    ['KUBE-MARK-MASQ', SEED_POD_CIDR, '10.19.22.57', 'default/lb-service-2'],
-    ['DNAT', SEED_POD_CIDR, '10.19.22.57', 'default/lb-service-2 to:10.231.2.62'],
-  ],
-};
-
-/** A rendered rule seen the way the original's listing shows it: protocol and port left out. */
-function seedView(rule: string): { chain: string; row: [string, string, string, string]; addrtype: boolean } {
+function asListingRow(rule: string): { chain: string; row: ListingRow } {
   const arg = (flag: string) => new RegExp(`(?:^| )${flag} (\\S+)`).exec(rule)?.[1];
   const comment = /--comment "([^"]*)"/.exec(rule)![1]!;
+  const addrtype = rule.includes('-m addrtype --src-type LOCAL') ? ' ADDRTYPE match src-type LOCAL' : '';
   const to = arg('--to-destination');
-  const dest = arg('-d')!.replace(/\/32$/, '');
   return {
     chain: arg('-A')!,
-    row: [arg('-j')!, arg('-s') ?? '0.0.0.0/0', dest, to ? `${comment} to:${to}` : comment],
-    addrtype: rule.includes('-m addrtype --src-type LOCAL'),
+    row: [arg('-j')!, arg('-s') ?? '0.0.0.0/0', arg('-d')!.replace(/\/32$/, ''), `/* ${comment} */${addrtype}${to ? ` to:${to}` : ''}`],
   };
 }
 
@@ -200,13 +175,11 @@ describe('iptables renderer', () => {
     it('reads like the original: per IP a KUBE-MARK-MASQ rule then a DNAT rule, commented namespace/name', () => {
       const desired = seedDesired();
       const { rules } = renderChainRules('ipv4', desired.ipv4, desired.masqueradeMark, true);
-      for (const chain of ['IPVS_OUTPUT', 'IPVS_PREROUTING']) {
-        const views = rules.map(seedView).filter((v) => v.chain === chain);
-        // Output rules match locally originated traffic, prerouting rules the local pod source.
-        assert.ok(views.every((v) => v.addrtype === (chain === 'IPVS_OUTPUT')));
+      for (const chain of ['IPVS_OUTPUT', 'IPVS_PREROUTING'] as const) {
+        const listed = rules.map(asListingRow).filter((v) => v.chain === chain);
         // Each port adds a pair; seen without protocol and port, the pairs collapse to the seed's rows.
-        const rows = views.map((v) => v.row).filter((row, i, all) => i < 2 || all[i - 2]!.join() !== row.join());
-        assert.deepEqual(rows, SEED_ROWS[chain]);
+        const rows = listed.map((v) => v.row).filter((row, i, all) => i < 2 || all[i - 2]!.join() !== row.join());
+        assert.deepEqual(rows, SEED[chain]);
       }
     });
 

@@ -60,7 +60,10 @@ export async function selectBackend(choice: BackendChoice, deps: SelectBackendDe
     }
     case 'ebpf': {
       if (!deps.ebpf) {
-        throw new BackendError('the ebpf backend is not part of this build: use --backend=nft or --backend=iptables', 'ebpf');
+        throw new BackendError(
+          'the ebpf backend is not part of this build: use --backend=nft or --backend=iptables',
+          'ebpf',
+        );
       }
       return { backend: await deps.ebpf(), reason: 'ebpf backend, as configured' };
     }
@@ -156,7 +159,8 @@ export async function removeLeftovers(active: BackendName, options: LeftoverOpti
   const cleanups: LeftoverCleanup[] = [];
   if (active !== 'nft') cleanups.push(nftLeftovers());
   for (const variant of IPTABLES_VARIANTS) {
-    if (active === 'iptables' && (options.iptablesVariant === undefined || options.iptablesVariant === variant)) continue;
+    const inUse = active === 'iptables' && (options.iptablesVariant ?? variant) === variant;
+    if (inUse) continue;
     cleanups.push(iptablesLeftovers(variant));
   }
   cleanups.push(...(options.extraCleanups ?? []).filter((c) => c.backend !== active));

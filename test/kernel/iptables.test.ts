@@ -10,7 +10,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
 import { IptablesBackend, hasIptablesObjects } from '../../src/backends/iptables/iptables-backend.js';
-import { parseNatSave, renderChainRules } from '../../src/backends/iptables/render.js';
+import { asSaved, parseNatSave, renderChainRules } from '../../src/backends/iptables/render.js';
 import { detectIptablesVariant, type IptablesVariant } from '../../src/backends/iptables/variant.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, Family, ServiceInfo } from '../../src/model/types.js';
@@ -79,11 +79,6 @@ function listingRows(text: string): ListingRow[] {
     });
 }
 
-/** -save writes `--or-mark X` as `--set-xmark X/X`. */
-function asSaved(rule: string): string {
-  return rule.replace(/--or-mark (0x[0-9a-f]+)/, '--set-xmark $1/$1');
-}
-
 function ruleLines(save: string, chain: string): string[] {
   return save.split('\n').filter((l) => l.startsWith(`-A ${chain} `) || l === `-A ${chain}`);
 }
@@ -96,7 +91,8 @@ function deleteKubeChains(variant: IptablesVariant): void {
   const view = parseNatSave(natSave(variant));
   const lines = ['*nat'];
   for (const [chain, specs] of view.rules) {
-    for (const spec of specs) if (!chain.startsWith('KUBE-') && /-j KUBE-/.test(spec)) lines.push(`-D ${chain} ${spec}`);
+    if (chain.startsWith('KUBE-')) continue;
+    for (const spec of specs) if (/-j KUBE-/.test(spec)) lines.push(`-D ${chain} ${spec}`);
   }
   const kube = [...view.chains].filter((c) => c.startsWith('KUBE-'));
   for (const c of kube) lines.push(`:${c} - [0:0]`);
@@ -131,6 +127,10 @@ for (const variant of VARIANTS) {
         assert.equal(view.rules.get('PREROUTING')![0], '-j IPVS_PREROUTING');
         assert.equal(view.rules.get('OUTPUT')![0], '-j IPVS_OUTPUT');
       }
+      // A full resync of an unchanged table: iptables-legacy sees it holds our rules already.
+      const again = await backend.sync(desired, { full: true });
+      assert.equal(again.mode, variant === 'legacy' ? 'noop' : 'full');
+      assert.equal((await backend.sync(desired, { full: false })).mode, 'noop');
     });
 
     it("lists IPVS_OUTPUT and IPVS_PREROUTING like the original controller (with KUBE-MARK-MASQ)", async () => {
@@ -164,20 +164,14 @@ for (const variant of VARIANTS) {
     it('takes rule 1 back, once, after kube-proxy prepends its own jump, keeping kube-proxy\'s rule', async () => {
       const desired = seedDesired();
       await backend.sync(desired, { full: true });
-      restore(
-        variant,
-        '*nat\n:KUBE-SERVICES - [0:0]\n-I PREROUTING 1 -m comment --comment "kubernetes service portals" -j KUBE-SERVICES\n' +
-          '-A OUTPUT -j IPVS_OUTPUT\nCOMMIT\n',
-      );
+      const portals = '-m comment --comment "kubernetes service portals" -j KUBE-SERVICES';
+      restore(variant, `*nat\n:KUBE-SERVICES - [0:0]\n-I PREROUTING 1 ${portals}\n-A OUTPUT -j IPVS_OUTPUT\nCOMMIT\n`);
       let view = parseNatSave(natSave(variant));
-      assert.equal(view.rules.get('PREROUTING')![0], '-m comment --comment "kubernetes service portals" -j KUBE-SERVICES');
+      assert.equal(view.rules.get('PREROUTING')![0], portals);
       assert.equal(view.rules.get('OUTPUT')!.length, 2);
       await backend.sync(desired, { full: true });
       view = parseNatSave(natSave(variant));
-      assert.deepEqual(view.rules.get('PREROUTING'), [
-        '-j IPVS_PREROUTING',
-        '-m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
-      ]);
+      assert.deepEqual(view.rules.get('PREROUTING'), ['-j IPVS_PREROUTING', portals]);
       assert.deepEqual(view.rules.get('OUTPUT'), ['-j IPVS_OUTPUT']);
     });
 
@@ -227,7 +221,9 @@ for (const variant of VARIANTS) {
         assert.equal(specs.filter((s) => s.includes('-j IPVS_')).length, 1, `one jump in ${chain}`);
         assert.deepEqual(specs.slice(1), [`-m comment --comment "stand-in ${last}" -j KUBE-SERVICES`]);
       }
-      assert.deepEqual(view.rules.get('KUBE-SERVICES'), [`-d 10.97.0.${last}/32 -p tcp -m tcp --dport 80 -j KUBE-SEP-${last}`]);
+      assert.deepEqual(view.rules.get('KUBE-SERVICES'), [
+        `-d 10.97.0.${last}/32 -p tcp -m tcp --dport 80 -j KUBE-SEP-${last}`,
+      ]);
       assert.deepEqual(
         [...view.chains].filter((c) => c.startsWith('KUBE-SEP-')),
         [`KUBE-SEP-${last}`],
@@ -301,13 +297,15 @@ describe('iptables variant detection (kube-proxy iptables-wrapper rules)', funct
   });
 
   it('follows the variant that holds more rules', async () => {
-    sh('iptables-legacy-restore', ['--noflush', '-w'], '*filter\n:DETECT-TEST - [0:0]\n-A DETECT-TEST -j RETURN\n-A DETECT-TEST -j RETURN\nCOMMIT\n');
+    const twoRules = '*filter\n:DETECT-TEST - [0:0]\n-A DETECT-TEST -j RETURN\n-A DETECT-TEST -j RETURN\nCOMMIT\n';
+    sh('iptables-legacy-restore', ['--noflush', '-w'], twoRules);
     const choice = await detectIptablesVariant();
     assert.equal(choice.variant, 'legacy', choice.reason);
   });
 
   it("follows the kubelet's hint chain before rule counts", async () => {
-    sh('iptables-legacy-restore', ['--noflush', '-w'], '*filter\n:DETECT-TEST - [0:0]\n-A DETECT-TEST -j RETURN\nCOMMIT\n');
+    const oneRule = '*filter\n:DETECT-TEST - [0:0]\n-A DETECT-TEST -j RETURN\nCOMMIT\n';
+    sh('iptables-legacy-restore', ['--noflush', '-w'], oneRule);
     sh('iptables-nft-restore', ['--noflush', '-w'], '*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n');
     const choice = await detectIptablesVariant();
     assert.equal(choice.variant, 'nft', choice.reason);

@@ -18,7 +18,11 @@ export function variantCommand(variant: IptablesVariant, family: Family, tool: '
 export const XTABLES_LOCK_WAIT_SECONDS = 30;
 
 export class IptablesError extends Error {
-  constructor(message: string) {
+  constructor(
+    message: string,
+    /** The command's exit status: 1 other problem, 2 bad parameters, 4 resource problem. */
+    readonly exitCode?: number,
+  ) {
     super(message);
     this.name = 'IptablesError';
   }
@@ -61,9 +65,20 @@ export class IptablesCommands {
     await this.exec(variantCommand(this.variant, this.family, 'restore'), args, input);
   }
 
-  /** `iptables -t TABLE ARGS...`, for listings. */
-  async iptables(table: string, args: string[]): Promise<string> {
-    return this.exec(variantCommand(this.variant, this.family, ''), ['-w', String(XTABLES_LOCK_WAIT_SECONDS), '-t', table, ...args]);
+  /**
+   * `iptables -t TABLE -S CHAIN`: the chain's `-A` lines, or undefined when the chain does not
+   * exist (iptables exits 1: "No chain/target/match by that name"). Cheap with iptables-nft,
+   * which fetches that chain only.
+   */
+  async listRules(table: string, chain: string): Promise<string[] | undefined> {
+    const command = variantCommand(this.variant, this.family, '');
+    const args = ['-w', String(XTABLES_LOCK_WAIT_SECONDS), '-t', table, '-S', chain];
+    try {
+      return (await this.exec(command, args)).split('\n').filter((l) => l.startsWith('-A '));
+    } catch (err) {
+      if (err instanceof IptablesError && !(err instanceof IptablesToolMissing) && err.exitCode === 1) return undefined;
+      throw err;
+    }
   }
 
   private async exec(command: string, args: string[], input?: string): Promise<string> {
@@ -77,7 +92,10 @@ export class IptablesCommands {
       if ((result as { code?: string }).code === 'ENOENT') {
         throw new IptablesToolMissing(`the '${command}' command was not found: install the iptables package`);
       }
-      throw new IptablesError(`${command}: ${iptablesErrorMessage(`${result.stderr}\n${result.stdout}`)}`);
+      throw new IptablesError(
+        `${command}: ${iptablesErrorMessage(`${result.stderr}\n${result.stdout}`)}`,
+        result.exitCode,
+      );
     }
     return result.stdout;
   }

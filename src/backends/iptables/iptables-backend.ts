@@ -1,12 +1,17 @@
 // The iptables backend: chains IPVS_PREROUTING and IPVS_OUTPUT in the nat table of one iptables
-// variant (legacy or nft), for IPv4 (iptables) and IPv6 (ip6tables). Every sync rewrites our two
+// variant (legacy or nft), for IPv4 (iptables) and IPv6 (ip6tables). A sync rewrites our two
 // chains and repairs the jump rules in one `-restore --noflush` transaction per family; the
-// xtables lock (-w) keeps kube-proxy's own restores and ours from interleaving.
+// xtables lock (-w) keeps kube-proxy's own restores and ours from interleaving. With
+// iptables-legacy the whole nat table is read anyway, so a table that already holds exactly our
+// rules is left as it is (no rewrite, counters kept); iptables-nft is not read that far (listing
+// a large chain costs as much as writing it) and is rewritten on every full sync.
 
 import { FAMILIES, type DesiredState, type Family, type FamilyState } from '../../model/types.js';
 import { BackendError, type Backend, type ProbeResult, type SyncOptions, type SyncResult } from '../backend.js';
 import { IptablesCommands, IptablesToolMissing, type IptablesVariant } from './apply.js';
 import {
+  JUMPS,
+  KUBE_MARK_MASQ,
   emptyNatTable,
   hasOurObjects,
   parseNatSave,
@@ -53,6 +58,24 @@ export async function readNatTable(commands: IptablesCommands): Promise<NatTable
     if (err instanceof IptablesToolMissing) return undefined;
     throw err;
   }
+}
+
+/**
+ * What a sync needs to know of the nat table: the rules of PREROUTING and OUTPUT and whether
+ * KUBE-MARK-MASQ exists. iptables-nft lists single chains cheaply (a whole -save of a large
+ * table takes about as long as writing it); iptables-legacy reads the whole table blob for any
+ * listing, so one -save is cheapest there.
+ */
+export async function readJumpView(commands: IptablesCommands): Promise<NatTableView> {
+  if (commands.variant === 'legacy') return parseNatSave(await commands.save('nat'));
+  const view = emptyNatTable();
+  for (const chain of [...JUMPS.map((j) => j.from), KUBE_MARK_MASQ]) {
+    const lines = await commands.listRules('nat', chain);
+    if (lines === undefined) continue;
+    view.chains.add(chain);
+    view.rules.set(chain, lines.map((l) => l.slice(`-A ${chain} `.length)));
+  }
+  return view;
 }
 
 /** Removes our chains and jumps from one variant and family. Idempotent; nothing to do without the tools. */
@@ -135,12 +158,12 @@ export class IptablesBackend implements Backend {
         }
         const commands = this.commands(family);
         const result = await withRetries(async () => {
-          const current = parseNatSave(await commands.save('nat'));
+          const current = await readJumpView(commands);
           const rendered = renderFamilyRestore(family, state, desired.masqueradeMark, current);
-          await commands.restore(rendered.text);
+          if (!rendered.upToDate) await commands.restore(rendered.text);
           return rendered;
         });
-        applied = true;
+        if (!result.upToDate) applied = true;
         rejected.push(...result.rejected);
         entries[family] = result.programmed;
         this.programmed.set(family, { signature, entries: result.programmed, rejected: result.rejected });

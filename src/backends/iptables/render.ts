@@ -14,7 +14,14 @@
 // prints them, so what we render can be compared with what the kernel holds.
 
 import { formatCidr, parseCidr, parseIp } from '../../model/ip.js';
-import { PROTOCOLS, type DesiredState, type Entry, type Family, type FamilyState, type LocalPodMatch } from '../../model/types.js';
+import {
+  PROTOCOLS,
+  type DesiredState,
+  type Entry,
+  type Family,
+  type FamilyState,
+  type LocalPodMatch,
+} from '../../model/types.js';
 
 export const PREROUTING_CHAIN = 'IPVS_PREROUTING';
 export const OUTPUT_CHAIN = 'IPVS_OUTPUT';
@@ -228,7 +235,8 @@ export function renderChainRules(
   const prefix = hostPrefix(family);
   const match = (e: Entry, chainAndAddresses: string, extra: string) => {
     const proto = e.protocol.toLowerCase();
-    return `-A ${chainAndAddresses} -p ${proto} -m comment --comment "${e.service}"${extra} -m ${proto} --dport ${e.port}`;
+    const comment = `-m comment --comment "${e.service}"`;
+    return `-A ${chainAndAddresses} -p ${proto} ${comment}${extra} -m ${proto} --dport ${e.port}`;
   };
   const rules: string[] = [];
   for (const source of sources) {
@@ -270,6 +278,27 @@ export function assembleRestore(chainRules: string[], jumpRepairs: string[]): st
 export interface RenderedFamily extends RenderedChains {
   /** iptables-restore --noflush input. */
   text: string;
+  /**
+   * The nat table already holds exactly these rules and jumps (known only when `current` lists
+   * our chains): applying `text` would change nothing but the counters.
+   */
+  upToDate: boolean;
+}
+
+/** A rendered rule as `-save` prints it back: `--or-mark X` is kept as `--set-xmark X/X`. */
+export function asSaved(rule: string): string {
+  return rule.replace(/ --or-mark (0x[0-9a-f]+)$/, ' --set-xmark $1/$1');
+}
+
+function chainsHold(current: NatTableView, rules: string[]): boolean {
+  for (const chain of OUR_CHAINS) {
+    const held = current.rules.get(chain);
+    if (!current.chains.has(chain) || held === undefined) return false;
+    const prefix = `-A ${chain} `;
+    const wanted = rules.filter((r) => r.startsWith(prefix)).map((r) => asSaved(r).slice(prefix.length));
+    if (held.length !== wanted.length || held.some((spec, i) => spec !== wanted[i])) return false;
+  }
+  return true;
 }
 
 /** Desired state of one family + what the nat table holds now -> one restore transaction. */
@@ -280,7 +309,12 @@ export function renderFamilyRestore(
   current: NatTableView,
 ): RenderedFamily {
   const chains = renderChainRules(family, state, masqueradeMark, current.chains.has(KUBE_MARK_MASQ));
-  return { ...chains, text: assembleRestore(chains.rules, renderJumpRepairs(current)) };
+  const repairs = renderJumpRepairs(current);
+  return {
+    ...chains,
+    text: assembleRestore(chains.rules, repairs),
+    upToDate: repairs.length === 0 && chainsHold(current, chains.rules),
+  };
 }
 
 /**
@@ -301,7 +335,10 @@ export function renderCleanupRestore(current: NatTableView): string | undefined 
 }
 
 /** Both families as restore input, for --dry-run: assumes fresh chains in a nat table without KUBE-MARK-MASQ. */
-export function renderDesiredStateRestoreText(desired: DesiredState, options: { useKubeMarkMasq?: boolean } = {}): string {
+export function renderDesiredStateRestoreText(
+  desired: DesiredState,
+  options: { useKubeMarkMasq?: boolean } = {},
+): string {
   const current = emptyNatTable();
   if (options.useKubeMarkMasq) current.chains.add(KUBE_MARK_MASQ);
   return (['ipv4', 'ipv6'] as const)

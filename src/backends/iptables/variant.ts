@@ -77,7 +77,9 @@ export async function detectIptablesVariant(): Promise<VariantChoice> {
   const nft = await gatherEvidence('nft');
   const legacy = await gatherEvidence('legacy');
   if (!nft.installed && !legacy.installed) {
-    throw new IptablesToolMissing('neither iptables-nft nor iptables-legacy is installed: install the iptables package');
+    throw new IptablesToolMissing(
+      'neither iptables-nft nor iptables-legacy is installed: install the iptables package',
+    );
   }
   if (!legacy.installed) return { variant: 'nft', reason: 'iptables-nft: iptables-legacy is not installed' };
   if (!nft.installed) return { variant: 'legacy', reason: 'iptables-legacy: iptables-nft is not installed' };

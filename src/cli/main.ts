@@ -1,0 +1,169 @@
+#!/usr/bin/env node
+// ipvs-node-controller: the command line. Usage errors are one line and exit code 2;
+// runtime errors a user can meet (no kernel support, API unreachable at start) one line and exit 1.
+
+import { CommanderError } from 'commander';
+import { pino, type Logger } from 'pino';
+import { NftBackend } from '../backends/nft/nft-backend.js';
+import { renderDesiredStateText } from '../backends/nft/render.js';
+import { selectNftExecutor } from '../backends/nft/addon-executor.js';
+import type { Backend } from '../backends/backend.js';
+import { Controller } from '../controller.js';
+import { createClusterCaches, loadKubeConfig } from '../kube/cluster.js';
+import { buildDesiredState } from '../model/desired-state.js';
+import type { DesiredState, NodeInfo, ServiceInfo } from '../model/types.js';
+import { parseConfig, UsageError, type Config } from '../config/options.js';
+import { formatDuration } from '../config/duration.js';
+import { readObjectsFile } from './objects-file.js';
+import { CoreV1Api } from '@kubernetes/client-node';
+import { toNodeInfo, toServiceInfo } from '../kube/objects.js';
+
+const PROGRAM = 'ipvs-node-controller';
+
+/** An error with a message meant for the user as it is. */
+class FatalError extends Error {}
+
+async function main(argv: string[]): Promise<number> {
+  let config: Config;
+  try {
+    config = parseConfig(argv);
+  } catch (err) {
+    if (err instanceof CommanderError) return 0; // --help was shown
+    if (err instanceof UsageError) {
+      process.stderr.write(`${PROGRAM}: ${err.message}\nRun '${PROGRAM} --help' for the flags.\n`);
+      return 2;
+    }
+    throw err;
+  }
+  const logger = pino({ name: PROGRAM, level: config.logLevel, base: { node: config.nodeName } });
+  try {
+    if (config.dryRun) return await dryRun(config);
+    if (config.cleanup) return await cleanup(config, logger);
+    return await run(config, logger);
+  } catch (err) {
+    if (err instanceof FatalError) {
+      process.stderr.write(`${PROGRAM}: ${err.message}\n`);
+      return 1;
+    }
+    throw err;
+  }
+}
+
+async function loadForDryRun(config: Config): Promise<{ services: ServiceInfo[]; node?: NodeInfo }> {
+  if (config.fromFile) {
+    let file;
+    try {
+      file = await readObjectsFile(config.fromFile);
+    } catch (err) {
+      throw new FatalError(`--from-file: ${(err as Error).message}`);
+    }
+    // Without --node-name, a file with a single Node describes this node.
+    const node = file.nodes.find((n) => n.name === config.nodeName) ?? (file.nodes.length === 1 ? file.nodes[0] : undefined);
+    return { services: file.services, node };
+  }
+  const kc = kubeConfigOrFail(config);
+  const core = kc.makeApiClient(CoreV1Api);
+  try {
+    const services = (await core.listServiceForAllNamespaces()).items.map(toServiceInfo).filter((s) => s !== undefined);
+    const nodes = (await core.listNode({ fieldSelector: `metadata.name=${config.nodeName}` })).items;
+    return { services, node: nodes.length > 0 ? toNodeInfo(nodes[0]) : undefined };
+  } catch (err) {
+    throw new FatalError(`cannot list Services from the API server: ${(err as Error).message}`);
+  }
+}
+
+async function dryRun(config: Config): Promise<number> {
+  const { services, node } = await loadForDryRun(config);
+  const desired = buildDesiredState(services, node, config.model);
+  process.stdout.write(describeDesiredState(desired, services.length));
+  process.stdout.write(renderDesiredStateText(desired));
+  return 0;
+}
+
+/** A header of nft comments: what was read, what was skipped and why. */
+function describeDesiredState(desired: DesiredState, services: number): string {
+  const lines = [
+    `# ${services} Services read; ${desired.ipv4.entries.length} IPv4 and ${desired.ipv6.entries.length} IPv6 entries`,
+  ];
+  for (const s of desired.skips) lines.push(`# skipped ${s.service}: ${s.reason} (${s.detail})`);
+  for (const c of desired.conflicts) {
+    lines.push(`# conflict ${c.externalIp} ${c.protocol}/${c.port}: ${c.winner} wins over ${c.loser}`);
+  }
+  return lines.join('\n') + '\n\n';
+}
+
+function kubeConfigOrFail(config: Config) {
+  try {
+    return loadKubeConfig(config.kubeconfig);
+  } catch (err) {
+    throw new FatalError((err as Error).message);
+  }
+}
+
+async function createBackend(config: Config, logger: Logger): Promise<Backend> {
+  if (config.backend === 'iptables' || config.backend === 'ebpf') {
+    throw new FatalError(`--backend=${config.backend} is not available in this build`);
+  }
+  const choice = selectNftExecutor(config.nftExecutor);
+  logger.info({ nftExecutor: choice.executor.kind }, choice.reason);
+  const backend = new NftBackend(choice.executor);
+  const probe = await backend.probe();
+  if (!probe.ok) throw new FatalError(probe.detail);
+  return backend;
+}
+
+async function cleanup(config: Config, logger: Logger): Promise<number> {
+  const choice = selectNftExecutor(config.nftExecutor);
+  await new NftBackend(choice.executor).cleanup();
+  logger.info('removed every object of ours');
+  return 0;
+}
+
+async function run(config: Config, logger: Logger): Promise<number> {
+  const backend = await createBackend(config, logger);
+  const kc = kubeConfigOrFail(config);
+  let controller: Controller | undefined;
+  const caches = createClusterCaches(kc, config.nodeName, () => controller?.onCacheChange(), {
+    onError: (resource, err, retryInMs) =>
+      logger.warn({ resource, retryInMs }, `cannot list/watch ${resource}, keeping the last rules: ${err.message}`),
+  });
+  controller = new Controller({
+    caches,
+    backend,
+    model: config.model,
+    nodeName: config.nodeName,
+    minSyncPeriodMs: config.minSyncPeriodMs,
+    syncPeriodMs: config.syncPeriodMs,
+    logger,
+  });
+  logger.info(
+    {
+      backend: backend.name,
+      detectLocalMode: config.model.detectLocalMode,
+      minSyncPeriod: formatDuration(config.minSyncPeriodMs),
+      syncPeriod: formatDuration(config.syncPeriodMs),
+    },
+    'starting',
+  );
+  const stopped = new Promise<void>((resolve) => {
+    const onSignal = (signal: string) => {
+      logger.info({ signal }, 'stopping; the programmed rules stay in place');
+      resolve();
+    };
+    process.once('SIGTERM', onSignal);
+    process.once('SIGINT', onSignal);
+  });
+  await Promise.race([controller.start(), stopped]);
+  await stopped;
+  await controller.stop();
+  await backend.close?.();
+  return 0;
+}
+
+main(process.argv.slice(2)).then(
+  (code) => process.exit(code),
+  (err: unknown) => {
+    process.stderr.write(`${PROGRAM}: unexpected error: ${(err as Error)?.stack ?? String(err)}\n`);
+    process.exit(1);
+  },
+);

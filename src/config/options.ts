@@ -1,0 +1,179 @@
+// Command-line flags, kube-proxy style, validated up front into one Config.
+// A bad value is a UsageError: one line, exit code 2.
+
+import { Command, CommanderError, Option } from 'commander';
+import { hostname } from 'node:os';
+import { parseCidr, formatCidr } from '../model/ip.js';
+import { DETECT_LOCAL_MODES, type DetectLocalMode, type ModelConfig } from '../model/types.js';
+import { parseDuration } from './duration.js';
+
+export type BackendChoice = 'auto' | 'nft' | 'iptables' | 'ebpf';
+export type NftExecutorChoice = 'auto' | 'addon' | 'cli';
+export type LogLevel = 'debug' | 'info' | 'warn' | 'error';
+
+export interface Config {
+  kubeconfig?: string;
+  nodeName: string;
+  backend: BackendChoice;
+  nftExecutor: NftExecutorChoice;
+  model: ModelConfig;
+  minSyncPeriodMs: number;
+  syncPeriodMs: number;
+  dryRun: boolean;
+  fromFile?: string;
+  cleanup: boolean;
+  logLevel: LogLevel;
+  cgroupPath?: string;
+  bpffsPath: string;
+}
+
+export class UsageError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'UsageError';
+  }
+}
+
+/** Linux interface names: 1-15 bytes, no '/', whitespace, ':' or NUL. */
+const INTERFACE_NAME = /^[A-Za-z0-9_.@+-]{1,15}$/;
+
+export function buildCommand(): Command {
+  return new Command('ipvs-node-controller')
+    .description(
+      'Makes in-cluster traffic to LoadBalancer and external IPs of Services work in kube-proxy IPVS mode:\n' +
+        'DNATs traffic that starts on this node to the Service ClusterIP and marks it for masquerade.',
+    )
+    .option('--kubeconfig <path>', 'kubeconfig file; in-cluster configuration when absent')
+    .option('--node-name <name>', 'name of this node (env NODE_NAME; default: hostname)')
+    .addOption(
+      new Option('--backend <name>', 'kernel backend').choices(['auto', 'nft', 'iptables', 'ebpf']).default('auto'),
+    )
+    .addOption(
+      new Option('--nft-executor <path>', 'how nft transactions run: in-process addon or the nft CLI')
+        .choices(['auto', 'addon', 'cli'])
+        .default('auto'),
+    )
+    .addOption(
+      new Option('--detect-local-mode <mode>', 'how traffic from local pods is recognised')
+        .choices([...DETECT_LOCAL_MODES])
+        .default('NodeCIDR'),
+    )
+    .option(
+      '--cluster-cidr <cidrs>',
+      'pod CIDRs of the cluster, comma-separated (ClusterCIDR mode; env POD_CIDR_IPV4, POD_CIDR_IPV6)',
+    )
+    .option('--pod-bridge-interface <name>', 'pod bridge interface, e.g. cni0 (BridgeInterface mode)')
+    .option('--pod-interface-name-prefix <prefix>', 'pod interface prefix, e.g. veth (InterfaceNamePrefix mode)')
+    .option('--masquerade-bit <bit>', "bit of the packet mark kube-proxy masquerades on (0-31)", '14')
+    .option('--min-sync-period <duration>', 'minimum interval between syncs; bursts of changes are coalesced', '1s')
+    .option('--sync-period <duration>', 'interval of full resyncs that repair drift', '30s')
+    .option('--local-traffic-policy-only', 'only translate Services with externalTrafficPolicy: Local', false)
+    .option('--dry-run', 'print the ruleset that would be programmed, as nft text, and exit', false)
+    .option('--from-file <path>', "with --dry-run: read Service and Node objects from a file (JSON or YAML, '-' for stdin)")
+    .option('--cleanup', 'remove every object of ours from every backend and exit', false)
+    .option('--cgroup-path <path>', 'ebpf backend: cgroup v2 directory to attach to (default: the cgroup v2 root)')
+    .option('--bpffs-path <path>', 'ebpf backend: bpffs directory for pinned programs and maps', '/sys/fs/bpf/ipvs-node-controller')
+    .addOption(
+      new Option('--log-level <level>', 'log level').choices(['debug', 'info', 'warn', 'error']).default('info'),
+    )
+    .helpOption('-h, --help', 'show this help')
+    .showSuggestionAfterError(true)
+    .allowExcessArguments(false);
+}
+
+function duration(flag: string, text: string, minMs: number): number {
+  const ms = parseDuration(text);
+  if (ms === undefined) throw new UsageError(`${flag}: '${text}' is not a duration (write it as 30s, 500ms, 1m)`);
+  if (ms < minMs) throw new UsageError(`${flag}: ${text} is too short (at least ${minMs}ms)`);
+  return ms;
+}
+
+function clusterCidrs(flag: string | undefined, env: NodeJS.ProcessEnv): string[] {
+  const texts = flag
+    ? flag.split(',')
+    : [env.POD_CIDR_IPV4, env.POD_CIDR_IPV6].filter((t): t is string => typeof t === 'string' && t !== '');
+  const out: string[] = [];
+  for (const raw of texts) {
+    const text = raw.trim();
+    const cidr = parseCidr(text);
+    if (!cidr) throw new UsageError(`--cluster-cidr: '${text}' is not a CIDR (e.g. 10.244.0.0/16,fd00:10:244::/56)`);
+    out.push(formatCidr(cidr));
+  }
+  return out;
+}
+
+/** Parses argv (without node and script) into a Config; throws UsageError on any bad value. */
+export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env): Config {
+  const command = buildCommand()
+    .exitOverride()
+    .configureOutput({ writeErr: () => undefined, writeOut: (s) => process.stdout.write(s) });
+  try {
+    command.parse(argv, { from: 'user' });
+  } catch (err) {
+    if (err instanceof CommanderError) {
+      if (err.code === 'commander.helpDisplayed' || err.code === 'commander.version') throw err;
+      throw new UsageError(err.message.replace(/^error: /, ''));
+    }
+    throw err;
+  }
+  const o = command.opts<Record<string, string | boolean | undefined>>();
+  const str = (k: string) => (typeof o[k] === 'string' ? (o[k] as string) : undefined);
+
+  const bit = str('masqueradeBit')!;
+  if (!/^\d+$/.test(bit) || Number(bit) > 31) {
+    throw new UsageError(`--masquerade-bit: '${bit}' must be an integer from 0 to 31`);
+  }
+  const mode = str('detectLocalMode') as DetectLocalMode;
+  const podBridgeInterface = str('podBridgeInterface');
+  const podInterfaceNamePrefix = str('podInterfaceNamePrefix');
+  if (podBridgeInterface !== undefined && !INTERFACE_NAME.test(podBridgeInterface)) {
+    throw new UsageError(`--pod-bridge-interface: '${podBridgeInterface}' is not an interface name`);
+  }
+  if (podInterfaceNamePrefix !== undefined && !INTERFACE_NAME.test(podInterfaceNamePrefix)) {
+    throw new UsageError(`--pod-interface-name-prefix: '${podInterfaceNamePrefix}' is not an interface name prefix`);
+  }
+  const cidrs = clusterCidrs(str('clusterCidr'), env);
+  if (mode === 'ClusterCIDR' && cidrs.length === 0) {
+    throw new UsageError('--detect-local-mode=ClusterCIDR needs --cluster-cidr (or POD_CIDR_IPV4 / POD_CIDR_IPV6)');
+  }
+  if (mode === 'BridgeInterface' && !podBridgeInterface) {
+    throw new UsageError('--detect-local-mode=BridgeInterface needs --pod-bridge-interface');
+  }
+  if (mode === 'InterfaceNamePrefix' && !podInterfaceNamePrefix) {
+    throw new UsageError('--detect-local-mode=InterfaceNamePrefix needs --pod-interface-name-prefix');
+  }
+  const minSyncPeriodMs = duration('--min-sync-period', str('minSyncPeriod')!, 0);
+  const syncPeriodMs = duration('--sync-period', str('syncPeriod')!, 1000);
+  if (minSyncPeriodMs > syncPeriodMs) {
+    throw new UsageError('--min-sync-period must not be longer than --sync-period');
+  }
+  const dryRun = o.dryRun === true;
+  const cleanup = o.cleanup === true;
+  const fromFile = str('fromFile');
+  if (fromFile !== undefined && !dryRun) throw new UsageError('--from-file only works with --dry-run');
+  if (dryRun && cleanup) throw new UsageError('--dry-run and --cleanup exclude each other');
+
+  const nodeName = str('nodeName') ?? env.NODE_NAME ?? hostname();
+  return {
+    kubeconfig: str('kubeconfig'),
+    nodeName,
+    backend: str('backend') as BackendChoice,
+    nftExecutor: str('nftExecutor') as NftExecutorChoice,
+    model: {
+      detectLocalMode: mode,
+      clusterCidrs: cidrs,
+      podBridgeInterface,
+      podInterfaceNamePrefix,
+      masqueradeBit: Number(bit),
+      localTrafficPolicyOnly: o.localTrafficPolicyOnly === true,
+    },
+    minSyncPeriodMs,
+    syncPeriodMs,
+    dryRun,
+    fromFile,
+    cleanup,
+    logLevel: str('logLevel') as LogLevel,
+    cgroupPath: str('cgroupPath'),
+    bpffsPath: str('bpffsPath')!,
+  };
+}

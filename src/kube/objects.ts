@@ -1,0 +1,65 @@
+// API objects -> the stripped shapes the model reads. Never trusts the object: any field may be
+// missing or of the wrong type; what is unusable becomes undefined and the model skips it.
+// Accepts both raw JSON (watch events, files) and client-node's deserialized models (Date timestamps).
+
+import type { NodeInfo, ServiceInfo } from '../model/types.js';
+
+type Loose = Record<string, unknown>;
+
+function obj(v: unknown): Loose | undefined {
+  return typeof v === 'object' && v !== null && !Array.isArray(v) ? (v as Loose) : undefined;
+}
+
+function str(v: unknown): string | undefined {
+  return typeof v === 'string' ? v : undefined;
+}
+
+function strList(v: unknown): string[] | undefined {
+  return Array.isArray(v) ? v.map((x) => (typeof x === 'string' ? x : String(x))) : undefined;
+}
+
+function timestamp(v: unknown): string | undefined {
+  if (v instanceof Date) return Number.isNaN(v.getTime()) ? undefined : v.toISOString();
+  return str(v);
+}
+
+export function toServiceInfo(raw: unknown): ServiceInfo | undefined {
+  const o = obj(raw);
+  const meta = obj(o?.metadata);
+  const name = str(meta?.name);
+  const namespace = str(meta?.namespace);
+  if (!o || !name || !namespace) return undefined;
+  const spec = obj(o.spec) ?? {};
+  const status = obj(o.status) ?? {};
+  const ingress = obj(status.loadBalancer)?.ingress;
+  const ports = Array.isArray(spec.ports) ? spec.ports : undefined;
+  return {
+    namespace,
+    name,
+    uid: str(meta?.uid),
+    creationTimestamp: timestamp(meta?.creationTimestamp),
+    type: str(spec.type),
+    clusterIP: str(spec.clusterIP),
+    clusterIPs: strList(spec.clusterIPs),
+    externalIPs: strList(spec.externalIPs),
+    externalTrafficPolicy: str(spec.externalTrafficPolicy),
+    ports: ports?.map((p) => {
+      const port = obj(p) ?? {};
+      return { name: str(port.name), protocol: str(port.protocol), port: port.port as number | undefined };
+    }),
+    ingress: Array.isArray(ingress)
+      ? ingress.map((i) => {
+          const entry = obj(i) ?? {};
+          return { ip: str(entry.ip), hostname: str(entry.hostname), ipMode: str(entry.ipMode) };
+        })
+      : undefined,
+  };
+}
+
+export function toNodeInfo(raw: unknown): NodeInfo | undefined {
+  const o = obj(raw);
+  const name = str(obj(o?.metadata)?.name);
+  if (!o || !name) return undefined;
+  const spec = obj(o.spec) ?? {};
+  return { name, podCIDR: str(spec.podCIDR), podCIDRs: strList(spec.podCIDRs) };
+}

@@ -1,0 +1,107 @@
+// Bounded-frequency sync runner (kube-proxy's BoundedFrequencyRunner is the model):
+// - a request after a quiet period runs at once;
+// - requests during a sync or within minInterval of the last one coalesce into one later run;
+// - a full sync runs at least every fullInterval (and after any failure), repairing drift;
+// - a failed sync is retried with backoff, never faster than minInterval.
+
+export interface SyncRequestInfo {
+  full: boolean;
+  /** When the oldest change served by this sync was requested (performance.now() ms), if any. */
+  changedAt?: number;
+}
+
+export interface SyncRunnerOptions {
+  minIntervalMs: number;
+  fullIntervalMs: number;
+  sync(info: SyncRequestInfo): Promise<void>;
+  onError?(err: Error, retryInMs: number): void;
+}
+
+export class SyncRunner {
+  private pending = false;
+  private pendingFull = false;
+  private changedAt: number | undefined;
+  private running: Promise<void> | undefined;
+  private timer: NodeJS.Timeout | undefined;
+  private fullTimer: NodeJS.Timeout | undefined;
+  private lastRunAt = Number.NEGATIVE_INFINITY;
+  private failures = 0;
+  private stopped = true;
+
+  constructor(private readonly options: SyncRunnerOptions) {}
+
+  /** Starts with a full sync now, then full syncs every fullInterval. */
+  start(): void {
+    this.stopped = false;
+    this.requestFull();
+  }
+
+  /** Something changed: sync soon (at once after a quiet period). */
+  request(): void {
+    this.changedAt ??= performance.now();
+    this.pending = true;
+    this.schedule(0);
+  }
+
+  requestFull(): void {
+    this.pendingFull = true;
+    this.pending = true;
+    this.schedule(0);
+  }
+
+  /** Stops scheduling and waits for a sync in flight. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.timer);
+    clearTimeout(this.fullTimer);
+    this.timer = undefined;
+    await this.running;
+  }
+
+  private schedule(extraDelayMs: number): void {
+    if (this.stopped || this.running || this.timer) return;
+    const sinceLast = performance.now() - this.lastRunAt;
+    const delay = Math.max(extraDelayMs, this.options.minIntervalMs - sinceLast, 0);
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      void this.run();
+    }, delay);
+  }
+
+  private async run(): Promise<void> {
+    if (this.stopped || !this.pending) return;
+    const info: SyncRequestInfo = { full: this.pendingFull, changedAt: this.changedAt };
+    this.pending = false;
+    this.pendingFull = false;
+    this.changedAt = undefined;
+    this.lastRunAt = performance.now();
+    let retryDelay = 0;
+    const attempt = this.options.sync(info);
+    this.running = attempt.then(
+      () => undefined,
+      () => undefined,
+    );
+    try {
+      await attempt;
+      this.failures = 0;
+      if (info.full) this.armFullTimer();
+    } catch (err) {
+      this.failures++;
+      retryDelay = Math.min(this.options.fullIntervalMs, Math.max(this.options.minIntervalMs, 1000) * 2 ** (this.failures - 1));
+      // Retry as a full sync: the kernel state after a failure is unknown.
+      this.pending = true;
+      this.pendingFull = true;
+      this.changedAt = info.changedAt !== undefined ? Math.min(info.changedAt, this.changedAt ?? Infinity) : this.changedAt;
+      this.options.onError?.(err instanceof Error ? err : new Error(String(err)), retryDelay);
+    } finally {
+      this.running = undefined;
+    }
+    if (this.pending) this.schedule(retryDelay);
+  }
+
+  private armFullTimer(): void {
+    clearTimeout(this.fullTimer);
+    if (this.stopped) return;
+    this.fullTimer = setTimeout(() => this.requestFull(), this.options.fullIntervalMs);
+  }
+}

@@ -6,7 +6,7 @@
 import { access, constants } from 'node:fs/promises';
 import { delimiter, join } from 'node:path';
 import { BackendError, type Backend, type BackendName } from './backend.js';
-import { selectNftExecutor } from './nft/addon-executor.js';
+import { selectNftExecutor, type NftExecutorPreference } from './nft/addon-executor.js';
 import { NftBackend } from './nft/nft-backend.js';
 import { IptablesBackend, hasIptablesObjects, removeIptablesObjects } from './iptables/iptables-backend.js';
 import { IPTABLES_VARIANTS, detectIptablesVariant, type IptablesVariant } from './iptables/variant.js';
@@ -28,6 +28,8 @@ export interface SelectBackendDeps {
   ebpf?: () => Backend | Promise<Backend>;
   /** 'auto' (default): the variant kube-proxy uses, detected as its iptables-wrapper does. */
   iptablesVariant?: 'auto' | IptablesVariant;
+  /** How nft transactions are run (--nft-executor); 'auto' (default): the addon, else the CLI. */
+  nftExecutor?: NftExecutorPreference;
 }
 
 export interface SelectedBackend {
@@ -43,15 +45,15 @@ async function iptablesBackend(deps: SelectBackendDeps): Promise<{ backend: Ipta
   return { backend: new IptablesBackend(detected.variant), reason: detected.reason };
 }
 
-function nftBackend(): { backend: NftBackend; reason: string } {
-  const { executor, reason } = selectNftExecutor('auto');
+function nftBackend(preference: NftExecutorPreference = 'auto'): { backend: NftBackend; reason: string } {
+  const { executor, reason } = selectNftExecutor(preference);
   return { backend: new NftBackend(executor), reason };
 }
 
 export async function selectBackend(choice: BackendChoice, deps: SelectBackendDeps = {}): Promise<SelectedBackend> {
   switch (choice) {
     case 'nft': {
-      const nft = nftBackend();
+      const nft = nftBackend(deps.nftExecutor);
       return { backend: nft.backend, reason: `nft backend, as configured: ${nft.reason}` };
     }
     case 'iptables': {
@@ -69,7 +71,7 @@ export async function selectBackend(choice: BackendChoice, deps: SelectBackendDe
     }
     case 'auto': {
       // kube-proxy's own order: nftables where it works, else the iptables variant in use.
-      const nft = nftBackend();
+      const nft = nftBackend(deps.nftExecutor);
       const nftProbe = await nft.backend.probe();
       if (nftProbe.ok) return { backend: nft.backend, reason: `--backend=auto chose nft: ${nft.reason}` };
       await (nft.backend as Backend).close?.();

@@ -4,9 +4,9 @@
 // idempotent and safe without the tools. Runs as root inside `unshare --net --mount`.
 
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
 import { IptablesBackend, hasIptablesObjects } from '../../src/backends/iptables/iptables-backend.js';
@@ -14,17 +14,13 @@ import { asSaved, parseNatSave, renderChainRules } from '../../src/backends/ipta
 import { detectIptablesVariant, type IptablesVariant } from '../../src/backends/iptables/variant.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, Family, ServiceInfo } from '../../src/model/types.js';
+import { assertGolden } from '../support/golden.js';
 import { assertIsolatedNetns, sh } from '../support/node-network.js';
 import { CONFIG, NODE_INFO, SERVICES } from './scenario.js';
 
 const VARIANTS: readonly IptablesVariant[] = ['legacy', 'nft'];
 
-function repoRoot(): string {
-  let dir = dirname(fileURLToPath(import.meta.url));
-  while (!existsSync(join(dir, 'package.json'))) dir = dirname(dir);
-  return dir;
-}
-const GOLDEN_DIR = join(repoRoot(), 'test', 'golden');
+const GOLDEN_DIR = fileURLToPath(new URL('../../../test/golden/', import.meta.url));
 
 type ListingRow = [string, string, string, string];
 interface SeedListing {
@@ -143,9 +139,7 @@ for (const variant of VARIANTS) {
         const rows = listingRows(text).filter((row, i, all) => i < 2 || all[i - 2]!.join() !== row.join());
         assert.deepEqual(rows, SEED[chain]);
         // Both variants list the same text.
-        const golden = join(GOLDEN_DIR, `iptables-listing-${chain}.txt`);
-        if (process.env.UPDATE_GOLDEN === '1' && variant === 'legacy') writeFileSync(golden, text);
-        assert.equal(text, readFileSync(golden, 'utf8'));
+        assertGolden(`iptables-listing-${chain}.txt`, text);
       }
     });
 

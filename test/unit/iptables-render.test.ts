@@ -3,8 +3,8 @@
 // UPDATE_GOLDEN=1 rewrites the golden files from the current renderer (review the diff).
 
 import assert from 'node:assert/strict';
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import {
   KUBE_MARK_MASQ,
@@ -23,21 +23,10 @@ import {
 } from '../../src/backends/iptables/render.js';
 import { countForeignRules, countHintChains } from '../../src/backends/iptables/variant.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
+import { assertGolden } from '../support/golden.js';
 import type { DesiredState, Entry, FamilyState, ModelConfig, ServiceInfo } from '../../src/model/types.js';
 
-function repoRoot(): string {
-  let dir = dirname(fileURLToPath(import.meta.url));
-  while (!existsSync(join(dir, 'package.json'))) dir = dirname(dir);
-  return dir;
-}
-const GOLDEN_DIR = join(repoRoot(), 'test', 'golden');
-
-function assertGolden(name: string, actual: string): void {
-  const path = join(GOLDEN_DIR, name);
-  if (process.env.UPDATE_GOLDEN === '1') writeFileSync(path, actual);
-  assert.ok(existsSync(path), `${path} is missing: run the unit tests with UPDATE_GOLDEN=1 and review it`);
-  assert.equal(actual, readFileSync(path, 'utf8'), `${name} differs from the golden file`);
-}
+const GOLDEN_DIR = fileURLToPath(new URL('../../../test/golden/', import.meta.url));
 
 type ListingRow = [target: string, source: string, destination: string, extras: string];
 

@@ -9,13 +9,11 @@ import { renderDesiredStateText } from '../backends/nft/render.js';
 import { selectNftExecutor } from '../backends/nft/addon-executor.js';
 import type { Backend } from '../backends/backend.js';
 import { Controller } from '../controller.js';
-import { createClusterCaches, loadKubeConfig } from '../kube/cluster.js';
 import { buildDesiredState } from '../model/desired-state.js';
 import type { DesiredState, NodeInfo, ServiceInfo } from '../model/types.js';
 import { parseConfig, UsageError, type Config } from '../config/options.js';
 import { formatDuration } from '../config/duration.js';
 import { readObjectsFile } from './objects-file.js';
-import { CoreV1Api } from '@kubernetes/client-node';
 import { toNodeInfo, toServiceInfo } from '../kube/objects.js';
 
 const PROGRAM = 'ipvs-node-controller';
@@ -61,7 +59,8 @@ async function loadForDryRun(config: Config): Promise<{ services: ServiceInfo[];
     const node = file.nodes.find((n) => n.name === config.nodeName) ?? (file.nodes.length === 1 ? file.nodes[0] : undefined);
     return { services: file.services, node };
   }
-  const kc = kubeConfigOrFail(config);
+  const kc = await kubeConfigOrFail(config);
+  const { CoreV1Api } = await import('@kubernetes/client-node');
   const core = kc.makeApiClient(CoreV1Api);
   try {
     const services = (await core.listServiceForAllNamespaces()).items.map(toServiceInfo).filter((s) => s !== undefined);
@@ -75,8 +74,9 @@ async function loadForDryRun(config: Config): Promise<{ services: ServiceInfo[];
 async function dryRun(config: Config): Promise<number> {
   const { services, node } = await loadForDryRun(config);
   const desired = buildDesiredState(services, node, config.model);
-  process.stdout.write(describeDesiredState(desired, services.length));
-  process.stdout.write(renderDesiredStateText(desired));
+  // Wait for the write: stdout on a pipe is asynchronous and process.exit would cut it short.
+  const text = describeDesiredState(desired, services.length) + renderDesiredStateText(desired);
+  await new Promise<void>((resolve, reject) => process.stdout.write(text, (err) => (err ? reject(err) : resolve())));
   return 0;
 }
 
@@ -92,7 +92,9 @@ function describeDesiredState(desired: DesiredState, services: number): string {
   return lines.join('\n') + '\n\n';
 }
 
-function kubeConfigOrFail(config: Config) {
+// The Kubernetes client is loaded only when needed: it dominates start-up time (--help, --dry-run from a file).
+async function kubeConfigOrFail(config: Config) {
+  const { loadKubeConfig } = await import('../kube/cluster.js');
   try {
     return loadKubeConfig(config.kubeconfig);
   } catch (err) {
@@ -121,7 +123,8 @@ async function cleanup(config: Config, logger: Logger): Promise<number> {
 
 async function run(config: Config, logger: Logger): Promise<number> {
   const backend = await createBackend(config, logger);
-  const kc = kubeConfigOrFail(config);
+  const kc = await kubeConfigOrFail(config);
+  const { createClusterCaches } = await import('../kube/cluster.js');
   let controller: Controller | undefined;
   const caches = createClusterCaches(kc, config.nodeName, () => controller?.onCacheChange(), {
     onError: (resource, err, retryInMs) =>

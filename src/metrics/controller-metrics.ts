@@ -14,6 +14,8 @@ export interface BackendDescription {
   backend: string;
   /** nft backend only: `addon` (in-process libnftables) or `cli` (the nft command). */
   nftExecutor?: string;
+  /** iptables backend only: `legacy` or `nft`, the variant kube-proxy uses. */
+  iptablesVariant?: string;
 }
 
 export class ControllerMetrics implements ControllerObserver, InformerObserver {
@@ -32,7 +34,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
   private readonly informerLists: Counter<'resource'>;
   private readonly informerWatches: Counter<'resource'>;
   private readonly informerErrors: Counter<'resource'>;
-  private readonly backendInfo: Gauge<'backend' | 'nft_executor'>;
+  private readonly backendInfo: Gauge<'backend' | 'nft_executor' | 'iptables_variant'>;
 
   constructor(options: { defaultMetrics?: boolean } = {}) {
     const registers = [this.registry];
@@ -134,8 +136,10 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
     });
     this.backendInfo = new Gauge({
       name: name('backend_info'),
-      help: 'Always 1: the kernel backend in use and, for nft, whether in-process libnftables (addon) or the nft command (cli) programs it.',
-      labelNames: ['backend', 'nft_executor'],
+      help:
+        'Always 1: the kernel backend in use; for nft, whether in-process libnftables (addon) or the nft command (cli) ' +
+        'programs it; for iptables, the variant (legacy or nft).',
+      labelNames: ['backend', 'nft_executor', 'iptables_variant'],
       registers,
     });
 
@@ -153,7 +157,14 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
 
   describeBackend(description: BackendDescription): void {
     this.backendInfo.reset();
-    this.backendInfo.set({ backend: description.backend, nft_executor: description.nftExecutor ?? 'none' }, 1);
+    this.backendInfo.set(
+      {
+        backend: description.backend,
+        nft_executor: description.nftExecutor ?? 'none',
+        iptables_variant: description.iptablesVariant ?? 'none',
+      },
+      1,
+    );
     this.syncErrors.inc({ backend: description.backend }, 0);
   }
 

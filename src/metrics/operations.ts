@@ -53,9 +53,13 @@ export class Operations {
   }
 
   describeBackend(backend: Backend): void {
-    // The nft backend exposes which executor programs the kernel; other backends have none.
-    const executor = (backend as { executor?: { kind?: unknown } }).executor?.kind;
-    this.metrics.describeBackend({ backend: backend.name, nftExecutor: typeof executor === 'string' ? executor : undefined });
+    // The nft backend exposes which executor programs the kernel, the iptables backend its variant.
+    const { executor, variant } = backend as { executor?: { kind?: unknown }; variant?: unknown };
+    this.metrics.describeBackend({
+      backend: backend.name,
+      nftExecutor: typeof executor?.kind === 'string' ? executor.kind : undefined,
+      iptablesVariant: typeof variant === 'string' ? variant : undefined,
+    });
   }
 
   /** The informers' observer: metrics and API reachability, plus the CLI's own (logging). */

@@ -170,7 +170,7 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
     assert.equal(e.value(`${P}programmed_entries`, { backend: 'nft', family: 'ipv6' }), 2);
     assert.equal(e.value(`${P}skipped_addresses`, { reason: 'ipModeProxy' }), 1);
     assert.equal(e.value(`${P}skipped_addresses`, { reason: 'hostnameOnly' }), 1);
-    assert.equal(e.value(`${P}backend_info`, { backend: 'nft', nft_executor: 'addon' }), 1);
+    assert.equal(e.value(`${P}backend_info`, { backend: 'nft', nft_executor: 'addon', iptables_variant: 'none' }), 1);
     assert.ok(e.value(`${P}informer_lists_total`, { resource: 'services' })! >= 1);
     assert.ok(e.value(`${P}informer_watches_total`, { resource: 'nodes' })! >= 1);
     const last = e.value(`${P}last_successful_sync_timestamp_seconds`)!;

@@ -5,6 +5,12 @@ import { ControllerMetrics, METRIC_PREFIX } from '../../src/metrics/controller-m
 import { startMetricsEndpoint } from '../../src/metrics/metrics-server.js';
 import { allControllerObservers, allInformerObservers } from '../../src/metrics/observers.js';
 import { HttpEndpoint } from '../../src/health/http-endpoint.js';
+import { Operations } from '../../src/metrics/operations.js';
+import { parseConfig } from '../../src/config/options.js';
+import { NftBackend } from '../../src/backends/nft/nft-backend.js';
+import { NftCliExecutor } from '../../src/backends/nft/executor.js';
+import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
+import { pino } from 'pino';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { SKIP_REASONS, type ModelConfig, type ServiceInfo } from '../../src/model/types.js';
 import type { SyncReport } from '../../src/controller.js';
@@ -52,7 +58,7 @@ describe('controller metrics', () => {
     for (const name of ours) assert.ok((e.help.get(name) ?? '').length > 20, `${name} has no useful HELP`);
     assert.ok(e.families().includes('process_resident_memory_bytes'));
     assert.ok(e.families().includes('nodejs_eventloop_lag_seconds'));
-    assert.equal(e.value(`${METRIC_PREFIX}backend_info`, { backend: 'nft', nft_executor: 'addon' }), 1);
+    assert.equal(e.value(`${METRIC_PREFIX}backend_info`, { backend: 'nft', nft_executor: 'addon', iptables_variant: 'none' }), 1);
   });
 
   it('count current skips and conflicts from the desired state, every reason present', async () => {
@@ -150,6 +156,29 @@ describe('controller metrics', () => {
     const verdict = await promtoolCheckMetrics(text);
     assert.equal(verdict.code, 0, verdict.output);
     assert.equal(verdict.output.trim(), '', `promtool has remarks:\n${verdict.output}`);
+  });
+});
+
+describe('backend info from the backend objects', () => {
+  it('names the nft executor and the iptables variant', async () => {
+    const config = parseConfig(['--metrics-bind-address=', '--healthz-bind-address='], { NODE_NAME: 'n' });
+    const ops = await Operations.start(config, pino({ enabled: false }));
+    try {
+      const info = async () => {
+        const e = new Exposition((await ops.metrics.exposition()).text);
+        return [...e.samples].filter(([k]) => k.startsWith(`${METRIC_PREFIX}backend_info{`));
+      };
+      ops.describeBackend(new NftBackend(new NftCliExecutor()));
+      assert.deepEqual(await info(), [
+        [`${METRIC_PREFIX}backend_info{backend="nft",iptables_variant="none",nft_executor="cli"}`, 1],
+      ]);
+      ops.describeBackend(new IptablesBackend('legacy'));
+      assert.deepEqual(await info(), [
+        [`${METRIC_PREFIX}backend_info{backend="iptables",iptables_variant="legacy",nft_executor="none"}`, 1],
+      ]);
+    } finally {
+      await ops.close();
+    }
   });
 });
 

@@ -104,6 +104,10 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
     await api.writeKubeconfig(join(dir, 'kubeconfig'));
   });
 
+  afterEach(function () {
+    if (this.currentTest?.state === 'failed') console.log(`controller log:\n${logLines.join('\n')}`);
+  });
+
   after(async () => {
     for (const child of [tableHolder, prometheus, controller]) {
       if (child && child.exitCode === null) {
@@ -141,7 +145,6 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
       const lines = (partial + d.toString()).split('\n');
       partial = lines.pop()!;
       logLines.push(...lines);
-      if (process.env.E2E_LOG) for (const l of lines) process.stderr.write(l + '\n');
     });
     const readyz = await eventually('an unreachable API server on /readyz', async () => {
       const r = await health('/readyz');
@@ -249,10 +252,14 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
       const body = JSON.parse(a.body) as { status: string; data: { result: Array<{ metric: Json; value: [number, string] }> } };
       return body.data.result;
     };
-    const up = await eventually('up{job="ipvs-node-controller"} == 1', async () => {
-      const r = await query('up{job="ipvs-node-controller"}');
-      return r.length === 1 && r[0]!.value[1] === '1' && r;
-    });
+    const up = await eventually(
+      'up{job="ipvs-node-controller"} == 1',
+      async () => {
+        const r = await query('up{job="ipvs-node-controller"}');
+        return r.length === 1 && r[0]!.value[1] === '1' && r;
+      },
+      60_000,
+    );
     assert.equal(up[0]!.metric.instance, '127.0.0.1:9477');
     const entries = await query(`${P}programmed_entries{family="ipv4"}`);
     assert.equal(entries.length, 1);

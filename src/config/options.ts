@@ -85,7 +85,11 @@ export function buildCommand(): Command {
     .option('--min-sync-period <duration>', 'minimum interval between syncs; bursts of changes are coalesced', '1s')
     .option('--sync-period <duration>', 'interval of full resyncs that repair drift', '30s')
     .option('--local-traffic-policy-only', 'only translate Services with externalTrafficPolicy: Local', false)
-    .option('--dry-run', 'print the ruleset that would be programmed, as nft text, and exit', false)
+    .option(
+      '--dry-run',
+      'print the ruleset that would be programmed and exit (nft text; iptables-restore input with --backend=iptables)',
+      false,
+    )
     .option('--from-file <path>', "with --dry-run: read Service and Node objects from a file (JSON or YAML, '-' for stdin)")
     .option('--cleanup', 'remove every object of ours from every backend and exit', false)
     .option('--cgroup-path <path>', 'ebpf backend: cgroup v2 directory to attach to (default: the cgroup v2 root)')

@@ -51,7 +51,13 @@ async function eventually(check: () => Promise<string>, expected: string, what: 
   assert.fail(`${what}: expected '${expected}', last answer '${last}'`);
 }
 
-describe('controller end to end (CLI + API stand-in + kernel)', function () {
+/** What each backend leaves in the kernel, to check that a node never carries two. */
+const KERNEL_OBJECTS: Record<string, () => boolean> = {
+  nft: () => /ipvs-node-controller/.test(sh('nft', ['list', 'tables'])),
+  iptables: () => /IPVS_OUTPUT/.test(sh('iptables-save', ['-t', 'nat'])) || /IPVS_OUTPUT/.test(sh('iptables-legacy-save', ['-t', 'nat'])),
+};
+
+for (const backendName of ['nft', 'iptables'] as const) describe(`controller end to end, --backend=${backendName} (CLI + API stand-in + kernel)`, function () {
   this.timeout(60_000);
   const scenario = new Scenario();
   let api: ApiStandIn;
@@ -65,7 +71,11 @@ describe('controller end to end (CLI + API stand-in + kernel)', function () {
   function startController(): ChildProcess {
     const child = spawn(
       process.execPath,
-      [CLI, '--kubeconfig', kubeconfig, '--node-name', 'node-1', '--min-sync-period', '0', '--sync-period', '2s', '--log-level', 'debug'],
+      [
+        CLI,
+        `--backend=${backendName}`,
+        ...['--kubeconfig', kubeconfig, '--node-name', 'node-1', '--min-sync-period', '0', '--sync-period', '2s', '--log-level', 'debug'],
+      ],
       { stdio: ['ignore', 'pipe', 'pipe'] },
     );
     child.stdout!.on('data', (d: Buffer) => (output += d.toString()));
@@ -108,12 +118,19 @@ describe('controller end to end (CLI + API stand-in + kernel)', function () {
     if (this.currentTest?.state === 'failed') console.log(`controller output:\n${output}`);
   });
 
-  it('programs a Service that exists at start', async () => {
+  it('programs a Service that exists at start, and removes what another backend left', async () => {
+    // Leftovers of the other backend, as after a switch of --backend.
+    const other = backendName === 'nft' ? 'iptables' : 'nft';
+    if (other === 'nft') sh('nft', ['add table ip ipvs-node-controller']);
+    else sh('iptables-restore', ['--noflush', '-w'], '*nat\n:IPVS_OUTPUT - [0:0]\n-I OUTPUT 1 -j IPVS_OUTPUT\nCOMMIT\n');
+    assert.ok(KERNEL_OBJECTS[other]!(), 'leftover in place');
     api.apply(serviceObject(LB_V4));
     controller = startController();
     await eventually(() => probe(pod(), 'tcp', LB_V4, 80), 'svc-a', 'pod to LoadBalancer IP');
     assert.equal(await probe(undefined, 'tcp', LB_V4, 80), 'svc-a');
     assert.equal(await probe(scenario.network.outside.ns, 'tcp', LB_V4, 80), LB_PATH);
+    await eventually(async () => String(KERNEL_OBJECTS[other]!()), 'false', `${other} leftovers removed`);
+    assert.ok(KERNEL_OBJECTS[backendName]!());
   });
 
   it('follows a change of the ingress IP', async () => {
@@ -157,18 +174,30 @@ describe('controller end to end (CLI + API stand-in + kernel)', function () {
     assert.equal(await probe(undefined, 'tcp', LB_V4, 80), LB_PATH);
   });
 
-  it('--cleanup removes our tables and exits 0, twice', async () => {
+  it('--cleanup removes our objects and exits 0, twice', async () => {
     assert.equal(await stopController(), 0);
+    assert.ok(KERNEL_OBJECTS[backendName]!(), 'SIGTERM left the rules in place');
     sh(process.execPath, [CLI, '--cleanup']);
-    assert.doesNotMatch(sh('nft', ['list', 'tables']), /ipvs-node-controller/);
+    assert.equal(KERNEL_OBJECTS.nft!(), false);
+    assert.equal(KERNEL_OBJECTS.iptables!(), false);
     sh(process.execPath, [CLI, '--cleanup']);
   });
 
-  it('prints a --dry-run ruleset that nft accepts', async () => {
+  it('prints a --dry-run ruleset that the kernel tools accept', async () => {
     api.apply(serviceObject(LB_V4));
     // Asynchronously: the API stand-in runs in this process and must keep answering.
-    const { stdout: text } = await execa(process.execPath, [CLI, '--dry-run', '--kubeconfig', kubeconfig, '--node-name', 'node-1']);
-    assert.match(text, /192\.0\.2\.10 \. tcp \. 80 comment "default\/web" : 10\.96\.0\.10/);
-    sh('nft', ['-c', '-f', '-'], text);
+    const { stdout: text } = await execa(process.execPath, [
+      CLI,
+      `--backend=${backendName}`,
+      ...['--dry-run', '--kubeconfig', kubeconfig, '--node-name', 'node-1'],
+    ]);
+    if (backendName === 'nft') {
+      assert.match(text, /192\.0\.2\.10 \. tcp \. 80 comment "default\/web" : 10\.96\.0\.10/);
+      sh('nft', ['-c', '-f', '-'], text);
+    } else {
+      assert.match(text, /-A IPVS_OUTPUT -d 192\.0\.2\.10\/32 -p tcp -m comment --comment "default\/web" .*-j DNAT --to-destination 10\.96\.0\.10/);
+      const ipv4Part = text.split('# ipv6')[0]!.replace(/^#.*$/gm, '');
+      sh('iptables-restore', ['--test', '--noflush', '-w'], ipv4Part);
+    }
   });
 });

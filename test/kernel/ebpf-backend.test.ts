@@ -19,6 +19,7 @@ import { EbpfBackend, defaultCgroupPath } from '../../src/backends/ebpf/ebpf-bac
 import { KEY_SIZE, VALUE_SIZE, decodeElements, encodeKeys, encodeValues } from '../../src/backends/ebpf/map-codec.js';
 import { loadEbpfAddon, type PinnedMap } from '../../src/backends/ebpf/native.js';
 import type { DesiredState, Entry, Family } from '../../src/model/types.js';
+import { assertIsolatedNetns } from '../support/node-network.js';
 
 const PEER = fileURLToPath(new URL('./ebpf-peer.js', import.meta.url));
 const TAG = `inc${process.pid}`;
@@ -80,6 +81,7 @@ class Lab {
   }
 
   setup(): void {
+    assertIsolatedNetns();
     run('mount', ['-t', 'bpf', 'bpf', this.bpffsMount]);
     mkdirSync(this.cgroupPath);
     for (const ns of [NODE_NS, POD_NS]) {

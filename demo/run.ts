@@ -23,7 +23,10 @@ function fail(line: string): never {
 }
 
 async function main(): Promise<number> {
-  if (process.getuid?.() !== 0) fail('the demo needs root for its network namespaces and nftables: run `sudo npm run demo`');
+  if (process.getuid?.() !== 0) fail(
+      'the demo needs root for its network namespaces and nftables: run `sudo npm start`' +
+        ' (or `npm run preview` for a --dry-run of example Services, without root)',
+    );
   for (const tool of ['unshare', 'ip', 'nft']) {
     if (spawnSync('sh', ['-c', `command -v ${tool}`], { stdio: 'ignore' }).status !== 0) {
       fail(`'${tool}' is missing: run \`sudo bash scripts/install-system-packages.sh\``);

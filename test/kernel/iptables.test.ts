@@ -4,44 +4,22 @@
 // idempotent and safe without the tools. Runs as root inside `unshare --net --mount`.
 
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
 import { IptablesBackend, hasIptablesObjects } from '../../src/backends/iptables/iptables-backend.js';
 import { asSaved, parseNatSave, renderChainRules } from '../../src/backends/iptables/render.js';
 import { detectIptablesVariant, type IptablesVariant } from '../../src/backends/iptables/variant.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
-import type { DesiredState, Family, ServiceInfo } from '../../src/model/types.js';
+import type { Family } from '../../src/model/types.js';
 import { assertGolden } from '../support/golden.js';
 import { assertIsolatedNetns, sh } from '../support/node-network.js';
 import { CONFIG, NODE_INFO, SERVICES } from './scenario.js';
+import { SEED, seedDesired, type ListingRow } from '../support/seed-listing.js';
 
 const VARIANTS: readonly IptablesVariant[] = ['legacy', 'nft'];
 
-const GOLDEN_DIR = fileURLToPath(new URL('../../../test/golden/', import.meta.url));
-
-type ListingRow = [string, string, string, string];
-interface SeedListing {
-  podCidr: string;
-  services: Array<{ name: string; clusterIP: string; externalIP: string; ports: number[] }>;
-  IPVS_OUTPUT: ListingRow[];
-  IPVS_PREROUTING: ListingRow[];
-}
-const SEED = JSON.parse(readFileSync(join(GOLDEN_DIR, 'iptables-seed-listing.json'), 'utf8')) as SeedListing;
-
-function seedDesired(): DesiredState {
-  const services: ServiceInfo[] = SEED.services.map((s) => ({
-    namespace: 'default',
-    name: s.name,
-    type: 'LoadBalancer',
-    clusterIP: s.clusterIP,
-    ports: s.ports.map((port) => ({ port, protocol: 'TCP' })),
-    ingress: [{ ip: s.externalIP }],
-  }));
-  return buildDesiredState(services, { name: 'node-1', podCIDRs: [SEED.podCidr] }, CONFIG);
-}
 
 const iptables = (variant: IptablesVariant, family: Family = 'ipv4') =>
   `${family === 'ipv4' ? 'iptables' : 'ip6tables'}-${variant}`;

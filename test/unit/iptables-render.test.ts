@@ -3,9 +3,6 @@
 // UPDATE_GOLDEN=1 rewrites the golden files from the current renderer (review the diff).
 
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import {
   KUBE_MARK_MASQ,
   emptyNatTable,
@@ -24,41 +21,11 @@ import {
 import { countForeignRules, countHintChains } from '../../src/backends/iptables/variant.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { assertGolden } from '../support/golden.js';
-import type { DesiredState, Entry, FamilyState, ModelConfig, ServiceInfo } from '../../src/model/types.js';
+import { SEED, SEED_CONFIG, seedDesired, seedServices, type ListingRow } from '../support/seed-listing.js';
+import type { Entry, FamilyState } from '../../src/model/types.js';
 
-const GOLDEN_DIR = fileURLToPath(new URL('../../../test/golden/', import.meta.url));
-
-type ListingRow = [target: string, source: string, destination: string, extras: string];
-
-/** The original controller's README listing, and the Services behind it. */
-interface SeedListing {
-  podCidr: string;
-  services: Array<{ name: string; clusterIP: string; externalIP: string; ports: number[] }>;
-  IPVS_OUTPUT: ListingRow[];
-  IPVS_PREROUTING: ListingRow[];
-}
-const SEED = JSON.parse(readFileSync(join(GOLDEN_DIR, 'iptables-seed-listing.json'), 'utf8')) as SeedListing;
-
-const SEED_SERVICES: ServiceInfo[] = SEED.services.map((s) => ({
-  namespace: 'default',
-  name: s.name,
-  type: 'LoadBalancer',
-  clusterIP: s.clusterIP,
-  ports: s.ports.map((port) => ({ port, protocol: 'TCP' })),
-  ingress: [{ ip: s.externalIP }],
-}));
+const CONFIG = SEED_CONFIG;
 const SEED_POD_CIDR = SEED.podCidr;
-
-const CONFIG: ModelConfig = {
-  detectLocalMode: 'NodeCIDR',
-  clusterCidrs: [],
-  masqueradeBit: 14,
-  localTrafficPolicyOnly: false,
-};
-
-function seedDesired(): DesiredState {
-  return buildDesiredState(SEED_SERVICES, { name: 'node-1', podCIDRs: [SEED_POD_CIDR] }, CONFIG);
-}
 
 function withKubeMarkMasq(): NatTableView {
   const view = emptyNatTable();
@@ -154,7 +121,7 @@ describe('iptables renderer', () => {
     it('renders both families for --dry-run', () => {
       const desired = buildDesiredState(
         [
-          ...SEED_SERVICES,
+          ...seedServices(),
           {
             namespace: 'default',
             name: 'dual',

@@ -7,6 +7,7 @@
 {
   'variables': {
     'have_libnftables%': '<!(pkg-config --exists libnftables && echo 1 || echo 0)',
+    'have_libbpf%': '<!(pkg-config --exists libbpf && echo 1 || echo 0)',
   },
   'targets': [
     {
@@ -22,6 +23,27 @@
           'cflags_cc': ['-std=c++17', '<!@(pkg-config --cflags libnftables)'],
           'cflags_cc!': ['-std=gnu++17'],
           'libraries': ['<!@(pkg-config --libs libnftables)'],
+        }, {
+          'type': 'none',
+        }],
+      ],
+    },
+    {
+      # The eBPF backend: load, attach and pin the programs of bpf/, batch map updates.
+      'target_name': 'ebpf_addon',
+      'conditions': [
+        ['have_libbpf==1', {
+          'sources': [
+            'native/bpf/ebpf_addon.cc',
+            'native/bpf/pinned_programs.cc',
+            'native/bpf/pinned_map.cc',
+            'native/bpf/bpf_errors.cc',
+          ],
+          'dependencies': ["<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"],
+          'defines': ['NAPI_VERSION=8'],
+          'cflags_cc': ['-std=c++17', '<!@(pkg-config --cflags libbpf)'],
+          'cflags_cc!': ['-std=gnu++17'],
+          'libraries': ['<!@(pkg-config --libs libbpf)'],
         }, {
           'type': 'none',
         }],

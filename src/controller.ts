@@ -45,6 +45,8 @@ export interface ControllerOptions {
   syncPeriodMs: number;
   logger: Logger;
   observer?: ControllerObserver;
+  /** Runs once, after the first successful sync (removing other backends' leftovers, say). */
+  afterFirstSync?: () => Promise<void>;
 }
 
 export class Controller {
@@ -109,8 +111,10 @@ export class Controller {
       const ended = performance.now();
       report.durationMs = ended - started;
       if (info.changedAt !== undefined) report.changeLatencyMs = ended - info.changedAt;
+      const first = this.status.lastSuccessfulSyncAt === undefined;
       this.status.lastSuccessfulSyncAt = Date.now();
       this.status.lastError = undefined;
+      if (first) await this.options.afterFirstSync?.();
       if (report.result.mode !== 'noop') {
         logger.debug(
           { mode: report.result.mode, entries: report.result.entries, ms: Math.round(report.durationMs) },

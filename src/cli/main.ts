@@ -4,19 +4,20 @@
 
 import { CommanderError } from 'commander';
 import { pino, type Logger } from 'pino';
-import { NftBackend } from '../backends/nft/nft-backend.js';
 import { renderDesiredStateText } from '../backends/nft/render.js';
-import { selectNftExecutor } from '../backends/nft/addon-executor.js';
+import { renderDesiredStateRestoreText } from '../backends/iptables/render.js';
+import { IptablesBackend } from '../backends/iptables/iptables-backend.js';
+import { EbpfBackend, defaultCgroupPath } from '../backends/ebpf/ebpf-backend.js';
+import { cleanupAll, removeLeftovers, selectBackend, type LeftoverCleanup } from '../backends/select.js';
 import type { Backend } from '../backends/backend.js';
 import { Controller } from '../controller.js';
-import { createClusterCaches, loadKubeConfig } from '../kube/cluster.js';
 import { buildDesiredState } from '../model/desired-state.js';
 import type { DesiredState, NodeInfo, ServiceInfo } from '../model/types.js';
 import { parseConfig, UsageError, type Config } from '../config/options.js';
 import { formatDuration } from '../config/duration.js';
 import { readObjectsFile } from './objects-file.js';
-import { CoreV1Api } from '@kubernetes/client-node';
 import { toNodeInfo, toServiceInfo } from '../kube/objects.js';
+import type { Operations } from '../metrics/operations.js';
 
 const PROGRAM = 'ipvs-node-controller';
 
@@ -61,7 +62,8 @@ async function loadForDryRun(config: Config): Promise<{ services: ServiceInfo[];
     const node = file.nodes.find((n) => n.name === config.nodeName) ?? (file.nodes.length === 1 ? file.nodes[0] : undefined);
     return { services: file.services, node };
   }
-  const kc = kubeConfigOrFail(config);
+  const kc = await kubeConfigOrFail(config);
+  const { CoreV1Api } = await import('@kubernetes/client-node');
   const core = kc.makeApiClient(CoreV1Api);
   try {
     const services = (await core.listServiceForAllNamespaces()).items.map(toServiceInfo).filter((s) => s !== undefined);
@@ -75,8 +77,14 @@ async function loadForDryRun(config: Config): Promise<{ services: ServiceInfo[];
 async function dryRun(config: Config): Promise<number> {
   const { services, node } = await loadForDryRun(config);
   const desired = buildDesiredState(services, node, config.model);
-  process.stdout.write(describeDesiredState(desired, services.length));
-  process.stdout.write(renderDesiredStateText(desired));
+  // Wait for the write: stdout on a pipe is asynchronous and process.exit would cut it short.
+  // iptables-restore input for --backend=iptables; nft text otherwise (the eBPF maps hold the same entries).
+  const ruleset =
+    config.backend === 'iptables'
+      ? renderDesiredStateRestoreText(desired, { useKubeMarkMasq: true })
+      : renderDesiredStateText(desired);
+  const text = describeDesiredState(desired, services.length) + ruleset;
+  await new Promise<void>((resolve, reject) => process.stdout.write(text, (err) => (err ? reject(err) : resolve())));
   return 0;
 }
 
@@ -92,7 +100,9 @@ function describeDesiredState(desired: DesiredState, services: number): string {
   return lines.join('\n') + '\n\n';
 }
 
-function kubeConfigOrFail(config: Config) {
+// The Kubernetes client is loaded only when needed: it dominates start-up time (--help, --dry-run from a file).
+async function kubeConfigOrFail(config: Config) {
+  const { loadKubeConfig } = await import('../kube/cluster.js');
   try {
     return loadKubeConfig(config.kubeconfig);
   } catch (err) {
@@ -100,34 +110,88 @@ function kubeConfigOrFail(config: Config) {
   }
 }
 
+function ebpfOptions(config: Config) {
+  return { cgroupPath: config.cgroupPath ?? defaultCgroupPath() ?? '/sys/fs/cgroup', bpffsPath: config.bpffsPath };
+}
+
+/** The eBPF backend's cleanup, for leftovers at start and for --cleanup. */
+function ebpfCleanup(config: Config): LeftoverCleanup {
+  return {
+    backend: 'ebpf',
+    description: `eBPF programs and maps pinned under ${config.bpffsPath}`,
+    cleanup: () => new EbpfBackend(ebpfOptions(config)).cleanup(),
+  };
+}
+
 async function createBackend(config: Config, logger: Logger): Promise<Backend> {
-  if (config.backend === 'iptables' || config.backend === 'ebpf') {
-    throw new FatalError(`--backend=${config.backend} is not available in this build`);
+  let selected;
+  try {
+    selected = await selectBackend(config.backend, {
+      nftExecutor: config.nftExecutor,
+      ebpf: () => {
+        if (!config.cgroupPath && !defaultCgroupPath()) {
+          throw new FatalError('no cgroup v2 mount in /proc/mounts: mount cgroup2 or pass --cgroup-path');
+        }
+        return new EbpfBackend(ebpfOptions(config));
+      },
+    });
+  } catch (err) {
+    throw new FatalError((err as Error).message);
   }
-  const choice = selectNftExecutor(config.nftExecutor);
-  logger.info({ nftExecutor: choice.executor.kind }, choice.reason);
-  const backend = new NftBackend(choice.executor);
-  const probe = await backend.probe();
+  logger.info({ backend: selected.backend.name }, selected.reason);
+  const probe = await selected.backend.probe();
   if (!probe.ok) throw new FatalError(probe.detail);
-  return backend;
+  return selected.backend;
 }
 
 async function cleanup(config: Config, logger: Logger): Promise<number> {
-  const choice = selectNftExecutor(config.nftExecutor);
-  await new NftBackend(choice.executor).cleanup();
-  logger.info('removed every object of ours');
+  try {
+    const removed = await cleanupAll([ebpfCleanup(config)]);
+    logger.info({ checked: removed }, 'removed every object of ours');
+  } catch (err) {
+    throw new FatalError((err as Error).message);
+  }
   return 0;
 }
 
+/** After the first successful sync: remove what other backends left, so a node never carries two. */
+async function removeOtherBackends(config: Config, backend: Backend, logger: Logger): Promise<void> {
+  try {
+    const checked = await removeLeftovers(backend.name, {
+      iptablesVariant: backend instanceof IptablesBackend ? backend.variant : undefined,
+      extraCleanups: [ebpfCleanup(config)],
+    });
+    logger.debug({ checked }, 'no leftovers of other backends remain');
+  } catch (err) {
+    logger.warn(`could not remove leftovers of other backends: ${(err as Error).message}`);
+  }
+}
+
 async function run(config: Config, logger: Logger): Promise<number> {
+  // Metrics, health endpoints and Events (src/metrics/operations.ts).
+  const { Operations } = await import('../metrics/operations.js');
+  const operations = await Operations.start(config, logger).catch((err: Error) => {
+    throw new FatalError(err.message);
+  });
+  try {
+    return await runController(config, logger, operations);
+  } finally {
+    await operations.close();
+  }
+}
+
+async function runController(config: Config, logger: Logger, operations: Operations): Promise<number> {
   const backend = await createBackend(config, logger);
-  const kc = kubeConfigOrFail(config);
+  operations.describeBackend(backend);
+  const kc = await kubeConfigOrFail(config);
+  const { createClusterCaches } = await import('../kube/cluster.js');
   let controller: Controller | undefined;
-  const caches = createClusterCaches(kc, config.nodeName, () => controller?.onCacheChange(), {
+  const caches = createClusterCaches(kc, config.nodeName, () => controller?.onCacheChange(), operations.informerObserver({
     onError: (resource, err, retryInMs) =>
       logger.warn({ resource, retryInMs }, `cannot list/watch ${resource}, keeping the last rules: ${err.message}`),
-  });
+  }));
   controller = new Controller({
+    observer: operations.controllerObserver(kc, caches.services),
     caches,
     backend,
     model: config.model,
@@ -135,7 +199,9 @@ async function run(config: Config, logger: Logger): Promise<number> {
     minSyncPeriodMs: config.minSyncPeriodMs,
     syncPeriodMs: config.syncPeriodMs,
     logger,
+    afterFirstSync: () => removeOtherBackends(config, backend, logger),
   });
+  operations.attach(controller);
   logger.info(
     {
       backend: backend.name,

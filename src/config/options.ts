@@ -2,6 +2,7 @@
 // A bad value is a UsageError: one line, exit code 2.
 
 import { Command, CommanderError, Option } from 'commander';
+import { isIP } from 'node:net';
 import { hostname } from 'node:os';
 import { parseCidr, formatCidr } from '../model/ip.js';
 import { DETECT_LOCAL_MODES, type DetectLocalMode, type ModelConfig } from '../model/types.js';
@@ -25,7 +26,23 @@ export interface Config {
   logLevel: LogLevel;
   cgroupPath?: string;
   bpffsPath: string;
+  /** Where /metrics is served; undefined when disabled with an empty value. */
+  metricsBindAddress?: BindAddress;
+  /** Where /healthz and /readyz are served; undefined when disabled with an empty value. */
+  healthzBindAddress?: BindAddress;
+  /** Record Kubernetes Events on Services whose addresses are skipped or lose a conflict. */
+  emitEvents: boolean;
 }
+
+/** An IP address and TCP port to listen on. */
+export interface BindAddress {
+  host: string;
+  port: number;
+}
+
+export const DEFAULT_METRICS_BIND_ADDRESS = '0.0.0.0:9477';
+/** Not kube-proxy's 10256: both run with hostNetwork on the same node. */
+export const DEFAULT_HEALTHZ_BIND_ADDRESS = '0.0.0.0:9478';
 
 export class UsageError extends Error {
   constructor(message: string) {
@@ -68,11 +85,18 @@ export function buildCommand(): Command {
     .option('--min-sync-period <duration>', 'minimum interval between syncs; bursts of changes are coalesced', '1s')
     .option('--sync-period <duration>', 'interval of full resyncs that repair drift', '30s')
     .option('--local-traffic-policy-only', 'only translate Services with externalTrafficPolicy: Local', false)
-    .option('--dry-run', 'print the ruleset that would be programmed, as nft text, and exit', false)
+    .option(
+      '--dry-run',
+      'print the ruleset that would be programmed and exit (nft text; iptables-restore input with --backend=iptables)',
+      false,
+    )
     .option('--from-file <path>', "with --dry-run: read Service and Node objects from a file (JSON or YAML, '-' for stdin)")
     .option('--cleanup', 'remove every object of ours from every backend and exit', false)
     .option('--cgroup-path <path>', 'ebpf backend: cgroup v2 directory to attach to (default: the cgroup v2 root)')
     .option('--bpffs-path <path>', 'ebpf backend: bpffs directory for pinned programs and maps', '/sys/fs/bpf/ipvs-node-controller')
+    .option('--metrics-bind-address <ip:port>', "where /metrics is served ('' disables)", DEFAULT_METRICS_BIND_ADDRESS)
+    .option('--healthz-bind-address <ip:port>', "where /healthz and /readyz are served ('' disables)", DEFAULT_HEALTHZ_BIND_ADDRESS)
+    .option('--emit-events', 'record Kubernetes Events on Services whose addresses are skipped or lose a conflict', false)
     .addOption(
       new Option('--log-level <level>', 'log level').choices(['debug', 'info', 'warn', 'error']).default('info'),
     )
@@ -86,6 +110,24 @@ function duration(flag: string, text: string, minMs: number): number {
   if (ms === undefined) throw new UsageError(`${flag}: '${text}' is not a duration (write it as 30s, 500ms, 1m)`);
   if (ms < minMs) throw new UsageError(`${flag}: ${text} is too short (at least ${minMs}ms)`);
   return ms;
+}
+
+/** `IP:port` (IPv6 in brackets) into a BindAddress; '' means disabled. Throws UsageError. */
+export function parseBindAddress(flag: string, text: string): BindAddress | undefined {
+  if (text === '') return undefined;
+  const m = /^(?:\[([^\]]+)\]|([^:[\]]+)):(\d{1,5})$/.exec(text);
+  const host = m ? (m[1] ?? m[2])! : '';
+  const family = isIP(host);
+  const port = m ? Number(m[3]) : NaN;
+  if (!m || family === 0 || (family === 6) !== (m[1] !== undefined) || port > 65535) {
+    throw new UsageError(`${flag}: '${text}' is not IP:port (e.g. 0.0.0.0:9477, 127.0.0.1:9477, [::]:9477; '' disables)`);
+  }
+  return { host, port };
+}
+
+function bindAddressesOverlap(a: BindAddress, b: BindAddress): boolean {
+  const wildcard = (h: string) => h === '0.0.0.0' || h === '::';
+  return a.port === b.port && a.port !== 0 && (a.host === b.host || wildcard(a.host) || wildcard(b.host));
 }
 
 function clusterCidrs(flag: string | undefined, env: NodeJS.ProcessEnv): string[] {
@@ -153,6 +195,12 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
   if (fromFile !== undefined && !dryRun) throw new UsageError('--from-file only works with --dry-run');
   if (dryRun && cleanup) throw new UsageError('--dry-run and --cleanup exclude each other');
 
+  const metricsBindAddress = parseBindAddress('--metrics-bind-address', str('metricsBindAddress') ?? '');
+  const healthzBindAddress = parseBindAddress('--healthz-bind-address', str('healthzBindAddress') ?? '');
+  if (metricsBindAddress && healthzBindAddress && bindAddressesOverlap(metricsBindAddress, healthzBindAddress)) {
+    throw new UsageError('--metrics-bind-address and --healthz-bind-address must use different ports');
+  }
+
   const nodeName = str('nodeName') ?? env.NODE_NAME ?? hostname();
   return {
     kubeconfig: str('kubeconfig'),
@@ -175,5 +223,8 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
     logLevel: str('logLevel') as LogLevel,
     cgroupPath: str('cgroupPath'),
     bpffsPath: str('bpffsPath')!,
+    metricsBindAddress,
+    healthzBindAddress,
+    emitEvents: o.emitEvents === true,
   };
 }

@@ -15,7 +15,7 @@ export interface Stripped<T> {
 export interface InformerObserver {
   /** A full list was fetched (first sync or relist). */
   onList?(resource: string): void;
-  /** A watch request was (re)started. */
+  /** A watch was (re)established: the API server accepted the request. */
   onWatch?(resource: string): void;
   /** The list or watch failed; the informer retries on its own. */
   onError?(resource: string, err: Error, retryInMs: number): void;
@@ -143,13 +143,13 @@ export class Informer<T> {
       ) => {
         // ListWatch calls watch() right after it stored a successful list: the cache is complete.
         this.markSynced();
-        this.options.observer?.onWatch?.(this.options.resource);
         const params = {
           ...query,
           allowWatchBookmarks: true,
           timeoutSeconds: this.options.watchTimeoutSeconds ?? 300 + Math.floor(Math.random() * 300),
         };
-        return inner.watch(
+        let failed = false;
+        const request = inner.watch(
           path,
           params,
           (phase, obj, watchObj) => {
@@ -161,10 +161,17 @@ export class Informer<T> {
             callback(phase, obj, watchObj);
           },
           (err) => {
-            if (!err) this.failures = 0;
+            if (err) failed = true;
+            else this.failures = 0;
             done(err);
           },
         );
+        // Reported only once the server answered, so that an observer can tell a connected watch
+        // from a retry that is about to fail (the request fails before it resolves).
+        return request.then((controller) => {
+          if (!failed) this.options.observer?.onWatch?.(this.options.resource);
+          return controller;
+        });
       },
     };
   }

@@ -6,6 +6,8 @@ import type { Backend } from '../../src/backends/backend.js';
 import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import { NftCliExecutor } from '../../src/backends/nft/executor.js';
 import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
+import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
+import type { IptablesVariant } from '../../src/backends/iptables/variant.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, ModelConfig, NodeInfo } from '../../src/model/types.js';
 import { probe, readJsonCounters, sh } from '../support/node-network.js';
@@ -24,6 +26,12 @@ function addonBackend(): Backend {
   return new NftBackend(load.executor);
 }
 
+/** Someone flushed our IPv4 chain and deleted its jump behind the controller's back. */
+function removeIptablesByHand(variant: IptablesVariant): void {
+  sh(`iptables-${variant}`, ['-w', '-t', 'nat', '-D', 'PREROUTING', '-j', 'IPVS_PREROUTING']);
+  sh(`iptables-${variant}`, ['-w', '-t', 'nat', '-F', 'IPVS_PREROUTING']);
+}
+
 export const BACKENDS: BackendUnderTest[] = [
   {
     name: 'nft (addon)',
@@ -35,6 +43,11 @@ export const BACKENDS: BackendUnderTest[] = [
     make: () => new NftBackend(new NftCliExecutor()),
     removeByHand: () => sh('nft', ['delete', 'table', 'ip', 'ipvs-node-controller']),
   },
+  ...(['legacy', 'nft'] as const).map((variant) => ({
+    name: `iptables (${variant})`,
+    make: () => new IptablesBackend(variant),
+    removeByHand: () => removeIptablesByHand(variant),
+  })),
 ];
 
 function desired(config: Partial<ModelConfig> = {}, node: NodeInfo | undefined = NODE_INFO): DesiredState {

@@ -19,23 +19,33 @@ export function sh(cmd: string, args: string[], input?: string): string {
 
 /**
  * Refuses to touch the machine's own network: some ancestor process (the one that ran
- * `unshare --net`) must live in another network namespace than this process.
+ * `unshare --net --mount`) must live in another network namespace and another mount namespace
+ * than this process (the mount namespace keeps the test's `ip netns` names out of the host's
+ * /run/netns).
  */
 export function assertIsolatedNetns(): void {
-  const own = readlinkSync('/proc/self/ns/net');
+  for (const kind of ['net', 'mnt']) {
+    if (!ancestorInOtherNamespace(kind)) {
+      throw new Error(
+        `kernel tests must run in a ${kind} namespace of their own: run them through \`npm test\` (unshare --net --mount)`,
+      );
+    }
+  }
+  sh('ip', ['link', 'set', 'lo', 'up']);
+}
+
+function ancestorInOtherNamespace(kind: string): boolean {
+  const own = readlinkSync(`/proc/self/ns/${kind}`);
   for (let pid = process.ppid; pid > 1; ) {
     try {
-      if (readlinkSync(`/proc/${pid}/ns/net`) !== own) {
-        sh('ip', ['link', 'set', 'lo', 'up']);
-        return;
-      }
+      if (readlinkSync(`/proc/${pid}/ns/${kind}`) !== own) return true;
     } catch {
       // An ancestor we may not inspect: look further up.
     }
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
     pid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
   }
-  throw new Error('kernel tests change the firewall: run them inside `unshare --net --mount` (npm test does)');
+  return false;
 }
 
 export const NODE = {

@@ -1,0 +1,239 @@
+// The demo's node, run by demo/run.ts inside a network and mount namespace of its own: pods, the
+// IPVS blackhole, the API stand-in with example Services, then the real controller, with probes
+// before and after, and a live view of the rules while the user changes Services with kubectl.
+// Usage: node dist/demo/node.js --workdir DIR --api-port N --metrics-port N --healthz-port N
+
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { chownSync, closeSync, openSync, readFileSync } from 'node:fs';
+import http from 'node:http';
+import type net from 'node:net';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import YAML from 'yaml';
+import { MAP_NAME, TABLE_NAME } from '../src/backends/nft/render.js';
+import { ApiStandIn } from '../test/support/api-server.js';
+import { assertIsolatedNetns, probe, sh } from '../test/support/node-network.js';
+import { DemoNode, IpvsStandIn, NODE_NAME, assignLoadBalancerIps, type VirtualService } from './cluster.js';
+import { relayUnixToTcp } from './relay.js';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const CLI = join(here, '..', 'src', 'cli', 'main.js');
+/** demo/ of the source tree, beside dist/. */
+export const DEMO_SOURCES = join(here, '..', '..', 'demo');
+const LB_POOL = Array.from({ length: 240 }, (_, i) => `203.0.113.${10 + i}`);
+
+type Json = Record<string, any>;
+
+const say = (line = '') => process.stdout.write(`${line}\n`);
+
+function options() {
+  const { values } = parseArgs({
+    options: {
+      workdir: { type: 'string' },
+      'api-port': { type: 'string' },
+      'metrics-port': { type: 'string' },
+      'healthz-port': { type: 'string' },
+    },
+  });
+  const port = (name: 'api-port' | 'metrics-port' | 'healthz-port') => {
+    const n = Number(values[name]);
+    if (!Number.isInteger(n) || n < 1 || n > 65535) throw new Error(`--${name} must be a port number`);
+    return n;
+  };
+  if (!values.workdir) throw new Error('--workdir is required');
+  return { workdir: values.workdir, apiPort: port('api-port'), metricsPort: port('metrics-port'), healthzPort: port('healthz-port') };
+}
+
+function objectsOf(text: string): Json[] {
+  return YAML.parseAllDocuments(text)
+    .map((d) => d.toJSON() as Json | null)
+    .filter((o): o is Json => o !== null);
+}
+
+/** The invoking user (behind sudo) gets the kubeconfig, so that kubectl works without sudo. */
+function handToInvokingUser(path: string): void {
+  const uid = Number(process.env.SUDO_UID);
+  const gid = Number(process.env.SUDO_GID);
+  if (Number.isInteger(uid) && uid > 0 && Number.isInteger(gid)) chownSync(path, uid, gid);
+}
+
+function httpStatus(url: string): Promise<number> {
+  return new Promise((resolve) => {
+    http
+      .get(url, { agent: false }, (res) => {
+        res.resume();
+        resolve(res.statusCode ?? 0);
+      })
+      .on('error', () => resolve(0));
+  });
+}
+
+interface MapEntry {
+  key: string;
+  ip: string;
+  protocol: string;
+  port: number;
+  clusterIp: string;
+  service: string;
+}
+
+/** The controller's IPv4 map as the kernel holds it; empty while the table does not exist. */
+function programmedEntries(): Map<string, MapEntry> {
+  const out = new Map<string, MapEntry>();
+  let listing: { nftables: Array<{ map?: { elem?: Array<[Json, string]> } }> };
+  try {
+    listing = JSON.parse(sh('nft', ['-j', 'list', 'map', 'ip', TABLE_NAME, MAP_NAME]));
+  } catch {
+    return out;
+  }
+  for (const [key, clusterIp] of listing.nftables.find((o) => o.map)?.map?.elem ?? []) {
+    const elem = key.elem ?? { val: key };
+    const [ip, protocol, port] = elem.val.concat as [string, string, number];
+    const k = `${ip} ${protocol} ${port}`;
+    out.set(k, { key: k, ip, protocol, port, clusterIp, service: elem.comment ?? '' });
+  }
+  return out;
+}
+
+const WHERE_WIDTH = 24;
+
+async function probeLine(from: { label: string; ns?: string }, vip: VirtualService, timeoutMs = 1000): Promise<string> {
+  const answer = await probe(from.ns, vip.protocol === 'UDP' ? 'udp' : 'tcp', vip.ip, vip.port, timeoutMs);
+  const target = `${vip.ip}:${vip.port}/${vip.protocol.toLowerCase()}`;
+  const verdict =
+    answer === 'timeout'
+      ? 'x  no answer: blackholed (IPVS has no local endpoint for it)'
+      : answer.startsWith('error') || answer === 'refused'
+        ? `x  ${answer}`
+        : `ok answered by the endpoints of ${answer.split(' ')[0]} (through its ClusterIP)`;
+  return `   ${from.label.padEnd(WHERE_WIDTH)} -> ${target.padEnd(22)} ${verdict}`;
+}
+
+async function main(): Promise<void> {
+  const opts = options();
+  assertIsolatedNetns();
+  const node = new DemoNode();
+  const ipvs = new IpvsStandIn(node);
+  const relays: net.Server[] = [];
+  let api: ApiStandIn | undefined;
+  let controller: ChildProcess | undefined;
+  let stopping = false;
+  const stopped = new Promise<void>((resolve) => {
+    const onSignal = () => {
+      if (!stopping) say('\nStopping: tearing the demo down ...');
+      stopping = true;
+      resolve();
+    };
+    process.on('SIGINT', onSignal);
+    process.on('SIGTERM', onSignal);
+  });
+  process.on('exit', () => controller?.kill('SIGTERM'));
+
+  try {
+    node.setUp();
+    const clients = [{ label: 'host network (node)' }, ...node.pods.map((p) => ({ label: `${p.name} (${p.ip})`, ns: p.ns }))];
+
+    api = await ApiStandIn.start({ port: opts.apiPort });
+    for (const obj of objectsOf(readFileSync(join(DEMO_SOURCES, 'services.yaml'), 'utf8'))) api.apply(obj);
+    const kubeconfig = join(opts.workdir, 'kubeconfig');
+    await api.writeKubeconfig(kubeconfig);
+    handToInvokingUser(kubeconfig);
+    for (const [name, port] of [['api', opts.apiPort], ['metrics', opts.metricsPort], ['healthz', opts.healthzPort]] as const) {
+      relays.push(await relayUnixToTcp(join(opts.workdir, `${name}.sock`), port));
+    }
+
+    const standIn = api;
+    const syncCluster = async () => {
+      for (const svc of assignLoadBalancerIps(standIn.list('Service'), LB_POOL)) standIn.apply(svc);
+      await ipvs.reconcile(standIn.list('Service'));
+    };
+    await syncCluster();
+
+    say('ipvs-node-controller demo: one Kubernetes node, in network namespaces of its own');
+    say(`   pods ${node.pods.map((p) => `${p.name} ${p.ip}`).join(', ')} on bridge cni0; this node's podCIDR is 10.244.1.0/24`);
+    say('   kube-ipvs0 holds the ClusterIPs and LoadBalancer IPs, as kube-proxy in IPVS mode binds them');
+    say(`   Kubernetes API stand-in at https://127.0.0.1:${opts.apiPort} with the Services of demo/services.yaml`);
+    say();
+    const vips = () => ipvs.externalVirtualServices().sort((a, b) => (a.ip + a.port < b.ip + b.port ? -1 : 1));
+    say('1. Without the controller. The Services have externalTrafficPolicy: Local and no endpoint on this');
+    say('   node, so IPVS has no real server for their LoadBalancer IPs here: in-cluster clients are blackholed.');
+    for (const vip of vips()) for (const line of await Promise.all(clients.map((c) => probeLine(c, vip)))) say(line);
+    say();
+
+    say('2. Starting the controller (the real CLI) ...');
+    const log = openSync(join(opts.workdir, 'controller.log'), 'a');
+    controller = spawn(
+      process.execPath,
+      [
+        CLI,
+        `--kubeconfig=${kubeconfig}`,
+        `--node-name=${NODE_NAME}`,
+        '--min-sync-period=250ms',
+        `--metrics-bind-address=127.0.0.1:${opts.metricsPort}`,
+        `--healthz-bind-address=127.0.0.1:${opts.healthzPort}`,
+      ],
+      { stdio: ['ignore', log, log] },
+    );
+    closeSync(log);
+    const readyBy = Date.now() + 30_000;
+    while ((await httpStatus(`http://127.0.0.1:${opts.healthzPort}/readyz`)) !== 200) {
+      if (controller.exitCode !== null || Date.now() > readyBy) {
+        throw new Error(`the controller did not become ready: see ${join(opts.workdir, 'controller.log')}`);
+      }
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    let known = programmedEntries();
+    say(`   ready; it programmed ${known.size} translations into table ip ${TABLE_NAME}:`);
+    for (const e of known.values()) say(`   + ${e.ip} ${e.protocol} ${e.port} -> ${e.clusterIp}  (${e.service})`);
+    for (const vip of vips()) for (const line of await Promise.all(clients.map((c) => probeLine(c, vip)))) say(line);
+    say();
+
+    const extra = join(DEMO_SOURCES, 'extra-service.yaml');
+    say('3. Your turn. In another terminal:');
+    say(`   export KUBECONFIG=${kubeconfig}`);
+    say('   kubectl get services -A');
+    say(`   kubectl apply --validate=false -f ${extra}   # the demo's load balancer gives it an IP`);
+    say(`   kubectl delete -f ${extra}`);
+    say(`   curl -s http://127.0.0.1:${opts.metricsPort}/metrics | grep ^ipvs_node_controller_programmed_entries`);
+    say(`   curl -s http://127.0.0.1:${opts.healthzPort}/readyz`);
+    say(`   The controller's log: ${join(opts.workdir, 'controller.log')}`);
+    say('   Rule changes and probes show up below as they happen. Ctrl-C tears it all down.');
+    say();
+
+    while (!stopping) {
+      await Promise.race([stopped, new Promise((r) => setTimeout(r, 300))]);
+      if (stopping) break;
+      await syncCluster();
+      const now = programmedEntries();
+      const added = [...now.values()].filter((e) => !known.has(e.key));
+      const removed = [...known.values()].filter((e) => !now.has(e.key));
+      known = now;
+      for (const e of removed) say(`   - ${e.ip} ${e.protocol} ${e.port} -> ${e.clusterIp}  (${e.service})`);
+      for (const e of added) say(`   + ${e.ip} ${e.protocol} ${e.port} -> ${e.clusterIp}  (${e.service})`);
+      for (const e of added) {
+        const vip = { ip: e.ip, protocol: e.protocol.toUpperCase(), port: e.port, service: e.service };
+        for (const line of await Promise.all(clients.slice(0, 2).map((c) => probeLine(c, vip)))) say(line);
+      }
+    }
+  } finally {
+    if (controller && controller.exitCode === null) {
+      controller.kill('SIGTERM');
+      await once(controller, 'exit');
+    }
+    for (const r of relays) r.close();
+    await ipvs.stop();
+    await api?.stop();
+    node.tearDown();
+  }
+  say('Torn down: the demo\'s namespaces, rules and API stand-in are gone; the machine was not touched.');
+}
+
+main().then(
+  () => process.exit(0),
+  (err: unknown) => {
+    process.stderr.write(`demo: ${(err as Error).message}\n`);
+    process.exit(1);
+  },
+);

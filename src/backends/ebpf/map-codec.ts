@@ -1,0 +1,157 @@
+// Entries <-> the bytes of the BPF entry maps (bpf/ipvs_node_controller.bpf.c). Pure.
+//
+// Layout, byte for byte as the programs read the socket address (network byte order):
+//   IPv4 key   (8):  address[4]  port[2]  protocol[1]  pad[1]
+//   IPv4 value (8):  address[4]  port[2]  pad[2]
+//   IPv6 key   (20): address[16] port[2]  protocol[1]  pad[1]
+//   IPv6 value (20): address[16] port[2]  pad[2]
+
+import { parseIp } from '../../model/ip.js';
+import type { Entry, Family, Protocol } from '../../model/types.js';
+
+/** Must equal MAX_ENTRIES in the BPF source: the size the entry maps are created with. */
+export const ENTRY_MAP_CAPACITY = 65536;
+
+const ADDRESS_BYTES: Record<Family, number> = { ipv4: 4, ipv6: 16 };
+export const KEY_SIZE: Record<Family, number> = { ipv4: 8, ipv6: 20 };
+export const VALUE_SIZE: Record<Family, number> = { ipv4: 8, ipv6: 20 };
+
+const PROTOCOL_NUMBER: Record<Protocol, number> = { TCP: 6, UDP: 17, SCTP: 132 };
+const PROTOCOL_BY_NUMBER = new Map<number, Protocol>(
+  Object.entries(PROTOCOL_NUMBER).map(([name, n]) => [n, name as Protocol]),
+);
+
+/** What one map element says: the match and where it goes. */
+export interface MapEntry {
+  family: Family;
+  externalIp: string;
+  /** A number when the element holds a protocol the model does not know (written by something else). */
+  protocol: Protocol | number;
+  port: number;
+  clusterIp: string;
+  clusterPort: number;
+}
+
+/** The fields of a map key. */
+export type KeyFields = Pick<MapEntry, 'externalIp' | 'protocol' | 'port'>;
+
+export function addressBytes(family: Family, address: string): Buffer {
+  const ip = parseIp(address);
+  if (!ip || ip.family !== family) throw new Error(`not an ${family} address: ${address}`);
+  if (family === 'ipv4') return Buffer.from(address.split('.').map(Number));
+  const halves = ip.address.split('::');
+  const groups = (s: string | undefined) => (s ? s.split(':').map((g) => parseInt(g, 16)) : []);
+  const head = groups(halves[0]);
+  const tail = groups(halves[1]);
+  const all = [...head, ...new Array<number>(8 - head.length - tail.length).fill(0), ...tail];
+  const out = Buffer.alloc(16);
+  all.forEach((g, i) => out.writeUInt16BE(g, i * 2));
+  return out;
+}
+
+export function addressText(family: Family, bytes: Buffer): string {
+  if (family === 'ipv4') return Array.from(bytes.subarray(0, 4)).join('.');
+  const groups: string[] = [];
+  for (let i = 0; i < 16; i += 2) groups.push(bytes.readUInt16BE(i).toString(16));
+  // parseIp gives the canonical (RFC 5952) text the model uses.
+  const ip = parseIp(groups.join(':'));
+  return ip ? ip.address : groups.join(':');
+}
+
+function writeKey(family: Family, e: KeyFields, out: Buffer, at: number): void {
+  const n = ADDRESS_BYTES[family];
+  addressBytes(family, e.externalIp).copy(out, at);
+  out.writeUInt16BE(e.port, at + n);
+  out.writeUInt8(typeof e.protocol === 'number' ? e.protocol : PROTOCOL_NUMBER[e.protocol], at + n + 2);
+  out.writeUInt8(0, at + n + 3);
+}
+
+function writeValue(family: Family, e: Pick<Entry, 'clusterIp' | 'port'>, out: Buffer, at: number): void {
+  const n = ADDRESS_BYTES[family];
+  addressBytes(family, e.clusterIp).copy(out, at);
+  out.writeUInt16BE(e.port, at + n);
+  out.writeUInt16BE(0, at + n + 2);
+}
+
+/** Packed keys of `entries`, all of `family`. */
+export function encodeKeys(family: Family, entries: readonly KeyFields[]): Buffer {
+  const out = Buffer.alloc(entries.length * KEY_SIZE[family]);
+  entries.forEach((e, i) => writeKey(family, e, out, i * KEY_SIZE[family]));
+  return out;
+}
+
+/** Packed values of `entries` (ClusterIP, same port), all of `family`. */
+export function encodeValues(family: Family, entries: ReadonlyArray<Pick<Entry, 'clusterIp' | 'port'>>): Buffer {
+  const out = Buffer.alloc(entries.length * VALUE_SIZE[family]);
+  entries.forEach((e, i) => writeValue(family, e, out, i * VALUE_SIZE[family]));
+  return out;
+}
+
+/** The elements of a dumped map. */
+export function decodeElements(family: Family, keys: Buffer, values: Buffer): MapEntry[] {
+  const ks = KEY_SIZE[family];
+  const vs = VALUE_SIZE[family];
+  const n = ADDRESS_BYTES[family];
+  if (keys.length % ks !== 0 || values.length % vs !== 0 || keys.length / ks !== values.length / vs) {
+    throw new Error(`malformed ${family} map dump: ${keys.length} key bytes, ${values.length} value bytes`);
+  }
+  const out: MapEntry[] = [];
+  for (let i = 0; i < keys.length / ks; i++) {
+    const key = keys.subarray(i * ks, (i + 1) * ks);
+    const value = values.subarray(i * vs, (i + 1) * vs);
+    const protoNumber = key.readUInt8(n + 2);
+    out.push({
+      family,
+      externalIp: addressText(family, key.subarray(0, n)),
+      protocol: PROTOCOL_BY_NUMBER.get(protoNumber) ?? protoNumber,
+      port: key.readUInt16BE(n),
+      clusterIp: addressText(family, value.subarray(0, n)),
+      clusterPort: value.readUInt16BE(n),
+    });
+  }
+  return out;
+}
+
+/** The kernel-side identity of an element: same as entryKey() of the model. */
+export function mapEntryKey(e: Pick<MapEntry, 'family' | 'externalIp' | 'protocol' | 'port'>): string {
+  return `${e.family}|${e.externalIp}|${e.protocol}|${e.port}`;
+}
+
+export interface MapChanges {
+  /** Elements to insert or overwrite. */
+  upserts: Entry[];
+  /** Keys to delete. */
+  deletes: KeyFields[];
+}
+
+/**
+ * What to write so that a map holding `current` holds exactly `desired`. Upserts go first and
+ * deletes second when applied, so an entry present before and after never disappears.
+ */
+export function mapChanges(current: Iterable<MapEntry>, desired: readonly Entry[]): MapChanges {
+  const have = new Map<string, MapEntry>();
+  for (const e of current) have.set(mapEntryKey(e), e);
+  const upserts: Entry[] = [];
+  const wanted = new Set<string>();
+  for (const e of desired) {
+    const key = mapEntryKey(e);
+    wanted.add(key);
+    const old = have.get(key);
+    if (!old || old.clusterIp !== e.clusterIp || old.clusterPort !== e.port) upserts.push(e);
+  }
+  const deletes: MapChanges['deletes'] = [];
+  for (const [key, e] of have) if (!wanted.has(key)) deletes.push(e);
+  return { upserts, deletes };
+}
+
+/** The map element an entry becomes. */
+export function toMapEntry(e: Entry): MapEntry {
+  return {
+    family: e.family,
+    externalIp: e.externalIp,
+    protocol: e.protocol,
+    port: e.port,
+    clusterIp: e.clusterIp,
+    clusterPort: e.port,
+  };
+}

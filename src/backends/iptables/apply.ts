@@ -1,0 +1,102 @@
+// How iptables-restore input reaches the kernel: one `*-restore --noflush -w` process per family
+// and transaction, and `*-save` to read what is there. Nothing here knows about our rules.
+
+import { execa } from 'execa';
+import type { Family } from '../../model/types.js';
+
+export type IptablesVariant = 'legacy' | 'nft';
+/** In the order detection prefers them. */
+export const IPTABLES_VARIANTS: readonly IptablesVariant[] = ['nft', 'legacy'];
+
+/** `iptables-legacy-restore`, `ip6tables-nft-save`, ... */
+export function variantCommand(variant: IptablesVariant, family: Family, tool: '' | 'save' | 'restore'): string {
+  const base = family === 'ipv4' ? 'iptables' : 'ip6tables';
+  return tool === '' ? `${base}-${variant}` : `${base}-${variant}-${tool}`;
+}
+
+/** Seconds to wait for the xtables lock that kube-proxy may hold (legacy; iptables-nft ignores it). */
+export const XTABLES_LOCK_WAIT_SECONDS = 30;
+
+export class IptablesError extends Error {
+  constructor(
+    message: string,
+    /** The command's exit status: 1 other problem, 2 bad parameters, 4 resource problem. */
+    readonly exitCode?: number,
+  ) {
+    super(message);
+    this.name = 'IptablesError';
+  }
+}
+
+/** The variant's commands are not installed: there is nothing of ours to find or clean either. */
+export class IptablesToolMissing extends IptablesError {
+  constructor(message: string) {
+    super(message);
+    this.name = 'IptablesToolMissing';
+  }
+}
+
+/** iptables keeps the useful part of a failure on its first lines ("line 7 failed: ..."). */
+export function iptablesErrorMessage(stderr: string): string {
+  const lines = stderr
+    .split('\n')
+    .map((l) => l.trim())
+    .filter((l) => l.length > 0 && !l.startsWith('Try `'));
+  return lines.slice(0, 3).join('; ') || 'iptables failed without a message';
+}
+
+export class IptablesCommands {
+  constructor(
+    readonly variant: IptablesVariant,
+    readonly family: Family,
+  ) {}
+
+  /** `-save` of one table, or of every table that exists when `table` is omitted. */
+  async save(table?: string): Promise<string> {
+    return this.exec(variantCommand(this.variant, this.family, 'save'), table ? ['-t', table] : []);
+  }
+
+  /**
+   * Applies `input` in one transaction, keeping everything it does not name (--noflush) and
+   * holding the xtables lock. `test`: parse and build the ruleset, commit nothing.
+   */
+  async restore(input: string, options: { test?: boolean } = {}): Promise<void> {
+    const args = ['--noflush', '-w', String(XTABLES_LOCK_WAIT_SECONDS), ...(options.test ? ['--test'] : [])];
+    await this.exec(variantCommand(this.variant, this.family, 'restore'), args, input);
+  }
+
+  /**
+   * `iptables -t TABLE -S CHAIN`: the chain's `-A` lines, or undefined when the chain does not
+   * exist (iptables exits 1: "No chain/target/match by that name"). Cheap with iptables-nft,
+   * which fetches that chain only.
+   */
+  async listRules(table: string, chain: string): Promise<string[] | undefined> {
+    const command = variantCommand(this.variant, this.family, '');
+    const args = ['-w', String(XTABLES_LOCK_WAIT_SECONDS), '-t', table, '-S', chain];
+    try {
+      return (await this.exec(command, args)).split('\n').filter((l) => l.startsWith('-A '));
+    } catch (err) {
+      if (err instanceof IptablesError && !(err instanceof IptablesToolMissing) && err.exitCode === 1) return undefined;
+      throw err;
+    }
+  }
+
+  private async exec(command: string, args: string[], input?: string): Promise<string> {
+    const result = await execa(command, args, {
+      ...(input === undefined ? { stdin: 'ignore' as const } : { input }),
+      reject: false,
+      stripFinalNewline: false,
+      timeout: (XTABLES_LOCK_WAIT_SECONDS + 30) * 1000,
+    });
+    if (result.failed) {
+      if ((result as { code?: string }).code === 'ENOENT') {
+        throw new IptablesToolMissing(`the '${command}' command was not found: install the iptables package`);
+      }
+      throw new IptablesError(
+        `${command}: ${iptablesErrorMessage(`${result.stderr}\n${result.stdout}`)}`,
+        result.exitCode,
+      );
+    }
+    return result.stdout;
+  }
+}

@@ -1,0 +1,189 @@
+// The iptables backend: chains IPVS_PREROUTING and IPVS_OUTPUT in the nat table of one iptables
+// variant (legacy or nft), for IPv4 (iptables) and IPv6 (ip6tables). A sync rewrites our two
+// chains and repairs the jump rules in one `-restore --noflush` transaction per family; the
+// xtables lock (-w) keeps kube-proxy's own restores and ours from interleaving. With
+// iptables-legacy the whole nat table is read anyway, so a table that already holds exactly our
+// rules is left as it is (no rewrite, counters kept); iptables-nft is not read that far (listing
+// a large chain costs as much as writing it) and is rewritten on every full sync.
+
+import { FAMILIES, type DesiredState, type Family, type FamilyState } from '../../model/types.js';
+import { BackendError, type Backend, type ProbeResult, type SyncOptions, type SyncResult } from '../backend.js';
+import { IptablesCommands, IptablesToolMissing, type IptablesVariant } from './apply.js';
+import {
+  JUMPS,
+  KUBE_MARK_MASQ,
+  emptyNatTable,
+  hasOurObjects,
+  parseNatSave,
+  renderCleanupRestore,
+  renderFamilyRestore,
+  type NatTableView,
+  type Rejection,
+} from './render.js';
+import { legacyTables } from './variant.js';
+
+/** A restore can lose a race with another writer between our read and our write: read again. */
+const ATTEMPTS = 3;
+
+export interface IptablesSyncResult extends SyncResult {
+  /** Entries and matches left out because a value failed validation; the rest was programmed. */
+  rejected: Rejection[];
+}
+
+async function withRetries<T>(work: () => Promise<T>): Promise<T> {
+  let lastError: unknown;
+  for (let attempt = 0; attempt < ATTEMPTS; attempt++) {
+    try {
+      return await work();
+    } catch (err) {
+      if (err instanceof IptablesToolMissing) throw err;
+      lastError = err;
+    }
+  }
+  throw lastError;
+}
+
+/**
+ * The nat table of a variant and family, or undefined when it cannot hold anything of ours:
+ * the tools are missing, or (legacy) the table was never created — looking would create it.
+ */
+export async function readNatTable(commands: IptablesCommands): Promise<NatTableView | undefined> {
+  if (commands.variant === 'legacy') {
+    const tables = await legacyTables(commands.family);
+    if (!tables?.has('nat')) return undefined;
+  }
+  try {
+    return parseNatSave(await commands.save('nat'));
+  } catch (err) {
+    if (err instanceof IptablesToolMissing) return undefined;
+    throw err;
+  }
+}
+
+/**
+ * What a sync needs to know of the nat table: the rules of PREROUTING and OUTPUT and whether
+ * KUBE-MARK-MASQ exists. iptables-nft lists single chains cheaply (a whole -save of a large
+ * table takes about as long as writing it); iptables-legacy reads the whole table blob for any
+ * listing, so one -save is cheapest there.
+ */
+export async function readJumpView(commands: IptablesCommands): Promise<NatTableView> {
+  if (commands.variant === 'legacy') return parseNatSave(await commands.save('nat'));
+  const view = emptyNatTable();
+  for (const chain of [...JUMPS.map((j) => j.from), KUBE_MARK_MASQ]) {
+    const lines = await commands.listRules('nat', chain);
+    if (lines === undefined) continue;
+    view.chains.add(chain);
+    view.rules.set(chain, lines.map((l) => l.slice(`-A ${chain} `.length)));
+  }
+  return view;
+}
+
+/** Removes our chains and jumps from one variant and family. Idempotent; nothing to do without the tools. */
+export async function removeIptablesObjects(variant: IptablesVariant, family: Family): Promise<void> {
+  const commands = new IptablesCommands(variant, family);
+  await withRetries(async () => {
+    const current = await readNatTable(commands);
+    const input = current && renderCleanupRestore(current);
+    if (input) await commands.restore(input);
+  });
+}
+
+/** Whether a variant holds any chain or jump of ours, in either family. */
+export async function hasIptablesObjects(variant: IptablesVariant): Promise<boolean> {
+  for (const family of FAMILIES) {
+    const current = await readNatTable(new IptablesCommands(variant, family));
+    if (current && hasOurObjects(current)) return true;
+  }
+  return false;
+}
+
+interface Programmed {
+  /** The family's desired state and mark, serialised. */
+  signature: string;
+  entries: number;
+  rejected: Rejection[];
+}
+
+export class IptablesBackend implements Backend {
+  readonly name = 'iptables' as const;
+  /** What was last programmed per family; a partial sync of the same desired state does nothing. */
+  private readonly programmed = new Map<Family, Programmed>();
+
+  constructor(readonly variant: IptablesVariant) {}
+
+  private commands(family: Family): IptablesCommands {
+    return new IptablesCommands(this.variant, family);
+  }
+
+  async probe(): Promise<ProbeResult> {
+    // A test restore (parsed and built, not committed) of rules of our shape proves the tools,
+    // the nat table and the extensions used (comment, addrtype, tcp, MARK, DNAT).
+    const sample: FamilyState = {
+      entries: [],
+      localPodMatch: { kind: 'interfacePrefix', prefix: 'veth' },
+    };
+    try {
+      for (const family of FAMILIES) {
+        const entry = {
+          family,
+          externalIp: family === 'ipv4' ? '192.0.2.1' : '2001:db8::1',
+          protocol: 'TCP' as const,
+          port: 80,
+          clusterIp: family === 'ipv4' ? '192.0.2.2' : '2001:db8::2',
+          service: 'probe/probe',
+        };
+        const rendered = renderFamilyRestore(family, { ...sample, entries: [entry] }, 0x4000, emptyNatTable());
+        await this.commands(family).restore(rendered.text, { test: true });
+      }
+      return { ok: true, detail: `iptables via iptables-${this.variant}` };
+    } catch (err) {
+      return { ok: false, detail: `iptables-${this.variant} cannot be programmed: ${(err as Error).message}` };
+    }
+  }
+
+  async sync(desired: DesiredState, options: SyncOptions): Promise<IptablesSyncResult> {
+    const failures: string[] = [];
+    const rejected: Rejection[] = [];
+    const entries = { ipv4: 0, ipv6: 0 };
+    let applied = false;
+    for (const family of FAMILIES) {
+      const state = desired[family];
+      const signature = JSON.stringify([state, desired.masqueradeMark]);
+      try {
+        const before = this.programmed.get(family);
+        if (!options.full && before?.signature === signature) {
+          entries[family] = before.entries;
+          rejected.push(...before.rejected);
+          continue;
+        }
+        const commands = this.commands(family);
+        const result = await withRetries(async () => {
+          const current = await readJumpView(commands);
+          const rendered = renderFamilyRestore(family, state, desired.masqueradeMark, current);
+          if (!rendered.upToDate) await commands.restore(rendered.text);
+          return rendered;
+        });
+        if (!result.upToDate) applied = true;
+        rejected.push(...result.rejected);
+        entries[family] = result.programmed;
+        this.programmed.set(family, { signature, entries: result.programmed, rejected: result.rejected });
+      } catch (err) {
+        this.programmed.delete(family);
+        failures.push(`${family}: ${(err as Error).message}`);
+      }
+    }
+    if (failures.length > 0) {
+      throw new BackendError(`iptables-${this.variant} sync failed: ${failures.join('; ')}`, 'iptables');
+    }
+    return { mode: applied ? 'full' : 'noop', entries, rejected };
+  }
+
+  async cleanup(): Promise<void> {
+    this.programmed.clear();
+    try {
+      for (const family of FAMILIES) await removeIptablesObjects(this.variant, family);
+    } catch (err) {
+      throw new BackendError(`iptables-${this.variant} cleanup failed: ${(err as Error).message}`, 'iptables');
+    }
+  }
+}

@@ -1,0 +1,354 @@
+// Desired state -> `iptables-restore --noflush` input for the nat table of one family. Pure: the
+// caller passes what the nat table holds now (parsed `-save` output), which decides the jump
+// repairs and whether KUBE-MARK-MASQ can be used.
+//
+// The chains keep the original controller's names and shape (IPVS_PREROUTING, IPVS_OUTPUT; per
+// entry a masquerade-mark rule then a DNAT rule, commented `namespace/name`), with one change the
+// contract asks for: every rule also matches protocol and destination port, so that traffic to a
+// port no Service lists is left alone and Services sharing an address each reach their own ClusterIP.
+// The address-only shape of the original is never equivalent (no Service lists every port of
+// every protocol), so it is not used.
+//
+// Every value written into a rule is checked again here; an entry that fails is left out and
+// reported, and the rest is programmed. Rule lines are written in the order `iptables-save`
+// prints them, so what we render can be compared with what the kernel holds.
+
+import { formatCidr, parseCidr, parseIp } from '../../model/ip.js';
+import {
+  PROTOCOLS,
+  type DesiredState,
+  type Entry,
+  type Family,
+  type FamilyState,
+  type LocalPodMatch,
+} from '../../model/types.js';
+
+export const PREROUTING_CHAIN = 'IPVS_PREROUTING';
+export const OUTPUT_CHAIN = 'IPVS_OUTPUT';
+export const OUR_CHAINS: readonly string[] = [PREROUTING_CHAIN, OUTPUT_CHAIN];
+export const KUBE_MARK_MASQ = 'KUBE-MARK-MASQ';
+
+/** Built-in nat chain -> our chain, jumped to from rule 1. */
+export const JUMPS: ReadonlyArray<{ from: string; to: string }> = [
+  { from: 'PREROUTING', to: PREROUTING_CHAIN },
+  { from: 'OUTPUT', to: OUTPUT_CHAIN },
+];
+
+/** xt_comment keeps 255 bytes. */
+const MAX_COMMENT_LENGTH = 255;
+/** IFNAMSIZ is 16 with the terminating NUL. */
+const MAX_INTERFACE_NAME_LENGTH = 15;
+
+export interface Rejection {
+  family: Family;
+  /** The entry or match that was left out, for logs (`default/svc 192.0.2.1 tcp/80`). */
+  item: string;
+  reason: string;
+}
+
+/** The nat table as `-save -t nat` shows it: chain names and each chain's rule specs in order. */
+export interface NatTableView {
+  chains: Set<string>;
+  /** chain -> rule specs, each the text after `-A CHAIN `. */
+  rules: Map<string, string[]>;
+}
+
+export function emptyNatTable(): NatTableView {
+  return { chains: new Set(), rules: new Map() };
+}
+
+/** Reads the `*nat` section of `-save` output; other tables are ignored. */
+export function parseNatSave(saveOutput: string): NatTableView {
+  const view = emptyNatTable();
+  let inNat = false;
+  for (const line of saveOutput.split('\n')) {
+    if (line.startsWith('*')) {
+      inNat = line === '*nat';
+      continue;
+    }
+    if (!inNat) continue;
+    if (line.startsWith(':')) {
+      const name = line.slice(1).split(' ')[0]!;
+      view.chains.add(name);
+      if (!view.rules.has(name)) view.rules.set(name, []);
+    } else if (line.startsWith('-A ')) {
+      const space = line.indexOf(' ', 3);
+      const chain = space < 0 ? line.slice(3) : line.slice(3, space);
+      const spec = space < 0 ? '' : line.slice(space + 1);
+      if (!view.rules.has(chain)) view.rules.set(chain, []);
+      view.rules.get(chain)!.push(spec);
+    }
+  }
+  return view;
+}
+
+function targetPattern(chains: readonly string[]): RegExp {
+  return new RegExp(`(^|\\s)-[jg] (${chains.join('|')})(\\s|$)`);
+}
+const TARGET_OF_OURS = targetPattern(OUR_CHAINS);
+const TARGET_IS = new Map(OUR_CHAINS.map((c) => [c, targetPattern([c])]));
+
+/** A rule spec that jumps (or goes) to one of our chains. */
+export function jumpsToOurChain(spec: string): boolean {
+  return TARGET_OF_OURS.test(spec);
+}
+
+/** A `-save` line that belongs to us: a rule in our chains, or a jump to them. */
+export function isOurRule(saveLine: string): boolean {
+  if (OUR_CHAINS.some((c) => saveLine.startsWith(`-A ${c} `) || saveLine === `-A ${c}`)) return true;
+  return saveLine.startsWith('-A ') && jumpsToOurChain(saveLine);
+}
+
+/** Whether the nat table holds anything of ours (chains or jumps to them). */
+export function hasOurObjects(view: NatTableView): boolean {
+  if (OUR_CHAINS.some((c) => view.chains.has(c))) return true;
+  for (const specs of view.rules.values()) if (specs.some(jumpsToOurChain)) return true;
+  return false;
+}
+
+// ---- values -------------------------------------------------------------------------------
+
+/** The mark as iptables writes it; the model's `1 << 31` is negative in JavaScript. */
+export function formatMark(mark: number): string {
+  const unsigned = mark >>> 0;
+  if (!Number.isInteger(mark) || unsigned === 0 || (unsigned & (unsigned - 1)) !== 0) {
+    throw new RangeError(`the masquerade mark must be a single bit, got ${mark}`);
+  }
+  return `0x${unsigned.toString(16)}`;
+}
+
+function hostPrefix(family: Family): number {
+  return family === 'ipv4' ? 32 : 128;
+}
+
+function addressProblem(family: Family, what: string, text: string): string | undefined {
+  const ip = parseIp(text);
+  if (!ip) return `${what} ${JSON.stringify(text)} is not an IP address`;
+  if (ip.family !== family) return `${what} ${text} is not ${family}`;
+  if (ip.address !== text) return `${what} ${text} is not in canonical form`;
+  return undefined;
+}
+
+function entryProblem(family: Family, e: Entry): string | undefined {
+  if (e.family !== family) return `entry of ${e.family} in the ${family} state`;
+  const external = addressProblem(family, 'external IP', e.externalIp);
+  if (external) return external;
+  const cluster = addressProblem(family, 'ClusterIP', e.clusterIp);
+  if (cluster) return cluster;
+  if (!PROTOCOLS.includes(e.protocol)) return `protocol ${JSON.stringify(e.protocol)} is not TCP, UDP or SCTP`;
+  if (!Number.isInteger(e.port) || e.port < 1 || e.port > 65535) return `port ${String(e.port)} is not in 1..65535`;
+  if (typeof e.service !== 'string' || !/^[a-z0-9./-]+$/.test(e.service)) {
+    return `comment ${JSON.stringify(e.service)} has characters other than a-z 0-9 - . /`;
+  }
+  if (e.service.length > MAX_COMMENT_LENGTH) return `comment is longer than ${MAX_COMMENT_LENGTH} characters`;
+  return undefined;
+}
+
+/**
+ * Linux's rules for interface names (1..15 bytes, not `.` or `..`, no `/`, `:` or whitespace),
+ * narrowed to printable ASCII without the characters iptables-restore would not take literally.
+ */
+export function interfaceNameProblem(name: unknown, wildcard: boolean): string | undefined {
+  const max = wildcard ? MAX_INTERFACE_NAME_LENGTH - 1 : MAX_INTERFACE_NAME_LENGTH;
+  if (typeof name !== 'string' || name.length === 0 || name.length > max) {
+    return `interface ${wildcard ? 'prefix' : 'name'} ${JSON.stringify(name)} must be 1 to ${max} characters`;
+  }
+  if (name === '.' || name === '..') return `interface name ${JSON.stringify(name)} is not allowed by Linux`;
+  if (!/^[\x21-\x7e]+$/.test(name) || /[/:]/.test(name)) {
+    return `interface name ${JSON.stringify(name)} has a character Linux does not allow`;
+  }
+  if (/["'\\!+*#]/.test(name) || name.startsWith('-')) {
+    return `interface name ${JSON.stringify(name)} has a character iptables would not read literally`;
+  }
+  return undefined;
+}
+
+function entryLabel(e: Entry): string {
+  return `${String(e.service)} ${String(e.externalIp)} ${String(e.protocol).toLowerCase()}/${String(e.port)}`;
+}
+
+/** The prerouting source matches for local pods: `-s CIDR` each, or one `-i` match; none for 'none'. */
+function sourceMatches(family: Family, match: LocalPodMatch, rejected: Rejection[]): string[] {
+  switch (match.kind) {
+    case 'none':
+      return [];
+    case 'cidrs': {
+      const out: string[] = [];
+      for (const cidr of match.cidrs) {
+        const parsed = parseCidr(cidr);
+        if (!parsed || parsed.family !== family) {
+          rejected.push({ family, item: `local pod CIDR ${JSON.stringify(cidr)}`, reason: `not an ${family} CIDR` });
+        } else {
+          out.push(`-s ${formatCidr(parsed)}`);
+        }
+      }
+      return out;
+    }
+    case 'interface': {
+      const problem = interfaceNameProblem(match.name, false);
+      if (problem) {
+        rejected.push({ family, item: 'pod bridge interface', reason: problem });
+        return [];
+      }
+      return [`-i ${match.name}`];
+    }
+    case 'interfacePrefix': {
+      const problem = interfaceNameProblem(match.prefix, true);
+      if (problem) {
+        rejected.push({ family, item: 'pod interface name prefix', reason: problem });
+        return [];
+      }
+      return [`-i ${match.prefix}+`];
+    }
+  }
+}
+
+/** `-s` comes before `-d` and `-i` after it in -save's order. */
+function withDestination(source: string, destination: string): string {
+  return source.startsWith('-s ') ? `${source} ${destination}` : `${destination} ${source}`;
+}
+
+export interface RenderedChains {
+  /** `-A IPVS_PREROUTING ...` then `-A IPVS_OUTPUT ...` lines. */
+  rules: string[];
+  rejected: Rejection[];
+  /** Entries that have rules. */
+  programmed: number;
+}
+
+/** The rules of our two chains for one family. */
+export function renderChainRules(
+  family: Family,
+  state: FamilyState,
+  masqueradeMark: number,
+  useKubeMarkMasq: boolean,
+): RenderedChains {
+  const markTarget = useKubeMarkMasq ? `-j ${KUBE_MARK_MASQ}` : `-j MARK --or-mark ${formatMark(masqueradeMark)}`;
+  const rejected: Rejection[] = [];
+  const valid: Entry[] = [];
+  for (const e of state.entries) {
+    const problem = entryProblem(family, e);
+    if (problem) rejected.push({ family, item: entryLabel(e), reason: problem });
+    else valid.push(e);
+  }
+  const sources = sourceMatches(family, state.localPodMatch, rejected);
+  const prefix = hostPrefix(family);
+  const match = (e: Entry, chainAndAddresses: string, extra: string) => {
+    const proto = e.protocol.toLowerCase();
+    const comment = `-m comment --comment "${e.service}"`;
+    return `-A ${chainAndAddresses} -p ${proto} ${comment}${extra} -m ${proto} --dport ${e.port}`;
+  };
+  const rules: string[] = [];
+  for (const source of sources) {
+    for (const e of valid) {
+      const head = match(e, `${PREROUTING_CHAIN} ${withDestination(source, `-d ${e.externalIp}/${prefix}`)}`, '');
+      rules.push(`${head} ${markTarget}`, `${head} -j DNAT --to-destination ${e.clusterIp}`);
+    }
+  }
+  for (const e of valid) {
+    const head = match(e, `${OUTPUT_CHAIN} -d ${e.externalIp}/${prefix}`, ' -m addrtype --src-type LOCAL');
+    rules.push(`${head} ${markTarget}`, `${head} -j DNAT --to-destination ${e.clusterIp}`);
+  }
+  return { rules, rejected, programmed: valid.length };
+}
+
+/**
+ * Lines that make rule 1 of PREROUTING / OUTPUT the only jump to our chain: nothing when it is
+ * already so; otherwise every jump to it is deleted (by its exact spec) and one is inserted at 1.
+ */
+export function renderJumpRepairs(current: NatTableView): string[] {
+  const lines: string[] = [];
+  for (const { from, to } of JUMPS) {
+    const specs = current.rules.get(from) ?? [];
+    const pattern = TARGET_IS.get(to)!;
+    const ours = specs.filter((s) => pattern.test(s));
+    if (specs[0] === `-j ${to}` && ours.length === 1) continue;
+    for (const spec of ours) lines.push(`-D ${from} ${spec}`);
+    lines.push(`-I ${from} 1 -j ${to}`);
+  }
+  return lines;
+}
+
+/** The whole transaction for one family: declaring our chains flushes them (--noflush keeps the rest). */
+export function assembleRestore(chainRules: string[], jumpRepairs: string[]): string {
+  const lines = ['*nat', ...OUR_CHAINS.map((c) => `:${c} - [0:0]`), ...jumpRepairs, ...chainRules, 'COMMIT', ''];
+  return lines.join('\n');
+}
+
+export interface RenderedFamily extends RenderedChains {
+  /** iptables-restore --noflush input. */
+  text: string;
+  /**
+   * The nat table already holds exactly these rules and jumps (known only when `current` lists
+   * our chains): applying `text` would change nothing but the counters.
+   */
+  upToDate: boolean;
+}
+
+/** A rendered rule as `-save` prints it back: `--or-mark X` is kept as `--set-xmark X/X`. */
+export function asSaved(rule: string): string {
+  return rule.replace(/ --or-mark (0x[0-9a-f]+)$/, ' --set-xmark $1/$1');
+}
+
+function chainsHold(current: NatTableView, rules: string[]): boolean {
+  for (const chain of OUR_CHAINS) {
+    const held = current.rules.get(chain);
+    if (!current.chains.has(chain) || held === undefined) return false;
+    const prefix = `-A ${chain} `;
+    const wanted = rules.filter((r) => r.startsWith(prefix)).map((r) => asSaved(r).slice(prefix.length));
+    if (held.length !== wanted.length || held.some((spec, i) => spec !== wanted[i])) return false;
+  }
+  return true;
+}
+
+/** Desired state of one family + what the nat table holds now -> one restore transaction. */
+export function renderFamilyRestore(
+  family: Family,
+  state: FamilyState,
+  masqueradeMark: number,
+  current: NatTableView,
+): RenderedFamily {
+  const chains = renderChainRules(family, state, masqueradeMark, current.chains.has(KUBE_MARK_MASQ));
+  const repairs = renderJumpRepairs(current);
+  return {
+    ...chains,
+    text: assembleRestore(chains.rules, repairs),
+    upToDate: repairs.length === 0 && chainsHold(current, chains.rules),
+  };
+}
+
+/**
+ * Removes every object of ours from the nat table: jumps to our chains (wherever they are),
+ * then the chains. Undefined when there is nothing of ours.
+ */
+export function renderCleanupRestore(current: NatTableView): string | undefined {
+  if (!hasOurObjects(current)) return undefined;
+  const lines = ['*nat'];
+  for (const [chain, specs] of current.rules) {
+    if (OUR_CHAINS.includes(chain)) continue;
+    for (const spec of specs) if (jumpsToOurChain(spec)) lines.push(`-D ${chain} ${spec}`);
+  }
+  for (const chain of OUR_CHAINS) if (current.chains.has(chain)) lines.push(`:${chain} - [0:0]`);
+  for (const chain of OUR_CHAINS) if (current.chains.has(chain)) lines.push(`-X ${chain}`);
+  lines.push('COMMIT', '');
+  return lines.join('\n');
+}
+
+/** Both families as restore input, for --dry-run: assumes fresh chains in a nat table without KUBE-MARK-MASQ. */
+export function renderDesiredStateRestoreText(
+  desired: DesiredState,
+  options: { useKubeMarkMasq?: boolean } = {},
+): string {
+  const current = emptyNatTable();
+  if (options.useKubeMarkMasq) current.chains.add(KUBE_MARK_MASQ);
+  return (['ipv4', 'ipv6'] as const)
+    .map((family) => {
+      const r = renderFamilyRestore(family, desired[family], desired.masqueradeMark, current);
+      const tool = family === 'ipv4' ? 'iptables-restore' : 'ip6tables-restore';
+      const notes = r.rejected.map((x) => `# left out: ${x.item}: ${x.reason}\n`).join('');
+      const none = desired[family].localPodMatch;
+      const noPrerouting = none.kind === 'none' ? `# no prerouting rules: ${none.reason}\n` : '';
+      return `# ${family}: ${tool} --noflush -w\n${noPrerouting}${notes}${r.text}`;
+    })
+    .join('\n');
+}

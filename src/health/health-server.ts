@@ -1,0 +1,32 @@
+// /healthz (liveness) and /readyz (readiness) over HTTP: 200 or 503, with a JSON body that says
+// why, for people reading `kubectl describe pod` and for scripts.
+
+import type { BindAddress } from '../config/options.js';
+import { judgeLiveness, judgeReadiness, type HealthInputs, type Judgement } from './health.js';
+import { HttpEndpoint, type EndpointResponse } from './http-endpoint.js';
+
+function respond(judgement: Judgement, inputs: HealthInputs): EndpointResponse {
+  const last = inputs.status.lastSuccessfulSyncAt;
+  const body = {
+    status: judgement.ok ? 'ok' : 'fail',
+    detail: judgement.detail,
+    warnings: judgement.warnings,
+    lastSuccessfulSync: last === undefined ? null : new Date(last).toISOString(),
+    now: new Date(inputs.now).toISOString(),
+  };
+  return { status: judgement.ok ? 200 : 503, contentType: 'application/json', body: JSON.stringify(body) + '\n' };
+}
+
+/** Serves /healthz and /readyz on `bind`; `inputs` is read anew for every request. */
+export function startHealthEndpoint(bind: BindAddress, inputs: () => HealthInputs): Promise<HttpEndpoint> {
+  return HttpEndpoint.start(bind, '--healthz-bind-address', {
+    '/healthz': () => {
+      const i = inputs();
+      return respond(judgeLiveness(i), i);
+    },
+    '/readyz': () => {
+      const i = inputs();
+      return respond(judgeReadiness(i), i);
+    },
+  });
+}

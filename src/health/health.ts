@@ -1,0 +1,134 @@
+// Liveness and readiness of the controller, as pure judgements over what it reports.
+//
+// /healthz (liveness) asks: is the sync loop keeping the kernel programmed? Once the caches have
+// synced, a sync is always due (a full resync runs every --sync-period), so no successful sync
+// for 2 x --sync-period means the loop is stuck or the kernel refuses our changes, and a restart
+// may help. Before the caches have synced nothing may be programmed yet (previous rules stay),
+// and a restart cannot make the API server reachable, so the controller counts as alive; this
+// is kube-proxy's rule too: unhealthy only when work it has queued is not done in time.
+//
+// /readyz asks: is this node's translation current? Not before the caches have synced and the
+// first sync has succeeded, not while liveness fails, and not while the API server has been
+// unreachable for longer than 2 x --sync-period (the rules are kept, but may be stale).
+
+import type { ControllerStatus } from '../controller.js';
+import type { InformerObserver } from '../kube/informer.js';
+
+export interface Judgement {
+  ok: boolean;
+  /** One line: why not, or what was checked. */
+  detail: string;
+  /** Things an operator should know that do not make the check fail. */
+  warnings: string[];
+}
+
+/**
+ * What the informers tell about the API server: when each resource was first listed, and since
+ * when its list or watch has been failing (cleared by the next successful list or watch).
+ */
+export class ApiReachability implements InformerObserver {
+  private readonly firstListedAt = new Map<string, number>();
+  private readonly failing = new Map<string, { since: number; message: string }>();
+
+  constructor(
+    private readonly now: () => number = Date.now,
+    /** Called when a resource that was failing is listed or watched again. */
+    private readonly onRecovered?: (resource: string, failedForMs: number) => void,
+  ) {}
+
+  onList(resource: string): void {
+    if (!this.firstListedAt.has(resource)) this.firstListedAt.set(resource, this.now());
+    this.recovered(resource);
+  }
+
+  onWatch(resource: string): void {
+    this.recovered(resource);
+  }
+
+  private recovered(resource: string): void {
+    const f = this.failing.get(resource);
+    if (!f) return;
+    this.failing.delete(resource);
+    this.onRecovered?.(resource, this.now() - f.since);
+  }
+
+  onError(resource: string, err: Error): void {
+    const known = this.failing.get(resource);
+    this.failing.set(resource, { since: known?.since ?? this.now(), message: err.message });
+  }
+
+  /** The latest first list among the resources: when the last cache became complete. */
+  lastFirstListAt(): number | undefined {
+    return this.firstListedAt.size > 0 ? Math.max(...this.firstListedAt.values()) : undefined;
+  }
+
+  /** The longest-failing resource, if any is failing now. */
+  unreachable(): { resource: string; since: number; message: string } | undefined {
+    let oldest: { resource: string; since: number; message: string } | undefined;
+    for (const [resource, f] of this.failing) {
+      if (!oldest || f.since < oldest.since) oldest = { resource, ...f };
+    }
+    return oldest;
+  }
+}
+
+export interface HealthInputs {
+  status: ControllerStatus;
+  api: ApiReachability;
+  syncPeriodMs: number;
+  /** Process start, the fallback when the moment the caches synced is not known. */
+  startedAt: number;
+  now: number;
+}
+
+function seconds(ms: number): string {
+  return `${(ms / 1000).toFixed(ms < 10_000 ? 1 : 0)}s`;
+}
+
+export function judgeLiveness(inputs: HealthInputs): Judgement {
+  const { status, api, syncPeriodMs, startedAt, now } = inputs;
+  const warnings = status.lastError ? [`last sync failed: ${status.lastError}`] : [];
+  if (!status.cachesSynced) {
+    return { ok: true, detail: 'waiting for the Service and Node caches to sync; the kernel is not touched until then', warnings };
+  }
+  const limit = 2 * syncPeriodMs;
+  const reference = status.lastSuccessfulSyncAt ?? api.lastFirstListAt() ?? startedAt;
+  const age = Math.max(0, now - reference);
+  if (age <= limit) {
+    const detail =
+      status.lastSuccessfulSyncAt !== undefined
+        ? `last successful sync ${seconds(age)} ago`
+        : `caches synced ${seconds(age)} ago; first sync pending`;
+    return { ok: true, detail, warnings };
+  }
+  const why = status.lastError ?? 'no sync completed';
+  return {
+    ok: false,
+    detail: `no successful sync for ${seconds(age)} (limit: 2 x --sync-period = ${seconds(limit)}): ${why}`,
+    warnings: [],
+  };
+}
+
+export function judgeReadiness(inputs: HealthInputs): Judgement {
+  const { status, api, syncPeriodMs, now } = inputs;
+  const outage = api.unreachable();
+  const outageLine = outage
+    ? `the API server has been unreachable for ${seconds(now - outage.since)} (${outage.resource}: ${outage.message})`
+    : undefined;
+  if (!status.cachesSynced) {
+    const detail = 'waiting for the Service and Node caches to sync' + (outageLine ? `: ${outageLine}` : '');
+    return { ok: false, detail, warnings: [] };
+  }
+  const liveness = judgeLiveness(inputs);
+  if (!liveness.ok) return { ok: false, detail: liveness.detail, warnings: [] };
+  if (status.lastSuccessfulSyncAt === undefined) {
+    const detail = 'waiting for the first sync' + (status.lastError ? `: ${status.lastError}` : '');
+    return { ok: false, detail, warnings: [] };
+  }
+  const warnings = [...status.localPodMatchProblems.map((p) => `traffic from pods is not translated: ${p}`)];
+  if (outage && now - outage.since > 2 * syncPeriodMs) {
+    return { ok: false, detail: `${outageLine}; the last programmed rules are kept`, warnings };
+  }
+  if (outageLine) warnings.push(outageLine);
+  return { ok: true, detail: liveness.detail, warnings: [...warnings, ...liveness.warnings] };
+}

@@ -1,0 +1,221 @@
+// Prometheus metrics of the controller, fed through the controller's and the informers'
+// observer hooks. One registry per instance (no global default registry), so that tests and
+// several controllers in one process never share counters.
+
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { ControllerObserver, SyncReport } from '../controller.js';
+import type { InformerObserver } from '../kube/informer.js';
+import { FAMILIES, SKIP_REASONS, type Conflict, type DesiredState, type Skip } from '../model/types.js';
+
+export const METRIC_PREFIX = 'ipvs_node_controller_';
+
+/** What the info metric says about the kernel path in use. */
+export interface BackendDescription {
+  backend: string;
+  /** nft backend only: `addon` (in-process libnftables) or `cli` (the nft command). */
+  nftExecutor?: string;
+  /** iptables backend only: `legacy` or `nft`, the variant kube-proxy uses. */
+  iptablesVariant?: string;
+}
+
+export class ControllerMetrics implements ControllerObserver, InformerObserver {
+  readonly registry = new Registry();
+
+  private readonly syncDuration: Histogram<'backend' | 'mode'>;
+  private readonly programmingLatency: Histogram<'backend'>;
+  private readonly syncErrors: Counter<'backend'>;
+  private readonly lastSuccessfulSync: Gauge;
+  private readonly programmedEntries: Gauge<'backend' | 'family'>;
+  private readonly skippedAddresses: Gauge<'reason'>;
+  private readonly skipEvents: Counter<'reason'>;
+  private readonly conflicts: Gauge<'family'>;
+  private readonly conflictEvents: Counter;
+  private readonly localPodDetectionMissing: Gauge<'family'>;
+  private readonly informerLists: Counter<'resource'>;
+  private readonly informerWatches: Counter<'resource'>;
+  private readonly informerErrors: Counter<'resource'>;
+  private readonly backendInfo: Gauge<'backend' | 'nft_executor' | 'iptables_variant'>;
+
+  constructor(options: { defaultMetrics?: boolean } = {}) {
+    const registers = [this.registry];
+    const name = (n: string) => METRIC_PREFIX + n;
+    if (options.defaultMetrics !== false) {
+      collectDefaultMetrics({ register: this.registry });
+      // Gauges named like counters (promtool rejects them); nodejs_active_{handles,requests,resources}
+      // by type carry the same numbers.
+      for (const misnamed of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) {
+        this.registry.removeSingleMetric(misnamed);
+      }
+    }
+
+    this.syncDuration = new Histogram({
+      name: name('sync_duration_seconds'),
+      help:
+        'Duration of syncs of the desired state to the kernel, by backend and by what the sync did ' +
+        '(full: whole tables rebuilt; partial: changed entries only; noop: nothing to change).',
+      labelNames: ['backend', 'mode'],
+      buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+      registers,
+    });
+    this.programmingLatency = new Histogram({
+      name: name('network_programming_duration_seconds'),
+      help:
+        'Time from a Service or Node change seen by the controller to the end of the sync that ' +
+        'programmed it (coalescing delay of --min-sync-period included).',
+      labelNames: ['backend'],
+      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60],
+      registers,
+    });
+    this.syncErrors = new Counter({
+      name: name('sync_errors_total'),
+      help: 'Syncs that failed; the rules programmed before stay in place and the sync is retried.',
+      labelNames: ['backend'],
+      registers,
+    });
+    this.lastSuccessfulSync = new Gauge({
+      name: name('last_successful_sync_timestamp_seconds'),
+      help: 'Unix time of the end of the last successful sync.',
+      registers,
+    });
+    this.programmedEntries = new Gauge({
+      name: name('programmed_entries'),
+      help: 'Translations (external IP, protocol, port -> ClusterIP) in the kernel after the last successful sync.',
+      labelNames: ['backend', 'family'],
+      registers,
+    });
+    this.skippedAddresses = new Gauge({
+      name: name('skipped_addresses'),
+      help: 'External addresses (or their ports) of Services that are not translated, in the current desired state, by reason.',
+      labelNames: ['reason'],
+      registers,
+    });
+    this.skipEvents = new Counter({
+      name: name('skip_events_total'),
+      help: 'Skips that appeared or changed since the previous sync (each one is logged once), by reason.',
+      labelNames: ['reason'],
+      registers,
+    });
+    this.conflicts = new Gauge({
+      name: name('conflicts'),
+      help:
+        'Claims on an (external IP, protocol, port) lost to an older Service, in the current desired state. ' +
+        'The loser is not translated there.',
+      labelNames: ['family'],
+      registers,
+    });
+    this.conflictEvents = new Counter({
+      name: name('conflict_events_total'),
+      help: 'Conflicts that appeared since the previous sync (each one is logged once).',
+      registers,
+    });
+    this.localPodDetectionMissing = new Gauge({
+      name: name('local_pod_detection_missing'),
+      help:
+        '1 when traffic from pods is not translated for this family because the --detect-local-mode has no value ' +
+        '(e.g. the Node has no podCIDR of the family); host-network traffic still is.',
+      labelNames: ['family'],
+      registers,
+    });
+    this.informerLists = new Counter({
+      name: name('informer_lists_total'),
+      help: 'Full lists of a resource from the API server (the first one and every relist).',
+      labelNames: ['resource'],
+      registers,
+    });
+    this.informerWatches = new Counter({
+      name: name('informer_watches_total'),
+      help: 'Watches of a resource established with the API server (the first one and every restart).',
+      labelNames: ['resource'],
+      registers,
+    });
+    this.informerErrors = new Counter({
+      name: name('informer_errors_total'),
+      help: 'Failed lists or watches of a resource; the cache keeps its content and retries with backoff.',
+      labelNames: ['resource'],
+      registers,
+    });
+    this.backendInfo = new Gauge({
+      name: name('backend_info'),
+      help:
+        'Always 1: the kernel backend in use; for nft, whether in-process libnftables (addon) or the nft command (cli) ' +
+        'programs it; for iptables, the variant (legacy or nft).',
+      labelNames: ['backend', 'nft_executor', 'iptables_variant'],
+      registers,
+    });
+
+    // Every reason is present from the start, so that "none" reads 0 rather than "no data".
+    for (const reason of SKIP_REASONS) {
+      this.skippedAddresses.set({ reason }, 0);
+      this.skipEvents.inc({ reason }, 0);
+    }
+    for (const family of FAMILIES) {
+      this.conflicts.set({ family }, 0);
+      this.localPodDetectionMissing.set({ family }, 0);
+    }
+    this.conflictEvents.inc(0);
+  }
+
+  describeBackend(description: BackendDescription): void {
+    this.backendInfo.reset();
+    this.backendInfo.set(
+      {
+        backend: description.backend,
+        nft_executor: description.nftExecutor ?? 'none',
+        iptables_variant: description.iptablesVariant ?? 'none',
+      },
+      1,
+    );
+    this.syncErrors.inc({ backend: description.backend }, 0);
+  }
+
+  onDesiredState(desired: DesiredState): void {
+    const perReason = new Map<string, number>(SKIP_REASONS.map((r) => [r, 0]));
+    for (const s of desired.skips) perReason.set(s.reason, (perReason.get(s.reason) ?? 0) + 1);
+    for (const [reason, count] of perReason) this.skippedAddresses.set({ reason }, count);
+    for (const family of FAMILIES) {
+      this.conflicts.set({ family }, desired.conflicts.filter((c) => c.family === family).length);
+      const missing = desired[family].localPodMatch.kind === 'none' && desired[family].entries.length > 0;
+      this.localPodDetectionMissing.set({ family }, missing ? 1 : 0);
+    }
+  }
+
+  onSync(report: SyncReport): void {
+    const backend = report.backend;
+    const mode = report.result?.mode ?? report.requested;
+    this.syncDuration.observe({ backend, mode }, report.durationMs / 1000);
+    if (report.error || !report.result) {
+      this.syncErrors.inc({ backend });
+      return;
+    }
+    this.lastSuccessfulSync.set(Date.now() / 1000);
+    for (const family of FAMILIES) this.programmedEntries.set({ backend, family }, report.result.entries[family]);
+    if (report.changeLatencyMs !== undefined) {
+      this.programmingLatency.observe({ backend }, report.changeLatencyMs / 1000);
+    }
+  }
+
+  onNewSkips(skips: Skip[]): void {
+    for (const s of skips) this.skipEvents.inc({ reason: s.reason });
+  }
+
+  onNewConflicts(conflicts: Conflict[]): void {
+    this.conflictEvents.inc(conflicts.length);
+  }
+
+  onList(resource: string): void {
+    this.informerLists.inc({ resource });
+  }
+
+  onWatch(resource: string): void {
+    this.informerWatches.inc({ resource });
+  }
+
+  onError(resource: string): void {
+    this.informerErrors.inc({ resource });
+  }
+
+  /** The exposition text, as served on /metrics. */
+  async exposition(): Promise<{ contentType: string; text: string }> {
+    return { contentType: this.registry.contentType, text: await this.registry.metrics() };
+  }
+}

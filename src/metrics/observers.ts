@@ -1,0 +1,23 @@
+// The controller and each informer take one observer; these pass every hook on to several.
+
+import type { ControllerObserver } from '../controller.js';
+import type { InformerObserver } from '../kube/informer.js';
+
+export function allControllerObservers(...observers: Array<ControllerObserver | undefined>): ControllerObserver {
+  const present = observers.filter((o): o is ControllerObserver => o !== undefined);
+  return {
+    onDesiredState: (desired) => present.forEach((o) => o.onDesiredState?.(desired)),
+    onSync: (report) => present.forEach((o) => o.onSync?.(report)),
+    onNewSkips: (skips) => present.forEach((o) => o.onNewSkips?.(skips)),
+    onNewConflicts: (conflicts) => present.forEach((o) => o.onNewConflicts?.(conflicts)),
+  };
+}
+
+export function allInformerObservers(...observers: Array<InformerObserver | undefined>): InformerObserver {
+  const present = observers.filter((o): o is InformerObserver => o !== undefined);
+  return {
+    onList: (resource) => present.forEach((o) => o.onList?.(resource)),
+    onWatch: (resource) => present.forEach((o) => o.onWatch?.(resource)),
+    onError: (resource, err, retryInMs) => present.forEach((o) => o.onError?.(resource, err, retryInMs)),
+  };
+}

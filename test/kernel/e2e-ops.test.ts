@@ -1,0 +1,324 @@
+// Operating the controller end to end: the real CLI, as a child process, against the API
+// stand-in, programming this (isolated) network namespace. /metrics is scraped while it works and
+// compared with the kernel, promtool and a real Prometheus server read it, and /healthz and
+// /readyz are followed through their states: caches not synced, ready, API server gone, kernel
+// refusing our changes.
+
+import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { MAP_NAME, TABLE_NAME } from '../../src/backends/nft/render.js';
+import type { ServiceInfo } from '../../src/model/types.js';
+import { ApiStandIn } from '../support/api-server.js';
+import { NODE, probe, requireTools, sh } from '../support/node-network.js';
+import { Exposition, httpGet, promtoolCheckMetrics, scrapeMetrics } from '../support/scrape.js';
+import { LB_PATH, LB_V4, SERVICES, Scenario } from './scenario.js';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const CLI = join(here, '..', '..', 'src', 'cli', 'main.js');
+const METRICS = 'http://127.0.0.1:9477';
+const HEALTH = 'http://127.0.0.1:9478';
+const P = 'ipvs_node_controller_';
+
+type Json = Record<string, any>;
+
+/** A Service of the scenario as the API server serves it. */
+function wireService(s: ServiceInfo): Json {
+  return {
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: { namespace: s.namespace, name: s.name, creationTimestamp: s.creationTimestamp },
+    spec: {
+      type: s.type,
+      clusterIP: s.clusterIP,
+      clusterIPs: s.clusterIPs ?? [s.clusterIP],
+      externalIPs: s.externalIPs,
+      externalTrafficPolicy: s.externalTrafficPolicy,
+      ports: s.ports,
+    },
+    status: { loadBalancer: { ingress: s.ingress ?? [] } },
+  };
+}
+
+/** Polls until `check` resolves truthy; the deadline only keeps a broken run from hanging. */
+async function eventually<T>(what: string, check: () => Promise<T | undefined | false>, limitMs = 30_000): Promise<T> {
+  const deadline = Date.now() + limitMs;
+  let last: unknown;
+  for (;;) {
+    try {
+      const v = await check();
+      if (v) return v;
+    } catch (err) {
+      last = err;
+    }
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}${last ? `: ${String(last)}` : ''}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+async function health(path: '/healthz' | '/readyz'): Promise<{ status: number; detail: string }> {
+  const a = await httpGet(HEALTH + path);
+  return { status: a.status, detail: String(JSON.parse(a.body).detail) };
+}
+
+/** Elements of our IPv4 map, as the kernel lists them. */
+function programmedIpv4Elements(): number {
+  const listing = JSON.parse(sh('nft', ['-j', 'list', 'map', 'ip', TABLE_NAME, MAP_NAME])) as {
+    nftables: Array<{ map?: { elem?: unknown[] } }>;
+  };
+  return listing.nftables.find((o) => o.map)?.map?.elem?.length ?? 0;
+}
+
+function tableExists(): boolean {
+  return sh('nft', ['list', 'tables']).includes(`table ip ${TABLE_NAME}`);
+}
+
+const syncCount = (e: Exposition) => e.sum(`${P}sync_duration_seconds_count`);
+
+describe('operating the controller (real CLI, API stand-in, metrics, health, Prometheus)', function () {
+  this.timeout(180_000);
+  const scenario = new Scenario();
+  let api: ApiStandIn;
+  let dir: string;
+  let controller: ChildProcess | undefined;
+  let prometheus: ChildProcess | undefined;
+  let tableHolder: ChildProcess | undefined;
+  const logLines: string[] = [];
+
+  before(async () => {
+    requireTools('nft', 'promtool', 'prometheus');
+    await scenario.setUp();
+    dir = await mkdtemp(join(tmpdir(), 'e2e-ops-'));
+    api = await ApiStandIn.start({ bookmarkIntervalMs: 200 });
+    api.apply({
+      apiVersion: 'v1',
+      kind: 'Node',
+      metadata: { name: 'node-1' },
+      spec: { podCIDR: NODE.podCidr4, podCIDRs: [NODE.podCidr4, NODE.podCidr6] },
+    });
+    for (const s of SERVICES) api.apply(wireService(s));
+    await api.writeKubeconfig(join(dir, 'kubeconfig'));
+  });
+
+  afterEach(function () {
+    if (this.currentTest?.state === 'failed') console.log(`controller log:\n${logLines.join('\n')}`);
+  });
+
+  after(async () => {
+    for (const child of [tableHolder, prometheus, controller]) {
+      if (child && child.exitCode === null) {
+        child.kill('SIGTERM');
+        await once(child, 'exit');
+      }
+    }
+    try {
+      sh(process.execPath, [CLI, '--cleanup']);
+      await api?.stop();
+    } finally {
+      await scenario.tearDown();
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('before the caches sync: alive, not ready, and the kernel untouched', async () => {
+    api.setUnavailable(true);
+    controller = spawn(
+      process.execPath,
+      [
+        CLI,
+        `--kubeconfig=${join(dir, 'kubeconfig')}`,
+        '--node-name=node-1',
+        '--sync-period=1s',
+        '--min-sync-period=0s',
+        '--metrics-bind-address=127.0.0.1:9477',
+        '--healthz-bind-address=127.0.0.1:9478',
+        '--emit-events',
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
+    let partial = '';
+    controller.stdout!.on('data', (d: Buffer) => {
+      const lines = (partial + d.toString()).split('\n');
+      partial = lines.pop()!;
+      logLines.push(...lines);
+    });
+    const readyz = await eventually('an unreachable API server on /readyz', async () => {
+      const r = await health('/readyz');
+      return r.detail.includes('unreachable') && r;
+    });
+    assert.equal(readyz.status, 503);
+    assert.match(readyz.detail, /^waiting for the Service and Node caches to sync: the API server has been unreachable/);
+    const healthz = await health('/healthz');
+    assert.equal(healthz.status, 200);
+    assert.match(healthz.detail, /^waiting for the Service and Node caches to sync/);
+    assert.equal(tableExists(), false);
+    const e = await scrapeMetrics(METRICS);
+    assert.ok(e.sum(`${P}informer_errors_total`) >= 1);
+    assert.equal(syncCount(e), 0);
+  });
+
+  it('after the first sync: ready, and the entries gauge equals what the kernel holds', async () => {
+    api.setUnavailable(false);
+    await eventually('/readyz 200', async () => (await health('/readyz')).status === 200);
+    assert.equal(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80), 'svc-a');
+
+    const e = await scrapeMetrics(METRICS);
+    const ipv4 = e.value(`${P}programmed_entries`, { backend: 'nft', family: 'ipv4' });
+    assert.equal(ipv4, programmedIpv4Elements());
+    assert.equal(ipv4, 4); // svc-a TCP+UDP/80, svc-b TCP/8080, svc-ext TCP/443
+    assert.equal(e.value(`${P}programmed_entries`, { backend: 'nft', family: 'ipv6' }), 2);
+    assert.equal(e.value(`${P}skipped_addresses`, { reason: 'ipModeProxy' }), 1);
+    assert.equal(e.value(`${P}skipped_addresses`, { reason: 'hostnameOnly' }), 1);
+    assert.equal(e.value(`${P}backend_info`, { backend: 'nft', nft_executor: 'addon', iptables_variant: 'none' }), 1);
+    assert.ok(e.value(`${P}informer_lists_total`, { resource: 'services' })! >= 1);
+    assert.ok(e.value(`${P}informer_watches_total`, { resource: 'nodes' })! >= 1);
+    const last = e.value(`${P}last_successful_sync_timestamp_seconds`)!;
+    assert.ok(Math.abs(last - Date.now() / 1000) < 3600, `implausible timestamp ${last}`);
+    assert.ok(e.value('process_resident_memory_bytes')! > 0);
+  });
+
+  it('a Service change moves the counters: syncs, programming latency, entries, skips, Events', async () => {
+    const before = await scrapeMetrics(METRICS);
+    api.apply({
+      apiVersion: 'v1',
+      kind: 'Service',
+      metadata: { namespace: 'default', name: 'svc-new' },
+      spec: { type: 'LoadBalancer', clusterIP: '10.96.0.11', clusterIPs: ['10.96.0.11'], ports: [{ port: 9090, protocol: 'TCP' }] },
+      status: { loadBalancer: { ingress: [{ ip: LB_V4 }, { ip: '192.0.2.30', ipMode: 'Proxy' }] } },
+    });
+    const after = await eventually('the new entry in the metrics', async () => {
+      const e = await scrapeMetrics(METRICS);
+      return e.value(`${P}programmed_entries`, { backend: 'nft', family: 'ipv4' }) === 5 && e;
+    });
+    assert.equal(programmedIpv4Elements(), 5);
+    assert.ok(syncCount(after) > syncCount(before));
+    const latency = (e: Exposition) => e.value(`${P}network_programming_duration_seconds_count`, { backend: 'nft' }) ?? 0;
+    assert.ok(latency(after) > latency(before), 'the change was timed');
+    assert.equal(after.value(`${P}skipped_addresses`, { reason: 'ipModeProxy' }), 2);
+    assert.equal(after.value(`${P}skip_events_total`, { reason: 'ipModeProxy' }), 2);
+
+    const events = await eventually('the Event on svc-new', async () => {
+      const found = api.list('Event').filter((ev) => ev.involvedObject.name === 'svc-new');
+      return found.length > 0 && found;
+    });
+    assert.equal(events.length, 1);
+    assert.equal(events[0]!.type, 'Normal');
+    assert.match(events[0]!.message, /^ingress 192\.0\.2\.30: not translated/);
+  });
+
+  it('full resyncs go on without a log line each', async () => {
+    const start = syncCount(await scrapeMetrics(METRICS));
+    const linesBefore = logLines.length;
+    await eventually('three more syncs', async () => syncCount(await scrapeMetrics(METRICS)) >= start + 3);
+    assert.deepEqual(logLines.slice(linesBefore), []);
+  });
+
+  it('promtool check metrics passes on the live exposition', async () => {
+    const { text } = await scrapeMetrics(METRICS);
+    const verdict = await promtoolCheckMetrics(text);
+    assert.equal(verdict.code, 0, verdict.output);
+    assert.equal(verdict.output.trim(), '');
+  });
+
+  it('a Prometheus server scrapes it: up == 1, and our series are queryable', async () => {
+    const config = join(dir, 'prometheus.yml');
+    await writeFile(
+      config,
+      [
+        'global:',
+        '  scrape_interval: 1s',
+        'scrape_configs:',
+        '  - job_name: ipvs-node-controller',
+        '    static_configs:',
+        "      - targets: ['127.0.0.1:9477']",
+        '',
+      ].join('\n'),
+    );
+    prometheus = spawn(
+      'prometheus',
+      [
+        `--config.file=${config}`,
+        `--storage.tsdb.path=${join(dir, 'tsdb')}`,
+        '--web.listen-address=127.0.0.1:9090',
+      ],
+      { stdio: 'ignore' },
+    );
+    const query = async (q: string) => {
+      const a = await httpGet(`http://127.0.0.1:9090/api/v1/query?query=${encodeURIComponent(q)}`);
+      const body = JSON.parse(a.body) as { status: string; data: { result: Array<{ metric: Json; value: [number, string] }> } };
+      return body.data.result;
+    };
+    const up = await eventually(
+      'up{job="ipvs-node-controller"} == 1',
+      async () => {
+        const r = await query('up{job="ipvs-node-controller"}');
+        return r.length === 1 && r[0]!.value[1] === '1' && r;
+      },
+      60_000,
+    );
+    assert.equal(up[0]!.metric.instance, '127.0.0.1:9477');
+    const entries = await query(`${P}programmed_entries{family="ipv4"}`);
+    assert.equal(entries.length, 1);
+    assert.equal(entries[0]!.value[1], '5');
+    assert.equal(entries[0]!.metric.backend, 'nft');
+  });
+
+  it('API server gone longer than 2 x sync-period: not ready, still alive, rules kept and resynced', async () => {
+    const before = await scrapeMetrics(METRICS);
+    api.setUnavailable(true);
+    const readyz = await eventually('/readyz 503', async () => {
+      const r = await health('/readyz');
+      return r.status === 503 && r;
+    });
+    assert.match(readyz.detail, /^the API server has been unreachable for \S+ \((services|nodes): .*\); the last programmed rules are kept$/);
+    assert.equal((await health('/healthz')).status, 200);
+    assert.equal(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80), 'svc-a');
+    const during = await eventually('a resync from the cache', async () => {
+      const e = await scrapeMetrics(METRICS);
+      return syncCount(e) > syncCount(before) && e;
+    });
+    assert.ok(during.sum(`${P}informer_errors_total`) > before.sum(`${P}informer_errors_total`));
+    assert.equal(during.value(`${P}programmed_entries`, { backend: 'nft', family: 'ipv4' }), 5);
+
+    api.setUnavailable(false);
+    await eventually('/readyz 200 again', async () => (await health('/readyz')).status === 200);
+    const back = await scrapeMetrics(METRICS);
+    assert.ok(back.sum(`${P}informer_watches_total`) > before.sum(`${P}informer_watches_total`));
+  });
+
+  it('kernel refusing our changes longer than 2 x sync-period: /healthz fails, and recovers', async () => {
+    const before = await scrapeMetrics(METRICS);
+    // Another process takes a table of our name with the owner flag: the kernel refuses every
+    // change to it from anyone else (EPERM) until that process closes its netlink socket.
+    tableHolder = spawn('nft', ['-i'], { stdio: ['pipe', 'ignore', 'ignore'] });
+    tableHolder.stdin!.write(`delete table ip ${TABLE_NAME}; add table ip ${TABLE_NAME} { flags owner; }\n`);
+    const healthz = await eventually('/healthz 503', async () => {
+      const r = await health('/healthz');
+      return r.status === 503 && r;
+    });
+    assert.match(healthz.detail, /^no successful sync for \S+ \(limit: 2 x --sync-period = 2\.0s\): .*Operation not permitted/);
+    assert.equal((await health('/readyz')).status, 503);
+    const failing = await scrapeMetrics(METRICS);
+    assert.ok(failing.value(`${P}sync_errors_total`, { backend: 'nft' })! > (before.value(`${P}sync_errors_total`, { backend: 'nft' }) ?? 0));
+    assert.equal(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80), LB_PATH, 'no translation while the table is taken');
+
+    tableHolder.stdin!.end();
+    await once(tableHolder, 'exit');
+    await eventually('/healthz 200 again', async () => (await health('/healthz')).status === 200);
+    await eventually('/readyz 200 again', async () => (await health('/readyz')).status === 200);
+    assert.equal(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80), 'svc-a');
+    assert.equal(programmedIpv4Elements(), 5);
+  });
+
+  it('SIGTERM: exits 0 and leaves the rules in place', async () => {
+    controller!.kill('SIGTERM');
+    const [code] = (await once(controller!, 'exit')) as [number | null];
+    assert.equal(code, 0);
+    assert.equal(programmedIpv4Elements(), 5);
+    await assert.rejects(httpGet(`${METRICS}/metrics`), /ECONNREFUSED/);
+  });
+});

@@ -1,0 +1,462 @@
+// The eBPF backend on the real kernel, with real sockets.
+//
+// The lab: a "node" network namespace with the ClusterIP and the external IP bound on a bridge
+// with no ports (the kube-ipvs0 stand-in: this kernel has no IPVS), a server answering "cluster"
+// on the ClusterIP and one answering "external" on the external IP; a "pod" namespace linked to
+// it by a veth pair; a cgroup the test creates under the cgroup2 mount (never the root cgroup);
+// and a bpffs instance mounted for the test, so the pins are the test's own. All of it is removed
+// afterwards, also when a test fails.
+
+import assert from 'node:assert/strict';
+import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+
+import { EbpfBackend, defaultCgroupPath } from '../../src/backends/ebpf/ebpf-backend.js';
+import { KEY_SIZE, VALUE_SIZE, decodeElements, encodeKeys, encodeValues } from '../../src/backends/ebpf/map-codec.js';
+import { loadEbpfAddon, type PinnedMap } from '../../src/backends/ebpf/native.js';
+import type { DesiredState, Entry, Family } from '../../src/model/types.js';
+import { assertIsolatedNetns } from '../support/node-network.js';
+
+const PEER = fileURLToPath(new URL('./ebpf-peer.js', import.meta.url));
+const TAG = `inc${process.pid}`;
+const NODE_NS = `${TAG}-node`;
+const POD_NS = `${TAG}-pod`;
+
+const ADDR = {
+  ipv4: { cluster: '10.96.0.10', external: '192.0.2.10', pod: '10.244.0.2', nodeSide: '10.244.0.1', prefix: 24 },
+  ipv6: { cluster: 'fd00:96::10', external: '2001:db8::10', pod: 'fd00:244::2', nodeSide: 'fd00:244::1', prefix: 64 },
+} as const;
+const PORT = 8080;
+/** An external port with no entry: must never be translated. */
+const OTHER_PORT = 8081;
+
+function entry(family: Family, protocol: 'TCP' | 'UDP', port = PORT): Entry {
+  return { family, externalIp: ADDR[family].external, protocol, port, clusterIp: ADDR[family].cluster, service: 'default/web' };
+}
+
+function desiredOf(entries: Entry[]): DesiredState {
+  return {
+    ipv4: { entries: entries.filter((e) => e.family === 'ipv4'), localPodMatch: { kind: 'cidrs', cidrs: [] } },
+    ipv6: { entries: entries.filter((e) => e.family === 'ipv6'), localPodMatch: { kind: 'cidrs', cidrs: [] } },
+    masqueradeMark: 0x4000,
+    skips: [],
+    conflicts: [],
+  };
+}
+
+const ALL_ENTRIES: Entry[] = [entry('ipv4', 'TCP'), entry('ipv4', 'UDP'), entry('ipv6', 'TCP'), entry('ipv6', 'UDP')];
+
+function run(cmd: string, args: string[]): string {
+  return execFileSync(cmd, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+}
+
+function tryRun(cmd: string, args: string[]): void {
+  try {
+    run(cmd, args);
+  } catch {
+    // teardown of something that may not exist
+  }
+}
+
+interface Where {
+  ns: string;
+  inCgroup: boolean;
+}
+
+class Lab {
+  readonly cgroupRoot = defaultCgroupPath();
+  readonly cgroupPath: string;
+  readonly bpffsMount = mkdtempSync(join(tmpdir(), `${TAG}-bpffs-`));
+  readonly bpffsPath = join(this.bpffsMount, 'ipvs-node-controller');
+  readonly scratch = mkdtempSync(join(tmpdir(), `${TAG}-scratch-`));
+  private readonly children = new Set<ChildProcess>();
+
+  constructor() {
+    assert.ok(this.cgroupRoot, 'no cgroup2 mount in /proc/mounts');
+    this.cgroupPath = join(this.cgroupRoot, `ipvs-node-controller-test-${process.pid}`);
+  }
+
+  setup(): void {
+    assertIsolatedNetns();
+    run('mount', ['-t', 'bpf', 'bpf', this.bpffsMount]);
+    mkdirSync(this.cgroupPath);
+    for (const ns of [NODE_NS, POD_NS]) {
+      run('ip', ['netns', 'add', ns]);
+      run('ip', ['-n', ns, 'link', 'set', 'lo', 'up']);
+    }
+    run('ip', ['-n', NODE_NS, 'link', 'add', 'kube-ipvs0', 'type', 'bridge']);
+    run('ip', ['-n', NODE_NS, 'link', 'set', 'kube-ipvs0', 'up']);
+    run('ip', ['-n', NODE_NS, 'link', 'add', 'veth-pod', 'type', 'veth', 'peer', 'name', 'eth0', 'netns', POD_NS]);
+    run('ip', ['-n', NODE_NS, 'link', 'set', 'veth-pod', 'up']);
+    run('ip', ['-n', POD_NS, 'link', 'set', 'eth0', 'up']);
+    for (const family of ['ipv4', 'ipv6'] as const) {
+      const a = ADDR[family];
+      const v = family === 'ipv4' ? '-4' : '-6';
+      const nodad = family === 'ipv6' ? ['nodad'] : [];
+      const host = family === 'ipv4' ? 32 : 128;
+      run('ip', [v, '-n', NODE_NS, 'addr', 'add', `${a.cluster}/${host}`, 'dev', 'kube-ipvs0', ...nodad]);
+      run('ip', [v, '-n', NODE_NS, 'addr', 'add', `${a.external}/${host}`, 'dev', 'kube-ipvs0', ...nodad]);
+      run('ip', [v, '-n', NODE_NS, 'addr', 'add', `${a.nodeSide}/${a.prefix}`, 'dev', 'veth-pod', ...nodad]);
+      run('ip', [v, '-n', POD_NS, 'addr', 'add', `${a.pod}/${a.prefix}`, 'dev', 'eth0', ...nodad]);
+      run('ip', [v, '-n', POD_NS, 'route', 'add', 'default', 'via', a.nodeSide]);
+    }
+  }
+
+  teardown(): void {
+    for (const child of this.children) child.kill('SIGKILL');
+    this.children.clear();
+    // A pinned link would keep programs attached to the cgroup: remove the pins first.
+    if (existsSync(this.bpffsPath)) rmSync(this.bpffsPath, { recursive: true, force: true });
+    tryRun('umount', [this.bpffsMount]);
+    tryRun('rmdir', [this.bpffsMount]);
+    for (const ns of [POD_NS, NODE_NS]) tryRun('ip', ['netns', 'del', ns]);
+    rmSync(this.scratch, { recursive: true, force: true });
+    // rmdir fails while a process is still in the cgroup; the killed ones leave it shortly.
+    for (let i = 0; i < 50 && existsSync(this.cgroupPath); i++) {
+      try {
+        rmdirSync(this.cgroupPath);
+      } catch {
+        execFileSync('sleep', ['0.1']);
+      }
+    }
+  }
+
+  /** Starts the peer script; resolves with the process and its first JSON line. */
+  start(where: Where | undefined, args: string[]): { child: ChildProcess; first: Promise<Record<string, unknown>> } {
+    const peer = [process.execPath, PEER, ...args];
+    const inNs = where ? ['ip', 'netns', 'exec', where.ns, ...peer] : peer;
+    // Joining the cgroup before exec: everything the client creates is under the cgroup.
+    const child =
+      where?.inCgroup === true
+        ? spawn('sh', ['-c', 'echo $$ > "$0" && exec "$@"', join(this.cgroupPath, 'cgroup.procs'), ...inNs], {
+            stdio: ['ignore', 'pipe', 'inherit'],
+          })
+        : spawn(inNs[0]!, inNs.slice(1), { stdio: ['ignore', 'pipe', 'inherit'] });
+    this.children.add(child);
+    child.on('exit', () => this.children.delete(child));
+    const lines = createInterface({ input: child.stdout! });
+    const first = new Promise<Record<string, unknown>>((resolve, reject) => {
+      lines.once('line', (line) => resolve(JSON.parse(line) as Record<string, unknown>));
+      child.once('exit', (code) => reject(new Error(`${args.join(' ')} exited with ${code} before printing`)));
+    });
+    return { child, first };
+  }
+
+  async client(where: Where, args: string[]): Promise<Record<string, unknown>> {
+    return this.start(where, args).first;
+  }
+}
+
+function bpftoolJson(args: string[]): unknown {
+  const out = run('bpftool', ['-j', ...args]).trim();
+  // bpftool prints nothing at all for a cgroup without programs.
+  return out === '' ? [] : JSON.parse(out);
+}
+
+function cgroupPrograms(cgroupPath: string): Array<{ id: number; attach_type: string; name: string }> {
+  return bpftoolJson(['cgroup', 'show', cgroupPath]) as Array<{ id: number; attach_type: string; name: string }>;
+}
+
+function objectExists(kind: 'prog' | 'link', id: number): boolean {
+  try {
+    run('bpftool', [kind, 'show', 'id', String(id)]);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function waitUntil(what: string, check: () => boolean): Promise<void> {
+  // Freeing BPF objects is deferred by the kernel (RCU): give it a bounded while.
+  for (let i = 0; i < 100; i++) {
+    if (check()) return;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  assert.fail(`still not true after 5 s: ${what}`);
+}
+
+describe('ebpf backend on the kernel', function () {
+  this.timeout(60_000);
+  const lab = new Lab();
+  let backend: EbpfBackend;
+  const inCgroup = (ns: string): Where => ({ ns, inCgroup: true });
+  const outside = (ns: string): Where => ({ ns, inCgroup: false });
+
+  before(async function () {
+    if (process.getuid?.() !== 0) throw new Error('kernel tests run as root (test/run.mjs)');
+    lab.setup();
+    const servers: Array<Promise<unknown>> = [];
+    for (const family of ['ipv4', 'ipv6'] as const) {
+      servers.push(lab.start(outside(NODE_NS), ['server', ADDR[family].cluster, String(PORT), 'cluster']).first);
+      servers.push(lab.start(outside(NODE_NS), ['server', ADDR[family].external, String(PORT), 'external']).first);
+      servers.push(lab.start(outside(NODE_NS), ['server', ADDR[family].external, String(OTHER_PORT), 'external']).first);
+    }
+    await Promise.all(servers);
+    backend = new EbpfBackend({ cgroupPath: lab.cgroupPath, bpffsPath: lab.bpffsPath });
+  });
+
+  after(async function () {
+    await backend?.close();
+    lab.teardown();
+  });
+
+  it('probe finds everything it needs on this kernel', async function () {
+    const probe = await backend.probe();
+    assert.equal(probe.ok, true, probe.detail);
+    assert.match(probe.detail, /libbpf/);
+    assert.match(probe.detail, /is not the root cgroup: only processes below it are translated/);
+  });
+
+  it('probe names a missing cgroup v2 directory and a path that is not on bpffs', async function () {
+    const wrong = new EbpfBackend({ cgroupPath: lab.scratch, bpffsPath: join(lab.scratch, 'pins') });
+    const probe = await wrong.probe();
+    assert.equal(probe.ok, false);
+    assert.match(probe.detail, /is not a cgroup v2 directory/);
+    assert.match(probe.detail, /is not on a bpffs mount/);
+  });
+
+  it('a sync that cannot attach rejects with the reason, and leaves nothing attached', async function () {
+    const notCgroup = new EbpfBackend({ cgroupPath: lab.scratch, bpffsPath: lab.bpffsPath });
+    await assert.rejects(notCgroup.sync(desiredOf(ALL_ENTRIES), { full: true }), {
+      name: 'BackendError',
+      message: new RegExp(`^ebpf attach failed: ${lab.scratch} is not a cgroup v2 directory`),
+    });
+    const noObject = new EbpfBackend({
+      cgroupPath: lab.cgroupPath,
+      bpffsPath: lab.bpffsPath,
+      objectPath: join(lab.scratch, 'absent.bpf.o'),
+    });
+    await assert.rejects(noObject.sync(desiredOf(ALL_ENTRIES), { full: true }), {
+      message: /^ebpf attach failed: open BPF object .*absent\.bpf\.o: No such file or directory/,
+    });
+    assert.deepEqual(cgroupPrograms(lab.cgroupPath), []);
+    await noObject.cleanup();
+  });
+
+  it('before any sync, a client in the cgroup reaches the external IP itself', async function () {
+    const r = await lab.client(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, String(PORT)]);
+    assert.match(String(r.reply), /^external /);
+  });
+
+  it('attaches the eight programs to the cgroup and pins links, programs and maps', async function () {
+    const result = await backend.sync(desiredOf(ALL_ENTRIES), { full: true });
+    assert.deepEqual(result, { mode: 'full', entries: { ipv4: 2, ipv6: 2 } });
+    const attached = cgroupPrograms(lab.cgroupPath);
+    assert.deepEqual(
+      attached.map((p) => p.attach_type).sort(),
+      [
+        'cgroup_inet4_connect',
+        'cgroup_inet4_getpeername',
+        'cgroup_inet6_connect',
+        'cgroup_inet6_getpeername',
+        'cgroup_udp4_recvmsg',
+        'cgroup_udp4_sendmsg',
+        'cgroup_udp6_recvmsg',
+        'cgroup_udp6_sendmsg',
+      ],
+    );
+    assert.deepEqual(readdirSync(join(lab.bpffsPath, 'maps')).sort(), ['entries_v4', 'entries_v6', 'socket_origins']);
+    assert.equal(readdirSync(join(lab.bpffsPath, 'links')).length, 8);
+    assert.equal(readdirSync(join(lab.bpffsPath, 'programs')).length, 8);
+  });
+
+  for (const family of ['ipv4', 'ipv6'] as const) {
+    for (const ns of [POD_NS, NODE_NS]) {
+      const where = ns === POD_NS ? 'a pod namespace' : 'the node namespace';
+      it(`${family} TCP from ${where}: answered by the ClusterIP, getpeername shows the external IP`, async function () {
+        const r = await lab.client(inCgroup(ns), ['tcp', ADDR[family].external, String(PORT)]);
+        assert.equal(r.error, undefined);
+        assert.equal(r.peer, ADDR[family].external);
+        assert.equal(r.peerPort, PORT);
+        const [tag, seenSource] = String(r.reply).split(' ');
+        assert.equal(tag, 'cluster');
+        // Nothing is NATed: the server sees the client's own address.
+        if (ns === POD_NS) assert.equal(seenSource, ADDR[family].pod);
+      });
+
+      it(`${family} unconnected UDP from ${where}: the reply comes from the external IP`, async function () {
+        const r = await lab.client(inCgroup(ns), ['udp', ADDR[family].external, String(PORT)]);
+        assert.equal(r.error, undefined);
+        assert.match(String(r.reply), /^cluster /);
+        assert.equal(r.from, ADDR[family].external);
+        assert.equal(r.fromPort, PORT);
+      });
+    }
+
+    it(`${family} connected UDP from a pod namespace: peer and reply source are the external IP`, async function () {
+      const r = await lab.client(inCgroup(POD_NS), ['udp-connected', ADDR[family].external, String(PORT)]);
+      assert.equal(r.error, undefined);
+      assert.match(String(r.reply), /^cluster /);
+      assert.equal(r.peer, ADDR[family].external);
+      assert.equal(r.from, ADDR[family].external);
+    });
+
+    it(`${family}: a port of the external IP that is no entry is not translated`, async function () {
+      const r = await lab.client(inCgroup(POD_NS), ['tcp', ADDR[family].external, String(OTHER_PORT)]);
+      assert.match(String(r.reply), /^external /);
+    });
+
+    it(`${family}: a process outside the cgroup is not translated`, async function () {
+      const tcp = await lab.client(outside(POD_NS), ['tcp', ADDR[family].external, String(PORT)]);
+      assert.match(String(tcp.reply), /^external /);
+      const udp = await lab.client(outside(POD_NS), ['udp', ADDR[family].external, String(PORT)]);
+      assert.match(String(udp.reply), /^external /);
+    });
+  }
+
+  it('an IPv6 socket connecting to an IPv4-mapped external IP is translated too', async function () {
+    const mapped = `::ffff:${ADDR.ipv4.external}`;
+    const r = await lab.client(inCgroup(POD_NS), ['tcp', mapped, String(PORT)]);
+    assert.equal(r.error, undefined);
+    assert.match(String(r.reply), /^cluster /);
+    assert.equal(r.peer, mapped);
+  });
+
+  it('the pinned maps have the layout the codec writes', async function () {
+    const load = loadEbpfAddon();
+    assert.ok(load.ok);
+    for (const [family, name] of [['ipv4', 'entries_v4'], ['ipv6', 'entries_v6']] as const) {
+      const map: PinnedMap = new load.addon.PinnedMap(join(lab.bpffsPath, 'maps', name));
+      try {
+        assert.equal(map.keySize, KEY_SIZE[family]);
+        assert.equal(map.valueSize, VALUE_SIZE[family]);
+        const dump = await map.dump();
+        const elements = decodeElements(family, dump.keys, dump.values);
+        assert.deepEqual(
+          elements.map((e) => `${e.externalIp} ${e.protocol} ${e.port} -> ${e.clusterIp} ${e.clusterPort}`).sort(),
+          ALL_ENTRIES.filter((e) => e.family === family)
+            .map((e) => `${e.externalIp} ${e.protocol} ${e.port} -> ${e.clusterIp} ${e.port}`)
+            .sort(),
+        );
+      } finally {
+        map.close();
+      }
+    }
+  });
+
+  it('a partial sync removing an entry removes its translation and nothing else', async function () {
+    const without = ALL_ENTRIES.filter((e) => !(e.family === 'ipv4' && e.protocol === 'TCP'));
+    const result = await backend.sync(desiredOf(without), { full: false });
+    assert.equal(result.mode, 'partial');
+    const tcp = await lab.client(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, String(PORT)]);
+    assert.match(String(tcp.reply), /^external /);
+    assert.equal(tcp.peer, ADDR.ipv4.external);
+    const udp = await lab.client(inCgroup(POD_NS), ['udp', ADDR.ipv4.external, String(PORT)]);
+    assert.match(String(udp.reply), /^cluster /);
+    assert.equal((await backend.sync(desiredOf(without), { full: false })).mode, 'noop');
+    // Put it back for the next tests.
+    assert.equal((await backend.sync(desiredOf(ALL_ENTRIES), { full: false })).mode, 'partial');
+    const again = await lab.client(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, String(PORT)]);
+    assert.match(String(again.reply), /^cluster /);
+  });
+
+  it('a full sync removes elements someone else wrote and rewrites changed ones', async function () {
+    const load = loadEbpfAddon();
+    assert.ok(load.ok);
+    const map: PinnedMap = new load.addon.PinnedMap(join(lab.bpffsPath, 'maps', 'entries_v4'));
+    try {
+      const stray = { ...entry('ipv4', 'TCP', 9999) };
+      const hijacked = { ...entry('ipv4', 'UDP'), clusterIp: '10.96.0.99' };
+      await map.update(encodeKeys('ipv4', [stray, hijacked]), encodeValues('ipv4', [stray, hijacked]));
+      assert.equal((await backend.sync(desiredOf(ALL_ENTRIES), { full: false })).mode, 'noop', 'partial trusts its memory');
+      assert.equal((await backend.sync(desiredOf(ALL_ENTRIES), { full: true })).mode, 'full');
+      const dump = await map.dump();
+      const elements = decodeElements('ipv4', dump.keys, dump.values);
+      assert.deepEqual(
+        elements.map((e) => `${e.protocol} ${e.port} -> ${e.clusterIp}`).sort(),
+        [`TCP ${PORT} -> ${ADDR.ipv4.cluster}`, `UDP ${PORT} -> ${ADDR.ipv4.cluster}`],
+      );
+    } finally {
+      map.close();
+    }
+  });
+
+  it('keeps translating while the controller process is killed and restarted on the same pins', async function () {
+    await backend.close();
+    const entriesJson = JSON.stringify(ALL_ENTRIES);
+    const controllerArgs = ['controller', lab.cgroupPath, lab.bpffsPath, entriesJson];
+    const first = lab.start(undefined, controllerArgs);
+    const firstReady = await first.first;
+    assert.equal(firstReady.ready, true, JSON.stringify(firstReady));
+
+    // A client connecting one connection after another through the whole restart.
+    const stopFile = join(lab.scratch, 'stop-loop');
+    const loop = lab.start(inCgroup(POD_NS), ['tcp-loop', ADDR.ipv4.external, String(PORT), stopFile]);
+
+    first.child.kill('SIGKILL');
+    await new Promise((r) => first.child.once('exit', r));
+    // The controller is down: new connections still go to the ClusterIP.
+    for (const family of ['ipv4', 'ipv6'] as const) {
+      const tcp = await lab.client(inCgroup(POD_NS), ['tcp', ADDR[family].external, String(PORT)]);
+      assert.match(String(tcp.reply), /^cluster /, `${family} TCP while the controller is down`);
+      assert.equal(tcp.peer, ADDR[family].external);
+      const udp = await lab.client(inCgroup(NODE_NS), ['udp', ADDR[family].external, String(PORT)]);
+      assert.match(String(udp.reply), /^cluster /, `${family} UDP while the controller is down`);
+    }
+
+    const second = lab.start(undefined, controllerArgs);
+    // Connections made while the new process loads, attaches and syncs.
+    const during = lab.client(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, String(PORT)]);
+    const secondReady = (await second.first) as {
+      ready: boolean;
+      mode: string;
+      links: Array<{ name: string; link: string; linkId: number }>;
+      maps: Array<{ name: string; id: number; reused: boolean }>;
+    };
+    assert.match(String((await during).reply), /^cluster /);
+    assert.equal(secondReady.ready, true, JSON.stringify(secondReady));
+    // The new process re-used the maps and swapped its programs into the same links.
+    const firstMaps = firstReady.maps as Array<{ name: string; id: number }>;
+    assert.deepEqual(
+      secondReady.maps.map((m) => [m.name, m.id, m.reused]),
+      firstMaps.map((m) => [m.name, m.id, true]),
+    );
+    const firstLinks = firstReady.links as Array<{ name: string; linkId: number }>;
+    assert.deepEqual(
+      secondReady.links.map((l) => [l.name, l.linkId, l.link]),
+      firstLinks.map((l) => [l.name, l.linkId, 'updated']),
+    );
+
+    const after = await lab.client(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, String(PORT)]);
+    assert.match(String(after.reply), /^cluster /);
+    writeFileSync(stopFile, '');
+    const loopResult = (await new Promise<Record<string, unknown>>((resolve) => {
+      const out: string[] = [];
+      loop.child.stdout!.on('data', (d) => out.push(String(d)));
+      loop.child.once('exit', () => resolve(JSON.parse(out.join('').trim().split('\n').pop()!) as Record<string, unknown>));
+    })) as { attempts: number; replies: Record<string, number>; errors: string[] };
+    assert.deepEqual(loopResult.errors, []);
+    assert.deepEqual(Object.keys(loopResult.replies), [`${ADDR.ipv4.external} cluster`]);
+    assert.ok(loopResult.attempts > 0);
+    second.child.kill('SIGKILL');
+    await new Promise((r) => second.child.once('exit', r));
+  });
+
+  it('cleanup removes programs, links and pins; a second cleanup succeeds', async function () {
+    const ids = cgroupPrograms(lab.cgroupPath).map((p) => p.id);
+    assert.equal(ids.length, 8);
+    const links = (bpftoolJson(['link', 'show']) as Array<{ id: number; prog_id: number }>).filter((l) =>
+      ids.includes(l.prog_id),
+    );
+    assert.equal(links.length, 8);
+
+    const fresh = new EbpfBackend({ cgroupPath: lab.cgroupPath, bpffsPath: lab.bpffsPath });
+    assert.equal(await fresh.hasState(), true);
+    await fresh.cleanup();
+    assert.deepEqual(cgroupPrograms(lab.cgroupPath), []);
+    assert.equal(existsSync(lab.bpffsPath), false);
+    assert.equal(await fresh.hasState(), false);
+    await waitUntil('links and programs are freed', () =>
+      links.every((l) => !objectExists('link', l.id)) && ids.every((id) => !objectExists('prog', id)),
+    );
+    const r = await lab.client(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, String(PORT)]);
+    assert.match(String(r.reply), /^external /);
+
+    await fresh.cleanup();
+    assert.deepEqual(cgroupPrograms(lab.cgroupPath), []);
+  });
+});

@@ -1,0 +1,286 @@
+// The iptables backend against the real kernel, for both variants: the listing reads like the
+// original controller's, KUBE-MARK-MASQ is used when present, rule 1 is kept, a kube-proxy
+// stand-in writing the same nat table concurrently loses nothing and neither do we, cleanup is
+// idempotent and safe without the tools. Runs as root inside `unshare --net --mount`.
+
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { execa } from 'execa';
+import { IptablesBackend, hasIptablesObjects } from '../../src/backends/iptables/iptables-backend.js';
+import { asSaved, parseNatSave, renderChainRules } from '../../src/backends/iptables/render.js';
+import { detectIptablesVariant, type IptablesVariant } from '../../src/backends/iptables/variant.js';
+import { buildDesiredState } from '../../src/model/desired-state.js';
+import type { Family } from '../../src/model/types.js';
+import { assertGolden } from '../support/golden.js';
+import { assertIsolatedNetns, sh } from '../support/node-network.js';
+import { CONFIG, NODE_INFO, SERVICES } from './scenario.js';
+import { SEED, seedDesired, type ListingRow } from '../support/seed-listing.js';
+
+const VARIANTS: readonly IptablesVariant[] = ['legacy', 'nft'];
+
+
+const iptables = (variant: IptablesVariant, family: Family = 'ipv4') =>
+  `${family === 'ipv4' ? 'iptables' : 'ip6tables'}-${variant}`;
+
+function natSave(variant: IptablesVariant, family: Family = 'ipv4'): string {
+  return sh(`${iptables(variant, family)}-save`, ['-t', 'nat']);
+}
+
+function restore(variant: IptablesVariant, input: string): void {
+  sh(`${iptables(variant)}-restore`, ['--noflush', '-w'], input);
+}
+
+/** `iptables -nvL` without the nft variant's "legacy tables present" warnings. */
+function listing(variant: IptablesVariant, chain: string): string {
+  return sh(iptables(variant), ['-w', '-t', 'nat', '-nvL', chain])
+    .split('\n')
+    .filter((l) => !l.startsWith('#'))
+    .join('\n');
+}
+
+/** Rows of a listing: target, source, destination, extras without the `tcp dpt:N` we add. */
+function listingRows(text: string): ListingRow[] {
+  return text
+    .split('\n')
+    .slice(2)
+    .filter((l) => l.trim().length > 0)
+    .map((l) => {
+      const cols = l.trim().split(/\s+/);
+      const extras = cols.slice(9).join(' ').replace(/ (tcp|udp|sctp) dpt:\d+/, '');
+      return [cols[2]!, cols[7]!, cols[8]!, extras];
+    });
+}
+
+function ruleLines(save: string, chain: string): string[] {
+  return save.split('\n').filter((l) => l.startsWith(`-A ${chain} `) || l === `-A ${chain}`);
+}
+
+function createKubeMarkMasq(variant: IptablesVariant): void {
+  restore(variant, '*nat\n:KUBE-MARK-MASQ - [0:0]\n-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\nCOMMIT\n');
+}
+
+function deleteKubeChains(variant: IptablesVariant): void {
+  const view = parseNatSave(natSave(variant));
+  const lines = ['*nat'];
+  for (const [chain, specs] of view.rules) {
+    if (chain.startsWith('KUBE-')) continue;
+    for (const spec of specs) if (/-j KUBE-/.test(spec)) lines.push(`-D ${chain} ${spec}`);
+  }
+  const kube = [...view.chains].filter((c) => c.startsWith('KUBE-'));
+  for (const c of kube) lines.push(`:${c} - [0:0]`);
+  for (const c of kube) lines.push(`-X ${c}`);
+  if (lines.length > 1) restore(variant, `${lines.join('\n')}\nCOMMIT\n`);
+}
+
+for (const variant of VARIANTS) {
+  describe(`iptables backend on the kernel (iptables-${variant})`, function () {
+    this.timeout(60_000);
+    let backend: IptablesBackend;
+
+    before(() => {
+      assertIsolatedNetns();
+      backend = new IptablesBackend(variant);
+    });
+    afterEach(async () => {
+      await backend.cleanup();
+      deleteKubeChains(variant);
+    });
+
+    it('programs what it renders, rule for rule, in both families', async () => {
+      const desired = buildDesiredState(SERVICES, NODE_INFO, CONFIG);
+      const result = await backend.sync(desired, { full: true });
+      assert.deepEqual(result.entries, { ipv4: desired.ipv4.entries.length, ipv6: desired.ipv6.entries.length });
+      for (const family of ['ipv4', 'ipv6'] as const) {
+        const save = natSave(variant, family);
+        const { rules } = renderChainRules(family, desired[family], desired.masqueradeMark, false);
+        const held = [...ruleLines(save, 'IPVS_PREROUTING'), ...ruleLines(save, 'IPVS_OUTPUT')];
+        assert.deepEqual(held, rules.map(asSaved));
+        const view = parseNatSave(save);
+        assert.equal(view.rules.get('PREROUTING')![0], '-j IPVS_PREROUTING');
+        assert.equal(view.rules.get('OUTPUT')![0], '-j IPVS_OUTPUT');
+      }
+      // A full resync of an unchanged table: iptables-legacy sees it holds our rules already.
+      const again = await backend.sync(desired, { full: true });
+      assert.equal(again.mode, variant === 'legacy' ? 'noop' : 'full');
+      assert.equal((await backend.sync(desired, { full: false })).mode, 'noop');
+    });
+
+    it("lists IPVS_OUTPUT and IPVS_PREROUTING like the original controller (with KUBE-MARK-MASQ)", async () => {
+      createKubeMarkMasq(variant);
+      await backend.sync(seedDesired(), { full: true });
+      for (const chain of ['IPVS_OUTPUT', 'IPVS_PREROUTING'] as const) {
+        const text = listing(variant, chain);
+        assert.match(text, new RegExp(`^Chain ${chain} \\(1 references\\)`));
+        // Each port adds a pair of rows; without protocol and port they are the original's rows.
+        const rows = listingRows(text).filter((row, i, all) => i < 2 || all[i - 2]!.join() !== row.join());
+        assert.deepEqual(rows, SEED[chain]);
+        // Both variants list the same text.
+        assertGolden(`iptables-listing-${chain}.txt`, text);
+      }
+    });
+
+    it('uses KUBE-MARK-MASQ when it exists and sets the mark itself when it does not', async () => {
+      const desired = seedDesired();
+      await backend.sync(desired, { full: true });
+      let rules = ruleLines(natSave(variant), 'IPVS_OUTPUT');
+      assert.ok(rules.filter((_, i) => i % 2 === 0).every((r) => r.endsWith('-j MARK --set-xmark 0x4000/0x4000')));
+      createKubeMarkMasq(variant);
+      await backend.sync(desired, { full: true });
+      rules = ruleLines(natSave(variant), 'IPVS_OUTPUT');
+      assert.ok(rules.filter((_, i) => i % 2 === 0).every((r) => r.endsWith('-j KUBE-MARK-MASQ')));
+      assert.ok(rules.filter((_, i) => i % 2 === 1).every((r) => r.includes('-j DNAT --to-destination')));
+    });
+
+    it('takes rule 1 back, once, after kube-proxy prepends its own jump, keeping kube-proxy\'s rule', async () => {
+      const desired = seedDesired();
+      await backend.sync(desired, { full: true });
+      const portals = '-m comment --comment "kubernetes service portals" -j KUBE-SERVICES';
+      restore(variant, `*nat\n:KUBE-SERVICES - [0:0]\n-I PREROUTING 1 ${portals}\n-A OUTPUT -j IPVS_OUTPUT\nCOMMIT\n`);
+      let view = parseNatSave(natSave(variant));
+      assert.equal(view.rules.get('PREROUTING')![0], portals);
+      assert.equal(view.rules.get('OUTPUT')!.length, 2);
+      await backend.sync(desired, { full: true });
+      view = parseNatSave(natSave(variant));
+      assert.deepEqual(view.rules.get('PREROUTING'), ['-j IPVS_PREROUTING', portals]);
+      assert.deepEqual(view.rules.get('OUTPUT'), ['-j IPVS_OUTPUT']);
+    });
+
+    it('a kube-proxy stand-in restoring the same nat table concurrently loses no rule, and neither do we', async () => {
+      const a = seedDesired();
+      const b = buildDesiredState(SERVICES, NODE_INFO, CONFIG);
+      createKubeMarkMasq(variant);
+      const standInRounds = 60;
+      // kube-proxy's way: --noflush restores that rewrite its chains, add a per-round chain and
+      // delete the previous one, and put rules in PREROUTING / OUTPUT after ours (every 5th
+      // round before ours, as kube-proxy prepends its jump). A restore that fails means a rule
+      // it wrote earlier was lost.
+      const standIn = async () => {
+        for (let i = 0; i < standInRounds; i++) {
+          const lines = [
+            '*nat',
+            ':KUBE-SERVICES - [0:0]',
+            ':KUBE-MARK-MASQ - [0:0]',
+            `:KUBE-SEP-${i} - [0:0]`,
+            '-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000',
+            `-A KUBE-SERVICES -d 10.97.0.${i}/32 -p tcp -m tcp --dport 80 -j KUBE-SEP-${i}`,
+            `-A KUBE-SEP-${i} -p tcp -j DNAT --to-destination 10.98.0.${i}:80`,
+          ];
+          if (i > 0) lines.push(`:KUBE-SEP-${i - 1} - [0:0]`, `-X KUBE-SEP-${i - 1}`);
+          for (const chain of ['PREROUTING', 'OUTPUT']) {
+            const where = i % 5 === 0 ? `-I ${chain} 1` : `-A ${chain}`;
+            lines.push(`${where} -m comment --comment "stand-in ${i}" -j KUBE-SERVICES`);
+            if (i > 0) lines.push(`-D ${chain} -m comment --comment "stand-in ${i - 1}" -j KUBE-SERVICES`);
+          }
+          lines.push('COMMIT', '');
+          await execa(`${iptables(variant)}-restore`, ['--noflush', '-w'], { input: lines.join('\n') });
+        }
+      };
+      const ours = async () => {
+        for (let i = 0; i < 30; i++) await backend.sync(i % 2 === 0 ? a : b, { full: true });
+      };
+      const outcomes = await Promise.allSettled([standIn(), ours()]);
+      for (const o of outcomes) if (o.status === 'rejected') throw o.reason;
+      await backend.sync(b, { full: true });
+
+      const save = natSave(variant);
+      const view = parseNatSave(save);
+      const last = standInRounds - 1;
+      for (const chain of ['PREROUTING', 'OUTPUT']) {
+        const specs = view.rules.get(chain)!;
+        assert.equal(specs[0], `-j IPVS_${chain}`, `rule 1 of ${chain} is our jump`);
+        assert.equal(specs.filter((s) => s.includes('-j IPVS_')).length, 1, `one jump in ${chain}`);
+        assert.deepEqual(specs.slice(1), [`-m comment --comment "stand-in ${last}" -j KUBE-SERVICES`]);
+      }
+      assert.deepEqual(view.rules.get('KUBE-SERVICES'), [
+        `-d 10.97.0.${last}/32 -p tcp -m tcp --dport 80 -j KUBE-SEP-${last}`,
+      ]);
+      assert.deepEqual(
+        [...view.chains].filter((c) => c.startsWith('KUBE-SEP-')),
+        [`KUBE-SEP-${last}`],
+      );
+      const { rules } = renderChainRules('ipv4', b.ipv4, b.masqueradeMark, true);
+      assert.deepEqual([...ruleLines(save, 'IPVS_PREROUTING'), ...ruleLines(save, 'IPVS_OUTPUT')], rules.map(asSaved));
+    });
+
+    it('cleanup removes chains and jumps only, and a second cleanup succeeds', async () => {
+      createKubeMarkMasq(variant);
+      await backend.sync(seedDesired(), { full: true });
+      assert.ok(await hasIptablesObjects(variant));
+      await backend.cleanup();
+      await backend.cleanup();
+      assert.ok(!(await hasIptablesObjects(variant)));
+      for (const family of ['ipv4', 'ipv6'] as const) {
+        const save = natSave(variant, family);
+        assert.ok(!save.includes('IPVS_'), `${family}: nothing of ours is left`);
+      }
+      assert.ok(parseNatSave(natSave(variant)).chains.has('KUBE-MARK-MASQ'), "kube-proxy's chain is kept");
+    });
+
+    it('is safe to clean up, and says what to install, when the iptables commands are missing', async () => {
+      const emptyPath = mkdtempSync(join(tmpdir(), 'no-iptables-'));
+      const path = process.env.PATH;
+      process.env.PATH = emptyPath;
+      try {
+        const missing = new IptablesBackend(variant);
+        await missing.cleanup();
+        await assert.rejects(missing.sync(seedDesired(), { full: true }), /install the iptables package/);
+        const probed = await missing.probe();
+        assert.equal(probed.ok, false);
+        assert.match(probed.detail, /install the iptables package/);
+      } finally {
+        process.env.PATH = path;
+        rmSync(emptyPath, { recursive: true, force: true });
+      }
+    });
+  });
+}
+
+describe('iptables variant detection (kube-proxy iptables-wrapper rules)', function () {
+  this.timeout(30_000);
+  before(() => assertIsolatedNetns());
+  afterEach(() => {
+    for (const variant of VARIANTS) {
+      for (const [table, chain] of [
+        ['filter', 'DETECT-TEST'],
+        ['mangle', 'KUBE-IPTABLES-HINT'],
+      ] as const) {
+        try {
+          sh(iptables(variant), ['-w', '-t', table, '-F', chain]);
+          sh(iptables(variant), ['-w', '-t', table, '-X', chain]);
+        } catch {
+          // not created by this test
+        }
+      }
+    }
+  });
+
+  it('goes to nft on a tie, and does not count our own rules', async () => {
+    const ours = new IptablesBackend('legacy');
+    await ours.sync(seedDesired(), { full: true });
+    try {
+      const choice = await detectIptablesVariant();
+      assert.equal(choice.variant, 'nft', choice.reason);
+      assert.match(choice.reason, /ties go to nft/);
+    } finally {
+      await ours.cleanup();
+    }
+  });
+
+  it('follows the variant that holds more rules', async () => {
+    const twoRules = '*filter\n:DETECT-TEST - [0:0]\n-A DETECT-TEST -j RETURN\n-A DETECT-TEST -j RETURN\nCOMMIT\n';
+    sh('iptables-legacy-restore', ['--noflush', '-w'], twoRules);
+    const choice = await detectIptablesVariant();
+    assert.equal(choice.variant, 'legacy', choice.reason);
+  });
+
+  it("follows the kubelet's hint chain before rule counts", async () => {
+    const oneRule = '*filter\n:DETECT-TEST - [0:0]\n-A DETECT-TEST -j RETURN\nCOMMIT\n';
+    sh('iptables-legacy-restore', ['--noflush', '-w'], oneRule);
+    sh('iptables-nft-restore', ['--noflush', '-w'], '*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n');
+    const choice = await detectIptablesVariant();
+    assert.equal(choice.variant, 'nft', choice.reason);
+    assert.match(choice.reason, /hint chain/);
+  });
+});

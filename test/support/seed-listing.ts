@@ -1,0 +1,42 @@
+// The original controller's README listing (test/golden/iptables-seed-listing.json) and the
+// Services behind it, for the iptables renderer and kernel tests.
+
+import { readFileSync } from 'node:fs';
+import { buildDesiredState } from '../../src/model/desired-state.js';
+import type { DesiredState, ModelConfig, ServiceInfo } from '../../src/model/types.js';
+
+export type ListingRow = [target: string, source: string, destination: string, extras: string];
+
+export interface SeedListing {
+  podCidr: string;
+  services: Array<{ name: string; clusterIP: string; externalIP: string; ports: number[] }>;
+  IPVS_OUTPUT: ListingRow[];
+  IPVS_PREROUTING: ListingRow[];
+}
+
+export const SEED = JSON.parse(
+  readFileSync(new URL('../../../test/golden/iptables-seed-listing.json', import.meta.url), 'utf8'),
+) as SeedListing;
+
+export const SEED_CONFIG: ModelConfig = {
+  detectLocalMode: 'NodeCIDR',
+  clusterCidrs: [],
+  masqueradeBit: 14,
+  localTrafficPolicyOnly: false,
+};
+
+export function seedServices(): ServiceInfo[] {
+  return SEED.services.map((s) => ({
+    namespace: 'default',
+    name: s.name,
+    type: 'LoadBalancer',
+    clusterIP: s.clusterIP,
+    ports: s.ports.map((port) => ({ port, protocol: 'TCP' })),
+    ingress: [{ ip: s.externalIP }],
+  }));
+}
+
+/** The desired state of the seed's Services on a node with the seed's pod CIDR. */
+export function seedDesired(config: ModelConfig = SEED_CONFIG): DesiredState {
+  return buildDesiredState(seedServices(), { name: 'node-1', podCIDRs: [SEED.podCidr] }, config);
+}

@@ -1,0 +1,157 @@
+// Service Events (--emit-events) recorded through the real client against the API stand-in, and
+// read back the way an operator reads them: kubectl describe / get events.
+
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Writable } from 'node:stream';
+import { promisify } from 'node:util';
+import { KubeConfig } from '@kubernetes/client-node';
+import { pino } from 'pino';
+import { ServiceEventRecorder, SKIP_EXPLANATIONS } from '../../src/events/service-events.js';
+import { toServiceInfo } from '../../src/kube/objects.js';
+import { buildDesiredState } from '../../src/model/desired-state.js';
+import { SKIP_REASONS, type DesiredState, type ServiceInfo } from '../../src/model/types.js';
+import { ApiStandIn } from '../support/api-server.js';
+
+const run = promisify(execFile);
+
+const SERVICES = [
+  {
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: { namespace: 'shop', name: 'web', creationTimestamp: '2024-01-01T00:00:00Z' },
+    spec: { type: 'LoadBalancer', clusterIP: '10.96.0.10', clusterIPs: ['10.96.0.10'], ports: [{ port: 80, protocol: 'TCP' }] },
+    status: { loadBalancer: { ingress: [{ ip: '192.0.2.10' }, { ip: '192.0.2.20', ipMode: 'Proxy' }] } },
+  },
+  {
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: { namespace: 'shop', name: 'late', creationTimestamp: '2024-02-01T00:00:00Z' },
+    spec: { type: 'LoadBalancer', clusterIP: '10.96.0.11', clusterIPs: ['10.96.0.11'], ports: [{ port: 80, protocol: 'TCP' }] },
+    status: { loadBalancer: { ingress: [{ ip: '192.0.2.10' }] } },
+  },
+  {
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: { namespace: 'shop', name: 'headless', creationTimestamp: '2024-03-01T00:00:00Z' },
+    spec: { type: 'ClusterIP', clusterIP: 'None', clusterIPs: ['None'], externalIPs: ['198.51.100.7'], ports: [{ port: 443 }] },
+  },
+];
+
+type Json = Record<string, any>;
+
+describe('Service Events', function () {
+  this.timeout(30_000);
+  let server: ApiStandIn;
+  let kc: KubeConfig;
+  let services: { list(): ServiceInfo[] };
+  let desired: DesiredState;
+  const logLines: string[] = [];
+  const logger = pino(
+    { level: 'info' },
+    new Writable({
+      write(chunk: Buffer, _enc, done) {
+        logLines.push(chunk.toString());
+        done();
+      },
+    }),
+  );
+
+  beforeEach(async () => {
+    logLines.length = 0;
+    server = await ApiStandIn.start();
+    for (const s of SERVICES) server.apply(s);
+    kc = new KubeConfig();
+    kc.loadFromString(server.kubeconfig());
+    services = { list: () => server.list('Service').map(toServiceInfo).filter((s): s is ServiceInfo => s !== undefined) };
+    desired = buildDesiredState(services.list(), undefined, {
+      detectLocalMode: 'NodeCIDR',
+      clusterCidrs: [],
+      masqueradeBit: 14,
+      localTrafficPolicyOnly: false,
+    });
+  });
+  afterEach(async () => server.stop());
+
+  const events = (): Json[] => server.list('Event');
+
+  it('records one Event per skip and per lost conflict, on the Service, with its uid', async () => {
+    assert.deepEqual(
+      desired.skips.map((s) => `${s.service} ${s.reason}`),
+      ['shop/headless headless', 'shop/web ipModeProxy'],
+    );
+    assert.equal(desired.conflicts.length, 1);
+    const recorder = new ServiceEventRecorder({ kubeConfig: kc, nodeName: 'node-1', services, logger });
+    recorder.onNewSkips(desired.skips);
+    recorder.onNewConflicts(desired.conflicts);
+    await recorder.flush();
+
+    const byService = new Map(events().map((e) => [`${e.involvedObject.namespace}/${e.involvedObject.name}`, e]));
+    assert.equal(events().length, 3);
+    const uid = (name: string) => server.get('Service', 'shop', name)!.metadata.uid;
+
+    const proxy = byService.get('shop/web')!;
+    assert.equal(proxy.type, 'Normal', 'ipMode Proxy is the intended behaviour, not a problem');
+    assert.equal(proxy.reason, 'ExternalAddressSkipped');
+    assert.equal(proxy.involvedObject.uid, uid('web'));
+    assert.equal(proxy.involvedObject.kind, 'Service');
+    assert.equal(proxy.source.component, 'ipvs-node-controller');
+    assert.equal(proxy.source.host, 'node-1');
+    assert.equal(proxy.count, 1);
+    assert.match(proxy.message, /^ingress 192\.0\.2\.20: not translated .*\(ipModeProxy\)/);
+
+    const headless = byService.get('shop/headless')!;
+    assert.equal(headless.type, 'Warning');
+    assert.ok(headless.message.includes(SKIP_EXPLANATIONS.headless));
+
+    const conflict = byService.get('shop/late')!;
+    assert.equal(conflict.type, 'Warning');
+    assert.equal(conflict.reason, 'ExternalAddressConflict');
+    assert.equal(conflict.involvedObject.uid, uid('late'));
+    assert.match(conflict.message, /^192\.0\.2\.10 TCP\/80 is also claimed by the older Service shop\/web/);
+    assert.deepEqual(logLines, []);
+  });
+
+  it('records the same report once however many nodes (or restarts) report it', async () => {
+    for (const node of ['node-1', 'node-2', 'node-1']) {
+      const recorder = new ServiceEventRecorder({ kubeConfig: kc, nodeName: node, services, logger });
+      recorder.onNewSkips(desired.skips);
+      recorder.onNewConflicts(desired.conflicts);
+      await recorder.flush();
+    }
+    assert.equal(events().length, 3);
+    assert.ok(events().every((e) => e.source.host === 'node-1'));
+    assert.deepEqual(logLines, [], 'AlreadyExists is not an error worth a log line');
+  });
+
+  it('skips Services deleted meanwhile, and bounds its queue with one log line for the dropped', async () => {
+    const recorder = new ServiceEventRecorder({ kubeConfig: kc, nodeName: 'node-1', services, logger, maxQueued: 2 });
+    const many = SKIP_REASONS.map((reason) => ({ service: 'shop/web', reason, detail: `detail of ${reason}` }));
+    recorder.onNewSkips([{ service: 'shop/gone', reason: 'headless', detail: 'x' }, ...many]);
+    await recorder.flush();
+    // The first one is in flight at once (and dropped: no such Service), two wait, the rest are dropped.
+    assert.equal(events().length, 2);
+    assert.equal(logLines.length, 1);
+    assert.match(JSON.parse(logLines[0]!).msg, /^too many Events at once/);
+  });
+
+  it('shows up in kubectl describe service', async () => {
+    const recorder = new ServiceEventRecorder({ kubeConfig: kc, nodeName: 'node-1', services, logger });
+    recorder.onNewConflicts(desired.conflicts);
+    await recorder.flush();
+    const dir = await mkdtemp(join(tmpdir(), 'events-kubectl-'));
+    try {
+      await server.writeKubeconfig(join(dir, 'kubeconfig'));
+      const kubectl = (...args: string[]) => run('kubectl', ['--kubeconfig', join(dir, 'kubeconfig'), ...args]);
+      const { stdout } = await kubectl('describe', 'service', '-n', 'shop', 'late');
+      assert.match(stdout, /Warning\s+ExternalAddressConflict\s+\S+\s+ipvs-node-controller\s+192\.0\.2\.10 TCP\/80 is also/);
+      // describe finds Events by the Service's uid: the other Service shows none.
+      assert.doesNotMatch((await kubectl('describe', 'service', '-n', 'shop', 'web')).stdout, /ExternalAddressConflict/);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});

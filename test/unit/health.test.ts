@@ -1,0 +1,219 @@
+// Liveness and readiness judgements through their states, the informers' report of the API
+// server's reachability (against the API stand-in), and the HTTP endpoint.
+
+import assert from 'node:assert/strict';
+import { KubeConfig } from '@kubernetes/client-node';
+import type { ControllerStatus } from '../../src/controller.js';
+import { ApiReachability, judgeLiveness, judgeReadiness, type HealthInputs } from '../../src/health/health.js';
+import { startHealthEndpoint } from '../../src/health/health-server.js';
+import type { HttpEndpoint } from '../../src/health/http-endpoint.js';
+import { createClusterCaches, type ClusterCaches } from '../../src/kube/cluster.js';
+import { ApiStandIn } from '../support/api-server.js';
+import { httpGet } from '../support/scrape.js';
+
+const PERIOD = 30_000;
+const T0 = 1_700_000_000_000;
+
+function inputs(status: Partial<ControllerStatus>, api: ApiReachability, now: number): HealthInputs {
+  return {
+    status: { cachesSynced: false, localPodMatchProblems: [], ...status },
+    api,
+    syncPeriodMs: PERIOD,
+    startedAt: T0,
+    now,
+  };
+}
+
+/** An ApiReachability whose clock the test sets. */
+function reachability(): { api: ApiReachability; at(t: number): void } {
+  let now = T0;
+  return { api: new ApiReachability(() => now), at: (t) => (now = t) };
+}
+
+describe('liveness (/healthz)', () => {
+  it('holds while the caches have not synced, however long that takes', () => {
+    const { api } = reachability();
+    api.onError('services', new Error('connection refused'));
+    const j = judgeLiveness(inputs({}, api, T0 + 100 * PERIOD));
+    assert.equal(j.ok, true);
+    assert.match(j.detail, /waiting for the Service and Node caches/);
+  });
+
+  it('gives the first sync 2 x sync-period from the moment the caches synced', () => {
+    const clock = reachability();
+    clock.at(T0 + 5 * PERIOD);
+    clock.api.onList('services');
+    clock.at(T0 + 6 * PERIOD);
+    clock.api.onList('nodes');
+    const synced = T0 + 6 * PERIOD;
+    const at = (now: number, lastError?: string) => judgeLiveness(inputs({ cachesSynced: true, lastError }, clock.api, now));
+    assert.equal(at(synced + 2 * PERIOD).ok, true);
+    assert.match(at(synced + PERIOD).detail, /first sync pending/);
+    const failed = at(synced + 2 * PERIOD + 1, 'nft: Operation not permitted');
+    assert.equal(failed.ok, false);
+    assert.equal(failed.detail, 'no successful sync for 60s (limit: 2 x --sync-period = 60s): nft: Operation not permitted');
+  });
+
+  it('fails once the last successful sync is older than 2 x sync-period, and recovers with the next', () => {
+    const { api } = reachability();
+    const last = T0 + 1000;
+    const at = (now: number, lastSuccessfulSyncAt = last) =>
+      judgeLiveness(inputs({ cachesSynced: true, lastSuccessfulSyncAt, lastError: 'disk full' }, api, now));
+    assert.equal(at(last + 2 * PERIOD).ok, true);
+    assert.deepEqual(at(last + 2 * PERIOD).warnings, ['last sync failed: disk full']);
+    assert.equal(at(last + 2 * PERIOD + 1).ok, false);
+    assert.match(at(last + 2 * PERIOD + 1).detail, /: disk full$/);
+    assert.equal(at(last + 5 * PERIOD, last + 5 * PERIOD - 10).ok, true);
+  });
+});
+
+describe('readiness (/readyz)', () => {
+  it('waits for the caches, then for the first sync, then is ready', () => {
+    const { api } = reachability();
+    const notSynced = judgeReadiness(inputs({}, api, T0));
+    assert.equal(notSynced.ok, false);
+    assert.equal(notSynced.detail, 'waiting for the Service and Node caches to sync');
+    api.onList('services');
+    api.onList('nodes');
+    const noSync = judgeReadiness(inputs({ cachesSynced: true, lastError: 'nft: x' }, api, T0 + 10));
+    assert.equal(noSync.ok, false);
+    assert.equal(noSync.detail, 'waiting for the first sync: nft: x');
+    const ready = judgeReadiness(inputs({ cachesSynced: true, lastSuccessfulSyncAt: T0 + 20 }, api, T0 + 1020));
+    assert.equal(ready.ok, true);
+    assert.equal(ready.detail, 'last successful sync 1.0s ago');
+  });
+
+  it('says why the caches are not synced when the API server cannot be reached', () => {
+    const clock = reachability();
+    clock.api.onError('nodes', new Error('forbidden: nodes is forbidden'));
+    const j = judgeReadiness(inputs({}, clock.api, T0 + 4000));
+    assert.equal(
+      j.detail,
+      'waiting for the Service and Node caches to sync: the API server has been unreachable for 4.0s (nodes: forbidden: nodes is forbidden)',
+    );
+  });
+
+  it('stays ready through a short API outage (with a warning) and fails after 2 x sync-period', () => {
+    const clock = reachability();
+    const status = { cachesSynced: true, lastSuccessfulSyncAt: T0 };
+    clock.at(T0 + 1000);
+    clock.api.onError('services', new Error('ECONNRESET'));
+    clock.at(T0 + 40_000);
+    clock.api.onError('services', new Error('ECONNREFUSED')); // a retry: the outage still began at +1s
+    const short = judgeReadiness(inputs({ ...status, lastSuccessfulSyncAt: T0 + 30_000 }, clock.api, T0 + 41_000));
+    assert.equal(short.ok, true);
+    assert.deepEqual(short.warnings, ['the API server has been unreachable for 40s (services: ECONNREFUSED)']);
+    const long = judgeReadiness(inputs({ ...status, lastSuccessfulSyncAt: T0 + 60_000 }, clock.api, T0 + 61_001));
+    assert.equal(long.ok, false);
+    assert.equal(long.detail, 'the API server has been unreachable for 60s (services: ECONNREFUSED); the last programmed rules are kept');
+    // Liveness is not affected: the resyncs from the cache go on.
+    assert.equal(judgeLiveness(inputs({ ...status, lastSuccessfulSyncAt: T0 + 60_000 }, clock.api, T0 + 61_001)).ok, true);
+    clock.api.onWatch('services');
+    assert.equal(judgeReadiness(inputs({ ...status, lastSuccessfulSyncAt: T0 + 60_000 }, clock.api, T0 + 61_002)).ok, true);
+  });
+
+  it('is not ready while liveness fails, and reports missing local pod detection as a warning', () => {
+    const { api } = reachability();
+    const stale = judgeReadiness(inputs({ cachesSynced: true, lastSuccessfulSyncAt: T0 }, api, T0 + 2 * PERIOD + 1));
+    assert.equal(stale.ok, false);
+    assert.match(stale.detail, /^no successful sync for/);
+    const partial = judgeReadiness(
+      inputs(
+        { cachesSynced: true, lastSuccessfulSyncAt: T0, localPodMatchProblems: ['ipv6: the Node has no IPv6 podCIDR'] },
+        api,
+        T0 + 5,
+      ),
+    );
+    assert.equal(partial.ok, true);
+    assert.deepEqual(partial.warnings, ['traffic from pods is not translated: ipv6: the Node has no IPv6 podCIDR']);
+  });
+});
+
+describe('API reachability as the informers report it', function () {
+  this.timeout(30_000);
+  let server: ApiStandIn;
+  let caches: ClusterCaches | undefined;
+
+  beforeEach(async () => {
+    server = await ApiStandIn.start({ bookmarkIntervalMs: 50 });
+    server.apply({ apiVersion: 'v1', kind: 'Node', metadata: { name: 'node-1' }, spec: { podCIDRs: ['10.244.1.0/24'] } });
+  });
+  afterEach(async () => {
+    await caches?.services.stop();
+    await caches?.node.stop();
+    await server.stop();
+  });
+
+  async function waitFor(cond: () => boolean, what: string): Promise<void> {
+    const deadline = Date.now() + 15_000;
+    while (!cond()) {
+      if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  }
+
+  it('marks the outage from its first error through the retries, and clears it when a watch is re-established', async () => {
+    const kc = new KubeConfig();
+    kc.loadFromString(server.kubeconfig());
+    const recovered: string[] = [];
+    const api = new ApiReachability(Date.now, (resource) => recovered.push(resource));
+    const errors: string[] = [];
+    caches = createClusterCaches(kc, 'node-1', () => undefined, {
+      onList: (r) => api.onList(r),
+      onWatch: (r) => api.onWatch(r),
+      onError: (r, err) => {
+        errors.push(r);
+        api.onError(r, err);
+      },
+    });
+    caches.services.start();
+    caches.node.start();
+    await Promise.all([caches.services.waitForSync(), caches.node.waitForSync()]);
+    await waitFor(() => api.lastFirstListAt() !== undefined, 'the first lists');
+    assert.equal(api.unreachable(), undefined);
+
+    server.setUnavailable(true);
+    await waitFor(() => api.unreachable() !== undefined, 'the outage to be seen');
+    const since = api.unreachable()!.since;
+    // The informers retry (watch requests that fail): the outage keeps its beginning.
+    await waitFor(() => errors.filter((r) => r === 'services').length >= 3, 'three failed attempts');
+    assert.equal(api.unreachable()!.since, since);
+
+    server.setUnavailable(false);
+    await waitFor(() => api.unreachable() === undefined, 'the watches to be re-established');
+    assert.deepEqual(recovered.sort(), ['nodes', 'services']);
+  });
+});
+
+describe('health endpoint', () => {
+  let endpoint: HttpEndpoint | undefined;
+  afterEach(async () => endpoint?.close());
+
+  it('answers /healthz and /readyz with 200 or 503 and a JSON reason', async () => {
+    const api = new ApiReachability();
+    let current: HealthInputs = inputs({}, api, T0);
+    endpoint = await startHealthEndpoint({ host: '127.0.0.1', port: 0 }, () => current);
+    const base = `http://127.0.0.1:${endpoint.address.port}`;
+    const get = async (path: string) => {
+      const a = await httpGet(base + path);
+      assert.equal(a.contentType, 'application/json');
+      return { status: a.status, body: JSON.parse(a.body) as Record<string, unknown> };
+    };
+    assert.equal((await get('/healthz')).status, 200);
+    const notReady = await get('/readyz');
+    assert.equal(notReady.status, 503);
+    assert.equal(notReady.body.status, 'fail');
+    assert.equal(notReady.body.lastSuccessfulSync, null);
+
+    current = inputs({ cachesSynced: true, lastSuccessfulSyncAt: T0 }, api, T0 + 1);
+    const ready = await get('/readyz');
+    assert.equal(ready.status, 200);
+    assert.equal(ready.body.lastSuccessfulSync, new Date(T0).toISOString());
+
+    current = inputs({ cachesSynced: true, lastSuccessfulSyncAt: T0, lastError: 'x' }, api, T0 + 3 * PERIOD);
+    const dead = await get('/healthz');
+    assert.equal(dead.status, 503);
+    assert.match(String(dead.body.detail), /no successful sync for 90s/);
+    assert.equal((await httpGet(`${base}/metrics`)).status, 404);
+  });
+});

@@ -1,0 +1,368 @@
+// The iptables renderer: golden restore inputs, the original controller's listing shape, jump
+// repairs, cleanup input and render-time validation. Pure: no iptables is run here.
+// UPDATE_GOLDEN=1 rewrites the golden files from the current renderer (review the diff).
+
+import assert from 'node:assert/strict';
+import {
+  KUBE_MARK_MASQ,
+  emptyNatTable,
+  formatMark,
+  hasOurObjects,
+  interfaceNameProblem,
+  isOurRule,
+  parseNatSave,
+  renderChainRules,
+  renderCleanupRestore,
+  renderDesiredStateRestoreText,
+  renderFamilyRestore,
+  renderJumpRepairs,
+  type NatTableView,
+} from '../../src/backends/iptables/render.js';
+import { countForeignRules, countHintChains } from '../../src/backends/iptables/variant.js';
+import { buildDesiredState } from '../../src/model/desired-state.js';
+import { assertGolden } from '../support/golden.js';
+import { SEED, SEED_CONFIG, seedDesired, seedServices, type ListingRow } from '../support/seed-listing.js';
+import type { Entry, FamilyState } from '../../src/model/types.js';
+
+const CONFIG = SEED_CONFIG;
+const SEED_POD_CIDR = SEED.podCidr;
+
+function withKubeMarkMasq(): NatTableView {
+  const view = emptyNatTable();
+  view.chains.add(KUBE_MARK_MASQ);
+  return view;
+}
+
+/**
+ * A rendered rule as `iptables -nvL` shows it, with protocol and port left out: the columns
+ * target, source, destination, then the comment, ADDRTYPE and `to:` extras.
+ */
+function asListingRow(rule: string): { chain: string; row: ListingRow } {
+  const arg = (flag: string) => new RegExp(`(?:^| )${flag} (\\S+)`).exec(rule)?.[1];
+  const comment = /--comment "([^"]*)"/.exec(rule)![1]!;
+  const addrtype = rule.includes('-m addrtype --src-type LOCAL') ? ' ADDRTYPE match src-type LOCAL' : '';
+  const to = arg('--to-destination');
+  return {
+    chain: arg('-A')!,
+    row: [
+      arg('-j')!,
+      arg('-s') ?? '0.0.0.0/0',
+      arg('-d')!.replace(/\/32$/, ''),
+      `/* ${comment} */${addrtype}${to ? ` to:${to}` : ''}`,
+    ],
+  };
+}
+
+function entry(partial: Partial<Entry>): Entry {
+  return {
+    family: 'ipv4',
+    externalIp: '192.0.2.10',
+    protocol: 'TCP',
+    port: 80,
+    clusterIp: '10.96.0.10',
+    service: 'default/svc-a',
+    ...partial,
+  };
+}
+
+describe('iptables renderer', () => {
+  describe('golden restore inputs', () => {
+    it('renders the original listing\'s Services with KUBE-MARK-MASQ (seed shape)', () => {
+      const desired = seedDesired();
+      const r = renderFamilyRestore('ipv4', desired.ipv4, desired.masqueradeMark, withKubeMarkMasq());
+      assert.deepEqual(r.rejected, []);
+      assert.equal(r.programmed, 4);
+      assertGolden('iptables-seed-shape.txt', r.text);
+    });
+
+    it('renders shared IPs, UDP and SCTP, two pod CIDRs, and MARK when KUBE-MARK-MASQ is absent', () => {
+      const state: FamilyState = {
+        entries: [
+          entry({ port: 80, service: 'default/web' }),
+          entry({ port: 443, service: 'default/web' }),
+          entry({ port: 53, protocol: 'UDP', clusterIp: '10.96.0.53', service: 'kube-system/dns' }),
+          entry({ port: 3868, protocol: 'SCTP', clusterIp: '10.96.0.99', service: 'telecom/diameter' }),
+        ],
+        localPodMatch: { kind: 'cidrs', cidrs: ['10.244.0.0/16', '10.245.0.0/16'] },
+      };
+      const r = renderFamilyRestore('ipv4', state, 1 << 14, emptyNatTable());
+      assert.deepEqual(r.rejected, []);
+      assertGolden('iptables-shared-ip-mark.txt', r.text);
+    });
+
+    it('renders IPv6 with an interface name prefix', () => {
+      const state: FamilyState = {
+        entries: [
+          entry({ family: 'ipv6', externalIp: '2001:db8::10', clusterIp: 'fd00::10', service: 'default/svc-a6' }),
+        ],
+        localPodMatch: { kind: 'interfacePrefix', prefix: 'veth' },
+      };
+      const r = renderFamilyRestore('ipv6', state, 0x4000, emptyNatTable());
+      assertGolden('iptables-ipv6-interface-prefix.txt', r.text);
+    });
+
+    it('renders the bridge interface mode', () => {
+      const state: FamilyState = { entries: [entry({})], localPodMatch: { kind: 'interface', name: 'cni0' } };
+      assertGolden('iptables-bridge-interface.txt', renderFamilyRestore('ipv4', state, 0x4000, emptyNatTable()).text);
+    });
+
+    it('renders no prerouting rules, and keeps the chain, when local pods cannot be recognised', () => {
+      const state: FamilyState = {
+        entries: [entry({})],
+        localPodMatch: { kind: 'none', reason: 'node has no podCIDRs' },
+      };
+      const r = renderFamilyRestore('ipv4', state, 0x4000, emptyNatTable());
+      assert.ok(!r.text.includes('-A IPVS_PREROUTING'));
+      assert.ok(r.text.includes(':IPVS_PREROUTING - [0:0]'));
+      assert.ok(r.text.includes('-I PREROUTING 1 -j IPVS_PREROUTING'));
+      assertGolden('iptables-no-local-pod-match.txt', r.text);
+    });
+
+    it('renders both families for --dry-run', () => {
+      const desired = buildDesiredState(
+        [
+          ...seedServices(),
+          {
+            namespace: 'default',
+            name: 'dual',
+            type: 'LoadBalancer',
+            clusterIPs: ['10.96.0.20', 'fd00::20'],
+            ports: [{ port: 80, protocol: 'TCP' }],
+            ingress: [{ ip: '192.0.2.20' }, { ip: '2001:db8::20' }],
+          },
+        ],
+        { name: 'node-1', podCIDRs: [SEED_POD_CIDR] },
+        CONFIG,
+      );
+      assertGolden('iptables-dry-run.txt', renderDesiredStateRestoreText(desired));
+    });
+  });
+
+  describe('the original listing shape', () => {
+    it('reads like the original: per IP a KUBE-MARK-MASQ rule then a DNAT rule, commented namespace/name', () => {
+      const desired = seedDesired();
+      const { rules } = renderChainRules('ipv4', desired.ipv4, desired.masqueradeMark, true);
+      for (const chain of ['IPVS_OUTPUT', 'IPVS_PREROUTING'] as const) {
+        const listed = rules.map(asListingRow).filter((v) => v.chain === chain);
+        // Each port adds a pair; seen without protocol and port, the pairs collapse to the seed's rows.
+        const rows = listed.map((v) => v.row).filter((row, i, all) => i < 2 || all[i - 2]!.join() !== row.join());
+        assert.deepEqual(rows, SEED[chain]);
+      }
+    });
+
+    it('matches protocol and port on every rule, so that other ports of the IP are left alone', () => {
+      const desired = seedDesired();
+      const { rules } = renderChainRules('ipv4', desired.ipv4, desired.masqueradeMark, true);
+      assert.equal(rules.length, 16);
+      for (const rule of rules) assert.match(rule, / -p tcp .* -m tcp --dport (80|443) /);
+    });
+
+    it('sends each Service sharing an IP to its own ClusterIP', () => {
+      const state: FamilyState = {
+        entries: [entry({ port: 80 }), entry({ port: 8080, clusterIp: '10.96.0.11', service: 'default/svc-b' })],
+        localPodMatch: { kind: 'none', reason: 'x' },
+      };
+      const { rules } = renderChainRules('ipv4', state, 0x4000, false);
+      const dnat = rules.filter((r) => r.includes('-j DNAT'));
+      assert.deepEqual(
+        dnat.map((r) => [/--dport (\d+)/.exec(r)![1], /--to-destination (\S+)/.exec(r)![1]]),
+        [
+          ['80', '10.96.0.10'],
+          ['8080', '10.96.0.11'],
+        ],
+      );
+    });
+  });
+
+  describe('mark', () => {
+    it('uses KUBE-MARK-MASQ when it exists, else sets the masquerade bit itself', () => {
+      const state: FamilyState = { entries: [entry({})], localPodMatch: { kind: 'none', reason: 'x' } };
+      const withChain = renderChainRules('ipv4', state, 0x4000, true).rules;
+      const without = renderChainRules('ipv4', state, 0x4000, false).rules;
+      assert.match(withChain[0]!, / -j KUBE-MARK-MASQ$/);
+      assert.match(without[0]!, / -j MARK --or-mark 0x4000$/);
+    });
+
+    it('formats every single-bit mark, including bit 31', () => {
+      assert.equal(formatMark(1 << 14), '0x4000');
+      assert.equal(formatMark(1 << 0), '0x1');
+      assert.equal(formatMark(1 << 31), '0x80000000');
+      assert.throws(() => formatMark(0), RangeError);
+      assert.throws(() => formatMark(3), RangeError);
+      assert.throws(() => formatMark(0.5), RangeError);
+    });
+  });
+
+  describe('jump rules', () => {
+    const view = (save: string) =>
+      parseNatSave(`*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n${save}COMMIT\n`);
+
+    it('inserts both jumps at position 1 when they are missing', () => {
+      assert.deepEqual(renderJumpRepairs(view('')), [
+        '-I PREROUTING 1 -j IPVS_PREROUTING',
+        '-I OUTPUT 1 -j IPVS_OUTPUT',
+      ]);
+    });
+
+    it('does nothing when rule 1 is the only jump', () => {
+      const v = view(
+        '-A PREROUTING -j IPVS_PREROUTING\n' +
+          '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES\n' +
+          '-A OUTPUT -j IPVS_OUTPUT\n',
+      );
+      assert.deepEqual(renderJumpRepairs(v), []);
+    });
+
+    it('moves a jump that is not first, and removes duplicates, by their exact specs', () => {
+      const v = view(
+        '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES\n' +
+          '-A PREROUTING -j IPVS_PREROUTING\n' +
+          '-A PREROUTING -i eth0 -j IPVS_PREROUTING\n' +
+          '-A OUTPUT -j IPVS_OUTPUT\n-A OUTPUT -j IPVS_OUTPUT\n',
+      );
+      assert.deepEqual(renderJumpRepairs(v), [
+        '-D PREROUTING -j IPVS_PREROUTING',
+        '-D PREROUTING -i eth0 -j IPVS_PREROUTING',
+        '-I PREROUTING 1 -j IPVS_PREROUTING',
+        '-D OUTPUT -j IPVS_OUTPUT',
+        '-D OUTPUT -j IPVS_OUTPUT',
+        '-I OUTPUT 1 -j IPVS_OUTPUT',
+      ]);
+    });
+
+    it('writes the repairs into the same transaction as the chains', () => {
+      const v = view('-A PREROUTING -j KUBE-SERVICES\n-A PREROUTING -j IPVS_PREROUTING\n-A OUTPUT -j IPVS_OUTPUT\n');
+      const state: FamilyState = { entries: [entry({})], localPodMatch: { kind: 'cidrs', cidrs: ['10.244.1.0/24'] } };
+      assertGolden('iptables-jump-repair.txt', renderFamilyRestore('ipv4', state, 0x4000, v).text);
+    });
+  });
+
+  describe('nat table listings', () => {
+    const SAVE = [
+      '# Generated by iptables-save v1.8.9',
+      '*mangle',
+      ':PREROUTING ACCEPT [0:0]',
+      ':KUBE-IPTABLES-HINT - [0:0]',
+      '-A PREROUTING -j MARK --set-xmark 0x1/0x1',
+      'COMMIT',
+      '*nat',
+      ':PREROUTING ACCEPT [3:180]',
+      ':OUTPUT ACCEPT [0:0]',
+      ':IPVS_OUTPUT - [0:0]',
+      ':IPVS_PREROUTING - [0:0]',
+      ':KUBE-MARK-MASQ - [0:0]',
+      '-A PREROUTING -j IPVS_PREROUTING',
+      '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
+      '-A OUTPUT -j IPVS_OUTPUT',
+      '-A IPVS_OUTPUT -d 192.0.2.10/32 -p tcp -m comment --comment "default/svc-a" -m tcp --dport 80 -j KUBE-MARK-MASQ',
+      '-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000',
+      'COMMIT',
+      '',
+    ].join('\n');
+
+    it('parses the nat section only', () => {
+      const v = parseNatSave(SAVE);
+      assert.deepEqual([...v.chains], ['PREROUTING', 'OUTPUT', 'IPVS_OUTPUT', 'IPVS_PREROUTING', 'KUBE-MARK-MASQ']);
+      assert.equal(v.rules.get('PREROUTING')!.length, 2);
+      assert.deepEqual(v.rules.get('IPVS_PREROUTING'), []);
+      assert.ok(hasOurObjects(v));
+      const others = parseNatSave('*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n');
+      assert.ok(!hasOurObjects(others));
+    });
+
+    it('tells our rules from others, and counts the others and the kubelet hint chains', () => {
+      assert.ok(isOurRule('-A IPVS_OUTPUT -d 192.0.2.10/32 -j KUBE-MARK-MASQ'));
+      assert.ok(isOurRule('-A PREROUTING -j IPVS_PREROUTING'));
+      assert.ok(!isOurRule('-A PREROUTING -j IPVS_PREROUTING_OTHER'));
+      assert.ok(!isOurRule('-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000'));
+      assert.equal(countForeignRules(SAVE), 3);
+      assert.equal(countHintChains(SAVE), 1);
+    });
+
+    it('renders a cleanup that removes jumps, then flushes and deletes our chains', () => {
+      assertGolden('iptables-cleanup.txt', renderCleanupRestore(parseNatSave(SAVE))!);
+      const others = parseNatSave('*nat\n:OUTPUT ACCEPT [0:0]\n-A OUTPUT -j KUBE-SERVICES\nCOMMIT\n');
+      assert.equal(renderCleanupRestore(others), undefined);
+    });
+  });
+
+  describe('render-time validation', () => {
+    const cidrs: FamilyState['localPodMatch'] = { kind: 'cidrs', cidrs: ['10.244.1.0/24'] };
+
+    it('leaves out each bad entry, reports it, and programs the rest', () => {
+      const bad: Array<[Partial<Entry>, RegExp]> = [
+        [{ externalIp: '192.0.2.300' }, /not an IP address/],
+        [{ externalIp: '2001:db8::1' }, /not ipv4/],
+        [{ clusterIp: '10.96.0.010' }, /not an IP address/],
+        [{ clusterIp: '' }, /not an IP address/],
+        [{ port: 0 }, /not in 1\.\.65535/],
+        [{ port: 65536 }, /not in 1\.\.65535/],
+        [{ port: 80.5 }, /not in 1\.\.65535/],
+        [{ protocol: 'ICMP' as Entry['protocol'] }, /not TCP, UDP or SCTP/],
+        [{ service: 'Default/svc' }, /characters other than/],
+        [{ service: 'default/svc" -j ACCEPT\n-A INPUT -j DROP' }, /characters other than/],
+        [{ service: `default/${'a'.repeat(300)}` }, /longer than 255/],
+        [{ family: 'ipv6' }, /entry of ipv6/],
+      ];
+      const good = entry({ port: 443, service: 'default/good' });
+      const state: FamilyState = { entries: [...bad.map(([p]) => entry(p)), good], localPodMatch: cidrs };
+      const r = renderFamilyRestore('ipv4', state, 0x4000, emptyNatTable());
+      assert.equal(r.programmed, 1);
+      assert.equal(r.rejected.length, bad.length);
+      bad.forEach(([, reason], i) => assert.match(r.rejected[i]!.reason, reason));
+      assert.ok(!r.text.includes('INPUT'), 'nothing of a bad value reaches the restore input');
+      assert.equal(r.text.split('\n').filter((l) => l.startsWith('-A ')).length, 4);
+      assert.ok(r.text.includes('--comment "default/good"'));
+    });
+
+    it('writes addresses and CIDRs canonically and refuses CIDRs of the other family', () => {
+      const state: FamilyState = {
+        entries: [entry({})],
+        localPodMatch: { kind: 'cidrs', cidrs: ['10.244.1.7/24', 'fd01::/64', 'nonsense'] },
+      };
+      const r = renderChainRules('ipv4', state, 0x4000, false);
+      assert.ok(r.rules.some((l) => l.startsWith('-A IPVS_PREROUTING -s 10.244.1.0/24 ')));
+      assert.deepEqual(
+        r.rejected.map((x) => x.item),
+        ['local pod CIDR "fd01::/64"', 'local pod CIDR "nonsense"'],
+      );
+      const v6 = renderChainRules(
+        'ipv6',
+        {
+          entries: [entry({ family: 'ipv6', externalIp: '2001:DB8::10', clusterIp: 'fd00::10' })],
+          localPodMatch: cidrs,
+        },
+        0x4000,
+        false,
+      );
+      assert.equal(v6.programmed, 0);
+      assert.match(v6.rejected[0]!.reason, /canonical form/);
+    });
+
+    it('checks interface names by Linux rules and what iptables-restore reads literally', () => {
+      assert.equal(interfaceNameProblem('cni0', false), undefined);
+      assert.equal(interfaceNameProblem('flannel.1', false), undefined);
+      assert.equal(interfaceNameProblem('a'.repeat(15), false), undefined);
+      assert.equal(interfaceNameProblem('veth', true), undefined);
+      assert.match(interfaceNameProblem('a'.repeat(16), false)!, /1 to 15/);
+      assert.match(interfaceNameProblem('a'.repeat(15), true)!, /1 to 14/);
+      assert.match(interfaceNameProblem('', true)!, /1 to 14/);
+      assert.match(interfaceNameProblem('..', false)!, /not allowed/);
+      for (const name of ['eth 0', 'eth/0', 'eth:0', 'eth\n0', 'caf\u00e9']) {
+        assert.match(interfaceNameProblem(name, false)!, /Linux does not allow/);
+      }
+      for (const name of ['eth"0', 'veth+', '!eth0', '-eth0', "it's"]) {
+        assert.match(interfaceNameProblem(name, false)!, /would not read literally/);
+      }
+    });
+
+    it('leaves prerouting out, and reports it, when the interface is not a valid name', () => {
+      const state: FamilyState = { entries: [entry({})], localPodMatch: { kind: 'interface', name: 'cni0 -j DROP' } };
+      const r = renderFamilyRestore('ipv4', state, 0x4000, emptyNatTable());
+      assert.ok(!r.text.includes('-A IPVS_PREROUTING'));
+      assert.ok(!r.text.includes('DROP'));
+      assert.equal(r.rejected[0]!.item, 'pod bridge interface');
+      assert.equal(r.programmed, 1, 'output rules are still programmed');
+    });
+  });
+});

@@ -1,0 +1,236 @@
+// The metrics registry as the controller feeds it, its HTTP endpoint, and promtool's verdict.
+
+import assert from 'node:assert/strict';
+import { ControllerMetrics, METRIC_PREFIX } from '../../src/metrics/controller-metrics.js';
+import { startMetricsEndpoint } from '../../src/metrics/metrics-server.js';
+import { allControllerObservers, allInformerObservers } from '../../src/metrics/observers.js';
+import { HttpEndpoint } from '../../src/health/http-endpoint.js';
+import { Operations } from '../../src/metrics/operations.js';
+import { parseConfig } from '../../src/config/options.js';
+import { NftBackend } from '../../src/backends/nft/nft-backend.js';
+import { NftCliExecutor } from '../../src/backends/nft/executor.js';
+import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
+import { pino } from 'pino';
+import { buildDesiredState } from '../../src/model/desired-state.js';
+import { SKIP_REASONS, type ModelConfig, type ServiceInfo } from '../../src/model/types.js';
+import type { SyncReport } from '../../src/controller.js';
+import { Exposition, httpGet, promtoolCheckMetrics } from '../support/scrape.js';
+
+const CONFIG: ModelConfig = { detectLocalMode: 'NodeCIDR', clusterCidrs: [], masqueradeBit: 14, localTrafficPolicyOnly: false };
+
+const SERVICES: ServiceInfo[] = [
+  {
+    namespace: 'default',
+    name: 'web',
+    type: 'LoadBalancer',
+    creationTimestamp: '2024-01-01T00:00:00Z',
+    clusterIPs: ['10.96.0.10', 'fd00::10'],
+    ports: [{ port: 80, protocol: 'TCP' }],
+    ingress: [{ ip: '192.0.2.10' }, { ip: '2001:db8::10' }, { ip: '192.0.2.20', ipMode: 'Proxy' }, { hostname: 'lb.example' }],
+  },
+  {
+    // Loses 192.0.2.10 TCP/80 to the older web.
+    namespace: 'default',
+    name: 'late',
+    type: 'LoadBalancer',
+    creationTimestamp: '2024-02-01T00:00:00Z',
+    clusterIP: '10.96.0.11',
+    ports: [{ port: 80, protocol: 'TCP' }],
+    ingress: [{ ip: '192.0.2.10' }],
+  },
+];
+
+async function exposition(metrics: ControllerMetrics): Promise<Exposition> {
+  return new Exposition((await metrics.exposition()).text);
+}
+
+function report(extra: Partial<SyncReport>): SyncReport {
+  return { backend: 'nft', requested: 'full', durationMs: 12, ...extra };
+}
+
+describe('controller metrics', () => {
+  it('name every metric of ours under the prefix with HELP text, and include process metrics', async () => {
+    const metrics = new ControllerMetrics();
+    metrics.describeBackend({ backend: 'nft', nftExecutor: 'addon' });
+    const e = await exposition(metrics);
+    const ours = e.families().filter((n) => n.startsWith(METRIC_PREFIX));
+    assert.ok(ours.length >= 14, `only ${ours.length} metrics of ours`);
+    for (const name of ours) assert.ok((e.help.get(name) ?? '').length > 20, `${name} has no useful HELP`);
+    assert.ok(e.families().includes('process_resident_memory_bytes'));
+    assert.ok(e.families().includes('nodejs_eventloop_lag_seconds'));
+    assert.equal(e.value(`${METRIC_PREFIX}backend_info`, { backend: 'nft', nft_executor: 'addon', iptables_variant: 'none' }), 1);
+  });
+
+  it('count current skips and conflicts from the desired state, every reason present', async () => {
+    const metrics = new ControllerMetrics({ defaultMetrics: false });
+    const desired = buildDesiredState(SERVICES, { name: 'n', podCIDRs: ['10.244.0.0/24'] }, CONFIG);
+    metrics.onDesiredState(desired);
+    metrics.onNewSkips(desired.skips);
+    metrics.onNewConflicts(desired.conflicts);
+    const e = await exposition(metrics);
+    const skipped = (reason: string) => e.value(`${METRIC_PREFIX}skipped_addresses`, { reason });
+    assert.equal(skipped('ipModeProxy'), 1);
+    assert.equal(skipped('hostnameOnly'), 1);
+    for (const r of SKIP_REASONS.filter((r) => r !== 'ipModeProxy' && r !== 'hostnameOnly')) assert.equal(skipped(r), 0, r);
+    assert.equal(e.value(`${METRIC_PREFIX}skip_events_total`, { reason: 'ipModeProxy' }), 1);
+    assert.equal(e.value(`${METRIC_PREFIX}conflicts`, { family: 'ipv4' }), 1);
+    assert.equal(e.value(`${METRIC_PREFIX}conflicts`, { family: 'ipv6' }), 0);
+    assert.equal(e.value(`${METRIC_PREFIX}conflict_events_total`), 1);
+    // The Node has no IPv6 podCIDR while there is an IPv6 entry: pods are not matched for IPv6.
+    assert.equal(e.value(`${METRIC_PREFIX}local_pod_detection_missing`, { family: 'ipv6' }), 1);
+    assert.equal(e.value(`${METRIC_PREFIX}local_pod_detection_missing`, { family: 'ipv4' }), 0);
+
+    // The next desired state without the Proxy address: the gauge follows, the counter stays.
+    const fixed = buildDesiredState(SERVICES.slice(1), { name: 'n', podCIDRs: ['10.244.0.0/24'] }, CONFIG);
+    metrics.onDesiredState(fixed);
+    const after = await exposition(metrics);
+    assert.equal(after.value(`${METRIC_PREFIX}skipped_addresses`, { reason: 'ipModeProxy' }), 0);
+    assert.equal(after.value(`${METRIC_PREFIX}skip_events_total`, { reason: 'ipModeProxy' }), 1);
+    assert.equal(after.value(`${METRIC_PREFIX}conflicts`, { family: 'ipv4' }), 0);
+  });
+
+  it('observe syncs by backend and performed mode, entries, latency, errors and the last success', async () => {
+    const metrics = new ControllerMetrics({ defaultMetrics: false });
+    metrics.describeBackend({ backend: 'nft', nftExecutor: 'cli' });
+    const before = Date.now() / 1000;
+    metrics.onSync(report({ result: { mode: 'full', entries: { ipv4: 3, ipv6: 1 } } }));
+    // A partial request that the backend had to turn into a full sync counts as full.
+    metrics.onSync(report({ requested: 'partial', changeLatencyMs: 40, result: { mode: 'full', entries: { ipv4: 4, ipv6: 1 } } }));
+    metrics.onSync(report({ requested: 'partial', changeLatencyMs: 5, result: { mode: 'partial', entries: { ipv4: 5, ipv6: 1 } } }));
+    metrics.onSync(report({ requested: 'partial', result: { mode: 'noop', entries: { ipv4: 5, ipv6: 1 } } }));
+    let e = await exposition(metrics);
+    const count = (mode: string) => e.value(`${METRIC_PREFIX}sync_duration_seconds_count`, { backend: 'nft', mode });
+    assert.equal(count('full'), 2);
+    assert.equal(count('partial'), 1);
+    assert.equal(count('noop'), 1);
+    assert.equal(e.value(`${METRIC_PREFIX}sync_duration_seconds_sum`, { backend: 'nft', mode: 'full' }), 0.024);
+    assert.equal(e.value(`${METRIC_PREFIX}network_programming_duration_seconds_count`, { backend: 'nft' }), 2);
+    assert.equal(e.value(`${METRIC_PREFIX}network_programming_duration_seconds_sum`, { backend: 'nft' }), 0.045);
+    assert.equal(e.value(`${METRIC_PREFIX}network_programming_duration_seconds_bucket`, { backend: 'nft', le: '0.005' }), 1);
+    assert.equal(e.value(`${METRIC_PREFIX}programmed_entries`, { backend: 'nft', family: 'ipv4' }), 5);
+    assert.equal(e.value(`${METRIC_PREFIX}programmed_entries`, { backend: 'nft', family: 'ipv6' }), 1);
+    assert.equal(e.value(`${METRIC_PREFIX}sync_errors_total`, { backend: 'nft' }), 0);
+    const last = e.value(`${METRIC_PREFIX}last_successful_sync_timestamp_seconds`)!;
+    assert.ok(last >= before && last <= Date.now() / 1000);
+
+    // A failure counts, is timed under the requested mode, and leaves entries and timestamp alone.
+    metrics.onSync(report({ requested: 'full', error: new Error('nft: no'), changeLatencyMs: 9 }));
+    e = await exposition(metrics);
+    assert.equal(e.value(`${METRIC_PREFIX}sync_errors_total`, { backend: 'nft' }), 1);
+    assert.equal(count('full'), 3);
+    assert.equal(e.value(`${METRIC_PREFIX}network_programming_duration_seconds_count`, { backend: 'nft' }), 2);
+    assert.equal(e.value(`${METRIC_PREFIX}programmed_entries`, { backend: 'nft', family: 'ipv4' }), 5);
+    assert.equal(e.value(`${METRIC_PREFIX}last_successful_sync_timestamp_seconds`), last);
+  });
+
+  it('count informer lists, watches and errors per resource through a fan-out observer', async () => {
+    const metrics = new ControllerMetrics({ defaultMetrics: false });
+    const seen: string[] = [];
+    const observer = allInformerObservers({ onError: (r) => seen.push(r) }, metrics, undefined);
+    observer.onList!('services');
+    observer.onWatch!('services');
+    observer.onWatch!('services');
+    observer.onError!('nodes', new Error('gone'), 500);
+    const e = await exposition(metrics);
+    assert.equal(e.value(`${METRIC_PREFIX}informer_lists_total`, { resource: 'services' }), 1);
+    assert.equal(e.value(`${METRIC_PREFIX}informer_watches_total`, { resource: 'services' }), 2);
+    assert.equal(e.value(`${METRIC_PREFIX}informer_errors_total`, { resource: 'nodes' }), 1);
+    assert.deepEqual(seen, ['nodes']);
+
+    const calls: string[] = [];
+    const both = allControllerObservers(metrics, { onSync: () => calls.push('sync'), onNewSkips: () => calls.push('skips') });
+    both.onSync!(report({ result: { mode: 'full', entries: { ipv4: 0, ipv6: 0 } } }));
+    both.onNewSkips!([]);
+    assert.deepEqual(calls, ['sync', 'skips']);
+  });
+
+  it('pass promtool check metrics, process metrics included', async function () {
+    this.timeout(10_000);
+    const metrics = new ControllerMetrics();
+    metrics.describeBackend({ backend: 'nft', nftExecutor: 'addon' });
+    const desired = buildDesiredState(SERVICES, { name: 'n', podCIDRs: ['10.244.0.0/24'] }, CONFIG);
+    metrics.onDesiredState(desired);
+    metrics.onSync(report({ changeLatencyMs: 3, result: { mode: 'full', entries: { ipv4: 1, ipv6: 1 } } }));
+    metrics.onList('services');
+    const { text } = await metrics.exposition();
+    const verdict = await promtoolCheckMetrics(text);
+    assert.equal(verdict.code, 0, verdict.output);
+    assert.equal(verdict.output.trim(), '', `promtool has remarks:\n${verdict.output}`);
+  });
+});
+
+describe('backend info from the backend objects', () => {
+  it('names the nft executor and the iptables variant', async () => {
+    const config = parseConfig(['--metrics-bind-address=', '--healthz-bind-address='], { NODE_NAME: 'n' });
+    const ops = await Operations.start(config, pino({ enabled: false }));
+    try {
+      const info = async () => {
+        const e = new Exposition((await ops.metrics.exposition()).text);
+        return [...e.samples].filter(([k]) => k.startsWith(`${METRIC_PREFIX}backend_info{`));
+      };
+      ops.describeBackend(new NftBackend(new NftCliExecutor()));
+      assert.deepEqual(await info(), [
+        [`${METRIC_PREFIX}backend_info{backend="nft",iptables_variant="none",nft_executor="cli"}`, 1],
+      ]);
+      ops.describeBackend(new IptablesBackend('legacy'));
+      assert.deepEqual(await info(), [
+        [`${METRIC_PREFIX}backend_info{backend="iptables",iptables_variant="legacy",nft_executor="none"}`, 1],
+      ]);
+    } finally {
+      await ops.close();
+    }
+  });
+});
+
+describe('metrics endpoint', () => {
+  let endpoint: HttpEndpoint | undefined;
+  afterEach(async () => {
+    await endpoint?.close();
+    endpoint = undefined;
+  });
+
+  it('serves the exposition on GET /metrics, 404 elsewhere, 405 for other methods', async () => {
+    const metrics = new ControllerMetrics({ defaultMetrics: false });
+    metrics.onList('nodes');
+    endpoint = await startMetricsEndpoint({ host: '127.0.0.1', port: 0 }, metrics);
+    const base = `http://127.0.0.1:${endpoint.address.port}`;
+    const ok = await httpGet(`${base}/metrics`);
+    assert.equal(ok.status, 200);
+    assert.match(ok.contentType, /^text\/plain; version=0\.0\.4/);
+    assert.equal(new Exposition(ok.body).value(`${METRIC_PREFIX}informer_lists_total`, { resource: 'nodes' }), 1);
+    assert.equal((await httpGet(`${base}/metrics?x=1`)).status, 200);
+    assert.equal((await httpGet(`${base}/`)).status, 404);
+    assert.equal((await httpGet(`${base}/metrics`, 'POST')).status, 405);
+    const head = await httpGet(`${base}/metrics`, 'HEAD');
+    assert.equal(head.status, 200);
+    assert.equal(head.body, '');
+  });
+
+  it('fails to start with one line naming the flag when the port is taken', async () => {
+    const metrics = new ControllerMetrics({ defaultMetrics: false });
+    endpoint = await startMetricsEndpoint({ host: '127.0.0.1', port: 0 }, metrics);
+    const taken = { host: '127.0.0.1', port: endpoint.address.port };
+    await assert.rejects(
+      HttpEndpoint.start(taken, '--metrics-bind-address', {}),
+      (err: Error) =>
+        !err.message.includes('\n') &&
+        err.message ===
+          `cannot listen on --metrics-bind-address 127.0.0.1:${taken.port}: the port is in use by another process; ` +
+            'choose another with --metrics-bind-address',
+    );
+  });
+});
+
+describe('docs/operations.md', () => {
+  it('documents every metric of ours, every skip reason and the operational flags', async () => {
+    const { readFile } = await import('node:fs/promises');
+    const { fileURLToPath } = await import('node:url');
+    const docs = await readFile(fileURLToPath(new URL('../../../docs/operations.md', import.meta.url)), 'utf8');
+    const metrics = new ControllerMetrics({ defaultMetrics: false });
+    const names = new Exposition((await metrics.exposition()).text).families();
+    assert.ok(names.length >= 14);
+    for (const name of names) assert.ok(docs.includes(`| \`${name}\` |`), `${name} is not in the metrics reference`);
+    for (const reason of SKIP_REASONS) assert.ok(docs.includes(`| \`${reason}\` |`), `${reason} is not in the troubleshooting table`);
+    for (const flag of ['--metrics-bind-address', '--healthz-bind-address', '--emit-events']) assert.ok(docs.includes(`| \`${flag}\` |`), flag);
+  });
+});

@@ -1,0 +1,83 @@
+// The nft renderer: golden files for the JSON that is applied and the text --dry-run prints.
+
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { parseObjects } from '../../src/cli/objects-file.js';
+import { buildDesiredState } from '../../src/model/desired-state.js';
+import type { Entry, ModelConfig } from '../../src/model/types.js';
+import {
+  nftDocument,
+  renderDeleteTablesJson,
+  renderDesiredStateText,
+  renderFullSyncJson,
+  renderMapChangesJson,
+} from '../../src/backends/nft/render.js';
+import { diffEntries } from '../../src/backends/nft/nft-backend.js';
+import { entryKey } from '../../src/model/types.js';
+import { assertGolden } from '../support/golden.js';
+
+const CONFIG: ModelConfig = { detectLocalMode: 'NodeCIDR', clusterCidrs: [], masqueradeBit: 14, localTrafficPolicyOnly: false };
+const objects = parseObjects(readFileSync('examples/services.yaml', 'utf8'), 'examples/services.yaml');
+const desired = buildDesiredState(objects.services, objects.nodes[0], CONFIG);
+
+function pretty(commands: unknown[]): string {
+  return JSON.stringify(JSON.parse(nftDocument(commands as never)), null, 1) + '\n';
+}
+
+describe('nft renderer', () => {
+  it('renders the example Services as nft text (golden)', () => {
+    assertGolden('nft-example.nft', renderDesiredStateText(desired));
+  });
+
+  it('renders a full sync of each family as one JSON transaction (golden)', () => {
+    assertGolden('nft-example-ipv4.json', pretty(renderFullSyncJson('ipv4', desired.ipv4, desired.masqueradeMark)));
+    assertGolden('nft-example-ipv6.json', pretty(renderFullSyncJson('ipv6', desired.ipv6, desired.masqueradeMark)));
+  });
+
+  it('renders the interface modes as iifname matches and leaves out the pod set', () => {
+    const prefix = buildDesiredState(objects.services, objects.nodes[0], {
+      ...CONFIG,
+      detectLocalMode: 'InterfaceNamePrefix',
+      podInterfaceNamePrefix: 'veth',
+    });
+    const text = renderDesiredStateText(prefix);
+    assert.match(text, /iifname "veth\*" ip daddr \. meta l4proto \. th dport @external-ip-to-cluster-ip jump/);
+    assert.doesNotMatch(text, /local-pod-cidrs/);
+    const json = JSON.stringify(renderFullSyncJson('ipv4', prefix.ipv4, 0x4000));
+    assert.match(json, /"right":"veth\*"/);
+    assert.doesNotMatch(json, /local-pod-cidrs/);
+  });
+
+  it('leaves out the prerouting chain, with the reason, when pods cannot be recognised', () => {
+    const noNode = buildDesiredState(objects.services, undefined, CONFIG);
+    const text = renderDesiredStateText(noNode);
+    assert.match(text, /# no prerouting chain: NodeCIDR mode: the Node object was not found/);
+    assert.doesNotMatch(text, /prerouting-from-local-pods/);
+    assert.doesNotMatch(JSON.stringify(renderFullSyncJson('ipv4', noNode.ipv4, 0x4000)), /prerouting/);
+  });
+
+  it('writes the mark of --masquerade-bit', () => {
+    const d = buildDesiredState(objects.services, objects.nodes[0], { ...CONFIG, masqueradeBit: 0 });
+    assert.match(renderDesiredStateText(d), /meta mark set meta mark \| 0x00000001/);
+    assert.match(JSON.stringify(renderFullSyncJson('ipv4', d.ipv4, d.masqueradeMark)), /"\|":\[\{"meta":\{"key":"mark"\}\},1\]/);
+  });
+
+  it('renders partial changes as element deletions then additions', () => {
+    const [first, second] = desired.ipv4.entries as [Entry, Entry];
+    const changed: Entry = { ...second, clusterIp: '10.231.99.99' };
+    const current = new Map(desired.ipv4.entries.map((e) => [entryKey(e), e]));
+    const { removed, added } = diffEntries(current, desired.ipv4.entries.filter((e) => e !== first && e !== second).concat(changed));
+    assert.deepEqual(removed.map(entryKey).sort(), [entryKey(first), entryKey(second)].sort());
+    assert.deepEqual(added, [changed]);
+    assertGolden('nft-partial.json', pretty(renderMapChangesJson('ipv4', removed, added)));
+  });
+
+  it('deletes both tables on cleanup, without failing when they are absent', () => {
+    assert.deepEqual(renderDeleteTablesJson(['ipv4', 'ipv6']), [
+      { add: { table: { family: 'ip', name: 'ipvs-node-controller' } } },
+      { delete: { table: { family: 'ip', name: 'ipvs-node-controller' } } },
+      { add: { table: { family: 'ip6', name: 'ipvs-node-controller' } } },
+      { delete: { table: { family: 'ip6', name: 'ipvs-node-controller' } } },
+    ]);
+  });
+});

@@ -4,7 +4,7 @@
 import type { Logger } from 'pino';
 import type { Backend, SyncResult } from './backends/backend.js';
 import type { ClusterCaches } from './kube/cluster.js';
-import { buildDesiredState } from './model/desired-state.js';
+import { DesiredStateModel } from './model/desired-state.js';
 import type { Conflict, DesiredState, ModelConfig, Skip } from './model/types.js';
 import { SyncRunner, type SyncRequestInfo } from './sync/runner.js';
 
@@ -51,6 +51,8 @@ export interface ControllerOptions {
 
 export class Controller {
   private readonly runner: SyncRunner;
+  /** Derives the desired state from the caches at every sync, redoing only what changed. */
+  private readonly model: DesiredStateModel;
   private previousSkips = new Set<string>();
   private previousConflicts = new Set<string>();
   private previousLocalProblems = '';
@@ -58,6 +60,7 @@ export class Controller {
   readonly status: ControllerStatus = { cachesSynced: false, localPodMatchProblems: [] };
 
   constructor(private readonly options: ControllerOptions) {
+    this.model = new DesiredStateModel(options.model);
     this.runner = new SyncRunner({
       minIntervalMs: options.minSyncPeriodMs,
       fullIntervalMs: options.syncPeriodMs,
@@ -94,9 +97,9 @@ export class Controller {
   }
 
   desiredState(): DesiredState {
-    const { caches, model, nodeName } = this.options;
+    const { caches, nodeName } = this.options;
     const node = caches.node.list().find((n) => n.name === nodeName);
-    return buildDesiredState(caches.services.list(), node, model);
+    return this.model.update(caches.services.list(), node);
   }
 
   private async sync(info: SyncRequestInfo): Promise<void> {

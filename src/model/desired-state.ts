@@ -1,7 +1,13 @@
-// The pure model: Services + this Node + config -> DesiredState. No I/O.
+// The model: Services + this Node + config -> DesiredState. No I/O.
 // The rules are those of design/semantics.md; test/unit/model.test.ts covers each row.
+//
+// DesiredStateModel keeps the result between syncs so that a change costs what it touches, not
+// what the cluster holds: a Service's entries and skips are derived once per object (the caches
+// replace an object when it changes and never modify one), and only the map keys claimed by
+// changed Services are decided again. buildDesiredState is the same computation from nothing.
 
-import { ipSortKey, parseCidr, parseIp, formatCidr } from './ip.js';
+import { ipSortKey, parseCidr, parseIp, formatCidr, type ParsedIp } from './ip.js';
+import { orderedChanges } from './ordered-changes.js';
 import {
   PROTOCOLS,
   type Conflict,
@@ -17,10 +23,6 @@ import {
   type Skip,
 } from './types.js';
 
-interface Candidate extends Entry {
-  created: number;
-}
-
 export function serviceKey(svc: Pick<ServiceInfo, 'namespace' | 'name'>): string {
   return `${svc.namespace}/${svc.name}`;
 }
@@ -31,66 +33,300 @@ export function buildDesiredState(
   node: NodeInfo | undefined,
   config: ModelConfig,
 ): DesiredState {
-  const skips: Skip[] = [];
-  const byKey = new Map<string, Candidate>();
-  const conflicts: Conflict[] = [];
+  return new DesiredStateModel(config).update(services, node);
+}
 
-  for (const svc of services) {
-    for (const c of serviceCandidates(svc, config, skips)) {
-      const key = `${c.family}|${c.externalIp}|${c.protocol}|${c.port}`;
-      const held = byKey.get(key);
-      if (!held) {
-        byKey.set(key, c);
+/** One Service's request for one map key. */
+interface Claim {
+  /** What is programmed while this claim wins: the same object from sync to sync. */
+  entry: Entry;
+  key: string;
+  /** Orders entries by (externalIp numerically, protocol, port). */
+  sortKey: string;
+  created: number;
+  record: ServiceRecord;
+}
+
+/** What one Service object asks for. */
+interface ServiceRecord {
+  service: string;
+  /** Order of first sight: breaks ties between two objects of one name (possible in files only). */
+  seq: number;
+  /** The update that last saw this object in the input. */
+  seenIn: number;
+  claims: Claim[];
+  skips: Skip[];
+}
+
+/** Every claim on one map key, and who holds it. */
+interface Contest {
+  family: Family;
+  claims: Claim[];
+  winner: Claim | undefined;
+  /** Services that claim the key and lose, sorted. */
+  losers: string[];
+}
+
+/** Above this many changed keys, sorting everything anew beats inserting one by one. */
+const BULK_CHANGES = 1024;
+
+/**
+ * The desired state kept across syncs. update() gives exactly what buildDesiredState gives for
+ * the same input; the arrays it returns are shared with later results and must not be modified.
+ */
+export class DesiredStateModel {
+  private readonly records = new Map<ServiceInfo, ServiceRecord>();
+  private readonly contests = new Map<string, Contest>();
+  private readonly entries: Record<Family, SortedEntries> = { ipv4: new SortedEntries(), ipv6: new SortedEntries() };
+  private readonly withSkips = new Set<ServiceRecord>();
+  private readonly contested = new Set<Contest>();
+  private skips: Skip[] = [];
+  private conflicts: Conflict[] = [];
+  private generation = 0;
+  /** The previous input, when it held each object once. */
+  private lastInput: ServiceInfo[] | undefined;
+  private nextSeq = 0;
+
+  constructor(private readonly config: ModelConfig) {}
+
+  update(services: Iterable<ServiceInfo>, node: NodeInfo | undefined): DesiredState {
+    const input = Array.isArray(services) ? (services as ServiceInfo[]) : [...services];
+    const { added, removed } = this.serviceChanges(input);
+    // Compared by identity next time: kept as a copy, the caller may reuse its array.
+    this.lastInput = this.records.size === input.length ? input.slice() : undefined;
+
+    const touched = new Set<Contest>();
+    let skipsChanged = false;
+    for (const record of removed) {
+      for (const claim of record.claims) {
+        const contest = this.contests.get(claim.key)!;
+        contest.claims.splice(contest.claims.indexOf(claim), 1);
+        touched.add(contest);
+      }
+      if (this.withSkips.delete(record)) skipsChanged = true;
+    }
+    for (const record of added) {
+      for (const claim of record.claims) {
+        let contest = this.contests.get(claim.key);
+        if (!contest) {
+          contest = { family: claim.entry.family, claims: [], winner: undefined, losers: [] };
+          this.contests.set(claim.key, contest);
+        }
+        contest.claims.push(claim);
+        touched.add(contest);
+      }
+      if (record.skips.length > 0) {
+        this.withSkips.add(record);
+        skipsChanged = true;
+      }
+    }
+
+    const bulk = touched.size > BULK_CHANGES;
+    let conflictsChanged = false;
+    for (const contest of touched) {
+      if (this.decide(contest, !bulk)) conflictsChanged = true;
+    }
+    if (bulk) this.resortEntries();
+    if (skipsChanged) this.collectSkips();
+    if (conflictsChanged) this.collectConflicts();
+
+    const state = (family: Family): FamilyState => ({
+      entries: this.entries[family].list(),
+      localPodMatch: localPodMatch(family, node, this.config),
+    });
+    return {
+      ipv4: state('ipv4'),
+      ipv6: state('ipv6'),
+      masqueradeMark: 2 ** this.config.masqueradeBit,
+      skips: this.skips,
+      conflicts: this.conflicts,
+    };
+  }
+
+  /**
+   * Which Service objects are new and which are gone since the last update. The caches list
+   * their objects in a stable order, an object replaced where it stood: walking the last input
+   * and this one side by side finds the changes without a lookup per Service.
+   */
+  private serviceChanges(input: ServiceInfo[]): { added: ServiceRecord[]; removed: ServiceRecord[] } {
+    const generation = ++this.generation;
+    const walked = this.lastInput && orderedChanges(this.lastInput, input, (svc) => this.records.has(svc));
+    if (walked && new Set(walked.fresh).size === walked.fresh.length) {
+      const removed = walked.gone.map((svc) => {
+        const record = this.records.get(svc)!;
+        this.records.delete(svc);
+        return record;
+      });
+      const added = walked.fresh.map((svc) => {
+        const record = this.deriveRecord(svc, generation);
+        this.records.set(svc, record);
+        return record;
+      });
+      return { added, removed };
+    }
+    const added: ServiceRecord[] = [];
+    let kept = 0;
+    for (const svc of input) {
+      const known = this.records.get(svc);
+      if (known) {
+        if (known.seenIn !== generation) kept++;
+        known.seenIn = generation;
         continue;
       }
-      if (held.service === c.service) continue; // same Service, address listed twice
-      const [winner, loser] = olderFirst(held, c);
-      byKey.set(key, winner);
-      conflicts.push({
-        family: c.family,
-        externalIp: c.externalIp,
-        protocol: c.protocol,
-        port: c.port,
-        winner: winner.service,
-        loser: loser.service,
+      const record = this.deriveRecord(svc, generation);
+      this.records.set(svc, record);
+      added.push(record);
+    }
+    const removed: ServiceRecord[] = [];
+    if (kept + added.length < this.records.size) {
+      for (const [svc, record] of this.records) {
+        if (record.seenIn === generation) continue;
+        this.records.delete(svc);
+        removed.push(record);
+      }
+    }
+    return { added, removed };
+  }
+
+  private deriveRecord(svc: ServiceInfo, generation: number): ServiceRecord {
+    const record: ServiceRecord = { service: serviceKey(svc), seq: this.nextSeq++, seenIn: generation, claims: [], skips: [] };
+    for (const c of serviceCandidates(svc, this.config, record.skips)) {
+      const key = `${c.family}|${c.ip.address}|${c.protocol}|${c.port}`;
+      // A port listed twice asks for the same key twice: one claim.
+      if (record.claims.some((claim) => claim.key === key)) continue;
+      record.claims.push({
+        entry: {
+          family: c.family,
+          externalIp: c.ip.address,
+          protocol: c.protocol,
+          port: c.port,
+          clusterIp: c.clusterIp,
+          service: record.service,
+        },
+        key,
+        sortKey: `${c.ipSortKey}|${c.protocol}|${String(c.port).padStart(5, '0')}`,
+        created: c.created,
+        record,
       });
     }
+    return record;
   }
-  // A loser of one comparison may have beaten an earlier holder: report against the final winner.
-  const finalConflicts = conflicts
-    .map((c) => ({ ...c, winner: byKey.get(`${c.family}|${c.externalIp}|${c.protocol}|${c.port}`)!.service }))
-    .filter((c) => c.loser !== c.winner)
-    .sort((a, b) => cmp(conflictSortKey(a), conflictSortKey(b)));
 
-  const perFamily: Record<Family, Entry[]> = { ipv4: [], ipv6: [] };
-  const sortKeys = new Map<Entry, string>();
-  for (const c of byKey.values()) {
-    const entry: Entry = {
-      family: c.family,
-      externalIp: c.externalIp,
-      protocol: c.protocol,
-      port: c.port,
-      clusterIp: c.clusterIp,
-      service: c.service,
-    };
-    sortKeys.set(entry, `${ipSortKey(c.externalIp)}|${c.protocol}|${String(c.port).padStart(5, '0')}`);
-    perFamily[c.family].push(entry);
+  /** Decides who holds a key after its claims changed; true when its losers changed. */
+  private decide(contest: Contest, placeEntry: boolean): boolean {
+    const previous = contest.winner;
+    let winner: Claim | undefined;
+    for (const claim of contest.claims) if (!winner || precedes(claim, winner)) winner = claim;
+    contest.winner = winner;
+    const sorted = this.entries[contest.family];
+    if (!winner) {
+      this.contests.delete(previous!.key);
+      if (placeEntry) sorted.delete(previous!.sortKey);
+    } else if (placeEntry && winner !== previous) {
+      sorted.set(winner.sortKey, winner.entry);
+    }
+
+    const losers = [...new Set(contest.claims.map((c) => c.record.service))]
+      .filter((service) => service !== winner?.record.service)
+      .sort();
+    if (losers.length === contest.losers.length && losers.every((l, i) => l === contest.losers[i])) return false;
+    contest.losers = losers;
+    if (losers.length > 0) this.contested.add(contest);
+    else this.contested.delete(contest);
+    return true;
   }
-  for (const list of Object.values(perFamily)) list.sort((a, b) => cmp(sortKeys.get(a)!, sortKeys.get(b)!));
 
-  skips.sort((a, b) => cmp(`${a.service}|${a.reason}|${a.detail}`, `${b.service}|${b.reason}|${b.detail}`));
+  private resortEntries(): void {
+    const winners: Record<Family, Claim[]> = { ipv4: [], ipv6: [] };
+    for (const contest of this.contests.values()) winners[contest.family].push(contest.winner!);
+    for (const family of ['ipv4', 'ipv6'] as const) this.entries[family].replaceAll(winners[family]);
+  }
 
-  const state = (family: Family): FamilyState => ({
-    entries: perFamily[family],
-    localPodMatch: localPodMatch(family, node, config),
-  });
-  return {
-    ipv4: state('ipv4'),
-    ipv6: state('ipv6'),
-    masqueradeMark: 2 ** config.masqueradeBit,
-    skips,
-    conflicts: finalConflicts,
-  };
+  private collectSkips(): void {
+    const keyed: Array<[string, Skip]> = [];
+    for (const record of this.withSkips) {
+      for (const s of record.skips) keyed.push([`${s.service}|${s.reason}|${s.detail}`, s]);
+    }
+    this.skips = keyed.sort(([a], [b]) => cmp(a, b)).map(([, s]) => s);
+  }
+
+  private collectConflicts(): void {
+    const conflicts: Conflict[] = [];
+    for (const contest of this.contested) {
+      const won = contest.winner!.entry;
+      for (const loser of contest.losers) {
+        conflicts.push({
+          family: won.family,
+          externalIp: won.externalIp,
+          protocol: won.protocol,
+          port: won.port,
+          winner: won.service,
+          loser,
+        });
+      }
+    }
+    this.conflicts = conflicts
+      .map((c) => [conflictSortKey(c), c] as const)
+      .sort(([a], [b]) => cmp(a, b))
+      .map(([, c]) => c);
+  }
+}
+
+/** The holder of a key: the oldest Service, ties broken by namespace/name (then by first sight). */
+function precedes(a: Claim, b: Claim): boolean {
+  if (a.created !== b.created) return a.created < b.created;
+  if (a.record.service !== b.record.service) return a.record.service < b.record.service;
+  return a.record.seq < b.record.seq;
+}
+
+/** Entries of one family sorted by sort key, with a copy handed out until the next change. */
+class SortedEntries {
+  private keys: string[] = [];
+  private entries: Entry[] = [];
+  private published: Entry[] | undefined;
+
+  list(): Entry[] {
+    this.published ??= this.entries.slice();
+    return this.published;
+  }
+
+  /** Inserts, or replaces the entry of the same key. */
+  set(sortKey: string, entry: Entry): void {
+    const i = this.search(sortKey);
+    if (this.keys[i] === sortKey) this.entries[i] = entry;
+    else {
+      this.keys.splice(i, 0, sortKey);
+      this.entries.splice(i, 0, entry);
+    }
+    this.published = undefined;
+  }
+
+  delete(sortKey: string): void {
+    const i = this.search(sortKey);
+    if (this.keys[i] !== sortKey) return;
+    this.keys.splice(i, 1);
+    this.entries.splice(i, 1);
+    this.published = undefined;
+  }
+
+  replaceAll(winners: Claim[]): void {
+    winners.sort((a, b) => cmp(a.sortKey, b.sortKey));
+    this.keys = winners.map((c) => c.sortKey);
+    this.entries = winners.map((c) => c.entry);
+    this.published = undefined;
+  }
+
+  /** The first index whose key is not below sortKey. */
+  private search(sortKey: string): number {
+    let low = 0;
+    let high = this.keys.length;
+    while (low < high) {
+      const mid = (low + high) >>> 1;
+      if (this.keys[mid]! < sortKey) low = mid + 1;
+      else high = mid;
+    }
+    return low;
+  }
 }
 
 function conflictSortKey(c: Conflict): string {
@@ -101,14 +337,19 @@ function cmp(a: string, b: string): number {
   return a < b ? -1 : a > b ? 1 : 0;
 }
 
-function olderFirst(a: Candidate, b: Candidate): [Candidate, Candidate] {
-  if (a.created !== b.created) return a.created < b.created ? [a, b] : [b, a];
-  return a.service < b.service ? [a, b] : [b, a];
-}
-
 function creationTime(svc: ServiceInfo): number {
   const t = svc.creationTimestamp ? Date.parse(svc.creationTimestamp) : NaN;
   return Number.isFinite(t) ? t : Number.POSITIVE_INFINITY;
+}
+
+interface Candidate {
+  family: Family;
+  ip: ParsedIp;
+  ipSortKey: string;
+  protocol: Protocol;
+  port: number;
+  clusterIp: string;
+  created: number;
 }
 
 /** The entries one Service asks for, before conflicts between Services are resolved. */
@@ -202,8 +443,9 @@ function serviceCandidates(svc: ServiceInfo, config: ModelConfig, skips: Skip[])
       skip('familyWithoutClusterIP', `${ip.address} has no ${ip.family} clusterIP`);
       continue;
     }
+    const sortKey = ipSortKey(ip.address);
     for (const { protocol, port } of ports) {
-      out.push({ family: ip.family, externalIp: ip.address, protocol, port, clusterIp, service, created });
+      out.push({ family: ip.family, ip, ipSortKey: sortKey, protocol, port, clusterIp, created });
     }
   }
   return out;

@@ -1,0 +1,108 @@
+// DesiredStateModel keeps the desired state between syncs and redoes only what changed: after any
+// sequence of changes it must give what buildDesiredState gives for the same input from nothing.
+
+import assert from 'node:assert/strict';
+import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
+import type { ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+
+const CONFIG: ModelConfig = { detectLocalMode: 'NodeCIDR', clusterCidrs: [], masqueradeBit: 14, localTrafficPolicyOnly: false };
+const NODE: NodeInfo = { name: 'n1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
+
+/** A seeded generator, so that a failure can be replayed. */
+function random(seed: number): () => number {
+  let state = seed;
+  return () => {
+    state = (state * 1103515245 + 12345) % 2147483648;
+    return state / 2147483648;
+  };
+}
+
+/**
+ * Services drawn from small pools so that they share addresses, collide on keys, repeat
+ * ports and carry every kind of skipped value.
+ */
+function serviceMaker(rnd: () => number, addresses: number) {
+  const pick = <T>(values: readonly T[]): T => values[Math.floor(rnd() * values.length)]!;
+  const address = () =>
+    rnd() < 0.1
+      ? pick(['bad', '::ffff:192.0.2.1', '10.0.0.1/32', ''])
+      : rnd() < 0.7
+        ? `198.18.${Math.floor(rnd() * addresses) >> 8}.${Math.floor(rnd() * addresses) & 255}`
+        : `2001:db8::${Math.floor(rnd() * addresses).toString(16)}`;
+  let serial = 0;
+  return (): ServiceInfo => {
+    const i = serial++;
+    return {
+      namespace: pick(['default', 'shop', 'Bad_Namespace', 'zeta']),
+      // Unique names: two objects of one name exist in hand-written files only (first one wins).
+      name: `s${i}`,
+      creationTimestamp: pick(['2024-01-01T00:00:00Z', '2024-01-02T00:00:00Z', undefined, 'garbage']),
+      type: pick(['LoadBalancer', 'LoadBalancer', 'LoadBalancer', 'ClusterIP', 'ExternalName']),
+      clusterIP: pick([`10.96.${(i >> 8) & 255}.${i & 255}`, 'None', '', 'ten']),
+      clusterIPs: pick([undefined, undefined, [`10.96.${(i >> 8) & 255}.${i & 255}`, `fd00::${i.toString(16)}`]]),
+      externalIPs: rnd() < 0.2 ? [address()] : undefined,
+      externalTrafficPolicy: pick(['Local', 'Cluster', undefined]),
+      ports: Array.from({ length: 1 + Math.floor(rnd() * 2) }, () => ({
+        port: pick([80, 443, 443, 0]),
+        protocol: pick(['TCP', 'TCP', 'UDP', undefined, 'ICMP']),
+      })),
+      ingress: [{ ip: address(), ipMode: pick([undefined, 'VIP', 'Proxy']) }, ...(rnd() < 0.1 ? [{ hostname: 'lb.example.com' }] : [])],
+    };
+  };
+}
+
+function check(seed: number, size: number, addresses: number, steps: number, changesPerStep: () => number): void {
+  const rnd = random(seed);
+  const makeService = serviceMaker(rnd, addresses);
+  const config = { ...CONFIG, localTrafficPolicyOnly: rnd() < 0.3 };
+  let services = Array.from({ length: size }, makeService);
+  const model = new DesiredStateModel(config);
+  for (let step = 0; step < steps; step++) {
+    const node = rnd() < 0.9 ? NODE : undefined;
+    assert.deepEqual(model.update(services, node), buildDesiredState([...services].reverse(), node, config), `seed ${seed}, step ${step}`);
+    services = [...services];
+    for (let k = changesPerStep(); k > 0; k--) {
+      const at = Math.floor(rnd() * services.length);
+      const r = rnd();
+      if (r < 0.5) services[at] = makeService();
+      else if (r < 0.75) services.splice(at, 1);
+      else services.push(makeService());
+    }
+    if (rnd() < 0.1) services.reverse(); // the cache order is not a promise
+  }
+}
+
+describe('DesiredStateModel', () => {
+  it('after any changes equals the state built from nothing, collisions and skips included', () => {
+    for (let seed = 1; seed <= 60; seed++) check(seed, 30, 24, 12, () => 1 + (seed % 4));
+  });
+
+  it('also when many keys change at once (the state is sorted anew)', () => {
+    check(101, 3000, 4000, 6, () => 1500);
+    check(102, 3000, 400, 8, () => 20);
+  });
+
+  it('keeps an unchanged entry as the same object, and unchanged lists as the same arrays', () => {
+    const lb = (name: string, ip: string): ServiceInfo => ({
+      namespace: 'default',
+      name,
+      type: 'LoadBalancer',
+      clusterIP: '10.96.0.10',
+      ports: [{ port: 80 }],
+      ingress: [{ ip }],
+    });
+    const services = [lb('a', '192.0.2.1'), lb('b', '192.0.2.2'), lb('c', '192.0.2.3')];
+    const model = new DesiredStateModel(CONFIG);
+    const first = model.update(services, NODE);
+    assert.equal(model.update([...services], NODE).ipv4.entries, first.ipv4.entries);
+
+    const second = model.update([services[0]!, lb('b', '192.0.2.9'), services[2]!], NODE);
+    assert.deepEqual(
+      second.ipv4.entries.map((e) => e.externalIp),
+      ['192.0.2.1', '192.0.2.3', '192.0.2.9'],
+    );
+    assert.equal(second.ipv4.entries[0], first.ipv4.entries[0]);
+    assert.equal(second.ipv4.entries[1], first.ipv4.entries[2]);
+    assert.deepEqual(first.ipv4.entries.map((e) => e.externalIp), ['192.0.2.1', '192.0.2.2', '192.0.2.3'], 'an earlier result is not changed');
+  });
+});

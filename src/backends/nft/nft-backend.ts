@@ -5,6 +5,7 @@
 
 import { FAMILIES, entryKey, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
 import { BackendError, type Backend, type ProbeResult, type SyncOptions, type SyncResult } from '../backend.js';
+import { orderedChanges } from '../../model/ordered-changes.js';
 import type { NftExecutor } from './executor.js';
 import {
   NFT_FAMILY,
@@ -16,7 +17,10 @@ import {
 } from './render.js';
 
 interface Programmed {
-  entries: Map<string, Entry>;
+  /** The map elements in the kernel, in the order of the desired state they came from. */
+  entries: Entry[];
+  /** The same entries as a set of objects. */
+  objects: Set<Entry>;
   /** Everything but the map elements, compared to decide whether a partial sync is possible. */
   shape: string;
 }
@@ -74,19 +78,34 @@ export class NftBackend implements Backend {
     const shape = shapeOf(state, mark);
     const before = this.programmed.get(family);
     if (!full && before && before.shape === shape) {
-      const { removed, added } = diffEntries(before.entries, state.entries);
-      if (removed.length === 0 && added.length === 0) return 'noop';
-      try {
-        await this.executor.run(nftDocument(renderMapChangesJson(family, removed, added)));
-        for (const e of removed) before.entries.delete(entryKey(e));
-        for (const e of added) before.entries.set(entryKey(e), e);
-        return 'partial';
-      } catch {
-        // The kernel no longer holds what we programmed: rebuild the table.
+      const changes = diffProgrammed(before, state.entries);
+      if (changes.removed.length > 0 || changes.added.length > 0) {
+        try {
+          await this.executor.run(nftDocument(renderMapChangesJson(family, changes.removed, changes.added)));
+        } catch {
+          // The kernel no longer holds what we programmed: rebuild the table.
+          return this.fullSync(family, state, mark, shape);
+        }
       }
+      before.entries = state.entries.slice();
+      if (changes.renewed) before.objects = new Set(state.entries);
+      else {
+        for (const e of changes.removed) before.objects.delete(e);
+        for (const [old, current] of changes.replaced) {
+          before.objects.delete(old);
+          before.objects.add(current);
+        }
+        for (const e of changes.added) before.objects.add(e);
+      }
+      return changes.removed.length > 0 || changes.added.length > 0 ? 'partial' : 'noop';
     }
+    return this.fullSync(family, state, mark, shape);
+  }
+
+  private async fullSync(family: Family, state: FamilyState, mark: number, shape: string): Promise<'full'> {
+    this.programmed.delete(family);
     await this.executor.run(nftDocument(renderFullSyncJson(family, state, mark)));
-    this.programmed.set(family, { entries: new Map(state.entries.map((e) => [entryKey(e), e])), shape });
+    this.programmed.set(family, { entries: state.entries.slice(), objects: new Set(state.entries), shape });
     return 'full';
   }
 
@@ -106,6 +125,46 @@ export class NftBackend implements Backend {
     }
     return false;
   }
+}
+
+interface ProgrammedChanges {
+  removed: Entry[];
+  added: Entry[];
+  /** Programmed entries whose equal replacement is a new object: nothing to write to the kernel. */
+  replaced: Array<[Entry, Entry]>;
+  /** True when the changes were found by key, the object set must be rebuilt. */
+  renewed: boolean;
+}
+
+/**
+ * What to write so that the kernel map holds `next`. The model keeps an unchanged entry as the
+ * same object, in sorted order: walking the programmed entries and `next` side by side finds
+ * the changes at the cost of the changes, not of the table. Entries from a caller that does not
+ * keep them so are compared by key.
+ */
+export function diffProgrammed(programmed: Pick<Programmed, 'entries' | 'objects'>, next: Entry[]): ProgrammedChanges {
+  const walked =
+    programmed.objects.size === programmed.entries.length
+      ? orderedChanges(programmed.entries, next, (e) => programmed.objects.has(e))
+      : undefined;
+  if (!walked || new Set(walked.fresh).size !== walked.fresh.length) {
+    const byKey = new Map([...programmed.objects].map((p) => [entryKey(p), p]));
+    return { ...diffEntries(byKey, next), replaced: [], renewed: true };
+  }
+  const freshByKey = new Map(walked.fresh.map((e) => [entryKey(e), e]));
+  const removed: Entry[] = [];
+  const replaced: Array<[Entry, Entry]> = [];
+  for (const old of walked.gone) {
+    const key = entryKey(old);
+    const current = freshByKey.get(key);
+    if (current && current.clusterIp === old.clusterIp && current.service === old.service) {
+      replaced.push([old, current]);
+      freshByKey.delete(key);
+    } else {
+      removed.push(old);
+    }
+  }
+  return { removed, added: [...freshByKey.values()], replaced, renewed: false };
 }
 
 /** Entries to delete and to add so that `current` becomes `next`; a changed value is both. */

@@ -46,6 +46,8 @@ export class Informer<T> {
   private retryTimer: NodeJS.Timeout | undefined;
   private failures = 0;
   private stopped = false;
+  /** The info of ListWatch's objects by namespace/name, kept by its events: cheaper to list. */
+  private readonly objects = new Map<string, T>();
 
   constructor(
     private readonly kubeConfig: KubeConfig,
@@ -65,8 +67,9 @@ export class Informer<T> {
     return new Promise((resolve) => this.syncWaiters.push(resolve));
   }
 
+  /** The cached objects; a changed object keeps its place, so a sync can compare by identity. */
   list(): T[] {
-    return this.listWatch ? this.listWatch.list().map((o) => o.info) : [];
+    return Array.from(this.objects.values());
   }
 
   start(): void {
@@ -80,7 +83,18 @@ export class Informer<T> {
       undefined,
       this.options.fieldSelector,
     );
-    for (const verb of ['add', 'update', 'delete'] as const) this.listWatch.on(verb, () => this.options.onChange());
+    this.objects.clear();
+    const keyOf = (o: Stripped<T>) => `${o.metadata.namespace ?? ''}/${o.metadata.name}`;
+    for (const verb of ['add', 'update'] as const) {
+      this.listWatch.on(verb, (o: Stripped<T>) => {
+        this.objects.set(keyOf(o), o.info);
+        this.options.onChange();
+      });
+    }
+    this.listWatch.on('delete', (o: Stripped<T>) => {
+      this.objects.delete(keyOf(o));
+      this.options.onChange();
+    });
     this.listWatch.on('error', (err: unknown) => this.retry(err));
     void this.listWatch.start();
   }

@@ -22,7 +22,8 @@ export class SyncRunner {
   private pendingFull = false;
   private changedAt: number | undefined;
   private running: Promise<void> | undefined;
-  private timer: NodeJS.Timeout | undefined;
+  /** Cancels the scheduled run; set while one is scheduled. */
+  private cancelScheduled: (() => void) | undefined;
   private fullTimer: NodeJS.Timeout | undefined;
   private lastRunAt = Number.NEGATIVE_INFINITY;
   private failures = 0;
@@ -52,20 +53,28 @@ export class SyncRunner {
   /** Stops scheduling and waits for a sync in flight. */
   async stop(): Promise<void> {
     this.stopped = true;
-    clearTimeout(this.timer);
+    this.cancelScheduled?.();
+    this.cancelScheduled = undefined;
     clearTimeout(this.fullTimer);
-    this.timer = undefined;
     await this.running;
   }
 
   private schedule(extraDelayMs: number): void {
-    if (this.stopped || this.running || this.timer) return;
+    if (this.stopped || this.running || this.cancelScheduled) return;
     const sinceLast = performance.now() - this.lastRunAt;
     const delay = Math.max(extraDelayMs, this.options.minIntervalMs - sinceLast, 0);
-    this.timer = setTimeout(() => {
-      this.timer = undefined;
+    const fire = () => {
+      this.cancelScheduled = undefined;
       void this.run();
-    }, delay);
+    };
+    // setTimeout waits at least 1 ms even when asked for 0: a sync due now runs on the next turn.
+    if (delay > 0) {
+      const timer = setTimeout(fire, delay);
+      this.cancelScheduled = () => clearTimeout(timer);
+    } else {
+      const immediate = setImmediate(fire);
+      this.cancelScheduled = () => clearImmediate(immediate);
+    }
   }
 
   private async run(): Promise<void> {

@@ -84,7 +84,7 @@ export class Informer<T> {
       this.options.fieldSelector,
     );
     this.objects.clear();
-    const keyOf = (o: Stripped<T>) => `${o.metadata.namespace ?? ''}/${o.metadata.name}`;
+    const keyOf = (o: Stripped<T>) => [o.metadata.namespace ?? '', o.metadata.name].join('/');
     for (const verb of ['add', 'update'] as const) {
       this.listWatch.on(verb, (o: Stripped<T>) => {
         this.objects.set(keyOf(o), o.info);

@@ -24,8 +24,20 @@ import {
 } from './types.js';
 
 export function serviceKey(svc: Pick<ServiceInfo, 'namespace' | 'name'>): string {
-  return `${svc.namespace}/${svc.name}`;
+  return flat([svc.namespace, '/', svc.name]);
 }
+
+/**
+ * A string kept for as long as its Service: joined, it is one flat string; a template literal
+ * would be a tree of pieces, several times its size.
+ */
+function flat(parts: unknown[]): string {
+  return parts.join('');
+}
+
+/** Shared by the many records, keys and claims that have none: an empty array is not free. */
+const NO_SKIPS: Skip[] = Object.freeze([]) as unknown as Skip[];
+const NO_LOSERS: string[] = Object.freeze([]) as unknown as string[];
 
 /** Computes what must be programmed. Output order is deterministic whatever the input order. */
 export function buildDesiredState(
@@ -109,10 +121,11 @@ export class DesiredStateModel {
       for (const claim of record.claims) {
         let contest = this.contests.get(claim.key);
         if (!contest) {
-          contest = { family: claim.entry.family, claims: [], winner: undefined, losers: [] };
+          contest = { family: claim.entry.family, claims: [claim], winner: undefined, losers: NO_LOSERS };
           this.contests.set(claim.key, contest);
+        } else {
+          contest.claims.push(claim);
         }
-        contest.claims.push(claim);
         touched.add(contest);
       }
       if (record.skips.length > 0) {
@@ -189,12 +202,14 @@ export class DesiredStateModel {
   }
 
   private deriveRecord(svc: ServiceInfo, generation: number): ServiceRecord {
-    const record: ServiceRecord = { service: serviceKey(svc), seq: this.nextSeq++, seenIn: generation, claims: [], skips: [] };
-    for (const c of serviceCandidates(svc, this.config, record.skips)) {
-      const key = `${c.family}|${c.ip.address}|${c.protocol}|${c.port}`;
+    const skips: Skip[] = [];
+    const claims: Claim[] = [];
+    const record: ServiceRecord = { service: serviceKey(svc), seq: this.nextSeq++, seenIn: generation, claims, skips };
+    for (const c of serviceCandidates(svc, this.config, skips)) {
+      const key = flat([c.family, '|', c.ip.address, '|', c.protocol, '|', c.port]);
       // A port listed twice asks for the same key twice: one claim.
-      if (record.claims.some((claim) => claim.key === key)) continue;
-      record.claims.push({
+      if (claims.some((claim) => claim.key === key)) continue;
+      claims.push({
         entry: {
           family: c.family,
           externalIp: c.ip.address,
@@ -204,11 +219,14 @@ export class DesiredStateModel {
           service: record.service,
         },
         key,
-        sortKey: `${c.ipSortKey}|${c.protocol}|${String(c.port).padStart(5, '0')}`,
+        sortKey: flat([c.ipSortKey, '|', c.protocol, '|', String(c.port).padStart(5, '0')]),
         created: c.created,
         record,
       });
     }
+    // Arrays grown by push keep room for more; a record keeps exact copies.
+    record.claims = claims.slice();
+    record.skips = skips.length > 0 ? skips.slice() : NO_SKIPS;
     return record;
   }
 
@@ -230,7 +248,7 @@ export class DesiredStateModel {
       .filter((service) => service !== winner?.record.service)
       .sort();
     if (losers.length === contest.losers.length && losers.every((l, i) => l === contest.losers[i])) return false;
-    contest.losers = losers;
+    contest.losers = losers.length > 0 ? losers.slice() : NO_LOSERS;
     if (losers.length > 0) this.contested.add(contest);
     else this.contested.delete(contest);
     return true;

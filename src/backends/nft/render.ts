@@ -192,7 +192,8 @@ function quote(s: string): string {
 
 /** One map element as nft text: `198.51.100.7 . tcp . 443 comment "ns/name" : 10.96.0.10`. */
 export function mapElementText(e: Entry): string {
-  return `${e.externalIp} . ${protoName(e)} . ${e.port} comment ${quote(e.service)} : ${e.clusterIp}`;
+  // Joined rather than a template literal: one flat string, which the backend keeps per entry.
+  return [e.externalIp, ' . ', protoName(e), ' . ', e.port, ' comment ', quote(e.service), ' : ', e.clusterIp].join('');
 }
 
 /** Gives an entry's element text; a caller that renders the same entries again may remember them. */

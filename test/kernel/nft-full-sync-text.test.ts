@@ -13,7 +13,8 @@ import {
   renderFullSyncJson,
   renderFullSyncText,
 } from '../../src/backends/nft/render.js';
-import type { Entry, Family, FamilyState, LocalPodMatch } from '../../src/model/types.js';
+import { NftBackend } from '../../src/backends/nft/nft-backend.js';
+import type { DesiredState, Entry, Family, FamilyState, LocalPodMatch } from '../../src/model/types.js';
 import { assertIsolatedNetns } from '../support/node-network.js';
 
 const EXECUTORS: Array<{ kind: string; create: () => NftExecutor }> = [
@@ -107,6 +108,27 @@ describe('nft full sync as text', function () {
           });
         }
       }
+
+      it('NftBackend: one family the kernel refuses neither blocks the other nor goes unreported', async () => {
+        const backend = new NftBackend(executor);
+        const desired = (ipv6Port: number): DesiredState => ({
+          ipv4: { entries: entries('ipv4', 50), localPodMatch: MATCHES.ipv4[0]! },
+          ipv6: { entries: [{ ...entries('ipv6', 1)[0]!, port: ipv6Port }], localPodMatch: MATCHES.ipv6[0]! },
+          masqueradeMark: 0x4000,
+          skips: [],
+          conflicts: [],
+        });
+        await assert.rejects(backend.sync(desired(70000), { full: true }), (err: Error) => {
+          assert.match(err.message, /ip6: /);
+          assert.doesNotMatch(err.message, /(^|; )ip: /);
+          return true;
+        });
+        assert.equal((await listed(executor, 'ipv4')).filter((o) => o.map).length, 1, 'the IPv4 table is programmed');
+        assert.equal(await executor.listTable('ip6', TABLE_NAME), undefined);
+        const result = await backend.sync(desired(443), { full: false });
+        assert.equal(result.mode, 'full', 'the family that failed is synced in full once it can be');
+        assert.ok(await executor.listTable('ip6', TABLE_NAME));
+      });
 
       it('reports a text document the kernel refuses as an error with nft\'s message', async () => {
         const state: FamilyState = { entries: [{ ...entries('ipv4', 1)[0]!, port: 70000 }], localPodMatch: MATCHES.ipv4[0]! };

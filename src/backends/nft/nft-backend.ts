@@ -1,6 +1,6 @@
 // The nftables backend: tables `ip ipvs-node-controller` and `ip6 ipvs-node-controller`.
-// A full sync replaces a family's table in one transaction (nft text: libnftables reads it
-// faster than JSON); between full syncs only the map elements that changed are written (one JSON
+// A full sync replaces the tables in one transaction (nft text: libnftables reads it faster
+// than JSON); between full syncs only the map elements that changed are written (one JSON
 // transaction per family). If a partial transaction fails (the table was removed by someone
 // else, say) the family falls back to a full sync.
 
@@ -70,12 +70,26 @@ export class NftBackend implements Backend {
   async sync(desired: DesiredState, options: SyncOptions): Promise<SyncResult> {
     const modes: Array<SyncResult['mode']> = [];
     const failures: string[] = [];
+    const mark = desired.masqueradeMark;
+    const needFull: Family[] = [];
     for (const family of FAMILIES) {
-      try {
-        modes.push(await this.syncFamily(family, desired[family], desired.masqueradeMark, options.full));
-      } catch (err) {
-        this.programmed.delete(family);
-        failures.push(`${NFT_FAMILY[family]}: ${(err as Error).message}`);
+      const mode = options.full ? undefined : await this.syncChangedElements(family, desired[family], mark);
+      if (mode) modes.push(mode);
+      else needFull.push(family);
+    }
+    if (needFull.length > 0) {
+      // Every family that needs it in one transaction: libnftables reads the whole ruleset,
+      // elements included, before each transaction it runs (tens of ms with tens of thousands
+      // of elements). If that fails, one transaction per family, so that one family's problem
+      // neither blocks the other nor goes unreported.
+      const together = needFull.length > 1 && (await this.fullSync(needFull, desired).then(() => true, () => false));
+      for (const family of needFull) {
+        try {
+          if (!together) await this.fullSync([family], desired);
+          modes.push('full');
+        } catch (err) {
+          failures.push(`${NFT_FAMILY[family]}: ${(err as Error).message}`);
+        }
       }
     }
     if (failures.length > 0) throw new BackendError(`nft sync failed: ${failures.join('; ')}`, 'nft');
@@ -85,44 +99,52 @@ export class NftBackend implements Backend {
     };
   }
 
-  private async syncFamily(
+  /**
+   * A partial sync of one family: only the map elements that changed. Undefined when the family
+   * needs a full sync (nothing programmed yet, another table shape, or the kernel refused the
+   * changes because it no longer holds what we programmed).
+   */
+  private async syncChangedElements(
     family: Family,
     state: FamilyState,
     mark: number,
-    full: boolean,
-  ): Promise<SyncResult['mode']> {
-    const shape = shapeOf(state, mark);
+  ): Promise<'partial' | 'noop' | undefined> {
     const before = this.programmed.get(family);
-    if (!full && before && before.shape === shape) {
-      const changes = diffProgrammed(before, state.entries);
-      if (changes.removed.length > 0 || changes.added.length > 0) {
-        try {
-          await this.executor.run(nftDocument(renderMapChangesJson(family, changes.removed, changes.added)));
-        } catch {
-          // The kernel no longer holds what we programmed: rebuild the table.
-          return this.fullSync(family, state, mark, shape);
-        }
+    if (!before || before.shape !== shapeOf(state, mark)) return undefined;
+    const changes = diffProgrammed(before, state.entries);
+    if (changes.removed.length > 0 || changes.added.length > 0) {
+      try {
+        await this.executor.run(nftDocument(renderMapChangesJson(family, changes.removed, changes.added)));
+      } catch {
+        return undefined;
       }
-      before.entries = state.entries.slice();
-      if (changes.renewed) before.objects = new Set(state.entries);
-      else {
-        for (const e of changes.removed) before.objects.delete(e);
-        for (const [old, current] of changes.replaced) {
-          before.objects.delete(old);
-          before.objects.add(current);
-        }
-        for (const e of changes.added) before.objects.add(e);
-      }
-      return changes.removed.length > 0 || changes.added.length > 0 ? 'partial' : 'noop';
     }
-    return this.fullSync(family, state, mark, shape);
+    before.entries = state.entries.slice();
+    if (changes.renewed) before.objects = new Set(state.entries);
+    else {
+      for (const e of changes.removed) before.objects.delete(e);
+      for (const [old, current] of changes.replaced) {
+        before.objects.delete(old);
+        before.objects.add(current);
+      }
+      for (const e of changes.added) before.objects.add(e);
+    }
+    return changes.removed.length > 0 || changes.added.length > 0 ? 'partial' : 'noop';
   }
 
-  private async fullSync(family: Family, state: FamilyState, mark: number, shape: string): Promise<'full'> {
-    this.programmed.delete(family);
-    await this.executor.run(renderFullSyncText(family, state, mark, this.elementText));
-    this.programmed.set(family, { entries: state.entries.slice(), objects: new Set(state.entries), shape });
-    return 'full';
+  /** Replaces the tables of `families` in one transaction. */
+  private async fullSync(families: Family[], desired: DesiredState): Promise<void> {
+    for (const family of families) this.programmed.delete(family);
+    const mark = desired.masqueradeMark;
+    await this.executor.run(families.map((f) => renderFullSyncText(f, desired[f], mark, this.elementText)).join(''));
+    for (const family of families) {
+      const state = desired[family];
+      this.programmed.set(family, {
+        entries: state.entries.slice(),
+        objects: new Set(state.entries),
+        shape: shapeOf(state, mark),
+      });
+    }
   }
 
   async cleanup(): Promise<void> {

@@ -25,6 +25,8 @@ export interface ControllerFlags {
   nftExecutor: 'addon' | 'cli';
   minSyncPeriod: string;
   syncPeriod: string;
+  /** Extra V8/Node flags, e.g. --optimize-for-size. */
+  nodeFlags?: string[];
 }
 
 export interface MemoryFigures {
@@ -55,6 +57,7 @@ export class ControllerProcess {
 
   static start(flags: ControllerFlags): ControllerProcess {
     const args = [
+      ...(flags.nodeFlags ?? []),
       '--expose-gc',
       '--import',
       GC_HOOK,

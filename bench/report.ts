@@ -33,6 +33,8 @@ export interface LatencyResult {
 
 export interface MemoryResult {
   services: number;
+  /** Extra node flags of the controller process ('' for none). */
+  nodeFlags: string;
   /** VmRSS after 5 s idle following the first sync. */
   rssIdleMiB: number;
   /** VmRSS 2 s after a forced full garbage collection. */
@@ -152,11 +154,13 @@ export function formatReport(r: BenchResults): string {
   if (r.memory.length > 0) {
     out.push('', '3. Resident memory of the controller process with the Services cached (addon):');
     out.push('   RSS after 5 s idle; RSS after a forced full GC; peak RSS (while listing); V8 heap used after GC.');
+    out.push('   The rows with node flags are a contrast: how the process is started is a deployment choice.');
     out.push(
       ...table(
-        ['Services', 'RSS idle', 'RSS after GC', 'peak RSS', 'heap used', 'target'],
+        ['Services', 'node flags', 'RSS idle', 'RSS after GC', 'peak RSS', 'heap used', 'target'],
         r.memory.map((m) => [
           n(m.services),
+          m.nodeFlags || '-',
           `${m.rssIdleMiB.toFixed(1)} MiB`,
           `${m.rssAfterGcMiB.toFixed(1)} MiB`,
           `${m.peakRssMiB.toFixed(1)} MiB`,

@@ -37,7 +37,10 @@ type Measure = (typeof MEASURES)[number];
 const TABLE = 'ipvs-node-controller';
 /** The change-latency and the nft first-packet measures run at this size, as the targets say. */
 const LATENCY_SERVICES = 10_000;
-const MEMORY_SIZES = [10_000, 50_000];
+/** Memory with no Service (what the process costs by itself), then the sizes the brief names. */
+const MEMORY_SIZES = [0, 10_000, 50_000];
+/** Memory is also measured with V8 told to favour size, for contrast (a deployment choice). */
+const MEMORY_NODE_FLAGS = [[], ['--optimize-for-size']];
 const MiB = 1024 * 1024;
 
 interface Options {
@@ -160,16 +163,23 @@ class Bench {
     }
   }
 
-  /** A controller with --min-sync-period 0: memory with the Services cached, then (at 10,000) latency. */
-  async steadyState(services: number): Promise<{ memory?: MemoryResult; latency?: LatencyResult }> {
+  /**
+   * A controller with --min-sync-period 0: memory with the Services cached, then (at 10,000,
+   * without extra node flags) latency; saves what it programmed for the first-packet measure.
+   */
+  async steadyState(
+    services: number,
+    measure: { memory: boolean; latency: boolean },
+    nodeFlags: string[] = [],
+  ): Promise<{ memory?: MemoryResult; latency?: LatencyResult }> {
     this.ensureServices(services);
-    const c = this.controller({ minSyncPeriod: '0s' });
+    const c = this.controller({ minSyncPeriod: '0s', nodeFlags });
     const out: { memory?: MemoryResult; latency?: LatencyResult } = {};
     try {
       await c.waitForSyncs('full', 1, this.startupTimeoutMs(services));
-      if (services === 1 || services === LATENCY_SERVICES) this.saveTable(services);
-      if (this.options.only.has('memory') && MEMORY_SIZES.includes(services)) {
-        log(`memory, ${services.toLocaleString('en-US')} Services`);
+      if (nodeFlags.length === 0 && (services === 1 || services === LATENCY_SERVICES)) this.saveTable(services);
+      if (measure.memory) {
+        log(`memory, ${services.toLocaleString('en-US')} Services${nodeFlags.length > 0 ? `, node ${nodeFlags.join(' ')}` : ''}`);
         await sleep(5_000);
         const idle = c.residentMemory();
         const heap = await c.collectGarbage();
@@ -177,6 +187,7 @@ class Bench {
         const afterGc = c.residentMemory();
         out.memory = {
           services,
+          nodeFlags: nodeFlags.join(' '),
           rssIdleMiB: idle.rssBytes / MiB,
           rssAfterGcMiB: afterGc.rssBytes / MiB,
           peakRssMiB: afterGc.peakRssBytes / MiB,
@@ -185,7 +196,7 @@ class Bench {
           externalMiB: heap.externalBytes / MiB,
         };
       }
-      if (this.options.only.has('latency') && services === LATENCY_SERVICES) {
+      if (measure.latency) {
         out.latency = await this.changeLatency(c, services);
       }
     } finally {
@@ -293,19 +304,24 @@ async function benchmark(argv: string[]): Promise<void> {
   const bench = await Bench.start(options);
   try {
     const needFirstPacket = options.only.has('first-packet');
-    if (needFirstPacket) await bench.steadyState(1);
+    const memoryAt = (services: number) => options.only.has('memory') && MEMORY_SIZES.includes(services);
+    const steady = async (services: number, latency: boolean) => {
+      for (const [i, nodeFlags] of MEMORY_NODE_FLAGS.entries()) {
+        const plain = i === 0;
+        if (!plain && !memoryAt(services)) continue;
+        const out = await bench.steadyState(services, { memory: memoryAt(services), latency: plain && latency }, nodeFlags);
+        if (out.memory) results.memory.push(out.memory);
+        if (out.latency) results.latency = out.latency;
+      }
+    };
+    if (memoryAt(0)) await steady(0, false);
+    if (needFirstPacket) await bench.steadyState(1, { memory: false, latency: false });
     for (const services of options.sizes) {
       if (options.only.has('full')) {
         for (const executor of ['addon', 'cli'] as const) results.fullSync.push(await bench.fullSync(services, executor));
       }
-      const wantsSteady =
-        (options.only.has('memory') && MEMORY_SIZES.includes(services)) ||
-        ((options.only.has('latency') || needFirstPacket) && services === LATENCY_SERVICES);
-      if (wantsSteady) {
-        const { memory, latency } = await bench.steadyState(services);
-        if (memory) results.memory.push(memory);
-        if (latency) results.latency = latency;
-      }
+      const latency = options.only.has('latency') && services === LATENCY_SERVICES;
+      if (memoryAt(services) || latency || (needFirstPacket && services === LATENCY_SERVICES)) await steady(services, latency);
     }
     if (needFirstPacket) results.firstPacket = await bench.firstPacket();
   } finally {

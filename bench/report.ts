@@ -32,7 +32,7 @@ export interface LatencyResult {
   partialSyncs: number;
   partialSyncP50Ms: number;
   partialSyncP99Ms: number;
-  /** The floor: the same kind of transaction written by the benchmark itself, taking turns. */
+  /** The floor: the same kind of transaction written by the benchmark itself, right after. */
   floorMs: number[];
   floorP50Ms: number;
   floorP99Ms: number;
@@ -156,7 +156,7 @@ export function formatReport(r: BenchResults): string {
     const l = r.latency;
     out.push('', `2. Change-to-kernel latency, ${n(l.services)} Services, addon, --min-sync-period 0 (each change is its own sync):`);
     out.push('   one Service\'s ingress IP changes in the stand-in; time until `nft monitor` shows the new element in the kernel.');
-    out.push('   floor, taking turns with it: the benchmark writes the same kind of change itself through the addon,');
+    out.push('   floor, right after: the benchmark writes the same kind of change itself through the addon,');
     out.push('   seen the same way (libnftables, kernel, monitor and this machine\'s scheduling; no API, no controller).');
     out.push(
       ...table(

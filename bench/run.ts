@@ -271,9 +271,11 @@ class Bench {
         this.standIn.apply(next);
         samplesMs.push((await seen) - changedAt);
         await sleep(10 + Math.floor(random() * 20));
-
-        // The floor, taking turns with the controller: the same kind of transaction (one element
-        // out, one in) written by this process through the addon, seen the same way.
+      }
+      // The floor, after the controller's changes (commits of another process in between would
+      // make the controller's libnftables re-read its cache): the same kind of transaction, one
+      // element out and one in, written by this process through the addon and seen the same way.
+      for (let k = 0; k < this.options.changes; k++) {
         const element: Entry = { ...FLOOR_ENTRY, externalIp: floorIp(k) };
         const document = nftDocument(renderMapChangesJson('ipv4', written ? [written] : [], [element]));
         const floorSeen = monitor.elementAdded(element.externalIp, 10_000);

@@ -99,7 +99,7 @@ export class Controller {
   desiredState(): DesiredState {
     const { caches, nodeName } = this.options;
     const node = caches.node.list().find((n) => n.name === nodeName);
-    return this.model.update(caches.services.list(), node);
+    return this.model.update(caches.services, node);
   }
 
   private async sync(info: SyncRequestInfo): Promise<void> {

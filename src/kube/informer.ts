@@ -6,6 +6,7 @@
 //   so an unreachable API server never empties the desired state.
 
 import { KubeConfig, ListWatch, Watch } from '@kubernetes/client-node';
+import type { ChangeTracked } from '../model/types.js';
 
 export interface Stripped<T> {
   metadata: { name: string; namespace?: string; resourceVersion?: string };
@@ -38,8 +39,10 @@ export interface InformerOptions<T> {
 }
 
 const MAX_BACKOFF_MS = 30_000;
+/** Changes kept for a reader that does not come (the log is short when the controller syncs). */
+const MAX_CHANGE_LOG = 10_000;
 
-export class Informer<T> {
+export class Informer<T> implements ChangeTracked<T> {
   private listWatch: ListWatch<Stripped<T>> | undefined;
   private synced = false;
   private syncWaiters: Array<() => void> = [];
@@ -48,6 +51,9 @@ export class Informer<T> {
   private stopped = false;
   /** The info of ListWatch's objects by namespace/name, kept by its events: cheaper to list. */
   private readonly objects = new Map<string, T>();
+  /** Changes since mark `logStart`, in order, for changesSince(). */
+  private changeLog: Array<{ removed?: T; added?: T }> = [];
+  private logStart = 0;
 
   constructor(
     private readonly kubeConfig: KubeConfig,
@@ -72,6 +78,35 @@ export class Informer<T> {
     return Array.from(this.objects.values());
   }
 
+  get mark(): number {
+    return this.logStart + this.changeLog.length;
+  }
+
+  /**
+   * What changed since `mark` (see ChangeTracked). For one reader: the log before the mark it
+   * asks with is dropped, and a log that nobody reads is dropped when it grows long.
+   */
+  changesSince(mark: number): { removed: T[]; added: T[] } | undefined {
+    if (mark < this.logStart || mark > this.mark) return undefined;
+    this.changeLog = this.changeLog.slice(mark - this.logStart);
+    this.logStart = mark;
+    const removed = new Set<T>();
+    const added = new Set<T>();
+    for (const change of this.changeLog) {
+      if (change.removed !== undefined && !added.delete(change.removed)) removed.add(change.removed);
+      if (change.added !== undefined) added.add(change.added);
+    }
+    return { removed: [...removed], added: [...added] };
+  }
+
+  private record(removed: T | undefined, added: T | undefined): void {
+    if (this.changeLog.length >= MAX_CHANGE_LOG) {
+      this.logStart += this.changeLog.length;
+      this.changeLog = [];
+    }
+    this.changeLog.push({ removed, added });
+  }
+
   start(): void {
     this.stopped = false;
     const watch = this.strippingWatch();
@@ -84,15 +119,23 @@ export class Informer<T> {
       this.options.fieldSelector,
     );
     this.objects.clear();
+    // A new cache: no reader's mark is valid any more.
+    this.logStart += this.changeLog.length + 1;
+    this.changeLog = [];
     const keyOf = (o: Stripped<T>) => [o.metadata.namespace ?? '', o.metadata.name].join('/');
     for (const verb of ['add', 'update'] as const) {
       this.listWatch.on(verb, (o: Stripped<T>) => {
-        this.objects.set(keyOf(o), o.info);
+        const key = keyOf(o);
+        this.record(this.objects.get(key), o.info);
+        this.objects.set(key, o.info);
         this.options.onChange();
       });
     }
     this.listWatch.on('delete', (o: Stripped<T>) => {
-      this.objects.delete(keyOf(o));
+      const key = keyOf(o);
+      const gone = this.objects.get(key);
+      if (gone !== undefined) this.record(gone, undefined);
+      this.objects.delete(key);
       this.options.onChange();
     });
     this.listWatch.on('error', (err: unknown) => this.retry(err));

@@ -11,8 +11,10 @@ import { orderedChanges } from './ordered-changes.js';
 import {
   PROTOCOLS,
   type Conflict,
+  type ChangeTracked,
   type DesiredState,
   type Entry,
+  type EntryChanges,
   type Family,
   type FamilyState,
   type LocalPodMatch,
@@ -97,15 +99,24 @@ export class DesiredStateModel {
   private generation = 0;
   /** The previous input, when it held each object once. */
   private lastInput: ServiceInfo[] | undefined;
+  /** The mark of a change-tracked input at the last update. */
+  private trackedMark: number | undefined;
   private nextSeq = 0;
 
   constructor(private readonly config: ModelConfig) {}
 
-  update(services: Iterable<ServiceInfo>, node: NodeInfo | undefined): DesiredState {
-    const input = Array.isArray(services) ? (services as ServiceInfo[]) : [...services];
-    const { added, removed } = this.serviceChanges(input);
-    // Compared by identity next time: kept as a copy, the caller may reuse its array.
-    this.lastInput = this.records.size === input.length ? input.slice() : undefined;
+  /**
+   * The desired state for these Services. Given a collection that tracks its changes (the
+   * informer), only what changed since the last update is read.
+   */
+  update(services: Iterable<ServiceInfo> | ChangeTracked<ServiceInfo>, node: NodeInfo | undefined): DesiredState {
+    let changes: { added: ServiceRecord[]; removed: ServiceRecord[] };
+    if (isChangeTracked(services)) changes = this.trackedChanges(services);
+    else {
+      this.trackedMark = undefined;
+      changes = this.listChanges(Array.isArray(services) ? (services as ServiceInfo[]) : [...services]);
+    }
+    const { added, removed } = changes;
 
     const touched = new Set<Contest>();
     let skipsChanged = false;
@@ -143,10 +154,12 @@ export class DesiredStateModel {
     if (skipsChanged) this.collectSkips();
     if (conflictsChanged) this.collectConflicts();
 
-    const state = (family: Family): FamilyState => ({
-      entries: this.entries[family].list(),
-      localPodMatch: localPodMatch(family, node, this.config),
-    });
+    const state = (family: Family): FamilyState => {
+      const { entries, changes } = this.entries[family].publish();
+      const out: FamilyState = { entries, localPodMatch: localPodMatch(family, node, this.config) };
+      if (changes) out.changes = changes;
+      return out;
+    };
     return {
       ipv4: state('ipv4'),
       ipv6: state('ipv6'),
@@ -154,6 +167,39 @@ export class DesiredStateModel {
       skips: this.skips,
       conflicts: this.conflicts,
     };
+  }
+
+  /** The changes the collection reports since the last update, or all of it anew. */
+  private trackedChanges(services: ChangeTracked<ServiceInfo>): { added: ServiceRecord[]; removed: ServiceRecord[] } {
+    const since = this.trackedMark;
+    const mark = services.mark;
+    const changes = since === undefined ? undefined : services.changesSince(since);
+    this.trackedMark = mark;
+    // Anything the model does not hold as the collection says it should: read it all.
+    if (!changes || changes.removed.some((svc) => !this.records.has(svc)) || changes.added.some((svc) => this.records.has(svc))) {
+      return this.listChanges(services.list());
+    }
+    this.lastInput = undefined; // the last list no longer describes what the model holds
+    const generation = ++this.generation;
+    const removed = changes.removed.map((svc) => {
+      const record = this.records.get(svc)!;
+      this.records.delete(svc);
+      return record;
+    });
+    const added = changes.added.map((svc) => {
+      const record = this.deriveRecord(svc, generation);
+      this.records.set(svc, record);
+      return record;
+    });
+    return { added, removed };
+  }
+
+  /** Which Service objects of the list are new, and which known ones it no longer holds. */
+  private listChanges(input: ServiceInfo[]): { added: ServiceRecord[]; removed: ServiceRecord[] } {
+    const changes = this.serviceChanges(input);
+    // Compared by identity next time: kept as a copy, the caller may reuse its array.
+    this.lastInput = this.records.size === input.length ? input.slice() : undefined;
+    return changes;
   }
 
   /**
@@ -290,6 +336,11 @@ export class DesiredStateModel {
   }
 }
 
+function isChangeTracked(services: object): services is ChangeTracked<ServiceInfo> {
+  const s = services as Partial<ChangeTracked<ServiceInfo>>;
+  return typeof s.changesSince === 'function' && typeof s.list === 'function' && typeof s.mark === 'number';
+}
+
 /** The holder of a key: the oldest Service, ties broken by namespace/name (then by first sight). */
 function precedes(a: Claim, b: Claim): boolean {
   if (a.created !== b.created) return a.created < b.created;
@@ -297,24 +348,41 @@ function precedes(a: Claim, b: Claim): boolean {
   return a.record.seq < b.record.seq;
 }
 
-/** Entries of one family sorted by sort key, with a copy handed out until the next change. */
+/**
+ * Entries of one family sorted by sort key. A copy is handed out until the next change, with the
+ * entries removed and added since the copy handed out before (unless everything was re-sorted).
+ */
 class SortedEntries {
   private keys: string[] = [];
   private entries: Entry[] = [];
   private published: Entry[] | undefined;
+  /** What was handed out last; undefined when the changes since are not known. */
+  private lastPublished: Entry[] | undefined;
+  private readonly removed = new Set<Entry>();
+  private readonly added = new Set<Entry>();
 
-  list(): Entry[] {
-    this.published ??= this.entries.slice();
-    return this.published;
+  publish(): { entries: Entry[]; changes?: EntryChanges } {
+    if (this.published) return { entries: this.published, changes: { since: this.published, removed: [], added: [] } };
+    const entries = this.entries.slice();
+    const since = this.lastPublished;
+    const changes = since && { since, removed: [...this.removed], added: [...this.added] };
+    this.published = entries;
+    this.lastPublished = entries;
+    this.removed.clear();
+    this.added.clear();
+    return changes ? { entries, changes } : { entries };
   }
 
   /** Inserts, or replaces the entry of the same key. */
   set(sortKey: string, entry: Entry): void {
     const i = this.search(sortKey);
-    if (this.keys[i] === sortKey) this.entries[i] = entry;
-    else {
+    if (this.keys[i] === sortKey) {
+      this.note(this.entries[i]!, entry);
+      this.entries[i] = entry;
+    } else {
       this.keys.splice(i, 0, sortKey);
       this.entries.splice(i, 0, entry);
+      this.note(undefined, entry);
     }
     this.published = undefined;
   }
@@ -322,6 +390,7 @@ class SortedEntries {
   delete(sortKey: string): void {
     const i = this.search(sortKey);
     if (this.keys[i] !== sortKey) return;
+    this.note(this.entries[i]!, undefined);
     this.keys.splice(i, 1);
     this.entries.splice(i, 1);
     this.published = undefined;
@@ -332,6 +401,15 @@ class SortedEntries {
     this.keys = winners.map((c) => c.sortKey);
     this.entries = winners.map((c) => c.entry);
     this.published = undefined;
+    this.lastPublished = undefined;
+    this.removed.clear();
+    this.added.clear();
+  }
+
+  /** Records a change since the last hand-out; an entry added and gone again in between nets out. */
+  private note(out: Entry | undefined, into: Entry | undefined): void {
+    if (out && !this.added.delete(out)) this.removed.add(out);
+    if (into && !this.removed.delete(into)) this.added.add(into);
   }
 
   /** The first index whose key is not below sortKey. */

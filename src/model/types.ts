@@ -120,6 +120,19 @@ export interface FamilyState {
   /** Sorted by (externalIp, protocol, port); keys are unique. */
   entries: Entry[];
   localPodMatch: LocalPodMatch;
+  /**
+   * How `entries` came from an earlier entries array of the same DesiredStateModel, when it
+   * knows: a backend that programmed `since` can apply these changes without comparing lists.
+   */
+  changes?: EntryChanges;
+}
+
+/** `entries` = `since` without `removed`, with `added` (entries compared as objects). */
+export interface EntryChanges {
+  /** An entries array the model gave earlier; the model never changes an array it gave. */
+  since: Entry[];
+  removed: Entry[];
+  added: Entry[];
 }
 
 export interface DesiredState {
@@ -129,6 +142,22 @@ export interface DesiredState {
   masqueradeMark: number;
   skips: Skip[];
   conflicts: Conflict[];
+}
+
+/**
+ * A collection that can say which of its objects changed since an earlier look, as the
+ * informers can (kube-proxy's change trackers are the model). Objects are never modified: a
+ * changed object is a new one, and the old one counts as removed.
+ */
+export interface ChangeTracked<T> {
+  list(): T[];
+  /** A position in the collection's history, to ask changesSince() with later. */
+  readonly mark: number;
+  /**
+   * Objects there at `mark` and gone now (`removed`), and objects there now that were not at
+   * `mark` (`added`); undefined when the collection no longer knows (then list() it).
+   */
+  changesSince(mark: number): { removed: T[]; added: T[] } | undefined;
 }
 
 /** A stable identity of an entry's match: one kernel map key. */

@@ -3,7 +3,7 @@
 
 import assert from 'node:assert/strict';
 import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
-import type { ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import type { DesiredState, Entry, FamilyState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 
 const CONFIG: ModelConfig = { detectLocalMode: 'NodeCIDR', clusterCidrs: [], masqueradeBit: 14, localTrafficPolicyOnly: false };
 const NODE: NodeInfo = { name: 'n1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
@@ -51,15 +51,44 @@ function serviceMaker(rnd: () => number, addresses: number) {
   };
 }
 
-function check(seed: number, size: number, addresses: number, steps: number, changesPerStep: () => number): void {
+/** The state without the change hints, which only a model that saw earlier input can give. */
+function withoutChanges(d: DesiredState): DesiredState {
+  const family = ({ changes: _changes, ...rest }: FamilyState): FamilyState => rest;
+  return { ...d, ipv4: family(d.ipv4), ipv6: family(d.ipv6) };
+}
+
+/** Entries as a set of objects, to check a change hint against the lists. */
+function applied(since: Entry[], removed: Entry[], added: Entry[]): Set<Entry> {
+  const out = new Set(since);
+  for (const e of removed) assert.ok(out.delete(e), 'removes an entry that was there');
+  for (const e of added) {
+    assert.ok(!out.has(e), 'adds an entry that was not there');
+    out.add(e);
+  }
+  return out;
+}
+
+/** Returns how many change hints it checked. */
+function check(seed: number, size: number, addresses: number, steps: number, changesPerStep: () => number): number {
+  let hints = 0;
   const rnd = random(seed);
   const makeService = serviceMaker(rnd, addresses);
   const config = { ...CONFIG, localTrafficPolicyOnly: rnd() < 0.3 };
   let services = Array.from({ length: size }, makeService);
   const model = new DesiredStateModel(config);
+  let previous: DesiredState | undefined;
   for (let step = 0; step < steps; step++) {
     const node = rnd() < 0.9 ? NODE : undefined;
-    assert.deepEqual(model.update(services, node), buildDesiredState([...services].reverse(), node, config), `seed ${seed}, step ${step}`);
+    const desired = model.update(services, node);
+    assert.deepEqual(withoutChanges(desired), buildDesiredState([...services].reverse(), node, config), `seed ${seed}, step ${step}`);
+    for (const family of ['ipv4', 'ipv6'] as const) {
+      const changes = desired[family].changes;
+      if (!changes) continue;
+      assert.equal(changes.since, previous?.[family].entries, 'the hint starts from the entries given last');
+      hints++;
+      assert.deepEqual(applied(changes.since, changes.removed, changes.added), new Set(desired[family].entries), `seed ${seed}, step ${step}`);
+    }
+    previous = desired;
     services = [...services];
     for (let k = changesPerStep(); k > 0; k--) {
       const at = Math.floor(rnd() * services.length);
@@ -70,11 +99,14 @@ function check(seed: number, size: number, addresses: number, steps: number, cha
     }
     if (rnd() < 0.1) services.reverse(); // the cache order is not a promise
   }
+  return hints;
 }
 
 describe('DesiredStateModel', () => {
   it('after any changes equals the state built from nothing, collisions and skips included', () => {
-    for (let seed = 1; seed <= 60; seed++) check(seed, 30, 24, 12, () => 1 + (seed % 4));
+    let hints = 0;
+    for (let seed = 1; seed <= 60; seed++) hints += check(seed, 30, 24, 12, () => 1 + (seed % 4));
+    assert.ok(hints > 60 * 11, `the change hints were checked (${hints} times)`);
   });
 
   it('also when many keys change at once (the state is sorted anew)', () => {

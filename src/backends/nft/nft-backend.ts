@@ -111,7 +111,13 @@ export class NftBackend implements Backend {
   ): Promise<'partial' | 'noop' | undefined> {
     const before = this.programmed.get(family);
     if (!before || before.shape !== shapeOf(state, mark)) return undefined;
-    const changes = diffProgrammed(before, state.entries);
+    // The model says what changed since the entries it gave before; if those are the ones in the
+    // kernel, nothing needs comparing.
+    const hint = state.changes;
+    const changes =
+      hint && hint.since === before.entries
+        ? pairReplacements(hint.removed, hint.added)
+        : diffProgrammed(before, state.entries);
     if (changes.removed.length > 0 || changes.added.length > 0) {
       try {
         await this.executor.run(nftDocument(renderMapChangesJson(family, changes.removed, changes.added)));
@@ -119,7 +125,8 @@ export class NftBackend implements Backend {
         return undefined;
       }
     }
-    before.entries = state.entries.slice();
+    // A model never changes an entries array it gave: kept as it is, comparable with `since`.
+    before.entries = hint ? state.entries : state.entries.slice();
     if (changes.renewed) before.objects = new Set(state.entries);
     else {
       for (const e of changes.removed) before.objects.delete(e);
@@ -140,7 +147,7 @@ export class NftBackend implements Backend {
     for (const family of families) {
       const state = desired[family];
       this.programmed.set(family, {
-        entries: state.entries.slice(),
+        entries: state.changes ? state.entries : state.entries.slice(),
         objects: new Set(state.entries),
         shape: shapeOf(state, mark),
       });
@@ -189,10 +196,18 @@ export function diffProgrammed(programmed: Pick<Programmed, 'entries' | 'objects
     const byKey = new Map([...programmed.objects].map((p) => [entryKey(p), p]));
     return { ...diffEntries(byKey, next), replaced: [], renewed: true };
   }
-  const freshByKey = new Map(walked.fresh.map((e) => [entryKey(e), e]));
+  return pairReplacements(walked.gone, walked.fresh);
+}
+
+/**
+ * Entries gone and new as objects, as element changes: a new object equal to the one it
+ * replaces (same key and value) is no change for the kernel.
+ */
+export function pairReplacements(gone: Entry[], fresh: Entry[]): ProgrammedChanges {
+  const freshByKey = new Map(fresh.map((e) => [entryKey(e), e]));
   const removed: Entry[] = [];
   const replaced: Array<[Entry, Entry]> = [];
-  for (const old of walked.gone) {
+  for (const old of gone) {
     const key = entryKey(old);
     const current = freshByKey.get(key);
     if (current && current.clusterIp === old.clusterIp && current.service === old.service) {

@@ -1,0 +1,89 @@
+// Partial syncs find their changes by identity: from the model's change hints, or by walking the
+// programmed entries. Through random changes of Services, the kernel map must always hold exactly
+// the desired entries. Runs inside `unshare --net --mount` (test/run.mjs); refuses elsewhere.
+
+import assert from 'node:assert/strict';
+import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
+import { NftBackend } from '../../src/backends/nft/nft-backend.js';
+import { MAP_NAME, NFT_FAMILY, TABLE_NAME, nftDocument, renderDeleteTablesJson } from '../../src/backends/nft/render.js';
+import { DesiredStateModel } from '../../src/model/desired-state.js';
+import type { DesiredState, Family, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import { assertIsolatedNetns } from '../support/node-network.js';
+
+const CONFIG: ModelConfig = { detectLocalMode: 'NodeCIDR', clusterCidrs: [], masqueradeBit: 14, localTrafficPolicyOnly: false };
+const NODE: NodeInfo = { name: 'n1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
+
+function random(seed: number): () => number {
+  let state = seed;
+  return () => {
+    state = (state * 1103515245 + 12345) % 2147483648;
+    return state / 2147483648;
+  };
+}
+
+type Listed = { nftables: Array<{ map?: { name: string; elem?: Array<[{ elem: { val: { concat: unknown[] } } }, string]> } }> };
+
+/** The map's elements as `ip proto port clusterIp`, sorted. */
+async function kernelElements(backend: NftBackend, family: Family): Promise<string[]> {
+  const text = await backend.executor.listTable(NFT_FAMILY[family], TABLE_NAME);
+  assert.ok(text, `the ${family} table exists`);
+  const map = (JSON.parse(text) as Listed).nftables.find((o) => o.map?.name === MAP_NAME)?.map;
+  return (map?.elem ?? []).map(([key, value]) => `${key.elem.val.concat.join(' ')} ${value}`).sort();
+}
+
+function desiredElements(d: DesiredState, family: Family): string[] {
+  return d[family].entries.map((e) => `${e.externalIp} ${e.protocol.toLowerCase()} ${e.port} ${e.clusterIp}`).sort();
+}
+
+describe('nft partial syncs driven by the model', function () {
+  this.timeout(120_000);
+  before(() => assertIsolatedNetns());
+
+  it('keep the kernel map equal to the desired entries through random changes', async () => {
+    const load = loadNftAddon();
+    if (!load.executor) throw new Error(load.reason);
+    const backend = new NftBackend(load.executor);
+    const rnd = random(5);
+    let serial = 0;
+    const makeService = (): ServiceInfo => {
+      const i = serial++;
+      const v6 = rnd() < 0.3;
+      return {
+        namespace: `ns-${i % 3}`,
+        name: `svc-${i}`,
+        creationTimestamp: `2024-01-0${1 + Math.floor(rnd() * 5)}T00:00:00Z`,
+        type: 'LoadBalancer',
+        clusterIPs: [`10.96.${i >> 8}.${i & 255}`, `fd00::${i.toString(16)}`],
+        ports: [{ port: 80 + Math.floor(rnd() * 3), protocol: rnd() < 0.8 ? 'TCP' : 'UDP' }],
+        // A small pool of addresses: Services collide and take keys over from each other.
+        ingress: [{ ip: v6 ? `2001:db8::${Math.floor(rnd() * 60).toString(16)}` : `198.18.0.${Math.floor(rnd() * 150)}` }],
+      };
+    };
+    const model = new DesiredStateModel(CONFIG);
+    let services = Array.from({ length: 200 }, makeService);
+    try {
+      let partial = 0;
+      for (let step = 0; step < 60; step++) {
+        const desired = model.update(services, NODE);
+        const result = await backend.sync(desired, { full: step === 0 });
+        if (result.mode === 'partial') partial++;
+        for (const family of ['ipv4', 'ipv6'] as const) {
+          assert.deepEqual(await kernelElements(backend, family), desiredElements(desired, family), `step ${step}, ${family}`);
+        }
+        services = [...services];
+        for (let k = 1 + Math.floor(rnd() * 4); k > 0; k--) {
+          const at = Math.floor(rnd() * services.length);
+          const r = rnd();
+          if (r < 0.5) services[at] = makeService();
+          else if (r < 0.7) services[at] = { ...services[at]! }; // the same content as a new object
+          else if (r < 0.85) services.splice(at, 1);
+          else services.push(makeService());
+        }
+        if (step % 20 === 19) services.reverse(); // the cache order is not a promise
+      }
+      assert.ok(partial > 40, `most syncs were partial (${partial})`);
+    } finally {
+      await backend.executor.run(nftDocument(renderDeleteTablesJson(['ipv4', 'ipv6'])));
+    }
+  });
+});

@@ -14,6 +14,9 @@ export interface FullSyncResult {
   /** Periodic full syncs (--sync-period 1s). */
   periodicMs: number[];
   medianMs: number;
+  /** The same transaction run alone by the benchmark through the same executor, right after. */
+  transactionMs: number[];
+  transactionMedianMs: number;
 }
 
 export interface LatencyResult {
@@ -103,6 +106,8 @@ export function formatReport(r: BenchResults): string {
   if (r.fullSync.length > 0) {
     out.push('', '1. Full sync: duration of the backend sync from the controller\'s debug line \'synced\' (ms);');
     out.push('   median of the periodic full syncs (--sync-period 1s), and the first sync after start.');
+    out.push('   "alone": the same transaction run by the benchmark itself through the same executor right');
+    out.push('   after (median): the floor set by libnftables/nft and the kernel on this machine at that time.');
     const sizes = [...new Set(r.fullSync.map((f) => f.services))];
     const rows = sizes.map((services) => {
       const of = (e: string) => r.fullSync.find((f) => f.services === services && f.executor === e);
@@ -115,15 +120,29 @@ export function formatReport(r: BenchResults): string {
         ms(addon?.medianMs ?? NaN),
         addon ? `${Math.min(...addon.periodicMs)}-${Math.max(...addon.periodicMs)}` : '-',
         ms(addon?.firstMs ?? NaN),
+        ms(addon?.transactionMedianMs ?? NaN),
         ms(cli?.medianMs ?? NaN),
         ms(cli?.firstMs ?? NaN),
+        ms(cli?.transactionMedianMs ?? NaN),
         addon ? `${(addon.startToFirstSyncMs / 1000).toFixed(1)} s` : '-',
         target !== undefined && addon ? `< ${target} ms: ${verdict(addon.medianMs < target)}` : '',
       ];
     });
     out.push(
       ...table(
-        ['Services', 'elements', 'addon median', 'range', 'addon first', 'CLI median', 'CLI first', 'start to 1st sync', 'target (addon)'],
+        [
+          'Services',
+          'elements',
+          'addon median',
+          'range',
+          'addon first',
+          'addon alone',
+          'CLI median',
+          'CLI first',
+          'CLI alone',
+          'start to 1st sync',
+          'target (addon)',
+        ],
         rows,
       ).map((l) => `   ${l}`),
     );

@@ -14,6 +14,12 @@ import { cpus, loadavg, tmpdir } from 'node:os';
 import { dirname, join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
+import { loadNftAddon } from '../src/backends/nft/addon-executor.js';
+import { NftCliExecutor } from '../src/backends/nft/executor.js';
+import { renderFullSyncText } from '../src/backends/nft/render.js';
+import { toNodeInfo, toServiceInfo } from '../src/kube/objects.js';
+import { buildDesiredState } from '../src/model/desired-state.js';
+import { FAMILIES, type ModelConfig } from '../src/model/types.js';
 import { ApiStandIn } from '../test/support/api-server.js';
 import { ControllerProcess, type ControllerFlags } from './controller-process.js';
 import { measureFirstPacket, originalIptablesRules, type FirstPacketScenario } from './first-packet.js';
@@ -42,6 +48,8 @@ const MEMORY_SIZES = [0, 10_000, 50_000];
 /** Memory is also measured with V8 told to favour size, for contrast (a deployment choice). */
 const MEMORY_NODE_FLAGS = [[], ['--optimize-for-size']];
 const MiB = 1024 * 1024;
+/** The controller's defaults (the benchmark passes no model flags). */
+const BENCH_MODEL: ModelConfig = { detectLocalMode: 'NodeCIDR', clusterCidrs: [], masqueradeBit: 14, localTrafficPolicyOnly: false };
 
 interface Options {
   sizes: number[];
@@ -149,6 +157,8 @@ class Bench {
       const timeout = this.startupTimeoutMs(services) + this.options.fullSyncs * (5_000 + services / 10);
       const syncs = await c.waitForSyncs('full', this.options.fullSyncs + 1, timeout);
       const [first, ...periodic] = syncs.slice(0, this.options.fullSyncs + 1);
+      await c.stop();
+      const transactionMs = await this.transactionAlone(executor);
       return {
         services,
         executor,
@@ -157,10 +167,32 @@ class Bench {
         firstMs: first!.ms,
         periodicMs: periodic.map((s) => s.ms),
         medianMs: median(periodic.map((s) => s.ms)),
+        transactionMs,
+        transactionMedianMs: median(transactionMs),
       };
     } finally {
       await c.stop();
     }
+  }
+
+  /**
+   * The floor under a full sync on this machine at this moment: the controller's own full-sync
+   * transaction (same renderer, same Services, both families) run by this process through the
+   * same executor, over the table the controller left. What the controller adds is the rest.
+   */
+  private async transactionAlone(executor: 'addon' | 'cli'): Promise<number[]> {
+    const services = this.standIn.list('Service').map(toServiceInfo).filter((s) => s !== undefined);
+    const desired = buildDesiredState(services, toNodeInfo(benchNode()), BENCH_MODEL);
+    const document = FAMILIES.map((f) => renderFullSyncText(f, desired[f], desired.masqueradeMark)).join('');
+    const run = executor === 'addon' ? loadNftAddon().executor : new NftCliExecutor();
+    if (!run) throw new Error('the nftables addon does not load');
+    const times: number[] = [];
+    for (let i = 0; i < this.options.fullSyncs; i++) {
+      const started = performance.now();
+      await run.run(document);
+      times.push(performance.now() - started);
+    }
+    return times;
   }
 
   /**

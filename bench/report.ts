@@ -1,7 +1,7 @@
 // The printed table and the JSON shape of a benchmark run.
 
 import type { FirstPacketResult } from './first-packet.js';
-import { median } from './stats.js';
+import { median, percentile } from './stats.js';
 
 export interface FullSyncResult {
   services: number;
@@ -32,6 +32,10 @@ export interface LatencyResult {
   partialSyncs: number;
   partialSyncP50Ms: number;
   partialSyncP99Ms: number;
+  /** The floor: the same kind of transaction written by the benchmark itself, taking turns. */
+  floorMs: number[];
+  floorP50Ms: number;
+  floorP99Ms: number;
 }
 
 export interface MemoryResult {
@@ -152,11 +156,14 @@ export function formatReport(r: BenchResults): string {
     const l = r.latency;
     out.push('', `2. Change-to-kernel latency, ${n(l.services)} Services, addon, --min-sync-period 0 (each change is its own sync):`);
     out.push('   one Service\'s ingress IP changes in the stand-in; time until `nft monitor` shows the new element in the kernel.');
+    out.push('   floor, taking turns with it: the benchmark writes the same kind of change itself through the addon,');
+    out.push('   seen the same way (libnftables, kernel, monitor and this machine\'s scheduling; no API, no controller).');
     out.push(
       ...table(
-        ['changes', 'p50', 'p90', 'p99', 'max', 'controller partial sync p50 / p99', 'target p99'],
+        ['', 'changes', 'p50', 'p90', 'p99', 'max', 'controller partial sync p50 / p99', 'target p99'],
         [
           [
+            'controller',
             n(l.changes),
             ms(l.p50Ms, 2),
             ms(l.p90Ms, 2),
@@ -164,6 +171,16 @@ export function formatReport(r: BenchResults): string {
             ms(l.maxMs, 2),
             `${ms(l.partialSyncP50Ms, 0)} / ${ms(l.partialSyncP99Ms, 0)} (${l.partialSyncs} syncs)`,
             `< ${LATENCY_TARGET_MS} ms: ${verdict(l.p99Ms < LATENCY_TARGET_MS)}`,
+          ],
+          [
+            'floor',
+            n(l.floorMs.length),
+            ms(l.floorP50Ms, 2),
+            ms(percentile(l.floorMs, 90), 2),
+            ms(l.floorP99Ms, 2),
+            ms(Math.max(...l.floorMs), 2),
+            '',
+            '',
           ],
         ],
       ).map((line) => `   ${line}`),

@@ -16,10 +16,10 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { loadNftAddon } from '../src/backends/nft/addon-executor.js';
 import { NftCliExecutor } from '../src/backends/nft/executor.js';
-import { nftDocument, renderFullSyncJson } from '../src/backends/nft/render.js';
+import { nftDocument, renderFullSyncJson, renderMapChangesJson } from '../src/backends/nft/render.js';
 import { toNodeInfo, toServiceInfo } from '../src/kube/objects.js';
 import { buildDesiredState } from '../src/model/desired-state.js';
-import { FAMILIES, type ModelConfig } from '../src/model/types.js';
+import { FAMILIES, type Entry, type ModelConfig } from '../src/model/types.js';
 import { ApiStandIn } from '../test/support/api-server.js';
 import { ControllerProcess, type ControllerFlags } from './controller-process.js';
 import { measureFirstPacket, originalIptablesRules, type FirstPacketScenario } from './first-packet.js';
@@ -48,6 +48,16 @@ const MEMORY_SIZES = [0, 10_000, 50_000];
 /** Memory is also measured with V8 told to favour size, for contrast (a deployment choice). */
 const MEMORY_NODE_FLAGS = [[], ['--optimize-for-size']];
 const MiB = 1024 * 1024;
+/** The element the latency floor writes, at a fresh address each time (100.100.0.0/16). */
+const FLOOR_ENTRY: Entry = {
+  family: 'ipv4',
+  externalIp: '',
+  protocol: 'TCP',
+  port: 443,
+  clusterIp: '10.96.0.1',
+  service: 'bench-floor/element',
+};
+const floorIp = (k: number) => `100.100.${(k >> 8) & 255}.${k & 255}`;
 /** The controller's defaults (the benchmark passes no model flags). */
 const BENCH_MODEL: ModelConfig = { detectLocalMode: 'NodeCIDR', clusterCidrs: [], masqueradeBit: 14, localTrafficPolicyOnly: false };
 
@@ -245,9 +255,13 @@ class Bench {
   private async changeLatency(c: ControllerProcess, services: number): Promise<LatencyResult> {
     log(`change-to-kernel latency, ${services.toLocaleString('en-US')} Services, ${this.options.changes} changes`);
     const monitor = await ElementMonitor.start();
+    const addon = loadNftAddon().executor;
+    if (!addon) throw new Error('the nftables addon does not load');
     const random = seededRandom(4);
     const samplesMs: number[] = [];
+    const floorMs: number[] = [];
     const partialBefore = c.syncs.length;
+    let written: Entry | undefined;
     try {
       for (let k = 0; k < this.options.changes; k++) {
         const i = Math.floor(random() * (services - 1));
@@ -257,7 +271,19 @@ class Bench {
         this.standIn.apply(next);
         samplesMs.push((await seen) - changedAt);
         await sleep(10 + Math.floor(random() * 20));
+
+        // The floor, taking turns with the controller: the same kind of transaction (one element
+        // out, one in) written by this process through the addon, seen the same way.
+        const element: Entry = { ...FLOOR_ENTRY, externalIp: floorIp(k) };
+        const document = nftDocument(renderMapChangesJson('ipv4', written ? [written] : [], [element]));
+        const floorSeen = monitor.elementAdded(element.externalIp, 10_000);
+        const writtenAt = performance.now();
+        await addon.run(document);
+        floorMs.push((await floorSeen) - writtenAt);
+        written = element;
+        await sleep(10 + Math.floor(random() * 20));
       }
+      if (written) await addon.run(nftDocument(renderMapChangesJson('ipv4', [written], [])));
     } finally {
       await monitor.stop();
     }
@@ -275,6 +301,9 @@ class Bench {
       partialSyncs: partial.length,
       partialSyncP50Ms: percentile(partial, 50),
       partialSyncP99Ms: percentile(partial, 99),
+      floorMs,
+      floorP50Ms: percentile(floorMs, 50),
+      floorP99Ms: percentile(floorMs, 99),
     };
   }
 

@@ -16,7 +16,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { loadNftAddon } from '../src/backends/nft/addon-executor.js';
 import { NftCliExecutor } from '../src/backends/nft/executor.js';
-import { nftDocument, renderFullSyncText, renderMapChangesJson } from '../src/backends/nft/render.js';
+import { nftDocument, renderFullSyncJson, renderMapChangesJson } from '../src/backends/nft/render.js';
 import { toNodeInfo, toServiceInfo } from '../src/kube/objects.js';
 import { buildDesiredState } from '../src/model/desired-state.js';
 import { FAMILIES, type Entry, type ModelConfig } from '../src/model/types.js';
@@ -193,7 +193,7 @@ class Bench {
   private async transactionAlone(executor: 'addon' | 'cli'): Promise<number[]> {
     const services = this.standIn.list('Service').map(toServiceInfo).filter((s) => s !== undefined);
     const desired = buildDesiredState(services, toNodeInfo(benchNode()), BENCH_MODEL);
-    const document = FAMILIES.map((f) => renderFullSyncText(f, desired[f], desired.masqueradeMark)).join('');
+    const document = nftDocument(FAMILIES.flatMap((f) => renderFullSyncJson(f, desired[f], desired.masqueradeMark)));
     const run = executor === 'addon' ? loadNftAddon().executor : new NftCliExecutor();
     if (!run) throw new Error('the nftables addon does not load');
     const times: number[] = [];

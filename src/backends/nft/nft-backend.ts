@@ -1,7 +1,6 @@
 // The nftables backend: tables `ip ipvs-node-controller` and `ip6 ipvs-node-controller`.
-// A full sync replaces the tables in one transaction (nft text: libnftables reads it faster
-// than JSON); between full syncs only the map elements that changed are written (one JSON
-// transaction per family). If a partial transaction fails (the table was removed by someone
+// A full sync replaces the tables in one JSON transaction; between full syncs only the map
+// elements that changed are written (one JSON transaction per family). If a partial transaction fails (the table was removed by someone
 // else, say) the family falls back to a full sync.
 
 import { FAMILIES, entryKey, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
@@ -14,8 +13,7 @@ import {
   nftDocument,
   renderDeleteTablesJson,
   renderFullSyncJson,
-  mapElementText,
-  renderFullSyncText,
+  mapElementJson,
   renderMapChangesJson,
 } from './render.js';
 
@@ -37,17 +35,17 @@ export class NftBackend implements Backend {
   /** What this process last programmed, per family; absent until a full sync succeeded. */
   private readonly programmed = new Map<Family, Programmed>();
   /**
-   * Element text by entry: the model hands unchanged entries back as the same objects, so a
-   * periodic full sync writes tens of thousands of elements without formatting them again.
+   * Element JSON by entry: the model hands unchanged entries back as the same objects, so a
+   * periodic full sync writes tens of thousands of elements without building them again.
    */
-  private readonly elementTexts = new WeakMap<Entry, string>();
-  private readonly elementText = (e: Entry): string => {
-    let text = this.elementTexts.get(e);
-    if (text === undefined) {
-      text = mapElementText(e);
-      this.elementTexts.set(e, text);
+  private readonly elementJsons = new WeakMap<Entry, unknown>();
+  private readonly elementJson = (e: Entry): unknown => {
+    let json = this.elementJsons.get(e);
+    if (json === undefined) {
+      json = mapElementJson(e);
+      this.elementJsons.set(e, json);
     }
-    return text;
+    return json;
   };
 
   constructor(readonly executor: NftExecutor) {}
@@ -143,7 +141,9 @@ export class NftBackend implements Backend {
   private async fullSync(families: Family[], desired: DesiredState): Promise<void> {
     for (const family of families) this.programmed.delete(family);
     const mark = desired.masqueradeMark;
-    await this.executor.run(families.map((f) => renderFullSyncText(f, desired[f], mark, this.elementText)).join(''));
+    await this.executor.run(
+      nftDocument(families.flatMap((f) => renderFullSyncJson(f, desired[f], mark, this.elementJson))),
+    );
     for (const family of families) {
       const state = desired[family];
       this.programmed.set(family, {

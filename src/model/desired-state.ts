@@ -180,13 +180,21 @@ export class DesiredStateModel {
       return this.listChanges(services.list());
     }
     this.lastInput = undefined; // the last list no longer describes what the model holds
-    const generation = ++this.generation;
-    const removed = changes.removed.map((svc) => {
+    return this.replaceRecords(changes.removed, changes.added, ++this.generation);
+  }
+
+  /** Forgets the records of `gone` Services and derives those of `fresh` ones. */
+  private replaceRecords(
+    gone: ServiceInfo[],
+    fresh: ServiceInfo[],
+    generation: number,
+  ): { added: ServiceRecord[]; removed: ServiceRecord[] } {
+    const removed = gone.map((svc) => {
       const record = this.records.get(svc)!;
       this.records.delete(svc);
       return record;
     });
-    const added = changes.added.map((svc) => {
+    const added = fresh.map((svc) => {
       const record = this.deriveRecord(svc, generation);
       this.records.set(svc, record);
       return record;
@@ -211,17 +219,7 @@ export class DesiredStateModel {
     const generation = ++this.generation;
     const walked = this.lastInput && orderedChanges(this.lastInput, input, (svc) => this.records.has(svc));
     if (walked && new Set(walked.fresh).size === walked.fresh.length) {
-      const removed = walked.gone.map((svc) => {
-        const record = this.records.get(svc)!;
-        this.records.delete(svc);
-        return record;
-      });
-      const added = walked.fresh.map((svc) => {
-        const record = this.deriveRecord(svc, generation);
-        this.records.set(svc, record);
-        return record;
-      });
-      return { added, removed };
+      return this.replaceRecords(walked.gone, walked.fresh, generation);
     }
     const added: ServiceRecord[] = [];
     let kept = 0;

@@ -22,10 +22,14 @@ if (process.env[ISOLATED] !== '1') {
     process.exit(2);
   }
   const self = fileURLToPath(import.meta.url);
-  const r = spawnSync('unshare', ['--net', '--mount', '--propagation', 'private', '--', process.execPath, self, ...process.argv.slice(2)], {
-    stdio: 'inherit',
-    env: { ...process.env, [ISOLATED]: '1' },
-  });
+  const r = spawnSync(
+    'unshare',
+    ['--net', '--mount', '--propagation', 'private', '--', process.execPath, self, ...process.argv.slice(2)],
+    {
+      stdio: 'inherit',
+      env: { ...process.env, [ISOLATED]: '1' },
+    },
+  );
   process.exit(r.status ?? 1);
 }
 
@@ -71,18 +75,32 @@ async function until(what: string, check: () => Promise<boolean>): Promise<void>
 
 async function measure(n: number, dir: string): Promise<string> {
   const api = await ApiStandIn.start();
-  api.apply({ apiVersion: 'v1', kind: 'Node', metadata: { name: 'bench-node' }, spec: { podCIDRs: ['10.244.0.0/24'] } });
+  api.apply({
+    apiVersion: 'v1',
+    kind: 'Node',
+    metadata: { name: 'bench-node' },
+    spec: { podCIDRs: ['10.244.0.0/24'] },
+  });
   for (let i = 0; i < n; i++) api.apply(service(i));
   const kubeconfig = join(dir, `kubeconfig-${n}`);
   await api.writeKubeconfig(kubeconfig);
   const child = spawn(
     process.execPath,
-    [CLI, `--kubeconfig=${kubeconfig}`, '--node-name=bench-node', '--sync-period=2s', '--metrics-bind-address=127.0.0.1:9477', '--healthz-bind-address=127.0.0.1:9478', ...(process.env.BENCH_ARGS?.split(' ').filter(Boolean) ?? [])],
+    [
+      CLI,
+      `--kubeconfig=${kubeconfig}`,
+      '--node-name=bench-node',
+      '--sync-period=2s',
+      '--metrics-bind-address=127.0.0.1:9477',
+      '--healthz-bind-address=127.0.0.1:9478',
+      ...(process.env.BENCH_ARGS?.split(' ').filter(Boolean) ?? []),
+    ],
     { stdio: ['ignore', 'ignore', 'inherit'] },
   );
   try {
     await until('ready', async () => (await httpGet('http://127.0.0.1:9478/readyz')).status === 200);
-    const syncs = async () => (await scrapeMetrics('http://127.0.0.1:9477')).sum('ipvs_node_controller_sync_duration_seconds_count');
+    const syncs = async () =>
+      (await scrapeMetrics('http://127.0.0.1:9477')).sum('ipvs_node_controller_sync_duration_seconds_count');
     const first = await syncs();
     await until('three full resyncs', async () => (await syncs()) >= first + 3);
     const e = await scrapeMetrics('http://127.0.0.1:9477');
@@ -100,7 +118,10 @@ async function measure(n: number, dir: string): Promise<string> {
 }
 
 spawnSync('ip', ['link', 'set', 'lo', 'up']);
-const sizes = process.argv.slice(2).map(Number).filter((x) => x >= 0 && Number.isInteger(x));
+const sizes = process.argv
+  .slice(2)
+  .map(Number)
+  .filter((x) => x >= 0 && Number.isInteger(x));
 const dir = mkdtempSync(join(tmpdir(), 'bench-memory-'));
 try {
   console.log('| Services | entries | RSS after resyncs (MiB) | peak RSS (MiB) | V8 heap used (MiB) |');

@@ -132,10 +132,14 @@ export class ControllerProcess {
   async waitFor(what: string, done: () => boolean, timeoutMs: number): Promise<void> {
     if (done()) return;
     await new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => finish(new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)), timeoutMs);
+      const timer = setTimeout(
+        () => finish(new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)),
+        timeoutMs,
+      );
       const check = () => {
         if (done()) finish();
-        else if (this.exited) finish(new Error(`the controller exited while waiting for ${what}: ${this.lastErrors()}`));
+        else if (this.exited)
+          finish(new Error(`the controller exited while waiting for ${what}: ${this.lastErrors()}`));
       };
       const finish = (err?: Error) => {
         clearTimeout(timer);

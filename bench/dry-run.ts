@@ -21,7 +21,10 @@ function servicesList(n: number): string {
       spec: {
         type: 'LoadBalancer',
         clusterIP: `10.96.${(i >> 8) & 255}.${i & 255}`,
-        ports: [{ port: 80, protocol: 'TCP' }, { port: 443, protocol: 'TCP' }],
+        ports: [
+          { port: 80, protocol: 'TCP' },
+          { port: 443, protocol: 'TCP' },
+        ],
       },
       status: { loadBalancer: { ingress: [{ ip: `172.${16 + ((i >> 16) & 15)}.${(i >> 8) & 255}.${i & 255}` }] } },
     });
@@ -29,7 +32,10 @@ function servicesList(n: number): string {
   return JSON.stringify({ apiVersion: 'v1', kind: 'List', items });
 }
 
-const sizes = process.argv.slice(2).map(Number).filter((n) => n > 0);
+const sizes = process.argv
+  .slice(2)
+  .map(Number)
+  .filter((n) => n > 0);
 const dir = mkdtempSync(join(tmpdir(), 'bench-dry-run-'));
 try {
   console.log('| Services | entries | median wall time (ms) | min (ms) |');

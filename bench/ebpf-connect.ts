@@ -188,11 +188,15 @@ class Lab {
     sh('ip', ['-n', POD_NS, 'addr', 'add', `${POD_IP}/24`, 'dev', 'eth0']);
     sh('ip', ['-n', POD_NS, 'link', 'set', 'eth0', 'up']);
     sh('ip', ['-n', POD_NS, 'route', 'add', 'default', 'via', NODE_SIDE_IP]);
-    const conntrackOn = 'table inet bench-conntrack { chain out { type filter hook output priority 0; ct state new counter; }; chain pre { type filter hook prerouting priority 0; ct state new counter; }; }';
+    const conntrackOn =
+      'table inet bench-conntrack { chain out { type filter hook output priority 0; ct state new counter; }; chain pre { type filter hook prerouting priority 0; ct state new counter; }; }';
     for (const ns of [[], ['ip', 'netns', 'exec', POD_NS]]) {
       execFileSync(ns[0] ?? 'nft', [...ns.slice(1), ...(ns.length ? ['nft'] : []), '-f', '-'], { input: conntrackOn });
     }
-    for (const [ip, tag] of [[CLUSTER_IP, 'C'], [TARGET, 'E']] as const) {
+    for (const [ip, tag] of [
+      [CLUSTER_IP, 'C'],
+      [TARGET, 'E'],
+    ] as const) {
       const server = spawn(this.server, [ip, String(PORT), tag], { stdio: ['ignore', 'pipe', 'inherit'] });
       this.servers.push(server);
       await new Promise((resolve) => server.stdout!.once('data', resolve));
@@ -201,7 +205,13 @@ class Lab {
 
   /** Runs the connect loop from the node or pod namespace, in the test cgroup or not. */
   connectLoop(where: 'node' | 'pod', inCgroup: boolean, ip: string, count: number): Figures {
-    const command = [...(where === 'pod' ? ['ip', 'netns', 'exec', POD_NS] : []), this.client, ip, String(PORT), String(count)];
+    const command = [
+      ...(where === 'pod' ? ['ip', 'netns', 'exec', POD_NS] : []),
+      this.client,
+      ip,
+      String(PORT),
+      String(count),
+    ];
     const args = inCgroup
       ? ['sh', '-c', 'echo $$ > "$0" && exec "$@"', join(this.cgroupPath, 'cgroup.procs'), ...command]
       : command;
@@ -252,7 +262,10 @@ async function benchmark(): Promise<void> {
   try {
     await lab.setup();
     const entries = Array.from({ length: ENTRIES }, (_, i) => entry(i));
-    const ebpf = new EbpfBackend({ cgroupPath: lab.cgroupPath, bpffsPath: join(lab.bpffsMount, 'ipvs-node-controller') });
+    const ebpf = new EbpfBackend({
+      cgroupPath: lab.cgroupPath,
+      bpffsPath: join(lab.bpffsMount, 'ipvs-node-controller'),
+    });
     const nft = new NftBackend(new NftCliExecutor());
     for (const b of [ebpf, nft]) {
       const probe = await b.probe();
@@ -306,12 +319,24 @@ async function benchmark(): Promise<void> {
         [
           key,
           reached.padStart(10),
-          pick((r) => r.perSecond).toFixed(0).padStart(8),
-          pick((r) => r.meanUs).toFixed(1).padStart(9),
-          pick((r) => r.p50Us).toFixed(1).padStart(8),
-          pick((r) => r.p90Us).toFixed(1).padStart(8),
-          pick((r) => r.p99Us).toFixed(1).padStart(8),
-          Math.min(...rounds.map((r) => r.p50Us)).toFixed(1).padStart(9),
+          pick((r) => r.perSecond)
+            .toFixed(0)
+            .padStart(8),
+          pick((r) => r.meanUs)
+            .toFixed(1)
+            .padStart(9),
+          pick((r) => r.p50Us)
+            .toFixed(1)
+            .padStart(8),
+          pick((r) => r.p90Us)
+            .toFixed(1)
+            .padStart(8),
+          pick((r) => r.p99Us)
+            .toFixed(1)
+            .padStart(8),
+          Math.min(...rounds.map((r) => r.p50Us))
+            .toFixed(1)
+            .padStart(9),
           String(rounds.reduce((n, r) => n + r.failures, 0)).padStart(9),
         ].join(' '),
       );

@@ -57,7 +57,8 @@ async function main(spec: LabSpec): Promise<void> {
     sh('ip', ['link', 'set', 'lo', 'up']);
     sh('ip', ['link', 'add', 'kube-ipvs0', 'type', 'bridge']);
     sh('ip', ['link', 'set', 'kube-ipvs0', 'up']);
-    for (const address of [spec.clusterIp, spec.ingressIp]) sh('ip', ['addr', 'add', `${address}/32`, 'dev', 'kube-ipvs0']);
+    for (const address of [spec.clusterIp, spec.ingressIp])
+      sh('ip', ['addr', 'add', `${address}/32`, 'dev', 'kube-ipvs0']);
 
     // The pod: a namespace held open by a sleeping process (no /run/netns entry to clean up).
     const pod = spawn('unshare', ['--net', '--', 'sleep', 'infinity'], { stdio: 'ignore' });

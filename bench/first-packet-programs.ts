@@ -112,5 +112,8 @@ function compile(dir: string, name: string, source: string): string {
 }
 
 export function compilePrograms(dir: string): Programs {
-  return { connectLoop: compile(dir, 'connect-loop', CONNECT_LOOP_C), acceptLoop: compile(dir, 'accept-loop', ACCEPT_LOOP_C) };
+  return {
+    connectLoop: compile(dir, 'connect-loop', CONNECT_LOOP_C),
+    acceptLoop: compile(dir, 'accept-loop', ACCEPT_LOOP_C),
+  };
 }

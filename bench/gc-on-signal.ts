@@ -7,5 +7,7 @@ const MEMORY_LINE_PREFIX = 'bench-memory ';
 process.on('SIGUSR2', () => {
   const gc = (globalThis as { gc?: () => void }).gc;
   gc?.();
-  process.stderr.write(`${MEMORY_LINE_PREFIX}${JSON.stringify({ collected: gc !== undefined, ...process.memoryUsage() })}\n`);
+  process.stderr.write(
+    `${MEMORY_LINE_PREFIX}${JSON.stringify({ collected: gc !== undefined, ...process.memoryUsage() })}\n`,
+  );
 });

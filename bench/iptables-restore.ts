@@ -36,12 +36,16 @@ function services(n: number): ServiceInfo[] {
 }
 
 function desiredState(list: ServiceInfo[]): DesiredState {
-  return buildDesiredState(list, { name: 'bench-node', podCIDRs: [POD_CIDR] }, {
-    detectLocalMode: 'NodeCIDR',
-    clusterCidrs: [],
-    masqueradeBit: 14,
-    localTrafficPolicyOnly: false,
-  });
+  return buildDesiredState(
+    list,
+    { name: 'bench-node', podCIDRs: [POD_CIDR] },
+    {
+      detectLocalMode: 'NodeCIDR',
+      clusterCidrs: [],
+      masqueradeBit: 14,
+      localTrafficPolicyOnly: false,
+    },
+  );
 }
 
 async function timed<T>(work: () => Promise<T>): Promise<[number, T]> {

@@ -86,7 +86,10 @@ function ms(value: number, digits = 1): string {
 function table(header: string[], rows: string[][]): string[] {
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
   const line = (cells: string[]) =>
-    cells.map((c, i) => (i === 0 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join('  ').trimEnd();
+    cells
+      .map((c, i) => (i === 0 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!)))
+      .join('  ')
+      .trimEnd();
   return [line(header), ...rows.map(line)];
 }
 
@@ -108,7 +111,7 @@ export function formatReport(r: BenchResults): string {
   );
 
   if (r.fullSync.length > 0) {
-    out.push('', '1. Full sync: duration of the backend sync from the controller\'s debug line \'synced\' (ms);');
+    out.push('', "1. Full sync: duration of the backend sync from the controller's debug line 'synced' (ms);");
     out.push('   median of the periodic full syncs (--sync-period 1s), and the first sync after start.');
     out.push('   "alone": the same transaction run by the benchmark itself through the same executor right');
     out.push('   after (median): the floor set by libnftables/nft and the kernel on this machine at that time.');
@@ -154,10 +157,17 @@ export function formatReport(r: BenchResults): string {
 
   if (r.latency) {
     const l = r.latency;
-    out.push('', `2. Change-to-kernel latency, ${n(l.services)} Services, addon, --min-sync-period 0 (each change is its own sync):`);
-    out.push('   one Service\'s ingress IP changes in the stand-in; time until `nft monitor` shows the new element in the kernel.');
+    out.push(
+      '',
+      `2. Change-to-kernel latency, ${n(l.services)} Services, addon, --min-sync-period 0 (each change is its own sync):`,
+    );
+    out.push(
+      "   one Service's ingress IP changes in the stand-in; time until `nft monitor` shows the new element in the kernel.",
+    );
     out.push('   floor, right after: the benchmark writes the same kind of change itself through the addon,');
-    out.push('   seen the same way (libnftables, kernel, monitor and this machine\'s scheduling; no API, no controller).');
+    out.push(
+      "   seen the same way (libnftables, kernel, monitor and this machine's scheduling; no API, no controller).",
+    );
     out.push(
       ...table(
         ['', 'changes', 'p50', 'p90', 'p99', 'max', 'controller partial sync p50 / p99', 'target p99'],
@@ -209,15 +219,22 @@ export function formatReport(r: BenchResults): string {
 
   if (r.firstPacket.length > 0) {
     const rounds = r.firstPacket[0]!.p50Us.length;
-    out.push('', `4. First packet: TCP connect() time to the last-added Service's LoadBalancer IP (answered via its ClusterIP);`);
-    out.push(`   C connect loop, median over ${rounds} rounds (fresh namespace each, scenarios in turn) of each round's p50 / p99.`);
+    out.push(
+      '',
+      `4. First packet: TCP connect() time to the last-added Service's LoadBalancer IP (answered via its ClusterIP);`,
+    );
+    out.push(
+      `   C connect loop, median over ${rounds} rounds (fresh namespace each, scenarios in turn) of each round's p50 / p99.`,
+    );
     out.push('   node: host-network client (nat output hook); pod: client in a pod namespace (prerouting hook).');
     const base = (client: string) =>
       r.firstPacket.find((f) => f.label === 'nft map' && f.services === 1 && f.client === client);
     const rows = r.firstPacket.map((f) => {
       const p50 = median(f.p50Us);
       const reference = base(f.client);
-      const vsOne = reference ? `${(((p50 - median(reference.p50Us)) / median(reference.p50Us)) * 100).toFixed(1)} %` : '-';
+      const vsOne = reference
+        ? `${(((p50 - median(reference.p50Us)) / median(reference.p50Us)) * 100).toFixed(1)} %`
+        : '-';
       const translated = [...f.answers].every((a) => a === 'C') ? 'ClusterIP' : `NOT (${f.answers})`;
       return [
         `${f.label}, ${n(f.services)} Service${f.services === 1 ? '' : 's'}`,
@@ -229,7 +246,9 @@ export function formatReport(r: BenchResults): string {
         String(f.failures),
       ];
     });
-    out.push(...table(['scenario', 'client', 'reached', 'p50', 'p99', 'p50 vs nft 1', 'failures'], rows).map((l) => `   ${l}`));
+    out.push(
+      ...table(['scenario', 'client', 'reached', 'p50', 'p99', 'p50 vs nft 1', 'failures'], rows).map((l) => `   ${l}`),
+    );
     const nft10k = r.firstPacket.filter((f) => f.label === 'nft map' && f.services === 10_000);
     for (const f of nft10k) {
       const reference = base(f.client);

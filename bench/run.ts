@@ -59,7 +59,12 @@ const FLOOR_ENTRY: Entry = {
 };
 const floorIp = (k: number) => `100.100.${(k >> 8) & 255}.${k & 255}`;
 /** The controller's defaults (the benchmark passes no model flags). */
-const BENCH_MODEL: ModelConfig = { detectLocalMode: 'NodeCIDR', clusterCidrs: [], masqueradeBit: 14, localTrafficPolicyOnly: false };
+const BENCH_MODEL: ModelConfig = {
+  detectLocalMode: 'NodeCIDR',
+  clusterCidrs: [],
+  masqueradeBit: 14,
+  localTrafficPolicyOnly: false,
+};
 
 interface Options {
   sizes: number[];
@@ -89,11 +94,15 @@ function parseOptions(argv: string[]): Options {
   };
   const only = new Set<Measure>();
   for (const m of values.only.split(',')) {
-    if (!(MEASURES as readonly string[]).includes(m)) throw new Error(`--only: '${m}' is not one of ${MEASURES.join(', ')}`);
+    if (!(MEASURES as readonly string[]).includes(m))
+      throw new Error(`--only: '${m}' is not one of ${MEASURES.join(', ')}`);
     only.add(m as Measure);
   }
   return {
-    sizes: values.sizes.split(',').map((s) => count('sizes', s)).sort((a, b) => a - b),
+    sizes: values.sizes
+      .split(',')
+      .map((s) => count('sizes', s))
+      .sort((a, b) => a - b),
     changes: count('changes', values.changes),
     fullSyncs: count('full-syncs', values['full-syncs']),
     rounds: count('rounds', values.rounds),
@@ -191,7 +200,10 @@ class Bench {
    * same executor, over the table the controller left. What the controller adds is the rest.
    */
   private async transactionAlone(executor: 'addon' | 'cli'): Promise<number[]> {
-    const services = this.standIn.list('Service').map(toServiceInfo).filter((s) => s !== undefined);
+    const services = this.standIn
+      .list('Service')
+      .map(toServiceInfo)
+      .filter((s) => s !== undefined);
     const desired = buildDesiredState(services, toNodeInfo(benchNode()), BENCH_MODEL);
     const document = nftDocument(FAMILIES.flatMap((f) => renderFullSyncJson(f, desired[f], desired.masqueradeMark)));
     const run = executor === 'addon' ? loadNftAddon().executor : new NftCliExecutor();
@@ -221,7 +233,9 @@ class Bench {
       await c.waitForSyncs('full', 1, this.startupTimeoutMs(services));
       if (nodeFlags.length === 0 && (services === 1 || services === LATENCY_SERVICES)) this.saveTable(services);
       if (measure.memory) {
-        log(`memory, ${services.toLocaleString('en-US')} Services${nodeFlags.length > 0 ? `, node ${nodeFlags.join(' ')}` : ''}`);
+        log(
+          `memory, ${services.toLocaleString('en-US')} Services${nodeFlags.length > 0 ? `, node ${nodeFlags.join(' ')}` : ''}`,
+        );
         await sleep(5_000);
         const idle = c.residentMemory();
         const heap = await c.collectGarbage();
@@ -290,7 +304,10 @@ class Bench {
       await monitor.stop();
     }
     await sleep(200);
-    const partial = c.syncs.slice(partialBefore).filter((s) => s.mode === 'partial').map((s) => s.ms);
+    const partial = c.syncs
+      .slice(partialBefore)
+      .filter((s) => s.mode === 'partial')
+      .map((s) => s.ms);
     return {
       services,
       executor: 'addon',
@@ -320,13 +337,23 @@ class Bench {
     };
     if (one) scenarios.push({ label: 'nft map', services: 1, rules: { loader: 'nft', file: file('nft-1.nft', one) } });
     if (many) {
-      scenarios.push({ label: 'nft map', services: LATENCY_SERVICES, rules: { loader: 'nft', file: file('nft-n.nft', many) } });
+      scenarios.push({
+        label: 'nft map',
+        services: LATENCY_SERVICES,
+        rules: { loader: 'nft', file: file('nft-n.nft', many) },
+      });
       const rules = file('iptables-n.rules', originalIptablesRules(LATENCY_SERVICES));
       for (const loader of ['iptables-legacy-restore', 'iptables-nft-restore'] as const) {
-        scenarios.push({ label: `original rules, ${loader.replace('-restore', '')}`, services: LATENCY_SERVICES, rules: { loader, file: rules } });
+        scenarios.push({
+          label: `original rules, ${loader.replace('-restore', '')}`,
+          services: LATENCY_SERVICES,
+          rules: { loader, file: rules },
+        });
       }
     }
-    log(`first packet: ${scenarios.length} scenarios x ${this.options.rounds} rounds x ${this.options.connects} connects`);
+    log(
+      `first packet: ${scenarios.length} scenarios x ${this.options.rounds} rounds x ${this.options.connects} connects`,
+    );
     const programs = compilePrograms(this.workDir);
     return measureFirstPacket(scenarios, {
       programs,
@@ -372,7 +399,11 @@ async function benchmark(argv: string[]): Promise<void> {
       for (const [i, nodeFlags] of MEMORY_NODE_FLAGS.entries()) {
         const plain = i === 0;
         if (!plain && !memoryAt(services)) continue;
-        const out = await bench.steadyState(services, { memory: memoryAt(services), latency: plain && latency }, nodeFlags);
+        const out = await bench.steadyState(
+          services,
+          { memory: memoryAt(services), latency: plain && latency },
+          nodeFlags,
+        );
         if (out.memory) results.memory.push(out.memory);
         if (out.latency) results.latency = out.latency;
       }
@@ -381,10 +412,12 @@ async function benchmark(argv: string[]): Promise<void> {
     if (needFirstPacket) await bench.steadyState(1, { memory: false, latency: false });
     for (const services of options.sizes) {
       if (options.only.has('full')) {
-        for (const executor of ['addon', 'cli'] as const) results.fullSync.push(await bench.fullSync(services, executor));
+        for (const executor of ['addon', 'cli'] as const)
+          results.fullSync.push(await bench.fullSync(services, executor));
       }
       const latency = options.only.has('latency') && services === LATENCY_SERVICES;
-      if (memoryAt(services) || latency || (needFirstPacket && services === LATENCY_SERVICES)) await steady(services, latency);
+      if (memoryAt(services) || latency || (needFirstPacket && services === LATENCY_SERVICES))
+        await steady(services, latency);
     }
     if (needFirstPacket) results.firstPacket = await bench.firstPacket();
   } finally {
@@ -410,9 +443,13 @@ if (process.getuid?.() !== 0) {
   });
 } else {
   // Never the machine's own firewall: the whole suite runs in new network and mount namespaces.
-  const r = spawnSync('unshare', ['--net', '--mount', '--propagation', 'private', '--', process.execPath, SELF, ...argv], {
-    stdio: 'inherit',
-  });
+  const r = spawnSync(
+    'unshare',
+    ['--net', '--mount', '--propagation', 'private', '--', process.execPath, SELF, ...argv],
+    {
+      stdio: 'inherit',
+    },
+  );
   if (r.error) console.error(`bench: cannot create a network namespace (unshare): ${r.error.message}`);
   process.exit(r.status ?? 1);
 }

@@ -85,7 +85,16 @@ export function benchService(i: number, ingress = ingressIp(i)): Json {
               'f:allocateLoadBalancerNodePorts': {},
               'f:externalTrafficPolicy': {},
               'f:internalTrafficPolicy': {},
-              'f:ports': { '.': {}, 'k:{"port":443,"protocol":"TCP"}': { '.': {}, 'f:name': {}, 'f:port': {}, 'f:protocol': {}, 'f:targetPort': {} } },
+              'f:ports': {
+                '.': {},
+                'k:{"port":443,"protocol":"TCP"}': {
+                  '.': {},
+                  'f:name': {},
+                  'f:port': {},
+                  'f:protocol': {},
+                  'f:targetPort': {},
+                },
+              },
               'f:selector': {},
               'f:sessionAffinity': {},
               'f:type': {},

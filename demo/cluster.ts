@@ -109,7 +109,9 @@ function virtualServices(svc: Json): { cluster: VirtualService[]; external: Virt
   const ports: Array<{ port: number; protocol?: string }> = svc.spec?.ports ?? [];
   const externals: string[] = [
     ...(svc.spec?.type === 'LoadBalancer'
-      ? (svc.status?.loadBalancer?.ingress ?? []).filter((i: Json) => i.ip && i.ipMode !== 'Proxy').map((i: Json) => i.ip)
+      ? (svc.status?.loadBalancer?.ingress ?? [])
+          .filter((i: Json) => i.ip && i.ipMode !== 'Proxy')
+          .map((i: Json) => i.ip)
       : []),
     ...(svc.spec?.externalIPs ?? []),
   ].filter((ip) => !ip.includes(':'));
@@ -150,7 +152,8 @@ export class IpvsStandIn {
     }
     for (const [key, vip] of cluster) {
       // The endpoints, elsewhere in the cluster, answer with their Service's name.
-      if (!this.servers.has(key)) this.servers.set(key, { vip, server: await NamedServer.start(vip.ip, vip.port, vip.service) });
+      if (!this.servers.has(key))
+        this.servers.set(key, { vip, server: await NamedServer.start(vip.ip, vip.port, vip.service) });
     }
     for (const [key, vip] of this.blackholed) {
       if (!external.has(key)) {

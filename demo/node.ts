@@ -43,7 +43,12 @@ function options() {
     return n;
   };
   if (!values.workdir) throw new Error('--workdir is required');
-  return { workdir: values.workdir, apiPort: port('api-port'), metricsPort: port('metrics-port'), healthzPort: port('healthz-port') };
+  return {
+    workdir: values.workdir,
+    apiPort: port('api-port'),
+    metricsPort: port('metrics-port'),
+    healthzPort: port('healthz-port'),
+  };
 }
 
 function objectsOf(text: string): Json[] {
@@ -133,14 +138,21 @@ async function main(): Promise<void> {
 
   try {
     node.setUp();
-    const clients = [{ label: 'host network (node)' }, ...node.pods.map((p) => ({ label: `${p.name} (${p.ip})`, ns: p.ns }))];
+    const clients = [
+      { label: 'host network (node)' },
+      ...node.pods.map((p) => ({ label: `${p.name} (${p.ip})`, ns: p.ns })),
+    ];
 
     api = await ApiStandIn.start({ port: opts.apiPort });
     for (const obj of objectsOf(readFileSync(join(DEMO_SOURCES, 'services.yaml'), 'utf8'))) api.apply(obj);
     const kubeconfig = join(opts.workdir, 'kubeconfig');
     await api.writeKubeconfig(kubeconfig);
     handToInvokingUser(kubeconfig);
-    for (const [name, port] of [['api', opts.apiPort], ['metrics', opts.metricsPort], ['healthz', opts.healthzPort]] as const) {
+    for (const [name, port] of [
+      ['api', opts.apiPort],
+      ['metrics', opts.metricsPort],
+      ['healthz', opts.healthzPort],
+    ] as const) {
       relays.push(await relayUnixToTcp(join(opts.workdir, `${name}.sock`), port));
     }
 
@@ -152,7 +164,9 @@ async function main(): Promise<void> {
     await syncCluster();
 
     say('ipvs-node-controller demo: one Kubernetes node, in network namespaces of its own');
-    say(`   pods ${node.pods.map((p) => `${p.name} ${p.ip}`).join(', ')} on bridge cni0; this node's podCIDR is 10.244.1.0/24`);
+    say(
+      `   pods ${node.pods.map((p) => `${p.name} ${p.ip}`).join(', ')} on bridge cni0; this node's podCIDR is 10.244.1.0/24`,
+    );
     say('   kube-ipvs0 holds the ClusterIPs and LoadBalancer IPs, as kube-proxy in IPVS mode binds them');
     say(`   Kubernetes API stand-in at https://127.0.0.1:${opts.apiPort} with the Services of demo/services.yaml`);
     say();
@@ -227,7 +241,7 @@ async function main(): Promise<void> {
     await api?.stop();
     node.tearDown();
   }
-  say('Torn down: the demo\'s namespaces, rules and API stand-in are gone; the machine was not touched.');
+  say("Torn down: the demo's namespaces, rules and API stand-in are gone; the machine was not touched.");
 }
 
 main().then(

@@ -21,7 +21,10 @@ function pipeBoth(a: net.Socket, b: net.Socket): void {
  * Accepts on 127.0.0.1, on `preferredPort` when it is free (else on a port the kernel picks), and
  * forwards each connection to the Unix socket, which need not exist yet.
  */
-export async function relayTcpToUnix(preferredPort: number, socketPath: string): Promise<{ server: net.Server; port: number }> {
+export async function relayTcpToUnix(
+  preferredPort: number,
+  socketPath: string,
+): Promise<{ server: net.Server; port: number }> {
   for (const port of [preferredPort, 0]) {
     const server = net.createServer((client) => pipeBoth(client, net.connect(socketPath)));
     try {

@@ -23,7 +23,8 @@ function fail(line: string): never {
 }
 
 async function main(): Promise<number> {
-  if (process.getuid?.() !== 0) fail(
+  if (process.getuid?.() !== 0)
+    fail(
       'the demo needs root for its network namespaces and nftables: run `sudo npm start`' +
         ' (or `npm run preview` for a --dry-run of example Services, without root)',
     );
@@ -41,7 +42,11 @@ async function main(): Promise<number> {
   const relays: net.Server[] = [];
   try {
     const ports: Record<string, number> = {};
-    for (const [name, preferred] of [['api', 6443], ['metrics', 9477], ['healthz', 9478]] as const) {
+    for (const [name, preferred] of [
+      ['api', 6443],
+      ['metrics', 9477],
+      ['healthz', 9478],
+    ] as const) {
       const relay = await relayTcpToUnix(preferred, join(workdir, `${name}.sock`));
       relays.push(relay.server);
       ports[name] = relay.port;
@@ -73,7 +78,9 @@ async function main(): Promise<number> {
     };
     process.on('SIGINT', () => forward('SIGINT'));
     process.on('SIGTERM', () => forward('SIGTERM'));
-    const code = await new Promise<number>((resolve) => child.on('exit', (c, signal) => resolve(c ?? (signal ? 1 : 0))));
+    const code = await new Promise<number>((resolve) =>
+      child.on('exit', (c, signal) => resolve(c ?? (signal ? 1 : 0))),
+    );
     return code;
   } finally {
     for (const r of relays) r.close();

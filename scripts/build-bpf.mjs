@@ -36,7 +36,9 @@ function includeDirs() {
 
 function main() {
   if (run('pkg-config', ['--exists', 'libbpf']).status !== 0) {
-    say('libbpf not found by pkg-config: install the Debian packages pkg-config and libbpf-dev to build the eBPF addon (--backend=ebpf)');
+    say(
+      'libbpf not found by pkg-config: install the Debian packages pkg-config and libbpf-dev to build the eBPF addon (--backend=ebpf)',
+    );
   }
   const version = run(clang, ['--version']);
   if (version.error || version.status !== 0) {

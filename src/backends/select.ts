@@ -83,10 +83,7 @@ export async function selectBackend(choice: BackendChoice, deps: SelectBackendDe
           reason: `--backend=auto chose iptables (${ipt.reason}) because ${nftProbe.detail}`,
         };
       }
-      throw new BackendError(
-        `no backend can program this node: ${nftProbe.detail}; ${iptProbe.detail}`,
-        'iptables',
-      );
+      throw new BackendError(`no backend can program this node: ${nftProbe.detail}; ${iptProbe.detail}`, 'iptables');
     }
   }
 }

@@ -59,7 +59,8 @@ async function loadForDryRun(config: Config): Promise<{ services: ServiceInfo[];
       throw new FatalError(`--from-file: ${(err as Error).message}`);
     }
     // Without --node-name, a file with a single Node describes this node.
-    const node = file.nodes.find((n) => n.name === config.nodeName) ?? (file.nodes.length === 1 ? file.nodes[0] : undefined);
+    const node =
+      file.nodes.find((n) => n.name === config.nodeName) ?? (file.nodes.length === 1 ? file.nodes[0] : undefined);
     return { services: file.services, node };
   }
   const kc = await kubeConfigOrFail(config);
@@ -186,10 +187,15 @@ async function runController(config: Config, logger: Logger, operations: Operati
   const kc = await kubeConfigOrFail(config);
   const { createClusterCaches } = await import('../kube/cluster.js');
   let controller: Controller | undefined;
-  const caches = createClusterCaches(kc, config.nodeName, () => controller?.onCacheChange(), operations.informerObserver({
-    onError: (resource, err, retryInMs) =>
-      logger.warn({ resource, retryInMs }, `cannot list/watch ${resource}, keeping the last rules: ${err.message}`),
-  }));
+  const caches = createClusterCaches(
+    kc,
+    config.nodeName,
+    () => controller?.onCacheChange(),
+    operations.informerObserver({
+      onError: (resource, err, retryInMs) =>
+        logger.warn({ resource, retryInMs }, `cannot list/watch ${resource}, keeping the last rules: ${err.message}`),
+    }),
+  );
   controller = new Controller({
     observer: operations.controllerObserver(kc, caches.services),
     caches,

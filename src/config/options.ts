@@ -81,7 +81,7 @@ export function buildCommand(): Command {
     )
     .option('--pod-bridge-interface <name>', 'pod bridge interface, e.g. cni0 (BridgeInterface mode)')
     .option('--pod-interface-name-prefix <prefix>', 'pod interface prefix, e.g. veth (InterfaceNamePrefix mode)')
-    .option('--masquerade-bit <bit>', "bit of the packet mark kube-proxy masquerades on (0-31)", '14')
+    .option('--masquerade-bit <bit>', 'bit of the packet mark kube-proxy masquerades on (0-31)', '14')
     .option('--min-sync-period <duration>', 'minimum interval between syncs; bursts of changes are coalesced', '1s')
     .option('--sync-period <duration>', 'interval of full resyncs that repair drift', '30s')
     .option('--local-traffic-policy-only', 'only translate Services with externalTrafficPolicy: Local', false)
@@ -90,13 +90,28 @@ export function buildCommand(): Command {
       'print the ruleset that would be programmed and exit (nft text; iptables-restore input with --backend=iptables)',
       false,
     )
-    .option('--from-file <path>', "with --dry-run: read Service and Node objects from a file (JSON or YAML, '-' for stdin)")
+    .option(
+      '--from-file <path>',
+      "with --dry-run: read Service and Node objects from a file (JSON or YAML, '-' for stdin)",
+    )
     .option('--cleanup', 'remove every object of ours from every backend and exit', false)
     .option('--cgroup-path <path>', 'ebpf backend: cgroup v2 directory to attach to (default: the cgroup v2 root)')
-    .option('--bpffs-path <path>', 'ebpf backend: bpffs directory for pinned programs and maps', '/sys/fs/bpf/ipvs-node-controller')
+    .option(
+      '--bpffs-path <path>',
+      'ebpf backend: bpffs directory for pinned programs and maps',
+      '/sys/fs/bpf/ipvs-node-controller',
+    )
     .option('--metrics-bind-address <ip:port>', "where /metrics is served ('' disables)", DEFAULT_METRICS_BIND_ADDRESS)
-    .option('--healthz-bind-address <ip:port>', "where /healthz and /readyz are served ('' disables)", DEFAULT_HEALTHZ_BIND_ADDRESS)
-    .option('--emit-events', 'record Kubernetes Events on Services whose addresses are skipped or lose a conflict', false)
+    .option(
+      '--healthz-bind-address <ip:port>',
+      "where /healthz and /readyz are served ('' disables)",
+      DEFAULT_HEALTHZ_BIND_ADDRESS,
+    )
+    .option(
+      '--emit-events',
+      'record Kubernetes Events on Services whose addresses are skipped or lose a conflict',
+      false,
+    )
     .addOption(
       new Option('--log-level <level>', 'log level').choices(['debug', 'info', 'warn', 'error']).default('info'),
     )
@@ -120,7 +135,9 @@ export function parseBindAddress(flag: string, text: string): BindAddress | unde
   const family = isIP(host);
   const port = m ? Number(m[3]) : NaN;
   if (!m || family === 0 || (family === 6) !== (m[1] !== undefined) || port > 65535) {
-    throw new UsageError(`${flag}: '${text}' is not IP:port (e.g. 0.0.0.0:9477, 127.0.0.1:9477, [::]:9477; '' disables)`);
+    throw new UsageError(
+      `${flag}: '${text}' is not IP:port (e.g. 0.0.0.0:9477, 127.0.0.1:9477, [::]:9477; '' disables)`,
+    );
   }
   return { host, port };
 }

@@ -28,11 +28,16 @@ export const SKIP_EXPLANATIONS: Record<SkipReason, string> = {
   invalidName: 'the namespace or name is not a DNS label',
   invalidPort: 'the port is not a number from 1 to 65535',
   unsupportedProtocol: 'the protocol is not TCP, UDP or SCTP',
-  notLocalTrafficPolicy: 'the Service does not have externalTrafficPolicy: Local and --local-traffic-policy-only is set',
+  notLocalTrafficPolicy:
+    'the Service does not have externalTrafficPolicy: Local and --local-traffic-policy-only is set',
 };
 
 /** Skips that are the intended behaviour rather than a problem: reported as Normal, not Warning. */
-const BY_DESIGN: ReadonlySet<SkipReason> = new Set<SkipReason>(['ipModeProxy', 'hostnameOnly', 'notLocalTrafficPolicy']);
+const BY_DESIGN: ReadonlySet<SkipReason> = new Set<SkipReason>([
+  'ipModeProxy',
+  'hostnameOnly',
+  'notLocalTrafficPolicy',
+]);
 
 export interface ServiceEventRecorderOptions {
   kubeConfig: KubeConfig;
@@ -96,7 +101,9 @@ export class ServiceEventRecorder implements ControllerObserver {
     if (this.forbidden) return;
     if (this.queue.length >= (this.options.maxQueued ?? 200)) {
       if (this.dropped++ === 0) {
-        this.options.logger.warn('too many Events at once: further ones are not recorded (logs and metrics still have them)');
+        this.options.logger.warn(
+          'too many Events at once: further ones are not recorded (logs and metrics still have them)',
+        );
       }
       return;
     }

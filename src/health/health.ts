@@ -89,7 +89,11 @@ export function judgeLiveness(inputs: HealthInputs): Judgement {
   const { status, api, syncPeriodMs, startedAt, now } = inputs;
   const warnings = status.lastError ? [`last sync failed: ${status.lastError}`] : [];
   if (!status.cachesSynced) {
-    return { ok: true, detail: 'waiting for the Service and Node caches to sync; the kernel is not touched until then', warnings };
+    return {
+      ok: true,
+      detail: 'waiting for the Service and Node caches to sync; the kernel is not touched until then',
+      warnings,
+    };
   }
   const limit = 2 * syncPeriodMs;
   const reference = status.lastSuccessfulSyncAt ?? api.lastFirstListAt() ?? startedAt;

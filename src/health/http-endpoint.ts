@@ -25,7 +25,9 @@ export class HttpEndpoint {
       const path = (req.url ?? '/').split('?')[0]!;
       const handler = routes[path];
       if (req.method !== 'GET' && req.method !== 'HEAD') {
-        res.writeHead(405, { 'content-type': 'text/plain; charset=utf-8', allow: 'GET, HEAD' }).end('method not allowed\n');
+        res
+          .writeHead(405, { 'content-type': 'text/plain; charset=utf-8', allow: 'GET, HEAD' })
+          .end('method not allowed\n');
         return;
       }
       if (!handler) {
@@ -41,7 +43,9 @@ export class HttpEndpoint {
             res.end(req.method === 'HEAD' ? undefined : r.body);
           },
           (err: unknown) => {
-            res.writeHead(500, { 'content-type': 'text/plain; charset=utf-8' }).end(`${(err as Error)?.message ?? err}\n`);
+            res
+              .writeHead(500, { 'content-type': 'text/plain; charset=utf-8' })
+              .end(`${(err as Error)?.message ?? err}\n`);
           },
         );
     });

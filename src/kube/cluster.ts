@@ -38,7 +38,11 @@ type ListPage = { items: unknown[]; resourceVersion?: string; continue?: string 
  * few fields it keeps: with tens of thousands of Services that is most of the time and garbage
  * of a list. The request carries the same credentials and TLS settings (applyToHTTPSOptions).
  */
-export async function listPageJson(kc: KubeConfig, path: string, query: Record<string, string | undefined>): Promise<ListPage> {
+export async function listPageJson(
+  kc: KubeConfig,
+  path: string,
+  query: Record<string, string | undefined>,
+): Promise<ListPage> {
   const cluster = kc.getCurrentCluster();
   if (!cluster) throw new Error('the kubeconfig has no current cluster');
   const url = new URL(cluster.server.replace(/\/+$/, '') + path);
@@ -73,10 +77,14 @@ function get(url: URL, options: https.RequestOptions): Promise<{ status: number;
     const request = client.get(url, options, (response) => {
       const chunks: Buffer[] = [];
       response.on('data', (chunk: Buffer) => chunks.push(chunk));
-      response.on('end', () => resolve({ status: response.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }));
+      response.on('end', () =>
+        resolve({ status: response.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }),
+      );
       response.on('error', reject);
     });
-    request.on('timeout', () => request.destroy(new Error(`no answer from ${url.host} within ${LIST_TIMEOUT_MS / 1000} s`)));
+    request.on('timeout', () =>
+      request.destroy(new Error(`no answer from ${url.host} within ${LIST_TIMEOUT_MS / 1000} s`)),
+    );
     request.on('error', reject);
   });
 }
@@ -100,7 +108,8 @@ export function createClusterCaches(
     resource: 'nodes',
     path: '/api/v1/nodes',
     fieldSelector,
-    listPage: (token) => listPageJson(kc, '/api/v1/nodes', { fieldSelector, limit: String(PAGE_SIZE), continue: token }),
+    listPage: (token) =>
+      listPageJson(kc, '/api/v1/nodes', { fieldSelector, limit: String(PAGE_SIZE), continue: token }),
     strip: toNodeInfo,
     onChange,
     observer,

@@ -28,7 +28,9 @@ export interface InformerOptions<T> {
   /** API path, e.g. /api/v1/services. */
   path: string;
   /** Fetches one page of the list as raw objects. */
-  listPage(continueToken: string | undefined): Promise<{ items: unknown[]; resourceVersion?: string; continue?: string }>;
+  listPage(
+    continueToken: string | undefined,
+  ): Promise<{ items: unknown[]; resourceVersion?: string; continue?: string }>;
   strip(raw: unknown): T | undefined;
   fieldSelector?: string;
   onChange(): void;

@@ -43,7 +43,11 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
       collectDefaultMetrics({ register: this.registry });
       // Gauges named like counters (promtool rejects them); nodejs_active_{handles,requests,resources}
       // by type carry the same numbers.
-      for (const misnamed of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) {
+      for (const misnamed of [
+        'nodejs_active_handles_total',
+        'nodejs_active_requests_total',
+        'nodejs_active_resources_total',
+      ]) {
         this.registry.removeSingleMetric(misnamed);
       }
     }

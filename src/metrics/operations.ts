@@ -70,7 +70,12 @@ export class Operations {
   /** The controller's observer: metrics, and Events when --emit-events is set. */
   controllerObserver(kubeConfig: KubeConfig, services: { list(): ServiceInfo[] }): ControllerObserver {
     if (this.config.emitEvents) {
-      this.events = new ServiceEventRecorder({ kubeConfig, nodeName: this.config.nodeName, services, logger: this.logger });
+      this.events = new ServiceEventRecorder({
+        kubeConfig,
+        nodeName: this.config.nodeName,
+        services,
+        logger: this.logger,
+      });
     }
     return allControllerObservers(this.metrics, this.events);
   }

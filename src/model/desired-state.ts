@@ -176,7 +176,11 @@ export class DesiredStateModel {
     const changes = since === undefined ? undefined : services.changesSince(since);
     this.trackedMark = mark;
     // Anything the model does not hold as the collection says it should: read it all.
-    if (!changes || changes.removed.some((svc) => !this.records.has(svc)) || changes.added.some((svc) => this.records.has(svc))) {
+    if (
+      !changes ||
+      changes.removed.some((svc) => !this.records.has(svc)) ||
+      changes.added.some((svc) => this.records.has(svc))
+    ) {
       return this.listChanges(services.list());
     }
     this.lastInput = undefined; // the last list no longer describes what the model holds
@@ -566,7 +570,8 @@ function localPodMatch(family: Family, node: NodeInfo | undefined, config: Model
       return { kind: 'cidrs', cidrs };
     }
     case 'BridgeInterface':
-      if (!config.podBridgeInterface) return { kind: 'none', reason: 'BridgeInterface mode: no --pod-bridge-interface' };
+      if (!config.podBridgeInterface)
+        return { kind: 'none', reason: 'BridgeInterface mode: no --pod-bridge-interface' };
       return { kind: 'interface', name: config.podBridgeInterface };
     case 'InterfaceNamePrefix':
       if (!config.podInterfaceNamePrefix) {

@@ -72,7 +72,7 @@ function formatIpv6(groups: number[]): string {
   // RFC 5952: compress the longest run (length >= 2) of zero groups, the first on ties.
   let bestStart = -1;
   let bestLen = 0;
-  for (let i = 0; i < 8; ) {
+  for (let i = 0; i < 8;) {
     if (groups[i] !== 0) {
       i++;
       continue;

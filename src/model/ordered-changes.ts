@@ -22,7 +22,7 @@ export function orderedChanges<T>(
   const gone: T[] = [];
   const fresh: T[] = [];
   let i = 0;
-  for (let j = 0; j < next.length; ) {
+  for (let j = 0; j < next.length;) {
     const item = next[j]!;
     if (previous[i] === item && i < previous.length) {
       i++;

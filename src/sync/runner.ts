@@ -96,11 +96,15 @@ export class SyncRunner {
       if (info.full) this.armFullTimer();
     } catch (err) {
       this.failures++;
-      retryDelay = Math.min(this.options.fullIntervalMs, Math.max(this.options.minIntervalMs, 1000) * 2 ** (this.failures - 1));
+      retryDelay = Math.min(
+        this.options.fullIntervalMs,
+        Math.max(this.options.minIntervalMs, 1000) * 2 ** (this.failures - 1),
+      );
       // Retry as a full sync: the kernel state after a failure is unknown.
       this.pending = true;
       this.pendingFull = true;
-      this.changedAt = info.changedAt !== undefined ? Math.min(info.changedAt, this.changedAt ?? Infinity) : this.changedAt;
+      this.changedAt =
+        info.changedAt !== undefined ? Math.min(info.changedAt, this.changedAt ?? Infinity) : this.changedAt;
       this.options.onError?.(err instanceof Error ? err : new Error(String(err)), retryDelay);
     } finally {
       this.running = undefined;

@@ -54,150 +54,168 @@ async function eventually(check: () => Promise<string>, expected: string, what: 
 /** What each backend leaves in the kernel, to check that a node never carries two. */
 const KERNEL_OBJECTS: Record<string, () => boolean> = {
   nft: () => /ipvs-node-controller/.test(sh('nft', ['list', 'tables'])),
-  iptables: () => /IPVS_OUTPUT/.test(sh('iptables-save', ['-t', 'nat'])) || /IPVS_OUTPUT/.test(sh('iptables-legacy-save', ['-t', 'nat'])),
+  iptables: () =>
+    /IPVS_OUTPUT/.test(sh('iptables-save', ['-t', 'nat'])) ||
+    /IPVS_OUTPUT/.test(sh('iptables-legacy-save', ['-t', 'nat'])),
 };
 
-for (const backendName of ['nft', 'iptables'] as const) describe(`controller end to end, --backend=${backendName} (CLI + API stand-in + kernel)`, function () {
-  this.timeout(60_000);
-  const scenario = new Scenario();
-  let api: ApiStandIn;
-  let dir: string;
-  let kubeconfig: string;
-  let controller: ChildProcess | undefined;
-  let output = '';
-  let extraServer: NamedServer | undefined;
-  const pod = () => scenario.network.pod.ns;
+for (const backendName of ['nft', 'iptables'] as const)
+  describe(`controller end to end, --backend=${backendName} (CLI + API stand-in + kernel)`, function () {
+    this.timeout(60_000);
+    const scenario = new Scenario();
+    let api: ApiStandIn;
+    let dir: string;
+    let kubeconfig: string;
+    let controller: ChildProcess | undefined;
+    let output = '';
+    let extraServer: NamedServer | undefined;
+    const pod = () => scenario.network.pod.ns;
 
-  function startController(): ChildProcess {
-    const child = spawn(
-      process.execPath,
-      [
+    function startController(): ChildProcess {
+      const child = spawn(
+        process.execPath,
+        [
+          CLI,
+          `--backend=${backendName}`,
+          ...[
+            '--kubeconfig',
+            kubeconfig,
+            '--node-name',
+            'node-1',
+            '--min-sync-period',
+            '0',
+            '--sync-period',
+            '2s',
+            '--log-level',
+            'debug',
+          ],
+        ],
+        { stdio: ['ignore', 'pipe', 'pipe'] },
+      );
+      child.stdout!.on('data', (d: Buffer) => (output += d.toString()));
+      child.stderr!.on('data', (d: Buffer) => (output += d.toString()));
+      return child;
+    }
+
+    async function stopController(): Promise<number | null> {
+      if (!controller || controller.exitCode !== null) return controller?.exitCode ?? null;
+      controller.kill('SIGTERM');
+      const [code] = (await once(controller, 'exit')) as [number | null];
+      controller = undefined;
+      return code;
+    }
+
+    before(async () => {
+      await scenario.setUp();
+      scenario.network.bindAddress(NEW_LB);
+      extraServer = await NamedServer.start(NEW_LB, 80, LB_PATH);
+      api = await ApiStandIn.start({ bookmarkIntervalMs: 500 });
+      dir = mkdtempSync(join(tmpdir(), 'e2e-'));
+      kubeconfig = join(dir, 'kubeconfig');
+      await api.writeKubeconfig(kubeconfig);
+      api.apply(NODE_OBJECT);
+    });
+
+    after(async () => {
+      await stopController();
+      await api?.stop();
+      await extraServer?.stop();
+      try {
+        sh(process.execPath, [CLI, '--cleanup']);
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+        await scenario.tearDown();
+      }
+    });
+
+    afterEach(function () {
+      if (this.currentTest?.state === 'failed') console.log(`controller output:\n${output}`);
+    });
+
+    it('programs a Service that exists at start, and removes what another backend left', async () => {
+      // Leftovers of the other backend, as after a switch of --backend.
+      const other = backendName === 'nft' ? 'iptables' : 'nft';
+      if (other === 'nft') sh('nft', ['add table ip ipvs-node-controller']);
+      else
+        sh('iptables-restore', ['--noflush', '-w'], '*nat\n:IPVS_OUTPUT - [0:0]\n-I OUTPUT 1 -j IPVS_OUTPUT\nCOMMIT\n');
+      assert.ok(KERNEL_OBJECTS[other]!(), 'leftover in place');
+      api.apply(serviceObject(LB_V4));
+      controller = startController();
+      await eventually(() => probe(pod(), 'tcp', LB_V4, 80), 'svc-a', 'pod to LoadBalancer IP');
+      assert.equal(await probe(undefined, 'tcp', LB_V4, 80), 'svc-a');
+      assert.equal(await probe(scenario.network.outside.ns, 'tcp', LB_V4, 80), LB_PATH);
+      await eventually(async () => String(KERNEL_OBJECTS[other]!()), 'false', `${other} leftovers removed`);
+      assert.ok(KERNEL_OBJECTS[backendName]!());
+    });
+
+    it('follows a change of the ingress IP', async () => {
+      api.apply(serviceObject(NEW_LB));
+      await eventually(() => probe(pod(), 'tcp', NEW_LB, 80), 'svc-a', 'pod to the new LoadBalancer IP');
+      await eventually(() => probe(pod(), 'tcp', LB_V4, 80), LB_PATH, 'the old IP is no longer translated');
+    });
+
+    it('keeps the rules while the API server is unreachable, and follows changes after it returns', async () => {
+      api.setUnavailable(true);
+      await sleep(2500); // longer than --sync-period: full resyncs run from the last known caches
+      assert.equal(await probe(pod(), 'tcp', NEW_LB, 80), 'svc-a');
+      assert.match(output, /cannot list\/watch services, keeping the last rules/);
+      api.setUnavailable(false);
+      api.apply(serviceObject(LB_V4));
+      await eventually(() => probe(pod(), 'tcp', LB_V4, 80), 'svc-a', 'change after the API server returned');
+    });
+
+    it('loses no connection attempt while the controller restarts', async () => {
+      const answers: string[] = [];
+      let probing = true;
+      const loop = (async () => {
+        while (probing) answers.push(await probe(pod(), 'tcp', LB_V4, 80));
+      })();
+      await sleep(300);
+      assert.equal(await stopController(), 0, 'SIGTERM exits 0');
+      await sleep(1000); // down: the rules stay in the kernel
+      output = '';
+      controller = startController();
+      await eventually(async () => (/caches synced/.test(output) ? 'synced' : 'waiting'), 'synced', 'restart');
+      await sleep(500);
+      probing = false;
+      await loop;
+      assert.ok(answers.length >= 5, `made ${answers.length} attempts`);
+      assert.deepEqual([...new Set(answers)], ['svc-a'], 'every attempt was translated');
+    });
+
+    it('removes the translation of a deleted Service', async () => {
+      assert.ok(api.remove('Service', 'default', 'web'));
+      await eventually(() => probe(pod(), 'tcp', LB_V4, 80), LB_PATH, 'after delete');
+      assert.equal(await probe(undefined, 'tcp', LB_V4, 80), LB_PATH);
+    });
+
+    it('--cleanup removes our objects and exits 0, twice', async () => {
+      assert.equal(await stopController(), 0);
+      assert.ok(KERNEL_OBJECTS[backendName]!(), 'SIGTERM left the rules in place');
+      sh(process.execPath, [CLI, '--cleanup']);
+      assert.equal(KERNEL_OBJECTS.nft!(), false);
+      assert.equal(KERNEL_OBJECTS.iptables!(), false);
+      sh(process.execPath, [CLI, '--cleanup']);
+    });
+
+    it('prints a --dry-run ruleset that the kernel tools accept', async () => {
+      api.apply(serviceObject(LB_V4));
+      // Asynchronously: the API stand-in runs in this process and must keep answering.
+      const { stdout: text } = await execa(process.execPath, [
         CLI,
         `--backend=${backendName}`,
-        ...['--kubeconfig', kubeconfig, '--node-name', 'node-1', '--min-sync-period', '0', '--sync-period', '2s', '--log-level', 'debug'],
-      ],
-      { stdio: ['ignore', 'pipe', 'pipe'] },
-    );
-    child.stdout!.on('data', (d: Buffer) => (output += d.toString()));
-    child.stderr!.on('data', (d: Buffer) => (output += d.toString()));
-    return child;
-  }
-
-  async function stopController(): Promise<number | null> {
-    if (!controller || controller.exitCode !== null) return controller?.exitCode ?? null;
-    controller.kill('SIGTERM');
-    const [code] = (await once(controller, 'exit')) as [number | null];
-    controller = undefined;
-    return code;
-  }
-
-  before(async () => {
-    await scenario.setUp();
-    scenario.network.bindAddress(NEW_LB);
-    extraServer = await NamedServer.start(NEW_LB, 80, LB_PATH);
-    api = await ApiStandIn.start({ bookmarkIntervalMs: 500 });
-    dir = mkdtempSync(join(tmpdir(), 'e2e-'));
-    kubeconfig = join(dir, 'kubeconfig');
-    await api.writeKubeconfig(kubeconfig);
-    api.apply(NODE_OBJECT);
+        ...['--dry-run', '--kubeconfig', kubeconfig, '--node-name', 'node-1'],
+      ]);
+      if (backendName === 'nft') {
+        assert.match(text, /192\.0\.2\.10 \. tcp \. 80 comment "default\/web" : 10\.96\.0\.10/);
+        sh('nft', ['-c', '-f', '-'], text);
+      } else {
+        assert.match(
+          text,
+          /-A IPVS_OUTPUT -d 192\.0\.2\.10\/32 -p tcp -m comment --comment "default\/web" .*-j DNAT --to-destination 10\.96\.0\.10/,
+        );
+        const ipv4Part = text.split('# ipv6')[0]!.replace(/^#.*$/gm, '');
+        sh('iptables-restore', ['--test', '--noflush', '-w'], ipv4Part);
+      }
+    });
   });
-
-  after(async () => {
-    await stopController();
-    await api?.stop();
-    await extraServer?.stop();
-    try {
-      sh(process.execPath, [CLI, '--cleanup']);
-    } finally {
-      rmSync(dir, { recursive: true, force: true });
-      await scenario.tearDown();
-    }
-  });
-
-  afterEach(function () {
-    if (this.currentTest?.state === 'failed') console.log(`controller output:\n${output}`);
-  });
-
-  it('programs a Service that exists at start, and removes what another backend left', async () => {
-    // Leftovers of the other backend, as after a switch of --backend.
-    const other = backendName === 'nft' ? 'iptables' : 'nft';
-    if (other === 'nft') sh('nft', ['add table ip ipvs-node-controller']);
-    else sh('iptables-restore', ['--noflush', '-w'], '*nat\n:IPVS_OUTPUT - [0:0]\n-I OUTPUT 1 -j IPVS_OUTPUT\nCOMMIT\n');
-    assert.ok(KERNEL_OBJECTS[other]!(), 'leftover in place');
-    api.apply(serviceObject(LB_V4));
-    controller = startController();
-    await eventually(() => probe(pod(), 'tcp', LB_V4, 80), 'svc-a', 'pod to LoadBalancer IP');
-    assert.equal(await probe(undefined, 'tcp', LB_V4, 80), 'svc-a');
-    assert.equal(await probe(scenario.network.outside.ns, 'tcp', LB_V4, 80), LB_PATH);
-    await eventually(async () => String(KERNEL_OBJECTS[other]!()), 'false', `${other} leftovers removed`);
-    assert.ok(KERNEL_OBJECTS[backendName]!());
-  });
-
-  it('follows a change of the ingress IP', async () => {
-    api.apply(serviceObject(NEW_LB));
-    await eventually(() => probe(pod(), 'tcp', NEW_LB, 80), 'svc-a', 'pod to the new LoadBalancer IP');
-    await eventually(() => probe(pod(), 'tcp', LB_V4, 80), LB_PATH, 'the old IP is no longer translated');
-  });
-
-  it('keeps the rules while the API server is unreachable, and follows changes after it returns', async () => {
-    api.setUnavailable(true);
-    await sleep(2500); // longer than --sync-period: full resyncs run from the last known caches
-    assert.equal(await probe(pod(), 'tcp', NEW_LB, 80), 'svc-a');
-    assert.match(output, /cannot list\/watch services, keeping the last rules/);
-    api.setUnavailable(false);
-    api.apply(serviceObject(LB_V4));
-    await eventually(() => probe(pod(), 'tcp', LB_V4, 80), 'svc-a', 'change after the API server returned');
-  });
-
-  it('loses no connection attempt while the controller restarts', async () => {
-    const answers: string[] = [];
-    let probing = true;
-    const loop = (async () => {
-      while (probing) answers.push(await probe(pod(), 'tcp', LB_V4, 80));
-    })();
-    await sleep(300);
-    assert.equal(await stopController(), 0, 'SIGTERM exits 0');
-    await sleep(1000); // down: the rules stay in the kernel
-    output = '';
-    controller = startController();
-    await eventually(async () => (/caches synced/.test(output) ? 'synced' : 'waiting'), 'synced', 'restart');
-    await sleep(500);
-    probing = false;
-    await loop;
-    assert.ok(answers.length >= 5, `made ${answers.length} attempts`);
-    assert.deepEqual([...new Set(answers)], ['svc-a'], 'every attempt was translated');
-  });
-
-  it('removes the translation of a deleted Service', async () => {
-    assert.ok(api.remove('Service', 'default', 'web'));
-    await eventually(() => probe(pod(), 'tcp', LB_V4, 80), LB_PATH, 'after delete');
-    assert.equal(await probe(undefined, 'tcp', LB_V4, 80), LB_PATH);
-  });
-
-  it('--cleanup removes our objects and exits 0, twice', async () => {
-    assert.equal(await stopController(), 0);
-    assert.ok(KERNEL_OBJECTS[backendName]!(), 'SIGTERM left the rules in place');
-    sh(process.execPath, [CLI, '--cleanup']);
-    assert.equal(KERNEL_OBJECTS.nft!(), false);
-    assert.equal(KERNEL_OBJECTS.iptables!(), false);
-    sh(process.execPath, [CLI, '--cleanup']);
-  });
-
-  it('prints a --dry-run ruleset that the kernel tools accept', async () => {
-    api.apply(serviceObject(LB_V4));
-    // Asynchronously: the API stand-in runs in this process and must keep answering.
-    const { stdout: text } = await execa(process.execPath, [
-      CLI,
-      `--backend=${backendName}`,
-      ...['--dry-run', '--kubeconfig', kubeconfig, '--node-name', 'node-1'],
-    ]);
-    if (backendName === 'nft') {
-      assert.match(text, /192\.0\.2\.10 \. tcp \. 80 comment "default\/web" : 10\.96\.0\.10/);
-      sh('nft', ['-c', '-f', '-'], text);
-    } else {
-      assert.match(text, /-A IPVS_OUTPUT -d 192\.0\.2\.10\/32 -p tcp -m comment --comment "default\/web" .*-j DNAT --to-destination 10\.96\.0\.10/);
-      const ipv4Part = text.split('# ipv6')[0]!.replace(/^#.*$/gm, '');
-      sh('iptables-restore', ['--test', '--noflush', '-w'], ipv4Part);
-    }
-  });
-});

@@ -58,20 +58,33 @@ describe('the demo (npm run demo)', function () {
         const line = (text: string) => text.split('\n').find((l) => l.includes(client) && l.includes(target)) ?? '';
         assert.match(line(before), /no answer: blackholed/, `${client} -> ${target} before`);
         const service = target.endsWith(':80/tcp') ? 'shop/web' : 'shop/api';
-        assert.match(line(after), new RegExp(`ok answered by the endpoints of ${service}`), `${client} -> ${target} after`);
+        assert.match(
+          line(after),
+          new RegExp(`ok answered by the endpoints of ${service}`),
+          `${client} -> ${target} after`,
+        );
       }
     }
 
     const kubectl = async (...args: string[]) => (await run('kubectl', ['--kubeconfig', kubeconfig!, ...args])).stdout;
-    const rows = (await kubectl('get', 'services', '-A')).trim().split('\n').map((l) => l.trim().split(/\s+/));
-    assert.deepEqual(rows.slice(1).map((r) => [r[0], r[1], r[2], r[4]]), [
-      ['shop', 'api', 'LoadBalancer', '203.0.113.10'],
-      ['shop', 'web', 'LoadBalancer', '203.0.113.10'],
-    ]);
+    const rows = (await kubectl('get', 'services', '-A'))
+      .trim()
+      .split('\n')
+      .map((l) => l.trim().split(/\s+/));
+    assert.deepEqual(
+      rows.slice(1).map((r) => [r[0], r[1], r[2], r[4]]),
+      [
+        ['shop', 'api', 'LoadBalancer', '203.0.113.10'],
+        ['shop', 'web', 'LoadBalancer', '203.0.113.10'],
+      ],
+    );
 
     assert.match(await kubectl('apply', '--validate=false', '-f', EXTRA), /service\/cart created/);
     await outputMatching(/\+ 203\.0\.113\.11 tcp 8080 -> (\S+)\s+\(shop\/cart\)/, 'the new rule');
-    await outputMatching(/pod-a \(10\.244\.1\.2\)\s+-> 203\.0\.113\.11:8080\/tcp\s+ok answered by the endpoints of shop\/cart/, 'the probe');
+    await outputMatching(
+      /pod-a \(10\.244\.1\.2\)\s+-> 203\.0\.113\.11:8080\/tcp\s+ok answered by the endpoints of shop\/cart/,
+      'the probe',
+    );
     const cart = (await kubectl('get', 'service', '-n', 'shop', 'cart', '--no-headers')).trim().split(/\s+/);
     assert.equal(cart[3], '203.0.113.11', 'the demo load balancer assigned the next address');
     const metrics = await scrapeMetrics(`http://127.0.0.1:${metricsPort}`);

@@ -151,7 +151,10 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
       return r.detail.includes('unreachable') && r;
     });
     assert.equal(readyz.status, 503);
-    assert.match(readyz.detail, /^waiting for the Service and Node caches to sync: the API server has been unreachable/);
+    assert.match(
+      readyz.detail,
+      /^waiting for the Service and Node caches to sync: the API server has been unreachable/,
+    );
     const healthz = await health('/healthz');
     assert.equal(healthz.status, 200);
     assert.match(healthz.detail, /^waiting for the Service and Node caches to sync/);
@@ -187,7 +190,12 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
       apiVersion: 'v1',
       kind: 'Service',
       metadata: { namespace: 'default', name: 'svc-new' },
-      spec: { type: 'LoadBalancer', clusterIP: '10.96.0.11', clusterIPs: ['10.96.0.11'], ports: [{ port: 9090, protocol: 'TCP' }] },
+      spec: {
+        type: 'LoadBalancer',
+        clusterIP: '10.96.0.11',
+        clusterIPs: ['10.96.0.11'],
+        ports: [{ port: 9090, protocol: 'TCP' }],
+      },
       status: { loadBalancer: { ingress: [{ ip: LB_V4 }, { ip: '192.0.2.30', ipMode: 'Proxy' }] } },
     });
     const after = await eventually('the new entry in the metrics', async () => {
@@ -196,7 +204,8 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
     });
     assert.equal(programmedIpv4Elements(), 5);
     assert.ok(syncCount(after) > syncCount(before));
-    const latency = (e: Exposition) => e.value(`${P}network_programming_duration_seconds_count`, { backend: 'nft' }) ?? 0;
+    const latency = (e: Exposition) =>
+      e.value(`${P}network_programming_duration_seconds_count`, { backend: 'nft' }) ?? 0;
     assert.ok(latency(after) > latency(before), 'the change was timed');
     assert.equal(after.value(`${P}skipped_addresses`, { reason: 'ipModeProxy' }), 2);
     assert.equal(after.value(`${P}skip_events_total`, { reason: 'ipModeProxy' }), 2);
@@ -240,16 +249,15 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
     );
     prometheus = spawn(
       'prometheus',
-      [
-        `--config.file=${config}`,
-        `--storage.tsdb.path=${join(dir, 'tsdb')}`,
-        '--web.listen-address=127.0.0.1:9090',
-      ],
+      [`--config.file=${config}`, `--storage.tsdb.path=${join(dir, 'tsdb')}`, '--web.listen-address=127.0.0.1:9090'],
       { stdio: 'ignore' },
     );
     const query = async (q: string) => {
       const a = await httpGet(`http://127.0.0.1:9090/api/v1/query?query=${encodeURIComponent(q)}`);
-      const body = JSON.parse(a.body) as { status: string; data: { result: Array<{ metric: Json; value: [number, string] }> } };
+      const body = JSON.parse(a.body) as {
+        status: string;
+        data: { result: Array<{ metric: Json; value: [number, string] }> };
+      };
       return body.data.result;
     };
     const up = await eventually(
@@ -274,7 +282,10 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
       const r = await health('/readyz');
       return r.status === 503 && r;
     });
-    assert.match(readyz.detail, /^the API server has been unreachable for \S+ \((services|nodes): .*\); the last programmed rules are kept$/);
+    assert.match(
+      readyz.detail,
+      /^the API server has been unreachable for \S+ \((services|nodes): .*\); the last programmed rules are kept$/,
+    );
     assert.equal((await health('/healthz')).status, 200);
     assert.equal(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80), 'svc-a');
     const during = await eventually('a resync from the cache', async () => {
@@ -300,11 +311,21 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
       const r = await health('/healthz');
       return r.status === 503 && r;
     });
-    assert.match(healthz.detail, /^no successful sync for \S+ \(limit: 2 x --sync-period = 2\.0s\): .*Operation not permitted/);
+    assert.match(
+      healthz.detail,
+      /^no successful sync for \S+ \(limit: 2 x --sync-period = 2\.0s\): .*Operation not permitted/,
+    );
     assert.equal((await health('/readyz')).status, 503);
     const failing = await scrapeMetrics(METRICS);
-    assert.ok(failing.value(`${P}sync_errors_total`, { backend: 'nft' })! > (before.value(`${P}sync_errors_total`, { backend: 'nft' }) ?? 0));
-    assert.equal(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80), LB_PATH, 'no translation while the table is taken');
+    assert.ok(
+      failing.value(`${P}sync_errors_total`, { backend: 'nft' })! >
+        (before.value(`${P}sync_errors_total`, { backend: 'nft' }) ?? 0),
+    );
+    assert.equal(
+      await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80),
+      LB_PATH,
+      'no translation while the table is taken',
+    );
 
     tableHolder.stdin!.end();
     await once(tableHolder, 'exit');

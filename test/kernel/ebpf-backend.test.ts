@@ -35,7 +35,14 @@ const PORT = 8080;
 const OTHER_PORT = 8081;
 
 function entry(family: Family, protocol: 'TCP' | 'UDP', port = PORT): Entry {
-  return { family, externalIp: ADDR[family].external, protocol, port, clusterIp: ADDR[family].cluster, service: 'default/web' };
+  return {
+    family,
+    externalIp: ADDR[family].external,
+    protocol,
+    port,
+    clusterIp: ADDR[family].cluster,
+    service: 'default/web',
+  };
 }
 
 function desiredOf(entries: Entry[]): DesiredState {
@@ -193,7 +200,9 @@ describe('ebpf backend on the kernel', function () {
     for (const family of ['ipv4', 'ipv6'] as const) {
       servers.push(lab.start(outside(NODE_NS), ['server', ADDR[family].cluster, String(PORT), 'cluster']).first);
       servers.push(lab.start(outside(NODE_NS), ['server', ADDR[family].external, String(PORT), 'external']).first);
-      servers.push(lab.start(outside(NODE_NS), ['server', ADDR[family].external, String(OTHER_PORT), 'external']).first);
+      servers.push(
+        lab.start(outside(NODE_NS), ['server', ADDR[family].external, String(OTHER_PORT), 'external']).first,
+      );
     }
     await Promise.all(servers);
     backend = new EbpfBackend({ cgroupPath: lab.cgroupPath, bpffsPath: lab.bpffsPath });
@@ -246,19 +255,16 @@ describe('ebpf backend on the kernel', function () {
     const result = await backend.sync(desiredOf(ALL_ENTRIES), { full: true });
     assert.deepEqual(result, { mode: 'full', entries: { ipv4: 2, ipv6: 2 } });
     const attached = cgroupPrograms(lab.cgroupPath);
-    assert.deepEqual(
-      attached.map((p) => p.attach_type).sort(),
-      [
-        'cgroup_inet4_connect',
-        'cgroup_inet4_getpeername',
-        'cgroup_inet6_connect',
-        'cgroup_inet6_getpeername',
-        'cgroup_udp4_recvmsg',
-        'cgroup_udp4_sendmsg',
-        'cgroup_udp6_recvmsg',
-        'cgroup_udp6_sendmsg',
-      ],
-    );
+    assert.deepEqual(attached.map((p) => p.attach_type).sort(), [
+      'cgroup_inet4_connect',
+      'cgroup_inet4_getpeername',
+      'cgroup_inet6_connect',
+      'cgroup_inet6_getpeername',
+      'cgroup_udp4_recvmsg',
+      'cgroup_udp4_sendmsg',
+      'cgroup_udp6_recvmsg',
+      'cgroup_udp6_sendmsg',
+    ]);
     assert.deepEqual(readdirSync(join(lab.bpffsPath, 'maps')).sort(), ['entries_v4', 'entries_v6', 'socket_origins']);
     assert.equal(readdirSync(join(lab.bpffsPath, 'links')).length, 8);
     assert.equal(readdirSync(join(lab.bpffsPath, 'programs')).length, 8);
@@ -319,7 +325,10 @@ describe('ebpf backend on the kernel', function () {
   it('the pinned maps have the layout the codec writes', async function () {
     const load = loadEbpfAddon();
     assert.ok(load.ok);
-    for (const [family, name] of [['ipv4', 'entries_v4'], ['ipv6', 'entries_v6']] as const) {
+    for (const [family, name] of [
+      ['ipv4', 'entries_v4'],
+      ['ipv6', 'entries_v6'],
+    ] as const) {
       const map: PinnedMap = new load.addon.PinnedMap(join(lab.bpffsPath, 'maps', name));
       try {
         assert.equal(map.keySize, KEY_SIZE[family]);
@@ -362,14 +371,18 @@ describe('ebpf backend on the kernel', function () {
       const stray = { ...entry('ipv4', 'TCP', 9999) };
       const hijacked = { ...entry('ipv4', 'UDP'), clusterIp: '10.96.0.99' };
       await map.update(encodeKeys('ipv4', [stray, hijacked]), encodeValues('ipv4', [stray, hijacked]));
-      assert.equal((await backend.sync(desiredOf(ALL_ENTRIES), { full: false })).mode, 'noop', 'partial trusts its memory');
+      assert.equal(
+        (await backend.sync(desiredOf(ALL_ENTRIES), { full: false })).mode,
+        'noop',
+        'partial trusts its memory',
+      );
       assert.equal((await backend.sync(desiredOf(ALL_ENTRIES), { full: true })).mode, 'full');
       const dump = await map.dump();
       const elements = decodeElements('ipv4', dump.keys, dump.values);
-      assert.deepEqual(
-        elements.map((e) => `${e.protocol} ${e.port} -> ${e.clusterIp}`).sort(),
-        [`TCP ${PORT} -> ${ADDR.ipv4.cluster}`, `UDP ${PORT} -> ${ADDR.ipv4.cluster}`],
-      );
+      assert.deepEqual(elements.map((e) => `${e.protocol} ${e.port} -> ${e.clusterIp}`).sort(), [
+        `TCP ${PORT} -> ${ADDR.ipv4.cluster}`,
+        `UDP ${PORT} -> ${ADDR.ipv4.cluster}`,
+      ]);
     } finally {
       map.close();
     }
@@ -427,7 +440,9 @@ describe('ebpf backend on the kernel', function () {
     const loopResult = (await new Promise<Record<string, unknown>>((resolve) => {
       const out: string[] = [];
       loop.child.stdout!.on('data', (d) => out.push(String(d)));
-      loop.child.once('exit', () => resolve(JSON.parse(out.join('').trim().split('\n').pop()!) as Record<string, unknown>));
+      loop.child.once('exit', () =>
+        resolve(JSON.parse(out.join('').trim().split('\n').pop()!) as Record<string, unknown>),
+      );
     })) as { attempts: number; replies: Record<string, number>; errors: string[] };
     assert.deepEqual(loopResult.errors, []);
     assert.deepEqual(Object.keys(loopResult.replies), [`${ADDR.ipv4.external} cluster`]);
@@ -450,8 +465,9 @@ describe('ebpf backend on the kernel', function () {
     assert.deepEqual(cgroupPrograms(lab.cgroupPath), []);
     assert.equal(existsSync(lab.bpffsPath), false);
     assert.equal(await fresh.hasState(), false);
-    await waitUntil('links and programs are freed', () =>
-      links.every((l) => !objectExists('link', l.id)) && ids.every((id) => !objectExists('prog', id)),
+    await waitUntil(
+      'links and programs are freed',
+      () => links.every((l) => !objectExists('link', l.id)) && ids.every((id) => !objectExists('prog', id)),
     );
     const r = await lab.client(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, String(PORT)]);
     assert.match(String(r.reply), /^external /);

@@ -36,7 +36,10 @@ function serve(ip: string, port: number, tag: string): void {
   udp.bind(port, ip, ready);
 }
 
-function tcpOnce(ip: string, port: number): Promise<{ peer?: string; peerPort?: number; reply?: string; error?: string }> {
+function tcpOnce(
+  ip: string,
+  port: number,
+): Promise<{ peer?: string; peerPort?: number; reply?: string; error?: string }> {
   return new Promise((resolve) => {
     const sock = connect({ host: ip, port });
     let reply = '';

@@ -72,7 +72,7 @@ describe('backend selection and migration', function () {
     });
   }
 
-  it('removes the other variant\'s leftovers when iptables stays the backend', async () => {
+  it("removes the other variant's leftovers when iptables stays the backend", async () => {
     await new IptablesBackend('legacy').sync(desired(), { full: true });
     await new IptablesBackend('nft').sync(desired(), { full: true });
     await removeLeftovers('iptables', { iptablesVariant: 'nft' });
@@ -94,7 +94,7 @@ describe('backend selection and migration', function () {
     assert.deepEqual(await where(), { nft: false, legacy: false, iptablesNft: false });
   });
 
-  it('runs the extra cleanups passed in (the eBPF backend\'s), except for the active backend', async () => {
+  it("runs the extra cleanups passed in (the eBPF backend's), except for the active backend", async () => {
     const calls: string[] = [];
     const ebpf: LeftoverCleanup = {
       backend: 'ebpf',

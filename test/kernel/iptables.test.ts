@@ -20,7 +20,6 @@ import { SEED, seedDesired, type ListingRow } from '../support/seed-listing.js';
 
 const VARIANTS: readonly IptablesVariant[] = ['legacy', 'nft'];
 
-
 const iptables = (variant: IptablesVariant, family: Family = 'ipv4') =>
   `${family === 'ipv4' ? 'iptables' : 'ip6tables'}-${variant}`;
 
@@ -48,7 +47,10 @@ function listingRows(text: string): ListingRow[] {
     .filter((l) => l.trim().length > 0)
     .map((l) => {
       const cols = l.trim().split(/\s+/);
-      const extras = cols.slice(9).join(' ').replace(/ (tcp|udp|sctp) dpt:\d+/, '');
+      const extras = cols
+        .slice(9)
+        .join(' ')
+        .replace(/ (tcp|udp|sctp) dpt:\d+/, '');
       return [cols[2]!, cols[7]!, cols[8]!, extras];
     });
 }
@@ -107,7 +109,7 @@ for (const variant of VARIANTS) {
       assert.equal((await backend.sync(desired, { full: false })).mode, 'noop');
     });
 
-    it("lists IPVS_OUTPUT and IPVS_PREROUTING like the original controller (with KUBE-MARK-MASQ)", async () => {
+    it('lists IPVS_OUTPUT and IPVS_PREROUTING like the original controller (with KUBE-MARK-MASQ)', async () => {
       createKubeMarkMasq(variant);
       await backend.sync(seedDesired(), { full: true });
       for (const chain of ['IPVS_OUTPUT', 'IPVS_PREROUTING'] as const) {
@@ -133,7 +135,7 @@ for (const variant of VARIANTS) {
       assert.ok(rules.filter((_, i) => i % 2 === 1).every((r) => r.includes('-j DNAT --to-destination')));
     });
 
-    it('takes rule 1 back, once, after kube-proxy prepends its own jump, keeping kube-proxy\'s rule', async () => {
+    it("takes rule 1 back, once, after kube-proxy prepends its own jump, keeping kube-proxy's rule", async () => {
       const desired = seedDesired();
       await backend.sync(desired, { full: true });
       const portals = '-m comment --comment "kubernetes service portals" -j KUBE-SERVICES';

@@ -70,10 +70,12 @@ function mapElements(listing: string, mapName: string): string[] {
     if (k.concat) return k.concat.join(' . ');
     return String(key);
   };
-  return (map.elem ?? []).map((e) => {
-    const [key, value] = e as [unknown, unknown];
-    return `${keyText(key)} : ${String(value)}`;
-  }).sort();
+  return (map.elem ?? [])
+    .map((e) => {
+      const [key, value] = e as [unknown, unknown];
+      return `${keyText(key)} : ${String(value)}`;
+    })
+    .sort();
 }
 
 function entry(

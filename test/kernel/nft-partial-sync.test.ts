@@ -5,12 +5,23 @@
 import assert from 'node:assert/strict';
 import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
 import { NftBackend } from '../../src/backends/nft/nft-backend.js';
-import { MAP_NAME, NFT_FAMILY, TABLE_NAME, nftDocument, renderDeleteTablesJson } from '../../src/backends/nft/render.js';
+import {
+  MAP_NAME,
+  NFT_FAMILY,
+  TABLE_NAME,
+  nftDocument,
+  renderDeleteTablesJson,
+} from '../../src/backends/nft/render.js';
 import { DesiredStateModel } from '../../src/model/desired-state.js';
 import type { DesiredState, Family, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { assertIsolatedNetns } from '../support/node-network.js';
 
-const CONFIG: ModelConfig = { detectLocalMode: 'NodeCIDR', clusterCidrs: [], masqueradeBit: 14, localTrafficPolicyOnly: false };
+const CONFIG: ModelConfig = {
+  detectLocalMode: 'NodeCIDR',
+  clusterCidrs: [],
+  masqueradeBit: 14,
+  localTrafficPolicyOnly: false,
+};
 const NODE: NodeInfo = { name: 'n1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
 
 function random(seed: number): () => number {
@@ -21,7 +32,9 @@ function random(seed: number): () => number {
   };
 }
 
-type Listed = { nftables: Array<{ map?: { name: string; elem?: Array<[{ elem: { val: { concat: unknown[] } } }, string]> } }> };
+type Listed = {
+  nftables: Array<{ map?: { name: string; elem?: Array<[{ elem: { val: { concat: unknown[] } } }, string]> } }>;
+};
 
 /** The map's elements as `ip proto port clusterIp`, sorted. */
 async function kernelElements(backend: NftBackend, family: Family): Promise<string[]> {
@@ -56,7 +69,9 @@ describe('nft partial syncs driven by the model', function () {
         clusterIPs: [`10.96.${i >> 8}.${i & 255}`, `fd00::${i.toString(16)}`],
         ports: [{ port: 80 + Math.floor(rnd() * 3), protocol: rnd() < 0.8 ? 'TCP' : 'UDP' }],
         // A small pool of addresses: Services collide and take keys over from each other.
-        ingress: [{ ip: v6 ? `2001:db8::${Math.floor(rnd() * 60).toString(16)}` : `198.18.0.${Math.floor(rnd() * 150)}` }],
+        ingress: [
+          { ip: v6 ? `2001:db8::${Math.floor(rnd() * 60).toString(16)}` : `198.18.0.${Math.floor(rnd() * 150)}` },
+        ],
       };
     };
     const model = new DesiredStateModel(CONFIG);
@@ -68,14 +83,19 @@ describe('nft partial syncs driven by the model', function () {
         const result = await backend.sync(desired, { full: step === 0 });
         if (result.mode === 'partial') partial++;
         for (const family of ['ipv4', 'ipv6'] as const) {
-          assert.deepEqual(await kernelElements(backend, family), desiredElements(desired, family), `step ${step}, ${family}`);
+          assert.deepEqual(
+            await kernelElements(backend, family),
+            desiredElements(desired, family),
+            `step ${step}, ${family}`,
+          );
         }
         services = [...services];
         for (let k = 1 + Math.floor(rnd() * 4); k > 0; k--) {
           const at = Math.floor(rnd() * services.length);
           const r = rnd();
           if (r < 0.5) services[at] = makeService();
-          else if (r < 0.7) services[at] = { ...services[at]! }; // the same content as a new object
+          else if (r < 0.7)
+            services[at] = { ...services[at]! }; // the same content as a new object
           else if (r < 0.85) services.splice(at, 1);
           else services.push(makeService());
         }

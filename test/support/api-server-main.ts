@@ -61,7 +61,9 @@ async function main(): Promise<void> {
   });
   for (const obj of initial) server.apply(obj);
   await server.writeKubeconfig(kubeconfigOut);
-  console.log(`Kubernetes API stand-in listening on ${server.url} (kubeconfig: ${kubeconfigOut}, ${initial.length} objects loaded)`);
+  console.log(
+    `Kubernetes API stand-in listening on ${server.url} (kubeconfig: ${kubeconfigOut}, ${initial.length} objects loaded)`,
+  );
 
   const shutdown = () => {
     server.stop().then(

@@ -57,27 +57,62 @@ const ALL_VERBS: Verb[] = ['create', 'delete', 'get', 'list', 'patch', 'update',
 
 const RESOURCES: readonly Resource[] = [
   {
-    kind: 'Service', plural: 'services', singular: 'service', namespaced: true, shortNames: ['svc'],
-    verbs: ALL_VERBS, hasStatus: true, deleteReturnsObject: true, categories: ['all'],
+    kind: 'Service',
+    plural: 'services',
+    singular: 'service',
+    namespaced: true,
+    shortNames: ['svc'],
+    verbs: ALL_VERBS,
+    hasStatus: true,
+    deleteReturnsObject: true,
+    categories: ['all'],
     selectableFields: ['metadata.name', 'metadata.namespace'],
   },
   {
-    kind: 'Node', plural: 'nodes', singular: 'node', namespaced: false, shortNames: ['no'],
-    verbs: ALL_VERBS, hasStatus: true, deleteReturnsObject: false,
+    kind: 'Node',
+    plural: 'nodes',
+    singular: 'node',
+    namespaced: false,
+    shortNames: ['no'],
+    verbs: ALL_VERBS,
+    hasStatus: true,
+    deleteReturnsObject: false,
     selectableFields: ['metadata.name', 'spec.unschedulable'],
   },
   {
-    kind: 'Event', plural: 'events', singular: 'event', namespaced: true, shortNames: ['ev'],
-    verbs: ['create', 'get', 'list', 'watch'], hasStatus: false, deleteReturnsObject: false,
+    kind: 'Event',
+    plural: 'events',
+    singular: 'event',
+    namespaced: true,
+    shortNames: ['ev'],
+    verbs: ['create', 'get', 'list', 'watch'],
+    hasStatus: false,
+    deleteReturnsObject: false,
     selectableFields: [
-      'metadata.name', 'metadata.namespace', 'involvedObject.kind', 'involvedObject.namespace',
-      'involvedObject.name', 'involvedObject.uid', 'involvedObject.apiVersion', 'involvedObject.resourceVersion',
-      'involvedObject.fieldPath', 'reason', 'reportingComponent', 'source', 'type',
+      'metadata.name',
+      'metadata.namespace',
+      'involvedObject.kind',
+      'involvedObject.namespace',
+      'involvedObject.name',
+      'involvedObject.uid',
+      'involvedObject.apiVersion',
+      'involvedObject.resourceVersion',
+      'involvedObject.fieldPath',
+      'reason',
+      'reportingComponent',
+      'source',
+      'type',
     ],
   },
   {
-    kind: 'Namespace', plural: 'namespaces', singular: 'namespace', namespaced: false, shortNames: ['ns'],
-    verbs: ['create', 'get', 'list', 'watch'], hasStatus: false, deleteReturnsObject: false,
+    kind: 'Namespace',
+    plural: 'namespaces',
+    singular: 'namespace',
+    namespaced: false,
+    shortNames: ['ns'],
+    verbs: ['create', 'get', 'list', 'watch'],
+    hasStatus: false,
+    deleteReturnsObject: false,
     selectableFields: ['metadata.name', 'status.phase'],
   },
 ];
@@ -172,12 +207,31 @@ async function makeServingCertificate(host: string): Promise<ServingCertificate>
     names.add(isIP(host) ? `IP:${host}` : `DNS:${host}`);
     const ec = ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes'];
     await run('openssl', [
-      'req', '-x509', ...ec, '-keyout', join(dir, 'ca.key'), '-out', join(dir, 'ca.crt'), '-days', '3650',
-      '-subj', '/CN=api-stand-in-ca',
-      '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=critical,keyCertSign,cRLSign',
+      'req',
+      '-x509',
+      ...ec,
+      '-keyout',
+      join(dir, 'ca.key'),
+      '-out',
+      join(dir, 'ca.crt'),
+      '-days',
+      '3650',
+      '-subj',
+      '/CN=api-stand-in-ca',
+      '-addext',
+      'basicConstraints=critical,CA:TRUE',
+      '-addext',
+      'keyUsage=critical,keyCertSign,cRLSign',
     ]);
     await run('openssl', [
-      'req', ...ec, '-keyout', join(dir, 'server.key'), '-out', join(dir, 'server.csr'), '-subj', '/CN=localhost',
+      'req',
+      ...ec,
+      '-keyout',
+      join(dir, 'server.key'),
+      '-out',
+      join(dir, 'server.csr'),
+      '-subj',
+      '/CN=localhost',
     ]);
     await writeFile(
       join(dir, 'server.ext'),
@@ -190,8 +244,21 @@ async function makeServingCertificate(host: string): Promise<ServingCertificate>
       ].join('\n'),
     );
     await run('openssl', [
-      'x509', '-req', '-in', join(dir, 'server.csr'), '-CA', join(dir, 'ca.crt'), '-CAkey', join(dir, 'ca.key'),
-      '-CAcreateserial', '-out', join(dir, 'server.crt'), '-days', '3650', '-extfile', join(dir, 'server.ext'),
+      'x509',
+      '-req',
+      '-in',
+      join(dir, 'server.csr'),
+      '-CA',
+      join(dir, 'ca.crt'),
+      '-CAkey',
+      join(dir, 'ca.key'),
+      '-CAcreateserial',
+      '-out',
+      join(dir, 'server.crt'),
+      '-days',
+      '3650',
+      '-extfile',
+      join(dir, 'server.ext'),
     ]);
     return {
       caPem: await readFile(join(dir, 'ca.crt'), 'utf8'),
@@ -290,12 +357,17 @@ function selects(selection: Selection, obj: KubeObject): boolean {
     const has = Object.hasOwn(labels, r.key);
     const value = labels[r.key];
     const ok =
-      r.op === 'eq' ? has && value === r.value
-      : r.op === 'ne' ? !has || value !== r.value
-      : r.op === 'in' ? has && r.values.includes(value!)
-      : r.op === 'notin' ? !has || !r.values.includes(value!)
-      : r.op === 'exists' ? has
-      : !has;
+      r.op === 'eq'
+        ? has && value === r.value
+        : r.op === 'ne'
+          ? !has || value !== r.value
+          : r.op === 'in'
+            ? has && r.values.includes(value!)
+            : r.op === 'notin'
+              ? !has || !r.values.includes(value!)
+              : r.op === 'exists'
+                ? has
+                : !has;
     if (!ok) return false;
   }
   for (const r of selection.fields) {
@@ -404,7 +476,10 @@ function orderList(items: unknown[], order: unknown[], mergeKey: string | undefi
     const i = wanted.findIndex((w) => isDeepStrictEqual(w, keyOf(v)));
     return i < 0 ? wanted.length : i;
   };
-  return items.map((v, i) => ({ v, i })).sort((a, b) => rank(a.v) - rank(b.v) || a.i - b.i).map((x) => x.v);
+  return items
+    .map((v, i) => ({ v, i }))
+    .sort((a, b) => rank(a.v) - rank(b.v) || a.i - b.i)
+    .map((x) => x.v);
 }
 
 /** RFC 6902 JSON patch. */
@@ -415,7 +490,12 @@ function jsonPatch(doc: unknown, ops: unknown): unknown {
     if (typeof pointer !== 'string' || (pointer !== '' && !pointer.startsWith('/'))) {
       throw new ApiError(400, `invalid JSON pointer: ${String(pointer)}`);
     }
-    return pointer === '' ? [] : pointer.slice(1).split('/').map((t) => t.replace(/~1/g, '/').replace(/~0/g, '~'));
+    return pointer === ''
+      ? []
+      : pointer
+          .slice(1)
+          .split('/')
+          .map((t) => t.replace(/~1/g, '/').replace(/~0/g, '~'));
   };
   const parentOf = (path: string[]): { parent: KubeObject | unknown[]; key: string } => {
     let node: unknown = root;
@@ -509,11 +589,17 @@ function age(obj: KubeObject, now: number): string {
 }
 
 const NAME_COLUMN: Column = {
-  name: 'Name', type: 'string', format: 'name', description: 'Name of the object',
+  name: 'Name',
+  type: 'string',
+  format: 'name',
+  description: 'Name of the object',
   cell: (o) => o.metadata?.name ?? '',
 };
 const AGE_COLUMN: Column = {
-  name: 'Age', type: 'string', description: 'Time since creation', cell: age,
+  name: 'Age',
+  type: 'string',
+  description: 'Time since creation',
+  cell: age,
 };
 
 function serviceExternalIPs(svc: KubeObject): string {
@@ -544,12 +630,16 @@ const TABLE_COLUMNS: Record<StoredKind, Column[]> = {
     NAME_COLUMN,
     { name: 'Type', type: 'string', description: 'Service type', cell: (s) => s.spec?.type ?? 'ClusterIP' },
     {
-      name: 'Cluster-IP', type: 'string', description: 'Cluster IP',
+      name: 'Cluster-IP',
+      type: 'string',
+      description: 'Cluster IP',
       cell: (s) => (s.spec?.type === 'ExternalName' ? '<none>' : s.spec?.clusterIP || '<none>'),
     },
     { name: 'External-IP', type: 'string', description: 'External IPs', cell: serviceExternalIPs },
     {
-      name: 'Port(s)', type: 'string', description: 'Service ports',
+      name: 'Port(s)',
+      type: 'string',
+      description: 'Service ports',
       cell: (s) =>
         (s.spec?.ports ?? [])
           .map((p: KubeObject) => `${p.port}${p.nodePort ? `:${p.nodePort}` : ''}/${p.protocol ?? 'TCP'}`)
@@ -557,16 +647,23 @@ const TABLE_COLUMNS: Record<StoredKind, Column[]> = {
     },
     AGE_COLUMN,
     {
-      name: 'Selector', type: 'string', priority: 1, description: 'Pod selector',
+      name: 'Selector',
+      type: 'string',
+      priority: 1,
+      description: 'Pod selector',
       cell: (s) =>
-        Object.entries(s.spec?.selector ?? {}).map(([k, v]) => `${k}=${String(v)}`).join(',') || '<none>',
+        Object.entries(s.spec?.selector ?? {})
+          .map(([k, v]) => `${k}=${String(v)}`)
+          .join(',') || '<none>',
     },
   ],
   Node: [
     NAME_COLUMN,
     { name: 'Status', type: 'string', description: 'Readiness', cell: nodeStatus },
     {
-      name: 'Roles', type: 'string', description: 'Node roles',
+      name: 'Roles',
+      type: 'string',
+      description: 'Node roles',
       cell: (n) =>
         Object.keys(n.metadata?.labels ?? {})
           .filter((l) => l.startsWith('node-role.kubernetes.io/'))
@@ -575,15 +672,23 @@ const TABLE_COLUMNS: Record<StoredKind, Column[]> = {
     },
     AGE_COLUMN,
     {
-      name: 'Version', type: 'string', description: 'Kubelet version',
+      name: 'Version',
+      type: 'string',
+      description: 'Kubelet version',
       cell: (n) => n.status?.nodeInfo?.kubeletVersion ?? '',
     },
     {
-      name: 'Internal-IP', type: 'string', priority: 1, description: 'Internal address',
+      name: 'Internal-IP',
+      type: 'string',
+      priority: 1,
+      description: 'Internal address',
       cell: (n) => nodeAddress(n, 'InternalIP'),
     },
     {
-      name: 'External-IP', type: 'string', priority: 1, description: 'External address',
+      name: 'External-IP',
+      type: 'string',
+      priority: 1,
+      description: 'External address',
       cell: (n) => nodeAddress(n, 'ExternalIP'),
     },
   ],
@@ -592,7 +697,9 @@ const TABLE_COLUMNS: Record<StoredKind, Column[]> = {
     { name: 'Type', type: 'string', description: 'Event type', cell: (e) => e.type ?? '' },
     { name: 'Reason', type: 'string', description: 'Reason', cell: (e) => e.reason ?? '' },
     {
-      name: 'Object', type: 'string', description: 'Involved object',
+      name: 'Object',
+      type: 'string',
+      description: 'Involved object',
       cell: (e) => `${(e.involvedObject?.kind ?? '').toLowerCase()}/${e.involvedObject?.name ?? ''}`,
     },
     { name: 'Message', type: 'string', description: 'Message', cell: (e) => e.message ?? '' },
@@ -612,14 +719,20 @@ function toTable(resource: Resource, items: KubeObject[], listMeta: KubeObject, 
     apiVersion: 'meta.k8s.io/v1',
     metadata: listMeta,
     columnDefinitions: columns.map((c) => ({
-      name: c.name, type: c.type, format: c.format ?? '', description: c.description, priority: c.priority ?? 0,
+      name: c.name,
+      type: c.type,
+      format: c.format ?? '',
+      description: c.description,
+      priority: c.priority ?? 0,
     })),
     rows: items.map((obj) => ({
       cells: columns.map((c) => c.cell(obj, now)),
       object:
-        includeObject === 'None' ? undefined
-        : includeObject === 'Object' ? withTypeMeta(resource, obj)
-        : { kind: 'PartialObjectMetadata', apiVersion: 'meta.k8s.io/v1', metadata: obj.metadata },
+        includeObject === 'None'
+          ? undefined
+          : includeObject === 'Object'
+            ? withTypeMeta(resource, obj)
+            : { kind: 'PartialObjectMetadata', apiVersion: 'meta.k8s.io/v1', metadata: obj.metadata },
     })),
   };
 }
@@ -683,9 +796,7 @@ class ObjectStore {
   /** Watches from a resourceVersion below this one cannot be replayed: 410 Gone. */
   private oldestResumableRv = 0;
   private history: Change[] = [];
-  private readonly objects = new Map(
-    RESOURCES.map((r) => [r, new Map<string, KubeObject>()] as const),
-  );
+  private readonly objects = new Map(RESOURCES.map((r) => [r, new Map<string, KubeObject>()] as const));
   private readonly watchers = new Set<Watcher>();
 
   constructor(private readonly historyLimit: number) {}
@@ -700,7 +811,9 @@ class ObjectStore {
 
   /** Objects sorted by namespace/name, as etcd returns them. */
   list(resource: Resource): KubeObject[] {
-    return [...this.objects.get(resource)!.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)).map(([, o]) => o);
+    return [...this.objects.get(resource)!.entries()]
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+      .map(([, o]) => o);
   }
 
   /** Stores obj (metadata complete but resourceVersion) as new or replacing the current one. */
@@ -932,7 +1045,12 @@ export class ApiStandIn {
   }
 
   /** keepCreation: uid and creationTimestamp stay those of the stored object (HTTP writes). */
-  private update(resource: Resource, existing: KubeObject, incoming: KubeObject, opts: { keepCreation: boolean }): KubeObject {
+  private update(
+    resource: Resource,
+    existing: KubeObject,
+    incoming: KubeObject,
+    opts: { keepCreation: boolean },
+  ): KubeObject {
     const obj = structuredClone(incoming);
     const meta = obj.metadata;
     meta.uid = existing.metadata.uid;
@@ -1092,12 +1210,25 @@ export class ApiStandIn {
           groupVersion: 'v1',
           resources: RESOURCES.flatMap((r) => {
             const main: KubeObject = {
-              name: r.plural, singularName: r.singular, namespaced: r.namespaced, kind: r.kind,
-              verbs: r.verbs, shortNames: r.shortNames,
+              name: r.plural,
+              singularName: r.singular,
+              namespaced: r.namespaced,
+              kind: r.kind,
+              verbs: r.verbs,
+              shortNames: r.shortNames,
             };
             if (r.categories) main.categories = r.categories;
             if (!r.hasStatus) return [main];
-            return [main, { name: `${r.plural}/status`, singularName: '', namespaced: r.namespaced, kind: r.kind, verbs: ['get', 'patch', 'update'] }];
+            return [
+              main,
+              {
+                name: `${r.plural}/status`,
+                singularName: '',
+                namespaced: r.namespaced,
+                kind: r.kind,
+                verbs: ['get', 'patch', 'update'],
+              },
+            ];
           }),
         };
       case '/version':
@@ -1113,7 +1244,13 @@ export class ApiStandIn {
     return obj;
   }
 
-  private serveList(req: IncomingMessage, res: ServerResponse, route: Route, selection: Selection, query: URLSearchParams): void {
+  private serveList(
+    req: IncomingMessage,
+    res: ServerResponse,
+    route: Route,
+    selection: Selection,
+    query: URLSearchParams,
+  ): void {
     const { resource } = route;
     this.stats.lists[resource.plural] = (this.stats.lists[resource.plural] ?? 0) + 1;
     const limit = Number(query.get('limit') ?? 0);
@@ -1179,7 +1316,13 @@ export class ApiStandIn {
     return { snapshot, offset: parsed.offset };
   }
 
-  private serveWatch(req: IncomingMessage, res: ServerResponse, route: Route, selection: Selection, query: URLSearchParams): void {
+  private serveWatch(
+    req: IncomingMessage,
+    res: ServerResponse,
+    route: Route,
+    selection: Selection,
+    query: URLSearchParams,
+  ): void {
     const { resource } = route;
     this.stats.watches[resource.plural] = (this.stats.watches[resource.plural] ?? 0) + 1;
     const from = query.get('resourceVersion') ?? '';
@@ -1200,7 +1343,12 @@ export class ApiStandIn {
         write({ type, object });
         return;
       }
-      const table = toTable(resource, [object], { resourceVersion: object.metadata.resourceVersion }, query.get('includeObject') ?? 'Metadata');
+      const table = toTable(
+        resource,
+        [object],
+        { resourceVersion: object.metadata.resourceVersion },
+        query.get('includeObject') ?? 'Metadata',
+      );
       if (columnsSent) table.columnDefinitions = [];
       columnsSent = true;
       write({ type, object: table });
@@ -1217,7 +1365,9 @@ export class ApiStandIn {
     if (from === '' || from === '0') {
       replay = this.store
         .list(resource)
-        .filter((o) => (route.namespace === undefined || o.metadata.namespace === route.namespace) && selects(selection, o))
+        .filter(
+          (o) => (route.namespace === undefined || o.metadata.namespace === route.namespace) && selects(selection, o),
+        )
         .map((o) => ({ type: 'ADDED', object: withTypeMeta(resource, o) }));
     } else {
       const changes = this.store.changesSince(resource, Number(from));
@@ -1241,7 +1391,11 @@ export class ApiStandIn {
         setInterval(() => {
           write({
             type: 'BOOKMARK',
-            object: { kind: resource.kind, apiVersion: 'v1', metadata: { resourceVersion: String(this.store.resourceVersion) } },
+            object: {
+              kind: resource.kind,
+              apiVersion: 'v1',
+              metadata: { resourceVersion: String(this.store.resourceVersion) },
+            },
           });
         }, this.bookmarkIntervalMs),
       );
@@ -1256,7 +1410,12 @@ export class ApiStandIn {
     });
   }
 
-  private async serveCreate(req: IncomingMessage, res: ServerResponse, route: Route, query: URLSearchParams): Promise<void> {
+  private async serveCreate(
+    req: IncomingMessage,
+    res: ServerResponse,
+    route: Route,
+    query: URLSearchParams,
+  ): Promise<void> {
     const { resource } = route;
     const body = await readJsonBody(req);
     checkBody(resource, body);
@@ -1264,12 +1423,18 @@ export class ApiStandIn {
       body.metadata.name = body.metadata.generateName + randomBytes(3).toString('hex').slice(0, 5);
     }
     if (!body.metadata?.name) {
-      throw new ApiError(422, `${resource.kind} "" is invalid: metadata.name: Required value: name or generateName is required`);
+      throw new ApiError(
+        422,
+        `${resource.kind} "" is invalid: metadata.name: Required value: name or generateName is required`,
+      );
     }
     if (resource.namespaced) {
       const ns = body.metadata.namespace;
       if (ns !== undefined && ns !== '' && ns !== route.namespace) {
-        throw new ApiError(400, 'the namespace of the provided object does not match the namespace sent on the request');
+        throw new ApiError(
+          400,
+          'the namespace of the provided object does not match the namespace sent on the request',
+        );
       }
     }
     const incoming = normalize(resource, { ...body, metadata: { ...body.metadata, namespace: route.namespace } });
@@ -1289,50 +1454,89 @@ export class ApiStandIn {
     sendJson(res, 201, withTypeMeta(resource, this.create(resource, incoming, { defaults: true })));
   }
 
-  private async serveReplace(req: IncomingMessage, res: ServerResponse, route: Route, query: URLSearchParams): Promise<void> {
+  private async serveReplace(
+    req: IncomingMessage,
+    res: ServerResponse,
+    route: Route,
+    query: URLSearchParams,
+  ): Promise<void> {
     const { resource } = route;
     const body = await readJsonBody(req);
     checkBody(resource, body);
     const existing = this.mustGet(route);
     if (body.metadata?.name !== undefined && body.metadata.name !== route.name) {
-      throw new ApiError(400, `the name of the object (${body.metadata.name}) does not match the name on the URL (${route.name})`);
+      throw new ApiError(
+        400,
+        `the name of the object (${body.metadata.name}) does not match the name on the URL (${route.name})`,
+      );
     }
     const rv = body.metadata?.resourceVersion;
     if (rv !== undefined && rv !== '' && rv !== existing.metadata.resourceVersion) {
-      throw conflict(resource, route.name!, 'the object has been modified; please apply your changes to the latest version and try again');
+      throw conflict(
+        resource,
+        route.name!,
+        'the object has been modified; please apply your changes to the latest version and try again',
+      );
     }
-    const merged = { ...body, metadata: { ...body.metadata, name: route.name, namespace: existing.metadata.namespace } };
+    const merged = {
+      ...body,
+      metadata: { ...body.metadata, name: route.name, namespace: existing.metadata.namespace },
+    };
     this.finishUpdate(res, route, existing, merged, query);
   }
 
-  private async servePatch(req: IncomingMessage, res: ServerResponse, route: Route, query: URLSearchParams): Promise<void> {
+  private async servePatch(
+    req: IncomingMessage,
+    res: ServerResponse,
+    route: Route,
+    query: URLSearchParams,
+  ): Promise<void> {
     const { resource } = route;
     const type = (req.headers['content-type'] ?? '').split(';')[0]!.trim();
     const apply =
-      type === 'application/merge-patch+json' ? mergePatch
-      : type === 'application/strategic-merge-patch+json' ? strategicMergePatch
-      : type === 'application/json-patch+json' ? jsonPatch
-      : undefined;
+      type === 'application/merge-patch+json'
+        ? mergePatch
+        : type === 'application/strategic-merge-patch+json'
+          ? strategicMergePatch
+          : type === 'application/json-patch+json'
+            ? jsonPatch
+            : undefined;
     if (!apply) {
-      throw new ApiError(415, `the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json`);
+      throw new ApiError(
+        415,
+        `the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json`,
+      );
     }
     const patch = await readJsonBody(req, true);
     const existing = this.mustGet(route);
     const patched = apply(withTypeMeta(resource, existing), patch);
     if (!isPlainObject(patched)) throw new ApiError(422, 'the patch did not produce an object');
     checkBody(resource, patched);
-    if (patched.metadata?.name !== route.name || (patched.metadata?.namespace ?? undefined) !== existing.metadata.namespace) {
+    if (
+      patched.metadata?.name !== route.name ||
+      (patched.metadata?.namespace ?? undefined) !== existing.metadata.namespace
+    ) {
       throw new ApiError(400, 'a patch cannot change the name or namespace of an object');
     }
     const rv = patched.metadata?.resourceVersion;
     if (rv !== undefined && rv !== existing.metadata.resourceVersion) {
-      throw conflict(resource, route.name!, 'the object has been modified; please apply your changes to the latest version and try again');
+      throw conflict(
+        resource,
+        route.name!,
+        'the object has been modified; please apply your changes to the latest version and try again',
+      );
     }
     this.finishUpdate(res, route, existing, patched, query);
   }
 
   /** The common tail of PUT and PATCH: main resource writes keep the status, status writes keep the rest. */
-  private finishUpdate(res: ServerResponse, route: Route, existing: KubeObject, incoming: KubeObject, query: URLSearchParams): void {
+  private finishUpdate(
+    res: ServerResponse,
+    route: Route,
+    existing: KubeObject,
+    incoming: KubeObject,
+    query: URLSearchParams,
+  ): void {
     const { resource } = route;
     let candidate: KubeObject;
     if (route.subresource === 'status') {
@@ -1354,12 +1558,20 @@ export class ApiStandIn {
     sendJson(res, 200, withTypeMeta(resource, this.update(resource, existing, candidate, { keepCreation: true })));
   }
 
-  private async serveDelete(req: IncomingMessage, res: ServerResponse, route: Route, query: URLSearchParams): Promise<void> {
+  private async serveDelete(
+    req: IncomingMessage,
+    res: ServerResponse,
+    route: Route,
+    query: URLSearchParams,
+  ): Promise<void> {
     const { resource } = route;
     const options = await readJsonBody(req, false, true);
     const existing = this.mustGet(route);
     const pre = options?.preconditions ?? {};
-    if ((pre.uid && pre.uid !== existing.metadata.uid) || (pre.resourceVersion && pre.resourceVersion !== existing.metadata.resourceVersion)) {
+    if (
+      (pre.uid && pre.uid !== existing.metadata.uid) ||
+      (pre.resourceVersion && pre.resourceVersion !== existing.metadata.resourceVersion)
+    ) {
       throw conflict(resource, route.name!, 'the precondition does not match the current object');
     }
     const dryRun = isDryRun(query) || (Array.isArray(options?.dryRun) && options.dryRun.includes('All'));
@@ -1368,7 +1580,10 @@ export class ApiStandIn {
       sendJson(res, 200, withTypeMeta(resource, deleted));
     } else {
       sendJson(res, 200, {
-        kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Success',
+        kind: 'Status',
+        apiVersion: 'v1',
+        metadata: {},
+        status: 'Success',
         details: { name: route.name, kind: resource.plural, uid: existing.metadata.uid },
       });
     }
@@ -1406,7 +1621,10 @@ function defaultNamespace(ns: KubeObject): void {
 
 function checkBody(resource: Resource, body: KubeObject): void {
   if (body.kind !== undefined && body.kind !== resource.kind) {
-    throw new ApiError(400, `the kind of the object (${String(body.kind)}) does not match the resource (${resource.kind})`);
+    throw new ApiError(
+      400,
+      `the kind of the object (${String(body.kind)}) does not match the resource (${resource.kind})`,
+    );
   }
   if (body.apiVersion !== undefined && body.apiVersion !== 'v1') {
     throw new ApiError(400, `the API version of the object (${String(body.apiVersion)}) is not v1`);

@@ -36,7 +36,7 @@ export function assertIsolatedNetns(): void {
 
 function ancestorInOtherNamespace(kind: string): boolean {
   const own = readlinkSync(`/proc/self/ns/${kind}`);
-  for (let pid = process.ppid; pid > 1; ) {
+  for (let pid = process.ppid; pid > 1;) {
     try {
       if (readlinkSync(`/proc/${pid}/ns/${kind}`) !== own) return true;
     } catch {

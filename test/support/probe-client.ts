@@ -18,7 +18,9 @@ if (protocol === 'tcp') {
   let data = '';
   sock.on('data', (d) => (data += d.toString()));
   sock.on('end', () => finish(data.trim() || 'empty'));
-  sock.on('error', (err: NodeJS.ErrnoException) => finish(err.code === 'ECONNREFUSED' ? 'refused' : `error:${err.code}`));
+  sock.on('error', (err: NodeJS.ErrnoException) =>
+    finish(err.code === 'ECONNREFUSED' ? 'refused' : `error:${err.code}`),
+  );
 } else {
   const sock = dgram.createSocket(address!.includes(':') ? 'udp6' : 'udp4');
   sock.on('message', (msg, rinfo) => finish(`${msg.toString().trim()} from ${rinfo.address}`));

@@ -16,7 +16,9 @@ export function httpGet(url: string, method = 'GET'): Promise<HttpAnswer> {
       let body = '';
       res.setEncoding('utf8');
       res.on('data', (c: string) => (body += c));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, contentType: String(res.headers['content-type']), body }));
+      res.on('end', () =>
+        resolve({ status: res.statusCode ?? 0, contentType: String(res.headers['content-type']), body }),
+      );
       res.on('error', reject);
     });
     req.on('error', reject);
@@ -73,7 +75,8 @@ export class Exposition {
 function parseLabels(text: string): Record<string, string> {
   const out: Record<string, string> = {};
   const re = /([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g;
-  for (let m = re.exec(text); m; m = re.exec(text)) out[m[1]!] = m[2]!.replace(/\\(.)/g, (_, c: string) => (c === 'n' ? '\n' : c));
+  for (let m = re.exec(text); m; m = re.exec(text))
+    out[m[1]!] = m[2]!.replace(/\\(.)/g, (_, c: string) => (c === 'n' ? '\n' : c));
   return out;
 }
 

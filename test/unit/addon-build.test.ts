@@ -78,9 +78,12 @@ describe('nft executor selection without the addon', () => {
   });
 
   it('an explicit addon preference fails with the reason instead of falling back', () => {
-    assert.throws(() => selectNftExecutor('addon', missing), (err: unknown) => {
-      return err instanceof NftError && /npm run build:native/.test(err.message);
-    });
+    assert.throws(
+      () => selectNftExecutor('addon', missing),
+      (err: unknown) => {
+        return err instanceof NftError && /npm run build:native/.test(err.message);
+      },
+    );
   });
 
   it('cli is used when configured, even with the addon built', () => {

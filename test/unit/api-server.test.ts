@@ -111,8 +111,11 @@ async function recordWatch(server: ApiStandIn, path: string, query: Json): Promi
   const events: WatchRecording['events'] = [];
   let finish!: (err: unknown) => void;
   const done = new Promise<unknown>((resolve) => (finish = resolve));
-  const controller = await new Watch(kc).watch(path, query, (type, object) => events.push({ type, object }), (err) =>
-    finish(err),
+  const controller = await new Watch(kc).watch(
+    path,
+    query,
+    (type, object) => events.push({ type, object }),
+    (err) => finish(err),
   );
   return { events, done, abort: () => controller.abort() };
 }
@@ -145,7 +148,12 @@ describe('Kubernetes API stand-in', function () {
       assert.equal(v1.body.kind, 'APIResourceList');
       const byName = new Map<string, Json>(v1.body.resources.map((r: Json) => [r.name, r]));
       assert.deepEqual([...byName.keys()].sort(), [
-        'events', 'namespaces', 'nodes', 'nodes/status', 'services', 'services/status',
+        'events',
+        'namespaces',
+        'nodes',
+        'nodes/status',
+        'services',
+        'services/status',
       ]);
       assert.deepEqual(byName.get('services')!.verbs, ['create', 'delete', 'get', 'list', 'patch', 'update', 'watch']);
       assert.deepEqual([byName.get('services')!.namespaced, byName.get('nodes')!.namespaced], [true, false]);
@@ -158,7 +166,10 @@ describe('Kubernetes API stand-in', function () {
     it('rejects a request without a bearer token with a 401 Status', async () => {
       const res = await raw(server, 'GET', '/api/v1/services', { token: null });
       assert.equal(res.status, 401);
-      assert.deepEqual([res.body.kind, res.body.status, res.body.reason, res.body.code], ['Status', 'Failure', 'Unauthorized', 401]);
+      assert.deepEqual(
+        [res.body.kind, res.body.status, res.body.reason, res.body.code],
+        ['Status', 'Failure', 'Unauthorized', 401],
+      );
     });
 
     it('rejects a client whose kubeconfig has no credentials with 401', async () => {
@@ -174,7 +185,10 @@ describe('Kubernetes API stand-in', function () {
 
     it('answers failures as metav1 Status objects with the real codes and reasons', async () => {
       const missing = await raw(server, 'GET', '/api/v1/namespaces/default/services/nope');
-      assert.deepEqual([missing.status, missing.body.kind, missing.body.reason, missing.body.code], [404, 'Status', 'NotFound', 404]);
+      assert.deepEqual(
+        [missing.status, missing.body.kind, missing.body.reason, missing.body.code],
+        [404, 'Status', 'NotFound', 404],
+      );
       assert.deepEqual(missing.body.details, { name: 'nope', kind: 'services' });
       assert.equal(missing.body.message, 'services "nope" not found');
 
@@ -203,7 +217,10 @@ describe('Kubernetes API stand-in', function () {
       assert.equal(applyPatch.status, 415);
 
       const badSelector = await raw(server, 'GET', '/api/v1/services?fieldSelector=spec.clusterIP%3D1.2.3.4');
-      assert.deepEqual([badSelector.status, badSelector.body.message], [400, 'field label not supported: spec.clusterIP']);
+      assert.deepEqual(
+        [badSelector.status, badSelector.body.message],
+        [400, 'field label not supported: spec.clusterIP'],
+      );
     });
 
     it('lists with a global resourceVersion, selectors, and limit/continue chunks', async () => {
@@ -224,7 +241,11 @@ describe('Kubernetes API stand-in', function () {
       const pages: string[][] = [];
       let cont = '';
       do {
-        const page = await raw(server, 'GET', `/api/v1/services?limit=2${cont ? `&continue=${encodeURIComponent(cont)}` : ''}`);
+        const page = await raw(
+          server,
+          'GET',
+          `/api/v1/services?limit=2${cont ? `&continue=${encodeURIComponent(cont)}` : ''}`,
+        );
         // A write between pages does not show in the remaining pages: they come from one snapshot.
         if (pages.length === 0) server.apply(service('a', 's00'));
         assert.equal(page.body.metadata.resourceVersion, last.metadata.resourceVersion);
@@ -256,7 +277,13 @@ describe('Kubernetes API stand-in', function () {
           apiVersion: 'v1',
           kind: 'Service',
           metadata: { name: 'web' },
-          spec: { type: 'LoadBalancer', ports: [{ name: 'http', port: 80 }, { name: 'https', port: 443 }] },
+          spec: {
+            type: 'LoadBalancer',
+            ports: [
+              { name: 'http', port: 80 },
+              { name: 'https', port: 443 },
+            ],
+          },
         }),
       });
       assert.equal(created.status, 201);
@@ -311,13 +338,20 @@ describe('Kubernetes API stand-in', function () {
         contentType: 'application/strategic-merge-patch+json',
         body: JSON.stringify({
           spec: {
-            ports: [{ port: 443, targetPort: 8443 }, { port: 80, $patch: 'delete' }, { name: 'dns', port: 53, protocol: 'UDP' }],
+            ports: [
+              { port: 443, targetPort: 8443 },
+              { port: 80, $patch: 'delete' },
+              { name: 'dns', port: 53, protocol: 'UDP' },
+            ],
           },
         }),
       });
       assert.deepEqual(
         strategic.body.spec.ports.map((p: Json) => [p.name, p.port, p.protocol, p.targetPort]),
-        [['https', 443, 'TCP', 8443], ['dns', 53, 'UDP', 53]],
+        [
+          ['https', 443, 'TCP', 8443],
+          ['dns', 53, 'UDP', 53],
+        ],
       );
 
       const jsonPatched = await raw(server, 'PATCH', `${path}/web`, {
@@ -365,7 +399,10 @@ describe('Kubernetes API stand-in', function () {
       assert.equal(posted.status, 201);
       assert.match(posted.body.metadata.name, /^web\.[0-9a-f]{5}$/);
       const events = server.list('Event');
-      assert.deepEqual(events.map((e) => [e.metadata.namespace, e.reason]), [['shop', 'ExternalIPConflict']]);
+      assert.deepEqual(
+        events.map((e) => [e.metadata.namespace, e.reason]),
+        [['shop', 'ExternalIPConflict']],
+      );
       const listed = await raw(server, 'GET', '/api/v1/namespaces/shop/events');
       assert.deepEqual([listed.body.kind, listed.body.items.length], ['EventList', 1]);
       // kubectl describe finds an object's events with these field selectors.
@@ -374,8 +411,15 @@ describe('Kubernetes API stand-in', function () {
         'GET',
         `/api/v1/events?fieldSelector=${encodeURIComponent('involvedObject.name=web,involvedObject.kind=Service,type=Warning')}`,
       );
-      assert.deepEqual(forWeb.body.items.map((e: Json) => e.reason), ['ExternalIPConflict']);
-      const forApi = await raw(server, 'GET', `/api/v1/events?fieldSelector=${encodeURIComponent('involvedObject.name=api')}`);
+      assert.deepEqual(
+        forWeb.body.items.map((e: Json) => e.reason),
+        ['ExternalIPConflict'],
+      );
+      const forApi = await raw(
+        server,
+        'GET',
+        `/api/v1/events?fieldSelector=${encodeURIComponent('involvedObject.name=api')}`,
+      );
       assert.deepEqual(forApi.body.items, []);
     });
 
@@ -395,7 +439,10 @@ describe('Kubernetes API stand-in', function () {
       const same = server.apply(service('default', 'a', { clusterIP: '10.96.1.2' }));
       assert.equal(same.metadata.resourceVersion, changed.metadata.resourceVersion);
 
-      const old = server.apply({ ...service('default', 'b'), metadata: { name: 'b', creationTimestamp: '2020-01-02T03:04:05Z' } });
+      const old = server.apply({
+        ...service('default', 'b'),
+        metadata: { name: 'b', creationTimestamp: '2020-01-02T03:04:05Z' },
+      });
       assert.equal(old.metadata.creationTimestamp, '2020-01-02T03:04:05Z');
       assert.equal(old.metadata.namespace, 'default');
       // apply() stores shapes as given: no ClusterIP is allocated.
@@ -431,7 +478,10 @@ describe('Kubernetes API stand-in', function () {
         ],
       );
       const rvs = w.events.map((e) => Number(e.object.metadata.resourceVersion));
-      assert.deepEqual(rvs, [...rvs].sort((x, y) => x - y));
+      assert.deepEqual(
+        rvs,
+        [...rvs].sort((x, y) => x - y),
+      );
       assert.equal(w.events[1]!.object.spec.clusterIP, '10.96.1.9');
       assert.equal(server.stats.watches.services, 1);
     });
@@ -452,16 +502,24 @@ describe('Kubernetes API stand-in', function () {
       // Even the latest version seen before the expiry is too old now.
       const latest = await recordWatch(server, '/api/v1/services', { resourceVersion: b.metadata.resourceVersion });
       await latest.done;
-      assert.deepEqual(latest.events.map((e) => [e.type, e.object.code]), [['ERROR', 410]]);
+      assert.deepEqual(
+        latest.events.map((e) => [e.type, e.object.code]),
+        [['ERROR', 410]],
+      );
       const w = await recordWatch(server, '/api/v1/services', { resourceVersion: a.metadata.resourceVersion });
       assert.equal(await w.done, null);
       assert.equal(w.events.length, 1);
       const { type, object } = w.events[0]!;
-      assert.deepEqual([type, object.kind, object.status, object.reason, object.code], ['ERROR', 'Status', 'Failure', 'Expired', 410]);
+      assert.deepEqual(
+        [type, object.kind, object.status, object.reason, object.code],
+        ['ERROR', 'Status', 'Failure', 'Expired', 410],
+      );
       // A list still works and gives a resourceVersion that can be watched from.
       const list = await raw(server, 'GET', '/api/v1/services');
       assert.equal(list.body.items.length, 2);
-      const again = await recordWatch(server, '/api/v1/services', { resourceVersion: list.body.metadata.resourceVersion });
+      const again = await recordWatch(server, '/api/v1/services', {
+        resourceVersion: list.body.metadata.resourceVersion,
+      });
       stopAfter.push(() => again.abort());
       server.apply(service('default', 'c'));
       await waitFor(() => again.events.length === 1, 'the event after the relist');
@@ -478,11 +536,19 @@ describe('Kubernetes API stand-in', function () {
       }
       const tooOld = await recordWatch(small, '/api/v1/services', { resourceVersion: first.metadata.resourceVersion });
       await tooOld.done;
-      assert.deepEqual(tooOld.events.map((e) => [e.type, e.object.code]), [['ERROR', 410]]);
-      const kept = await recordWatch(small, '/api/v1/services', { resourceVersion: String(Number(first.metadata.resourceVersion) + 1) });
+      assert.deepEqual(
+        tooOld.events.map((e) => [e.type, e.object.code]),
+        [['ERROR', 410]],
+      );
+      const kept = await recordWatch(small, '/api/v1/services', {
+        resourceVersion: String(Number(first.metadata.resourceVersion) + 1),
+      });
       stopAfter.push(() => kept.abort());
       await waitFor(() => kept.events.length === 3, 'the kept events');
-      assert.deepEqual(kept.events.map((e) => e.object.spec.clusterIP), ['10.96.1.3', '10.96.1.4', '10.96.1.5']);
+      assert.deepEqual(
+        kept.events.map((e) => e.object.spec.clusterIP),
+        ['10.96.1.3', '10.96.1.4', '10.96.1.5'],
+      );
     });
 
     it('send bookmarks with only kind, apiVersion and the current resourceVersion', async () => {
@@ -498,15 +564,24 @@ describe('Kubernetes API stand-in', function () {
       );
       const bookmark = w.events.find((e) => e.type === 'BOOKMARK')!.object;
       assert.deepEqual(Object.keys(bookmark).sort(), ['apiVersion', 'kind', 'metadata']);
-      assert.deepEqual([bookmark.kind, bookmark.apiVersion, Object.keys(bookmark.metadata)], ['Service', 'v1', ['resourceVersion']]);
+      assert.deepEqual(
+        [bookmark.kind, bookmark.apiVersion, Object.keys(bookmark.metadata)],
+        ['Service', 'v1', ['resourceVersion']],
+      );
       // The Node write itself is not a Service event.
-      assert.deepEqual(w.events.filter((e) => e.type !== 'BOOKMARK').map((e) => e.object.metadata.name), ['a']);
+      assert.deepEqual(
+        w.events.filter((e) => e.type !== 'BOOKMARK').map((e) => e.object.metadata.name),
+        ['a'],
+      );
 
       const without = await recordWatch(server, '/api/v1/services', { resourceVersion: nodeRv });
       stopAfter.push(() => without.abort());
       server.apply(service('default', 'b'));
       await waitFor(() => without.events.length === 1, 'the event after b');
-      assert.deepEqual(without.events.map((e) => e.type), ['ADDED']);
+      assert.deepEqual(
+        without.events.map((e) => e.type),
+        ['ADDED'],
+      );
     });
 
     it('show an object leaving a label selection as DELETED and entering it as ADDED', async () => {
@@ -523,7 +598,11 @@ describe('Kubernetes API stand-in', function () {
       await waitFor(() => w.events.length === 3, 'three events');
       assert.deepEqual(
         w.events.map((e) => [e.type, e.object.metadata.name, e.object.metadata.labels.app]),
-        [['DELETED', 'a', 'db'], ['ADDED', 'a', 'web'], ['MODIFIED', 'a', 'web']],
+        [
+          ['DELETED', 'a', 'db'],
+          ['ADDED', 'a', 'web'],
+          ['MODIFIED', 'a', 'web'],
+        ],
       );
     });
 
@@ -541,7 +620,9 @@ describe('Kubernetes API stand-in', function () {
       const informer = makeInformer<V1Service>(kc, '/api/v1/services', () => core.listServiceForAllNamespaces());
       const seen: string[] = [];
       informer.on('add', (s) => seen.push(`add ${s.metadata!.namespace}/${s.metadata!.name} ${s.spec!.clusterIP}`));
-      informer.on('update', (s) => seen.push(`update ${s.metadata!.namespace}/${s.metadata!.name} ${s.spec!.clusterIP}`));
+      informer.on('update', (s) =>
+        seen.push(`update ${s.metadata!.namespace}/${s.metadata!.name} ${s.spec!.clusterIP}`),
+      );
       informer.on('delete', (s) => seen.push(`delete ${s.metadata!.namespace}/${s.metadata!.name}`));
       informer.on('error', (err) => seen.push(`error ${String(err)}`));
       await informer.start();
@@ -676,15 +757,25 @@ describe('Kubernetes API stand-in', function () {
       server.apply(service('shop', 'web', { clusterIP: '10.96.5.5', spec: { externalIPs: ['198.51.100.5'] } }));
       server.apply({
         ...service('kube-system', 'lb', { clusterIP: '10.96.6.6' }),
-        spec: { type: 'LoadBalancer', clusterIP: '10.96.6.6', ports: [{ port: 443, protocol: 'TCP', nodePort: 30443 }] },
+        spec: {
+          type: 'LoadBalancer',
+          clusterIP: '10.96.6.6',
+          ports: [{ port: 443, protocol: 'TCP', nodePort: 30443 }],
+        },
         status: { loadBalancer: { ingress: [{ ip: '203.0.113.6' }] } },
       });
-      const rows = (await kubectl('get', 'svc', '-A')).trim().split('\n').map((l) => l.trim().split(/\s+/));
+      const rows = (await kubectl('get', 'svc', '-A'))
+        .trim()
+        .split('\n')
+        .map((l) => l.trim().split(/\s+/));
       assert.deepEqual(rows[0], ['NAMESPACE', 'NAME', 'TYPE', 'CLUSTER-IP', 'EXTERNAL-IP', 'PORT(S)', 'AGE']);
-      assert.deepEqual(rows.slice(1).map((r) => r.slice(0, 6)), [
-        ['kube-system', 'lb', 'LoadBalancer', '10.96.6.6', '203.0.113.6', '443:30443/TCP'],
-        ['shop', 'web', 'ClusterIP', '10.96.5.5', '198.51.100.5', '80/TCP'],
-      ]);
+      assert.deepEqual(
+        rows.slice(1).map((r) => r.slice(0, 6)),
+        [
+          ['kube-system', 'lb', 'LoadBalancer', '10.96.6.6', '203.0.113.6', '443:30443/TCP'],
+          ['shop', 'web', 'ClusterIP', '10.96.5.5', '198.51.100.5', '80/TCP'],
+        ],
+      );
       const json = JSON.parse(await kubectl('get', 'svc', '-n', 'shop', 'web', '-o', 'json'));
       assert.deepEqual([json.kind, json.spec.clusterIP], ['Service', '10.96.5.5']);
       assert.ok(server.stats.requests > 0);
@@ -704,13 +795,19 @@ spec:
 ${ports}
 `;
       const file = join(dir, 'svc.yaml');
-      await writeFile(file, manifest('  - {name: http, port: 80, targetPort: 8080}\n  - {name: https, port: 443}', '[198.51.100.7]'));
+      await writeFile(
+        file,
+        manifest('  - {name: http, port: 80, targetPort: 8080}\n  - {name: https, port: 443}', '[198.51.100.7]'),
+      );
       assert.equal((await kubectl('apply', '--validate=false', '-f', file)).trim(), 'service/api created');
       const created = server.get('Service', 'shop', 'api')!;
       assert.match(created.spec.clusterIP, /^10\.96\./);
       assert.deepEqual(created.spec.externalIPs, ['198.51.100.7']);
 
-      await writeFile(file, manifest('  - {name: https, port: 443, targetPort: 9443}\n  - {name: dns, port: 53, protocol: UDP}', '[]'));
+      await writeFile(
+        file,
+        manifest('  - {name: https, port: 443, targetPort: 9443}\n  - {name: dns, port: 53, protocol: UDP}', '[]'),
+      );
       assert.equal((await kubectl('apply', '--validate=false', '-f', file)).trim(), 'service/api configured');
       const configured = server.get('Service', 'shop', 'api')!;
       assert.deepEqual(
@@ -726,9 +823,13 @@ ${ports}
 
     it('get -w prints watch events as server-side table rows', async () => {
       server.apply(service('shop', 'web', { clusterIP: '10.96.5.5' }));
-      const child = spawn('kubectl', ['--kubeconfig', kubeconfig, 'get', 'svc', '-n', 'shop', '-w', '--output-watch-events'], {
-        stdio: ['ignore', 'pipe', 'pipe'],
-      });
+      const child = spawn(
+        'kubectl',
+        ['--kubeconfig', kubeconfig, 'get', 'svc', '-n', 'shop', '-w', '--output-watch-events'],
+        {
+          stdio: ['ignore', 'pipe', 'pipe'],
+        },
+      );
       stopAfter.push(() => child.kill('SIGKILL'));
       let out = '';
       child.stdout.on('data', (d: Buffer) => (out += d.toString()));
@@ -738,13 +839,19 @@ ${ports}
       await waitFor(() => /MODIFIED\s+web/.test(out), `the modified row (got: ${out})`);
       server.remove('Service', 'shop', 'web');
       await waitFor(() => /DELETED\s+web/.test(out), `the deleted row (got: ${out})`);
-      const rows = out.trim().split('\n').map((l) => l.trim().split(/\s+/));
+      const rows = out
+        .trim()
+        .split('\n')
+        .map((l) => l.trim().split(/\s+/));
       assert.deepEqual(rows[0]!.slice(0, 4), ['EVENT', 'NAME', 'TYPE', 'CLUSTER-IP']);
-      assert.deepEqual(rows.slice(1).map((r) => [r[0], r[1], r[4]]), [
-        ['ADDED', 'web', '<none>'],
-        ['MODIFIED', 'web', '198.51.100.9'],
-        ['DELETED', 'web', '198.51.100.9'],
-      ]);
+      assert.deepEqual(
+        rows.slice(1).map((r) => [r[0], r[1], r[4]]),
+        [
+          ['ADDED', 'web', '<none>'],
+          ['MODIFIED', 'web', '198.51.100.9'],
+          ['DELETED', 'web', '198.51.100.9'],
+        ],
+      );
     });
 
     it('delete svc removes the Service', async () => {
@@ -754,7 +861,6 @@ ${ports}
       assert.deepEqual(names(server.list('Service')), ['shop/keep']);
       await assert.rejects(kubectl('delete', 'svc', '-n', 'shop', 'web'), /NotFound|not found/);
     });
-
   });
 
   describe('standalone command', () => {
@@ -766,9 +872,12 @@ ${ports}
         process.execPath,
         [
           join(repoRoot, 'dist/test/support/api-server-main.js'),
-          '--port', '0',
-          '--kubeconfig-out', kubeconfig,
-          '--objects', join(repoRoot, 'test/support/fixtures/demo-objects.yaml'),
+          '--port',
+          '0',
+          '--kubeconfig-out',
+          kubeconfig,
+          '--objects',
+          join(repoRoot, 'test/support/fixtures/demo-objects.yaml'),
         ],
         { stdio: ['ignore', 'pipe', 'pipe'] },
       );
@@ -781,7 +890,14 @@ ${ports}
       assert.match(out, /3 objects loaded/);
       const { stdout } = await run('kubectl', ['--kubeconfig', kubeconfig, 'get', 'svc', '-A', '-o', 'name']);
       assert.deepEqual(stdout.trim().split('\n'), ['service/dns', 'service/web']);
-      const nodes = await run('kubectl', ['--kubeconfig', kubeconfig, 'get', 'nodes', '-o', 'jsonpath={.items[*].spec.podCIDR}']);
+      const nodes = await run('kubectl', [
+        '--kubeconfig',
+        kubeconfig,
+        'get',
+        'nodes',
+        '-o',
+        'jsonpath={.items[*].spec.podCIDR}',
+      ]);
       assert.equal(nodes.stdout, '10.244.1.0/24');
       child.kill('SIGTERM');
       assert.equal(await exited, 0);

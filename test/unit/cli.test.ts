@@ -30,7 +30,10 @@ describe('command line', function () {
   it('a bad flag value is one line on stderr and exit code 2', async () => {
     const r = await cli(['--min-sync-period', 'soon']);
     assert.equal(r.exitCode, 2);
-    assert.equal(r.stderr.split('\n')[0], "ipvs-node-controller: --min-sync-period: 'soon' is not a duration (write it as 30s, 500ms, 1m)");
+    assert.equal(
+      r.stderr.split('\n')[0],
+      "ipvs-node-controller: --min-sync-period: 'soon' is not a duration (write it as 30s, 500ms, 1m)",
+    );
     assert.equal(r.stdout, '');
   });
 

@@ -5,12 +5,15 @@ import { parseDuration } from '../../src/config/duration.js';
 import { parseConfig, UsageError } from '../../src/config/options.js';
 
 function fails(argv: string[], pattern: RegExp, env: NodeJS.ProcessEnv = {}): void {
-  assert.throws(() => parseConfig(argv, env), (err: unknown) => {
-    assert.ok(err instanceof UsageError, `expected a UsageError, got ${String(err)}`);
-    assert.match(err.message, pattern);
-    assert.doesNotMatch(err.message, /\n/, 'one line');
-    return true;
-  });
+  assert.throws(
+    () => parseConfig(argv, env),
+    (err: unknown) => {
+      assert.ok(err instanceof UsageError, `expected a UsageError, got ${String(err)}`);
+      assert.match(err.message, pattern);
+      assert.doesNotMatch(err.message, /\n/, 'one line');
+      return true;
+    },
+  );
 }
 
 describe('durations', () => {
@@ -48,7 +51,10 @@ describe('flags', () => {
   it('reads --cluster-cidr, or the original POD_CIDR_IPV4 / POD_CIDR_IPV6', () => {
     const flag = parseConfig(['--detect-local-mode=ClusterCIDR', '--cluster-cidr=10.244.0.0/16,fd00:10:244::/56'], {});
     assert.deepEqual(flag.model.clusterCidrs, ['10.244.0.0/16', 'fd00:10:244::/56']);
-    const env = parseConfig(['--detect-local-mode', 'ClusterCIDR'], { POD_CIDR_IPV4: '10.244.0.0/16', POD_CIDR_IPV6: 'fd00::/48' });
+    const env = parseConfig(['--detect-local-mode', 'ClusterCIDR'], {
+      POD_CIDR_IPV4: '10.244.0.0/16',
+      POD_CIDR_IPV6: 'fd00::/48',
+    });
     assert.deepEqual(env.model.clusterCidrs, ['10.244.0.0/16', 'fd00::/48']);
   });
 

@@ -87,7 +87,8 @@ describe('Dockerfile', function () {
     const [build, runtime] = stages as [Stage, Stage];
     assert.equal(build.from, 'node:20-bookworm');
     assert.equal(build.name, 'build');
-    for (const p of ['libnftables-dev', 'libbpf-dev', 'clang', 'pkg-config']) assert.ok(aptPackages(build).includes(p), p);
+    for (const p of ['libnftables-dev', 'libbpf-dev', 'clang', 'pkg-config'])
+      assert.ok(aptPackages(build).includes(p), p);
     assert.equal(runtime.from, 'node:20-bookworm-slim');
     for (const p of ['nftables', 'iptables', 'libnftables1', 'libbpf1']) assert.ok(aptPackages(runtime).includes(p), p);
     assert.equal(process.versions.node.split('.')[0], '20', 'the image runs the Node.js major the tests run on');
@@ -106,7 +107,9 @@ describe('Dockerfile', function () {
   });
 
   it('imports at run time only production dependencies (the image prunes the others)', async () => {
-    const pkg = JSON.parse(await readFile(join(repoRoot, 'package.json'), 'utf8')) as { dependencies: Record<string, string> };
+    const pkg = JSON.parse(await readFile(join(repoRoot, 'package.json'), 'utf8')) as {
+      dependencies: Record<string, string>;
+    };
     const files = (await readdir(join(repoRoot, 'dist', 'src'), { recursive: true })).filter((f) => f.endsWith('.js'));
     assert.ok(files.length > 10);
     const imported = new Set<string>();
@@ -118,7 +121,8 @@ describe('Dockerfile', function () {
         imported.add(spec.startsWith('@') ? spec.split('/').slice(0, 2).join('/') : spec.split('/')[0]!);
       }
     }
-    for (const name of imported) assert.ok(name in pkg.dependencies, `${name} is imported by dist/src but not a dependency`);
+    for (const name of imported)
+      assert.ok(name in pkg.dependencies, `${name} is imported by dist/src but not a dependency`);
     assert.ok(imported.has('prom-client') && imported.has('@kubernetes/client-node'));
   });
 
@@ -135,7 +139,8 @@ describe('Dockerfile', function () {
           const from = join(repoRoot, relative('/src', source));
           const into = dest.endsWith('/') ? join(target, source.split('/').at(-1)!) : target;
           await mkdir(dirname(into), { recursive: true });
-          if (source === '/src/node_modules') await symlink(from, into); // pruned in the image; the full tree here
+          if (source === '/src/node_modules')
+            await symlink(from, into); // pruned in the image; the full tree here
           else await cp(from, into, { recursive: true });
         }
       }
@@ -143,7 +148,12 @@ describe('Dockerfile', function () {
       const main = join(image, relative(workdir, entrypoint[1]!));
       const help = await run(process.execPath, [main, '--help']);
       assert.match(help.stdout, /--metrics-bind-address/);
-      const dry = await run(process.execPath, [main, '--dry-run', '--from-file', join(repoRoot, 'examples', 'services.yaml')]);
+      const dry = await run(process.execPath, [
+        main,
+        '--dry-run',
+        '--from-file',
+        join(repoRoot, 'examples', 'services.yaml'),
+      ]);
       assert.match(dry.stdout, /table ip ipvs-node-controller/);
       const probe = [
         `const nft = await import(${JSON.stringify(join(image, 'dist/src/backends/nft/addon-executor.js'))});`,
@@ -154,7 +164,10 @@ describe('Dockerfile', function () {
         `  ebpfAddon: fs.existsSync(bpf.defaultAddonPath()) && bpf.defaultAddonPath(),`,
         `  object: fs.existsSync(bpf.defaultObjectPath()) && bpf.defaultObjectPath() }));`,
       ].join('\n');
-      const found = JSON.parse((await run(process.execPath, ['--input-type=module', '-e', probe])).stdout) as Record<string, string>;
+      const found = JSON.parse((await run(process.execPath, ['--input-type=module', '-e', probe])).stdout) as Record<
+        string,
+        string
+      >;
       assert.equal(found.nft, 'addon');
       assert.equal(found.addonPath, join(image, 'build/Release/nftables_addon.node'));
       assert.equal(found.ebpfAddon, join(image, 'build/Release/ebpf_addon.node'));

@@ -86,7 +86,8 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
   const rendered = new Map<string, Json[]>();
 
   before(async () => {
-    for (const backend of Object.keys(BACKENDS)) rendered.set(backend, await kustomize(join(deploy, 'overlays', backend)));
+    for (const backend of Object.keys(BACKENDS))
+      rendered.set(backend, await kustomize(join(deploy, 'overlays', backend)));
   });
 
   for (const [backend, expected] of Object.entries(BACKENDS)) {
@@ -95,23 +96,34 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
       const ds = () => only(objects(), 'DaemonSet', 'ipvs-node-controller');
 
       it('renders exactly a ServiceAccount, a ClusterRole, its binding and a DaemonSet, schema-valid', () => {
-        assert.deepEqual(objects().map((o) => o.kind).sort(), ['ClusterRole', 'ClusterRoleBinding', 'DaemonSet', 'ServiceAccount']);
+        assert.deepEqual(
+          objects()
+            .map((o) => o.kind)
+            .sort(),
+          ['ClusterRole', 'ClusterRoleBinding', 'DaemonSet', 'ServiceAccount'],
+        );
         validateSchemas(objects());
         for (const o of objects().filter((o) => o.kind === 'DaemonSet' || o.kind === 'ServiceAccount')) {
           assert.equal(o.metadata.namespace, 'kube-system', o.kind);
         }
       });
 
-      it('grants Services list/watch and Nodes get/list/watch, nothing else, to the DaemonSet\'s account', () => {
+      it("grants Services list/watch and Nodes get/list/watch, nothing else, to the DaemonSet's account", () => {
         const role = only(objects(), 'ClusterRole');
         assert.deepEqual(role.rules, [
           { apiGroups: [''], resources: ['services'], verbs: ['list', 'watch'] },
           { apiGroups: [''], resources: ['nodes'], verbs: ['get', 'list', 'watch'] },
         ]);
         const binding = only(objects(), 'ClusterRoleBinding');
-        assert.deepEqual(binding.roleRef, { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: role.metadata.name });
+        assert.deepEqual(binding.roleRef, {
+          apiGroup: 'rbac.authorization.k8s.io',
+          kind: 'ClusterRole',
+          name: role.metadata.name,
+        });
         const account = only(objects(), 'ServiceAccount');
-        assert.deepEqual(binding.subjects, [{ kind: 'ServiceAccount', name: account.metadata.name, namespace: account.metadata.namespace }]);
+        assert.deepEqual(binding.subjects, [
+          { kind: 'ServiceAccount', name: account.metadata.name, namespace: account.metadata.namespace },
+        ]);
         assert.equal(ds().spec.template.spec.serviceAccountName, account.metadata.name);
       });
 
@@ -130,7 +142,8 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
         const spec = ds().spec;
         const pod = spec.template.spec;
         assert.deepEqual(spec.selector.matchLabels, { 'app.kubernetes.io/name': 'ipvs-node-controller' });
-        for (const [k, v] of Object.entries(spec.selector.matchLabels)) assert.equal(spec.template.metadata.labels[k], v);
+        for (const [k, v] of Object.entries(spec.selector.matchLabels))
+          assert.equal(spec.template.metadata.labels[k], v);
         assert.deepEqual(pod.tolerations, [{ operator: 'Exists' }]);
         assert.equal(pod.priorityClassName, 'system-node-critical');
         assert.equal(pod.hostNetwork, expected.hostNetwork);
@@ -207,7 +220,9 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
       assert.deepEqual(role.rules, [{ apiGroups: [''], resources: ['events'], verbs: ['create'] }]);
       const binding = only(objects, 'ClusterRoleBinding', 'ipvs-node-controller-events');
       assert.equal(binding.roleRef.name, role.metadata.name);
-      assert.deepEqual(binding.subjects, [{ kind: 'ServiceAccount', name: 'ipvs-node-controller', namespace: 'kube-system' }]);
+      assert.deepEqual(binding.subjects, [
+        { kind: 'ServiceAccount', name: 'ipvs-node-controller', namespace: 'kube-system' },
+      ]);
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
@@ -227,9 +242,9 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
     assert.equal(podMonitor.spec.podMetricsEndpoints[0].port, 'metrics');
     portNamed(ds, 'metrics');
 
-    const alternative = YAML.parseAllDocuments(await readFile(join(deploy, 'monitoring', 'servicemonitor.yaml'), 'utf8')).map(
-      (d) => d.toJSON() as Json,
-    );
+    const alternative = YAML.parseAllDocuments(
+      await readFile(join(deploy, 'monitoring', 'servicemonitor.yaml'), 'utf8'),
+    ).map((d) => d.toJSON() as Json);
     validateSchemas(alternative);
     const service = only(alternative, 'Service');
     const serviceMonitor = only(alternative, 'ServiceMonitor');

@@ -5,7 +5,12 @@ import assert from 'node:assert/strict';
 import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, Entry, FamilyState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 
-const CONFIG: ModelConfig = { detectLocalMode: 'NodeCIDR', clusterCidrs: [], masqueradeBit: 14, localTrafficPolicyOnly: false };
+const CONFIG: ModelConfig = {
+  detectLocalMode: 'NodeCIDR',
+  clusterCidrs: [],
+  masqueradeBit: 14,
+  localTrafficPolicyOnly: false,
+};
 const NODE: NodeInfo = { name: 'n1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
 
 /** A seeded generator, so that a failure can be replayed. */
@@ -46,7 +51,10 @@ function serviceMaker(rnd: () => number, addresses: number) {
         port: pick([80, 443, 443, 0]),
         protocol: pick(['TCP', 'TCP', 'UDP', undefined, 'ICMP']),
       })),
-      ingress: [{ ip: address(), ipMode: pick([undefined, 'VIP', 'Proxy']) }, ...(rnd() < 0.1 ? [{ hostname: 'lb.example.com' }] : [])],
+      ingress: [
+        { ip: address(), ipMode: pick([undefined, 'VIP', 'Proxy']) },
+        ...(rnd() < 0.1 ? [{ hostname: 'lb.example.com' }] : []),
+      ],
     };
   };
 }
@@ -80,13 +88,21 @@ function check(seed: number, size: number, addresses: number, steps: number, cha
   for (let step = 0; step < steps; step++) {
     const node = rnd() < 0.9 ? NODE : undefined;
     const desired = model.update(services, node);
-    assert.deepEqual(withoutChanges(desired), buildDesiredState([...services].reverse(), node, config), `seed ${seed}, step ${step}`);
+    assert.deepEqual(
+      withoutChanges(desired),
+      buildDesiredState([...services].reverse(), node, config),
+      `seed ${seed}, step ${step}`,
+    );
     for (const family of ['ipv4', 'ipv6'] as const) {
       const changes = desired[family].changes;
       if (!changes) continue;
       assert.equal(changes.since, previous?.[family].entries, 'the hint starts from the entries given last');
       hints++;
-      assert.deepEqual(applied(changes.since, changes.removed, changes.added), new Set(desired[family].entries), `seed ${seed}, step ${step}`);
+      assert.deepEqual(
+        applied(changes.since, changes.removed, changes.added),
+        new Set(desired[family].entries),
+        `seed ${seed}, step ${step}`,
+      );
     }
     previous = desired;
     services = [...services];
@@ -135,6 +151,10 @@ describe('DesiredStateModel', () => {
     );
     assert.equal(second.ipv4.entries[0], first.ipv4.entries[0]);
     assert.equal(second.ipv4.entries[1], first.ipv4.entries[2]);
-    assert.deepEqual(first.ipv4.entries.map((e) => e.externalIp), ['192.0.2.1', '192.0.2.2', '192.0.2.3'], 'an earlier result is not changed');
+    assert.deepEqual(
+      first.ipv4.entries.map((e) => e.externalIp),
+      ['192.0.2.1', '192.0.2.2', '192.0.2.3'],
+      'an earlier result is not changed',
+    );
   });
 });

@@ -28,7 +28,13 @@ function entry(over: Partial<Entry> = {}): Entry {
   };
 }
 
-const V6: Entry = entry({ family: 'ipv6', externalIp: '2001:db8::10', protocol: 'UDP', port: 53, clusterIp: 'fd00:96::a' });
+const V6: Entry = entry({
+  family: 'ipv6',
+  externalIp: '2001:db8::10',
+  protocol: 'UDP',
+  port: 53,
+  clusterIp: 'fd00:96::a',
+});
 
 describe('ebpf map codec', () => {
   it('writes an IPv4 key and value in network byte order', () => {
@@ -37,10 +43,7 @@ describe('ebpf map codec', () => {
   });
 
   it('writes an IPv6 key and value in network byte order', () => {
-    assert.equal(
-      encodeKeys('ipv6', [V6]).toString('hex'),
-      '20010db8000000000000000000000010' + '0035' + '11' + '00',
-    );
+    assert.equal(encodeKeys('ipv6', [V6]).toString('hex'), '20010db8000000000000000000000010' + '0035' + '11' + '00');
     assert.equal(encodeValues('ipv6', [V6]).toString('hex'), 'fd00009600000000000000000000000a' + '0035' + '0000');
   });
 
@@ -104,7 +107,10 @@ describe('ebpf map codec', () => {
   });
 
   it('map capacity matches the BPF source', () => {
-    const source = readFileSync(fileURLToPath(new URL('../../../bpf/ipvs_node_controller.bpf.c', import.meta.url)), 'utf8');
+    const source = readFileSync(
+      fileURLToPath(new URL('../../../bpf/ipvs_node_controller.bpf.c', import.meta.url)),
+      'utf8',
+    );
     assert.match(source, new RegExp(`#define MAX_ENTRIES ${ENTRY_MAP_CAPACITY}\\b`));
   });
 });

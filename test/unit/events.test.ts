@@ -23,21 +23,37 @@ const SERVICES = [
     apiVersion: 'v1',
     kind: 'Service',
     metadata: { namespace: 'shop', name: 'web', creationTimestamp: '2024-01-01T00:00:00Z' },
-    spec: { type: 'LoadBalancer', clusterIP: '10.96.0.10', clusterIPs: ['10.96.0.10'], ports: [{ port: 80, protocol: 'TCP' }] },
+    spec: {
+      type: 'LoadBalancer',
+      clusterIP: '10.96.0.10',
+      clusterIPs: ['10.96.0.10'],
+      ports: [{ port: 80, protocol: 'TCP' }],
+    },
     status: { loadBalancer: { ingress: [{ ip: '192.0.2.10' }, { ip: '192.0.2.20', ipMode: 'Proxy' }] } },
   },
   {
     apiVersion: 'v1',
     kind: 'Service',
     metadata: { namespace: 'shop', name: 'late', creationTimestamp: '2024-02-01T00:00:00Z' },
-    spec: { type: 'LoadBalancer', clusterIP: '10.96.0.11', clusterIPs: ['10.96.0.11'], ports: [{ port: 80, protocol: 'TCP' }] },
+    spec: {
+      type: 'LoadBalancer',
+      clusterIP: '10.96.0.11',
+      clusterIPs: ['10.96.0.11'],
+      ports: [{ port: 80, protocol: 'TCP' }],
+    },
     status: { loadBalancer: { ingress: [{ ip: '192.0.2.10' }] } },
   },
   {
     apiVersion: 'v1',
     kind: 'Service',
     metadata: { namespace: 'shop', name: 'headless', creationTimestamp: '2024-03-01T00:00:00Z' },
-    spec: { type: 'ClusterIP', clusterIP: 'None', clusterIPs: ['None'], externalIPs: ['198.51.100.7'], ports: [{ port: 443 }] },
+    spec: {
+      type: 'ClusterIP',
+      clusterIP: 'None',
+      clusterIPs: ['None'],
+      externalIPs: ['198.51.100.7'],
+      ports: [{ port: 443 }],
+    },
   },
 ];
 
@@ -66,7 +82,13 @@ describe('Service Events', function () {
     for (const s of SERVICES) server.apply(s);
     kc = new KubeConfig();
     kc.loadFromString(server.kubeconfig());
-    services = { list: () => server.list('Service').map(toServiceInfo).filter((s): s is ServiceInfo => s !== undefined) };
+    services = {
+      list: () =>
+        server
+          .list('Service')
+          .map(toServiceInfo)
+          .filter((s): s is ServiceInfo => s !== undefined),
+    };
     desired = buildDesiredState(services.list(), undefined, {
       detectLocalMode: 'NodeCIDR',
       clusterCidrs: [],
@@ -147,9 +169,15 @@ describe('Service Events', function () {
       await server.writeKubeconfig(join(dir, 'kubeconfig'));
       const kubectl = (...args: string[]) => run('kubectl', ['--kubeconfig', join(dir, 'kubeconfig'), ...args]);
       const { stdout } = await kubectl('describe', 'service', '-n', 'shop', 'late');
-      assert.match(stdout, /Warning\s+ExternalAddressConflict\s+\S+\s+ipvs-node-controller\s+192\.0\.2\.10 TCP\/80 is also/);
+      assert.match(
+        stdout,
+        /Warning\s+ExternalAddressConflict\s+\S+\s+ipvs-node-controller\s+192\.0\.2\.10 TCP\/80 is also/,
+      );
       // describe finds Events by the Service's uid: the other Service shows none.
-      assert.doesNotMatch((await kubectl('describe', 'service', '-n', 'shop', 'web')).stdout, /ExternalAddressConflict/);
+      assert.doesNotMatch(
+        (await kubectl('describe', 'service', '-n', 'shop', 'web')).stdout,
+        /ExternalAddressConflict/,
+      );
     } finally {
       await rm(dir, { recursive: true, force: true });
     }

@@ -24,11 +24,21 @@ describe('operational flags', () => {
     assert.deepEqual(c.healthzBindAddress, { host: '127.0.0.1', port: 10999 });
   });
 
-  for (const bad of ['9477', 'localhost:9477', '::1:9477', '[127.0.0.1]:1', '1.2.3:4', '0.0.0.0:65536', '0.0.0.0:', '[::1]']) {
+  for (const bad of [
+    '9477',
+    'localhost:9477',
+    '::1:9477',
+    '[127.0.0.1]:1',
+    '1.2.3:4',
+    '0.0.0.0:65536',
+    '0.0.0.0:',
+    '[::1]',
+  ]) {
     it(`reject ${JSON.stringify(bad)} with one line naming the flag`, () => {
       assert.throws(
         () => parseConfig(['--metrics-bind-address', bad], env),
-        (err: Error) => err instanceof UsageError && err.message.startsWith(`--metrics-bind-address: '${bad}' is not IP:port`),
+        (err: Error) =>
+          err instanceof UsageError && err.message.startsWith(`--metrics-bind-address: '${bad}' is not IP:port`),
       );
     });
   }
@@ -44,6 +54,8 @@ describe('operational flags', () => {
         /must use different ports/,
       );
     }
-    assert.doesNotThrow(() => parseConfig(['--metrics-bind-address', '127.0.0.1:9000', '--healthz-bind-address', '127.0.0.2:9000'], env));
+    assert.doesNotThrow(() =>
+      parseConfig(['--metrics-bind-address', '127.0.0.1:9000', '--healthz-bind-address', '127.0.0.2:9000'], env),
+    );
   });
 });

@@ -46,12 +46,16 @@ describe('liveness (/healthz)', () => {
     clock.at(T0 + 6 * PERIOD);
     clock.api.onList('nodes');
     const synced = T0 + 6 * PERIOD;
-    const at = (now: number, lastError?: string) => judgeLiveness(inputs({ cachesSynced: true, lastError }, clock.api, now));
+    const at = (now: number, lastError?: string) =>
+      judgeLiveness(inputs({ cachesSynced: true, lastError }, clock.api, now));
     assert.equal(at(synced + 2 * PERIOD).ok, true);
     assert.match(at(synced + PERIOD).detail, /first sync pending/);
     const failed = at(synced + 2 * PERIOD + 1, 'nft: Operation not permitted');
     assert.equal(failed.ok, false);
-    assert.equal(failed.detail, 'no successful sync for 60s (limit: 2 x --sync-period = 60s): nft: Operation not permitted');
+    assert.equal(
+      failed.detail,
+      'no successful sync for 60s (limit: 2 x --sync-period = 60s): nft: Operation not permitted',
+    );
   });
 
   it('fails once the last successful sync is older than 2 x sync-period, and recovers with the next', () => {
@@ -105,11 +109,20 @@ describe('readiness (/readyz)', () => {
     assert.deepEqual(short.warnings, ['the API server has been unreachable for 40s (services: ECONNREFUSED)']);
     const long = judgeReadiness(inputs({ ...status, lastSuccessfulSyncAt: T0 + 60_000 }, clock.api, T0 + 61_001));
     assert.equal(long.ok, false);
-    assert.equal(long.detail, 'the API server has been unreachable for 60s (services: ECONNREFUSED); the last programmed rules are kept');
+    assert.equal(
+      long.detail,
+      'the API server has been unreachable for 60s (services: ECONNREFUSED); the last programmed rules are kept',
+    );
     // Liveness is not affected: the resyncs from the cache go on.
-    assert.equal(judgeLiveness(inputs({ ...status, lastSuccessfulSyncAt: T0 + 60_000 }, clock.api, T0 + 61_001)).ok, true);
+    assert.equal(
+      judgeLiveness(inputs({ ...status, lastSuccessfulSyncAt: T0 + 60_000 }, clock.api, T0 + 61_001)).ok,
+      true,
+    );
     clock.api.onWatch('services');
-    assert.equal(judgeReadiness(inputs({ ...status, lastSuccessfulSyncAt: T0 + 60_000 }, clock.api, T0 + 61_002)).ok, true);
+    assert.equal(
+      judgeReadiness(inputs({ ...status, lastSuccessfulSyncAt: T0 + 60_000 }, clock.api, T0 + 61_002)).ok,
+      true,
+    );
   });
 
   it('is not ready while liveness fails, and reports missing local pod detection as a warning', () => {
@@ -136,7 +149,12 @@ describe('API reachability as the informers report it', function () {
 
   beforeEach(async () => {
     server = await ApiStandIn.start({ bookmarkIntervalMs: 50 });
-    server.apply({ apiVersion: 'v1', kind: 'Node', metadata: { name: 'node-1' }, spec: { podCIDRs: ['10.244.1.0/24'] } });
+    server.apply({
+      apiVersion: 'v1',
+      kind: 'Node',
+      metadata: { name: 'node-1' },
+      spec: { podCIDRs: ['10.244.1.0/24'] },
+    });
   });
   afterEach(async () => {
     await caches?.services.stop();

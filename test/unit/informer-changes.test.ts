@@ -10,7 +10,12 @@ import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-st
 import type { DesiredState, FamilyState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { ApiStandIn } from '../support/api-server.js';
 
-const CONFIG: ModelConfig = { detectLocalMode: 'NodeCIDR', clusterCidrs: [], masqueradeBit: 14, localTrafficPolicyOnly: false };
+const CONFIG: ModelConfig = {
+  detectLocalMode: 'NodeCIDR',
+  clusterCidrs: [],
+  masqueradeBit: 14,
+  localTrafficPolicyOnly: false,
+};
 const NODE: NodeInfo = { name: 'node-1', podCIDRs: ['10.244.1.0/24'] };
 
 function service(name: string, ingressIp: string, clusterIp: string): Record<string, unknown> {

@@ -67,7 +67,7 @@ function entry(partial: Partial<Entry>): Entry {
 
 describe('iptables renderer', () => {
   describe('golden restore inputs', () => {
-    it('renders the original listing\'s Services with KUBE-MARK-MASQ (seed shape)', () => {
+    it("renders the original listing's Services with KUBE-MARK-MASQ (seed shape)", () => {
       const desired = seedDesired();
       const r = renderFamilyRestore('ipv4', desired.ipv4, desired.masqueradeMark, withKubeMarkMasq());
       assert.deepEqual(r.rejected, []);

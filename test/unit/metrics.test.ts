@@ -16,7 +16,12 @@ import { SKIP_REASONS, type ModelConfig, type ServiceInfo } from '../../src/mode
 import type { SyncReport } from '../../src/controller.js';
 import { Exposition, httpGet, promtoolCheckMetrics } from '../support/scrape.js';
 
-const CONFIG: ModelConfig = { detectLocalMode: 'NodeCIDR', clusterCidrs: [], masqueradeBit: 14, localTrafficPolicyOnly: false };
+const CONFIG: ModelConfig = {
+  detectLocalMode: 'NodeCIDR',
+  clusterCidrs: [],
+  masqueradeBit: 14,
+  localTrafficPolicyOnly: false,
+};
 
 const SERVICES: ServiceInfo[] = [
   {
@@ -26,7 +31,12 @@ const SERVICES: ServiceInfo[] = [
     creationTimestamp: '2024-01-01T00:00:00Z',
     clusterIPs: ['10.96.0.10', 'fd00::10'],
     ports: [{ port: 80, protocol: 'TCP' }],
-    ingress: [{ ip: '192.0.2.10' }, { ip: '2001:db8::10' }, { ip: '192.0.2.20', ipMode: 'Proxy' }, { hostname: 'lb.example' }],
+    ingress: [
+      { ip: '192.0.2.10' },
+      { ip: '2001:db8::10' },
+      { ip: '192.0.2.20', ipMode: 'Proxy' },
+      { hostname: 'lb.example' },
+    ],
   },
   {
     // Loses 192.0.2.10 TCP/80 to the older web.
@@ -58,7 +68,10 @@ describe('controller metrics', () => {
     for (const name of ours) assert.ok((e.help.get(name) ?? '').length > 20, `${name} has no useful HELP`);
     assert.ok(e.families().includes('process_resident_memory_bytes'));
     assert.ok(e.families().includes('nodejs_eventloop_lag_seconds'));
-    assert.equal(e.value(`${METRIC_PREFIX}backend_info`, { backend: 'nft', nft_executor: 'addon', iptables_variant: 'none' }), 1);
+    assert.equal(
+      e.value(`${METRIC_PREFIX}backend_info`, { backend: 'nft', nft_executor: 'addon', iptables_variant: 'none' }),
+      1,
+    );
   });
 
   it('count current skips and conflicts from the desired state, every reason present', async () => {
@@ -71,7 +84,8 @@ describe('controller metrics', () => {
     const skipped = (reason: string) => e.value(`${METRIC_PREFIX}skipped_addresses`, { reason });
     assert.equal(skipped('ipModeProxy'), 1);
     assert.equal(skipped('hostnameOnly'), 1);
-    for (const r of SKIP_REASONS.filter((r) => r !== 'ipModeProxy' && r !== 'hostnameOnly')) assert.equal(skipped(r), 0, r);
+    for (const r of SKIP_REASONS.filter((r) => r !== 'ipModeProxy' && r !== 'hostnameOnly'))
+      assert.equal(skipped(r), 0, r);
     assert.equal(e.value(`${METRIC_PREFIX}skip_events_total`, { reason: 'ipModeProxy' }), 1);
     assert.equal(e.value(`${METRIC_PREFIX}conflicts`, { family: 'ipv4' }), 1);
     assert.equal(e.value(`${METRIC_PREFIX}conflicts`, { family: 'ipv6' }), 0);
@@ -95,8 +109,12 @@ describe('controller metrics', () => {
     const before = Date.now() / 1000;
     metrics.onSync(report({ result: { mode: 'full', entries: { ipv4: 3, ipv6: 1 } } }));
     // A partial request that the backend had to turn into a full sync counts as full.
-    metrics.onSync(report({ requested: 'partial', changeLatencyMs: 40, result: { mode: 'full', entries: { ipv4: 4, ipv6: 1 } } }));
-    metrics.onSync(report({ requested: 'partial', changeLatencyMs: 5, result: { mode: 'partial', entries: { ipv4: 5, ipv6: 1 } } }));
+    metrics.onSync(
+      report({ requested: 'partial', changeLatencyMs: 40, result: { mode: 'full', entries: { ipv4: 4, ipv6: 1 } } }),
+    );
+    metrics.onSync(
+      report({ requested: 'partial', changeLatencyMs: 5, result: { mode: 'partial', entries: { ipv4: 5, ipv6: 1 } } }),
+    );
     metrics.onSync(report({ requested: 'partial', result: { mode: 'noop', entries: { ipv4: 5, ipv6: 1 } } }));
     let e = await exposition(metrics);
     const count = (mode: string) => e.value(`${METRIC_PREFIX}sync_duration_seconds_count`, { backend: 'nft', mode });
@@ -106,7 +124,10 @@ describe('controller metrics', () => {
     assert.equal(e.value(`${METRIC_PREFIX}sync_duration_seconds_sum`, { backend: 'nft', mode: 'full' }), 0.024);
     assert.equal(e.value(`${METRIC_PREFIX}network_programming_duration_seconds_count`, { backend: 'nft' }), 2);
     assert.equal(e.value(`${METRIC_PREFIX}network_programming_duration_seconds_sum`, { backend: 'nft' }), 0.045);
-    assert.equal(e.value(`${METRIC_PREFIX}network_programming_duration_seconds_bucket`, { backend: 'nft', le: '0.005' }), 1);
+    assert.equal(
+      e.value(`${METRIC_PREFIX}network_programming_duration_seconds_bucket`, { backend: 'nft', le: '0.005' }),
+      1,
+    );
     assert.equal(e.value(`${METRIC_PREFIX}programmed_entries`, { backend: 'nft', family: 'ipv4' }), 5);
     assert.equal(e.value(`${METRIC_PREFIX}programmed_entries`, { backend: 'nft', family: 'ipv6' }), 1);
     assert.equal(e.value(`${METRIC_PREFIX}sync_errors_total`, { backend: 'nft' }), 0);
@@ -138,7 +159,10 @@ describe('controller metrics', () => {
     assert.deepEqual(seen, ['nodes']);
 
     const calls: string[] = [];
-    const both = allControllerObservers(metrics, { onSync: () => calls.push('sync'), onNewSkips: () => calls.push('skips') });
+    const both = allControllerObservers(metrics, {
+      onSync: () => calls.push('sync'),
+      onNewSkips: () => calls.push('skips'),
+    });
     both.onSync!(report({ result: { mode: 'full', entries: { ipv4: 0, ipv6: 0 } } }));
     both.onNewSkips!([]);
     assert.deepEqual(calls, ['sync', 'skips']);
@@ -230,7 +254,9 @@ describe('docs/operations.md', () => {
     const names = new Exposition((await metrics.exposition()).text).families();
     assert.ok(names.length >= 14);
     for (const name of names) assert.ok(docs.includes(`| \`${name}\` |`), `${name} is not in the metrics reference`);
-    for (const reason of SKIP_REASONS) assert.ok(docs.includes(`| \`${reason}\` |`), `${reason} is not in the troubleshooting table`);
-    for (const flag of ['--metrics-bind-address', '--healthz-bind-address', '--emit-events']) assert.ok(docs.includes(`| \`${flag}\` |`), flag);
+    for (const reason of SKIP_REASONS)
+      assert.ok(docs.includes(`| \`${reason}\` |`), `${reason} is not in the troubleshooting table`);
+    for (const flag of ['--metrics-bind-address', '--healthz-bind-address', '--emit-events'])
+      assert.ok(docs.includes(`| \`${flag}\` |`), flag);
   });
 });

@@ -41,7 +41,15 @@ function reasons(d: DesiredState): string[] {
 
 describe('model: which addresses are translated', () => {
   it('takes LoadBalancer ingress IPs, one entry per port', () => {
-    const d = build([lb('a', { ports: [{ port: 80, protocol: 'TCP' }, { port: 53, protocol: 'UDP' }, { port: 9, protocol: 'SCTP' }] })]);
+    const d = build([
+      lb('a', {
+        ports: [
+          { port: 80, protocol: 'TCP' },
+          { port: 53, protocol: 'UDP' },
+          { port: 9, protocol: 'SCTP' },
+        ],
+      }),
+    ]);
     assert.deepEqual(entries(d), [
       '192.0.2.10 SCTP/9 -> 10.96.0.10 (default/a)',
       '192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)',
@@ -51,11 +59,20 @@ describe('model: which addresses are translated', () => {
   });
 
   it('defaults a port without protocol to TCP', () => {
-    assert.deepEqual(entries(build([lb('a', { ports: [{ port: 80 }] })])), ['192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)']);
+    assert.deepEqual(entries(build([lb('a', { ports: [{ port: 80 }] })])), [
+      '192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)',
+    ]);
   });
 
   it('takes ipMode VIP and skips ipMode Proxy with a reason', () => {
-    const d = build([lb('a', { ingress: [{ ip: '192.0.2.10', ipMode: 'VIP' }, { ip: '192.0.2.11', ipMode: 'Proxy' }] })]);
+    const d = build([
+      lb('a', {
+        ingress: [
+          { ip: '192.0.2.10', ipMode: 'VIP' },
+          { ip: '192.0.2.11', ipMode: 'Proxy' },
+        ],
+      }),
+    ]);
     assert.deepEqual(entries(d), ['192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)']);
     assert.deepEqual(reasons(d), ['default/a: ipModeProxy']);
   });
@@ -94,11 +111,18 @@ describe('model: which addresses are translated', () => {
       lb('extname', { type: 'ExternalName', clusterIP: undefined, ingress: undefined, externalIPs: ['198.51.100.9'] }),
     ]);
     assert.deepEqual(entries(d), []);
-    assert.deepEqual(reasons(d), ['default/empty: noClusterIP', 'default/extname: externalName', 'default/headless: headless']);
+    assert.deepEqual(reasons(d), [
+      'default/empty: noClusterIP',
+      'default/extname: externalName',
+      'default/headless: headless',
+    ]);
   });
 
   it('says nothing about Services without external addresses', () => {
-    const d = build([lb('plain', { type: 'ClusterIP', ingress: undefined }), lb('hl', { clusterIP: 'None', ingress: [] })]);
+    const d = build([
+      lb('plain', { type: 'ClusterIP', ingress: undefined }),
+      lb('hl', { clusterIP: 'None', ingress: [] }),
+    ]);
     assert.deepEqual(d.skips, []);
   });
 
@@ -127,20 +151,36 @@ describe('model: which addresses are translated', () => {
       lb('a', {
         ingress: [{ ip: '192.0.2.300' }, { ip: '192.0.2.10; drop' }, { ip: '::ffff:192.0.2.1' }, { ip: '192.0.2.12' }],
         externalIPs: ['10.0.0.1/32', 'fe80::1%eth0'],
-        ports: [{ port: 0 }, { port: 70000 }, { port: 80, protocol: 'ICMP' }, { port: '80' as unknown as number }, { port: 443 }],
+        ports: [
+          { port: 0 },
+          { port: 70000 },
+          { port: 80, protocol: 'ICMP' },
+          { port: '80' as unknown as number },
+          { port: 443 },
+        ],
       }),
     ]);
     assert.deepEqual(entries(d), ['192.0.2.12 TCP/443 -> 10.96.0.10 (default/a)']);
-    assert.deepEqual(
-      d.skips.map((s) => s.reason).sort(),
-      ['invalidAddress', 'invalidAddress', 'invalidAddress', 'invalidAddress', 'invalidAddress', 'invalidPort', 'invalidPort', 'invalidPort', 'unsupportedProtocol'],
-    );
+    assert.deepEqual(d.skips.map((s) => s.reason).sort(), [
+      'invalidAddress',
+      'invalidAddress',
+      'invalidAddress',
+      'invalidAddress',
+      'invalidAddress',
+      'invalidPort',
+      'invalidPort',
+      'invalidPort',
+      'unsupportedProtocol',
+    ]);
   });
 
   it('skips a Service whose name could not come from a real API server', () => {
     const d = build([lb('a" comment "x'), lb('ok', { clusterIP: '10.96.0.11', ingress: [{ ip: '192.0.2.11' }] })]);
     assert.deepEqual(entries(d), ['192.0.2.11 TCP/80 -> 10.96.0.11 (default/ok)']);
-    assert.deepEqual(d.skips.map((s) => s.reason), ['invalidName']);
+    assert.deepEqual(
+      d.skips.map((s) => s.reason),
+      ['invalidName'],
+    );
   });
 
   it('skips an unparsable ClusterIP and keeps the Service out', () => {
@@ -182,7 +222,10 @@ describe('model: Services sharing an address', () => {
   it('gives a claimed (ip, protocol, port) to the older Service and reports the loser', () => {
     const older = lb('older', { creationTimestamp: '2024-01-01T00:00:00Z' });
     const newer = lb('newer', { creationTimestamp: '2024-02-01T00:00:00Z', clusterIP: '10.96.0.11' });
-    for (const order of [[older, newer], [newer, older]]) {
+    for (const order of [
+      [older, newer],
+      [newer, older],
+    ]) {
       const d = build(order);
       assert.deepEqual(entries(d), ['192.0.2.10 TCP/80 -> 10.96.0.10 (default/older)']);
       assert.deepEqual(
@@ -196,10 +239,18 @@ describe('model: Services sharing an address', () => {
     const a = lb('a', { namespace: 'zeta', clusterIP: '10.96.0.11' });
     const b = lb('b', { namespace: 'alpha', clusterIP: '10.96.0.12' });
     const c = lb('c', { namespace: 'alpha', clusterIP: '10.96.0.13' });
-    const results = [[a, b, c], [c, b, a], [b, a, c], [c, a, b]].map((order) => build(order));
+    const results = [
+      [a, b, c],
+      [c, b, a],
+      [b, a, c],
+      [c, a, b],
+    ].map((order) => build(order));
     for (const d of results) {
       assert.deepEqual(entries(d), ['192.0.2.10 TCP/80 -> 10.96.0.12 (alpha/b)']);
-      assert.deepEqual(d.conflicts.map((x) => `${x.winner} > ${x.loser}`), ['alpha/b > alpha/c', 'alpha/b > zeta/a']);
+      assert.deepEqual(
+        d.conflicts.map((x) => `${x.winner} > ${x.loser}`),
+        ['alpha/b > alpha/c', 'alpha/b > zeta/a'],
+      );
     }
   });
 
@@ -238,7 +289,10 @@ describe('model: local pod detection', () => {
     const noCidr = build([lb('a')], {}, { name: 'n1' });
     assert.deepEqual(noCidr.ipv4.localPodMatch, { kind: 'none', reason: 'NodeCIDR mode: node n1 has no ipv4 podCIDR' });
     const noNode = buildDesiredState([lb('a')], undefined, CONFIG);
-    assert.deepEqual(noNode.ipv4.localPodMatch, { kind: 'none', reason: 'NodeCIDR mode: the Node object was not found' });
+    assert.deepEqual(noNode.ipv4.localPodMatch, {
+      kind: 'none',
+      reason: 'NodeCIDR mode: the Node object was not found',
+    });
     assert.equal(noNode.ipv4.entries.length, 1, 'output entries are still programmed');
   });
 

@@ -38,7 +38,8 @@ describe('nft partial sync: diffProgrammed', () => {
       let next = programmed.filter(() => rnd() > 0.2);
       for (let k = 0; k < 3; k++) {
         const h = Math.floor(rnd() * 20);
-        if (rnd() < 0.5 && !next.some((e) => e.externalIp === `192.0.2.${h}`)) next.push(entry(h, Math.floor(rnd() * 3)));
+        if (rnd() < 0.5 && !next.some((e) => e.externalIp === `192.0.2.${h}`))
+          next.push(entry(h, Math.floor(rnd() * 3)));
       }
       next = next.map((e) => (rnd() < 0.1 ? { ...e } : rnd() < 0.1 ? { ...e, clusterIp: '10.96.0.99' } : e));
       if (rnd() < 0.8) next.sort(byHost);
@@ -47,7 +48,8 @@ describe('nft partial sync: diffProgrammed', () => {
       const changes = diffProgrammed({ entries: programmed, objects: new Set(programmed) }, next);
       if (!changes.renewed) walked++;
       const kernel = new Map(programmed.map((e) => [entryKey(e), e]));
-      for (const e of changes.removed) assert.ok(kernel.delete(entryKey(e)), `round ${round}: removes an absent element`);
+      for (const e of changes.removed)
+        assert.ok(kernel.delete(entryKey(e)), `round ${round}: removes an absent element`);
       for (const e of changes.added) {
         assert.ok(!kernel.has(entryKey(e)), `round ${round}: adds a present element`);
         kernel.set(entryKey(e), e);
@@ -67,7 +69,10 @@ describe('nft partial sync: diffProgrammed', () => {
 
   it('finds nothing to write when the same entries come back as new objects', () => {
     const programmed = [entry(1, 1), entry(2, 2)];
-    const changes = diffProgrammed({ entries: programmed, objects: new Set(programmed) }, programmed.map((e) => ({ ...e })));
+    const changes = diffProgrammed(
+      { entries: programmed, objects: new Set(programmed) },
+      programmed.map((e) => ({ ...e })),
+    );
     assert.deepEqual([changes.removed, changes.added], [[], []]);
     assert.equal(changes.replaced.length, 2);
   });

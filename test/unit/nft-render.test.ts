@@ -16,7 +16,12 @@ import { diffEntries } from '../../src/backends/nft/nft-backend.js';
 import { entryKey } from '../../src/model/types.js';
 import { assertGolden } from '../support/golden.js';
 
-const CONFIG: ModelConfig = { detectLocalMode: 'NodeCIDR', clusterCidrs: [], masqueradeBit: 14, localTrafficPolicyOnly: false };
+const CONFIG: ModelConfig = {
+  detectLocalMode: 'NodeCIDR',
+  clusterCidrs: [],
+  masqueradeBit: 14,
+  localTrafficPolicyOnly: false,
+};
 const objects = parseObjects(readFileSync('examples/services.yaml', 'utf8'), 'examples/services.yaml');
 const desired = buildDesiredState(objects.services, objects.nodes[0], CONFIG);
 
@@ -59,14 +64,20 @@ describe('nft renderer', () => {
   it('writes the mark of --masquerade-bit', () => {
     const d = buildDesiredState(objects.services, objects.nodes[0], { ...CONFIG, masqueradeBit: 0 });
     assert.match(renderDesiredStateText(d), /meta mark set meta mark \| 0x00000001/);
-    assert.match(JSON.stringify(renderFullSyncJson('ipv4', d.ipv4, d.masqueradeMark)), /"\|":\[\{"meta":\{"key":"mark"\}\},1\]/);
+    assert.match(
+      JSON.stringify(renderFullSyncJson('ipv4', d.ipv4, d.masqueradeMark)),
+      /"\|":\[\{"meta":\{"key":"mark"\}\},1\]/,
+    );
   });
 
   it('renders partial changes as element deletions then additions', () => {
     const [first, second] = desired.ipv4.entries as [Entry, Entry];
     const changed: Entry = { ...second, clusterIp: '10.231.99.99' };
     const current = new Map(desired.ipv4.entries.map((e) => [entryKey(e), e]));
-    const { removed, added } = diffEntries(current, desired.ipv4.entries.filter((e) => e !== first && e !== second).concat(changed));
+    const { removed, added } = diffEntries(
+      current,
+      desired.ipv4.entries.filter((e) => e !== first && e !== second).concat(changed),
+    );
     assert.deepEqual(removed.map(entryKey).sort(), [entryKey(first), entryKey(second)].sort());
     assert.deepEqual(added, [changed]);
     assertGolden('nft-partial.json', pretty(renderMapChangesJson('ipv4', removed, added)));

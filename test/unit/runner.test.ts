@@ -45,7 +45,10 @@ describe('sync runner', () => {
     runner.request();
     await until(() => r.calls.length === 2, 'second sync');
     await runner.stop();
-    assert.deepEqual(r.calls.map((c) => c.full), [true, false]);
+    assert.deepEqual(
+      r.calls.map((c) => c.full),
+      [true, false],
+    );
     assert.equal(r.calls[0]!.changedAt, undefined);
     assert.equal(typeof r.calls[1]!.changedAt, 'number');
   });
@@ -79,7 +82,10 @@ describe('sync runner', () => {
     await until(() => r.calls.length === 3, 'retry');
     await runner.stop();
     assert.deepEqual(errors, ['sync 2 failed']);
-    assert.deepEqual(r.calls.map((c) => c.full), [true, false, true]);
+    assert.deepEqual(
+      r.calls.map((c) => c.full),
+      [true, false, true],
+    );
     assert.equal(r.calls[2]!.changedAt, r.calls[1]!.changedAt, 'the retry still serves the failed change');
   });
 

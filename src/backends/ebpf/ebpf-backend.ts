@@ -35,7 +35,14 @@ import {
   toMapEntry,
   type MapEntry,
 } from './map-codec.js';
-import { defaultObjectPath, loadEbpfAddon, type AddonLoad, type EbpfAddon, type LoadReport, type PinnedMap } from './native.js';
+import {
+  defaultObjectPath,
+  loadEbpfAddon,
+  type AddonLoad,
+  type EbpfAddon,
+  type LoadReport,
+  type PinnedMap,
+} from './native.js';
 
 export const DEFAULT_BPFFS_PATH = '/sys/fs/bpf/ipvs-node-controller';
 
@@ -97,7 +104,9 @@ export class EbpfBackend implements Backend {
     const load = this.addon();
     if (!load.ok) problems.push(load.reason);
     if (!existsSync(this.objectPath)) {
-      problems.push(`the eBPF object ${this.objectPath} is not built: install clang and libbpf-dev, then run scripts/build-bpf.mjs`);
+      problems.push(
+        `the eBPF object ${this.objectPath} is not built: install clang and libbpf-dev, then run scripts/build-bpf.mjs`,
+      );
     }
     const kernel = runningKernel();
     const version = kernelVersion(kernel);
@@ -112,12 +121,16 @@ export class EbpfBackend implements Backend {
     }
     const bpffs = filesystemTypeOf(this.bpffsPath);
     if (!bpffs || bpffs.type !== BPF_FS_MAGIC) {
-      problems.push(`${this.bpffsPath} is not on a bpffs mount: mount one (mount -t bpf bpf /sys/fs/bpf) or pass --bpffs-path`);
+      problems.push(
+        `${this.bpffsPath} is not on a bpffs mount: mount one (mount -t bpf bpf /sys/fs/bpf) or pass --bpffs-path`,
+      );
     }
     const caps = readEffectiveCapabilities();
     const missing = caps === undefined ? ['CAP_BPF', 'CAP_NET_ADMIN'] : missingCapabilities(caps);
     if (missing.length > 0) {
-      problems.push(`missing capabilities ${missing.join(', ')} (or CAP_SYS_ADMIN): grant them to load and attach eBPF programs`);
+      problems.push(
+        `missing capabilities ${missing.join(', ')} (or CAP_SYS_ADMIN): grant them to load and attach eBPF programs`,
+      );
     }
     if (problems.length > 0) return { ok: false, detail: problems.join('; ') };
     try {

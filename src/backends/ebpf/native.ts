@@ -53,7 +53,8 @@ export function packageRoot(): string {
     const manifest = join(dir, 'package.json');
     if (existsSync(manifest)) {
       try {
-        if ((JSON.parse(readFileSync(manifest, 'utf8')) as { name?: string }).name === 'ipvs-node-controller') return dir;
+        if ((JSON.parse(readFileSync(manifest, 'utf8')) as { name?: string }).name === 'ipvs-node-controller')
+          return dir;
       } catch {
         // not ours: keep walking up
       }

@@ -73,7 +73,10 @@ export async function readJumpView(commands: IptablesCommands): Promise<NatTable
     const lines = await commands.listRules('nat', chain);
     if (lines === undefined) continue;
     view.chains.add(chain);
-    view.rules.set(chain, lines.map((l) => l.slice(`-A ${chain} `.length)));
+    view.rules.set(
+      chain,
+      lines.map((l) => l.slice(`-A ${chain} `.length)),
+    );
   }
   return view;
 }

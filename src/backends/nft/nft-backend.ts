@@ -80,7 +80,12 @@ export class NftBackend implements Backend {
       // elements included, before each transaction it runs (tens of ms with tens of thousands
       // of elements). If that fails, one transaction per family, so that one family's problem
       // neither blocks the other nor goes unreported.
-      const together = needFull.length > 1 && (await this.fullSync(needFull, desired).then(() => true, () => false));
+      const together =
+        needFull.length > 1 &&
+        (await this.fullSync(needFull, desired).then(
+          () => true,
+          () => false,
+        ));
       for (const family of needFull) {
         try {
           if (!together) await this.fullSync([family], desired);

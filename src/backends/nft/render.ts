@@ -61,7 +61,11 @@ function localPodMatchExpr(family: Family, match: LocalPodMatch): unknown | unde
   switch (match.kind) {
     case 'cidrs':
       return {
-        match: { op: '==', left: { payload: { protocol: NFT_FAMILY[family], field: 'saddr' } }, right: `@${LOCAL_POD_SET}` },
+        match: {
+          op: '==',
+          left: { payload: { protocol: NFT_FAMILY[family], field: 'saddr' } },
+          right: `@${LOCAL_POD_SET}`,
+        },
       };
     case 'interface':
       return { match: { op: '==', left: { meta: { key: 'iifname' } }, right: match.name } };
@@ -136,7 +140,9 @@ export function renderFullSyncJson(
                 value: { '|': [{ meta: { key: 'mark' } }, masqueradeMark] },
               },
             },
-            { dnat: { family: NFT_FAMILY[family], addr: { map: { key: daddrKeyExpr(family), data: `@${MAP_NAME}` } } } },
+            {
+              dnat: { family: NFT_FAMILY[family], addr: { map: { key: daddrKeyExpr(family), data: `@${MAP_NAME}` } } },
+            },
           ],
         },
       },
@@ -151,7 +157,11 @@ export function renderFullSyncJson(
         rule: {
           ...base,
           chain: OUTPUT_CHAIN,
-          expr: [{ match: { op: '==', left: { fib: { result: 'type', flags: ['saddr'] } }, right: 'local' } }, lookup, jump],
+          expr: [
+            { match: { op: '==', left: { fib: { result: 'type', flags: ['saddr'] } }, right: 'local' } },
+            lookup,
+            jump,
+          ],
         },
       },
     },
@@ -201,7 +211,6 @@ export function mapElementText(e: Entry): string {
   return [e.externalIp, ' . ', protoName(e), ' . ', e.port, ' comment ', quote(e.service), ' : ', e.clusterIp].join('');
 }
 
-
 function localPodMatchText(family: Family, match: LocalPodMatch): string | undefined {
   switch (match.kind) {
     case 'cidrs':
@@ -216,11 +225,7 @@ function localPodMatchText(family: Family, match: LocalPodMatch): string | undef
 }
 
 /** The table of one family as `nft -f` input (what `nft list table` would show, with elements). */
-export function renderFamilyText(
-  family: Family,
-  state: FamilyState,
-  masqueradeMark: number,
-): string {
+export function renderFamilyText(family: Family, state: FamilyState, masqueradeMark: number): string {
   const nf = NFT_FAMILY[family];
   const key = `${nf} daddr . meta l4proto . th dport`;
   const lines: string[] = [`table ${nf} ${TABLE_NAME} {`];
@@ -257,7 +262,5 @@ export function renderFamilyText(
 }
 
 export function renderDesiredStateText(desired: DesiredState): string {
-  return (['ipv4', 'ipv6'] as const)
-    .map((f) => renderFamilyText(f, desired[f], desired.masqueradeMark))
-    .join('\n');
+  return (['ipv4', 'ipv6'] as const).map((f) => renderFamilyText(f, desired[f], desired.masqueradeMark)).join('\n');
 }

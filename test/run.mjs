@@ -31,7 +31,20 @@ for (const suite of suites) {
       continue;
     }
     cmd = 'unshare';
-    args = ['--net', '--mount', '--propagation', 'private', '--', process.execPath, ...args];
+    // A tmpfs on /run/netns inside the private mount namespace: the `ip netns` names the tests
+    // create never appear on the host, not even as dangling entries while the tests run.
+    args = [
+      '--net',
+      '--mount',
+      '--propagation',
+      'private',
+      '--',
+      'sh',
+      '-c',
+      'mkdir -p /run/netns && mount -t tmpfs -o mode=0755 ipvs-node-controller-tests /run/netns && exec "$0" "$@"',
+      process.execPath,
+      ...args,
+    ];
   }
   const result = spawnSync(cmd, args, { stdio: 'inherit' });
   if (result.status !== 0) failed = true;

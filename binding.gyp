@@ -4,6 +4,9 @@
 # TypeScript side then uses its fallback (the nft CLI for libnftables).
 # A further addon goes beside nftables_addon the same way: a have_<library> variable and a
 # target whose sources and libraries sit under the condition that the variable is 1.
+# Warnings: -Wall -Wextra (and unused parameters, which node's common.gypi turns off) build
+# without one warning; CI adds -Werror through CXXFLAGS (.ci/run), so that a compiler this
+# project has not seen (the image's gcc 14, a user's) only warns and never fails an install.
 {
   'variables': {
     'have_libnftables%': '<!(pkg-config --exists libnftables && echo 1 || echo 0)',
@@ -20,7 +23,7 @@
             'NAPI_VERSION=8',
             'LIBNFTABLES_VERSION="<!(pkg-config --modversion libnftables)"',
           ],
-          'cflags_cc': ['-std=c++17', '<!@(pkg-config --cflags libnftables)'],
+          'cflags_cc': ['-std=c++17', '-Wall', '-Wextra', '-Wunused-parameter', '<!@(pkg-config --cflags libnftables)'],
           'cflags_cc!': ['-std=gnu++17'],
           'libraries': ['<!@(pkg-config --libs libnftables)'],
         }, {
@@ -41,7 +44,7 @@
           ],
           'dependencies': ["<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"],
           'defines': ['NAPI_VERSION=8'],
-          'cflags_cc': ['-std=c++17', '<!@(pkg-config --cflags libbpf)'],
+          'cflags_cc': ['-std=c++17', '-Wall', '-Wextra', '-Wunused-parameter', '<!@(pkg-config --cflags libbpf)'],
           'cflags_cc!': ['-std=gnu++17'],
           'libraries': ['<!@(pkg-config --libs libbpf)'],
         }, {

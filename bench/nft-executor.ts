@@ -36,7 +36,7 @@ function entry(i: number): Entry {
 
 function median(values: number[]): number {
   const sorted = [...values].sort((a, b) => a - b);
-  return sorted[Math.floor(sorted.length / 2)];
+  return sorted[Math.floor(sorted.length / 2)] ?? NaN;
 }
 
 async function timed(work: () => Promise<void>): Promise<number> {

@@ -47,7 +47,7 @@ export function parseCidr(text: unknown): ParsedCidr | undefined {
   const bytes = ipBytes(ip);
   for (let i = 0; i < bytes.length; i++) {
     const keep = Math.max(0, Math.min(8, prefixLength - i * 8));
-    bytes[i] &= (0xff << (8 - keep)) & 0xff;
+    bytes[i]! &= (0xff << (8 - keep)) & 0xff;
   }
   return { family: ip.family, address: formatBytes(ip.family, bytes), prefixLength };
 }

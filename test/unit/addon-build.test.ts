@@ -119,8 +119,8 @@ describe('scripts/build-native.mjs without the libraries', () => {
     const { status, lines } = buildNative({ ...process.env, PKG_CONFIG_LIBDIR: join(scratch, 'no-pkgconfig') });
     assert.equal(status, 0);
     assert.equal(lines.length, 1, lines.join('\n'));
-    assert.match(lines[0], /libnftables not found by pkg-config: install .*libnftables-dev/);
-    assert.match(lines[0], /until then the `nft` CLI will be used\.$/);
+    assert.match(lines[0] ?? '', /libnftables not found by pkg-config: install .*libnftables-dev/);
+    assert.match(lines[0] ?? '', /until then the `nft` CLI will be used\.$/);
     assert.equal(existsSync(join(scratch, 'build')), false, 'a stale addon was left behind');
   });
 
@@ -128,6 +128,6 @@ describe('scripts/build-native.mjs without the libraries', () => {
     const { status, lines } = buildNative({ PATH: join(scratch, 'empty-path') });
     assert.equal(status, 0);
     assert.equal(lines.length, 1, lines.join('\n'));
-    assert.match(lines[0], /pkg-config not found: install the Debian packages pkg-config and libnftables-dev/);
+    assert.match(lines[0] ?? '', /pkg-config not found: install the Debian packages pkg-config and libnftables-dev/);
   });
 });

@@ -237,6 +237,15 @@ async function removeOtherBackends(config: Config, backend: Backend, logger: Log
 
 async function run(config: Config, logger: Logger): Promise<number> {
   const kc = await kubeConfigOrFail(config);
+  // From here on a stop request is logged and honoured wherever the start has got to.
+  const stopped = new Promise<void>((resolve) => {
+    const onSignal = (signal: string) => {
+      logger.info({ signal }, 'stopping; the programmed rules stay in place');
+      resolve();
+    };
+    process.once('SIGTERM', onSignal);
+    process.once('SIGINT', onSignal);
+  });
   // The informers wait for their retries on unref'd timers: without a handle of our own the
   // event loop could empty while the API server is unreachable and the process end with 0.
   const keepAlive = setInterval(() => undefined, 2 ** 31 - 1);
@@ -247,7 +256,7 @@ async function run(config: Config, logger: Logger): Promise<number> {
       throw new FatalError(err.message);
     });
     try {
-      return await runController(config, logger, operations, kc);
+      return await runController(config, logger, operations, kc, stopped);
     } finally {
       await operations.close();
     }
@@ -261,6 +270,7 @@ async function runController(
   logger: Logger,
   operations: Operations,
   kc: Awaited<ReturnType<typeof kubeConfigOrFail>>,
+  stopped: Promise<void>,
 ): Promise<number> {
   const backend = await createBackend(config, logger);
   operations.describeBackend(backend);
@@ -296,14 +306,6 @@ async function runController(
     },
     'starting',
   );
-  const stopped = new Promise<void>((resolve) => {
-    const onSignal = (signal: string) => {
-      logger.info({ signal }, 'stopping; the programmed rules stay in place');
-      resolve();
-    };
-    process.once('SIGTERM', onSignal);
-    process.once('SIGINT', onSignal);
-  });
   await Promise.race([controller.start(), stopped]);
   await stopped;
   await controller.stop();

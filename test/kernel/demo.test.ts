@@ -207,7 +207,8 @@ describe('the demo (npm run demo)', function () {
     running.clear();
   });
 
-  it('tears down on Ctrl-C after the reader of its output went away; never on the host; a second start works', async () => {
+  it('tears down on Ctrl-C after the reader of its output went away; never on the host; a second start works', async function () {
+    this.timeout(240_000); // two starts of the demo
     requirePrivateRunNetns();
     // What an older demo left on the host: it must get a hint, and must not stop a new start.
     writeFileSync('/run/netns/demo-pod-a', '');

@@ -102,7 +102,7 @@ export class ControllerProcess {
       });
     } else if (record.msg === 'caches synced') {
       this.cachesSyncedAt = performance.now();
-    } else if (typeof record.level === 'number' && record.level >= 50) {
+    } else if (record.level === 'error' || record.level === 'fatal') {
       this.stderrLines.push(`controller: ${String(record.msg)}`);
     }
     this.notify();

@@ -3,7 +3,7 @@
 // before and after, and a live view of the rules while the user changes Services with kubectl.
 // Usage: node dist/demo/node.js --workdir DIR --api-port N --metrics-port N --healthz-port N
 
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { chownSync, closeSync, openSync, readFileSync } from 'node:fs';
 import http from 'node:http';
@@ -14,19 +14,41 @@ import { parseArgs } from 'node:util';
 import YAML from 'yaml';
 import { MAP_NAME, TABLE_NAME } from '../src/backends/nft/render.js';
 import { ApiStandIn } from '../test/support/api-server.js';
-import { assertIsolatedNetns, probe, sh } from '../test/support/node-network.js';
+import { assertIsolatedNetns, sh } from '../test/support/node-network.js';
 import { DemoNode, IpvsStandIn, NODE_NAME, assignLoadBalancerIps, type VirtualService } from './cluster.js';
 import { relayUnixToTcp } from './relay.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const CLI = join(here, '..', 'src', 'cli', 'main.js');
+const PROBE_CLIENT = join(here, '..', 'test', 'support', 'probe-client.js');
 /** demo/ of the source tree, beside dist/. */
 export const DEMO_SOURCES = join(here, '..', '..', 'demo');
 const LB_POOL = Array.from({ length: 240 }, (_, i) => `203.0.113.${10 + i}`);
 
 type Json = Record<string, any>;
 
-const say = (line = '') => process.stdout.write(`${line}\n`);
+// The reader of stdout may go away (`npm start | tee log`, then Ctrl-C ends tee first): what is
+// said is then lost, but the demo still stops and tears down. Node ignores SIGPIPE, so a write
+// to a closed pipe is an EPIPE error event, which would otherwise crash before the teardown.
+let stdoutOpen = true;
+process.stdout.on('error', () => (stdoutOpen = false));
+process.stderr.on('error', () => undefined);
+const say = (line = '') => {
+  if (stdoutOpen) process.stdout.write(`${line}\n`);
+};
+
+/** Thrown out of whatever step runs when Ctrl-C (SIGINT) or SIGTERM asks the demo to stop. */
+class Interrupted extends Error {}
+
+/** Aborted on SIGINT/SIGTERM: every wait of the demo and every probe process ends at once. */
+const stop = new AbortController();
+const onStop = new Promise<never>((_resolve, reject) =>
+  stop.signal.addEventListener('abort', () => reject(new Interrupted('stopped'))),
+);
+onStop.catch(() => undefined);
+/** `promise`, or Interrupted as soon as the demo is asked to stop. */
+const untilStopped = <T>(promise: Promise<T>): Promise<T> => Promise.race([promise, onStop]);
+const pause = (ms: number) => untilStopped(new Promise((r) => setTimeout(r, ms)));
 
 function options() {
   const { values } = parseArgs({
@@ -104,15 +126,34 @@ function programmedEntries(): Map<string, MapEntry> {
 
 const WHERE_WIDTH = 24;
 
+/** What the probe client printed, from inside the pod's namespace (none: the node's). */
+function probe(ns: string | undefined, protocol: string, address: string, port: number, timeoutMs: number) {
+  const args = [PROBE_CLIENT, protocol, address, String(port), String(timeoutMs)];
+  const [cmd, argv] = ns ? ['ip', ['netns', 'exec', ns, process.execPath, ...args]] : [process.execPath, args];
+  return untilStopped(
+    new Promise<string>((resolve) =>
+      // Killed on stop; a probe that ended without an answer (killed by a Ctrl-C meant for the
+      // whole terminal) prints nothing, which must never read as a success.
+      execFile(cmd, argv as string[], { signal: stop.signal, timeout: timeoutMs + 5000 }, (err, stdout) =>
+        resolve(err ? '' : stdout.trim()),
+      ),
+    ),
+  );
+}
+
 async function probeLine(from: { label: string; ns?: string }, vip: VirtualService, timeoutMs = 1000): Promise<string> {
   const answer = await probe(from.ns, vip.protocol === 'UDP' ? 'udp' : 'tcp', vip.ip, vip.port, timeoutMs);
   const target = `${vip.ip}:${vip.port}/${vip.protocol.toLowerCase()}`;
+  // The demo's endpoints answer with their Service's namespace/name (and a UDP source after it).
+  const service = /^[a-z0-9-]+\/[a-z0-9-]+(?= |$)/.exec(answer)?.[0];
   const verdict =
     answer === 'timeout'
       ? 'x  no answer: blackholed (IPVS has no local endpoint for it)'
-      : answer.startsWith('error') || answer === 'refused'
-        ? `x  ${answer}`
-        : `ok answered by the endpoints of ${answer.split(' ')[0]} (through its ClusterIP)`;
+      : service
+        ? `ok answered by the endpoints of ${service} (through its ClusterIP)`
+        : answer === ''
+          ? 'x  the probe ended without a result'
+          : `x  ${answer}`;
   return `   ${from.label.padEnd(WHERE_WIDTH)} -> ${target.padEnd(22)} ${verdict}`;
 }
 
@@ -124,16 +165,13 @@ async function main(): Promise<void> {
   const relays: net.Server[] = [];
   let api: ApiStandIn | undefined;
   let controller: ChildProcess | undefined;
-  let stopping = false;
-  const stopped = new Promise<void>((resolve) => {
-    const onSignal = () => {
-      if (!stopping) say('\nStopping: tearing the demo down ...');
-      stopping = true;
-      resolve();
-    };
-    process.on('SIGINT', onSignal);
-    process.on('SIGTERM', onSignal);
-  });
+  const onSignal = () => {
+    if (stop.signal.aborted) return;
+    say('\nStopping: tearing the demo down ...');
+    stop.abort();
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
   process.on('exit', () => controller?.kill('SIGTERM'));
 
   try {
@@ -143,7 +181,7 @@ async function main(): Promise<void> {
       ...node.pods.map((p) => ({ label: `${p.name} (${p.ip})`, ns: p.ns })),
     ];
 
-    api = await ApiStandIn.start({ port: opts.apiPort });
+    api = await untilStopped(ApiStandIn.start({ port: opts.apiPort }));
     for (const obj of objectsOf(readFileSync(join(DEMO_SOURCES, 'services.yaml'), 'utf8'))) api.apply(obj);
     const kubeconfig = join(opts.workdir, 'kubeconfig');
     await api.writeKubeconfig(kubeconfig);
@@ -153,13 +191,13 @@ async function main(): Promise<void> {
       ['metrics', opts.metricsPort],
       ['healthz', opts.healthzPort],
     ] as const) {
-      relays.push(await relayUnixToTcp(join(opts.workdir, `${name}.sock`), port));
+      relays.push(await untilStopped(relayUnixToTcp(join(opts.workdir, `${name}.sock`), port)));
     }
 
     const standIn = api;
     const syncCluster = async () => {
       for (const svc of assignLoadBalancerIps(standIn.list('Service'), LB_POOL)) standIn.apply(svc);
-      await ipvs.reconcile(standIn.list('Service'));
+      await untilStopped(ipvs.reconcile(standIn.list('Service')));
     };
     await syncCluster();
 
@@ -196,7 +234,7 @@ async function main(): Promise<void> {
       if (controller.exitCode !== null || Date.now() > readyBy) {
         throw new Error(`the controller did not become ready: see ${join(opts.workdir, 'controller.log')}`);
       }
-      await new Promise((r) => setTimeout(r, 100));
+      await pause(100);
     }
     let known = programmedEntries();
     say(`   ready; it programmed ${known.size} translations into table ip ${TABLE_NAME}:`);
@@ -216,9 +254,8 @@ async function main(): Promise<void> {
     say('   Rule changes and probes show up below as they happen. Ctrl-C tears it all down.');
     say();
 
-    while (!stopping) {
-      await Promise.race([stopped, new Promise((r) => setTimeout(r, 300))]);
-      if (stopping) break;
+    for (;;) {
+      await pause(300);
       await syncCluster();
       const now = programmedEntries();
       const added = [...now.values()].filter((e) => !known.has(e.key));
@@ -231,15 +268,33 @@ async function main(): Promise<void> {
         for (const line of await Promise.all(clients.slice(0, 2).map((c) => probeLine(c, vip)))) say(line);
       }
     }
+  } catch (err) {
+    if (!(err instanceof Interrupted)) throw err;
   } finally {
-    if (controller && controller.exitCode === null) {
-      controller.kill('SIGTERM');
-      await once(controller, 'exit');
+    // Each step on its own: one that fails must not leave the others undone.
+    const steps: Array<[string, () => unknown]> = [
+      [
+        'stop the controller',
+        async () => {
+          if (controller && controller.exitCode === null && controller.signalCode === null) {
+            const exited = once(controller, 'exit');
+            controller.kill('SIGTERM');
+            await exited;
+          }
+        },
+      ],
+      ['close the relays', () => relays.forEach((r) => r.close())],
+      ['stop the IPVS stand-in', () => ipvs.stop()],
+      ['stop the API stand-in', () => api?.stop()],
+      ['remove the pod namespaces', () => node.tearDown()],
+    ];
+    for (const [what, step] of steps) {
+      try {
+        await step();
+      } catch (err) {
+        process.stderr.write(`demo: could not ${what}: ${(err as Error).message}\n`);
+      }
     }
-    for (const r of relays) r.close();
-    await ipvs.stop();
-    await api?.stop();
-    node.tearDown();
   }
   say("Torn down: the demo's namespaces, rules and API stand-in are gone; the machine was not touched.");
 }

@@ -2,12 +2,15 @@
 //
 // The node, its pods, the IPVS blackhole, the API stand-in and the controller all run in a
 // network and mount namespace of their own (demo/node.ts, started under `unshare`); the
-// machine's firewall, routes and interfaces are never touched. This launcher only relays three
+// machine's firewall, routes and interfaces are never touched. A tmpfs on /run/netns inside that
+// mount namespace holds the pods' `ip netns` names: without it `ip netns add` would create its
+// files in the machine's /run/netns (only the bind mount on them stays private), broken entries
+// on the host while the demo runs and leftovers after a crash. This launcher only relays three
 // loopback ports into that namespace through Unix sockets (the API for kubectl, /metrics and the
 // health endpoints for curl), and removes its temporary directory at the end. Ctrl-C stops it all.
 
 import { spawn, spawnSync } from 'node:child_process';
-import { chownSync, existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { chownSync, existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import type net from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -16,10 +19,33 @@ import { relayTcpToUnix } from './relay.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const NODE_SCRIPT = join(here, 'node.js');
+/** The pods' namespace names (demo/cluster.ts); older demos left them in the machine's /run/netns. */
+const POD_NETNS = ['demo-pod-a', 'demo-pod-b'];
+
+// Output may go to a pipe whose reader is gone (`npm start | tee log`, Ctrl-C): never a crash.
+process.stdout.on('error', () => undefined);
+process.stderr.on('error', () => undefined);
 
 function fail(line: string): never {
   process.stderr.write(`demo: ${line}\n`);
   process.exit(2);
+}
+
+/** Names an earlier demo (before the private /run/netns) left behind, with how to remove them. */
+function reportLeftovers(): void {
+  let names: string[];
+  try {
+    names = readdirSync('/run/netns').filter((n) => POD_NETNS.includes(n));
+  } catch {
+    return;
+  }
+  if (names.length === 0) return;
+  process.stderr.write(
+    `demo: ${names.map((n) => `/run/netns/${n}`).join(' and ')} ${names.length > 1 ? 'are' : 'is'} left over` +
+      ' from an earlier run of the demo; it no longer gets in the way, remove it with: ' +
+      names.map((n) => `sudo ip netns delete ${n}`).join('; ') +
+      '\n',
+  );
 }
 
 async function main(): Promise<number> {
@@ -34,6 +60,7 @@ async function main(): Promise<number> {
     }
   }
   if (!existsSync(join(here, '..', 'src', 'cli', 'main.js'))) fail('the controller is not built: run `npm run build`');
+  reportLeftovers();
 
   const workdir = mkdtempSync(join(tmpdir(), 'ipvs-node-controller-demo-'));
   const uid = Number(process.env.SUDO_UID);
@@ -59,6 +86,9 @@ async function main(): Promise<number> {
         '--propagation',
         'private',
         '--',
+        'sh',
+        '-c',
+        'mkdir -p /run/netns && mount -t tmpfs -o mode=0755 ipvs-node-controller-demo /run/netns && exec "$0" "$@"',
         process.execPath,
         NODE_SCRIPT,
         `--workdir=${workdir}`,

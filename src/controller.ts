@@ -67,7 +67,7 @@ export class Controller {
       sync: (info) => this.sync(info),
       onError: (err, retryInMs) => {
         this.status.lastError = err.message;
-        options.logger.error({ retryInMs }, `sync failed, keeping the rules in place: ${err.message}`);
+        options.logger.error({ retryInMs, err }, 'sync failed, keeping the rules in place');
       },
     });
   }

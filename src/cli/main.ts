@@ -1,9 +1,14 @@
 #!/usr/bin/env node
-// ipvs-node-controller: the command line. Usage errors are one line and exit code 2;
-// runtime errors a user can meet (no kernel support, API unreachable at start) one line and exit 1.
+// ipvs-node-controller: the command line. Usage errors (flags, files they name, no way to reach
+// the API server) are one line and exit code 2, before anything else happens; runtime errors a
+// user can meet (no kernel support, API unreachable for --dry-run) one line and exit 1. Exit 0
+// only after the job is done or a SIGTERM/SIGINT asked for the stop.
 
 import { CommanderError } from 'commander';
-import { pino, type Logger } from 'pino';
+import { accessSync, constants as fsConstants, existsSync, statSync } from 'node:fs';
+import { homedir } from 'node:os';
+import { delimiter, join } from 'node:path';
+import { createLogger, logFatal, writeStderr, type Logger } from '../log.js';
 import { renderDesiredStateText } from '../backends/nft/render.js';
 import { renderDesiredStateRestoreText } from '../backends/iptables/render.js';
 import { IptablesBackend } from '../backends/iptables/iptables-backend.js';
@@ -22,31 +27,75 @@ import type { Operations } from '../metrics/operations.js';
 const PROGRAM = 'ipvs-node-controller';
 
 /** An error with a message meant for the user as it is. */
-class FatalError extends Error {}
+class FatalError extends Error {
+  override name = 'FatalError';
+}
+
+/** Set when main() settled: an exit before that is a defect, reported by the last-resort guards. */
+let settled = false;
+/** The logger of the run, for the last-resort guards. */
+let runLogger: Logger | undefined;
 
 async function main(argv: string[]): Promise<number> {
   let config: Config;
   try {
     config = parseConfig(argv);
+    checkStartupInputs(config);
   } catch (err) {
     if (err instanceof CommanderError) return 0; // --help was shown
-    if (err instanceof UsageError) {
-      process.stderr.write(`${PROGRAM}: ${err.message}\nRun '${PROGRAM} --help' for the flags.\n`);
-      return 2;
-    }
+    if (err instanceof UsageError) return usageFailure(err);
     throw err;
   }
-  const logger = pino({ name: PROGRAM, level: config.logLevel, base: { node: config.nodeName } });
+  const logger = createLogger({ level: config.logLevel, node: config.nodeName });
+  runLogger = logger;
   try {
     if (config.dryRun) return await dryRun(config);
     if (config.cleanup) return await cleanup(config, logger);
     return await run(config, logger);
   } catch (err) {
+    if (err instanceof UsageError) return usageFailure(err);
     if (err instanceof FatalError) {
-      process.stderr.write(`${PROGRAM}: ${err.message}\n`);
+      // With --dry-run stdout carries the ruleset: no log line there.
+      logFatal(config.dryRun ? undefined : logger, err);
       return 1;
     }
     throw err;
+  }
+}
+
+function usageFailure(err: UsageError): number {
+  writeStderr(`${PROGRAM}: ${err.message}\nRun '${PROGRAM} --help' for the flags.\n`);
+  return 2;
+}
+
+/**
+ * What must hold before anything is bound or probed: files named by flags are readable, and
+ * there is a way to reach the API server when one is needed. Throws UsageError (exit 2).
+ */
+function checkStartupInputs(config: Config): void {
+  const readable = (what: string, path: string) => {
+    try {
+      accessSync(path, fsConstants.R_OK);
+      if (!statSync(path).isFile()) throw new Error('not a file');
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      const why = code === 'ENOENT' ? 'no such file' : code === 'EACCES' ? 'permission denied' : (err as Error).message;
+      throw new UsageError(`${what}: cannot read ${path}: ${why}`);
+    }
+  };
+  if (config.kubeconfig !== undefined) readable('--kubeconfig', config.kubeconfig);
+  const needsApi = !config.cleanup && !(config.dryRun && config.fromFile !== undefined);
+  if (!needsApi || config.kubeconfig !== undefined || process.env.KUBERNETES_SERVICE_HOST) return;
+  const fromEnv = (process.env.KUBECONFIG ?? '').split(delimiter).filter((f) => f !== '');
+  for (const file of fromEnv) readable('KUBECONFIG', file);
+  if (fromEnv.length > 0) return;
+  const home = process.env.HOME || homedir();
+  // Else client-node falls back to http://localhost:8080 and fails later with a TLS message.
+  if (!home || !existsSync(join(home, '.kube', 'config'))) {
+    throw new UsageError(
+      'no kubeconfig found (no --kubeconfig, KUBECONFIG unset, no ~/.kube/config) and no in-cluster ' +
+        'configuration (KUBERNETES_SERVICE_HOST unset): pass --kubeconfig FILE or set KUBECONFIG, or run it in a pod',
+    );
   }
 }
 
@@ -58,10 +107,7 @@ async function loadForDryRun(config: Config): Promise<{ services: ServiceInfo[];
     } catch (err) {
       throw new FatalError(`--from-file: ${(err as Error).message}`);
     }
-    // Without --node-name, a file with a single Node describes this node.
-    const node =
-      file.nodes.find((n) => n.name === config.nodeName) ?? (file.nodes.length === 1 ? file.nodes[0] : undefined);
-    return { services: file.services, node };
+    return { services: file.services, node: nodeFromFile(config, file.nodes) };
   }
   const kc = await kubeConfigOrFail(config);
   const { CoreV1Api } = await import('@kubernetes/client-node');
@@ -73,6 +119,24 @@ async function loadForDryRun(config: Config): Promise<{ services: ServiceInfo[];
   } catch (err) {
     throw new FatalError(`cannot list Services from the API server: ${(err as Error).message}`);
   }
+}
+
+/**
+ * The Node of this node in a --from-file input. Its pod CIDRs decide which sources are local
+ * pods, so another node's must never stand in: a name that is not in the file is an error
+ * (exit 1, as for any other problem of the file's content). Without --node-name (nor NODE_NAME),
+ * a file with a single Node describes this node, and a file without Nodes gives none.
+ */
+function nodeFromFile(config: Config, nodes: NodeInfo[]): NodeInfo | undefined {
+  const named = nodes.find((n) => n.name === config.nodeName);
+  if (named) return named;
+  if (!config.nodeNameGiven && nodes.length <= 1) return nodes[0];
+  const has = nodes.length > 0 ? `it has ${nodes.map((n) => n.name).join(', ')}` : 'it has no Node objects';
+  throw new FatalError(
+    config.nodeNameGiven
+      ? `--node-name ${config.nodeName}: no such Node in --from-file (${has})`
+      : `--from-file: no Node named after this host (${config.nodeName}) and ${has}: pass --node-name`,
+  );
 }
 
 async function dryRun(config: Config): Promise<number> {
@@ -107,6 +171,9 @@ async function kubeConfigOrFail(config: Config) {
   try {
     return loadKubeConfig(config.kubeconfig);
   } catch (err) {
+    // A kubeconfig named on the command line that does not work is a usage error, found before
+    // any port is bound (run() loads it first).
+    if (config.kubeconfig !== undefined) throw new UsageError(`--kubeconfig: ${(err as Error).message}`);
     throw new FatalError((err as Error).message);
   }
 }
@@ -164,27 +231,49 @@ async function removeOtherBackends(config: Config, backend: Backend, logger: Log
     });
     logger.debug({ checked }, 'no leftovers of other backends remain');
   } catch (err) {
-    logger.warn(`could not remove leftovers of other backends: ${(err as Error).message}`);
+    logger.warn({ err }, 'could not remove leftovers of other backends');
   }
 }
 
 async function run(config: Config, logger: Logger): Promise<number> {
-  // Metrics, health endpoints and Events (src/metrics/operations.ts).
-  const { Operations } = await import('../metrics/operations.js');
-  const operations = await Operations.start(config, logger).catch((err: Error) => {
-    throw new FatalError(err.message);
+  const kc = await kubeConfigOrFail(config);
+  // From here on a stop request is logged and honoured wherever the start has got to.
+  const stopped = new Promise<void>((resolve) => {
+    const onSignal = (signal: string) => {
+      logger.info({ signal }, 'stopping; the programmed rules stay in place');
+      resolve();
+    };
+    process.once('SIGTERM', onSignal);
+    process.once('SIGINT', onSignal);
   });
+  // The informers wait for their retries on unref'd timers: without a handle of our own the
+  // event loop could empty while the API server is unreachable and the process end with 0.
+  const keepAlive = setInterval(() => undefined, 2 ** 31 - 1);
   try {
-    return await runController(config, logger, operations);
+    // Metrics, health endpoints and Events (src/metrics/operations.ts).
+    const { Operations } = await import('../metrics/operations.js');
+    const operations = await Operations.start(config, logger).catch((err: Error) => {
+      throw new FatalError(err.message);
+    });
+    try {
+      return await runController(config, logger, operations, kc, stopped);
+    } finally {
+      await operations.close();
+    }
   } finally {
-    await operations.close();
+    clearInterval(keepAlive);
   }
 }
 
-async function runController(config: Config, logger: Logger, operations: Operations): Promise<number> {
+async function runController(
+  config: Config,
+  logger: Logger,
+  operations: Operations,
+  kc: Awaited<ReturnType<typeof kubeConfigOrFail>>,
+  stopped: Promise<void>,
+): Promise<number> {
   const backend = await createBackend(config, logger);
   operations.describeBackend(backend);
-  const kc = await kubeConfigOrFail(config);
   const { createClusterCaches } = await import('../kube/cluster.js');
   let controller: Controller | undefined;
   const caches = createClusterCaches(
@@ -193,7 +282,7 @@ async function runController(config: Config, logger: Logger, operations: Operati
     () => controller?.onCacheChange(),
     operations.informerObserver({
       onError: (resource, err, retryInMs) =>
-        logger.warn({ resource, retryInMs }, `cannot list/watch ${resource}, keeping the last rules: ${err.message}`),
+        logger.warn({ resource, retryInMs, err }, `cannot list/watch ${resource}, keeping the last rules`),
     }),
   );
   controller = new Controller({
@@ -217,14 +306,6 @@ async function runController(config: Config, logger: Logger, operations: Operati
     },
     'starting',
   );
-  const stopped = new Promise<void>((resolve) => {
-    const onSignal = (signal: string) => {
-      logger.info({ signal }, 'stopping; the programmed rules stay in place');
-      resolve();
-    };
-    process.once('SIGTERM', onSignal);
-    process.once('SIGINT', onSignal);
-  });
   await Promise.race([controller.start(), stopped]);
   await stopped;
   await controller.stop();
@@ -232,10 +313,29 @@ async function runController(config: Config, logger: Logger, operations: Operati
   return 0;
 }
 
+// A closed stdout or stderr (a log reader gone) must not crash the run: the logs are lost, the
+// job goes on.
+process.stdout.on('error', () => undefined);
+process.stderr.on('error', () => undefined);
+// Last resorts: a run must never end without saying why, nor with 0 unless asked to stop.
+process.on('beforeExit', () => {
+  if (settled) return;
+  logFatal(runLogger, new Error('the run ended without a stop request (nothing left to wait for)'), true);
+  process.exit(1);
+});
+process.on('uncaughtException', (err) => {
+  logFatal(runLogger, err, true);
+  process.exit(1);
+});
+
 main(process.argv.slice(2)).then(
-  (code) => process.exit(code),
+  (code) => {
+    settled = true;
+    process.exit(code);
+  },
   (err: unknown) => {
-    process.stderr.write(`${PROGRAM}: unexpected error: ${(err as Error)?.stack ?? String(err)}\n`);
+    settled = true;
+    logFatal(runLogger, err, true);
     process.exit(1);
   },
 );

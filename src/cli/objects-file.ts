@@ -9,8 +9,6 @@ import type { NodeInfo, ServiceInfo } from '../model/types.js';
 export interface ObjectsFile {
   services: ServiceInfo[];
   nodes: NodeInfo[];
-  /** Objects that are neither a Service nor a Node, or unusable, for a warning. */
-  ignored: number;
 }
 
 export async function readObjectsFile(path: string): Promise<ObjectsFile> {
@@ -39,7 +37,8 @@ export function parseObjects(text: string, source: string): ObjectsFile {
       documents.push(doc.toJS());
     }
   }
-  const out: ObjectsFile = { services: [], nodes: [], ignored: 0 };
+  // Other kinds (kubectl get all), and Services without a ClusterIP to translate to, are passed over.
+  const out: ObjectsFile = { services: [], nodes: [] };
   const visit = (o: unknown) => {
     if (Array.isArray(o)) return o.forEach(visit);
     if (typeof o !== 'object' || o === null) return;
@@ -51,12 +50,11 @@ export function parseObjects(text: string, source: string): ObjectsFile {
       // output; a missing namespace means `default`, as kubectl apply would treat it.
       const withNs = withDefaultNamespace(o);
       const svc = toServiceInfo(withNs);
-      if (svc) return void out.services.push(svc);
+      if (svc) out.services.push(svc);
     } else if (kind === 'Node') {
       const node = toNodeInfo(o);
-      if (node) return void out.nodes.push(node);
+      if (node) out.nodes.push(node);
     }
-    out.ignored++;
   };
   documents.forEach(visit);
   return out;

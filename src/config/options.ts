@@ -15,6 +15,8 @@ export type LogLevel = 'debug' | 'info' | 'warn' | 'error';
 export interface Config {
   kubeconfig?: string;
   nodeName: string;
+  /** False when nodeName is only the hostname (neither --node-name nor NODE_NAME). */
+  nodeNameGiven: boolean;
   backend: BackendChoice;
   nftExecutor: NftExecutorChoice;
   model: ModelConfig;
@@ -222,6 +224,7 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
   return {
     kubeconfig: str('kubeconfig'),
     nodeName,
+    nodeNameGiven: str('nodeName') !== undefined || env.NODE_NAME !== undefined,
     backend: str('backend') as BackendChoice,
     nftExecutor: str('nftExecutor') as NftExecutorChoice,
     model: {

@@ -156,7 +156,7 @@ export class ServiceEventRecorder implements ControllerObserver {
       }
       if (!this.failing) {
         this.failing = true;
-        this.options.logger.warn({ service: event.service }, `cannot record an Event: ${(err as Error).message}`);
+        this.options.logger.warn({ service: event.service, err }, 'cannot record an Event');
       }
     }
   }

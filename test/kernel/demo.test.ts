@@ -1,14 +1,17 @@
 // `npm run demo` as a user meets it: the blackhole before the controller, translation after, and
 // kubectl get / apply / delete against the demo's API stand-in with the rules following; Ctrl-C
-// (SIGINT) tears it all down.
+// (SIGINT) tears it all down, also when the reader of its output is gone, and at once during the
+// first step. The test's own mount namespace (a tmpfs on /run/netns, test/run.mjs) plays the
+// host: the demo's `ip netns` names must never show there.
 
 import assert from 'node:assert/strict';
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
+import { expect } from 'chai';
 import { assertIsolatedNetns, requireTools } from '../support/node-network.js';
 import { httpGet, scrapeMetrics } from '../support/scrape.js';
 
@@ -16,6 +19,62 @@ const run = promisify(execFile);
 const here = dirname(fileURLToPath(import.meta.url));
 const DEMO = join(here, '..', '..', 'demo', 'run.js');
 const EXTRA = join(here, '..', '..', '..', 'demo', 'extra-service.yaml');
+
+function cmdlineOf(pid: number): string | undefined {
+  try {
+    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').replace(/\0/g, ' ').trim();
+  } catch {
+    return undefined;
+  }
+}
+
+/** Every live descendant of `root`, with its command line (to tell a reused pid apart). */
+function descendants(root: number): Map<number, string> {
+  const children = new Map<number, number[]>();
+  for (const name of readdirSync('/proc')) {
+    const pid = Number(name);
+    if (!Number.isInteger(pid)) continue;
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      children.set(ppid, [...(children.get(ppid) ?? []), pid]);
+    } catch {
+      // gone meanwhile
+    }
+  }
+  const out = new Map<number, string>();
+  const visit = (pid: number) => {
+    for (const child of children.get(pid) ?? []) {
+      const cmd = cmdlineOf(child);
+      if (cmd !== undefined) out.set(child, cmd);
+      visit(child);
+    }
+  };
+  visit(root);
+  return out;
+}
+
+/** Those of `processes` still running with the same command line. */
+function stillRunning(processes: Map<number, string>): string[] {
+  return [...processes].filter(([pid, cmd]) => cmdlineOf(pid) === cmd).map(([pid, cmd]) => `${pid} ${cmd}`);
+}
+
+/** The names in this mount namespace's /run/netns, the demo's "host". */
+function hostNetns(): string[] {
+  return existsSync('/run/netns')
+    ? readdirSync('/run/netns')
+        .filter((n) => n.startsWith('demo-'))
+        .sort()
+    : [];
+}
+
+/** /run/netns must be this namespace's own tmpfs: the test writes a fake leftover there. */
+function requirePrivateRunNetns(): void {
+  const mounts = readFileSync('/proc/self/mountinfo', 'utf8').split('\n');
+  if (!mounts.some((l) => l.split(' ')[4] === '/run/netns' && / - tmpfs /.test(l))) {
+    throw new Error('/run/netns is not a tmpfs of this test: run the kernel tests through `npm test`');
+  }
+}
 
 describe('the demo (npm run demo)', function () {
   this.timeout(120_000);
@@ -99,5 +158,119 @@ describe('the demo (npm run demo)', function () {
     assert.match(output, /Torn down/);
     assert.equal(existsSync(dirname(kubeconfig!)), false, 'the temporary directory is removed');
     await assert.rejects(httpGet(`http://127.0.0.1:${metricsPort}/metrics`), /ECONNREFUSED/);
+  });
+
+  /** A demo in a process group of its own, so that a test can send Ctrl-C as a terminal does. */
+  class DemoRun {
+    readonly child: ChildProcess;
+    stdout = '';
+    stderr = '';
+    readonly startedAt = Date.now();
+    readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+
+    constructor() {
+      this.child = spawn(process.execPath, [DEMO], { stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+      this.child.stdout!.on('data', (d: Buffer) => (this.stdout += d.toString()));
+      this.child.stderr!.on('data', (d: Buffer) => (this.stderr += d.toString()));
+      this.exited = once(this.child, 'exit').then(([code, signal]) => ({ code, signal }));
+      running.add(this);
+    }
+
+    async waitFor(re: RegExp, what: string): Promise<RegExpMatchArray> {
+      const deadline = Date.now() + 60_000;
+      for (;;) {
+        const m = re.exec(this.stdout);
+        if (m) return m;
+        if (this.child.exitCode !== null) throw new Error(`the demo exited while waiting for ${what}:\n${this.all}`);
+        if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}:\n${this.all}`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    }
+
+    /** Ctrl-C: SIGINT to every process of the group (the demo, its node, the controller, probes). */
+    ctrlC(): void {
+      process.kill(-this.child.pid!, 'SIGINT');
+    }
+
+    get all(): string {
+      return `${this.stdout}\n--- stderr ---\n${this.stderr}`;
+    }
+  }
+  const running = new Set<DemoRun>();
+  afterEach(async () => {
+    for (const run of running) {
+      if (run.child.exitCode === null && run.child.signalCode === null) {
+        process.kill(-run.child.pid!, 'SIGKILL');
+        await run.exited;
+      }
+    }
+    running.clear();
+  });
+
+  it('tears down on Ctrl-C after the reader of its output went away; never on the host; a second start works', async function () {
+    this.timeout(240_000); // two starts of the demo
+    requirePrivateRunNetns();
+    // What an older demo left on the host: it must get a hint, and must not stop a new start.
+    writeFileSync('/run/netns/demo-pod-a', '');
+    try {
+      const first = new DemoRun();
+      const [, kubeconfig] = await first.waitFor(/export KUBECONFIG=(\S+)/, 'the kubeconfig');
+      await first.waitFor(/Ctrl-C tears it all down/, 'step 3');
+      const workdir = dirname(kubeconfig!);
+      expect(first.stderr).to.match(
+        /\/run\/netns\/demo-pod-a is left over from an earlier run of the demo.*sudo ip netns delete demo-pod-a/,
+      );
+
+      // While it runs: its pods' names are in its own mount namespace, not on the host.
+      const processes = descendants(first.child.pid!);
+      const [nodePid] = [...processes].find(([, cmd]) => cmd.includes(`--workdir=${workdir}`)) ?? [];
+      expect(nodePid, 'the demo node process').to.be.a('number');
+      expect(readdirSync(`/proc/${nodePid}/root/run/netns`).sort()).to.deep.equal(['demo-pod-a', 'demo-pod-b']);
+      expect(hostNetns()).to.deep.equal(['demo-pod-a'], 'only the fake leftover is on the host');
+      expect([...processes.values()].some((cmd) => cmd.includes('--node-name=demo-node'))).to.equal(
+        true,
+        'the controller runs',
+      );
+
+      // The reader goes away (tee ended by the same Ctrl-C), then Ctrl-C.
+      first.child.stdout!.destroy();
+      first.ctrlC();
+      const { code } = await first.exited;
+      expect(code, first.all).to.equal(0);
+      expect(first.stderr).not.to.match(/EPIPE|could not|Error/);
+
+      expect(hostNetns()).to.deep.equal(['demo-pod-a'], 'nothing new on the host');
+      expect(stillRunning(processes), 'processes of the demo still running').to.deep.equal([]);
+      expect(existsSync(workdir), 'the temporary directory is removed').to.equal(false);
+
+      const second = new DemoRun();
+      await second.waitFor(/Ctrl-C tears it all down/, 'step 3 of the second start');
+      expect(second.stdout).to.match(/ok answered by the endpoints of shop\/web/);
+      second.ctrlC();
+      expect((await second.exited).code, second.all).to.equal(0);
+      expect(second.stdout).to.match(/Torn down/);
+      expect(hostNetns()).to.deep.equal(['demo-pod-a']);
+    } finally {
+      rmSync('/run/netns/demo-pod-a', { force: true });
+    }
+  });
+
+  it('stops at once on Ctrl-C during the first step, and reports no success it did not see', async () => {
+    requirePrivateRunNetns();
+    const run = new DemoRun();
+    await run.waitFor(/1\. Without the controller/, 'the first step');
+    const processes = descendants(run.child.pid!);
+    const interruptedAt = Date.now();
+    run.ctrlC();
+    const { code } = await run.exited;
+    console.log(`      exited ${Date.now() - interruptedAt} ms after Ctrl-C in the first step`);
+    expect(code, run.all).to.equal(0);
+    expect(run.stdout).to.match(/Stopping: tearing the demo down/);
+    expect(run.stdout, 'the controller never started').not.to.match(/2\. Starting the controller/);
+    expect(run.stdout, 'an interrupted probe is no success').not.to.match(/ok answered/);
+    expect(run.stdout).not.to.match(/endpoints of {2}/);
+    expect(run.stdout).to.match(/Torn down/);
+    expect(hostNetns()).to.deep.equal([]);
+    expect(stillRunning(processes), 'processes of the demo still running').to.deep.equal([]);
   });
 });

@@ -1,6 +1,7 @@
 // A simulated node for kernel tests. The test process itself must already run in a network
-// namespace of its own (test/run.mjs starts kernel tests under `unshare --net --mount`): that
-// namespace plays the node. Pods and outside hosts are `ip netns` namespaces joined by veth.
+// namespace of its own (test/run.mjs starts kernel tests under `unshare --net --mount`, with a
+// tmpfs on /run/netns in that mount namespace): that namespace plays the node. Pods and outside
+// hosts are `ip netns` namespaces joined by veth.
 //
 //   pod ns  (10.244.1.2, fd01::2)  --veth--  node ns  --veth--  outside ns (192.168.50.2, fd50::2)
 //                                             kube-ipvs0 (bridge, no ports): ClusterIPs and LB IPs
@@ -20,8 +21,10 @@ export function sh(cmd: string, args: string[], input?: string): string {
 /**
  * Refuses to touch the machine's own network: some ancestor process (the one that ran
  * `unshare --net --mount`) must live in another network namespace and another mount namespace
- * than this process (the mount namespace keeps the test's `ip netns` names out of the host's
- * /run/netns).
+ * than this process. The mount namespace alone does not keep the test's `ip netns` names off the
+ * host: `ip netns add` creates its file in /run/netns, which is the host's directory unless a
+ * tmpfs is mounted on it inside the namespace (test/run.mjs and demo/run.ts do); only the bind
+ * mount of the namespace onto that file is private.
  */
 export function assertIsolatedNetns(): void {
   for (const kind of ['net', 'mnt']) {

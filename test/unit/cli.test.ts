@@ -2,15 +2,56 @@
 
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { once } from 'node:events';
+import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { expect } from 'chai';
 import { execa } from 'execa';
 
 const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
+/** The clone: where `npx ipvs-node-controller` resolves to its own build. */
+const REPO = fileURLToPath(new URL('../../../', import.meta.url));
 
-function cli(args: string[], input?: string) {
-  return execa(process.execPath, [CLI, ...args], { reject: false, input: input ?? '', timeout: 20_000 });
+function cli(args: string[], input?: string, env?: NodeJS.ProcessEnv) {
+  return execa(process.execPath, [CLI, ...args], {
+    reject: false,
+    input: input ?? '',
+    timeout: 20_000,
+    ...(env ? { env, extendEnv: false } : {}),
+  });
+}
+
+/** The environment of a machine outside any cluster, with HOME at `home`. */
+function outsideCluster(home: string): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = { ...process.env, HOME: home };
+  delete env.KUBECONFIG;
+  delete env.KUBERNETES_SERVICE_HOST;
+  delete env.KUBERNETES_SERVICE_PORT;
+  return env;
+}
+
+function writeKubeconfig(path: string): void {
+  writeFileSync(
+    path,
+    [
+      'apiVersion: v1',
+      'kind: Config',
+      'clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]',
+      'users: [{name: u, user: {token: t}}]',
+      'contexts: [{name: x, context: {cluster: c, user: u}}]',
+      'current-context: x',
+    ].join('\n'),
+  );
+}
+
+/** A loopback port held by the test: a controller that binds it first fails differently. */
+async function heldPort(): Promise<{ port: number; close: () => void }> {
+  const server = net.createServer();
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  return { port: (server.address() as net.AddressInfo).port, close: () => server.close() };
 }
 
 describe('command line', function () {
@@ -107,5 +148,135 @@ describe('command line', function () {
     assert.equal(r.exitCode, 1);
     assert.match(r.stderr, /^ipvs-node-controller: cannot list Services from the API server: .*ECONNREFUSED/);
     assert.equal(r.stderr.trim().split('\n').length, 1);
+  });
+
+  it('--kubeconfig naming a missing file: one line naming the flag, exit 2, before any port is bound', async () => {
+    const held = await heldPort();
+    try {
+      // Were the metrics port bound first, this would fail with the port in use instead.
+      const r = await cli(['--kubeconfig', '/nonexistent', `--metrics-bind-address=127.0.0.1:${held.port}`]);
+      expect(r.exitCode).to.equal(2);
+      expect(r.stderr.split('\n')[0]).to.equal(
+        'ipvs-node-controller: --kubeconfig: cannot read /nonexistent: no such file',
+      );
+      expect(r.stdout, 'no log line: nothing was started').to.equal('');
+    } finally {
+      held.close();
+    }
+  });
+
+  it('a --kubeconfig that is not a kubeconfig: exit 2 naming the flag, before any port is bound', async () => {
+    const bad = join(dir, 'not-a-kubeconfig');
+    writeFileSync(bad, 'clusters: {');
+    const held = await heldPort();
+    try {
+      const r = await cli(['--kubeconfig', bad, `--metrics-bind-address=127.0.0.1:${held.port}`]);
+      expect(r.exitCode).to.equal(2);
+      expect(r.stderr.split('\n')[0]).to.match(/^ipvs-node-controller: --kubeconfig: /);
+      expect(r.stdout).to.equal('');
+    } finally {
+      held.close();
+    }
+  });
+
+  it('outside a cluster without any kubeconfig: says so and suggests --kubeconfig or KUBECONFIG, exit 2', async () => {
+    const home = mkdtempSync(join(dir, 'home-'));
+    const r = await cli([], '', outsideCluster(home));
+    expect(r.exitCode).to.equal(2);
+    const [line] = r.stderr.split('\n');
+    expect(line).to.match(/^ipvs-node-controller: no kubeconfig found .*no in-cluster configuration/);
+    expect(line).to.include('--kubeconfig').and.to.include('KUBECONFIG');
+    expect(r.stderr).not.to.include('HTTP protocol');
+    const viaEnv = await cli([], '', { ...outsideCluster(home), KUBECONFIG: join(home, 'nope') });
+    expect(viaEnv.exitCode).to.equal(2);
+    expect(viaEnv.stderr.split('\n')[0]).to.equal(
+      `ipvs-node-controller: KUBECONFIG: cannot read ${join(home, 'nope')}: no such file`,
+    );
+  });
+
+  it('a fatal error of a run is a JSON log line on stdout and one plain line on stderr, exit 1', async () => {
+    const kubeconfig = join(dir, 'kubeconfig-fatal');
+    writeKubeconfig(kubeconfig);
+    const held = await heldPort();
+    try {
+      const r = await cli([
+        '--kubeconfig',
+        kubeconfig,
+        `--metrics-bind-address=127.0.0.1:${held.port}`,
+        '--healthz-bind-address=',
+      ]);
+      expect(r.exitCode).to.equal(1);
+      expect(r.stderr.trim().split('\n')).to.have.length(1);
+      expect(r.stderr).to.match(/^ipvs-node-controller: .*(EADDRINUSE|in use)/);
+      const fatal = r.stdout
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l) as Record<string, any>)
+        .at(-1)!;
+      expect(fatal).to.include({ level: 'fatal', msg: 'exiting', exitCode: 1 });
+      expect(fatal.err.message).to.equal(r.stderr.trim().replace(/^ipvs-node-controller: /, ''));
+      expect(new Date(fatal.time).toISOString()).to.equal(fatal.time);
+    } finally {
+      held.close();
+    }
+  });
+
+  it("--node-name that is not in --from-file: one line and exit 1, never another node's pod CIDRs", async () => {
+    const list = {
+      kind: 'List',
+      items: [
+        { kind: 'Node', metadata: { name: 'a' }, spec: { podCIDRs: ['10.1.0.0/24'] } },
+        { kind: 'Node', metadata: { name: 'b' }, spec: { podCIDRs: ['10.2.0.0/24'] } },
+      ],
+    };
+    const r = await cli(['--dry-run', '--from-file', '-', '--node-name', 'nosuch'], JSON.stringify(list));
+    expect(r.exitCode).to.equal(1);
+    expect(r.stderr).to.equal('ipvs-node-controller: --node-name nosuch: no such Node in --from-file (it has a, b)');
+    expect(r.stdout).to.equal('');
+    const single = await cli(
+      ['--dry-run', '--from-file', '-', '--node-name', 'nosuch'],
+      JSON.stringify({ kind: 'List', items: [list.items[0]] }),
+    );
+    expect(single.exitCode, 'a single Node is not this node when --node-name names another').to.equal(1);
+    const example = await cli(['--dry-run', '--from-file', 'examples/services.yaml', '--node-name', 'nosuch']);
+    expect(example.exitCode).to.equal(1);
+    expect(example.stderr).to.include('(it has worker-1)');
+  });
+
+  it('without --node-name, a file of several Nodes none of which is this host is an error', async () => {
+    const list = {
+      kind: 'List',
+      items: [
+        { kind: 'Node', metadata: { name: 'a' }, spec: { podCIDRs: ['10.1.0.0/24'] } },
+        { kind: 'Node', metadata: { name: 'b' }, spec: { podCIDRs: ['10.2.0.0/24'] } },
+      ],
+    };
+    const env: NodeJS.ProcessEnv = { ...process.env };
+    delete env.NODE_NAME;
+    const r = await cli(['--dry-run', '--from-file', '-'], JSON.stringify(list), env);
+    expect(r.exitCode).to.equal(1);
+    expect(r.stderr).to.match(/^ipvs-node-controller: --from-file: no Node named after this host .*pass --node-name$/);
+  });
+
+  it('the README preview line runs in the clone: npx resolves to its own build', async () => {
+    const list = {
+      kind: 'List',
+      items: [
+        { kind: 'Node', metadata: { name: 'worker-1' }, spec: { podCIDRs: ['10.2.0.0/24'] } },
+        {
+          kind: 'Service',
+          metadata: { name: 'web', namespace: 'shop' },
+          spec: { type: 'LoadBalancer', clusterIP: '10.96.0.1', ports: [{ port: 443 }] },
+          status: { loadBalancer: { ingress: [{ ip: '203.0.113.5' }] } },
+        },
+      ],
+    };
+    const r = await execa(
+      'npx',
+      ['--no-install', 'ipvs-node-controller', '--dry-run', '--from-file', '-', '--node-name', 'worker-1'],
+      { cwd: join(REPO, 'docs'), input: JSON.stringify(list), reject: false, timeout: 60_000 },
+    );
+    expect(r.exitCode, r.stderr).to.equal(0);
+    expect(r.stdout).to.match(/203\.0\.113\.5 \. tcp \. 443 comment "shop\/web" : 10\.96\.0\.1/);
   });
 });

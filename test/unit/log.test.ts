@@ -51,7 +51,7 @@ describe('log format', () => {
   it('ends a run with a fatal JSON line: err, exit code, and the stack of an unexpected error', () => {
     const { lines, logger } = capture();
     const stderr: string[] = [];
-    const write = process.stderr.write;
+    const write = process.stderr.write.bind(process.stderr);
     process.stderr.write = ((text: string) => stderr.push(text) > 0) as typeof process.stderr.write;
     try {
       logFatal(logger, new Error('no cgroup v2 mount in /proc/mounts'));

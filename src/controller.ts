@@ -139,7 +139,7 @@ export class Controller {
   /** kube-proxy's mode changed (after the monitor's confirmation): the next sync steps aside or back. */
   onKubeProxyMode(verdict: ModeVerdict): void {
     this.kubeProxyMode = verdict;
-    this.status.kubeProxy = { ...this.status.kubeProxy!, mode: verdict, reason: this.stepAsideReason() };
+    this.status.kubeProxy = { ...this.status.kubeProxy!, mode: verdict };
     this.options.observer?.onKubeProxy?.(this.status.kubeProxy);
     if (this.started) this.runner.requestFull();
   }

@@ -103,11 +103,11 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
   const pod = () => network.pod.ns;
 
   /** kube-proxy's ConfigMap file, replaced the way the kubelet does (a rename). */
-  function writeKubeProxyConfig(mode: StandInMode): void {
+  function writeKubeProxyConfig(mode: StandInMode | undefined): void {
     const text = [
       'apiVersion: kubeproxy.config.k8s.io/v1alpha1',
       'kind: KubeProxyConfiguration',
-      `mode: ${mode}`,
+      ...(mode ? [`mode: ${mode}`] : []),
       'clusterCIDR: 10.244.0.0/16',
       'iptables:',
       '  masqueradeBit: 14',
@@ -262,97 +262,104 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
     });
   }
 
-  it('IPVS -> nftables -> IPVS while running: probes lost only while kube-proxy switches; no stale rule of ours', async () => {
-    await kubeProxy.enter('ipvs');
-    writeKubeProxyConfig('ipvs');
-    startController();
-    await until('translated', async () => (await probe(pod(), 'tcp', LB, PORT)) === 'svc-web');
+  for (const signals of ['/proxyMode, kube-ipvs0 and the configured mode', '/proxyMode and kube-ipvs0 only'])
+    it(`IPVS -> nftables -> IPVS while running (${signals}): probes lost only while kube-proxy switches; no stale rule of ours`, async () => {
+      const configured = (mode: StandInMode) => (signals.includes('configured') ? mode : undefined);
+      await kubeProxy.enter('ipvs');
+      writeKubeProxyConfig(configured('ipvs'));
+      startController();
+      await until('translated', async () => (await probe(pod(), 'tcp', LB, PORT)) === 'svc-web');
 
-    const probes: Array<{ start: number; end: number; answer: string }> = [];
-    let probing = true;
-    const loop = (async () => {
-      while (probing) {
-        const start = Date.now();
-        const answer = await probe(pod(), 'tcp', LB, PORT, 1000);
-        probes.push({ start, end: Date.now(), answer });
+      const probes: Array<{ start: number; end: number; answer: string }> = [];
+      let probing = true;
+      const loop = (async () => {
+        while (probing) {
+          const start = Date.now();
+          const answer = await probe(pod(), 'tcp', LB, PORT, 1000);
+          probes.push({ start, end: Date.now(), answer });
+        }
+      })();
+      const readyzSays = (steppedAside: boolean) =>
+        until(`stepped aside: ${steppedAside}`, async () => (await readyz())?.kubeProxy?.steppedAside === steppedAside);
+
+      let toNft = 0;
+      let toNftDone = 0;
+      let asideAt = 0;
+      let toIpvs = 0;
+      let toIpvsDone = 0;
+      let backAt = 0;
+      try {
+        await sleep(1000);
+        // The operator changes kube-proxy's ConfigMap, then restarts kube-proxy in the new mode.
+        toNft = Date.now();
+        writeKubeProxyConfig(configured('nftables'));
+        await kubeProxy.switchMode('nftables', 1000);
+        toNftDone = Date.now();
+        await readyzSays(true);
+        asideAt = Date.now();
+        await until('our tables gone', async () => ourNftTables().length === 0);
+        assert.deepEqual(ourIptablesChains(), [], 'no iptables chains of ours either');
+        await sleep(1500);
+
+        toIpvs = Date.now();
+        writeKubeProxyConfig(configured('ipvs'));
+        await kubeProxy.switchMode('ipvs', 1000);
+        toIpvsDone = Date.now();
+        await readyzSays(false);
+        backAt = Date.now();
+        await sleep(1500);
+      } finally {
+        probing = false;
+        await loop;
       }
-    })();
-    const readyzSays = (steppedAside: boolean) =>
-      until(`stepped aside: ${steppedAside}`, async () => (await readyz())?.kubeProxy?.steppedAside === steppedAside);
 
-    let toNft = 0;
-    let toNftDone = 0;
-    let asideAt = 0;
-    let toIpvs = 0;
-    let toIpvsDone = 0;
-    let backAt = 0;
-    try {
-      await sleep(1000);
-      // The operator changes kube-proxy's ConfigMap, then restarts kube-proxy in the new mode.
-      toNft = Date.now();
-      writeKubeProxyConfig('nftables');
-      await kubeProxy.switchMode('nftables', 1000);
-      toNftDone = Date.now();
-      await readyzSays(true);
-      asideAt = Date.now();
-      await until('our tables gone', async () => ourNftTables().length === 0);
-      assert.deepEqual(ourIptablesChains(), [], 'no iptables chains of ours either');
-      await sleep(1500);
+      // Every probe outside a switch (from its start to the controller's change) is answered right.
+      const within = (p: { start: number; end: number }, from: number, to: number) => p.end >= from && p.start <= to;
+      const expected = (p: { start: number; end: number }) =>
+        p.end < toNft
+          ? 'svc-web'
+          : p.start > asideAt && p.end < toIpvs
+            ? ENDPOINT.name
+            : p.start > backAt
+              ? 'svc-web'
+              : undefined;
+      const wrong = probes.filter((p) => {
+        const want = expected(p);
+        return want !== undefined && p.answer !== want;
+      });
+      assert.deepEqual(wrong, [], 'a probe outside the switches went wrong');
+      assert.ok(probes.filter((p) => p.start > asideAt && p.end < toIpvs).length >= 2, 'probed while stepped aside');
+      assert.ok(probes.filter((p) => p.start > backAt).length >= 2, 'probed after the return');
 
-      toIpvs = Date.now();
-      writeKubeProxyConfig('ipvs');
-      await kubeProxy.switchMode('ipvs', 1000);
-      toIpvsDone = Date.now();
-      await readyzSays(false);
-      backAt = Date.now();
-      await sleep(1500);
-    } finally {
-      probing = false;
-      await loop;
-    }
+      // Lost probes, and how far they reach beyond the end of kube-proxy's own switch.
+      const lost = probes.filter((p) => p.answer !== 'svc-web' && p.answer !== ENDPOINT.name);
+      const beyond = (from: number, to: number, done: number) =>
+        Math.max(0, ...lost.filter((p) => within(p, from, to)).map((p) => p.start - done));
+      const stats = {
+        probes: probes.length,
+        lost: lost.length,
+        kubeProxySwitchMs: [toNftDone - toNft, toIpvsDone - toIpvs],
+        controllerFollowedMs: [asideAt - toNftDone, backAt - toIpvsDone],
+        lostStartedAfterSwitchEndMs: [beyond(toNft, asideAt, toNftDone), beyond(toIpvs, backAt, toIpvsDone)],
+      };
+      console.log(`      switch figures (${signals}): ${JSON.stringify(stats)}`);
+      for (const p of lost) {
+        assert.ok(
+          within(p, toNft, asideAt) || within(p, toIpvs, backAt),
+          `lost outside a switch: ${JSON.stringify(p)}`,
+        );
+      }
+      // Generous: a lost probe starts at most two poll intervals and a sync after kube-proxy's switch ended.
+      for (const ms of stats.lostStartedAfterSwitchEndMs)
+        assert.ok(ms < 3000, `lost ${ms}ms after kube-proxy's switch`);
 
-    // Every probe outside a switch (from its start to the controller's change) is answered right.
-    const within = (p: { start: number; end: number }, from: number, to: number) => p.end >= from && p.start <= to;
-    const expected = (p: { start: number; end: number }) =>
-      p.end < toNft
-        ? 'svc-web'
-        : p.start > asideAt && p.end < toIpvs
-          ? ENDPOINT.name
-          : p.start > backAt
-            ? 'svc-web'
-            : undefined;
-    const wrong = probes.filter((p) => {
-      const want = expected(p);
-      return want !== undefined && p.answer !== want;
+      // Back in IPVS mode: exactly our tables, programmed again; no leftover of kube-proxy's nftables mode interferes.
+      assert.equal(ourNftTables().filter((t) => t === 'table ip ipvs-node-controller').length, 1);
+      assert.match(sh('nft', ['list', 'table', 'ip', 'ipvs-node-controller']), /192\.0\.2\.10 \. tcp \. 80/);
+      await stopController();
+      sh(process.execPath, [CLI, '--cleanup']);
+      assert.deepEqual(ourNftTables(), []);
+      assert.deepEqual(ourIptablesChains(), []);
+      await kubeProxy.leave('ipvs');
     });
-    assert.deepEqual(wrong, [], 'a probe outside the switches went wrong');
-    assert.ok(probes.filter((p) => p.start > asideAt && p.end < toIpvs).length >= 2, 'probed while stepped aside');
-    assert.ok(probes.filter((p) => p.start > backAt).length >= 2, 'probed after the return');
-
-    // Lost probes, and how far they reach beyond the end of kube-proxy's own switch.
-    const lost = probes.filter((p) => p.answer !== 'svc-web' && p.answer !== ENDPOINT.name);
-    const beyond = (from: number, to: number, done: number) =>
-      Math.max(0, ...lost.filter((p) => within(p, from, to)).map((p) => p.start - done));
-    const stats = {
-      probes: probes.length,
-      lost: lost.length,
-      kubeProxySwitchMs: [toNftDone - toNft, toIpvsDone - toIpvs],
-      controllerFollowedMs: [asideAt - toNftDone, backAt - toIpvsDone],
-      lostStartedAfterSwitchEndMs: [beyond(toNft, asideAt, toNftDone), beyond(toIpvs, backAt, toIpvsDone)],
-    };
-    console.log(`      switch figures: ${JSON.stringify(stats)}`);
-    for (const p of lost) {
-      assert.ok(within(p, toNft, asideAt) || within(p, toIpvs, backAt), `lost outside a switch: ${JSON.stringify(p)}`);
-    }
-    // Generous: a lost probe starts at most two poll intervals and a sync after kube-proxy's switch ended.
-    for (const ms of stats.lostStartedAfterSwitchEndMs) assert.ok(ms < 3000, `lost ${ms}ms after kube-proxy's switch`);
-
-    // Back in IPVS mode: exactly our tables, programmed again; no leftover of kube-proxy's nftables mode interferes.
-    assert.equal(ourNftTables().filter((t) => t === 'table ip ipvs-node-controller').length, 1);
-    assert.match(sh('nft', ['list', 'table', 'ip', 'ipvs-node-controller']), /192\.0\.2\.10 \. tcp \. 80/);
-    await stopController();
-    sh(process.execPath, [CLI, '--cleanup']);
-    assert.deepEqual(ourNftTables(), []);
-    assert.deepEqual(ourIptablesChains(), []);
-  });
 });

@@ -253,7 +253,7 @@ export class KubeProxyConfigFollower {
               ? 'kube-proxy configuration file is gone; keeping the settings read before'
               : 'no kube-proxy configuration file (the ConfigMap may not exist); flags and defaults apply',
           );
-        } else this.logger.error(`cannot read the kube-proxy configuration ${this.path}: ${key}`);
+        } else this.logger.error({ path: this.path, err }, 'cannot read the kube-proxy configuration');
       }
       return;
     }
@@ -263,11 +263,13 @@ export class KubeProxyConfigFollower {
     try {
       settings = parseKubeProxyConfiguration(text);
     } catch (err) {
-      const message = `${this.path}: ${(err as Error).message}`;
+      const message = (err as Error).message;
       if (message !== this.lastError) {
         this.lastError = message;
+        // The error in `err`, as every log line of the controller carries it.
         this.logger.error(
-          `invalid kube-proxy configuration, keeping the ${this.settings ? 'settings read before' : 'flags and defaults'}: ${message}`,
+          { path: this.path, err },
+          `invalid kube-proxy configuration, keeping the ${this.settings ? 'settings read before' : 'flags and defaults'}`,
         );
       }
       return;

@@ -57,9 +57,10 @@ export class NodeStepAsideEvents implements ControllerObserver {
     } catch (err) {
       const code = err instanceof ApiException ? err.code : undefined;
       this.logger.warn(
+        { err },
         code === 403
           ? 'cannot record the Node Event: the service account may not create events (deploy/components/emit-events)'
-          : `cannot record the Node Event: ${(err as Error).message}`,
+          : 'cannot record the Node Event',
       );
     }
   }

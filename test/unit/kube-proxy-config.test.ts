@@ -269,7 +269,9 @@ describe('kube-proxy configuration: following the file', function () {
       await until(() => lines.some((l) => l.includes('invalid kube-proxy configuration')));
       await sleep(100); // several more polls of the same bad file
       expect(lines.filter((l) => l.includes('invalid kube-proxy configuration'))).to.have.length(1);
-      expect(lines.find((l) => l.includes('invalid'))).to.match(/keeping the settings read before.*masqueradeBit: 99/);
+      const line = JSON.parse(lines.find((l) => l.includes('invalid'))!) as { msg: string; err: { message: string } };
+      expect(line.msg).to.equal('invalid kube-proxy configuration, keeping the settings read before');
+      expect(line.err.message).to.match(/iptables\.masqueradeBit: 99 must be an integer from 0 to 31/);
       expect(follower.current).to.deep.equal({ mode: 'nftables', masqueradeBit: 14 });
       expect(seen).to.have.length(1);
 

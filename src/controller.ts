@@ -1,11 +1,14 @@
-// Wires caches -> model -> backend through the sync runner. Holds no state of its own that
-// could disagree with the caches: every sync derives the desired state from them anew.
+// Wires caches -> model -> backend through the sync runner. Every sync derives the desired state
+// from the caches (the model keeps only what lets a change cost what it touches). The one state
+// of its own is what the kernel holds of ours: the translation, or nothing while the controller
+// steps aside because kube-proxy is not in IPVS mode (design/semantics.md, "kube-proxy's mode").
 
 import type { Logger } from 'pino';
 import type { Backend, SyncResult } from './backends/backend.js';
 import type { ClusterCaches } from './kube/cluster.js';
 import { DesiredStateModel } from './model/desired-state.js';
 import type { Conflict, DesiredState, ModelConfig, Skip } from './model/types.js';
+import { isNonIpvsMode, type ModeVerdict } from './kubeproxy/mode.js';
 import { SyncRunner, type SyncRequestInfo } from './sync/runner.js';
 
 export interface SyncReport {
@@ -25,6 +28,19 @@ export interface ControllerObserver {
   /** Skips whose reason is new or changed since the previous sync. */
   onNewSkips?(skips: Skip[]): void;
   onNewConflicts?(conflicts: Conflict[]): void;
+  /** kube-proxy's mode changed, or the controller stepped aside or back. */
+  onKubeProxy?(status: KubeProxyStatus): void;
+}
+
+/** What the controller knows of kube-proxy, for /readyz, metrics and Events. */
+export interface KubeProxyStatus {
+  mode: ModeVerdict;
+  /** True while our rules are removed because kube-proxy is not in IPVS mode. */
+  steppedAside: boolean;
+  /** Why the controller stepped aside (or, with stepping aside off, why it should have). */
+  reason?: string;
+  /** Effective kube-proxy-related settings, `name=value (source)`. */
+  settings: string[];
 }
 
 export interface ControllerStatus {
@@ -34,6 +50,7 @@ export interface ControllerStatus {
   lastError?: string;
   /** Why prerouting rules are missing for a family, when they are. */
   localPodMatchProblems: string[];
+  kubeProxy?: KubeProxyStatus;
 }
 
 export interface ControllerOptions {
@@ -47,12 +64,21 @@ export interface ControllerOptions {
   observer?: ControllerObserver;
   /** Runs once, after the first successful sync (removing other backends' leftovers, say). */
   afterFirstSync?: () => Promise<void>;
+  /** Step aside while kube-proxy is positively in iptables or nftables mode (default true). */
+  kubeProxyStepAside?: boolean;
+  /** kube-proxy's mode at start; unknown when not given. */
+  kubeProxyMode?: ModeVerdict;
+  /** Effective kube-proxy-related settings at start, for status. */
+  kubeProxySettings?: string[];
 }
 
 export class Controller {
   private readonly runner: SyncRunner;
   /** Derives the desired state from the caches at every sync, redoing only what changed. */
-  private readonly model: DesiredStateModel;
+  private model: DesiredStateModel;
+  private kubeProxyMode: ModeVerdict;
+  /** True once backend.cleanup() removed our objects for kube-proxy's sake, until a sync programs again. */
+  private steppedAside = false;
   private previousSkips = new Set<string>();
   private previousConflicts = new Set<string>();
   private previousLocalProblems = '';
@@ -61,6 +87,12 @@ export class Controller {
 
   constructor(private readonly options: ControllerOptions) {
     this.model = new DesiredStateModel(options.model);
+    this.kubeProxyMode = options.kubeProxyMode ?? { mode: 'unknown', source: 'none', detail: 'not looked at' };
+    this.status.kubeProxy = {
+      mode: this.kubeProxyMode,
+      steppedAside: false,
+      settings: options.kubeProxySettings ?? [],
+    };
     this.runner = new SyncRunner({
       minIntervalMs: options.minSyncPeriodMs,
       fullIntervalMs: options.syncPeriodMs,
@@ -86,6 +118,7 @@ export class Controller {
     this.status.cachesSynced = true;
     logger.info({ services: caches.services.list().length }, 'caches synced');
     this.started = true;
+    this.options.observer?.onKubeProxy?.(this.status.kubeProxy!);
     this.runner.start();
   }
 
@@ -94,6 +127,34 @@ export class Controller {
     this.started = false;
     await Promise.all([this.options.caches.services.stop(), this.options.caches.node.stop()]);
     await this.runner.stop();
+  }
+
+  /** kube-proxy's configuration changed the model settings: everything is derived and programmed anew. */
+  setModelConfig(model: ModelConfig, settings: string[]): void {
+    this.model = new DesiredStateModel(model);
+    this.status.kubeProxy = { ...this.status.kubeProxy!, settings };
+    if (this.started) this.runner.requestFull();
+  }
+
+  /** kube-proxy's mode changed (after the monitor's confirmation): the next sync steps aside or back. */
+  onKubeProxyMode(verdict: ModeVerdict): void {
+    this.kubeProxyMode = verdict;
+    this.status.kubeProxy = { ...this.status.kubeProxy!, mode: verdict };
+    this.options.observer?.onKubeProxy?.(this.status.kubeProxy);
+    if (this.started) this.runner.requestFull();
+  }
+
+  /**
+   * Why our translation must not be in the kernel now, if it must not. kube-proxy positively in
+   * iptables or nftables mode: our DNAT would preempt its own. Once stepped aside, only a positive
+   * IPVS brings the translation back: kube-proxy restarting (unknown) leaves its rules in place.
+   */
+  private stepAsideReason(): string | undefined {
+    const { mode } = this.kubeProxyMode;
+    if (isNonIpvsMode(mode) || (this.steppedAside && mode === 'unknown')) {
+      return `kube-proxy is in ${mode === 'unknown' ? 'no known' : mode} mode (${this.kubeProxyMode.detail}): our DNAT would preempt kube-proxy's own`;
+    }
+    return undefined;
   }
 
   desiredState(): DesiredState {
@@ -110,7 +171,24 @@ export class Controller {
     const started = performance.now();
     const report: SyncReport = { backend: backend.name, requested: info.full ? 'full' : 'partial', durationMs: 0 };
     try {
-      report.result = await backend.sync(desired, { full: info.full });
+      const reason = this.stepAsideReason();
+      if (reason && this.options.kubeProxyStepAside !== false) {
+        report.result = await this.stepAside(reason);
+      } else {
+        if (reason && !this.status.kubeProxy!.reason) {
+          logger.warn(`${reason}; translating anyway: --kube-proxy-step-aside=false`);
+        }
+        this.status.kubeProxy!.reason = reason;
+        // Back from stepping aside: the kernel holds nothing of ours, program everything.
+        const full = info.full || this.steppedAside;
+        report.result = await backend.sync(desired, { full });
+        if (this.steppedAside) {
+          this.steppedAside = false;
+          this.status.kubeProxy = { ...this.status.kubeProxy!, steppedAside: false, reason: undefined };
+          logger.info({ mode: this.kubeProxyMode.mode }, 'kube-proxy is in IPVS mode again: translation programmed');
+          observer?.onKubeProxy?.(this.status.kubeProxy);
+        }
+      }
       const ended = performance.now();
       report.durationMs = ended - started;
       if (info.changedAt !== undefined) report.changeLatencyMs = ended - info.changedAt;
@@ -131,6 +209,21 @@ export class Controller {
     } finally {
       observer?.onSync?.(report);
     }
+  }
+
+  /**
+   * Stepping aside: removes every object of ours (once, when kube-proxy turns non-IPVS), then
+   * programs nothing until kube-proxy is in IPVS mode again. The controller stays ready and says why.
+   */
+  private async stepAside(reason: string): Promise<SyncResult> {
+    if (!this.steppedAside) {
+      await this.options.backend.cleanup();
+      this.steppedAside = true;
+      this.status.kubeProxy = { ...this.status.kubeProxy!, steppedAside: true, reason };
+      this.options.logger.warn(`stepping aside, our rules are removed and nothing is programmed: ${reason}`);
+      this.options.observer?.onKubeProxy?.(this.status.kubeProxy);
+    }
+    return { mode: 'noop', entries: { ipv4: 0, ipv6: 0 } };
   }
 
   /** Logs skips, conflicts and missing local-pod detection once per change, not on every sync. */

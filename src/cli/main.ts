@@ -23,6 +23,8 @@ import { formatDuration } from '../config/duration.js';
 import { readObjectsFile } from './objects-file.js';
 import { toNodeInfo, toServiceInfo } from '../kube/objects.js';
 import type { Operations } from '../metrics/operations.js';
+import { describeSettings, type EffectiveSettings } from '../kubeproxy/config.js';
+import { isNonIpvsMode, type ModeVerdict } from '../kubeproxy/mode.js';
 
 const PROGRAM = 'ipvs-node-controller';
 
@@ -141,14 +143,20 @@ function nodeFromFile(config: Config, nodes: NodeInfo[]): NodeInfo | undefined {
 
 async function dryRun(config: Config): Promise<number> {
   const { services, node } = await loadForDryRun(config);
-  const desired = buildDesiredState(services, node, config.model);
+  const { KubeProxyAwareness } = await import('../kubeproxy/awareness.js');
+  const kubeProxy = await KubeProxyAwareness.lookOnce(config);
+  const desired = buildDesiredState(services, node, kubeProxy.settings.model);
   // Wait for the write: stdout on a pipe is asynchronous and process.exit would cut it short.
   // iptables-restore input for --backend=iptables; nft text otherwise (the eBPF maps hold the same entries).
   const ruleset =
     config.backend === 'iptables'
       ? renderDesiredStateRestoreText(desired, { useKubeMarkMasq: true })
       : renderDesiredStateText(desired);
-  const text = describeDesiredState(desired, services.length) + ruleset;
+  const text =
+    describeDesiredState(desired, services.length) +
+    describeKubeProxy(config, kubeProxy) +
+    migrationReport(desired, services, kubeProxy.mode, config.kubeProxyStepAside) +
+    ruleset;
   await new Promise<void>((resolve, reject) => process.stdout.write(text, (err) => (err ? reject(err) : resolve())));
   return 0;
 }
@@ -162,6 +170,70 @@ function describeDesiredState(desired: DesiredState, services: number): string {
   for (const c of desired.conflicts) {
     lines.push(`# conflict ${c.externalIp} ${c.protocol}/${c.port}: ${c.winner} wins over ${c.loser}`);
   }
+  return lines.join('\n') + '\n\n';
+}
+
+/** kube-proxy as this node sees it: the mode and its signal, each effective setting and its source. */
+function describeKubeProxy(
+  config: Config,
+  k: { settings: EffectiveSettings; mode: ModeVerdict; fileProblem?: string },
+): string {
+  const lines = [`# kube-proxy mode: ${k.mode.mode} (${k.mode.source}: ${k.mode.detail})`];
+  if (config.kubeProxyConfig) {
+    lines.push(
+      `# kube-proxy configuration: ${config.kubeProxyConfig}${k.fileProblem ? ` not used: ${k.fileProblem}` : ''}`,
+    );
+  }
+  for (const line of describeSettings(k.settings)) lines.push(`# setting ${line}`);
+  if (isNonIpvsMode(k.mode.mode)) {
+    lines.push(
+      config.kubeProxyStepAside
+        ? `# kube-proxy is in ${k.mode.mode} mode: the controller steps aside and programs nothing; below is what it programs in IPVS mode`
+        : `# kube-proxy is in ${k.mode.mode} mode and --kube-proxy-step-aside=false: the ruleset below would preempt kube-proxy's DNAT`,
+    );
+  }
+  return lines.join('\n') + '\n\n';
+}
+
+/**
+ * Per Service: whether this node's path to its external addresses depends on the controller, and
+ * what kube-proxy's mode means for it (the migration off IPVS: docs/operations.md).
+ */
+function migrationReport(
+  desired: DesiredState,
+  services: ServiceInfo[],
+  mode: ModeVerdict,
+  stepAside: boolean,
+): string {
+  const byService = new Map<string, string[]>();
+  for (const e of [...desired.ipv4.entries, ...desired.ipv6.entries]) {
+    const list = byService.get(e.service) ?? [];
+    list.push(`${e.externalIp} ${e.protocol}/${e.port}`);
+    byService.set(e.service, list);
+  }
+  const policy = new Map(services.map((s) => [`${s.namespace}/${s.name}`, s.externalTrafficPolicy]));
+  const lines = ['# migration report (this node):'];
+  for (const [service, addresses] of [...byService].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) {
+    const local = policy.get(service) === 'Local';
+    let verdict: string;
+    if (isNonIpvsMode(mode.mode)) {
+      verdict = stepAside
+        ? `kube-proxy (${mode.mode}) serves it: no dependency on the controller, which steps aside`
+        : `kube-proxy (${mode.mode}) serves it, but our translation would break it: drop --kube-proxy-step-aside=false`;
+    } else if (local) {
+      verdict =
+        'depends on the controller: in IPVS mode the address has only local endpoints (externalTrafficPolicy Local); ' +
+        'a move to nftables mode makes kube-proxy serve it';
+    } else {
+      verdict = 'translated, but IPVS serves it without the controller too (externalTrafficPolicy Cluster)';
+    }
+    if (mode.mode === 'unknown') verdict += "; kube-proxy's mode is unknown here";
+    lines.push(`#   ${service} ${addresses.join(', ')}: ${verdict}`);
+  }
+  for (const s of desired.skips.filter((s) => s.reason === 'optedOut')) {
+    lines.push(`#   ${s.service}: opted out (${s.detail}): never translated, kube-proxy alone serves it`);
+  }
+  if (lines.length === 1) lines.push('#   no Service is translated on this node');
   return lines.join('\n') + '\n\n';
 }
 
@@ -285,11 +357,23 @@ async function runController(
         logger.warn({ resource, retryInMs, err }, `cannot list/watch ${resource}, keeping the last rules`),
     }),
   );
+  // kube-proxy's settings and mode, read before the first sync so that it never programs against them.
+  const { KubeProxyAwareness } = await import('../kubeproxy/awareness.js');
+  const kubeProxy = await KubeProxyAwareness.start(config, logger, {
+    onSettings: (settings) => controller?.setModelConfig(settings.model, describeSettings(settings)),
+    onMode: (verdict) => controller?.onKubeProxyMode(verdict),
+  });
+  const { NodeStepAsideEvents } = await import('../kubeproxy/node-events.js');
+  const nodeEvents = config.emitEvents ? new NodeStepAsideEvents(kc, config.nodeName, logger) : undefined;
+  const { allControllerObservers } = await import('../metrics/observers.js');
   controller = new Controller({
-    observer: operations.controllerObserver(kc, caches.services),
+    observer: allControllerObservers(operations.controllerObserver(kc, caches.services), nodeEvents),
     caches,
     backend,
-    model: config.model,
+    model: kubeProxy.settings.model,
+    kubeProxyStepAside: config.kubeProxyStepAside,
+    kubeProxyMode: kubeProxy.mode,
+    kubeProxySettings: kubeProxy.describe(),
     nodeName: config.nodeName,
     minSyncPeriodMs: config.minSyncPeriodMs,
     syncPeriodMs: config.syncPeriodMs,
@@ -300,7 +384,8 @@ async function runController(
   logger.info(
     {
       backend: backend.name,
-      detectLocalMode: config.model.detectLocalMode,
+      detectLocalMode: kubeProxy.settings.model.detectLocalMode,
+      kubeProxyMode: kubeProxy.mode.mode,
       minSyncPeriod: formatDuration(config.minSyncPeriodMs),
       syncPeriod: formatDuration(config.syncPeriodMs),
     },
@@ -308,7 +393,9 @@ async function runController(
   );
   await Promise.race([controller.start(), stopped]);
   await stopped;
+  await kubeProxy.stop();
   await controller.stop();
+  await nodeEvents?.flush();
   await backend.close?.();
   return 0;
 }

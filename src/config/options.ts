@@ -7,6 +7,7 @@ import { hostname } from 'node:os';
 import { parseCidr, formatCidr } from '../model/ip.js';
 import { DETECT_LOCAL_MODES, type DetectLocalMode, type ModelConfig } from '../model/types.js';
 import { parseDuration } from './duration.js';
+import type { KubeProxyModelSetting, SettingSource } from '../kubeproxy/config.js';
 
 export type BackendChoice = 'auto' | 'nft' | 'iptables' | 'ebpf';
 export type NftExecutorChoice = 'auto' | 'addon' | 'cli';
@@ -34,6 +35,17 @@ export interface Config {
   healthzBindAddress?: BindAddress;
   /** Record Kubernetes Events on Services whose addresses are skipped or lose a conflict. */
   emitEvents: boolean;
+  /** Where each kube-proxy-related model setting came from (explicit flags win over kube-proxy's file). */
+  modelSources: Record<KubeProxyModelSetting, SettingSource>;
+  /** kube-proxy's KubeProxyConfiguration file (--kube-proxy-config). */
+  kubeProxyConfig?: string;
+  /** Where kube-proxy serves /proxyMode; undefined when disabled with an empty value. */
+  kubeProxyMetricsAddress?: BindAddress;
+  /** Whether --kube-proxy-metrics-address was given (else kube-proxy's own metricsBindAddress may replace it). */
+  kubeProxyMetricsAddressExplicit: boolean;
+  kubeProxyPollIntervalMs: number;
+  /** Remove our rules while kube-proxy is positively in iptables or nftables mode. */
+  kubeProxyStepAside: boolean;
 }
 
 /** An IP address and TCP port to listen on. */
@@ -45,6 +57,8 @@ export interface BindAddress {
 export const DEFAULT_METRICS_BIND_ADDRESS = '0.0.0.0:9477';
 /** Not kube-proxy's 10256: both run with hostNetwork on the same node. */
 export const DEFAULT_HEALTHZ_BIND_ADDRESS = '0.0.0.0:9478';
+/** kube-proxy's default metricsBindAddress, where it answers GET /proxyMode. */
+export const DEFAULT_KUBE_PROXY_METRICS_ADDRESS = '127.0.0.1:10249';
 
 export class UsageError extends Error {
   constructor(message: string) {
@@ -113,6 +127,25 @@ export function buildCommand(): Command {
       '--emit-events',
       'record Kubernetes Events on Services whose addresses are skipped or lose a conflict',
       false,
+    )
+    .option(
+      '--kube-proxy-config <path>',
+      "kube-proxy's KubeProxyConfiguration file: masquerade bit, cluster CIDR, detect-local mode and mode " +
+        'are taken from it unless given as flags; followed on change',
+    )
+    .option(
+      '--kube-proxy-metrics-address <ip:port>',
+      "where kube-proxy answers GET /proxyMode ('' disables asking)",
+      DEFAULT_KUBE_PROXY_METRICS_ADDRESS,
+    )
+    .option('--kube-proxy-mode-poll-interval <duration>', "how often kube-proxy's mode is looked at", '2s')
+    .addOption(
+      new Option(
+        '--kube-proxy-step-aside <bool>',
+        'remove our rules and program nothing while kube-proxy is in iptables or nftables mode',
+      )
+        .choices(['true', 'false'])
+        .default('true'),
     )
     .addOption(
       new Option('--log-level <level>', 'log level').choices(['debug', 'info', 'warn', 'error']).default('info'),
@@ -194,15 +227,18 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
     throw new UsageError(`--pod-interface-name-prefix: '${podInterfaceNamePrefix}' is not an interface name prefix`);
   }
   const cidrs = clusterCidrs(str('clusterCidr'), env);
-  if (mode === 'ClusterCIDR' && cidrs.length === 0) {
-    throw new UsageError('--detect-local-mode=ClusterCIDR needs --cluster-cidr (or POD_CIDR_IPV4 / POD_CIDR_IPV6)');
-  }
-  if (mode === 'BridgeInterface' && !podBridgeInterface) {
-    throw new UsageError('--detect-local-mode=BridgeInterface needs --pod-bridge-interface');
-  }
-  if (mode === 'InterfaceNamePrefix' && !podInterfaceNamePrefix) {
-    throw new UsageError('--detect-local-mode=InterfaceNamePrefix needs --pod-interface-name-prefix');
-  }
+  const kubeProxyConfig = str('kubeProxyConfig');
+  if (kubeProxyConfig === '') throw new UsageError('--kube-proxy-config: give a file path');
+  const given = (key: string): SettingSource => (command.getOptionValueSource(key) === 'cli' ? 'flag' : 'default');
+  const modelSources: Record<KubeProxyModelSetting, SettingSource> = {
+    detectLocalMode: given('detectLocalMode'),
+    clusterCidrs: str('clusterCidr') !== undefined ? 'flag' : cidrs.length > 0 ? 'env' : 'default',
+    podBridgeInterface: given('podBridgeInterface'),
+    podInterfaceNamePrefix: given('podInterfaceNamePrefix'),
+    masqueradeBit: given('masqueradeBit'),
+  };
+  // With kube-proxy's file, a mode's value may come from the file; the model reports it if it does not.
+  if (kubeProxyConfig === undefined) checkDetectLocalValues(mode, cidrs, podBridgeInterface, podInterfaceNamePrefix);
   const minSyncPeriodMs = duration('--min-sync-period', str('minSyncPeriod')!, 0);
   const syncPeriodMs = duration('--sync-period', str('syncPeriod')!, 1000);
   if (minSyncPeriodMs > syncPeriodMs) {
@@ -219,6 +255,12 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
   if (metricsBindAddress && healthzBindAddress && bindAddressesOverlap(metricsBindAddress, healthzBindAddress)) {
     throw new UsageError('--metrics-bind-address and --healthz-bind-address must use different ports');
   }
+
+  const kubeProxyMetricsAddress = parseBindAddress(
+    '--kube-proxy-metrics-address',
+    str('kubeProxyMetricsAddress') ?? '',
+  );
+  const kubeProxyPollIntervalMs = duration('--kube-proxy-mode-poll-interval', str('kubeProxyModePollInterval')!, 100);
 
   const nodeName = str('nodeName') ?? env.NODE_NAME ?? hostname();
   return {
@@ -246,5 +288,28 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
     metricsBindAddress,
     healthzBindAddress,
     emitEvents: o.emitEvents === true,
+    modelSources,
+    kubeProxyConfig,
+    kubeProxyMetricsAddress,
+    kubeProxyMetricsAddressExplicit: command.getOptionValueSource('kubeProxyMetricsAddress') === 'cli',
+    kubeProxyPollIntervalMs,
+    kubeProxyStepAside: str('kubeProxyStepAside') === 'true',
   };
+}
+
+function checkDetectLocalValues(
+  mode: DetectLocalMode,
+  cidrs: string[],
+  podBridgeInterface: string | undefined,
+  podInterfaceNamePrefix: string | undefined,
+): void {
+  if (mode === 'ClusterCIDR' && cidrs.length === 0) {
+    throw new UsageError('--detect-local-mode=ClusterCIDR needs --cluster-cidr (or POD_CIDR_IPV4 / POD_CIDR_IPV6)');
+  }
+  if (mode === 'BridgeInterface' && !podBridgeInterface) {
+    throw new UsageError('--detect-local-mode=BridgeInterface needs --pod-bridge-interface');
+  }
+  if (mode === 'InterfaceNamePrefix' && !podInterfaceNamePrefix) {
+    throw new UsageError('--detect-local-mode=InterfaceNamePrefix needs --pod-interface-name-prefix');
+  }
 }

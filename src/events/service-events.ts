@@ -30,6 +30,7 @@ export const SKIP_EXPLANATIONS: Record<SkipReason, string> = {
   unsupportedProtocol: 'the protocol is not TCP, UDP or SCTP',
   notLocalTrafficPolicy:
     'the Service does not have externalTrafficPolicy: Local and --local-traffic-policy-only is set',
+  optedOut: 'the Service is annotated ipvs-node-controller/skip: "true"',
 };
 
 /** Skips that are the intended behaviour rather than a problem: reported as Normal, not Warning. */
@@ -37,6 +38,7 @@ const BY_DESIGN: ReadonlySet<SkipReason> = new Set<SkipReason>([
   'ipModeProxy',
   'hostnameOnly',
   'notLocalTrafficPolicy',
+  'optedOut',
 ]);
 
 export interface ServiceEventRecorderOptions {

@@ -12,9 +12,24 @@ function respond(judgement: Judgement, inputs: HealthInputs): EndpointResponse {
     detail: judgement.detail,
     warnings: judgement.warnings,
     lastSuccessfulSync: last === undefined ? null : new Date(last).toISOString(),
+    kubeProxy: kubeProxyBody(inputs),
     now: new Date(inputs.now).toISOString(),
   };
   return { status: judgement.ok ? 200 : 503, contentType: 'application/json', body: JSON.stringify(body) + '\n' };
+}
+
+/** kube-proxy's mode as seen, whether we stepped aside and why, and the effective settings with their sources. */
+function kubeProxyBody(inputs: HealthInputs) {
+  const k = inputs.status.kubeProxy;
+  if (!k) return undefined;
+  return {
+    mode: k.mode.mode,
+    modeSource: k.mode.source,
+    modeDetail: k.mode.detail,
+    steppedAside: k.steppedAside,
+    ...(k.reason ? { reason: k.reason } : {}),
+    settings: k.settings,
+  };
 }
 
 /** Serves /healthz and /readyz on `bind`; `inputs` is read anew for every request. */

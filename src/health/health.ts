@@ -134,5 +134,13 @@ export function judgeReadiness(inputs: HealthInputs): Judgement {
     return { ok: false, detail: `${outageLine}; the last programmed rules are kept`, warnings };
   }
   if (outageLine) warnings.push(outageLine);
-  return { ok: true, detail: liveness.detail, warnings: [...warnings, ...liveness.warnings] };
+  const kubeProxy = status.kubeProxy;
+  // Stepping aside is the intended behaviour outside IPVS mode: ready, and the detail says why.
+  const detail = kubeProxy?.steppedAside
+    ? `stepped aside, nothing is programmed: ${kubeProxy.reason}; ${liveness.detail}`
+    : liveness.detail;
+  if (kubeProxy && !kubeProxy.steppedAside && kubeProxy.reason) {
+    warnings.push(`translating although ${kubeProxy.reason} (--kube-proxy-step-aside=false)`);
+  }
+  return { ok: true, detail, warnings: [...warnings, ...liveness.warnings] };
 }

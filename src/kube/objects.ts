@@ -2,7 +2,7 @@
 // missing or of the wrong type; what is unusable becomes undefined and the model skips it.
 // Accepts both raw JSON (watch events, files) and client-node's deserialized models (Date timestamps).
 
-import type { NodeInfo, ServiceInfo } from '../model/types.js';
+import { SKIP_ANNOTATION, type NodeInfo, type ServiceInfo } from '../model/types.js';
 
 type Loose = Record<string, unknown>;
 
@@ -53,6 +53,8 @@ export function toServiceInfo(raw: unknown): ServiceInfo | undefined {
           return { ip: str(entry.ip), hostname: str(entry.hostname), ipMode: str(entry.ipMode) };
         })
       : undefined,
+    // Annotations are not kept (memory): only the one boolean the model reads.
+    ...(obj(meta?.annotations)?.[SKIP_ANNOTATION] === 'true' ? { skip: true } : {}),
   };
 }
 

@@ -3,7 +3,8 @@
 // several controllers in one process never share counters.
 
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
-import type { ControllerObserver, SyncReport } from '../controller.js';
+import type { ControllerObserver, KubeProxyStatus, SyncReport } from '../controller.js';
+import { PROXY_MODES } from '../kubeproxy/mode.js';
 import type { InformerObserver } from '../kube/informer.js';
 import { FAMILIES, SKIP_REASONS, type Conflict, type DesiredState, type Skip } from '../model/types.js';
 
@@ -35,6 +36,8 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
   private readonly informerWatches: Counter<'resource'>;
   private readonly informerErrors: Counter<'resource'>;
   private readonly backendInfo: Gauge<'backend' | 'nft_executor' | 'iptables_variant'>;
+  private readonly kubeProxyMode: Gauge<'mode'>;
+  private readonly steppedAside: Gauge;
 
   constructor(options: { defaultMetrics?: boolean } = {}) {
     const registers = [this.registry];
@@ -147,6 +150,22 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
       registers,
     });
 
+    this.kubeProxyMode = new Gauge({
+      name: name('kube_proxy_mode'),
+      help:
+        "1 for kube-proxy's mode on this node as the controller sees it (/proxyMode, kube-ipvs0, kube-proxy's " +
+        'configuration), 0 for the others; unknown when no signal answers.',
+      labelNames: ['mode'],
+      registers,
+    });
+    this.steppedAside = new Gauge({
+      name: name('stepped_aside'),
+      help: '1 while our rules are removed because kube-proxy is in iptables or nftables mode; nothing is programmed then.',
+      registers,
+    });
+    for (const mode of PROXY_MODES) this.kubeProxyMode.set({ mode }, mode === 'unknown' ? 1 : 0);
+    this.steppedAside.set(0);
+
     // Every reason is present from the start, so that "none" reads 0 rather than "no data".
     for (const reason of SKIP_REASONS) {
       this.skippedAddresses.set({ reason }, 0);
@@ -196,6 +215,11 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
     if (report.changeLatencyMs !== undefined) {
       this.programmingLatency.observe({ backend }, report.changeLatencyMs / 1000);
     }
+  }
+
+  onKubeProxy(status: KubeProxyStatus): void {
+    for (const mode of PROXY_MODES) this.kubeProxyMode.set({ mode }, mode === status.mode.mode ? 1 : 0);
+    this.steppedAside.set(status.steppedAside ? 1 : 0);
   }
 
   onNewSkips(skips: Skip[]): void {

@@ -10,6 +10,7 @@ export function allControllerObservers(...observers: Array<ControllerObserver | 
     onSync: (report) => present.forEach((o) => o.onSync?.(report)),
     onNewSkips: (skips) => present.forEach((o) => o.onNewSkips?.(skips)),
     onNewConflicts: (conflicts) => present.forEach((o) => o.onNewConflicts?.(conflicts)),
+    onKubeProxy: (status) => present.forEach((o) => o.onKubeProxy?.(status)),
   };
 }
 

@@ -10,6 +10,7 @@ import { ipSortKey, parseCidr, parseIp, formatCidr, type ParsedIp } from './ip.j
 import { orderedChanges } from './ordered-changes.js';
 import {
   PROTOCOLS,
+  SKIP_ANNOTATION,
   type Conflict,
   type ChangeTracked,
   type DesiredState,
@@ -482,6 +483,10 @@ function serviceCandidates(svc: ServiceInfo, config: ModelConfig, skips: Skip[])
   for (const ip of svc.externalIPs ?? []) requested.push(ip);
   if (requested.length === 0) return [];
 
+  if (svc.skip === true) {
+    skip('optedOut', `annotation ${SKIP_ANNOTATION}: "true"`);
+    return [];
+  }
   if (config.localTrafficPolicyOnly && svc.externalTrafficPolicy !== 'Local') {
     skip('notLocalTrafficPolicy', `externalTrafficPolicy ${svc.externalTrafficPolicy ?? 'Cluster'}`);
     return [];
@@ -588,8 +593,4 @@ function cidrsOfFamily(texts: string[], family: Family): string[] {
     if (c && c.family === family) out.add(formatCidr(c));
   }
   return [...out].sort();
-}
-
-export function totalEntries(state: DesiredState): number {
-  return state.ipv4.entries.length + state.ipv6.entries.length;
 }

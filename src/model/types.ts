@@ -21,7 +21,12 @@ export interface ServiceInfo {
   externalTrafficPolicy?: string;
   ports?: Array<{ name?: string; protocol?: string; port?: number }>;
   ingress?: Array<{ ip?: string; hostname?: string; ipMode?: string }>;
+  /** The annotation `ipvs-node-controller/skip: "true"` (the operator's opt-out); no other annotation is kept. */
+  skip?: boolean;
 }
+
+/** The annotation that leaves a Service untranslated when its value is "true". */
+export const SKIP_ANNOTATION = 'ipvs-node-controller/skip';
 
 /** The fields of this node's core/v1 Node the controller reads. */
 export interface NodeInfo {
@@ -83,7 +88,8 @@ export type SkipReason =
   | 'invalidName'
   | 'invalidPort'
   | 'unsupportedProtocol'
-  | 'notLocalTrafficPolicy';
+  | 'notLocalTrafficPolicy'
+  | 'optedOut';
 
 export const SKIP_REASONS: readonly SkipReason[] = [
   'ipModeProxy',
@@ -98,6 +104,7 @@ export const SKIP_REASONS: readonly SkipReason[] = [
   'invalidPort',
   'unsupportedProtocol',
   'notLocalTrafficPolicy',
+  'optedOut',
 ];
 
 export interface Skip {

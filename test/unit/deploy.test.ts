@@ -76,9 +76,13 @@ function portNamed(ds: Json, name: string): number {
 }
 
 const BACKENDS = {
-  nft: { caps: ['NET_ADMIN'], hostNetwork: true, volumes: ['tmp'] },
-  iptables: { caps: ['NET_ADMIN', 'NET_RAW'], hostNetwork: true, volumes: ['tmp', 'xtables-lock'] },
-  ebpf: { caps: ['BPF', 'NET_ADMIN'], hostNetwork: false, volumes: ['tmp', 'bpffs', 'cgroup'] },
+  nft: { caps: ['NET_ADMIN'], hostNetwork: true, volumes: ['tmp', 'kube-proxy-config'] },
+  iptables: {
+    caps: ['NET_ADMIN', 'NET_RAW'],
+    hostNetwork: true,
+    volumes: ['tmp', 'xtables-lock', 'kube-proxy-config'],
+  },
+  ebpf: { caps: ['BPF', 'NET_ADMIN'], hostNetwork: false, volumes: ['tmp', 'bpffs', 'cgroup', 'kube-proxy-config'] },
 } as const;
 
 describe('deploy/ manifests (kubectl kustomize)', function () {
@@ -177,6 +181,15 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
         assert.deepEqual([...mounts.keys()].sort(), [...volumes.keys()].sort());
         assert.equal(mounts.get('tmp')!.mountPath, '/tmp', 'the nft CLI fallback writes transactions to the temp dir');
         const config = configOf(ds());
+        // kube-proxy's ConfigMap, read-only and optional, in the namespace the DaemonSet runs in.
+        assert.deepEqual(volumes.get('kube-proxy-config')!.configMap, {
+          name: 'kube-proxy',
+          optional: true,
+          items: [{ key: 'config.conf', path: 'config.conf' }],
+        });
+        assert.equal(mounts.get('kube-proxy-config')!.readOnly, true);
+        assert.equal(config.kubeProxyConfig, `${mounts.get('kube-proxy-config')!.mountPath}/config.conf`);
+        assert.equal(ds().metadata.namespace, 'kube-system', 'a ConfigMap volume must be in the pod namespace');
         if (backend === 'iptables') {
           assert.deepEqual(volumes.get('xtables-lock')!.hostPath, { path: '/run/xtables.lock', type: 'FileOrCreate' });
           assert.equal(mounts.get('xtables-lock')!.mountPath, '/run/xtables.lock');

@@ -1,0 +1,365 @@
+// The controller and kube-proxy's mode, with packets: the real CLI, the API stand-in, and a
+// kube-proxy stand-in in the node namespace (test/support/kube-proxy-stand-in.ts) in IPVS,
+// nftables and iptables mode, and switching between them while a pod keeps connecting.
+
+import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtempSync, rmSync, writeFileSync, renameSync } from 'node:fs';
+import http from 'node:http';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { fileURLToPath } from 'node:url';
+import { ApiStandIn } from '../support/api-server.js';
+import { NodeNetwork, probe, sh } from '../support/node-network.js';
+import { ENDPOINT, KubeProxyStandIn, type StandInMode } from '../support/kube-proxy-stand-in.js';
+
+const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
+const CLUSTER_IP = '10.96.0.10';
+const LB = '192.0.2.10';
+const PORT = 80;
+const HEALTH_PORT = 19478;
+const METRICS_PORT = 19477;
+const POLL = '300ms';
+
+const SERVICE = {
+  apiVersion: 'v1',
+  kind: 'Service',
+  metadata: { name: 'web', namespace: 'default', uid: 'uid-web' },
+  spec: {
+    type: 'LoadBalancer',
+    externalTrafficPolicy: 'Local',
+    clusterIP: CLUSTER_IP,
+    clusterIPs: [CLUSTER_IP],
+    ports: [{ name: 'http', port: PORT, protocol: 'TCP' }],
+  },
+  status: { loadBalancer: { ingress: [{ ip: LB }] } },
+};
+const NODE_OBJECT = {
+  apiVersion: 'v1',
+  kind: 'Node',
+  metadata: { name: 'node-1' },
+  spec: { podCIDR: '10.244.1.0/24', podCIDRs: ['10.244.1.0/24'] },
+};
+
+function get(port: number, path: string): Promise<string> {
+  return new Promise((resolve) => {
+    const req = http.get({ host: '127.0.0.1', port, path, timeout: 2000 }, (res) => {
+      let body = '';
+      res.on('data', (d: Buffer) => (body += d.toString()));
+      res.on('end', () => resolve(body));
+    });
+    req.on('error', () => resolve(''));
+    req.on('timeout', () => req.destroy());
+  });
+}
+
+interface Readyz {
+  status: string;
+  detail: string;
+  warnings: string[];
+  kubeProxy?: { mode: string; modeSource: string; steppedAside: boolean; reason?: string; settings: string[] };
+}
+
+async function readyz(): Promise<Readyz | undefined> {
+  const text = await get(HEALTH_PORT, '/readyz');
+  try {
+    return JSON.parse(text) as Readyz;
+  } catch {
+    return undefined;
+  }
+}
+
+async function until<T>(what: string, check: () => Promise<T | undefined | false>, tries = 150): Promise<T> {
+  for (let i = 0; i < tries; i++) {
+    const v = await check();
+    if (v) return v;
+    await sleep(100);
+  }
+  assert.fail(`timed out waiting for: ${what}`);
+}
+
+const ourNftTables = () => sh('nft', ['list', 'tables']).match(/table ip6? ipvs-node-controller/g) ?? [];
+const ourIptablesChains = () =>
+  [sh('iptables-save', ['-t', 'nat']), sh('iptables-legacy-save', ['-t', 'nat'])].join('').match(/IPVS_\w+/g) ?? [];
+
+describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-in)', function () {
+  this.timeout(120_000);
+  const network = new NodeNetwork();
+  const kubeProxy = new KubeProxyStandIn({
+    clusterIp: CLUSTER_IP,
+    lbIp: LB,
+    port: PORT,
+    clusterName: 'svc-web',
+    lbName: 'lb-path',
+  });
+  let api: ApiStandIn;
+  let dir: string;
+  let kubeconfig: string;
+  let kubeProxyConfig: string;
+  let controller: ChildProcess | undefined;
+  let output = '';
+  const pod = () => network.pod.ns;
+
+  /** kube-proxy's ConfigMap file, replaced the way the kubelet does (a rename). */
+  function writeKubeProxyConfig(mode: StandInMode | undefined): void {
+    const text = [
+      'apiVersion: kubeproxy.config.k8s.io/v1alpha1',
+      'kind: KubeProxyConfiguration',
+      ...(mode ? [`mode: ${mode}`] : []),
+      'clusterCIDR: 10.244.0.0/16',
+      'iptables:',
+      '  masqueradeBit: 14',
+      '  masqueradeAll: false',
+      'metricsBindAddress: 127.0.0.1:10249',
+      '',
+    ].join('\n');
+    writeFileSync(`${kubeProxyConfig}.new`, text);
+    renameSync(`${kubeProxyConfig}.new`, kubeProxyConfig);
+  }
+
+  function startController(...extra: string[]): void {
+    output = '';
+    controller = spawn(
+      process.execPath,
+      [
+        CLI,
+        '--backend=nft',
+        ...['--kubeconfig', kubeconfig, '--node-name', 'node-1', '--min-sync-period', '0', '--sync-period', '5s'],
+        ...[`--healthz-bind-address=127.0.0.1:${HEALTH_PORT}`, `--metrics-bind-address=127.0.0.1:${METRICS_PORT}`],
+        ...[`--kube-proxy-config=${kubeProxyConfig}`, `--kube-proxy-mode-poll-interval=${POLL}`],
+        ...extra,
+      ],
+      { stdio: ['ignore', 'pipe', 'pipe'] },
+    );
+    controller.stdout!.on('data', (d: Buffer) => (output += d.toString()));
+    controller.stderr!.on('data', (d: Buffer) => (output += d.toString()));
+  }
+
+  async function stopController(): Promise<void> {
+    if (!controller || controller.exitCode !== null) return;
+    controller.kill('SIGTERM');
+    const [code] = (await once(controller, 'exit')) as [number | null];
+    controller = undefined;
+    assert.equal(code, 0, 'SIGTERM exits 0');
+  }
+
+  before(async () => {
+    network.setUp();
+    sh('ip', ['link', 'del', 'kube-ipvs0']); // the stand-in kube-proxy owns it
+    // A node has a default route: without one, a node process's connect to an address nobody
+    // routes fails before the output hook where kube-proxy's DNAT would apply.
+    sh('ip', ['route', 'add', 'default', 'via', '192.168.50.2']);
+    await kubeProxy.start();
+    api = await ApiStandIn.start({ bookmarkIntervalMs: 500 });
+    dir = mkdtempSync(join(tmpdir(), 'kube-proxy-mode-'));
+    kubeconfig = join(dir, 'kubeconfig');
+    kubeProxyConfig = join(dir, 'config.conf');
+    await api.writeKubeconfig(kubeconfig);
+    api.apply(NODE_OBJECT);
+    api.apply(SERVICE);
+  });
+
+  after(async () => {
+    try {
+      if (controller && controller.exitCode === null) controller.kill('SIGKILL');
+      await kubeProxy.stop();
+      await api?.stop();
+      sh(process.execPath, [CLI, '--cleanup']);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+      network.tearDown();
+    }
+  });
+
+  afterEach(async function () {
+    if (this.currentTest?.state === 'failed') console.log(`controller output:\n${output}`);
+    await stopController();
+  });
+
+  it('IPVS mode: translates as today; /readyz, the metric and the log say ipvs; settings come from the file', async () => {
+    await kubeProxy.enter('ipvs');
+    writeKubeProxyConfig('ipvs');
+    startController();
+    await until('pod -> LB IP translated', async () => (await probe(pod(), 'tcp', LB, PORT)) === 'svc-web');
+    assert.equal(await probe(undefined, 'tcp', LB, PORT), 'svc-web', 'node -> LB IP translated');
+    assert.equal(await probe(network.outside.ns, 'tcp', LB, PORT), 'lb-path', 'outside -> LB IP untouched');
+    const ready = await until('ready', async () => {
+      const r = await readyz();
+      return r?.status === 'ok' && r;
+    });
+    assert.equal(ready.kubeProxy?.mode, 'ipvs');
+    assert.equal(ready.kubeProxy?.modeSource, 'proxyMode');
+    assert.equal(ready.kubeProxy?.steppedAside, false);
+    assert.ok(
+      ready.kubeProxy?.settings.includes('masqueradeBit=14 (kube-proxy-config)'),
+      ready.kubeProxy?.settings.join(),
+    );
+    assert.ok(ready.kubeProxy?.settings.includes('clusterCidrs=10.244.0.0/16 (kube-proxy-config)'));
+    const metrics = await get(METRICS_PORT, '/metrics');
+    assert.match(metrics, /ipvs_node_controller_kube_proxy_mode\{mode="ipvs"\} 1/);
+    assert.match(metrics, /ipvs_node_controller_stepped_aside 0/);
+    assert.match(output, /kube-proxy mode: ipvs/);
+    await stopController();
+    await kubeProxy.leave('ipvs');
+  });
+
+  for (const mode of ['nftables', 'iptables'] as const) {
+    it(`${mode} mode: with stepping aside off, our translation breaks pod -> LB IP (proved with packets)`, async () => {
+      sh(process.execPath, [CLI, '--cleanup']); // whatever an earlier test left
+      await kubeProxy.enter(mode);
+      writeKubeProxyConfig(mode);
+      // kube-proxy alone serves the LoadBalancer IP from the pod and from the node.
+      assert.equal(await probe(pod(), 'tcp', LB, PORT), ENDPOINT.name, `kube-proxy (${mode}) serves pod -> LB IP`);
+      assert.equal(await probe(undefined, 'tcp', LB, PORT), ENDPOINT.name, `kube-proxy (${mode}) serves node -> LB IP`);
+
+      startController('--kube-proxy-step-aside=false');
+      const ready = await until('ready and translating', async () => {
+        const r = await readyz();
+        return r?.status === 'ok' && ourNftTables().length > 0 && r;
+      });
+      assert.ok(
+        ready.warnings.some((w) => w.includes(`kube-proxy is in ${mode} mode`)),
+        ready.warnings.join('; '),
+      );
+      const fromPod = await probe(pod(), 'tcp', LB, PORT);
+      const fromNode = await probe(undefined, 'tcp', LB, PORT);
+      assert.notEqual(fromPod, ENDPOINT.name, 'our DNAT to the unbound ClusterIP preempts kube-proxy');
+      assert.notEqual(fromNode, ENDPOINT.name);
+      assert.match(output, /translating anyway: --kube-proxy-step-aside=false/);
+    });
+
+    it(`${mode} mode: the controller steps aside (rules removed, ready, metric, log, Node Event); pod and node -> LB IP reach the endpoint`, async () => {
+      // The previous run's rules are still in the kernel (SIGTERM leaves them): stepping aside removes them.
+      assert.ok(ourNftTables().length > 0);
+      startController('--emit-events');
+      await until('our rules removed', async () => ourNftTables().length === 0);
+      await until(
+        'pod -> LB IP answered by the endpoint',
+        async () => (await probe(pod(), 'tcp', LB, PORT)) === ENDPOINT.name,
+      );
+      assert.equal(await probe(undefined, 'tcp', LB, PORT), ENDPOINT.name, 'node -> LB IP');
+      assert.deepEqual(ourIptablesChains(), []);
+      const ready = await until('ready', async () => {
+        const r = await readyz();
+        return r?.status === 'ok' && r;
+      });
+      assert.match(ready.detail, new RegExp(`stepped aside, nothing is programmed: kube-proxy is in ${mode} mode`));
+      assert.equal(ready.kubeProxy?.steppedAside, true);
+      assert.equal((await get(HEALTH_PORT, '/healthz')).includes('"status":"ok"'), true, 'healthy');
+      const metrics = await get(METRICS_PORT, '/metrics');
+      assert.match(metrics, new RegExp(`ipvs_node_controller_kube_proxy_mode\\{mode="${mode}"\\} 1`));
+      assert.match(metrics, /ipvs_node_controller_stepped_aside 1/);
+      assert.match(output, /stepping aside, our rules are removed and nothing is programmed/);
+      const event = await until('a Node Event', async () =>
+        api.list('Event').find((e) => (e as { reason?: string }).reason === 'SteppedAsideForKubeProxy'),
+      );
+      const involved = (event as { involvedObject: { kind: string; name: string } }).involvedObject;
+      assert.deepEqual([involved.kind, involved.name], ['Node', 'node-1']);
+      await stopController();
+      await kubeProxy.leave(mode);
+    });
+  }
+
+  for (const signals of ['/proxyMode, kube-ipvs0 and the configured mode', '/proxyMode and kube-ipvs0 only'])
+    it(`IPVS -> nftables -> IPVS while running (${signals}): probes lost only while kube-proxy switches; no stale rule of ours`, async () => {
+      const configured = (mode: StandInMode) => (signals.includes('configured') ? mode : undefined);
+      await kubeProxy.enter('ipvs');
+      writeKubeProxyConfig(configured('ipvs'));
+      startController();
+      await until('translated', async () => (await probe(pod(), 'tcp', LB, PORT)) === 'svc-web');
+
+      const probes: Array<{ start: number; end: number; answer: string }> = [];
+      let probing = true;
+      const loop = (async () => {
+        while (probing) {
+          const start = Date.now();
+          const answer = await probe(pod(), 'tcp', LB, PORT, 1000);
+          probes.push({ start, end: Date.now(), answer });
+        }
+      })();
+      const readyzSays = (steppedAside: boolean) =>
+        until(`stepped aside: ${steppedAside}`, async () => (await readyz())?.kubeProxy?.steppedAside === steppedAside);
+
+      let toNft = 0;
+      let toNftDone = 0;
+      let asideAt = 0;
+      let toIpvs = 0;
+      let toIpvsDone = 0;
+      let backAt = 0;
+      try {
+        await sleep(1000);
+        // The operator changes kube-proxy's ConfigMap, then restarts kube-proxy in the new mode.
+        toNft = Date.now();
+        writeKubeProxyConfig(configured('nftables'));
+        await kubeProxy.switchMode('nftables', 1000);
+        toNftDone = Date.now();
+        await readyzSays(true);
+        asideAt = Date.now();
+        await until('our tables gone', async () => ourNftTables().length === 0);
+        assert.deepEqual(ourIptablesChains(), [], 'no iptables chains of ours either');
+        await sleep(1500);
+
+        toIpvs = Date.now();
+        writeKubeProxyConfig(configured('ipvs'));
+        await kubeProxy.switchMode('ipvs', 1000);
+        toIpvsDone = Date.now();
+        await readyzSays(false);
+        backAt = Date.now();
+        await sleep(1500);
+      } finally {
+        probing = false;
+        await loop;
+      }
+
+      // Every probe outside a switch (from its start to the controller's change) is answered right.
+      const within = (p: { start: number; end: number }, from: number, to: number) => p.end >= from && p.start <= to;
+      const expected = (p: { start: number; end: number }) =>
+        p.end < toNft
+          ? 'svc-web'
+          : p.start > asideAt && p.end < toIpvs
+            ? ENDPOINT.name
+            : p.start > backAt
+              ? 'svc-web'
+              : undefined;
+      const wrong = probes.filter((p) => {
+        const want = expected(p);
+        return want !== undefined && p.answer !== want;
+      });
+      assert.deepEqual(wrong, [], 'a probe outside the switches went wrong');
+      assert.ok(probes.filter((p) => p.start > asideAt && p.end < toIpvs).length >= 2, 'probed while stepped aside');
+      assert.ok(probes.filter((p) => p.start > backAt).length >= 2, 'probed after the return');
+
+      // Lost probes, and how far they reach beyond the end of kube-proxy's own switch.
+      const lost = probes.filter((p) => p.answer !== 'svc-web' && p.answer !== ENDPOINT.name);
+      const beyond = (from: number, to: number, done: number) =>
+        Math.max(0, ...lost.filter((p) => within(p, from, to)).map((p) => p.start - done));
+      const stats = {
+        probes: probes.length,
+        lost: lost.length,
+        kubeProxySwitchMs: [toNftDone - toNft, toIpvsDone - toIpvs],
+        controllerFollowedMs: [asideAt - toNftDone, backAt - toIpvsDone],
+        lostStartedAfterSwitchEndMs: [beyond(toNft, asideAt, toNftDone), beyond(toIpvs, backAt, toIpvsDone)],
+      };
+      console.log(`      switch figures (${signals}): ${JSON.stringify(stats)}`);
+      for (const p of lost) {
+        assert.ok(
+          within(p, toNft, asideAt) || within(p, toIpvs, backAt),
+          `lost outside a switch: ${JSON.stringify(p)}`,
+        );
+      }
+      // Generous: a lost probe starts at most two poll intervals and a sync after kube-proxy's switch ended.
+      for (const ms of stats.lostStartedAfterSwitchEndMs)
+        assert.ok(ms < 3000, `lost ${ms}ms after kube-proxy's switch`);
+
+      // Back in IPVS mode: exactly our tables, programmed again; no leftover of kube-proxy's nftables mode interferes.
+      assert.equal(ourNftTables().filter((t) => t === 'table ip ipvs-node-controller').length, 1);
+      assert.match(sh('nft', ['list', 'table', 'ip', 'ipvs-node-controller']), /192\.0\.2\.10 \. tcp \. 80/);
+      await stopController();
+      sh(process.execPath, [CLI, '--cleanup']);
+      assert.deepEqual(ourNftTables(), []);
+      assert.deepEqual(ourIptablesChains(), []);
+      await kubeProxy.leave('ipvs');
+    });
+});

@@ -1,0 +1,191 @@
+// kube-proxy's mode from its signals, the /proxyMode client against real HTTP servers on loopback
+// (good answers, garbage, errors, silence), and the monitor's confirmation before a change.
+
+import { expect } from 'chai';
+import http from 'node:http';
+import net from 'node:net';
+import { once } from 'node:events';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { pino } from 'pino';
+import {
+  ModeMonitor,
+  fetchProxyMode,
+  hasIpvsInterface,
+  isNonIpvsMode,
+  judgeMode,
+  type ModeVerdict,
+} from '../../src/kubeproxy/mode.js';
+import type { BindAddress } from '../../src/config/options.js';
+
+/** A kube-proxy metrics endpoint stand-in whose /proxyMode behaviour the test sets. */
+class ProxyModeServer {
+  behaviour: (res: http.ServerResponse) => void = (res) => res.end('ipvs');
+  private constructor(readonly server: http.Server) {}
+  static async start(): Promise<ProxyModeServer> {
+    const s = new ProxyModeServer(http.createServer((_req, res) => s.behaviour(res)));
+    s.server.listen(0, '127.0.0.1');
+    await once(s.server, 'listening');
+    return s;
+  }
+  get address(): BindAddress {
+    return { host: '127.0.0.1', port: (this.server.address() as net.AddressInfo).port };
+  }
+  async stop(): Promise<void> {
+    this.server.closeAllConnections();
+    await new Promise((r) => this.server.close(r));
+  }
+}
+
+describe('kube-proxy mode: judging the signals', () => {
+  it('the /proxyMode answer decides when there is one, even against a leftover kube-ipvs0', () => {
+    expect(judgeMode({ live: 'nftables', ipvsInterface: true, configured: 'ipvs' })).to.include({
+      mode: 'nftables',
+      source: 'proxyMode',
+    });
+    expect(judgeMode({ live: 'ipvs', ipvsInterface: false, configured: 'nftables' })).to.include({
+      mode: 'ipvs',
+      source: 'proxyMode',
+    });
+  });
+  it('without an answer, kube-ipvs0 says IPVS (IPVS still answers in the kernel while kube-proxy restarts)', () => {
+    expect(judgeMode({ liveProblem: 'connection refused', ipvsInterface: true, configured: 'nftables' })).to.include({
+      mode: 'ipvs',
+      source: 'kube-ipvs0',
+    });
+  });
+  it('without an answer or kube-ipvs0, the configured mode decides; with none of them, unknown', () => {
+    expect(judgeMode({ ipvsInterface: false, configured: 'iptables' })).to.include({
+      mode: 'iptables',
+      source: 'kube-proxy-config',
+    });
+    const unknown = judgeMode({ liveProblem: 'connection refused', ipvsInterface: false });
+    expect(unknown).to.include({ mode: 'unknown', source: 'none' });
+    expect(unknown.detail).to.include('connection refused');
+  });
+  it('only iptables and nftables are positively not IPVS', () => {
+    expect(
+      ['ipvs', 'iptables', 'nftables', 'kernelspace', 'unknown'].filter((m) => isNonIpvsMode(m as never)),
+    ).to.deep.equal(['iptables', 'nftables']);
+  });
+  it('finds kube-ipvs0 in /proc/net/dev', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'procnet-'));
+    try {
+      const header = 'Inter-|   Receive\n face |bytes\n';
+      writeFileSync(join(dir, 'with'), `${header}    lo: 0 0\nkube-ipvs0: 0 0\n`);
+      writeFileSync(join(dir, 'without'), `${header}    lo: 0 0\n  kube-ipvs01x: 0\n`);
+      expect(await hasIpvsInterface(join(dir, 'with'))).to.equal(true);
+      expect(await hasIpvsInterface(join(dir, 'without'))).to.equal(false);
+      expect(await hasIpvsInterface(join(dir, 'absent'))).to.equal(false);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('kube-proxy mode: GET /proxyMode', function () {
+  this.timeout(10_000);
+  let server: ProxyModeServer;
+  before(async () => (server = await ProxyModeServer.start()));
+  after(() => server.stop());
+
+  it('reads each mode, with or without a newline, in any case', async () => {
+    for (const [body, mode] of [
+      ['ipvs', 'ipvs'],
+      ['nftables\n', 'nftables'],
+      ['IPTABLES', 'iptables'],
+    ] as const) {
+      server.behaviour = (res) => res.end(body);
+      expect(await fetchProxyMode(server.address, 1000)).to.deep.equal({ live: mode });
+    }
+  });
+
+  it('garbage, errors, endless answers and silence are "no answer", within the timeout', async () => {
+    const cases: Array<[(res: http.ServerResponse) => void, RegExp]> = [
+      [(res) => res.end('<html>hello</html>'), /no mode/],
+      [(res) => res.end(''), /no mode/],
+      [(res) => res.end('unknown'), /no mode/],
+      [(res) => res.writeHead(500).end('ipvs'), /HTTP 500/],
+      [(res) => res.writeHead(404).end(), /HTTP 404/],
+      [(res) => res.end('x'.repeat(100_000)), /too long/],
+      [(res) => res.end(Buffer.from([0xff, 0xfe, 0x00, 0x01])), /no mode/],
+      [() => undefined, /no answer within 300ms/], // accepts and never answers
+      [(res) => res.socket?.destroy(), /ECONNRESET|socket hang up/],
+      [
+        (res) => {
+          res.writeHead(200);
+          res.write('ipv'); // then stalls mid-body
+        },
+        /no answer within 300ms/,
+      ],
+    ];
+    for (const [behaviour, problem] of cases) {
+      server.behaviour = behaviour;
+      const started = Date.now();
+      const r = await fetchProxyMode(server.address, 300);
+      expect(r.live, String(behaviour)).to.equal(undefined);
+      expect(r.liveProblem).to.match(problem);
+      expect(Date.now() - started).to.be.below(5000); // bounded by the timeout, generously
+    }
+  });
+
+  it('nothing listening is "connection refused"', async () => {
+    const probe = net.createServer();
+    probe.listen(0, '127.0.0.1');
+    await once(probe, 'listening');
+    const port = (probe.address() as net.AddressInfo).port;
+    await new Promise((r) => probe.close(r));
+    expect(await fetchProxyMode({ host: '127.0.0.1', port }, 1000)).to.deep.equal({
+      liveProblem: 'connection refused',
+    });
+  });
+});
+
+describe('kube-proxy mode: the monitor', function () {
+  this.timeout(10_000);
+  let server: ProxyModeServer;
+  before(async () => (server = await ProxyModeServer.start()));
+  after(() => server.stop());
+
+  it('takes the first look at once, and a new mode only after it was seen twice in a row', async () => {
+    const changes: ModeVerdict[] = [];
+    let answer = 'ipvs';
+    server.behaviour = (res) => res.end(answer);
+    let polls = 0;
+    const counting = server.behaviour;
+    server.behaviour = (res) => {
+      polls++;
+      counting(res);
+    };
+    const monitor = new ModeMonitor({
+      metricsAddress: () => server.address,
+      intervalMs: 30,
+      confirmations: 2,
+      timeoutMs: 500,
+      configuredMode: () => undefined,
+      logger: pino({ level: 'silent' }),
+      onChange: (v) => changes.push(v),
+    });
+    try {
+      expect((await monitor.start()).mode).to.equal('ipvs');
+      expect(changes.map((c) => c.mode)).to.deep.equal(['ipvs']);
+
+      // One odd answer between good ones (a flap) changes nothing.
+      answer = 'nftables';
+      const at = polls;
+      while (polls < at + 1) await sleep(5);
+      answer = 'ipvs';
+      await sleep(200);
+      expect(changes.map((c) => c.mode)).to.deep.equal(['ipvs']);
+
+      answer = 'nftables';
+      for (let i = 0; i < 200 && changes.length < 2; i++) await sleep(10);
+      expect(changes.map((c) => c.mode)).to.deep.equal(['ipvs', 'nftables']);
+      expect(monitor.current).to.include({ mode: 'nftables', source: 'proxyMode' });
+    } finally {
+      await monitor.stop();
+    }
+  });
+});

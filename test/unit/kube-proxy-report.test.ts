@@ -1,0 +1,168 @@
+// What operators see of kube-proxy without a kernel: the --dry-run header and migration report
+// (the real CLI against a /proxyMode stand-in on loopback and a KubeProxyConfiguration file),
+// and /readyz while the controller steps aside.
+
+import { expect } from 'chai';
+import http from 'node:http';
+import { once } from 'node:events';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { execa } from 'execa';
+import { ApiReachability, judgeLiveness, judgeReadiness, type HealthInputs } from '../../src/health/health.js';
+import type { ControllerStatus, KubeProxyStatus } from '../../src/controller.js';
+
+const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
+
+const OBJECTS = `
+apiVersion: v1
+kind: Node
+metadata: {name: node-1}
+spec: {podCIDRs: [10.244.1.0/24]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: local, namespace: shop}
+spec: {type: LoadBalancer, externalTrafficPolicy: Local, clusterIP: 10.96.0.10, ports: [{port: 80}]}
+status: {loadBalancer: {ingress: [{ip: 192.0.2.10}]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: cluster, namespace: shop}
+spec: {type: LoadBalancer, externalTrafficPolicy: Cluster, clusterIP: 10.96.0.11, ports: [{port: 443}]}
+status: {loadBalancer: {ingress: [{ip: 192.0.2.11}]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: opted, namespace: shop, annotations: {ipvs-node-controller/skip: "true"}}
+spec: {type: LoadBalancer, clusterIP: 10.96.0.12, ports: [{port: 80}]}
+status: {loadBalancer: {ingress: [{ip: 192.0.2.12}]}}
+`;
+
+describe('--dry-run: kube-proxy settings, mode and the migration report', function () {
+  this.timeout(30_000);
+  let dir: string;
+  let server: http.Server;
+  let answer = 'ipvs';
+  let address: string;
+
+  before(async () => {
+    dir = mkdtempSync(join(tmpdir(), 'kp-report-'));
+    writeFileSync(join(dir, 'objects.yaml'), OBJECTS);
+    writeFileSync(
+      join(dir, 'config.conf'),
+      'apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: ipvs\n' +
+        'iptables: {masqueradeBit: 15}\nclusterCIDR: 10.244.0.0/16\ndetectLocalMode: ClusterCIDR\n',
+    );
+    server = http.createServer((_req, res) => res.end(answer));
+    server.listen(0, '127.0.0.1');
+    await once(server, 'listening');
+    address = `127.0.0.1:${(server.address() as AddressInfo).port}`;
+  });
+  after(async () => {
+    server.closeAllConnections();
+    await new Promise((r) => server.close(r));
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  const dryRun = (...extra: string[]) =>
+    execa(
+      process.execPath,
+      [
+        CLI,
+        '--dry-run',
+        '--from-file',
+        join(dir, 'objects.yaml'),
+        `--kube-proxy-config=${join(dir, 'config.conf')}`,
+        `--kube-proxy-metrics-address=${address}`,
+        ...extra,
+      ],
+      { reject: false, timeout: 20_000 },
+    );
+
+  it('IPVS mode: settings with their sources, and which Services depend on the controller', async () => {
+    answer = 'ipvs';
+    const r = await dryRun('--masquerade-bit=14');
+    expect(r.exitCode, r.stderr).to.equal(0);
+    expect(r.stdout).to.include('# kube-proxy mode: ipvs (proxyMode: kube-proxy answers /proxyMode: ipvs)');
+    expect(r.stdout).to.include('# setting masqueradeBit=14 (flag)');
+    expect(r.stdout).to.include('# setting detectLocalMode=ClusterCIDR (kube-proxy-config)');
+    expect(r.stdout).to.include('# setting clusterCidrs=10.244.0.0/16 (kube-proxy-config)');
+    expect(r.stdout).to.match(/# {3}shop\/local 192\.0\.2\.10 TCP\/80: depends on the controller/);
+    expect(r.stdout).to.match(/# {3}shop\/cluster 192\.0\.2\.11 TCP\/443: translated, but IPVS serves it without/);
+    expect(r.stdout).to.match(/# {3}shop\/opted: opted out/);
+    expect(r.stdout).to.include('# skipped shop/opted: optedOut');
+    // The ruleset follows the effective settings: the flag's bit, the file's cluster CIDR.
+    expect(r.stdout).to.include('0x00004000');
+    expect(r.stdout).to.include('10.244.0.0/16');
+  });
+
+  it('nftables mode: the controller steps aside, and no Service depends on it', async () => {
+    answer = 'nftables';
+    const r = await dryRun();
+    expect(r.exitCode, r.stderr).to.equal(0);
+    expect(r.stdout).to.include('# kube-proxy mode: nftables (proxyMode');
+    expect(r.stdout).to.include('the controller steps aside and programs nothing');
+    expect(r.stdout).to.match(/shop\/local 192\.0\.2\.10 TCP\/80: kube-proxy \(nftables\) serves it: no dependency/);
+    const off = await dryRun('--kube-proxy-step-aside=false');
+    expect(off.stdout).to.match(/would preempt kube-proxy's DNAT/);
+    expect(off.stdout).to.match(/our translation would break it/);
+  });
+
+  it('a malformed kube-proxy file is reported on one line and the flags and defaults apply', async () => {
+    writeFileSync(join(dir, 'bad.conf'), 'iptables: {masqueradeBit: 40}\n');
+    answer = 'garbage';
+    const r = await execa(
+      process.execPath,
+      [
+        CLI,
+        '--dry-run',
+        '--from-file',
+        join(dir, 'objects.yaml'),
+        `--kube-proxy-config=${join(dir, 'bad.conf')}`,
+        `--kube-proxy-metrics-address=${address}`,
+      ],
+      { reject: false },
+    );
+    expect(r.exitCode, r.stderr).to.equal(0);
+    expect(r.stdout).to.match(
+      /# kube-proxy configuration: .*bad\.conf not used: .*iptables\.masqueradeBit: 40 must be/,
+    );
+    expect(r.stdout).to.include('# setting masqueradeBit=14 (default)');
+    expect(r.stdout).to.match(/# kube-proxy mode: unknown .*an answer that is no mode/);
+  });
+});
+
+describe('/readyz while stepped aside', () => {
+  const T0 = 1_700_000_000_000;
+  const kubeProxy: KubeProxyStatus = {
+    mode: { mode: 'nftables', source: 'proxyMode', detail: 'kube-proxy answers /proxyMode: nftables' },
+    steppedAside: true,
+    reason: 'kube-proxy is in nftables mode (kube-proxy answers /proxyMode: nftables)',
+    settings: [],
+  };
+  const inputs = (k: KubeProxyStatus): HealthInputs => {
+    const status: ControllerStatus = {
+      cachesSynced: true,
+      lastSuccessfulSyncAt: T0,
+      localPodMatchProblems: [],
+      kubeProxy: k,
+    };
+    return { status, api: new ApiReachability(() => T0), syncPeriodMs: 30_000, startedAt: T0, now: T0 + 1000 };
+  };
+
+  it('is ready and healthy, and the detail says why nothing is programmed', () => {
+    const ready = judgeReadiness(inputs(kubeProxy));
+    expect(ready.ok).to.equal(true);
+    expect(ready.detail).to.match(/^stepped aside, nothing is programmed: kube-proxy is in nftables mode/);
+    expect(judgeLiveness(inputs(kubeProxy)).ok).to.equal(true);
+  });
+
+  it('with stepping aside off, warns that the translation breaks kube-proxy', () => {
+    const ready = judgeReadiness(inputs({ ...kubeProxy, steppedAside: false }));
+    expect(ready.ok).to.equal(true);
+    expect(ready.warnings.join()).to.match(/translating although kube-proxy is in nftables mode/);
+  });
+});

@@ -18,6 +18,7 @@ import { formatDuration } from '../config/duration.js';
 import { readObjectsFile } from './objects-file.js';
 import { toNodeInfo, toServiceInfo } from '../kube/objects.js';
 import type { Operations } from '../metrics/operations.js';
+import { buildInfo } from '../build-info/version.js';
 
 const PROGRAM = 'ipvs-node-controller';
 
@@ -37,6 +38,10 @@ async function main(argv: string[]): Promise<number> {
     throw err;
   }
   const logger = pino({ name: PROGRAM, level: config.logLevel, base: { node: config.nodeName } });
+  if (!config.dryRun) {
+    const { version, revision, nodeVersion } = buildInfo();
+    logger.info({ version, revision, nodeVersion }, `${PROGRAM} ${version}`);
+  }
   try {
     if (config.dryRun) return await dryRun(config);
     if (config.cleanup) return await cleanup(config, logger);

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // The version lives in package.json. This writes it everywhere else it appears: the Dockerfile's
-// VERSION default, the image tag and the app.kubernetes.io/version label in deploy/base, and the
+// VERSION default, the image tag (deploy/components/image) and the app.kubernetes.io/version label (deploy/base), and the
 // image tag in README.md's install commands. npm runs it on `npm version <new>` (the "version"
 // script); test/unit/deploy-version.test.ts fails while any copy is out of step.
 //
@@ -18,13 +18,10 @@ const V = '\\d+\\.\\d+\\.\\d+(?:-[0-9A-Za-z.-]+)?';
 /** Each file with the patterns whose version group is replaced. */
 export const STAMPS = [
   { file: 'Dockerfile', patterns: [new RegExp(`^(ARG VERSION=)(${V})$`, 'm')] },
+  { file: 'deploy/base/kustomization.yaml', patterns: [new RegExp(`^(\\s+app.kubernetes.io/version: ')(${V})(?=')`, 'm')] },
   {
-    file: 'deploy/base/kustomization.yaml',
-    patterns: [
-      new RegExp(`^(\\s+newTag: )(${V})$`, 'm'),
-      new RegExp(`^(\\s+app.kubernetes.io/version: ')(${V})(?=')`, 'm'),
-      new RegExp(`(ipvs-node-controller:)(${V})`, 'g'),
-    ],
+    file: 'deploy/components/image/kustomization.yaml',
+    patterns: [new RegExp(`^(\\s+newTag: )(${V})$`, 'm'), new RegExp(`(ipvs-node-controller:)(${V})`, 'g')],
   },
   { file: 'README.md', patterns: [new RegExp(`(ipvs-node-controller:)(${V})`, 'g')] },
 ];

@@ -18,7 +18,10 @@ const V = '\\d+\\.\\d+\\.\\d+(?:-[0-9A-Za-z.-]+)?';
 /** Each file with the patterns whose version group is replaced. */
 export const STAMPS = [
   { file: 'Dockerfile', patterns: [new RegExp(`^(ARG VERSION=)(${V})$`, 'm')] },
-  { file: 'deploy/base/kustomization.yaml', patterns: [new RegExp(`^(\\s+app.kubernetes.io/version: ')(${V})(?=')`, 'm')] },
+  {
+    file: 'deploy/base/kustomization.yaml',
+    patterns: [new RegExp(`^(\\s+app.kubernetes.io/version: ')(${V})(?=')`, 'm')],
+  },
   {
     file: 'deploy/components/image/kustomization.yaml',
     patterns: [new RegExp(`^(\\s+newTag: )(${V})$`, 'm'), new RegExp(`(ipvs-node-controller:)(${V})`, 'g')],

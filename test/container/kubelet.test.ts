@@ -467,6 +467,8 @@ describe('the image under the DaemonSet, as a kubelet runs it (podman)', functio
     const first = JSON.parse(kubelet.logs(started.name).split('\n')[0]!) as Obj;
     expect(first.version).to.equal(VERSION);
     expect(first.node).to.equal('node-1');
+    // The image's in-process libnftables addon programs the kernel, not the nft command.
+    expect(kubelet.logs(started.name)).to.match(/programmed in process through libnftables/);
     const metrics = await httpGet(`http://${NODE_IP}:9477/metrics`);
     expect(metrics.body).to.match(
       new RegExp(

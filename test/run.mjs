@@ -35,7 +35,9 @@ for (const suite of suites) {
     }
     cmd = 'unshare';
     // A tmpfs on /run/netns inside the private mount namespace: the `ip netns` names the tests
-    // create never appear on the host, not even as dangling entries while the tests run.
+    // create never appear on the host, not even as dangling entries while the tests run. And a
+    // bpffs of the tests' own at /sys/fs/bpf, as a node has one: a cleanup fails where it finds
+    // none, and the host's pins (if any) are never seen.
     args = [
       '--net',
       '--mount',
@@ -44,7 +46,8 @@ for (const suite of suites) {
       '--',
       'sh',
       '-c',
-      'mkdir -p /run/netns && mount -t tmpfs -o mode=0755 ipvs-node-controller-tests /run/netns && exec "$0" "$@"',
+      'mkdir -p /run/netns && mount -t tmpfs -o mode=0755 ipvs-node-controller-tests /run/netns && ' +
+        'mount -t bpf ipvs-node-controller-tests /sys/fs/bpf && exec "$0" "$@"',
       process.execPath,
       ...args,
     ];

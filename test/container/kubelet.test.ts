@@ -361,6 +361,7 @@ function inventory(node: Node): string[] {
   return found;
 }
 
+/** Resident memory of the container's main process (VmRSS), and the container cgroup's usage (podman stats). */
 function rssOf(name: string): { rssMiB: number; cgroupMiB?: number } {
   const pid = podman(['inspect', '--format', '{{.State.Pid}}', name]).out;
   const status = readFileSync(`/proc/${pid}/status`, 'utf8');
@@ -478,7 +479,7 @@ describe('the image under the DaemonSet, as a kubelet runs it (podman)', functio
     );
     await new Promise((r) => setTimeout(r, 5000));
     const { rssMiB, cgroupMiB } = rssOf(started.name);
-    figures.push(`nft: idle resident memory ${rssMiB.toFixed(1)} MiB (VmRSS), container cgroup ${cgroupMiB ?? '?'}`);
+    figures.push(`nft: idle resident memory ${rssMiB.toFixed(1)} MiB (VmRSS), container cgroup ${cgroupMiB ?? '?'} MB (podman stats)`);
   });
 
   it('SIGTERM within terminationGracePeriodSeconds: exits 0 in time and leaves the rules', async () => {

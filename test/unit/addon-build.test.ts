@@ -137,7 +137,8 @@ describe('scripts/build-native.mjs without the libraries', () => {
     // pkg-config sees libbpf only; no compiler on the PATH, so the script stops at the tools it names.
     const pc = join(scratch, 'pkgconfig');
     mkdirSync(pc);
-    copyFileSync('/usr/lib/x86_64-linux-gnu/pkgconfig/libbpf.pc', join(pc, 'libbpf.pc'));
+    const libdir = spawnSync('pkg-config', ['--variable', 'pcfiledir', 'libbpf'], { encoding: 'utf8' }).stdout.trim();
+    for (const lib of ['libbpf', 'libelf', 'zlib']) copyFileSync(join(libdir, `${lib}.pc`), join(pc, `${lib}.pc`));
     const bin = join(scratch, 'bin');
     mkdirSync(bin);
     symlinkSync(

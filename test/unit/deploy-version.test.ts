@@ -4,7 +4,7 @@
 
 import { expect } from 'chai';
 import { execFile } from 'node:child_process';
-import { readFile } from 'node:fs/promises';
+import { readFile, readdir } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
@@ -46,10 +46,14 @@ describe('the version', function () {
     });
   }
 
-  it('the bundle carries the revision it was built from', async () => {
-    const text = await readFile(BUNDLE_CLI, 'utf8');
+  it('the bundle carries the version and the revision it was built from', async () => {
+    const dir = join(repoRoot, 'dist', 'bundle');
+    const files = (await readdir(dir, { recursive: true })).filter((f) => f.endsWith('.mjs'));
+    const text = (await Promise.all(files.map((f) => readFile(join(dir, f), 'utf8')))).join('\n');
     expect(text).to.not.include('IPVS_NODE_CONTROLLER_REVISION');
-    expect(text).to.match(/"(?:[0-9a-f]{40}(?:-dirty)?|unknown)"/);
+    expect(text).to.match(
+      new RegExp(`version:"${version.replace(/\./g, '\\.')}",revision:"(?:[0-9a-f]{40}(?:-dirty)?|unknown)"`),
+    );
   });
 
   it('ipvs_node_controller_build_info says version, revision and Node.js version', async () => {

@@ -100,3 +100,7 @@ if (build.status !== 0) {
   process.exit(1);
 }
 console.error(`npm run image: built ${tags.join(', ')} in ${((Date.now() - started) / 1000).toFixed(0)} s (${engine})`);
+if (engine !== 'docker') {
+  // Each build leaves untagged stages behind (the layer cache of the next build): drop the old ones.
+  spawnSync('podman', ['image', 'prune', '-f', '--filter', 'until=72h'], { cwd: root, stdio: 'ignore', env });
+}

@@ -479,7 +479,9 @@ describe('the image under the DaemonSet, as a kubelet runs it (podman)', functio
     );
     await new Promise((r) => setTimeout(r, 5000));
     const { rssMiB, cgroupMiB } = rssOf(started.name);
-    figures.push(`nft: idle resident memory ${rssMiB.toFixed(1)} MiB (VmRSS), container cgroup ${cgroupMiB ?? '?'} MB (podman stats)`);
+    figures.push(
+      `nft: idle resident memory ${rssMiB.toFixed(1)} MiB (VmRSS), container cgroup ${cgroupMiB ?? '?'} MB (podman stats)`,
+    );
   });
 
   it('SIGTERM within terminationGracePeriodSeconds: exits 0 in time and leaves the rules', async () => {

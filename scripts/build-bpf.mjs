@@ -21,11 +21,37 @@ function run(command, args) {
   return spawnSync(command, args, { encoding: 'utf8' });
 }
 
+/** Debian's multiarch directory names, by Node's name of the machine. */
+const MULTIARCH_BY_ARCH = {
+  x64: 'x86_64-linux-gnu',
+  arm64: 'aarch64-linux-gnu',
+  arm: 'arm-linux-gnueabihf',
+  ppc64: 'powerpc64le-linux-gnu',
+  s390x: 's390x-linux-gnu',
+  riscv64: 'riscv64-linux-gnu',
+  ia32: 'i386-linux-gnu',
+};
+
+/**
+ * The host's multiarch triple (x86_64-linux-gnu): asm/types.h lives under /usr/include/<triple>.
+ * Not from clang: `clang -print-multiarch` is an error from clang 19 on (Debian trixie).
+ */
+function multiarchTriple() {
+  for (const [command, args] of [
+    ['dpkg-architecture', ['-qDEB_HOST_MULTIARCH']],
+    ['gcc', ['-print-multiarch']],
+  ]) {
+    const result = run(command, args);
+    const triple = result.status === 0 ? result.stdout.trim() : '';
+    if (triple) return triple;
+  }
+  return MULTIARCH_BY_ARCH[process.arch] ?? '';
+}
+
 /** Include directories for the system headers (asm/types.h lives under the multiarch directory). */
 function includeDirs() {
   const dirs = [];
-  const multiarch = run(clang, ['-print-multiarch']);
-  const triple = multiarch.status === 0 ? multiarch.stdout.trim() : '';
+  const triple = multiarchTriple();
   if (triple && existsSync(join('/usr/include', triple))) dirs.push(join('/usr/include', triple));
   const pkg = run('pkg-config', ['--cflags-only-I', 'libbpf']);
   if (pkg.status === 0) {

@@ -21,6 +21,12 @@ const NATIVE_LIBRARIES = [
     addon: 'in-process nftables addon',
     fallback: 'the `nft` CLI will be used',
   },
+  {
+    pkgConfigName: 'libbpf',
+    debianPackage: 'libbpf-dev',
+    addon: 'eBPF addon',
+    fallback: '--backend=ebpf is not available',
+  },
 ];
 
 function succeeds(command, args) {

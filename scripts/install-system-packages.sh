@@ -11,6 +11,8 @@ packages=(
   iproute2 conntrack socat      # kernel tests: network namespaces, veth, probes
   openssl                       # API stand-in certificates in tests and the demo
   prometheus                    # promtool and a real scrape in the metrics tests
+  podman buildah runc           # the image build (npm run image) and the container tests
+  debootstrap curl              # the local base images (scripts/local-base-images.sh)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// Runs the unit tests, then the kernel tests inside a network and mount namespace of their own,
+// Runs the unit tests, then the kernel tests and the container tests, each inside a network and mount namespace of their own,
 // so that nothing they program can reach the machine's firewall, routes or /run/netns.
 // Kernel tests need root (CI runs as root); without it they are reported as not run and the run fails.
 
@@ -11,6 +11,9 @@ const only = process.argv.slice(2);
 const suites = [
   { name: 'unit', glob: 'dist/test/unit/**/*.test.js', isolated: false },
   { name: 'kernel', glob: 'dist/test/kernel/**/*.test.js', isolated: true },
+  // The built image under the DaemonSet of each overlay, run by podman as a kubelet would
+  // (skipped when the image is not built: npm run image).
+  { name: 'container', glob: 'dist/test/container/**/*.test.js', isolated: true },
 ];
 
 if (!existsSync('dist/test')) {
@@ -26,13 +29,15 @@ for (const suite of suites) {
   let args = [...mocha, suite.glob];
   if (suite.isolated) {
     if (process.getuid?.() !== 0) {
-      console.error('kernel tests need root (network namespaces, nftables, iptables): run `sudo npm test`');
+      console.error(`${suite.name} tests need root (network namespaces, nftables, iptables): run \`sudo npm test\``);
       failed = true;
       continue;
     }
     cmd = 'unshare';
     // A tmpfs on /run/netns inside the private mount namespace: the `ip netns` names the tests
-    // create never appear on the host, not even as dangling entries while the tests run.
+    // create never appear on the host, not even as dangling entries while the tests run. And a
+    // bpffs of the tests' own at /sys/fs/bpf, as a node has one: a cleanup fails where it finds
+    // none, and the host's pins (if any) are never seen.
     args = [
       '--net',
       '--mount',
@@ -41,7 +46,8 @@ for (const suite of suites) {
       '--',
       'sh',
       '-c',
-      'mkdir -p /run/netns && mount -t tmpfs -o mode=0755 ipvs-node-controller-tests /run/netns && exec "$0" "$@"',
+      'mkdir -p /run/netns && mount -t tmpfs -o mode=0755 ipvs-node-controller-tests /run/netns && ' +
+        'mount -t bpf ipvs-node-controller-tests /sys/fs/bpf && exec "$0" "$@"',
       process.execPath,
       ...args,
     ];

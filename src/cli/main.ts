@@ -25,6 +25,7 @@ import { toNodeInfo, toServiceInfo } from '../kube/objects.js';
 import type { Operations } from '../metrics/operations.js';
 import { describeSettings, type EffectiveSettings } from '../kubeproxy/config.js';
 import { isNonIpvsMode, type ModeVerdict } from '../kubeproxy/mode.js';
+import { buildInfo } from '../build-info/version.js';
 
 const PROGRAM = 'ipvs-node-controller';
 
@@ -50,6 +51,10 @@ async function main(argv: string[]): Promise<number> {
   }
   const logger = createLogger({ level: config.logLevel, node: config.nodeName });
   runLogger = logger;
+  if (!config.dryRun) {
+    const { version, revision, nodeVersion } = buildInfo();
+    logger.info({ version, revision, nodeVersion }, `${PROGRAM} ${version}`);
+  }
   try {
     if (config.dryRun) return await dryRun(config);
     if (config.cleanup) return await cleanup(config, logger);

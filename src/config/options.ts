@@ -8,6 +8,7 @@ import { parseCidr, formatCidr } from '../model/ip.js';
 import { DETECT_LOCAL_MODES, type DetectLocalMode, type ModelConfig } from '../model/types.js';
 import { parseDuration } from './duration.js';
 import type { KubeProxyModelSetting, SettingSource } from '../kubeproxy/config.js';
+import { buildInfo } from '../build-info/version.js';
 
 export type BackendChoice = 'auto' | 'nft' | 'iptables' | 'ebpf';
 export type NftExecutorChoice = 'auto' | 'addon' | 'cli';
@@ -151,6 +152,7 @@ export function buildCommand(): Command {
       new Option('--log-level <level>', 'log level').choices(['debug', 'info', 'warn', 'error']).default('info'),
     )
     .helpOption('-h, --help', 'show this help')
+    .version(buildInfo().version, '-V, --version', 'print the version and exit')
     .showSuggestionAfterError(true)
     .allowExcessArguments(false);
 }

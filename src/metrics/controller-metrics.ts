@@ -6,6 +6,7 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
 import type { ControllerObserver, KubeProxyStatus, SyncReport } from '../controller.js';
 import { PROXY_MODES } from '../kubeproxy/mode.js';
 import type { InformerObserver } from '../kube/informer.js';
+import { buildInfo } from '../build-info/version.js';
 import { FAMILIES, SKIP_REASONS, type Conflict, type DesiredState, type Skip } from '../model/types.js';
 
 export const METRIC_PREFIX = 'ipvs_node_controller_';
@@ -176,6 +177,15 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
       this.localPodDetectionMissing.set({ family }, 0);
     }
     this.conflictEvents.inc(0);
+
+    // Which build runs on the node (always 1).
+    const build = buildInfo();
+    new Gauge({
+      name: name('build_info'),
+      help: 'Always 1: the version and source revision of the controller, and the Node.js version running it.',
+      labelNames: ['version', 'revision', 'node_version'],
+      registers,
+    }).set({ version: build.version, revision: build.revision, node_version: build.nodeVersion }, 1);
   }
 
   describeBackend(description: BackendDescription): void {

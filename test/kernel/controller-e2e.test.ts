@@ -14,7 +14,7 @@ import { ApiStandIn } from '../support/api-server.js';
 import { NamedServer, probe, sh } from '../support/node-network.js';
 import { LB_PATH, LB_V4, Scenario } from './scenario.js';
 
-const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
+const CLI = fileURLToPath(new URL('../../bundle/ipvs-node-controller.mjs', import.meta.url));
 const NEW_LB = '192.0.2.30';
 
 function serviceObject(ingressIp: string) {

@@ -19,7 +19,7 @@ import { Exposition, httpGet, promtoolCheckMetrics, scrapeMetrics } from '../sup
 import { LB_PATH, LB_V4, SERVICES, Scenario } from './scenario.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
-const CLI = join(here, '..', '..', 'src', 'cli', 'main.js');
+const CLI = join(here, '..', '..', 'bundle', 'ipvs-node-controller.mjs');
 const METRICS = 'http://127.0.0.1:9477';
 const HEALTH = 'http://127.0.0.1:9478';
 const P = 'ipvs_node_controller_';

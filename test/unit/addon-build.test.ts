@@ -4,7 +4,7 @@
 
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { copyFileSync, existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, symlinkSync, existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { createRequire } from 'node:module';
@@ -115,19 +115,45 @@ describe('scripts/build-native.mjs without the libraries', () => {
     return { status: run.status, lines };
   }
 
-  it('succeeds with one line naming libnftables-dev and the CLI fallback when pkg-config cannot find it', () => {
+  it('succeeds with one line per library naming its -dev package and what happens without it, when pkg-config cannot find them', () => {
     const { status, lines } = buildNative({ ...process.env, PKG_CONFIG_LIBDIR: join(scratch, 'no-pkgconfig') });
     assert.equal(status, 0);
-    assert.equal(lines.length, 1, lines.join('\n'));
+    assert.equal(lines.length, 2, lines.join('\n'));
     assert.match(lines[0] ?? '', /libnftables not found by pkg-config: install .*libnftables-dev/);
     assert.match(lines[0] ?? '', /until then the `nft` CLI will be used\.$/);
+    assert.match(
+      lines[1] ?? '',
+      /libbpf not found by pkg-config: install .*libbpf-dev.*--backend=ebpf is not available\.$/,
+    );
     assert.equal(existsSync(join(scratch, 'build')), false, 'a stale addon was left behind');
   });
 
-  it('succeeds with one line when pkg-config itself is missing', () => {
+  it('succeeds with one line per library when pkg-config itself is missing', () => {
     const { status, lines } = buildNative({ PATH: join(scratch, 'empty-path') });
     assert.equal(status, 0);
-    assert.equal(lines.length, 1, lines.join('\n'));
+    assert.equal(lines.length, 2, lines.join('\n'));
     assert.match(lines[0] ?? '', /pkg-config not found: install the Debian packages pkg-config and libnftables-dev/);
+    assert.match(lines[1] ?? '', /pkg-config not found: install the Debian packages pkg-config and libbpf-dev/);
+  });
+
+  it('goes on to build the eBPF addon when libbpf is there and libnftables is not', () => {
+    // pkg-config sees libbpf only; no compiler on the PATH, so the script stops at the tools it names.
+    const pc = join(scratch, 'pkgconfig');
+    mkdirSync(pc);
+    const libdir = spawnSync('pkg-config', ['--variable', 'pcfiledir', 'libbpf'], { encoding: 'utf8' }).stdout.trim();
+    for (const lib of ['libbpf', 'libelf', 'zlib']) copyFileSync(join(libdir, `${lib}.pc`), join(pc, `${lib}.pc`));
+    const bin = join(scratch, 'bin');
+    mkdirSync(bin);
+    symlinkSync(
+      spawnSync('sh', ['-c', 'command -v pkg-config'], { encoding: 'utf8' }).stdout.trim(),
+      join(bin, 'pkg-config'),
+    );
+    const { status, lines } = buildNative({ PATH: bin, PKG_CONFIG_LIBDIR: pc, CXX: 'no-such-compiler' });
+    assert.equal(status, 0);
+    assert.match(lines[0]!, /libnftables not found by pkg-config/);
+    assert.match(
+      lines.at(-1)!,
+      /cannot build native addons: install the Debian packages .*; until then --backend=ebpf is not available\.$/,
+    );
   });
 });

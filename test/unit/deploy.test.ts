@@ -13,7 +13,11 @@ import YAML from 'yaml';
 import { DaemonSet } from 'kubernetes-models/apps/v1';
 import { ServiceAccount, Service } from 'kubernetes-models/v1';
 import { ClusterRole, ClusterRoleBinding } from 'kubernetes-models/rbac.authorization.k8s.io/v1';
-import { PodMonitor, ServiceMonitor } from '@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1';
+import {
+  PodMonitor,
+  PrometheusRule,
+  ServiceMonitor,
+} from '@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1';
 import { parseConfig, type Config } from '../../src/config/options.js';
 
 const run = promisify(execFile);
@@ -35,6 +39,7 @@ const MODELS: Record<string, new (data: any) => { validate(): void }> = {
   'rbac.authorization.k8s.io/v1/ClusterRoleBinding': ClusterRoleBinding,
   'monitoring.coreos.com/v1/PodMonitor': PodMonitor,
   'monitoring.coreos.com/v1/ServiceMonitor': ServiceMonitor,
+  'monitoring.coreos.com/v1/PrometheusRule': PrometheusRule,
 };
 
 /** Validates every object against its OpenAPI schema; throws with the object's name on failure. */
@@ -75,14 +80,15 @@ function portNamed(ds: Json, name: string): number {
   return port.containerPort;
 }
 
+// Every overlay: the node's network namespace and bpffs, and CAP_NET_RAW, so that each can
+// remove what another backend left (iptables-legacy reads need a raw socket) when switching.
 const BACKENDS = {
-  nft: { caps: ['NET_ADMIN'], hostNetwork: true, volumes: ['tmp', 'kube-proxy-config'] },
-  iptables: {
-    caps: ['NET_ADMIN', 'NET_RAW'],
-    hostNetwork: true,
-    volumes: ['tmp', 'xtables-lock', 'kube-proxy-config'],
+  nft: { caps: ['NET_ADMIN', 'NET_RAW'], volumes: ['tmp', 'bpffs', 'xtables-lock', 'kube-proxy-config'] },
+  iptables: { caps: ['NET_ADMIN', 'NET_RAW'], volumes: ['tmp', 'bpffs', 'xtables-lock', 'kube-proxy-config'] },
+  ebpf: {
+    caps: ['BPF', 'NET_ADMIN', 'NET_RAW'],
+    volumes: ['tmp', 'bpffs', 'xtables-lock', 'cgroup', 'kube-proxy-config'],
   },
-  ebpf: { caps: ['BPF', 'NET_ADMIN'], hostNetwork: false, volumes: ['tmp', 'bpffs', 'cgroup', 'kube-proxy-config'] },
 } as const;
 
 describe('deploy/ manifests (kubectl kustomize)', function () {
@@ -150,8 +156,8 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
           assert.equal(spec.template.metadata.labels[k], v);
         assert.deepEqual(pod.tolerations, [{ operator: 'Exists' }]);
         assert.equal(pod.priorityClassName, 'system-node-critical');
-        assert.equal(pod.hostNetwork, expected.hostNetwork);
-        assert.equal(pod.dnsPolicy, expected.hostNetwork ? 'ClusterFirstWithHostNet' : 'ClusterFirst');
+        assert.equal(pod.hostNetwork, true);
+        assert.equal(pod.dnsPolicy, 'ClusterFirstWithHostNet');
         assert.equal(spec.updateStrategy.rollingUpdate.maxSurge, undefined, 'two pods of a node would share its ports');
         const c = container(ds());
         assert.deepEqual(c.livenessProbe.httpGet, { path: '/healthz', port: 'healthz' });
@@ -190,7 +196,7 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
         assert.equal(mounts.get('kube-proxy-config')!.readOnly, true);
         assert.equal(config.kubeProxyConfig, `${mounts.get('kube-proxy-config')!.mountPath}/config.conf`);
         assert.equal(ds().metadata.namespace, 'kube-system', 'a ConfigMap volume must be in the pod namespace');
-        if (backend === 'iptables') {
+        {
           assert.deepEqual(volumes.get('xtables-lock')!.hostPath, { path: '/run/xtables.lock', type: 'FileOrCreate' });
           assert.equal(mounts.get('xtables-lock')!.mountPath, '/run/xtables.lock');
         }
@@ -198,18 +204,68 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
           assert.equal(volumes.get('cgroup')!.hostPath.path, '/sys/fs/cgroup');
           assert.equal(config.cgroupPath, mounts.get('cgroup')!.mountPath, '--cgroup-path is the host cgroup mount');
           assert.equal(mounts.get('cgroup')!.readOnly, true);
-          assert.equal(volumes.get('bpffs')!.hostPath.path, '/sys/fs/bpf');
-          assert.ok(config.bpffsPath.startsWith(`${mounts.get('bpffs')!.mountPath}/`), 'pins land on the host bpffs');
-          assert.equal(mounts.get('bpffs')!.mountPropagation, 'HostToContainer');
         }
+        // Pins (ebpf) and their removal (the others) on the node's bpffs, outside /sys in the
+        // container (default AppArmor profiles refuse writes under /sys/fs/[^c]*).
+        assert.equal(volumes.get('bpffs')!.hostPath.path, '/sys/fs/bpf');
+        assert.ok(config.bpffsPath.startsWith(`${mounts.get('bpffs')!.mountPath}/`), 'pins land on the host bpffs');
+        assert.ok(!mounts.get('bpffs')!.mountPath.startsWith('/sys/'));
+        assert.equal(mounts.get('bpffs')!.mountPropagation, 'HostToContainer');
       });
     });
   }
 
-  it('uses the image of this package version', async () => {
+  it('uses the image of this package version, labelled with it', async () => {
     const pkg = JSON.parse(await readFile(join(repoRoot, 'package.json'), 'utf8')) as { version: string };
     for (const objects of rendered.values()) {
-      assert.equal(container(only(objects, 'DaemonSet')).image, `ipvs-node-controller:${pkg.version}`);
+      const ds = only(objects, 'DaemonSet');
+      assert.equal(container(ds).image, `ipvs-node-controller:${pkg.version}`);
+      assert.equal(ds.metadata.labels['app.kubernetes.io/version'], pkg.version);
+      assert.equal(ds.spec.template.metadata.labels['app.kubernetes.io/version'], pkg.version);
+      assert.equal(ds.spec.selector.matchLabels['app.kubernetes.io/version'], undefined, 'selectors are immutable');
+    }
+  });
+
+  it("uninstall: a cleanup DaemonSet on every node, with every backend's capabilities and the node bpffs", async () => {
+    const pkg = JSON.parse(await readFile(join(repoRoot, 'package.json'), 'utf8')) as { version: string };
+    const objects = await kustomize(join(deploy, 'uninstall'));
+    validateSchemas(objects);
+    const ds = only(objects, 'DaemonSet', 'ipvs-node-controller-cleanup');
+    const pod = ds.spec.template.spec;
+    assert.equal(pod.hostNetwork, true);
+    assert.deepEqual(pod.tolerations, [{ operator: 'Exists' }]);
+    const init = pod.initContainers[0];
+    assert.equal(init.image, `ipvs-node-controller:${pkg.version}`);
+    const config = parseConfig(init.args, { NODE_NAME: 'n' });
+    assert.equal(config.cleanup, true);
+    assert.deepEqual(init.securityContext.capabilities, { drop: ['ALL'], add: ['NET_ADMIN', 'NET_RAW', 'BPF'] });
+    const bpffs = init.volumeMounts.find((m: Json) => m.name === 'bpffs');
+    assert.ok(config.bpffsPath.startsWith(`${bpffs.mountPath}/`));
+    assert.equal(pod.volumes.find((v: Json) => v.name === 'bpffs').hostPath.path, '/sys/fs/bpf');
+    // The same --bpffs-path as the controller's, so the cleanup looks where the pins are.
+    assert.equal(config.bpffsPath, configOf(only(rendered.get('ebpf')!, 'DaemonSet')).bpffsPath);
+  });
+
+  it('components/apparmor-unconfined runs the container without an AppArmor profile, and changes nothing else', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'overlay-apparmor-'));
+    try {
+      await writeFile(
+        join(dir, 'kustomization.yaml'),
+        YAML.stringify({
+          apiVersion: 'kustomize.config.k8s.io/v1beta1',
+          kind: 'Kustomization',
+          resources: [relative(dir, join(deploy, 'overlays', 'ebpf'))],
+          components: [relative(dir, join(deploy, 'components', 'apparmor-unconfined'))],
+        }),
+      );
+      const objects = await kustomize(dir);
+      validateSchemas(objects);
+      const sc = container(only(objects, 'DaemonSet')).securityContext;
+      assert.deepEqual(sc.appArmorProfile, { type: 'Unconfined' });
+      delete sc.appArmorProfile;
+      assert.deepEqual(sc, container(only(rendered.get('ebpf')!, 'DaemonSet')).securityContext);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
     }
   });
 

@@ -86,12 +86,15 @@ describe('ebpf host support', () => {
     }
   });
 
-  it('cleanup of a bpffs directory that does not exist succeeds', async () => {
+  it('cleanup where no bpffs is mounted fails and says so, rather than report a clean node', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'ebpf-cleanup-'));
     try {
       const backend = new EbpfBackend({ cgroupPath: dir, bpffsPath: join(dir, 'never-created') });
-      await backend.cleanup();
-      await backend.cleanup();
+      await assert.rejects(backend.cleanup(), {
+        message: new RegExp(
+          `^ebpf cleanup: ${dir} is not on a bpffs mount, so the pins under ${dir}/never-created cannot be seen`,
+        ),
+      });
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

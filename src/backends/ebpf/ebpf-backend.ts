@@ -244,6 +244,16 @@ export class EbpfBackend implements Backend {
     this.closeMaps();
     this.programmed.clear();
     this.attachment = undefined;
+    // Without a bpffs where the pins would be, nothing can be seen, let alone removed: say so
+    // rather than report a clean node (the node's bpffs may be mounted elsewhere, e.g. /host/sys/fs/bpf).
+    const fs = filesystemTypeOf(this.bpffsPath);
+    if (!fs || fs.type !== BPF_FS_MAGIC) {
+      throw new BackendError(
+        `ebpf cleanup: ${fs?.checked ?? this.bpffsPath} is not on a bpffs mount, so the pins under ${this.bpffsPath} ` +
+          `cannot be seen: mount the node's bpffs there or pass --bpffs-path`,
+        'ebpf',
+      );
+    }
     const load = this.addon();
     try {
       if (load.ok) await load.addon.removePinned(this.bpffsPath);

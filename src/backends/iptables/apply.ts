@@ -92,10 +92,13 @@ export class IptablesCommands {
       if ((result as { code?: string }).code === 'ENOENT') {
         throw new IptablesToolMissing(`the '${command}' command was not found: install the iptables package`);
       }
-      throw new IptablesError(
-        `${command}: ${iptablesErrorMessage(`${result.stderr}\n${result.stdout}`)}`,
-        result.exitCode,
-      );
+      const message = iptablesErrorMessage(`${result.stderr}\n${result.stdout}`);
+      // The legacy variant talks to the kernel over a raw socket: without CAP_NET_RAW even a read fails.
+      const hint =
+        this.variant === 'legacy' && /Permission denied/.test(message)
+          ? ' (iptables-legacy needs CAP_NET_RAW besides CAP_NET_ADMIN)'
+          : '';
+      throw new IptablesError(`${command}: ${message}${hint}`, result.exitCode);
     }
     return result.stdout;
   }

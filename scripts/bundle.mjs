@@ -1,0 +1,97 @@
+#!/usr/bin/env node
+// Bundles the controller's runtime (src/cli/main.ts and everything it imports, dependencies
+// included) with esbuild into dist/bundle/: the image ships this instead of node_modules, and the
+// kernel and end-to-end tests run it. Only code that runs is loaded: the lazily imported modules
+// (the Kubernetes client, metrics) stay in chunks of their own, loaded when first used.
+//
+// The native addons (build/Release/*.node) and the BPF object (bpf/*.o) are not bundled: the
+// bundle finds them from the package root, as dist/ does (the directory above dist/ holding
+// package.json).
+//
+// Stamped in through `define`: the version (package.json) and the revision (env REVISION, else
+// `git rev-parse HEAD` of this checkout, else `unknown`).
+//
+//   node scripts/bundle.mjs            (npm run build runs it after tsc)
+
+import { build } from 'esbuild';
+import { spawnSync } from 'node:child_process';
+import { existsSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { dirname, join, relative, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const packageRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+const outdir = join(packageRoot, 'dist', 'bundle');
+const pkg = JSON.parse(readFileSync(join(packageRoot, 'package.json'), 'utf8'));
+
+function revision() {
+  if (process.env.REVISION) return process.env.REVISION;
+  const git = spawnSync('git', ['rev-parse', 'HEAD'], { cwd: packageRoot, encoding: 'utf8' });
+  if (git.status !== 0) return 'unknown';
+  const dirty = spawnSync('git', ['status', '--porcelain', '--untracked-files=no'], {
+    cwd: packageRoot,
+    encoding: 'utf8',
+  });
+  return git.stdout.trim() + (dirty.status === 0 && dirty.stdout.trim() !== '' ? '-dirty' : '');
+}
+
+/** The license texts of every package that went into the bundle, for the image's notices. */
+function thirdPartyLicenses(metafile) {
+  const packages = new Map();
+  for (const input of Object.keys(metafile.inputs)) {
+    const m = /^(.*node_modules\/(?:@[^/]+\/)?[^/]+)\//.exec(input);
+    if (m) packages.set(m[1], true);
+  }
+  const parts = [];
+  for (const dir of [...packages.keys()].sort()) {
+    const abs = join(packageRoot, dir);
+    const manifest = JSON.parse(readFileSync(join(abs, 'package.json'), 'utf8'));
+    const licenseFile = readdirSync(abs).find((f) => /^(licen[cs]e|copying)/i.test(f));
+    const text = licenseFile ? readFileSync(join(abs, licenseFile), 'utf8').trim() : '(no license file in the package)';
+    parts.push(`${manifest.name}@${manifest.version} (${manifest.license ?? 'see text'})\n\n${text}\n`);
+  }
+  return parts.join('\n' + '-'.repeat(78) + '\n\n');
+}
+
+async function main() {
+  rmSync(outdir, { recursive: true, force: true });
+  const rev = revision();
+  const result = await build({
+    absWorkingDir: packageRoot,
+    entryPoints: { 'ipvs-node-controller': 'src/cli/main.ts' },
+    outdir,
+    bundle: true,
+    splitting: true,
+    format: 'esm',
+    platform: 'node',
+    target: 'node20.19',
+    outExtension: { '.js': '.mjs' },
+    chunkNames: 'chunks/[name]-[hash]',
+    minifyWhitespace: true,
+    minifySyntax: true,
+    keepNames: true,
+    legalComments: 'none',
+    metafile: true,
+    logLevel: 'warning',
+    // CommonJS dependencies call require(): give the ESM bundle a real one.
+    banner: {
+      js: "import { createRequire as __createRequire } from 'node:module'; const require = __createRequire(import.meta.url);",
+    },
+    define: {
+      IPVS_NODE_CONTROLLER_VERSION: JSON.stringify(pkg.version),
+      IPVS_NODE_CONTROLLER_REVISION: JSON.stringify(rev),
+    },
+  });
+  writeFileSync(join(outdir, 'THIRD_PARTY_LICENSES.txt'), thirdPartyLicenses(result.metafile));
+  const bytes = Object.values(result.metafile.outputs).reduce((n, o) => n + o.bytes, 0);
+  const entry = join(outdir, 'ipvs-node-controller.mjs');
+  if (!existsSync(entry)) throw new Error(`esbuild wrote no ${entry}`);
+  console.log(
+    `bundle: ${relative(packageRoot, entry)} (${pkg.version}, revision ${rev}): ` +
+      `${Object.keys(result.metafile.outputs).length} files, ${(bytes / 1024).toFixed(0)} KiB`,
+  );
+}
+
+main().catch((err) => {
+  console.error(`bundle failed: ${err.message}`);
+  process.exit(1);
+});

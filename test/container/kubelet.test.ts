@@ -1,0 +1,584 @@
+// A kubelet stand-in: the built image, run with podman exactly as the rendered DaemonSet of each
+// overlay says (args, env with NODE_NAME from the downward API, capabilities, read-only root,
+// no privilege escalation, the user, hostPath and emptyDir volumes, the host network, the
+// in-cluster ServiceAccount), against the API stand-in over HTTPS. Then packets, probes, a stop,
+// a rolling update, switching overlays, and the uninstall DaemonSet.
+//
+// The node is this process's network namespace (test/run.mjs starts the suite under
+// `unshare --net --mount`); the node's bpffs is one mounted for the test, its cgroup v2 root a
+// cgroup created for the test, its other hostPaths under a scratch directory. All removed after.
+// Needs the image: `npm run image` (CI builds it first; without it the suite is skipped, except
+// when IPVS_NODE_CONTROLLER_REQUIRE_IMAGE=1, where that is a failure).
+
+import { expect } from 'chai';
+import { spawn, spawnSync } from 'node:child_process';
+import { once } from 'node:events';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, rmdirSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join, relative } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import YAML from 'yaml';
+import { ApiStandIn } from '../support/api-server.js';
+import { httpGet } from '../support/scrape.js';
+import { NODE } from '../support/node-network.js';
+import { Scenario, LB_V4, LB_PATH } from '../kernel/scenario.js';
+import { defaultCgroupPath } from '../../src/backends/ebpf/ebpf-backend.js';
+
+const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
+const VERSION = (JSON.parse(readFileSync(join(repoRoot, 'package.json'), 'utf8')) as { version: string }).version;
+const IMAGE = `localhost/ipvs-node-controller:${VERSION}`;
+/** The rolling update's new image: a second tag, as a new release would be. */
+const IMAGE_UPDATE = `localhost/ipvs-node-controller:${VERSION}-update`;
+const PROBE_CLIENT = join(repoRoot, 'dist', 'test', 'support', 'probe-client.js');
+const PODMAN_ENV = { ...process.env, CONTAINERS_CONF: join(repoRoot, 'scripts', 'containers.conf') };
+const TAG = `inc-test-${process.pid}`;
+/** The node's address the kubelet probes a host-network pod on. */
+const NODE_IP = NODE.podGateway4;
+
+type Obj = Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
+
+function podman(args: string[], allowFail = false): { code: number; out: string; err: string } {
+  const r = spawnSync('podman', args, { env: PODMAN_ENV, encoding: 'utf8', timeout: 120_000 });
+  const res = { code: r.status ?? -1, out: (r.stdout ?? '').trim(), err: (r.stderr ?? '').trim() };
+  if (!allowFail && res.code !== 0) throw new Error(`podman ${args.join(' ')}: exit ${res.code}: ${res.err}`);
+  return res;
+}
+
+function run(cmd: string, args: string[], allowFail = false): string {
+  const r = spawnSync(cmd, args, { encoding: 'utf8' });
+  if (!allowFail && r.status !== 0) {
+    throw new Error(`${cmd} ${args.join(' ')}: exit ${r.status ?? r.signal}: ${r.stderr}`);
+  }
+  return r.stdout ?? '';
+}
+
+/**
+ * A command of the image run in the node's network namespace: the node's own nft (1.0.6 on
+ * bookworm) crashes listing tables that the image's newer libnftables wrote.
+ */
+function imageTool(args: string[]): string {
+  const r = podman([
+    'run',
+    '--rm',
+    '--pull',
+    'never',
+    '--network',
+    `ns:/proc/${process.pid}/ns/net`,
+    '--cap-drop',
+    'all',
+    '--cap-add',
+    'net_admin',
+    '--entrypoint',
+    args[0]!,
+    IMAGE,
+    ...args.slice(1),
+  ]);
+  return r.out;
+}
+
+/** `kubectl kustomize DIR`, as YAML documents; with components, through an overlay of a user's own. */
+function render(dir: string, components: string[] = []): Obj[] {
+  let target = join(repoRoot, dir);
+  let scratch: string | undefined;
+  if (components.length > 0) {
+    scratch = mkdtempSync(join(tmpdir(), `${TAG}-overlay-`));
+    const kustomization = {
+      apiVersion: 'kustomize.config.k8s.io/v1beta1',
+      kind: 'Kustomization',
+      resources: [relative(scratch, target)],
+      components: components.map((c) => relative(scratch!, join(repoRoot, c))),
+    };
+    writeFileSync(join(scratch, 'kustomization.yaml'), YAML.stringify(kustomization));
+    target = scratch;
+  }
+  try {
+    const text = run('kubectl', ['kustomize', target]);
+    return YAML.parseAllDocuments(text).map((d) => d.toJSON() as Obj);
+  } finally {
+    if (scratch) rmSync(scratch, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Whether podman's default seccomp profile lets CAP_BPF call bpf(). Where it does not (the
+ * containers-common profile of Debian bookworm), a user of such a runtime adds the component
+ * deploy/components/ebpf-sys-admin to the ebpf overlay, and so does this stand-in.
+ */
+function seccompAllowsBpfWithCapBpf(): boolean {
+  for (const path of ['/etc/containers/seccomp.json', '/usr/share/containers/seccomp.json']) {
+    if (!existsSync(path)) continue;
+    const profile = JSON.parse(readFileSync(path, 'utf8')) as { syscalls: Obj[] };
+    return profile.syscalls.some(
+      (s) =>
+        s.names.includes('bpf') &&
+        s.action === 'SCMP_ACT_ALLOW' &&
+        (!s.includes?.caps || s.includes.caps.includes('CAP_BPF')),
+    );
+  }
+  return true;
+}
+
+const OVERLAY_COMPONENTS: Record<string, string[]> = {
+  ebpf: seccompAllowsBpfWithCapBpf() ? [] : ['deploy/components/ebpf-sys-admin'],
+};
+
+function daemonSetOf(dir: string, name: string, components: string[] = []): Obj {
+  const ds = render(dir, components).find((o) => o.kind === 'DaemonSet' && o.metadata.name === name);
+  if (!ds) throw new Error(`${dir} renders no DaemonSet ${name}`);
+  return ds;
+}
+
+async function waitFor<T>(what: string, fn: () => Promise<T | undefined> | T | undefined, ms = 60_000): Promise<T> {
+  const until = Date.now() + ms;
+  let last: unknown;
+  for (;;) {
+    try {
+      const v = await fn();
+      if (v !== undefined && v !== false) return v;
+    } catch (err) {
+      last = err;
+    }
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}${last ? `: ${String(last)}` : ''}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+/** The node: its scratch root for hostPaths, its bpffs, its cgroup v2 root and the pods' cgroup. */
+class Node {
+  readonly root = mkdtempSync(join(tmpdir(), `${TAG}-root-`));
+  readonly bpffs = join(this.root, 'sys', 'fs', 'bpf');
+  readonly cgroup: string;
+  readonly podCgroup: string;
+  readonly hostCgroup: string;
+  /** podman's cgroup parent for the containers: a subtree of ours, removed after. */
+  readonly cgroupParent = `/${TAG}`;
+  readonly saDir = join(this.root, 'serviceaccount');
+
+  constructor() {
+    const cgroupRoot = defaultCgroupPath();
+    if (!cgroupRoot) throw new Error('no cgroup2 mount in /proc/mounts');
+    this.cgroup = join(cgroupRoot, TAG);
+    this.podCgroup = join(this.cgroup, 'pod');
+    this.hostCgroup = join(this.cgroup, 'host-processes');
+  }
+
+  setUp(api: ApiStandIn): void {
+    mkdirSync(this.bpffs, { recursive: true });
+    run('mount', ['-t', 'bpf', 'bpf', this.bpffs]);
+    for (const dir of [this.cgroup, this.podCgroup, this.hostCgroup]) mkdirSync(dir);
+    // The projected ServiceAccount volume: token, CA, namespace.
+    mkdirSync(this.saDir);
+    const kubeconfig = YAML.parse(api.kubeconfig()) as Obj;
+    writeFileSync(join(this.saDir, 'token'), kubeconfig.users[0].user.token);
+    writeFileSync(join(this.saDir, 'ca.crt'), api.caPem);
+    writeFileSync(join(this.saDir, 'namespace'), 'kube-system');
+  }
+
+  /** Where a hostPath of the pod spec is on this node. */
+  hostPath(volume: Obj): string {
+    const { path, type } = volume.hostPath as { path: string; type?: string };
+    if (path === '/sys/fs/cgroup') return this.cgroup;
+    const local = join(this.root, path);
+    if (type === 'DirectoryOrCreate') mkdirSync(local, { recursive: true });
+    if (type === 'FileOrCreate' && !existsSync(local)) {
+      mkdirSync(dirname(local), { recursive: true });
+      writeFileSync(local, '');
+    }
+    if (!existsSync(local)) throw new Error(`hostPath ${path} (${type}) does not exist on the node`);
+    return local;
+  }
+
+  tearDown(): void {
+    // Pins hold programs on the cgroup: remove them before the bpffs and the cgroups.
+    rmSync(join(this.bpffs, 'ipvs-node-controller'), { recursive: true, force: true });
+    run('umount', [this.bpffs], true);
+    for (const dir of [this.podCgroup, this.hostCgroup, this.cgroup]) {
+      if (existsSync(dir)) rmdirSync(dir);
+    }
+    // podman's cgroups for our containers, in each hierarchy (they are empty once the containers are gone).
+    for (const line of readFileSync('/proc/mounts', 'utf8').split('\n')) {
+      const [, mountPoint, fsType] = line.split(' ');
+      if ((fsType === 'cgroup' || fsType === 'cgroup2') && mountPoint) {
+        const dir = join(mountPoint, this.cgroupParent);
+        if (existsSync(dir)) spawnSync('find', [dir, '-depth', '-type', 'd', '-exec', 'rmdir', '{}', ';']);
+      }
+    }
+    rmSync(this.root, { recursive: true, force: true });
+  }
+}
+
+interface Started {
+  name: string;
+  startedAt: number;
+  pod: Obj;
+}
+
+/** The kubelet's part: one pod of a DaemonSet, its init containers to completion, then its container. */
+class Kubelet {
+  constructor(
+    private readonly node: Node,
+    private readonly api: ApiStandIn,
+  ) {}
+
+  private containerArgs(pod: Obj, container: Obj, name: string, image: string): string[] {
+    const spec = pod.spec as Obj;
+    const args = ['run', '-d', '--name', name, '--pull', 'never', '--cgroup-parent', this.node.cgroupParent];
+    expect(spec.hostNetwork, 'every overlay runs in the node network namespace').to.equal(true);
+    args.push('--network', `ns:/proc/${process.pid}/ns/net`);
+    const sc = (container.securityContext ?? {}) as Obj;
+    if (sc.runAsUser !== undefined) args.push('--user', String(sc.runAsUser));
+    expect(sc.privileged ?? false).to.equal(false);
+    for (const cap of sc.capabilities?.drop ?? []) args.push('--cap-drop', String(cap).toLowerCase());
+    for (const cap of sc.capabilities?.add ?? []) args.push('--cap-add', String(cap).toLowerCase());
+    if (sc.allowPrivilegeEscalation === false) args.push('--security-opt', 'no-new-privileges');
+    // The kubelet adds no tmpfs of its own to a read-only root filesystem.
+    if (sc.readOnlyRootFilesystem === true) args.push('--read-only', '--read-only-tmpfs=false');
+    expect(sc.seccompProfile?.type ?? 'RuntimeDefault').to.equal('RuntimeDefault'); // podman's default profile
+    for (const env of container.env ?? []) {
+      if (env.value !== undefined) args.push('--env', `${env.name}=${env.value}`);
+      else if (env.valueFrom?.fieldRef?.fieldPath === 'spec.nodeName') args.push('--env', `${env.name}=node-1`);
+      else throw new Error(`the kubelet stand-in does not resolve env ${JSON.stringify(env)}`);
+    }
+    if (spec.automountServiceAccountToken !== false) {
+      const { hostname, port } = new URL(this.api.url);
+      args.push('--env', `KUBERNETES_SERVICE_HOST=${hostname}`, '--env', `KUBERNETES_SERVICE_PORT=${port}`);
+      args.push('-v', `${this.node.saDir}:/var/run/secrets/kubernetes.io/serviceaccount:ro`);
+    }
+    for (const mount of container.volumeMounts ?? []) {
+      const volume = (spec.volumes ?? []).find((v: Obj) => v.name === mount.name);
+      if (!volume) throw new Error(`volumeMount ${mount.name} has no volume`);
+      if (volume.emptyDir) {
+        const size = volume.emptyDir.sizeLimit
+          ? `,tmpfs-size=${String(volume.emptyDir.sizeLimit).replace('Mi', 'm')}`
+          : '';
+        expect(volume.emptyDir.medium).to.equal('Memory');
+        args.push('--mount', `type=tmpfs,destination=${mount.mountPath}${size}`);
+        continue;
+      }
+      if (!volume.hostPath) throw new Error(`the kubelet stand-in does not mount volume ${JSON.stringify(volume)}`);
+      const options = [mount.readOnly ? 'ro' : 'rw'];
+      if (mount.mountPropagation === 'HostToContainer') options.push('rslave');
+      args.push('-v', `${this.node.hostPath(volume)}:${mount.mountPath}:${options.join(',')}`);
+    }
+    if (container.command) args.push('--entrypoint', JSON.stringify(container.command));
+    args.push(image, ...(container.args ?? []));
+    return args;
+  }
+
+  /** The image the spec names, as built here (the tag is checked against package.json). */
+  private image(container: Obj, override?: string): string {
+    expect(container.image).to.equal(`ipvs-node-controller:${VERSION}`);
+    return override ?? IMAGE;
+  }
+
+  async runToCompletion(pod: Obj, container: Obj, name: string): Promise<{ code: number; log: string }> {
+    podman(this.containerArgs(pod, container, name, this.image(container)));
+    const code = Number(podman(['wait', name]).out);
+    const log = podman(['logs', name], true);
+    podman(['rm', '-f', name], true);
+    return { code, log: `${log.out}\n${log.err}` };
+  }
+
+  start(pod: Obj, name: string, image?: string): Started {
+    const container = pod.spec.containers[0] as Obj;
+    const startedAt = Date.now();
+    podman(this.containerArgs(pod, container, name, this.image(container, image)));
+    return { name, startedAt, pod };
+  }
+
+  /** The probe as the kubelet calls it: httpGet on the pod IP (the node's, host network) and the named port. */
+  async probe(started: Started, kind: 'livenessProbe' | 'readinessProbe'): Promise<number> {
+    const container = started.pod.spec.containers[0] as Obj;
+    const get = container[kind].httpGet as Obj;
+    const port =
+      typeof get.port === 'number' ? get.port : container.ports.find((p: Obj) => p.name === get.port)?.containerPort;
+    expect(port, `named port ${get.port}`).to.be.a('number');
+    try {
+      return (await httpGet(`http://${NODE_IP}:${port}${get.path}`)).status;
+    } catch {
+      return 0;
+    }
+  }
+
+  async waitReady(started: Started): Promise<number> {
+    await waitFor(`${started.name} ready`, async () => {
+      const state = podman(['inspect', '--format', '{{.State.Status}}', started.name]).out;
+      if (state !== 'running') throw new Error(`container ${state}: ${this.logs(started.name)}`);
+      return (await this.probe(started, 'readinessProbe')) === 200;
+    });
+    return Date.now() - started.startedAt;
+  }
+
+  /** Stops as the kubelet does: SIGTERM, SIGKILL after terminationGracePeriodSeconds. */
+  stop(started: Started): { exitCode: number; ms: number } {
+    const grace = Number(started.pod.spec.terminationGracePeriodSeconds ?? 30);
+    const t0 = Date.now();
+    podman(['stop', '-t', String(grace), started.name]);
+    const exitCode = Number(podman(['inspect', '--format', '{{.State.ExitCode}}', started.name]).out);
+    const ms = Date.now() - t0;
+    return { exitCode, ms };
+  }
+
+  logs(name: string): string {
+    const r = podman(['logs', name], true);
+    return `${r.out}\n${r.err}`.trim();
+  }
+
+  remove(name: string): void {
+    podman(['rm', '-f', '-t', '0', name], true);
+  }
+}
+
+/** Connects from the pod (its network namespace and cgroup) or from a node process, once. */
+async function connect(from: 'pod' | 'node', node: Node, podNs: string, address = LB_V4, port = 80): Promise<string> {
+  const cgroupProcs = join(from === 'pod' ? node.podCgroup : node.hostCgroup, 'cgroup.procs');
+  const client = [process.execPath, PROBE_CLIENT, 'tcp', address, String(port), '1500'];
+  const inNs = from === 'pod' ? ['nsenter', `--net=/run/netns/${podNs}`, ...client] : client;
+  const child = spawn('sh', ['-c', 'echo $$ > "$0" && exec "$@"', cgroupProcs, ...inNs], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  await once(child, 'close');
+  return out.trim();
+}
+
+/** Which backends have objects of ours on the node. */
+function inventory(node: Node): string[] {
+  const found: string[] = [];
+  const tables = imageTool(['nft', 'list', 'tables']);
+  if (/table ip6? ipvs-node-controller/.test(tables)) found.push('nft');
+  const ours = (save: string) => /^:IPVS_(PREROUTING|OUTPUT) /m.test(save);
+  if (ours(run('iptables-nft-save', [], true) + run('ip6tables-nft-save', [], true))) found.push('iptables-nft');
+  const legacyNat = (file: string) => existsSync(file) && readFileSync(file, 'utf8').split('\n').includes('nat');
+  const legacy =
+    (legacyNat('/proc/net/ip_tables_names') ? run('iptables-legacy-save', ['-t', 'nat'], true) : '') +
+    (legacyNat('/proc/net/ip6_tables_names') ? run('ip6tables-legacy-save', ['-t', 'nat'], true) : '');
+  if (ours(legacy)) found.push('iptables-legacy');
+  const pins = existsSync(join(node.bpffs, 'ipvs-node-controller'));
+  const programs = run('bpftool', ['-j', 'cgroup', 'show', node.cgroup], true).trim();
+  if (pins || (programs !== '' && programs !== '[]')) found.push('ebpf');
+  return found;
+}
+
+/** Resident memory of the container's main process (VmRSS), and the container cgroup's usage (podman stats). */
+function rssOf(name: string): { rssMiB: number; cgroupMiB?: number } {
+  const pid = podman(['inspect', '--format', '{{.State.Pid}}', name]).out;
+  const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+  const rssKiB = Number(/^VmRSS:\s+(\d+)/m.exec(status)?.[1]);
+  const stats = podman(['stats', '--no-stream', '--format', '{{.MemUsageBytes}}', name], true).out;
+  return { rssMiB: rssKiB / 1024, cgroupMiB: stats ? Number.parseFloat(stats) : undefined };
+}
+
+const imageBuilt = () => podman(['image', 'exists', IMAGE], true).code === 0;
+
+describe('the image under the DaemonSet, as a kubelet runs it (podman)', function () {
+  this.timeout(180_000);
+  let scenario: Scenario;
+  let api: ApiStandIn;
+  let node: Node;
+  let kubelet: Kubelet;
+  let current: Started | undefined;
+  const names: string[] = [];
+  const figures: string[] = [];
+
+  const startOverlay = async (overlay: string, image?: string): Promise<{ started: Started; readyMs: number }> => {
+    const components = OVERLAY_COMPONENTS[overlay] ?? [];
+    const ds = daemonSetOf(`deploy/overlays/${overlay}`, 'ipvs-node-controller', components);
+    if (components.length > 0 && !figures.some((f) => f.includes(components[0]!))) {
+      figures.push(
+        `${overlay}: with ${components.join(', ')} (podman's default seccomp profile allows bpf() only to CAP_SYS_ADMIN)`,
+      );
+    }
+    const name = `${TAG}-${overlay}-${names.length}`;
+    names.push(name);
+    const started = kubelet.start(ds.spec.template, name, image);
+    const readyMs = await kubelet.waitReady(started);
+    figures.push(`${overlay}${image ? ` (${image})` : ''}: container start -> ready ${readyMs} ms`);
+    return { started, readyMs };
+  };
+
+  before(async function () {
+    if (!imageBuilt()) {
+      if (process.env.IPVS_NODE_CONTROLLER_REQUIRE_IMAGE === '1') {
+        throw new Error(`the image ${IMAGE} is not built (npm run image) and this run requires it`);
+      }
+      console.log(`    skipped: the image ${IMAGE} is not built: run \`npm run image\` first`);
+      this.skip();
+    }
+    podman(['tag', IMAGE, IMAGE_UPDATE]);
+    scenario = new Scenario();
+    await scenario.setUp();
+    // A kube-proxy-like rule in iptables-legacy: the iptables backend then uses the legacy variant,
+    // and the other overlays must be able to read legacy tables to remove its leftovers.
+    run('iptables-legacy', ['-t', 'nat', '-A', 'POSTROUTING', '-s', '10.99.0.0/16', '-j', 'RETURN']);
+    api = await ApiStandIn.start({ host: '127.0.0.1' });
+    node = new Node();
+    node.setUp(api);
+    kubelet = new Kubelet(node, api);
+    api.apply({
+      kind: 'Node',
+      apiVersion: 'v1',
+      metadata: { name: 'node-1' },
+      spec: { podCIDRs: [NODE.podCidr4, NODE.podCidr6] },
+    });
+    api.apply({
+      kind: 'Service',
+      apiVersion: 'v1',
+      metadata: { namespace: 'default', name: 'svc-a', creationTimestamp: '2024-01-01T00:00:00Z' },
+      spec: {
+        type: 'LoadBalancer',
+        clusterIP: '10.96.0.10',
+        clusterIPs: ['10.96.0.10'],
+        externalTrafficPolicy: 'Local',
+        ports: [{ port: 80, protocol: 'TCP' }],
+      },
+      status: { loadBalancer: { ingress: [{ ip: LB_V4 }] } },
+    });
+  });
+
+  after(async function () {
+    for (const name of names) kubelet?.remove(name);
+    if (imageBuilt()) podman(['rmi', IMAGE_UPDATE], true);
+    if (figures.length > 0) console.log(`\n    figures:\n${figures.map((f) => `      ${f}`).join('\n')}`);
+    await api?.stop();
+    node?.tearDown();
+    await scenario?.tearDown();
+  });
+
+  afterEach(function () {
+    if (this.currentTest?.state === 'failed' && current) console.log(kubelet.logs(current.name));
+  });
+
+  it('before any controller: the LoadBalancer IP is not translated (the load balancer path answers)', async () => {
+    expect(await connect('pod', node, scenario.network.pod.ns)).to.equal(LB_PATH);
+    expect(await connect('node', node, scenario.network.pod.ns)).to.equal(LB_PATH);
+    expect(inventory(node)).to.deep.equal([]);
+  });
+
+  it('nft overlay: ready, both probes answered on the named port, pod and node traffic translated', async () => {
+    const { started } = await startOverlay('nft');
+    current = started;
+    expect(await kubelet.probe(started, 'livenessProbe')).to.equal(200);
+    expect(await kubelet.probe(started, 'readinessProbe')).to.equal(200);
+    expect(await connect('pod', node, scenario.network.pod.ns)).to.equal('svc-a');
+    expect(await connect('node', node, scenario.network.pod.ns)).to.equal('svc-a');
+    expect(inventory(node)).to.deep.equal(['nft']);
+    // The first log line names the version; the in-cluster configuration was used.
+    const first = JSON.parse(kubelet.logs(started.name).split('\n')[0]!) as Obj;
+    expect(first.version).to.equal(VERSION);
+    expect(first.node).to.equal('node-1');
+    // The image's in-process libnftables addon programs the kernel, not the nft command.
+    expect(kubelet.logs(started.name)).to.match(/programmed in process through libnftables/);
+    const metrics = await httpGet(`http://${NODE_IP}:9477/metrics`);
+    expect(metrics.body).to.match(
+      new RegExp(
+        `^ipvs_node_controller_build_info\\{version="${VERSION.replace(/\./g, '\\.')}",revision="[^"]+",node_version="v24\\.`,
+        'm',
+      ),
+    );
+    await new Promise((r) => setTimeout(r, 5000));
+    const { rssMiB, cgroupMiB } = rssOf(started.name);
+    figures.push(
+      `nft: idle resident memory ${rssMiB.toFixed(1)} MiB (VmRSS), container cgroup ${cgroupMiB ?? '?'} MB (podman stats)`,
+    );
+  });
+
+  it('SIGTERM within terminationGracePeriodSeconds: exits 0 in time and leaves the rules', async () => {
+    const { exitCode, ms } = kubelet.stop(current!);
+    expect(exitCode, kubelet.logs(current!.name)).to.equal(0);
+    figures.push(`nft: stop (SIGTERM) -> exit ${ms} ms`);
+    expect(kubelet.logs(current!.name)).to.include('the programmed rules stay in place');
+    expect(inventory(node)).to.deep.equal(['nft']);
+    expect(await connect('pod', node, scenario.network.pod.ns)).to.equal('svc-a');
+  });
+
+  it('a rolling update to a second tag loses no connection to the LoadBalancer IP', async () => {
+    const old = await startOverlay('nft');
+    let stop = false;
+    const answers: string[] = [];
+    const loop = (async () => {
+      while (!stop) {
+        answers.push(await connect('pod', node, scenario.network.pod.ns));
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    })();
+    try {
+      kubelet.stop(old.started);
+      const next = await startOverlay('nft', IMAGE_UPDATE);
+      current = next.started;
+      expect(podman(['inspect', '--format', '{{.ImageName}}', next.started.name]).out).to.equal(IMAGE_UPDATE);
+      await new Promise((r) => setTimeout(r, 1000));
+    } finally {
+      stop = true;
+      await loop;
+    }
+    expect(answers.length).to.be.greaterThan(5);
+    expect(answers.filter((a) => a !== 'svc-a')).to.deep.equal([]);
+    figures.push(`rolling update: ${answers.length} connections during stop old / start new, all answered`);
+  });
+
+  for (const [overlay, objects] of [
+    ['iptables', ['iptables-legacy']],
+    ['ebpf', ['ebpf']],
+    ['nft', ['nft']],
+  ] as const) {
+    it(`switching to the ${overlay} overlay leaves exactly its objects (${objects.join(', ')}) and translates`, async () => {
+      kubelet.stop(current!);
+      const { started } = await startOverlay(overlay);
+      current = started;
+      await waitFor(`only ${objects.join(', ')} on the node`, () =>
+        JSON.stringify(inventory(node)) === JSON.stringify(objects) ? true : undefined,
+      );
+      expect(await connect('pod', node, scenario.network.pod.ns)).to.equal('svc-a');
+      expect(await connect('node', node, scenario.network.pod.ns)).to.equal('svc-a');
+      if (overlay === 'ebpf') {
+        const { rssMiB } = rssOf(started.name);
+        figures.push(`ebpf: resident memory after start ${rssMiB.toFixed(1)} MiB (VmRSS)`);
+      }
+    });
+  }
+
+  it('a cleanup that cannot see the node bpffs says so and fails', async () => {
+    const ds = daemonSetOf('deploy/uninstall', 'ipvs-node-controller-cleanup');
+    const pod = structuredClone(ds.spec.template) as Obj;
+    const init = pod.spec.initContainers[0] as Obj;
+    init.volumeMounts = init.volumeMounts.filter((m: Obj) => m.name !== 'bpffs');
+    const name = `${TAG}-cleanup-nobpffs`;
+    names.push(name);
+    const { code, log } = await kubelet.runToCompletion(pod, init, name);
+    expect(code).to.equal(1);
+    expect(log).to.match(/is not on a bpffs mount/);
+  });
+
+  it('uninstall (deploy/uninstall): removes every object of ours; traffic goes the load balancer path again', async () => {
+    // Objects of every backend: ebpf pins (a stopped ebpf controller leaves them), and, as an
+    // older or crashed run could leave them, our nft table and our iptables-legacy chain.
+    kubelet.stop(current!);
+    const ebpf = await startOverlay('ebpf');
+    await waitFor('ebpf alone', () => (JSON.stringify(inventory(node)) === '["ebpf"]' ? true : undefined));
+    kubelet.stop(ebpf.started);
+    imageTool(['nft', 'add', 'table', 'ip', 'ipvs-node-controller']);
+    run('iptables-legacy', ['-t', 'nat', '-N', 'IPVS_OUTPUT']);
+    run('iptables-legacy', ['-t', 'nat', '-I', 'OUTPUT', '1', '-j', 'IPVS_OUTPUT']);
+    expect(inventory(node)).to.deep.equal(['nft', 'iptables-legacy', 'ebpf']);
+    const ds = daemonSetOf('deploy/uninstall', 'ipvs-node-controller-cleanup');
+    const pod = ds.spec.template as Obj;
+    const init = pod.spec.initContainers[0] as Obj;
+    const name = `${TAG}-cleanup`;
+    names.push(name);
+    const { code, log } = await kubelet.runToCompletion(pod, init, name);
+    expect(code, log).to.equal(0);
+    expect(inventory(node)).to.deep.equal([]);
+    expect(await connect('pod', node, scenario.network.pod.ns)).to.equal(LB_PATH);
+    expect(await connect('node', node, scenario.network.pod.ns)).to.equal(LB_PATH);
+    // The idle container after it starts under its own securityContext and stays up.
+    const done = kubelet.start(pod, `${TAG}-cleanup-done`);
+    names.push(done.name);
+    await waitFor('the done container logs', () =>
+      kubelet.logs(done.name).includes('this node is clean') ? true : undefined,
+    );
+    const stopped = kubelet.stop(done);
+    expect(stopped.exitCode).to.equal(0);
+  });
+});

@@ -1,0 +1,77 @@
+// The alerts of deploy/monitoring/prometheusrule.yaml: their shape (for, severity, runbook) and
+// their behaviour, with `promtool test rules` on deploy/monitoring/alerts.promtool-test.yaml.
+
+import { expect } from 'chai';
+import { execFile } from 'node:child_process';
+import { copyFile, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import YAML from 'yaml';
+
+const run = promisify(execFile);
+const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
+const monitoring = join(repoRoot, 'deploy', 'monitoring');
+
+interface Rule {
+  alert?: string;
+  expr: string;
+  for?: string;
+  labels?: Record<string, string>;
+  annotations?: Record<string, string>;
+}
+
+describe('deploy/monitoring alerts (PrometheusRule)', function () {
+  this.timeout(60_000);
+  let rule: { kind: string; spec: { groups: Array<{ name: string; rules: Rule[] }> } };
+  let dir: string;
+
+  before(async () => {
+    rule = YAML.parse(await readFile(join(monitoring, 'prometheusrule.yaml'), 'utf8'));
+    dir = await mkdtemp(join(tmpdir(), 'ipvs-node-controller-alerts-'));
+    await writeFile(join(dir, 'rules.yaml'), YAML.stringify({ groups: rule.spec.groups }));
+    await copyFile(join(monitoring, 'alerts.promtool-test.yaml'), join(dir, 'alerts.promtool-test.yaml'));
+  });
+
+  after(async () => {
+    if (dir) await rm(dir, { recursive: true, force: true });
+  });
+
+  it('is a PrometheusRule that kubectl kustomize deploy/monitoring includes', async () => {
+    expect(rule.kind).to.equal('PrometheusRule');
+    const { stdout } = await run('kubectl', ['kustomize', monitoring]);
+    const kinds = YAML.parseAllDocuments(stdout).map((d) => (d.toJSON() as { kind: string }).kind);
+    expect(kinds).to.include('PrometheusRule');
+  });
+
+  it('gives every alert a for:, a severity and a runbook line', () => {
+    const alerts = rule.spec.groups.flatMap((g) => g.rules).filter((r) => r.alert);
+    expect(alerts.length).to.be.greaterThan(0);
+    for (const a of alerts) {
+      expect(a.for, `${a.alert} for`).to.match(/^\d+[smh]$/);
+      expect(a.labels?.severity, `${a.alert} severity`).to.be.oneOf(['critical', 'warning', 'info']);
+      expect(a.annotations?.runbook, `${a.alert} runbook`).to.be.a('string').and.not.equal('');
+      expect(a.annotations?.summary, `${a.alert} summary`).to.be.a('string').and.not.equal('');
+    }
+  });
+
+  it('promtool check rules accepts them', async () => {
+    const { stdout } = await run('promtool', ['check', 'rules', join(dir, 'rules.yaml')]);
+    expect(stdout).to.include('SUCCESS');
+  });
+
+  it('promtool test rules: each alert fires when it should, and "not syncing" not on a container that has just started', async () => {
+    const result = await run('promtool', ['test', 'rules', 'alerts.promtool-test.yaml'], { cwd: dir }).catch(
+      (err: { stdout?: string; stderr?: string }) => {
+        throw new Error(`promtool test rules failed:\n${err.stdout ?? ''}${err.stderr ?? ''}`);
+      },
+    );
+    expect(result.stdout).to.include('SUCCESS');
+    // Every alert is exercised by the promtool tests.
+    const tested = await readFile(join(dir, 'alerts.promtool-test.yaml'), 'utf8');
+    for (const a of rule.spec.groups.flatMap((g) => g.rules).filter((r) => r.alert)) {
+      expect(tested, `a promtool test for ${a.alert}`).to.include(`alertname: ${a.alert}`);
+    }
+  });
+});

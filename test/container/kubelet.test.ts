@@ -35,7 +35,7 @@ const TAG = `inc-test-${process.pid}`;
 /** The node's address the kubelet probes a host-network pod on. */
 const NODE_IP = NODE.podGateway4;
 
-type Obj = Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
+type Obj = Record<string, any>;
 
 function podman(args: string[], allowFail = false): { code: number; out: string; err: string } {
   const r = spawnSync('podman', args, { env: PODMAN_ENV, encoding: 'utf8', timeout: 120_000 });

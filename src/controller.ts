@@ -4,6 +4,8 @@
 import type { Logger } from 'pino';
 import type { Backend, SyncResult } from './backends/backend.js';
 import type { ClusterCaches } from './kube/cluster.js';
+import { ConntrackCleaner, type ConntrackCleanupReport } from './conntrack/conntrack-cleaner.js';
+import { staleTuples } from './conntrack/stale-tuples.js';
 import { DesiredStateModel } from './model/desired-state.js';
 import type { Conflict, DesiredState, ModelConfig, Skip } from './model/types.js';
 import { SyncRunner, type SyncRequestInfo } from './sync/runner.js';
@@ -25,6 +27,7 @@ export interface ControllerObserver {
   /** Skips whose reason is new or changed since the previous sync. */
   onNewSkips?(skips: Skip[]): void;
   onNewConflicts?(conflicts: Conflict[]): void;
+  onConntrackCleanup?(report: ConntrackCleanupReport): void;
 }
 
 export interface ControllerStatus {
@@ -47,6 +50,12 @@ export interface ControllerOptions {
   observer?: ControllerObserver;
   /** Runs once, after the first successful sync (removing other backends' leftovers, say). */
   afterFirstSync?: () => Promise<void>;
+  /**
+   * Deletes conntrack entries made stale by a change of the programmed translations. Default: the
+   * conntrack command, except for the ebpf backend (it translates sockets, not conntrack
+   * entries); null: never.
+   */
+  conntrack?: ConntrackCleaner | null;
 }
 
 export class Controller {
@@ -57,10 +66,19 @@ export class Controller {
   private previousConflicts = new Set<string>();
   private previousLocalProblems = '';
   private started = false;
+  /** What the kernel holds after the last successful sync (undefined: not known yet). */
+  private programmed: DesiredState | undefined;
+  private readonly conntrack: ConntrackCleaner | undefined;
   readonly status: ControllerStatus = { cachesSynced: false, localPodMatchProblems: [] };
 
   constructor(private readonly options: ControllerOptions) {
     this.model = new DesiredStateModel(options.model);
+    this.conntrack =
+      options.conntrack === undefined
+        ? options.backend.name === 'ebpf'
+          ? undefined
+          : new ConntrackCleaner({ logger: options.logger })
+        : (options.conntrack ?? undefined);
     this.runner = new SyncRunner({
       minIntervalMs: options.minSyncPeriodMs,
       fullIntervalMs: options.syncPeriodMs,
@@ -114,6 +132,7 @@ export class Controller {
       const ended = performance.now();
       report.durationMs = ended - started;
       if (info.changedAt !== undefined) report.changeLatencyMs = ended - info.changedAt;
+      await this.programmedStateChanged(desired);
       const first = this.status.lastSuccessfulSyncAt === undefined;
       this.status.lastSuccessfulSyncAt = Date.now();
       this.status.lastError = undefined;
@@ -131,6 +150,19 @@ export class Controller {
     } finally {
       observer?.onSync?.(report);
     }
+  }
+
+  /**
+   * The kernel now holds `next` (an empty state once our rules are removed): deletes the conntrack
+   * entries that would keep the translations it no longer has. Never throws.
+   */
+  async programmedStateChanged(next: DesiredState): Promise<void> {
+    const previous = this.programmed;
+    this.programmed = next;
+    if (!this.conntrack) return;
+    const tuples = staleTuples(previous, next);
+    if (tuples.length === 0) return;
+    this.options.observer?.onConntrackCleanup?.(await this.conntrack.clean(tuples));
   }
 
   /** Logs skips, conflicts and missing local-pod detection once per change, not on every sync. */

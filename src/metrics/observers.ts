@@ -10,6 +10,7 @@ export function allControllerObservers(...observers: Array<ControllerObserver | 
     onSync: (report) => present.forEach((o) => o.onSync?.(report)),
     onNewSkips: (skips) => present.forEach((o) => o.onNewSkips?.(skips)),
     onNewConflicts: (conflicts) => present.forEach((o) => o.onNewConflicts?.(conflicts)),
+    onConntrackCleanup: (report) => present.forEach((o) => o.onConntrackCleanup?.(report)),
   };
 }
 

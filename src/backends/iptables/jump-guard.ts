@@ -1,0 +1,105 @@
+// Keeps our jumps at rule 1 of nat PREROUTING and OUTPUT between syncs. kube-proxy (and other
+// writers) insert their own jump at rule 1 when they start or find theirs missing; if their
+// chain then ACCEPTs the LoadBalancer IP, as kube-proxy's IPVS-mode chains do, our DNAT never
+// runs until the next full resync (up to --sync-period). Asking for rule 1 of each hook once a
+// second formats one rule per hook; when it is not our jump, a restore that only moves the jump
+// back (nothing else is written) repairs it.
+
+import type { Logger } from 'pino';
+import type { Family } from '../../model/types.js';
+import { IptablesCommands, type IptablesVariant } from './apply.js';
+import { JUMPS, renderJumpRepairs } from './render.js';
+import { readJumpView } from './iptables-backend.js';
+
+export interface JumpGuardOptions {
+  variant: IptablesVariant;
+  /** Between the end of one check and the start of the next. */
+  intervalMs: number;
+  logger?: Logger;
+  /** Runs `work` excluded from the backend's syncs (both write the same rules). */
+  exclusive<T>(work: () => Promise<T>): Promise<T>;
+  /** Families whose jumps a sync has put in place. */
+  families(): Iterable<Family>;
+  /** Called after each repair, for metrics and tests. */
+  onRepair?(family: Family): void;
+}
+
+export class JumpGuard {
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<void> | undefined;
+  private stopped = true;
+  private lastError = '';
+  repairs = 0;
+
+  constructor(private readonly options: JumpGuardOptions) {}
+
+  get active(): boolean {
+    return !this.stopped;
+  }
+
+  start(): void {
+    if (!this.stopped) return;
+    this.stopped = false;
+    this.schedule();
+  }
+
+  /** Stops checking; waits for a check under way. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    await this.running;
+  }
+
+  private schedule(): void {
+    if (this.stopped) return;
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      this.running = this.checkAll().finally(() => {
+        this.running = undefined;
+        this.schedule();
+      });
+    }, this.options.intervalMs);
+    // The guard alone never keeps the process alive.
+    this.timer.unref();
+  }
+
+  /** One round: every family and hook. Never throws; a failure is logged once until it changes. */
+  async checkAll(): Promise<void> {
+    for (const family of this.options.families()) {
+      if (this.stopped) return;
+      try {
+        await this.check(family);
+        this.lastError = '';
+      } catch (err) {
+        const message = `${family}: ${(err as Error).message}`;
+        if (message !== this.lastError) {
+          this.options.logger?.warn(`could not check or repair our jumps in nat PREROUTING/OUTPUT: ${message}`);
+        }
+        this.lastError = message;
+      }
+    }
+  }
+
+  private async check(family: Family): Promise<void> {
+    const commands = new IptablesCommands(this.options.variant, family);
+    let displaced = false;
+    for (const { from, to } of JUMPS) {
+      if ((await commands.firstRule('nat', from)) !== `-j ${to}`) displaced = true;
+    }
+    if (!displaced) return;
+    await this.options.exclusive(async () => {
+      if (this.stopped) return;
+      const view = await readJumpView(commands);
+      const repairs = renderJumpRepairs(view);
+      if (repairs.length === 0) return;
+      await commands.restore(['*nat', ...repairs, 'COMMIT', ''].join('\n'));
+      this.repairs++;
+      this.options.logger?.info(
+        { family },
+        'another writer displaced our jump from rule 1 of nat PREROUTING/OUTPUT; moved it back',
+      );
+      this.options.onRepair?.(family);
+    });
+  }
+}

@@ -162,7 +162,8 @@ export class Controller {
     if (!this.conntrack) return;
     const tuples = staleTuples(previous, next);
     if (tuples.length === 0) return;
-    this.options.observer?.onConntrackCleanup?.(await this.conntrack.clean(tuples));
+    const report = await this.conntrack.clean(tuples);
+    this.options.observer?.onConntrackCleanup?.(report);
   }
 
   /** Logs skips, conflicts and missing local-pod detection once per change, not on every sync. */

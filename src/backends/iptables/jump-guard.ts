@@ -11,9 +11,16 @@ import { IptablesCommands, type IptablesVariant } from './apply.js';
 import { JUMPS, renderJumpRepairs } from './render.js';
 import { readJumpView } from './iptables-backend.js';
 
+/**
+ * A round takes at most this share of the time: iptables-legacy reads and parses the whole nat
+ * table for any listing (about 0.1 s per hook with 10,000 Services), so a large legacy table is
+ * checked less often than every second rather than keep a core busy.
+ */
+const MAX_DUTY_CYCLE = 0.05;
+
 export interface JumpGuardOptions {
   variant: IptablesVariant;
-  /** Between the end of one check and the start of the next. */
+  /** Between the end of one check and the start of the next (longer when a round is slow). */
   intervalMs: number;
   logger?: Logger;
   /** Runs `work` excluded from the backend's syncs (both write the same rules). */
@@ -28,7 +35,10 @@ export class JumpGuard {
   private timer: NodeJS.Timeout | undefined;
   private running: Promise<void> | undefined;
   private stopped = true;
+  /** Set by stop(): a round under way ends early and repairs nothing. */
+  private closed = false;
   private lastError = '';
+  private lastRoundMs = 0;
   repairs = 0;
 
   constructor(private readonly options: JumpGuardOptions) {}
@@ -40,12 +50,14 @@ export class JumpGuard {
   start(): void {
     if (!this.stopped) return;
     this.stopped = false;
+    this.closed = false;
     this.schedule();
   }
 
   /** Stops checking; waits for a check under way. */
   async stop(): Promise<void> {
     this.stopped = true;
+    this.closed = true;
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
     await this.running;
@@ -53,21 +65,23 @@ export class JumpGuard {
 
   private schedule(): void {
     if (this.stopped) return;
+    const delay = Math.max(this.options.intervalMs, Math.round(this.lastRoundMs * (1 / MAX_DUTY_CYCLE - 1)));
     this.timer = setTimeout(() => {
       this.timer = undefined;
       this.running = this.checkAll().finally(() => {
         this.running = undefined;
         this.schedule();
       });
-    }, this.options.intervalMs);
+    }, delay);
     // The guard alone never keeps the process alive.
     this.timer.unref();
   }
 
   /** One round: every family and hook. Never throws; a failure is logged once until it changes. */
   async checkAll(): Promise<void> {
+    this.lastRoundMs = 0;
     for (const family of this.options.families()) {
-      if (this.stopped) return;
+      if (this.closed) return;
       try {
         await this.check(family);
         this.lastError = '';
@@ -84,12 +98,15 @@ export class JumpGuard {
   private async check(family: Family): Promise<void> {
     const commands = new IptablesCommands(this.options.variant, family);
     let displaced = false;
+    const started = performance.now();
     for (const { from, to } of JUMPS) {
       if ((await commands.firstRule('nat', from)) !== `-j ${to}`) displaced = true;
     }
+    // Only the listing counts towards the pace: a repair waiting for a long sync is no reason to look less often.
+    this.lastRoundMs += performance.now() - started;
     if (!displaced) return;
     await this.options.exclusive(async () => {
-      if (this.stopped) return;
+      if (this.closed) return;
       const view = await readJumpView(commands);
       const repairs = renderJumpRepairs(view);
       if (repairs.length === 0) return;

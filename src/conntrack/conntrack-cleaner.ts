@@ -5,7 +5,6 @@
 
 import { execa } from 'execa';
 import type { Logger } from 'pino';
-import type { Family } from '../model/types.js';
 import type { ConntrackProtocol, StaleTuple } from './stale-tuples.js';
 
 export interface ConntrackCleanupReport {
@@ -37,11 +36,7 @@ const DELETED = /(\d+) flow entries have been deleted/;
 /** In `conntrack -L` lines: the original direction's dst and dport, then the reply direction's src. */
 const LISTED = /\bdst=(\S+) .*?\bdport=(\d+)\b.*?\bsrc=(\S+) /;
 
-function familyFlag(family: Family): string {
-  return family === 'ipv4' ? 'ipv4' : 'ipv6';
-}
-
-/** A conntrack-formatted address: the CLI prints IPv6 in its canonical text form, as the model does. */
+/** conntrack prints IPv6 addresses in the canonical text form the model uses. */
 function key(ip: string, port: number): string {
   return `${ip}|${port}`;
 }
@@ -114,7 +109,7 @@ export class ConntrackCleaner {
   /** The tuples of one family and protocol that have at least one matching entry now. */
   private async withEntries(group: StaleTuple[]): Promise<StaleTuple[]> {
     const first = group[0]!;
-    const output = await this.run(['-L', '-f', familyFlag(first.family), '-p', first.protocol.toLowerCase()], 'list');
+    const output = await this.run(['-L', '-f', first.family, '-p', first.protocol.toLowerCase()], 'list');
     const present = new Set<string>();
     const untranslated = new Set<string>();
     for (const line of output.split('\n')) {
@@ -132,7 +127,7 @@ export class ConntrackCleaner {
     const args = [
       '-D',
       '-f',
-      familyFlag(t.family),
+      t.family,
       '-p',
       (t.protocol satisfies ConntrackProtocol).toLowerCase(),
       '--orig-dst',

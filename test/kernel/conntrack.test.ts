@@ -136,6 +136,8 @@ for (const backendCase of CASES) {
         ['-f', '-'],
         'table inet conntrack-on {\n chain c {\n type filter hook prerouting priority 0; policy accept;\n ct state new counter\n }\n}\n',
       );
+      // Entries left by the suites before (same addresses and source ports) must not carry over.
+      sh('conntrack', ['-F']);
       for (const address of [LB4, LB6, FIRST.v4, FIRST.v6, SECOND.v4, SECOND.v6]) network.bindAddress(address);
       for (const [name, address] of [
         ['lb-path-v4', LB4],
@@ -154,6 +156,10 @@ for (const backendCase of CASES) {
       backend = backendCase.make();
       const probed = await backend.probe();
       expect(probed.ok, probed.detail).to.equal(true);
+      await startController();
+    });
+
+    async function startController(): Promise<void> {
       const logger = pino(
         { level: 'debug' },
         new Writable({
@@ -180,7 +186,7 @@ for (const backendCase of CASES) {
       // The first sync puts NAT hooks in place: from then on the kernel tracks the flows.
       for (let i = 0; i < 100 && controller.status.lastSuccessfulSyncAt === undefined; i++) await sleep(100);
       expect(controller.status.lastSuccessfulSyncAt, 'first sync').to.be.a('number');
-    });
+    }
 
     after(async () => {
       try {
@@ -204,8 +210,12 @@ for (const backendCase of CASES) {
     if (!backendCase.cleanup) {
       it('a fixed-port flow keeps its old ClusterIP while a new flow gets the new one', async () => {
         api.apply(dnsService(FIRST));
-        const programmed = () => sh('nft', ['list', 'ruleset']).includes(FIRST.v6);
-        for (let i = 0; i < 50 && !programmed(); i++) await sleep(100);
+        const programmed = () => {
+          const ruleset = sh('nft', ['list', 'ruleset']);
+          return ruleset.includes(`: ${FIRST.v4}`) && ruleset.includes(`: ${FIRST.v6}`);
+        };
+        for (let i = 0; i < 200 && !programmed(); i++) await sleep(100);
+        expect(programmed(), 'the translation is programmed before the flows start').to.equal(true);
         const pod = network.pod.ns;
         flows.push(
           await UdpFlow.start({ ns: pod, address: LB4, port: PORT, sourcePort: 40001, tag: 'pod-v4' }),
@@ -280,6 +290,19 @@ for (const backendCase of CASES) {
         'after the deletion',
       );
       expect(logLines.join('')).to.match(/deleted stale conntrack entries/);
+    });
+
+    it('a restarted controller translates flows that ran untranslated while it was down', async () => {
+      await controller!.stop();
+      controller = undefined;
+      api.apply(dnsService(FIRST));
+      await flowsArriveAt(
+        { 'pod-v4': 'lb-path-v4', 'node-v4': 'lb-path-v4', 'pod-v6': 'lb-path-v6' },
+        'while the controller is down',
+      );
+      // Its first sync does not know what the kernel held: only untranslated entries go.
+      await startController();
+      await flowsArriveAt({ 'pod-v4': 'first-v4', 'node-v4': 'first-v4', 'pod-v6': 'first-v6' }, 'after the restart');
     });
   });
 }

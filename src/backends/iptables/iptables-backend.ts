@@ -10,17 +10,8 @@ import type { Logger } from 'pino';
 import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
 import { BackendError, type Backend, type ProbeResult, type SyncOptions, type SyncResult } from '../backend.js';
 import { IptablesCommands, IptablesToolMissing, type IptablesVariant } from './apply.js';
-import {
-  JUMPS,
-  KUBE_MARK_MASQ,
-  emptyNatTable,
-  hasOurObjects,
-  parseNatSave,
-  renderCleanupRestore,
-  renderFamilyRestore,
-  type NatTableView,
-  type Rejection,
-} from './render.js';
+import { JUMPS, KUBE_MARK_MASQ, emptyNatTable, hasOurObjects, parseNatSave, type NatTableView } from './parse.js';
+import { renderCleanupRestore, renderFamilyRestore, type Rejection } from './render.js';
 import { legacyTables } from './variant.js';
 import { JumpGuard } from './jump-guard.js';
 

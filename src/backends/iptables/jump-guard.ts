@@ -8,7 +8,8 @@
 import type { Logger } from 'pino';
 import type { Family } from '../../model/types.js';
 import { IptablesCommands, type IptablesVariant } from './apply.js';
-import { JUMPS, renderJumpRepairs } from './render.js';
+import { JUMPS } from './parse.js';
+import { renderJumpRepairs } from './render.js';
 import { readJumpView } from './iptables-backend.js';
 
 /**

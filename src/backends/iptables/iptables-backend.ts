@@ -5,6 +5,8 @@
 // iptables-legacy the whole nat table is read anyway, so a table that already holds exactly our
 // rules is left as it is (no rewrite, counters kept); iptables-nft is not read that far (listing
 // a large chain costs as much as writing it) and is rewritten on every full sync.
+// Between syncs a jump guard (jump-guard.ts) keeps our jumps at rule 1 when another writer
+// prepends its own.
 
 import type { Logger } from 'pino';
 import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
@@ -121,9 +123,9 @@ export function sameAsProgrammed(
   masqueradeMark: number,
 ): boolean {
   if (!before) return false;
-  const { rest, signature } = familySignature(state, masqueradeMark);
-  if (rest !== before.rest) return false;
-  return before.entries === state.entries || before.signature === signature;
+  if (JSON.stringify([state.localPodMatch, masqueradeMark]) !== before.rest) return false;
+  // The same array is the same entries; serialising 10,000 of them is left to the rare other case.
+  return before.entries === state.entries || before.signature === familySignature(state, masqueradeMark).signature;
 }
 
 export interface IptablesBackendOptions {

@@ -7,7 +7,14 @@ import { expect } from 'chai';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
 import type { IptablesVariant } from '../../src/backends/iptables/apply.js';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { pino } from 'pino';
+import { Controller } from '../../src/controller.js';
+import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
+import { ApiStandIn } from '../support/api-server.js';
 import { probe, sh } from '../support/node-network.js';
 import { CONFIG, LB_PATH, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
 
@@ -166,6 +173,64 @@ for (const variant of ['legacy', 'nft'] as const) {
         }
       } finally {
         await backend.close();
+      }
+    });
+
+    it('through the controller with a 60 s sync period: a probe loop sees the translation back within seconds', async () => {
+      const api = await ApiStandIn.start({ bookmarkIntervalMs: 500 });
+      const dir = mkdtempSync(join(tmpdir(), 'jump-guard-'));
+      const backend = new IptablesBackend(variant);
+      let controller: Controller | undefined;
+      try {
+        await api.writeKubeconfig(join(dir, 'kubeconfig'));
+        api.apply({
+          apiVersion: 'v1',
+          kind: 'Node',
+          metadata: { name: 'node-1' },
+          spec: { podCIDR: '10.244.1.0/24', podCIDRs: ['10.244.1.0/24'] },
+        });
+        api.apply({
+          apiVersion: 'v1',
+          kind: 'Service',
+          metadata: { name: 'svc-a', namespace: 'default' },
+          spec: {
+            type: 'LoadBalancer',
+            clusterIP: '10.96.0.10',
+            clusterIPs: ['10.96.0.10'],
+            ports: [{ port: 80, protocol: 'TCP' }],
+          },
+          status: { loadBalancer: { ingress: [{ ip: LB_V4 }] } },
+        });
+        const caches = createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), 'node-1', () =>
+          controller?.onCacheChange(),
+        );
+        controller = new Controller({
+          caches,
+          backend,
+          model: CONFIG,
+          nodeName: 'node-1',
+          minSyncPeriodMs: 0,
+          syncPeriodMs: 60_000,
+          logger: pino({ enabled: false }),
+        });
+        await controller.start();
+        const translated = async () =>
+          (await probe(pod(), 'tcp', LB_V4, 80, 500)) === 'svc-a' &&
+          (await probe(undefined, 'tcp', LB_V4, 80, 500)) === 'svc-a';
+        let ok = false;
+        for (let i = 0; i < 100 && !ok; i++) ok = await translated();
+        expect(ok, 'translated after the first sync').to.equal(true);
+
+        prependWriterJumps(variant);
+        ok = false;
+        for (let i = 0; i < 100 && !ok; i++) ok = await translated();
+        expect(ok, 'translated again after the displacement').to.equal(true);
+        expect(backend.jumpRepairs).to.be.at.least(1);
+      } finally {
+        await controller?.stop();
+        await backend.close();
+        await api.stop();
+        rmSync(dir, { recursive: true, force: true });
       }
     });
 

@@ -8,7 +8,7 @@ packages=(
   iptables                      # iptables backend (legacy and nft variants)
   libbpf-dev clang llvm bpftool # eBPF backend: loader library, BPF compiler, inspection
   pkg-config make g++ python3   # native addon build (node-gyp)
-  iproute2 conntrack socat      # kernel tests: network namespaces, veth, probes
+  iproute2 conntrack socat      # kernel tests: network namespaces, veth, probes; conntrack also at run time
   openssl                       # API stand-in certificates in tests and the demo
   prometheus                    # promtool and a real scrape in the metrics tests
   podman buildah runc           # the image build (npm run image) and the container tests

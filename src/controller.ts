@@ -6,6 +6,8 @@
 import type { Logger } from 'pino';
 import type { Backend, SyncResult } from './backends/backend.js';
 import type { ClusterCaches } from './kube/cluster.js';
+import { ConntrackCleaner, type ConntrackCleanupReport } from './conntrack/conntrack-cleaner.js';
+import { staleTuples } from './conntrack/stale-tuples.js';
 import { DesiredStateModel } from './model/desired-state.js';
 import type { Conflict, DesiredState, ModelConfig, Skip } from './model/types.js';
 import { isNonIpvsMode, type ModeVerdict } from './kubeproxy/mode.js';
@@ -30,6 +32,7 @@ export interface ControllerObserver {
   onNewConflicts?(conflicts: Conflict[]): void;
   /** kube-proxy's mode changed, or the controller stepped aside or back. */
   onKubeProxy?(status: KubeProxyStatus): void;
+  onConntrackCleanup?(report: ConntrackCleanupReport): void;
 }
 
 /** What the controller knows of kube-proxy, for /readyz, metrics and Events. */
@@ -70,6 +73,12 @@ export interface ControllerOptions {
   kubeProxyMode?: ModeVerdict;
   /** Effective kube-proxy-related settings at start, for status. */
   kubeProxySettings?: string[];
+  /**
+   * Deletes conntrack entries made stale by a change of the programmed translations. Default: the
+   * conntrack command, except for the ebpf backend (it translates sockets, not conntrack
+   * entries); null: never.
+   */
+  conntrack?: ConntrackCleaner | null;
 }
 
 export class Controller {
@@ -83,6 +92,9 @@ export class Controller {
   private previousConflicts = new Set<string>();
   private previousLocalProblems = '';
   private started = false;
+  /** What the kernel holds after the last successful sync (undefined: not known yet). */
+  private programmed: DesiredState | undefined;
+  private readonly conntrack: ConntrackCleaner | undefined;
   readonly status: ControllerStatus = { cachesSynced: false, localPodMatchProblems: [] };
 
   constructor(private readonly options: ControllerOptions) {
@@ -93,6 +105,12 @@ export class Controller {
       steppedAside: false,
       settings: options.kubeProxySettings ?? [],
     };
+    this.conntrack =
+      options.conntrack === undefined
+        ? options.backend.name === 'ebpf'
+          ? undefined
+          : new ConntrackCleaner({ logger: options.logger })
+        : (options.conntrack ?? undefined);
     this.runner = new SyncRunner({
       minIntervalMs: options.minSyncPeriodMs,
       fullIntervalMs: options.syncPeriodMs,
@@ -192,6 +210,8 @@ export class Controller {
       const ended = performance.now();
       report.durationMs = ended - started;
       if (info.changedAt !== undefined) report.changeLatencyMs = ended - info.changedAt;
+      // Stepped aside, the kernel holds none of our translations: flows they made must go too.
+      await this.programmedStateChanged(this.steppedAside ? withoutEntries(desired) : desired);
       const first = this.status.lastSuccessfulSyncAt === undefined;
       this.status.lastSuccessfulSyncAt = Date.now();
       this.status.lastError = undefined;
@@ -224,6 +244,20 @@ export class Controller {
       this.options.observer?.onKubeProxy?.(this.status.kubeProxy);
     }
     return { mode: 'noop', entries: { ipv4: 0, ipv6: 0 } };
+  }
+
+  /**
+   * The kernel now holds `next` (an empty state once our rules are removed): deletes the conntrack
+   * entries that would keep the translations it no longer has. Never throws.
+   */
+  async programmedStateChanged(next: DesiredState): Promise<void> {
+    const previous = this.programmed;
+    this.programmed = next;
+    if (!this.conntrack) return;
+    const tuples = staleTuples(previous, next);
+    if (tuples.length === 0) return;
+    const report = await this.conntrack.clean(tuples);
+    this.options.observer?.onConntrackCleanup?.(report);
   }
 
   /** Logs skips, conflicts and missing local-pod detection once per change, not on every sync. */
@@ -263,4 +297,9 @@ export class Controller {
       this.previousLocalProblems = joined;
     }
   }
+}
+
+/** The same state with nothing programmed: what the kernel holds while the controller steps aside. */
+function withoutEntries(state: DesiredState): DesiredState {
+  return { ...state, ipv4: { ...state.ipv4, entries: [] }, ipv6: { ...state.ipv6, entries: [] } };
 }

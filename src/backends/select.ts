@@ -4,6 +4,7 @@
 // independent of it.
 
 import { access, constants } from 'node:fs/promises';
+import type { Logger } from 'pino';
 import { delimiter, join } from 'node:path';
 import { BackendError, type Backend, type BackendName } from './backend.js';
 import { selectNftExecutor, type NftExecutorPreference } from './nft/addon-executor.js';
@@ -30,6 +31,8 @@ export interface SelectBackendDeps {
   iptablesVariant?: 'auto' | IptablesVariant;
   /** How nft transactions are run (--nft-executor); 'auto' (default): the addon, else the CLI. */
   nftExecutor?: NftExecutorPreference;
+  /** The iptables backend logs rejected entries and jump repairs here. */
+  logger?: Logger;
 }
 
 export interface SelectedBackend {
@@ -40,9 +43,12 @@ export interface SelectedBackend {
 
 async function iptablesBackend(deps: SelectBackendDeps): Promise<{ backend: IptablesBackend; reason: string }> {
   const wanted = deps.iptablesVariant ?? 'auto';
-  if (wanted !== 'auto') return { backend: new IptablesBackend(wanted), reason: `iptables-${wanted}, as configured` };
+  const options = { logger: deps.logger };
+  if (wanted !== 'auto') {
+    return { backend: new IptablesBackend(wanted, options), reason: `iptables-${wanted}, as configured` };
+  }
   const detected = await detectIptablesVariant();
-  return { backend: new IptablesBackend(detected.variant), reason: detected.reason };
+  return { backend: new IptablesBackend(detected.variant, options), reason: detected.reason };
 }
 
 function nftBackend(preference: NftExecutorPreference = 'auto'): { backend: NftBackend; reason: string } {

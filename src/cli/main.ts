@@ -273,6 +273,7 @@ async function createBackend(config: Config, logger: Logger): Promise<Backend> {
   try {
     selected = await selectBackend(config.backend, {
       nftExecutor: config.nftExecutor,
+      logger,
       ebpf: () => {
         if (!config.cgroupPath && !defaultCgroupPath()) {
           throw new FatalError('no cgroup v2 mount in /proc/mounts: mount cgroup2 or pass --cgroup-path');

@@ -5,6 +5,7 @@
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { ControllerObserver, KubeProxyStatus, SyncReport } from '../controller.js';
 import { PROXY_MODES } from '../kubeproxy/mode.js';
+import type { ConntrackCleanupReport } from '../conntrack/conntrack-cleaner.js';
 import type { InformerObserver } from '../kube/informer.js';
 import { buildInfo } from '../build-info/version.js';
 import { FAMILIES, SKIP_REASONS, type Conflict, type DesiredState, type Skip } from '../model/types.js';
@@ -221,6 +222,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
       return;
     }
     this.lastSuccessfulSync.set(Date.now() / 1000);
+    this.observeRejections(report.result);
     for (const family of FAMILIES) this.programmedEntries.set({ backend, family }, report.result.entries[family]);
     if (report.changeLatencyMs !== undefined) {
       this.programmingLatency.observe({ backend }, report.changeLatencyMs / 1000);
@@ -250,6 +252,34 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
 
   onError(resource: string): void {
     this.informerErrors.inc({ resource });
+  }
+
+  // Stale conntrack entries and iptables rejections (src/conntrack/, src/backends/iptables/).
+  private readonly conntrackDeleted = new Counter({
+    name: METRIC_PREFIX + 'conntrack_entries_deleted_total',
+    help: 'UDP/SCTP conntrack entries deleted because the translation of their destination changed, appeared or went.',
+    registers: [this.registry],
+  });
+  private readonly conntrackErrors = new Counter({
+    name: METRIC_PREFIX + 'conntrack_cleanup_errors_total',
+    help: 'Failed deletions of stale conntrack entries; those flows keep their old translation until idle.',
+    registers: [this.registry],
+  });
+  private readonly iptablesRejected = new Gauge({
+    name: METRIC_PREFIX + 'iptables_rejected_entries',
+    help: 'Entries and local-pod matches the iptables renderer left out after the last successful sync (each is logged once).',
+    registers: [this.registry],
+  });
+
+  onConntrackCleanup(report: ConntrackCleanupReport): void {
+    this.conntrackDeleted.inc(report.deleted);
+    this.conntrackErrors.inc(report.failures);
+  }
+
+  /** Set from onSync's result, when the backend reports rejections. */
+  observeRejections(result: SyncReport['result']): void {
+    const rejected = (result as { rejected?: unknown[] } | undefined)?.rejected;
+    if (Array.isArray(rejected)) this.iptablesRejected.set(rejected.length);
   }
 
   /** The exposition text, as served on /metrics. */

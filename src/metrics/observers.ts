@@ -11,6 +11,7 @@ export function allControllerObservers(...observers: Array<ControllerObserver | 
     onNewSkips: (skips) => present.forEach((o) => o.onNewSkips?.(skips)),
     onNewConflicts: (conflicts) => present.forEach((o) => o.onNewConflicts?.(conflicts)),
     onKubeProxy: (status) => present.forEach((o) => o.onKubeProxy?.(status)),
+    onConntrackCleanup: (report) => present.forEach((o) => o.onConntrackCleanup?.(report)),
   };
 }
 

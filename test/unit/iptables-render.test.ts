@@ -6,17 +6,19 @@ import assert from 'node:assert/strict';
 import {
   KUBE_MARK_MASQ,
   emptyNatTable,
-  formatMark,
   hasOurObjects,
-  interfaceNameProblem,
   isOurRule,
   parseNatSave,
+  type NatTableView,
+} from '../../src/backends/iptables/parse.js';
+import {
+  formatMark,
+  interfaceNameProblem,
   renderChainRules,
   renderCleanupRestore,
   renderDesiredStateRestoreText,
   renderFamilyRestore,
   renderJumpRepairs,
-  type NatTableView,
 } from '../../src/backends/iptables/render.js';
 import { countForeignRules, countHintChains } from '../../src/backends/iptables/variant.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';

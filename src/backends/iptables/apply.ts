@@ -81,6 +81,22 @@ export class IptablesCommands {
     }
   }
 
+  /**
+   * The spec of rule 1 of a chain (the text after `-A CHAIN `), '' when the chain is empty,
+   * undefined when it does not exist. Formats one rule only: cheap enough to ask every second.
+   */
+  async firstRule(table: string, chain: string): Promise<string | undefined> {
+    const command = variantCommand(this.variant, this.family, '');
+    const args = ['-w', String(XTABLES_LOCK_WAIT_SECONDS), '-t', table, '-S', chain, '1'];
+    try {
+      const line = (await this.exec(command, args)).split('\n').find((l) => l.startsWith(`-A ${chain}`));
+      return line === undefined ? '' : line.slice(`-A ${chain} `.length);
+    } catch (err) {
+      if (err instanceof IptablesError && !(err instanceof IptablesToolMissing) && err.exitCode === 1) return undefined;
+      throw err;
+    }
+  }
+
   private async exec(command: string, args: string[], input?: string): Promise<string> {
     const result = await execa(command, args, {
       ...(input === undefined ? { stdin: 'ignore' as const } : { input }),

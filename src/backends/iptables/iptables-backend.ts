@@ -5,22 +5,17 @@
 // iptables-legacy the whole nat table is read anyway, so a table that already holds exactly our
 // rules is left as it is (no rewrite, counters kept); iptables-nft is not read that far (listing
 // a large chain costs as much as writing it) and is rewritten on every full sync.
+// Between syncs a jump guard (jump-guard.ts) keeps our jumps at rule 1 when another writer
+// prepends its own.
 
-import { FAMILIES, type DesiredState, type Family, type FamilyState } from '../../model/types.js';
+import type { Logger } from 'pino';
+import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
 import { BackendError, type Backend, type ProbeResult, type SyncOptions, type SyncResult } from '../backend.js';
 import { IptablesCommands, IptablesToolMissing, type IptablesVariant } from './apply.js';
-import {
-  JUMPS,
-  KUBE_MARK_MASQ,
-  emptyNatTable,
-  hasOurObjects,
-  parseNatSave,
-  renderCleanupRestore,
-  renderFamilyRestore,
-  type NatTableView,
-  type Rejection,
-} from './render.js';
+import { JUMPS, KUBE_MARK_MASQ, emptyNatTable, hasOurObjects, parseNatSave, type NatTableView } from './parse.js';
+import { renderCleanupRestore, renderFamilyRestore, type Rejection } from './render.js';
 import { legacyTables } from './variant.js';
+import { JumpGuard } from './jump-guard.js';
 
 /** A restore can lose a race with another writer between our read and our write: read again. */
 const ATTEMPTS = 3;
@@ -100,19 +95,81 @@ export async function hasIptablesObjects(variant: IptablesVariant): Promise<bool
   return false;
 }
 
-interface Programmed {
-  /** The family's desired state and mark, serialised. */
+export interface ProgrammedFamily {
+  /** The entries array given (the model never changes an array it gave): equal means unchanged. */
+  entries: Entry[];
+  /** Everything else of the family's state that the rules depend on, serialised. */
+  rest: string;
+  /** The whole of it, compared when the array is another one. */
   signature: string;
-  entries: number;
+  programmed: number;
   rejected: Rejection[];
+}
+
+/**
+ * What the rules of a family depend on: the entries, the local pod match and the mark. Not
+ * `changes`, which says how the entries came about and differs after every change even when a
+ * later state holds the same entries.
+ */
+export function familySignature(state: FamilyState, masqueradeMark: number): { rest: string; signature: string } {
+  const rest = JSON.stringify([state.localPodMatch, masqueradeMark]);
+  return { rest, signature: JSON.stringify(state.entries) + rest };
+}
+
+/** Whether a family's state programs exactly what `before` did. */
+export function sameAsProgrammed(
+  before: ProgrammedFamily | undefined,
+  state: FamilyState,
+  masqueradeMark: number,
+): boolean {
+  if (!before) return false;
+  if (JSON.stringify([state.localPodMatch, masqueradeMark]) !== before.rest) return false;
+  // The same array is the same entries; serialising 10,000 of them is left to the rare other case.
+  return before.entries === state.entries || before.signature === familySignature(state, masqueradeMark).signature;
+}
+
+export interface IptablesBackendOptions {
+  /** Rejections (once per change) and jump repairs are logged here. */
+  logger?: Logger;
+  /** How often rule 1 of nat PREROUTING/OUTPUT is checked between syncs; 0: never. Default 1 s. */
+  jumpCheckIntervalMs?: number;
 }
 
 export class IptablesBackend implements Backend {
   readonly name = 'iptables' as const;
   /** What was last programmed per family; a partial sync of the same desired state does nothing. */
-  private readonly programmed = new Map<Family, Programmed>();
+  private readonly programmed = new Map<Family, ProgrammedFamily>();
+  /** Syncs, cleanups and jump repairs write the same rules: one at a time. */
+  private queue: Promise<unknown> = Promise.resolve();
+  private readonly jumpGuard: JumpGuard | undefined;
+  private reportedRejections = '';
 
-  constructor(readonly variant: IptablesVariant) {}
+  constructor(
+    readonly variant: IptablesVariant,
+    private readonly options: IptablesBackendOptions = {},
+  ) {
+    const interval = options.jumpCheckIntervalMs ?? 1000;
+    if (interval > 0) {
+      this.jumpGuard = new JumpGuard({
+        variant,
+        intervalMs: interval,
+        logger: options.logger,
+        exclusive: (work) => this.exclusive(work),
+        families: () => this.programmed.keys(),
+      });
+    }
+  }
+
+  /** Jump repairs made between syncs since the start. */
+  get jumpRepairs(): number {
+    return this.jumpGuard?.repairs ?? 0;
+  }
+
+  private exclusive<T>(work: () => Promise<T>): Promise<T> {
+    const run = this.queue.then(work, work);
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
 
   private commands(family: Family): IptablesCommands {
     return new IptablesCommands(this.variant, family);
@@ -145,17 +202,23 @@ export class IptablesBackend implements Backend {
   }
 
   async sync(desired: DesiredState, options: SyncOptions): Promise<IptablesSyncResult> {
+    const result = await this.exclusive(() => this.syncFamilies(desired, options));
+    this.reportRejections(result.rejected);
+    this.jumpGuard?.start();
+    return result;
+  }
+
+  private async syncFamilies(desired: DesiredState, options: SyncOptions): Promise<IptablesSyncResult> {
     const failures: string[] = [];
     const rejected: Rejection[] = [];
     const entries = { ipv4: 0, ipv6: 0 };
     let applied = false;
     for (const family of FAMILIES) {
       const state = desired[family];
-      const signature = JSON.stringify([state, desired.masqueradeMark]);
       try {
         const before = this.programmed.get(family);
-        if (!options.full && before?.signature === signature) {
-          entries[family] = before.entries;
+        if (!options.full && before && sameAsProgrammed(before, state, desired.masqueradeMark)) {
+          entries[family] = before.programmed;
           rejected.push(...before.rejected);
           continue;
         }
@@ -169,7 +232,12 @@ export class IptablesBackend implements Backend {
         if (!result.upToDate) applied = true;
         rejected.push(...result.rejected);
         entries[family] = result.programmed;
-        this.programmed.set(family, { signature, entries: result.programmed, rejected: result.rejected });
+        this.programmed.set(family, {
+          entries: state.entries,
+          ...familySignature(state, desired.masqueradeMark),
+          programmed: result.programmed,
+          rejected: result.rejected,
+        });
       } catch (err) {
         this.programmed.delete(family);
         failures.push(`${family}: ${(err as Error).message}`);
@@ -181,12 +249,30 @@ export class IptablesBackend implements Backend {
     return { mode: applied ? 'full' : 'noop', entries, rejected };
   }
 
-  async cleanup(): Promise<void> {
-    this.programmed.clear();
-    try {
-      for (const family of FAMILIES) await removeIptablesObjects(this.variant, family);
-    } catch (err) {
-      throw new BackendError(`iptables-${this.variant} cleanup failed: ${(err as Error).message}`, 'iptables');
+  /** Each rejection is logged once, when the set of them changes. */
+  private reportRejections(rejected: Rejection[]): void {
+    const key = JSON.stringify(rejected);
+    if (key === this.reportedRejections) return;
+    this.reportedRejections = key;
+    for (const r of rejected) {
+      this.options.logger?.warn({ family: r.family }, `iptables: left out ${r.item}: ${r.reason}`);
     }
+  }
+
+  async cleanup(): Promise<void> {
+    await this.jumpGuard?.stop();
+    await this.exclusive(async () => {
+      this.programmed.clear();
+      try {
+        for (const family of FAMILIES) await removeIptablesObjects(this.variant, family);
+      } catch (err) {
+        throw new BackendError(`iptables-${this.variant} cleanup failed: ${(err as Error).message}`, 'iptables');
+      }
+    });
+  }
+
+  /** Stops the jump checks; the rules stay. */
+  async close(): Promise<void> {
+    await this.jumpGuard?.stop();
   }
 }

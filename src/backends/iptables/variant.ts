@@ -4,7 +4,7 @@
 
 import { readFile } from 'node:fs/promises';
 import type { Family } from '../../model/types.js';
-import { isOurRule } from './render.js';
+import { isOurRule } from './parse.js';
 import { IptablesCommands, IptablesToolMissing, type IptablesVariant } from './apply.js';
 
 export { IPTABLES_VARIANTS, variantCommand, type IptablesVariant } from './apply.js';

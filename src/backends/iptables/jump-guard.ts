@@ -1,0 +1,123 @@
+// Keeps our jumps at rule 1 of nat PREROUTING and OUTPUT between syncs. kube-proxy (and other
+// writers) insert their own jump at rule 1 when they start or find theirs missing; if their
+// chain then ACCEPTs the LoadBalancer IP, as kube-proxy's IPVS-mode chains do, our DNAT never
+// runs until the next full resync (up to --sync-period). Asking for rule 1 of each hook once a
+// second formats one rule per hook; when it is not our jump, a restore that only moves the jump
+// back (nothing else is written) repairs it.
+
+import type { Logger } from 'pino';
+import type { Family } from '../../model/types.js';
+import { IptablesCommands, type IptablesVariant } from './apply.js';
+import { JUMPS } from './parse.js';
+import { renderJumpRepairs } from './render.js';
+import { readJumpView } from './iptables-backend.js';
+
+/**
+ * A round takes at most this share of the time: iptables-legacy reads and parses the whole nat
+ * table for any listing (about 0.1 s per hook with 10,000 Services), so a large legacy table is
+ * checked less often than every second rather than keep a core busy.
+ */
+const MAX_DUTY_CYCLE = 0.05;
+
+export interface JumpGuardOptions {
+  variant: IptablesVariant;
+  /** Between the end of one check and the start of the next (longer when a round is slow). */
+  intervalMs: number;
+  logger?: Logger;
+  /** Runs `work` excluded from the backend's syncs (both write the same rules). */
+  exclusive<T>(work: () => Promise<T>): Promise<T>;
+  /** Families whose jumps a sync has put in place. */
+  families(): Iterable<Family>;
+  /** Called after each repair, for metrics and tests. */
+  onRepair?(family: Family): void;
+}
+
+export class JumpGuard {
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<void> | undefined;
+  private stopped = true;
+  /** Set by stop(): a round under way ends early and repairs nothing. */
+  private closed = false;
+  private lastError = '';
+  private lastRoundMs = 0;
+  repairs = 0;
+
+  constructor(private readonly options: JumpGuardOptions) {}
+
+  get active(): boolean {
+    return !this.stopped;
+  }
+
+  start(): void {
+    if (!this.stopped) return;
+    this.stopped = false;
+    this.closed = false;
+    this.schedule();
+  }
+
+  /** Stops checking; waits for a check under way. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.closed = true;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    await this.running;
+  }
+
+  private schedule(): void {
+    if (this.stopped) return;
+    const delay = Math.max(this.options.intervalMs, Math.round(this.lastRoundMs * (1 / MAX_DUTY_CYCLE - 1)));
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      this.running = this.checkAll().finally(() => {
+        this.running = undefined;
+        this.schedule();
+      });
+    }, delay);
+    // The guard alone never keeps the process alive.
+    this.timer.unref();
+  }
+
+  /** One round: every family and hook. Never throws; a failure is logged once until it changes. */
+  async checkAll(): Promise<void> {
+    this.lastRoundMs = 0;
+    for (const family of this.options.families()) {
+      if (this.closed) return;
+      try {
+        await this.check(family);
+        this.lastError = '';
+      } catch (err) {
+        const message = `${family}: ${(err as Error).message}`;
+        if (message !== this.lastError) {
+          this.options.logger?.warn(`could not check or repair our jumps in nat PREROUTING/OUTPUT: ${message}`);
+        }
+        this.lastError = message;
+      }
+    }
+  }
+
+  private async check(family: Family): Promise<void> {
+    const commands = new IptablesCommands(this.options.variant, family);
+    let displaced = false;
+    const started = performance.now();
+    for (const { from, to } of JUMPS) {
+      if ((await commands.firstRule('nat', from)) !== `-j ${to}`) displaced = true;
+    }
+    // Only the listing counts towards the pace: a repair waiting for a long sync is no reason to look less often.
+    this.lastRoundMs += performance.now() - started;
+    if (!displaced) return;
+    await this.options.exclusive(async () => {
+      if (this.closed) return;
+      const view = await readJumpView(commands);
+      const repairs = renderJumpRepairs(view);
+      if (repairs.length === 0) return;
+      await commands.restore(['*nat', ...repairs, 'COMMIT', ''].join('\n'));
+      this.repairs++;
+      this.options.logger?.info(
+        { family },
+        'another writer displaced our jump from rule 1 of nat PREROUTING/OUTPUT; moved it back',
+      );
+      this.options.onRepair?.(family);
+    });
+  }
+}

@@ -1,0 +1,83 @@
+// Which conntrack entries keep an old behaviour after the kernel's translations changed. NAT is
+// decided on a connection's first packet; a UDP or SCTP flow that keeps sending keeps that
+// decision for as long as it lives. So when the translation of an (external IP, protocol, port)
+// changes target, disappears or appears, the entries whose original destination is that tuple
+// must go (semantics.md, "Connection tracking"). TCP is left alone, as kube-proxy does. Pure.
+
+import { FAMILIES, entryKey, type DesiredState, type Entry, type Family, type Protocol } from '../model/types.js';
+
+export type ConntrackProtocol = Extract<Protocol, 'UDP' | 'SCTP'>;
+
+/** Conntrack entries to delete: those whose original destination is (externalIp, protocol, port). */
+export interface StaleTuple {
+  family: Family;
+  externalIp: string;
+  protocol: ConntrackProtocol;
+  port: number;
+  /**
+   * Only entries that were not translated (their reply comes from the external IP itself). Used
+   * when what the kernel held before is not known (the first sync after a start): a flow a
+   * previous run translated keeps its translation, and a restart costs no flow its endpoint.
+   */
+  untranslatedOnly: boolean;
+  /** Why, for logs: `appeared`, `removed`, `retargeted` (new ClusterIP) or `first sync`. */
+  why: 'appeared' | 'removed' | 'retargeted' | 'first sync' | 'local pod match changed';
+}
+
+function tracked(e: Entry): e is Entry & { protocol: ConntrackProtocol } {
+  return e.protocol === 'UDP' || e.protocol === 'SCTP';
+}
+
+function tuple(
+  e: Entry & { protocol: ConntrackProtocol },
+  why: StaleTuple['why'],
+  untranslatedOnly = false,
+): StaleTuple {
+  return { family: e.family, externalIp: e.externalIp, protocol: e.protocol, port: e.port, untranslatedOnly, why };
+}
+
+/** Entries of one family that differ between two entry lists, as stale tuples. */
+function diffEntries(before: readonly Entry[], after: readonly Entry[]): StaleTuple[] {
+  const old = new Map<string, Entry>();
+  for (const e of before) if (tracked(e)) old.set(entryKey(e), e);
+  const out: StaleTuple[] = [];
+  const seen = new Set<string>();
+  for (const e of after) {
+    if (!tracked(e)) continue;
+    const key = entryKey(e);
+    seen.add(key);
+    const was = old.get(key);
+    if (!was) out.push(tuple(e, 'appeared'));
+    else if (was.clusterIp !== e.clusterIp) out.push(tuple(e, 'retargeted'));
+  }
+  for (const [key, e] of old) if (!seen.has(key) && tracked(e)) out.push(tuple(e, 'removed'));
+  return out;
+}
+
+/**
+ * The tuples whose conntrack entries are stale once the kernel holds `next` instead of
+ * `previous` (undefined: not known, as on the first sync after a start).
+ */
+export function staleTuples(previous: DesiredState | undefined, next: DesiredState): StaleTuple[] {
+  const out: StaleTuple[] = [];
+  for (const family of FAMILIES) {
+    const after = next[family];
+    if (previous === undefined) {
+      for (const e of after.entries) if (tracked(e)) out.push(tuple(e, 'first sync', true));
+      continue;
+    }
+    const before = previous[family];
+    if (JSON.stringify(before.localPodMatch) !== JSON.stringify(after.localPodMatch)) {
+      // Pod flows change from translated to not (or back) on every tuple of the family.
+      const all = new Map<string, Entry & { protocol: ConntrackProtocol }>();
+      for (const e of [...before.entries, ...after.entries]) if (tracked(e)) all.set(entryKey(e), e);
+      for (const e of all.values()) out.push(tuple(e, 'local pod match changed'));
+      continue;
+    }
+    if (after.entries === before.entries) continue;
+    // The model says what changed since the list the kernel holds: no need to compare the lists.
+    if (after.changes?.since === before.entries) out.push(...diffEntries(after.changes.removed, after.changes.added));
+    else out.push(...diffEntries(before.entries, after.entries));
+  }
+  return out;
+}

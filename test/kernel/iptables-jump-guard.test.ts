@@ -1,0 +1,247 @@
+// A kube-proxy restart prepends its jump to nat PREROUTING and OUTPUT; when its chain ACCEPTs
+// the LoadBalancer IP (as kube-proxy's IPVS-mode chains do), our DNAT no longer runs. The
+// iptables backend notices between syncs (none runs here at all) and moves its jump back to
+// rule 1, writing nothing else. Real packets, both variants.
+
+import { expect } from 'chai';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
+import type { IptablesVariant } from '../../src/backends/iptables/apply.js';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { pino } from 'pino';
+import { Controller } from '../../src/controller.js';
+import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
+import { buildDesiredState } from '../../src/model/desired-state.js';
+import { ApiStandIn } from '../support/api-server.js';
+import { probe, sh } from '../support/node-network.js';
+import { CONFIG, LB_PATH, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
+
+const WRITER_CHAIN = 'KUBE-SERVICES';
+
+function natSave(variant: IptablesVariant, counters = false): string {
+  return sh(`iptables-${variant}-save`, ['-t', 'nat', ...(counters ? ['-c'] : [])]);
+}
+
+function restore(variant: IptablesVariant, input: string): void {
+  sh(`iptables-${variant}-restore`, ['--noflush', '-w'], input);
+}
+
+/** kube-proxy's shape: a chain that ACCEPTs the load balancer IP, and a masquerade rule. */
+function installWriterChains(variant: IptablesVariant): void {
+  restore(
+    variant,
+    [
+      '*nat',
+      `:${WRITER_CHAIN} - [0:0]`,
+      `-A ${WRITER_CHAIN} -d ${LB_V4}/32 -j ACCEPT`,
+      '-A POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE',
+      'COMMIT',
+      '',
+    ].join('\n'),
+  );
+}
+
+/** What a restarting kube-proxy does: its jump goes to rule 1 of both hooks. */
+function prependWriterJumps(variant: IptablesVariant): void {
+  restore(
+    variant,
+    ['*nat', `-I PREROUTING 1 -j ${WRITER_CHAIN}`, `-I OUTPUT 1 -j ${WRITER_CHAIN}`, 'COMMIT', ''].join('\n'),
+  );
+}
+
+function removeWriterObjects(variant: IptablesVariant): void {
+  const save = natSave(variant);
+  const lines = ['*nat'];
+  for (const line of save.split('\n')) {
+    if (/^-A (PREROUTING|OUTPUT) .*-j KUBE-SERVICES/.test(line) || /^-A POSTROUTING .*MASQUERADE/.test(line)) {
+      lines.push(line.replace(/^-A /, '-D '));
+    }
+  }
+  if (save.includes(`:${WRITER_CHAIN} `)) lines.push(`:${WRITER_CHAIN} - [0:0]`, `-X ${WRITER_CHAIN}`);
+  if (lines.length > 1) restore(variant, `${lines.join('\n')}\nCOMMIT\n`);
+}
+
+/** Rule lines of a chain with their `[packets:bytes]` counters. */
+function countedRules(save: string, chain: string): Array<{ rule: string; packets: number }> {
+  return save
+    .split('\n')
+    .map((l) => /^\[(\d+):\d+\] (-A (\S+).*)$/.exec(l))
+    .filter((m): m is RegExpExecArray => m !== null && m[3] === chain)
+    .map((m) => ({ rule: m[2]!, packets: Number(m[1]) }));
+}
+
+const withoutCounters = (save: string) => save.replace(/^\[\d+:\d+\] /gm, '');
+
+const ruleSpecs = (save: string, chain: string) =>
+  save.split('\n').filter((l) => l.startsWith(`-A ${chain} `) || l === `-A ${chain}`);
+
+for (const variant of ['legacy', 'nft'] as const) {
+  describe(`iptables-${variant}: our jump displaced from rule 1 between syncs`, function () {
+    this.timeout(60_000);
+    const scenario = new Scenario();
+    const pod = () => scenario.network.pod.ns;
+    const desired = buildDesiredState(SERVICES, NODE_INFO, CONFIG);
+
+    before(async () => {
+      await scenario.setUp();
+      installWriterChains(variant);
+    });
+
+    after(async () => {
+      try {
+        await new IptablesBackend(variant, { jumpCheckIntervalMs: 0 }).cleanup();
+        removeWriterObjects(variant);
+      } finally {
+        await scenario.tearDown();
+      }
+    });
+
+    afterEach(() => {
+      // Each test starts with only our jump at rule 1 and the writer's chain not jumped to.
+      removeWriterObjects(variant);
+      installWriterChains(variant);
+    });
+
+    it('the writer blackholes the translation when nothing repairs it (the control)', async () => {
+      const backend = new IptablesBackend(variant, { jumpCheckIntervalMs: 0 });
+      await backend.sync(desired, { full: true });
+      expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
+      prependWriterJumps(variant);
+      await sleep(2500);
+      expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal(LB_PATH);
+      expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal(LB_PATH);
+      await backend.close();
+    });
+
+    it('moves our jump back to rule 1 within seconds, without a sync and without rewriting anything else', async () => {
+      const backend = new IptablesBackend(variant);
+      try {
+        await backend.sync(desired, { full: true });
+        for (let i = 0; i < 3; i++) expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
+        const before = natSave(variant, true);
+        const ourRulesBefore = countedRules(before, 'IPVS_PREROUTING');
+        expect(
+          ourRulesBefore.some((r) => r.packets > 0),
+          'our rules counted the probes',
+        ).to.equal(true);
+
+        prependWriterJumps(variant);
+        const answers: string[] = [];
+        let restored = false;
+        for (let i = 0; i < 100 && !restored; i++) {
+          const pod4 = await probe(pod(), 'tcp', LB_V4, 80, 500);
+          const node4 = await probe(undefined, 'tcp', LB_V4, 80, 500);
+          answers.push(`${pod4}/${node4}`);
+          restored = pod4 === 'svc-a' && node4 === 'svc-a';
+          if (!restored) await sleep(100);
+        }
+        expect(restored, `answers while displaced: ${answers.join(', ')}`).to.equal(true);
+        expect(backend.jumpRepairs).to.be.at.least(1);
+
+        const after = natSave(variant, true);
+        // Our jump is rule 1 again, the writer's stays right behind it; the rest is as it was.
+        for (const [hook, ours] of [
+          ['PREROUTING', 'IPVS_PREROUTING'],
+          ['OUTPUT', 'IPVS_OUTPUT'],
+        ] as const) {
+          expect(ruleSpecs(natSave(variant), hook)).to.deep.equal([
+            `-A ${hook} -j ${ours}`,
+            `-A ${hook} -j ${WRITER_CHAIN}`,
+          ]);
+        }
+        const chainsBefore = [...withoutCounters(before).matchAll(/^:(\S+)/gm)].map((m) => m[1]!);
+        expect([...withoutCounters(after).matchAll(/^:(\S+)/gm)].map((m) => m[1]!)).to.deep.equal(chainsBefore);
+        for (const chain of chainsBefore.filter((c) => c !== 'PREROUTING' && c !== 'OUTPUT')) {
+          expect(ruleSpecs(withoutCounters(after), chain), chain).to.deep.equal(
+            ruleSpecs(withoutCounters(before), chain),
+          );
+        }
+        expect(ruleSpecs(natSave(variant), WRITER_CHAIN)).to.deep.equal([
+          `-A ${WRITER_CHAIN} -d ${LB_V4}/32 -j ACCEPT`,
+        ]);
+        expect(ruleSpecs(natSave(variant), 'POSTROUTING')).to.deep.equal([
+          '-A POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE',
+        ]);
+        // Our chains were not rewritten: same rules, counters kept (a rewrite resets them).
+        for (const chain of ['IPVS_PREROUTING', 'IPVS_OUTPUT']) {
+          const was = countedRules(before, chain);
+          const now = countedRules(after, chain);
+          expect(now.map((r) => r.rule)).to.deep.equal(was.map((r) => r.rule));
+          now.forEach((r, i) => expect(r.packets, r.rule).to.be.at.least(was[i]!.packets));
+        }
+      } finally {
+        await backend.close();
+      }
+    });
+
+    it('through the controller with a 60 s sync period: a probe loop sees the translation back within seconds', async () => {
+      const api = await ApiStandIn.start({ bookmarkIntervalMs: 500 });
+      const dir = mkdtempSync(join(tmpdir(), 'jump-guard-'));
+      const backend = new IptablesBackend(variant);
+      let controller: Controller | undefined;
+      try {
+        await api.writeKubeconfig(join(dir, 'kubeconfig'));
+        api.apply({
+          apiVersion: 'v1',
+          kind: 'Node',
+          metadata: { name: 'node-1' },
+          spec: { podCIDR: '10.244.1.0/24', podCIDRs: ['10.244.1.0/24'] },
+        });
+        api.apply({
+          apiVersion: 'v1',
+          kind: 'Service',
+          metadata: { name: 'svc-a', namespace: 'default' },
+          spec: {
+            type: 'LoadBalancer',
+            clusterIP: '10.96.0.10',
+            clusterIPs: ['10.96.0.10'],
+            ports: [{ port: 80, protocol: 'TCP' }],
+          },
+          status: { loadBalancer: { ingress: [{ ip: LB_V4 }] } },
+        });
+        const caches = createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), 'node-1', () =>
+          controller?.onCacheChange(),
+        );
+        controller = new Controller({
+          caches,
+          backend,
+          model: CONFIG,
+          nodeName: 'node-1',
+          minSyncPeriodMs: 0,
+          syncPeriodMs: 60_000,
+          logger: pino({ enabled: false }),
+        });
+        await controller.start();
+        const translated = async () =>
+          (await probe(pod(), 'tcp', LB_V4, 80, 500)) === 'svc-a' &&
+          (await probe(undefined, 'tcp', LB_V4, 80, 500)) === 'svc-a';
+        let ok = false;
+        for (let i = 0; i < 100 && !ok; i++) ok = await translated();
+        expect(ok, 'translated after the first sync').to.equal(true);
+
+        prependWriterJumps(variant);
+        ok = false;
+        for (let i = 0; i < 100 && !ok; i++) ok = await translated();
+        expect(ok, 'translated again after the displacement').to.equal(true);
+        expect(backend.jumpRepairs).to.be.at.least(1);
+      } finally {
+        await controller?.stop();
+        await backend.close();
+        await api.stop();
+        rmSync(dir, { recursive: true, force: true });
+      }
+    });
+
+    it('stops checking when the backend is closed', async () => {
+      const backend = new IptablesBackend(variant, { jumpCheckIntervalMs: 200 });
+      await backend.sync(desired, { full: true });
+      await backend.close();
+      prependWriterJumps(variant);
+      await sleep(1500);
+      expect(ruleSpecs(natSave(variant), 'PREROUTING')[0]).to.equal(`-A PREROUTING -j ${WRITER_CHAIN}`);
+      expect(backend.jumpRepairs).to.equal(0);
+    });
+  });
+}

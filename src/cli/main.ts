@@ -51,10 +51,6 @@ async function main(argv: string[]): Promise<number> {
   }
   const logger = createLogger({ level: config.logLevel, node: config.nodeName });
   runLogger = logger;
-  if (!config.dryRun) {
-    const { version, revision, nodeVersion } = buildInfo();
-    logger.info({ version, revision, nodeVersion }, `${PROGRAM} ${version}`);
-  }
   try {
     if (config.dryRun) return await dryRun(config);
     if (config.cleanup) return await cleanup(config, logger);
@@ -68,6 +64,12 @@ async function main(argv: string[]): Promise<number> {
     }
     throw err;
   }
+}
+
+/** The first log line of a run: which build runs on this node. */
+function logVersion(logger: Logger): void {
+  const { version, revision, nodeVersion } = buildInfo();
+  logger.info({ version, revision, nodeVersion }, `${PROGRAM} ${version}`);
 }
 
 function usageFailure(err: UsageError): number {
@@ -291,6 +293,7 @@ async function createBackend(config: Config, logger: Logger): Promise<Backend> {
 }
 
 async function cleanup(config: Config, logger: Logger): Promise<number> {
+  logVersion(logger);
   try {
     const removed = await cleanupAll([ebpfCleanup(config)]);
     logger.info({ checked: removed }, 'removed every object of ours');
@@ -315,6 +318,7 @@ async function removeOtherBackends(config: Config, backend: Backend, logger: Log
 
 async function run(config: Config, logger: Logger): Promise<number> {
   const kc = await kubeConfigOrFail(config);
+  logVersion(logger);
   // From here on a stop request is logged and honoured wherever the start has got to.
   const stopped = new Promise<void>((resolve) => {
     const onSignal = (signal: string) => {

@@ -174,6 +174,46 @@ class Node {
     writeFileSync(join(this.saDir, 'namespace'), 'kube-system');
   }
 
+  /**
+   * The cluster's ConfigMaps in the pod's namespace, as the kubelet would fetch them: kubeadm's
+   * kube-proxy configuration of an IPVS-mode cluster.
+   */
+  readonly configMaps: Record<string, Record<string, string>> = {
+    'kube-proxy': {
+      'config.conf': [
+        'apiVersion: kubeproxy.config.k8s.io/v1alpha1',
+        'kind: KubeProxyConfiguration',
+        'mode: ipvs',
+        'clusterCIDR: 10.244.0.0/16',
+        'iptables:',
+        '  masqueradeBit: 14',
+        '',
+      ].join('\n'),
+    },
+  };
+
+  /** A configMap volume as the kubelet lays it out: one file per item (all keys without items). */
+  configMapDir(volume: Obj): string {
+    const { name, items, optional } = volume.configMap as {
+      name: string;
+      items?: Array<{ key: string; path: string }>;
+      optional?: boolean;
+    };
+    const dir = join(this.root, 'configmaps', volume.name as string);
+    mkdirSync(dir, { recursive: true });
+    const data = this.configMaps[name];
+    if (!data) {
+      if (optional) return dir;
+      throw new Error(`ConfigMap ${name} does not exist and the volume is not optional`);
+    }
+    for (const { key, path } of items ?? Object.keys(data).map((key) => ({ key, path: key }))) {
+      const value = data[key];
+      if (value === undefined) throw new Error(`ConfigMap ${name} has no key ${key}`);
+      writeFileSync(join(dir, path), value);
+    }
+    return dir;
+  }
+
   /** Where a hostPath of the pod spec is on this node. */
   hostPath(volume: Obj): string {
     const { path, type } = volume.hostPath as { path: string; type?: string };
@@ -253,6 +293,11 @@ class Kubelet {
           : '';
         expect(volume.emptyDir.medium).to.equal('Memory');
         args.push('--mount', `type=tmpfs,destination=${mount.mountPath}${size}`);
+        continue;
+      }
+      if (volume.configMap) {
+        expect(mount.readOnly, 'a ConfigMap is mounted read-only').to.equal(true);
+        args.push('-v', `${this.node.configMapDir(volume)}:${mount.mountPath}:ro`);
         continue;
       }
       if (!volume.hostPath) throw new Error(`the kubelet stand-in does not mount volume ${JSON.stringify(volume)}`);

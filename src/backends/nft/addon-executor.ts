@@ -6,7 +6,7 @@ import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { NftCliExecutor, NftError, nftErrorMessage, type NftExecutor } from './executor.js';
+import { NftCliExecutor, NftError, isNoSuchObject, nftErrorMessage, type NftExecutor } from './executor.js';
 
 /** What native/nftables_addon.cc exports. */
 export interface NftablesAddon {
@@ -63,6 +63,15 @@ export class NftAddonExecutor implements NftExecutor {
     try {
       await this.addon.check(json);
     } catch (err) {
+      throw asNftError(err);
+    }
+  }
+
+  async listMap(family: 'ip' | 'ip6', table: string, name: string): Promise<string | undefined> {
+    try {
+      return (await this.addon.run(JSON.stringify({ nftables: [{ list: { map: { family, table, name } } }] }))).output;
+    } catch (err) {
+      if (isNoSuchObject(err)) return undefined;
       throw asNftError(err);
     }
   }

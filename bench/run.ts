@@ -301,7 +301,12 @@ class Bench {
       // element out and one in, written by this process through the addon and seen the same way.
       for (let k = 0; k < this.options.changes; k++) {
         const element: Entry = { ...FLOOR_ENTRY, externalIp: floorIp(k) };
-        const document = nftDocument(renderMapChangesJson('ipv4', written ? [written] : [], [element]));
+        // The element written before is added again first (a no-op when it is there): a resync of
+        // the controller removes elements it did not write.
+        const document = nftDocument([
+          ...(written ? renderMapChangesJson('ipv4', [], [written]) : []),
+          ...renderMapChangesJson('ipv4', written ? [written] : [], [element]),
+        ]);
         const floorSeen = monitor.elementAdded(element.externalIp, 10_000);
         const writtenAt = performance.now();
         await addon.run(document);
@@ -309,7 +314,11 @@ class Bench {
         written = element;
         await sleep(10 + Math.floor(random() * 20));
       }
-      if (written) await addon.run(nftDocument(renderMapChangesJson('ipv4', [written], [])));
+      if (written) {
+        await addon.run(
+          nftDocument([...renderMapChangesJson('ipv4', [], [written]), ...renderMapChangesJson('ipv4', [written], [])]),
+        );
+      }
     } finally {
       await monitor.stop();
     }

@@ -23,7 +23,7 @@ export interface SyncResult {
   entries: { ipv4: number; ipv6: number };
   /** Why a partial request became a full sync, when it did (a metric label and a debug log). */
   fallbackReason?: string;
-  /** Map elements a full sync found changed by someone else and wrote back. */
+  /** Elements and chains a full sync found changed by someone else and wrote back. */
   repairedElements?: number;
 }
 

@@ -92,16 +92,18 @@ describe('nft periodic resync on the kernel', function () {
 
     const result = await backend.sync(state, { full: true });
     expect(result.mode).to.equal('full');
-    // Missing: 1 added; changed: 1 removed and 1 added; stray: 1 removed.
-    expect(result.repairedElements).to.equal(4);
+    // Missing: 1 added; changed: 1 removed and 1 added; stray: 1 removed; the chain's rules.
+    expect(result.repairedElements).to.equal(5);
     expect(mapElements()).to.deep.equal(before);
     expect(chainHandles()).to.deep.equal(handles);
     expect(sh('nft', ['list', 'chain', 'ip', TABLE_NAME, OUTPUT_CHAIN])).to.match(/fib saddr type local/);
 
-    // Nothing drifted: nothing to repair, and still the same chains.
+    // Nothing drifted: nothing to repair, and still the same chains and rules.
+    const rules = sh('nft', ['-a', 'list', 'chain', 'ip', TABLE_NAME, OUTPUT_CHAIN]);
     const again = await backend.sync(state, { full: true });
     expect(again.repairedElements).to.equal(undefined);
     expect(chainHandles()).to.deep.equal(handles);
+    expect(sh('nft', ['-a', 'list', 'chain', 'ip', TABLE_NAME, OUTPUT_CHAIN])).to.equal(rules);
   });
 
   it('answers every connection from a pod at once across resyncs and rewrites of 15,000 entries', async () => {

@@ -15,8 +15,6 @@ export interface NftExecutor {
   check(json: string): Promise<void>;
   /** `nft -j list table <family> <name>` output, or undefined when the table does not exist. */
   listTable(family: 'ip' | 'ip6', name: string): Promise<string | undefined>;
-  /** `nft -j list map <family> <table> <name>` output, or undefined when the map does not exist. */
-  listMap(family: 'ip' | 'ip6', table: string, name: string): Promise<string | undefined>;
 }
 
 export class NftError extends Error {
@@ -55,15 +53,6 @@ export class NftCliExecutor implements NftExecutor {
   async listTable(family: 'ip' | 'ip6', name: string): Promise<string | undefined> {
     try {
       return await this.exec(['-j', 'list', 'table', family, name]);
-    } catch (err) {
-      if (isNoSuchObject(err)) return undefined;
-      throw err;
-    }
-  }
-
-  async listMap(family: 'ip' | 'ip6', table: string, name: string): Promise<string | undefined> {
-    try {
-      return await this.exec(['-j', 'list', 'map', family, table, name]);
     } catch (err) {
       if (isNoSuchObject(err)) return undefined;
       throw err;

@@ -16,7 +16,7 @@ import { parseIp } from '../../model/ip.js';
 import { BackendError, type Backend, type ProbeResult, type SyncOptions, type SyncResult } from '../backend.js';
 import { ElementStorage, entryKey, isEmpty, type ElementChanges } from '../element-storage.js';
 import { NftCliExecutor, NftError, type NftExecutor } from './executor.js';
-import { JsonWriter, Transaction, type MapElement } from './objects.js';
+import { JsonWriter, Transaction, type MapElement, type RuleObject } from './objects.js';
 import {
   MAP_NAME,
   NFT_FAMILY,
@@ -26,11 +26,16 @@ import {
   mapChanges,
   mapElement,
   replaceTable,
+  resyncTable,
+  rewriteRules,
   writeTable,
+  type DesiredTable,
 } from './render.js';
 
 interface Programmed {
   elements: ElementStorage;
+  /** The table's objects but the map elements, as programmed: what a resync verifies the rules against. */
+  table: DesiredTable;
   /** Everything but the map elements, compared to decide whether a partial sync is possible. */
   shape: string;
 }
@@ -97,7 +102,7 @@ export class NftBackend implements Backend {
     try {
       for (const family of FAMILIES) {
         await this.executor.check(
-          this.json.document(writeTable(new Transaction(), desiredTable(family, empty, 0x4000), 'rewrite')),
+          this.json.document(writeTable(new Transaction(), desiredTable(family, empty, 0x4000))),
         );
       }
       return { ok: true, detail: `nftables via ${this.executor.kind}` };
@@ -206,7 +211,7 @@ export class NftBackend implements Backend {
     const before = this.programmed.get(family);
     if (!before) return false;
     const changes = before.elements.changesTo(state);
-    const tx = writeTable(new Transaction(), desiredTable(family, { ...state, entries: [] }, mark), 'keep');
+    const tx = resyncTable(new Transaction(), desiredTable(family, { ...state, entries: [] }, mark));
     mapChanges(tx, family, changes.removed.map(this.elementOf), changes.added.map(this.elementOf));
     try {
       await this.apply(tx);
@@ -233,10 +238,11 @@ export class NftBackend implements Backend {
     const record = (family: Family) =>
       this.programmed.set(family, {
         elements: new ElementStorage(desired[family]),
+        table: desiredTable(family, { ...desired[family], entries: [] }, mark),
         shape: shapeOf(desired[family], mark),
       });
     const together = new Transaction();
-    for (const family of families) writeTable(together, table(family), 'rewrite');
+    for (const family of families) writeTable(together, table(family));
     try {
       await this.apply(together);
       families.forEach(record);
@@ -248,7 +254,7 @@ export class NftBackend implements Backend {
     for (const family of families) {
       try {
         try {
-          await this.apply(writeTable(new Transaction(), table(family), 'rewrite'));
+          await this.apply(writeTable(new Transaction(), table(family)));
         } catch {
           await this.apply(replaceTable(new Transaction(), table(family)));
         }
@@ -261,9 +267,9 @@ export class NftBackend implements Backend {
   }
 
   /**
-   * Lists the family's map and repairs the elements that differ from what was programmed.
-   * Elements written by partial syncs while the listing ran are left to the next verification.
-   * Returns how many elements were repaired.
+   * Lists the family's table and repairs the rules and map elements that differ from what was
+   * programmed. Elements written by partial syncs while the listing ran are left to the next
+   * verification. Returns how many elements and chains were repaired.
    */
   private async verifyElements(family: Family): Promise<number> {
     const generation = this.generation;
@@ -271,15 +277,30 @@ export class NftBackend implements Backend {
     this.writtenDuringListing.set(family, written);
     let listing: string | undefined;
     try {
-      listing = await this.listMap(family);
-    } finally {
+      listing = await this.listTable(family);
+    } catch (err) {
       this.writtenDuringListing.delete(family);
+      throw err;
     }
     return this.exclusive(async () => {
+      // Every partial sync that may have committed after the listing has noted its keys by now.
+      this.writtenDuringListing.delete(family);
       const programmed = this.programmed.get(family);
       if (generation !== this.generation || !programmed) return 0;
-      if (listing === undefined) throw new NftError('the map is missing');
-      const listed = parseMapListing(family, listing);
+      if (listing === undefined) throw new NftError('the table is missing');
+      const { elements: listed, rules } = parseTableListing(family, listing);
+      const tx = new Transaction();
+      let repairs = 0;
+      for (const chain of programmed.table.chains) {
+        const want = programmed.table.rules
+          .filter((r) => r.chain === chain.name)
+          .map((r) => JSON.stringify(ruleExpressions(this.json, r)));
+        const have = (rules.get(chain.name) ?? []).map((expr) => JSON.stringify(expr));
+        if (want.length !== have.length || want.some((w, i) => w !== have[i])) {
+          rewriteRules(tx, programmed.table, chain);
+          repairs++;
+        }
+      }
       const removed: MapElement[] = [];
       const added: MapElement[] = [];
       for (const e of programmed.elements.values()) {
@@ -292,25 +313,27 @@ export class NftBackend implements Backend {
         added.push(this.elementOf(e));
       }
       for (const [key, kernel] of listed) if (!written.has(key)) removed.push(kernel.element);
-      if (removed.length === 0 && added.length === 0) return 0;
+      mapChanges(tx, family, removed, added);
+      repairs += removed.length + added.length;
+      if (tx.size === 0) return 0;
       try {
-        await this.apply(mapChanges(new Transaction(), family, removed, added));
+        await this.apply(tx);
       } catch (err) {
         this.programmed.delete(family);
         throw err;
       }
-      return removed.length + added.length;
+      return repairs;
     });
   }
 
-  private async listMap(family: Family): Promise<string | undefined> {
+  private async listTable(family: Family): Promise<string | undefined> {
     try {
-      return await this.lister.listMap(NFT_FAMILY[family], TABLE_NAME, MAP_NAME);
+      return await this.lister.listTable(NFT_FAMILY[family], TABLE_NAME);
     } catch (err) {
       if (this.lister === this.executor || !/not found/.test((err as Error).message)) throw err;
       // No nft command beside the addon: list through the addon.
       this.lister = this.executor;
-      return this.executor.listMap(NFT_FAMILY[family], TABLE_NAME, MAP_NAME);
+      return this.executor.listTable(NFT_FAMILY[family], TABLE_NAME);
     }
   }
 
@@ -335,13 +358,30 @@ export class NftBackend implements Backend {
 
 type Json = unknown;
 
-/** The elements of `nft -j list map` output, by entry key. */
-export function parseMapListing(family: Family, listing: string): Map<string, ListedElement> {
-  const out = new Map<string, ListedElement>();
+/** The expressions of a rule as nft JSON: what a listing shows of it. */
+function ruleExpressions(json: JsonWriter, rule: RuleObject): unknown {
+  const [command] = json.commands(new Transaction().add(rule));
+  return (command!.add as { rule: { expr: unknown } }).rule.expr;
+}
+
+/** The map elements (by entry key) and the rules (expressions by chain) of `nft -j list table`. */
+export function parseTableListing(
+  family: Family,
+  listing: string,
+): { elements: Map<string, ListedElement>; rules: Map<string, unknown[]> } {
+  const elements = new Map<string, ListedElement>();
+  const rules = new Map<string, unknown[]>();
   const doc = JSON.parse(listing) as { nftables?: Array<Record<string, Json>> };
   for (const item of doc.nftables ?? []) {
-    const map = item.map as { elem?: Json[] } | undefined;
-    for (const pair of map?.elem ?? []) {
+    const rule = item.rule as { chain?: string; expr?: unknown } | undefined;
+    if (rule?.chain !== undefined) {
+      const list = rules.get(rule.chain) ?? [];
+      list.push(rule.expr);
+      rules.set(rule.chain, list);
+    }
+    const map = item.map as { name?: string; elem?: Json[] } | undefined;
+    if (map?.name !== MAP_NAME) continue;
+    for (const pair of map.elem ?? []) {
       if (!Array.isArray(pair) || pair.length !== 2)
         throw new NftError(`unexpected map element ${JSON.stringify(pair)}`);
       const [k, value] = pair as [Json, Json];
@@ -352,17 +392,18 @@ export function parseMapListing(family: Family, listing: string): Map<string, Li
         throw new NftError(`unexpected map element ${JSON.stringify(pair)}`);
       }
       const [ip, proto, port] = parts as [string, string | number, number | string];
-      const address = parseIp(ip)?.address ?? ip;
+      // nft prints addresses as the model writes them (RFC 5952 for IPv6); parse only what differs.
+      const address = family === 'ipv6' ? (parseIp(ip)?.address ?? ip) : ip;
       const protocol = typeof proto === 'string' ? proto.toUpperCase() : proto;
       const key = entryKey({ family, externalIp: address, protocol: protocol as never, port: Number(port) });
-      out.set(key, {
+      elements.set(key, {
         key,
-        value: parseIp(value)?.address ?? value,
+        value: family === 'ipv6' ? (parseIp(value)?.address ?? value) : value,
         comment: wrapped?.comment,
         // Deleted by key: written back as it was read.
         element: { key: [ip, proto, port], value },
       });
     }
   }
-  return out;
+  return { elements, rules };
 }

@@ -155,7 +155,8 @@ function statementJson(family: NftFamily, s: Statement): unknown {
     case 'orMark':
       return { mangle: { key: { meta: { key: 'mark' } }, value: { '|': [{ meta: { key: 'mark' } }, s.mark] } } };
     case 'dnatByMap':
-      return { dnat: { family, addr: { map: { key: daddrKey(family), data: `@${s.map}` } } } };
+      // No `family`: the table's family says it, and a listing leaves it out too.
+      return { dnat: { addr: { map: { key: daddrKey(family), data: `@${s.map}` } } } };
     case 'jump':
       return { jump: { target: s.chain } };
   }

@@ -165,27 +165,42 @@ export function desiredTable(
 
 /**
  * Brings one family's table to `t` without removing the table or the chains packets cross:
- * declares every object (`add` keeps what exists), flushes and rewrites our chains' rules and
- * the pod set, and removes our objects this state has no use for. With `elements: 'rewrite'`
- * the map is flushed and refilled; with `'keep'` its elements stay as they are (a resync that
- * verifies them apart). One atomic transaction: packets see the old table or the new one.
+ * declares every object (`add` keeps what exists), flushes and rewrites our chains' rules, the
+ * pod set and the map, and removes our objects this state has no use for. One atomic
+ * transaction: packets see the old table or the new one.
  */
-export function writeTable(tx: Transaction, t: DesiredTable, elements: 'rewrite' | 'keep'): Transaction {
+export function writeTable(tx: Transaction, t: DesiredTable): Transaction {
   const all = tableObjects(t.table.family === 'ip' ? 'ipv4' : 'ipv6');
   tx.add(t.table, ...t.maps, ...t.sets);
   // Our chains that exist now are emptied first: a rule of the old state may name the pod set.
   const unwantedChains = t.unwanted.filter((o): o is ChainObject => o.kind === 'chain');
   tx.add(...t.chains, ...unwantedChains);
-  tx.flush(...all.chains);
-  if (elements === 'rewrite') tx.flush(...t.maps);
-  tx.flush(...t.sets);
-  for (const e of t.elements) if (elements === 'rewrite' || e !== t.mapElements) tx.add(e);
-  tx.add(...t.rules);
+  tx.flush(...all.chains, ...t.maps, ...t.sets);
+  tx.add(...t.elements, ...t.rules);
   // Declared, then deleted: `delete` alone fails on what does not exist.
   const unwantedSets = t.unwanted.filter((o): o is SetObject => o.kind === 'set');
   tx.add(...unwantedSets);
   tx.delete(...unwantedChains, ...unwantedSets);
   return tx;
+}
+
+/**
+ * The first step of a periodic resync of a table that has the shape of `t`: declares the chains
+ * again (which fails on a changed hook or priority, and puts back the policy) and rewrites the
+ * few pod CIDRs. The rules and the map elements are verified against a listing afterwards: a
+ * rule rewritten at every resync would also make every `nft monitor` lose track of the sets.
+ * A missing table, set or chain fails the transaction, and the caller rewrites the table.
+ */
+export function resyncTable(tx: Transaction, t: DesiredTable): Transaction {
+  tx.add(...t.chains);
+  tx.flush(...t.sets);
+  for (const e of t.elements) if (e !== t.mapElements) tx.add(e);
+  return tx;
+}
+
+/** Rewrites the rules of one chain. */
+export function rewriteRules(tx: Transaction, t: DesiredTable, chain: ChainObject): Transaction {
+  return tx.flush(chain).add(...t.rules.filter((r) => r.chain === chain.name));
 }
 
 /** Replaces the table: the last resort, when an object of ours was changed so `add` cannot fit it. */
@@ -227,7 +242,7 @@ export function nftDocument(commands: NftCommand[]): string {
 
 /** The full sync of one family as JSON commands (what a first sync applies). */
 export function renderFullSyncJson(family: Family, state: FamilyState, masqueradeMark: number): NftCommand[] {
-  return json.commands(writeTable(new Transaction(), desiredTable(family, state, masqueradeMark), 'rewrite'));
+  return json.commands(writeTable(new Transaction(), desiredTable(family, state, masqueradeMark)));
 }
 
 /** Map changes as JSON commands. */

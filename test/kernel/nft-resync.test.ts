@@ -106,6 +106,20 @@ describe('nft periodic resync on the kernel', function () {
     expect(sh('nft', ['-a', 'list', 'chain', 'ip', TABLE_NAME, OUTPUT_CHAIN])).to.equal(rules);
   });
 
+  it('replaces the table when someone re-created a base chain with another priority', async () => {
+    const state = desired([...SERVICES, ...fillerServices(10)]);
+    await backend.sync(state, { full: true });
+    const before = mapElements();
+    sh('nft', ['flush', 'chain', 'ip', TABLE_NAME, OUTPUT_CHAIN]);
+    sh('nft', ['delete', 'chain', 'ip', TABLE_NAME, OUTPUT_CHAIN]);
+    sh('nft', ['add', 'chain', 'ip', TABLE_NAME, OUTPUT_CHAIN, '{ type nat hook output priority 0; policy accept; }']);
+    expect((await backend.sync(state, { full: true })).mode).to.equal('full');
+    expect(sh('nft', ['list', 'chain', 'ip', TABLE_NAME, OUTPUT_CHAIN])).to.match(
+      /priority -110;[^]*fib saddr type local/,
+    );
+    expect(mapElements()).to.deep.equal(before);
+  });
+
   it('answers every connection from a pod at once across resyncs and rewrites of 15,000 entries', async () => {
     const services = [...SERVICES, ...fillerServices(15_000)];
     // Two states that differ in the pod CIDRs only: switching between them rewrites the table.

@@ -205,7 +205,7 @@ export function rewriteRules(tx: Transaction, t: DesiredTable, chain: ChainObjec
 
 /** Replaces the table: the last resort, when an object of ours was changed so `add` cannot fit it. */
 export function replaceTable(tx: Transaction, t: DesiredTable): Transaction {
-  tx.add(t.table).delete(t.table);
+  tx.add(t.table).delete(t.table).add(t.table);
   for (const o of [...t.maps, ...t.sets, ...t.chains]) tx.add(o);
   for (const e of t.elements) tx.add(e);
   return tx.add(...t.rules);

@@ -2,6 +2,7 @@
 // a model of the tables and fails where the kernel would (src/backends/nft/fake-executor.ts).
 
 import { expect } from 'chai';
+import { NftTimeoutError, type NftCliExecutor } from '../../src/backends/nft/executor.js';
 import { FakeNftExecutor } from '../../src/backends/nft/fake-executor.js';
 import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import { MAP_NAME, OUTPUT_CHAIN, TABLE_NAME } from '../../src/backends/nft/render.js';
@@ -182,5 +183,33 @@ describe('NftBackend.sync on the fake executor', () => {
     await backend.cleanup();
     expect(fake.tables.size).to.equal(0);
     await backend.cleanup();
+  });
+
+  it('skips a verification whose listing cannot finish, ten times in a row at most', async () => {
+    const fake = new FakeNftExecutor();
+    let listings = 0;
+    const busyLister = {
+      listTable: async () => {
+        listings++;
+        throw new NftTimeoutError('nft -j list table did not finish within 1001 ms');
+      },
+    } as unknown as NftCliExecutor;
+    const backend = new NftBackend(fake, { lister: busyLister });
+    const desired = state([service(1), service(2)]);
+    await backend.sync(desired, { full: true });
+    const base = { family: 'ip', table: TABLE_NAME, name: MAP_NAME };
+    await fake.run(
+      JSON.stringify({
+        nftables: [{ delete: { element: { ...base, elem: [{ concat: ['192.0.2.1', 'tcp', 80] }] } } }],
+      }),
+    );
+    for (let i = 0; i < 10; i++) {
+      expect((await backend.sync(desired, { full: true })).repairedElements, `resync ${i + 1}`).to.equal(undefined);
+    }
+    expect(listings).to.equal(20); // both families
+    // The eleventh lists between the backend's own writes, and repairs.
+    expect((await backend.sync(desired, { full: true })).repairedElements).to.equal(1);
+    expect(listings).to.equal(20);
+    expect(elements(fake)).to.have.length(2);
   });
 });

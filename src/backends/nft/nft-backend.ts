@@ -15,7 +15,7 @@ import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState 
 import { parseIp } from '../../model/ip.js';
 import { BackendError, type Backend, type ProbeResult, type SyncOptions, type SyncResult } from '../backend.js';
 import { ElementStorage, entryKey, isEmpty, type ElementChanges } from '../element-storage.js';
-import { NftCliExecutor, NftError, type NftExecutor } from './executor.js';
+import { NftCliExecutor, NftError, NftTimeoutError, type NftExecutor } from './executor.js';
 import { JsonWriter, Transaction, type MapElement, type RuleObject } from './objects.js';
 import {
   MAP_NAME,
@@ -40,6 +40,10 @@ interface Programmed {
   shape: string;
 }
 
+/** Verifications skipped in a row (the listing could not finish) before one holds back our writes. */
+const MAX_SKIPPED_VERIFICATIONS = 10;
+const SKIPPED = Symbol('skipped');
+
 function shapeOf(state: FamilyState, mark: number): string {
   return JSON.stringify([state.localPodMatch, mark]);
 }
@@ -49,11 +53,11 @@ export type FallbackReason = 'not-programmed' | 'table-shape-changed' | 'partial
 
 export interface NftBackendOptions {
   /**
-   * Lists the map for a resync's verification. Defaults to the nft command when the executor is
-   * the addon: the addon runs one command at a time, and a listing of tens of thousands of
-   * elements would hold back the partial syncs of changes.
+   * Lists the table for a resync's verification, in another process so that partial syncs go on
+   * meanwhile (the addon runs one command at a time). Default: the nft command (the executor
+   * itself when it is the nft command); for another executor, it lists between our writes.
    */
-  lister?: NftExecutor;
+  lister?: NftCliExecutor;
 }
 
 /** An element read back from the kernel map. */
@@ -86,13 +90,18 @@ export class NftBackend implements Backend {
   private readonly writtenDuringListing = new Map<Family, Set<string>>();
   /** Bumped whenever a family's table is written whole: a verification begun before is void. */
   private generation = 0;
-  private lister: NftExecutor;
+  /** Lists without holding back our writes (the nft command); undefined: list between writes. */
+  private lister: NftCliExecutor | undefined;
+  /** Verifications skipped in a row per family because the listing could not finish. */
+  private readonly skippedVerifications = new Map<Family, number>();
 
   constructor(
     readonly executor: NftExecutor,
     options: NftBackendOptions = {},
   ) {
-    this.lister = options.lister ?? (executor.kind === 'addon' ? new NftCliExecutor() : executor);
+    this.lister =
+      options.lister ??
+      (executor.kind === 'addon' ? new NftCliExecutor() : executor instanceof NftCliExecutor ? executor : undefined);
   }
 
   async probe(): Promise<ProbeResult> {
@@ -275,9 +284,9 @@ export class NftBackend implements Backend {
     const generation = this.generation;
     const written = new Set<string>();
     this.writtenDuringListing.set(family, written);
-    let listing: string | undefined;
+    let listing: string | undefined | typeof SKIPPED;
     try {
-      listing = await this.listTable(family);
+      listing = await this.listTable(family, this.programmed.get(family)?.elements.size ?? 0);
     } catch (err) {
       this.writtenDuringListing.delete(family);
       throw err;
@@ -286,7 +295,7 @@ export class NftBackend implements Backend {
       // Every partial sync that may have committed after the listing has noted its keys by now.
       this.writtenDuringListing.delete(family);
       const programmed = this.programmed.get(family);
-      if (generation !== this.generation || !programmed) return 0;
+      if (generation !== this.generation || !programmed || listing === SKIPPED) return 0;
       if (listing === undefined) throw new NftError('the table is missing');
       const { elements: listed, rules } = parseTableListing(family, listing);
       const tx = new Transaction();
@@ -326,15 +335,33 @@ export class NftBackend implements Backend {
     });
   }
 
-  private async listTable(family: Family): Promise<string | undefined> {
-    try {
-      return await this.lister.listTable(NFT_FAMILY[family], TABLE_NAME);
-    } catch (err) {
-      if (this.lister === this.executor || !/not found/.test((err as Error).message)) throw err;
-      // No nft command beside the addon: list through the addon.
-      this.lister = this.executor;
-      return this.executor.listTable(NFT_FAMILY[family], TABLE_NAME);
+  /**
+   * The listing a verification compares with. Through the nft command (another process) when the
+   * addon programs, so that partial syncs go on meanwhile; but nft starts a listing again whenever
+   * the ruleset changes under it, so while changes flow it may not finish: then the verification
+   * is skipped, up to MAX_SKIPPED_VERIFICATIONS times in a row, after which the listing runs
+   * between our own writes (changes wait for it, once).
+   */
+  private async listTable(family: Family, entries: number): Promise<string | undefined | typeof SKIPPED> {
+    const nf = NFT_FAMILY[family];
+    const skipped = this.skippedVerifications.get(family) ?? 0;
+    if (this.lister && skipped < MAX_SKIPPED_VERIFICATIONS) {
+      try {
+        const listing = await this.lister.listTable(nf, TABLE_NAME, 1_000 + entries / 10);
+        this.skippedVerifications.delete(family);
+        return listing;
+      } catch (err) {
+        if (err instanceof NftTimeoutError) {
+          this.skippedVerifications.set(family, skipped + 1);
+          return SKIPPED;
+        }
+        if (!/not found/.test((err as Error).message)) throw err;
+        // No nft command beside the addon: list between our writes.
+        this.lister = undefined;
+      }
     }
+    this.skippedVerifications.delete(family);
+    return this.exclusive(() => this.executor.listTable(nf, TABLE_NAME));
   }
 
   async cleanup(): Promise<void> {

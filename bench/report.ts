@@ -24,6 +24,10 @@ export interface LatencyResult {
   executor: 'addon';
   changes: number;
   samplesMs: number[];
+  /** --sync-period of the controller during the measure: periodic full syncs meet the changes. */
+  syncPeriod?: string;
+  /** Full syncs that ran during the measure. */
+  fullSyncs?: number;
   p50Ms: number;
   p90Ms: number;
   p99Ms: number;
@@ -71,8 +75,9 @@ export interface BenchResults {
   firstPacket: FirstPacketResult[];
 }
 
-const FULL_SYNC_TARGETS: Record<number, number> = { 10_000: 150, 50_000: 1000 };
-const LATENCY_TARGET_MS = 5;
+const FULL_SYNC_TARGETS: Record<number, number> = { 10_000: 150, 50_000: 800 };
+/** p50 and p99 of change -> kernel with --sync-period 3s --min-sync-period 0s. */
+const LATENCY_TARGET_MS = { p50: 5, p99: 20 };
 const MEMORY_TARGET_MIB = 100;
 
 function n(value: number): string {
@@ -159,7 +164,8 @@ export function formatReport(r: BenchResults): string {
     const l = r.latency;
     out.push(
       '',
-      `2. Change-to-kernel latency, ${n(l.services)} Services, addon, --min-sync-period 0 (each change is its own sync):`,
+      `2. Change-to-kernel latency, ${n(l.services)} Services, addon, --min-sync-period 0 (each change is its own sync),`,
+      `   --sync-period ${l.syncPeriod ?? '1h'}: ${l.fullSyncs ?? 0} periodic full syncs ran during the changes.`,
     );
     out.push(
       "   one Service's ingress IP changes in the stand-in; time until `nft monitor` shows the new element in the kernel.",
@@ -170,7 +176,7 @@ export function formatReport(r: BenchResults): string {
     );
     out.push(
       ...table(
-        ['', 'changes', 'p50', 'p90', 'p99', 'max', 'controller partial sync p50 / p99', 'target p99'],
+        ['', 'changes', 'p50', 'p90', 'p99', 'max', 'controller partial sync p50 / p99', 'target'],
         [
           [
             'controller',
@@ -180,7 +186,9 @@ export function formatReport(r: BenchResults): string {
             ms(l.p99Ms, 2),
             ms(l.maxMs, 2),
             `${ms(l.partialSyncP50Ms, 0)} / ${ms(l.partialSyncP99Ms, 0)} (${l.partialSyncs} syncs)`,
-            `< ${LATENCY_TARGET_MS} ms: ${verdict(l.p99Ms < LATENCY_TARGET_MS)}`,
+            `p50 < ${LATENCY_TARGET_MS.p50} ms, p99 < ${LATENCY_TARGET_MS.p99} ms: ${verdict(
+              l.p50Ms < LATENCY_TARGET_MS.p50 && l.p99Ms < LATENCY_TARGET_MS.p99,
+            )}`,
           ],
           [
             'floor',

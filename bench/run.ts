@@ -6,7 +6,10 @@
 //   4. first-packet cost (TCP set-up) through the nft map, and through the original's rules.
 // Prints a table and writes bench/results/<timestamp>.json. Asserts nothing.
 //
-//   npm run bench [-- --sizes 1000,10000,50000 --changes 500 --rounds 5 --only full,latency,memory,first-packet]
+//   npm run bench [-- --sizes 1000,10000,50000 --changes 500 --rounds 5 --only full,latency,memory,first-packet
+//                    --latency-sync-period 3s]
+// The latency measure runs the controller with --sync-period from --latency-sync-period (3s by
+// default: changes then meet periodic resyncs, as the target says).
 
 import { execFileSync, spawnSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -73,6 +76,7 @@ interface Options {
   rounds: number;
   connects: number;
   only: Set<Measure>;
+  latencySyncPeriod: string;
 }
 
 function parseOptions(argv: string[]): Options {
@@ -85,6 +89,7 @@ function parseOptions(argv: string[]): Options {
       rounds: { type: 'string', default: '5' },
       connects: { type: 'string', default: '10000' },
       only: { type: 'string', default: MEASURES.join(',') },
+      'latency-sync-period': { type: 'string', default: '3s' },
     },
   });
   const count = (flag: string, text: string) => {
@@ -108,6 +113,7 @@ function parseOptions(argv: string[]): Options {
     rounds: count('rounds', values.rounds),
     connects: count('connects', values.connects),
     only,
+    latencySyncPeriod: values['latency-sync-period'],
   };
 }
 
@@ -227,7 +233,11 @@ class Bench {
     nodeFlags: string[] = [],
   ): Promise<{ memory?: MemoryResult; latency?: LatencyResult }> {
     this.ensureServices(services);
-    const c = this.controller({ minSyncPeriod: '0s', nodeFlags });
+    const c = this.controller({
+      minSyncPeriod: '0s',
+      nodeFlags,
+      ...(measure.latency ? { syncPeriod: this.options.latencySyncPeriod } : {}),
+    });
     const out: { memory?: MemoryResult; latency?: LatencyResult } = {};
     try {
       await c.waitForSyncs('full', 1, this.startupTimeoutMs(services));
@@ -291,7 +301,12 @@ class Bench {
       // element out and one in, written by this process through the addon and seen the same way.
       for (let k = 0; k < this.options.changes; k++) {
         const element: Entry = { ...FLOOR_ENTRY, externalIp: floorIp(k) };
-        const document = nftDocument(renderMapChangesJson('ipv4', written ? [written] : [], [element]));
+        // The element written before is added again first (a no-op when it is there): a resync of
+        // the controller removes elements it did not write.
+        const document = nftDocument([
+          ...(written ? renderMapChangesJson('ipv4', [], [written]) : []),
+          ...renderMapChangesJson('ipv4', written ? [written] : [], [element]),
+        ]);
         const floorSeen = monitor.elementAdded(element.externalIp, 10_000);
         const writtenAt = performance.now();
         await addon.run(document);
@@ -299,11 +314,16 @@ class Bench {
         written = element;
         await sleep(10 + Math.floor(random() * 20));
       }
-      if (written) await addon.run(nftDocument(renderMapChangesJson('ipv4', [written], [])));
+      if (written) {
+        await addon.run(
+          nftDocument([...renderMapChangesJson('ipv4', [], [written]), ...renderMapChangesJson('ipv4', [written], [])]),
+        );
+      }
     } finally {
       await monitor.stop();
     }
     await sleep(200);
+    const fullSyncs = c.syncs.slice(partialBefore).filter((s) => s.mode === 'full').length;
     const partial = c.syncs
       .slice(partialBefore)
       .filter((s) => s.mode === 'partial')
@@ -313,6 +333,8 @@ class Bench {
       executor: 'addon',
       changes: samplesMs.length,
       samplesMs,
+      syncPeriod: this.options.latencySyncPeriod,
+      fullSyncs,
       p50Ms: percentile(samplesMs, 50),
       p90Ms: percentile(samplesMs, 90),
       p99Ms: percentile(samplesMs, 99),

@@ -65,6 +65,12 @@ class NftSession {
     std::lock_guard<std::mutex> guard(LibnftablesLock());
     if (ctx_ == nullptr) {
       ctx_ = nft_ctx_new(NFT_CTX_DEFAULT);
+      if (ctx_ == nullptr) {
+        CommandResult failed;
+        failed.rc = -1;
+        failed.error = "libnftables could not create a context (nft_ctx_new failed: out of memory?)";
+        return failed;
+      }
       // libnftables 1.0.6 has no input flags: the JSON output flag is what makes it parse JSON.
       nft_ctx_output_set_flags(ctx_, NFT_CTX_OUTPUT_JSON);
       nft_ctx_buffer_output(ctx_);

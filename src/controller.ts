@@ -115,6 +115,7 @@ export class Controller {
       minIntervalMs: options.minSyncPeriodMs,
       fullIntervalMs: options.syncPeriodMs,
       sync: (info) => this.sync(info),
+      partialDuringFull: options.backend.partialSyncsDuringFull === true,
       onError: (err, retryInMs) => {
         this.status.lastError = err.message;
         options.logger.error({ retryInMs, err }, 'sync failed, keeping the rules in place');
@@ -218,7 +219,13 @@ export class Controller {
       if (first) await this.options.afterFirstSync?.();
       if (report.result.mode !== 'noop') {
         logger.debug(
-          { mode: report.result.mode, entries: report.result.entries, ms: Math.round(report.durationMs) },
+          {
+            mode: report.result.mode,
+            entries: report.result.entries,
+            ms: Math.round(report.durationMs),
+            fallbackReason: report.result.fallbackReason,
+            repairedElements: report.result.repairedElements,
+          },
           'synced',
         );
       }

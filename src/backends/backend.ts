@@ -21,14 +21,27 @@ export interface SyncResult {
   mode: 'full' | 'partial' | 'noop';
   /** Programmed entries per family after the sync. */
   entries: { ipv4: number; ipv6: number };
+  /** Why a partial request became a full sync, when it did (a metric label and a debug log). */
+  fallbackReason?: string;
+  /** Elements and chains a full sync found changed by someone else and wrote back. */
+  repairedElements?: number;
 }
 
 export interface Backend {
   readonly name: BackendName;
   /** Checks that the kernel and userspace can run this backend, without changing anything. */
   probe(): Promise<ProbeResult>;
-  /** Makes the kernel match `desired`. Each family changes in one atomic transaction. */
+  /**
+   * Makes the kernel match `desired`. How atomic a change is depends on the backend: nft and
+   * iptables apply each write as one transaction (a full nft sync may take several: a rewrite,
+   * then repairs of what it verified); eBPF map elements change one by one.
+   */
   sync(desired: DesiredState, options: SyncOptions): Promise<SyncResult>;
+  /**
+   * True when a partial sync may run while a full sync is under way (the backend orders its own
+   * writes): a long resync then never holds back a change.
+   */
+  readonly partialSyncsDuringFull?: boolean;
   /** Removes every object this backend owns. Idempotent. */
   cleanup(): Promise<void>;
   /** Releases resources (native handles); leaves kernel state in place. */

@@ -83,7 +83,7 @@ export function buildCommand(): Command {
       new Option('--backend <name>', 'kernel backend').choices(['auto', 'nft', 'iptables', 'ebpf']).default('auto'),
     )
     .addOption(
-      new Option('--nft-executor <path>', 'how nft transactions run: in-process addon or the nft CLI')
+      new Option('--nft-executor <kind>', 'how nft transactions run: in-process addon or the nft CLI')
         .choices(['auto', 'addon', 'cli'])
         .default('auto'),
     )

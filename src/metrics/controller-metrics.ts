@@ -27,6 +27,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
   private readonly syncDuration: Histogram<'backend' | 'mode'>;
   private readonly programmingLatency: Histogram<'backend'>;
   private readonly syncErrors: Counter<'backend'>;
+  private readonly syncs: Counter<'backend' | 'mode' | 'fallback_reason'>;
   private readonly lastSuccessfulSync: Gauge;
   private readonly programmedEntries: Gauge<'backend' | 'family'>;
   private readonly skippedAddresses: Gauge<'reason'>;
@@ -79,6 +80,14 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
       name: name('sync_errors_total'),
       help: 'Syncs that failed; the rules programmed before stay in place and the sync is retried.',
       labelNames: ['backend'],
+      registers,
+    });
+    this.syncs = new Counter({
+      name: name('syncs_total'),
+      help:
+        'Successful syncs by backend and by what the sync did; fallback_reason says why a partial sync ' +
+        'became a full one (none when it did not).',
+      labelNames: ['backend', 'mode', 'fallback_reason'],
       registers,
     });
     this.lastSuccessfulSync = new Gauge({
@@ -221,6 +230,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
       this.syncErrors.inc({ backend });
       return;
     }
+    this.syncs.inc({ backend, mode, fallback_reason: report.result.fallbackReason ?? 'none' });
     this.lastSuccessfulSync.set(Date.now() / 1000);
     this.observeRejections(report.result);
     for (const family of FAMILIES) this.programmedEntries.set({ backend, family }, report.result.entries[family]);

@@ -90,7 +90,8 @@ function formatIpv6(groups: number[]): string {
   return `${hex.slice(0, bestStart).join(':')}::${hex.slice(bestStart + bestLen).join(':')}`;
 }
 
-function ipBytes(ip: ParsedIp): number[] {
+/** The address's bytes in network order (4 or 16). */
+export function ipBytes(ip: ParsedIp): number[] {
   if (ip.family === 'ipv4') return ip.address.split('.').map(Number);
   const groups = ipv6Groups(ip.address)!;
   return groups.flatMap((g) => [g >> 8, g & 0xff]);

@@ -167,7 +167,10 @@ export interface ChangeTracked<T> {
   changesSince(mark: number): { removed: T[]; added: T[] } | undefined;
 }
 
+/** The fields of an entry's match; a protocol read back from a kernel map may be a number. */
+export type EntryKeyFields = Pick<Entry, 'family' | 'externalIp' | 'port'> & { protocol: Protocol | number };
+
 /** A stable identity of an entry's match: one kernel map key. */
-export function entryKey(e: Pick<Entry, 'family' | 'externalIp' | 'protocol' | 'port'>): string {
+export function entryKey(e: EntryKeyFields): string {
   return `${e.family}|${e.externalIp}|${e.protocol}|${e.port}`;
 }

@@ -2,7 +2,9 @@
 // - a request after a quiet period runs at once;
 // - requests during a sync or within minInterval of the last one coalesce into one later run;
 // - a full sync runs at least every fullInterval (and after any failure), repairing drift;
-// - a failed sync is retried with backoff, never faster than minInterval.
+// - a failed sync is retried with backoff, never faster than minInterval;
+// - with partialDuringFull, a change is served by a partial sync while a periodic full sync is
+//   under way (the backend orders its own writes), so a long resync never holds a change back.
 
 export interface SyncRequestInfo {
   full: boolean;
@@ -15,18 +17,26 @@ export interface SyncRunnerOptions {
   fullIntervalMs: number;
   sync(info: SyncRequestInfo): Promise<void>;
   onError?(err: Error, retryInMs: number): void;
+  /** Partial syncs may run while a full sync runs (once a sync has succeeded). */
+  partialDuringFull?: boolean;
 }
 
 export class SyncRunner {
   private pending = false;
   private pendingFull = false;
   private changedAt: number | undefined;
-  private running: Promise<void> | undefined;
+  /** Syncs in flight: at most one full and one partial. */
+  private readonly running = new Set<Promise<void>>();
+  private fullRunning = false;
+  private partialRunning = false;
+  private succeeded = false;
   /** Cancels the scheduled run; set while one is scheduled. */
   private cancelScheduled: (() => void) | undefined;
   private fullTimer: NodeJS.Timeout | undefined;
   private lastRunAt = Number.NEGATIVE_INFINITY;
   private failures = 0;
+  /** performance.now() before which a retry after a failure does not start. */
+  private retryNotBefore = 0;
   private stopped = true;
 
   constructor(private readonly options: SyncRunnerOptions) {}
@@ -56,13 +66,27 @@ export class SyncRunner {
     this.cancelScheduled?.();
     this.cancelScheduled = undefined;
     clearTimeout(this.fullTimer);
-    await this.running;
+    await Promise.all(this.running);
+  }
+
+  /** What may start now, if anything is pending. */
+  private startable(): 'full' | 'partial' | undefined {
+    if (!this.pending) return undefined;
+    if (this.pendingFull) return this.fullRunning || this.partialRunning ? undefined : 'full';
+    if (this.partialRunning) return undefined;
+    if (this.fullRunning && !(this.options.partialDuringFull && this.succeeded)) return undefined;
+    return 'partial';
   }
 
   private schedule(extraDelayMs: number): void {
-    if (this.stopped || this.running || this.cancelScheduled) return;
+    if (this.stopped || this.cancelScheduled || !this.startable()) return;
     const sinceLast = performance.now() - this.lastRunAt;
-    const delay = Math.max(extraDelayMs, this.options.minIntervalMs - sinceLast, 0);
+    const delay = Math.max(
+      extraDelayMs,
+      this.options.minIntervalMs - sinceLast,
+      this.pendingFull ? this.retryNotBefore - performance.now() : 0,
+      0,
+    );
     const fire = () => {
       this.cancelScheduled = undefined;
       void this.run();
@@ -78,21 +102,27 @@ export class SyncRunner {
   }
 
   private async run(): Promise<void> {
-    if (this.stopped || !this.pending) return;
-    const info: SyncRequestInfo = { full: this.pendingFull, changedAt: this.changedAt };
+    const kind = this.stopped ? undefined : this.startable();
+    if (!kind) return;
+    const info: SyncRequestInfo = { full: kind === 'full', changedAt: this.changedAt };
     this.pending = false;
     this.pendingFull = false;
     this.changedAt = undefined;
     this.lastRunAt = performance.now();
+    if (info.full) this.fullRunning = true;
+    else this.partialRunning = true;
     let retryDelay = 0;
     const attempt = this.options.sync(info);
-    this.running = attempt.then(
+    const settled = attempt.then(
       () => undefined,
       () => undefined,
     );
+    this.running.add(settled);
     try {
       await attempt;
       this.failures = 0;
+      this.retryNotBefore = 0;
+      this.succeeded = true;
       if (info.full) this.armFullTimer();
     } catch (err) {
       this.failures++;
@@ -105,9 +135,15 @@ export class SyncRunner {
       this.pendingFull = true;
       this.changedAt =
         info.changedAt !== undefined ? Math.min(info.changedAt, this.changedAt ?? Infinity) : this.changedAt;
+      this.retryNotBefore = performance.now() + retryDelay;
       this.options.onError?.(err instanceof Error ? err : new Error(String(err)), retryDelay);
+      // A retry is due later: a run scheduled sooner (for a change) waits for it.
+      this.cancelScheduled?.();
+      this.cancelScheduled = undefined;
     } finally {
-      this.running = undefined;
+      this.running.delete(settled);
+      if (info.full) this.fullRunning = false;
+      else this.partialRunning = false;
     }
     if (this.pending) this.schedule(retryDelay);
   }

@@ -2,7 +2,7 @@
 // new ones side by side; whatever the input, applying its changes must give the new entries.
 
 import assert from 'node:assert/strict';
-import { diffEntries, diffProgrammed } from '../../src/backends/nft/nft-backend.js';
+import { diffByKey, diffProgrammed } from '../../src/backends/element-storage.js';
 import { entryKey, type Entry } from '../../src/model/types.js';
 
 function random(seed: number): () => number {
@@ -56,7 +56,7 @@ describe('nft partial sync: diffProgrammed', () => {
       }
       assert.deepEqual(contents([...kernel.values()]), contents(next), `round ${round}`);
 
-      const byKey = diffEntries(new Map(programmed.map((e) => [entryKey(e), e])), next);
+      const byKey = diffByKey(programmed, next);
       assert.deepEqual(contents(changes.removed), contents(byKey.removed), `round ${round}: removed`);
       assert.deepEqual(contents(changes.added), contents(byKey.added), `round ${round}: added`);
       for (const [old, current] of changes.replaced) {

@@ -108,4 +108,52 @@ describe('sync runner', () => {
     await sleep(30);
     assert.equal(r.calls.length, 1);
   });
+
+  it('with partialDuringFull, serves a change while a periodic full sync is under way', async () => {
+    const r = recorder();
+    const runner = new SyncRunner({
+      minIntervalMs: 0,
+      fullIntervalMs: 60_000,
+      partialDuringFull: true,
+      sync: (i) => r.sync(i),
+    });
+    runner.start();
+    await until(() => r.calls.length === 1, 'first sync');
+    r.holdNext();
+    runner.requestFull();
+    await until(() => r.calls.length === 2, 'the held full sync');
+    runner.request();
+    await until(() => r.calls.length === 3, 'a partial sync beside the full one');
+    r.release();
+    await runner.stop();
+    assert.deepEqual(
+      r.calls.map((c) => c.full),
+      [true, true, false],
+    );
+  });
+
+  it('without partialDuringFull, or before any sync succeeded, a change waits for the full sync', async () => {
+    for (const partialDuringFull of [false, true]) {
+      const r = recorder();
+      const runner = new SyncRunner({
+        minIntervalMs: 0,
+        fullIntervalMs: 60_000,
+        partialDuringFull,
+        sync: (i) => r.sync(i),
+      });
+      r.holdNext();
+      runner.start();
+      await until(() => r.calls.length === 1, 'the held first sync');
+      runner.request();
+      await sleep(30);
+      assert.equal(r.calls.length, 1, `partialDuringFull: ${partialDuringFull}`);
+      r.release();
+      await until(() => r.calls.length === 2, 'the change after the full sync');
+      await runner.stop();
+      assert.deepEqual(
+        r.calls.map((c) => c.full),
+        [true, false],
+      );
+    }
+  });
 });

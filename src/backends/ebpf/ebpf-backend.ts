@@ -48,7 +48,6 @@ export const DEFAULT_BPFFS_PATH = '/sys/fs/bpf/ipvs-node-controller';
 
 /** Map names in the BPF object; pinned as <bpffs>/maps/<name>. */
 export const ENTRY_MAP_NAME: Record<Family, string> = { ipv4: 'entries_v4', ipv6: 'entries_v6' };
-export const SOCKET_ORIGIN_MAP_NAME = 'socket_origins';
 /** Subdirectories of the bpffs directory, as the addon lays them out. */
 export const PIN_DIRECTORIES = ['links', 'programs', 'maps'] as const;
 

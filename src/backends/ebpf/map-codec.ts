@@ -6,7 +6,8 @@
 //   IPv6 key   (20): address[16] port[2]  protocol[1]  pad[1]
 //   IPv6 value (20): address[16] port[2]  pad[2]
 
-import { parseIp } from '../../model/ip.js';
+import { ipBytes, parseIp } from '../../model/ip.js';
+import { diffByKey, entryKey } from '../element-storage.js';
 import type { Entry, Family, Protocol } from '../../model/types.js';
 
 /** Must equal MAX_ENTRIES in the BPF source: the size the entry maps are created with. */
@@ -38,15 +39,7 @@ export type KeyFields = Pick<MapEntry, 'externalIp' | 'protocol' | 'port'>;
 export function addressBytes(family: Family, address: string): Buffer {
   const ip = parseIp(address);
   if (!ip || ip.family !== family) throw new Error(`not an ${family} address: ${address}`);
-  if (family === 'ipv4') return Buffer.from(address.split('.').map(Number));
-  const halves = ip.address.split('::');
-  const groups = (s: string | undefined) => (s ? s.split(':').map((g) => parseInt(g, 16)) : []);
-  const head = groups(halves[0]);
-  const tail = groups(halves[1]);
-  const all = [...head, ...new Array<number>(8 - head.length - tail.length).fill(0), ...tail];
-  const out = Buffer.alloc(16);
-  all.forEach((g, i) => out.writeUInt16BE(g, i * 2));
-  return out;
+  return Buffer.from(ipBytes(ip));
 }
 
 export function addressText(family: Family, bytes: Buffer): string {
@@ -112,10 +105,8 @@ export function decodeElements(family: Family, keys: Buffer, values: Buffer): Ma
   return out;
 }
 
-/** The kernel-side identity of an element: same as entryKey() of the model. */
-export function mapEntryKey(e: Pick<MapEntry, 'family' | 'externalIp' | 'protocol' | 'port'>): string {
-  return `${e.family}|${e.externalIp}|${e.protocol}|${e.port}`;
-}
+/** The kernel-side identity of an element: the model's entry key. */
+export const mapEntryKey = entryKey;
 
 export interface MapChanges {
   /** Elements to insert or overwrite. */
@@ -129,19 +120,14 @@ export interface MapChanges {
  * deletes second when applied, so an entry present before and after never disappears.
  */
 export function mapChanges(current: Iterable<MapEntry>, desired: readonly Entry[]): MapChanges {
-  const have = new Map<string, MapEntry>();
-  for (const e of current) have.set(mapEntryKey(e), e);
-  const upserts: Entry[] = [];
-  const wanted = new Set<string>();
-  for (const e of desired) {
-    const key = mapEntryKey(e);
-    wanted.add(key);
-    const old = have.get(key);
-    if (!old || old.clusterIp !== e.clusterIp || old.clusterPort !== e.port) upserts.push(e);
-  }
-  const deletes: MapChanges['deletes'] = [];
-  for (const [key, e] of have) if (!wanted.has(key)) deletes.push(e);
-  return { upserts, deletes };
+  const { removed, added } = diffByKey(
+    current,
+    desired,
+    (old, e) => old.clusterIp === e.clusterIp && old.clusterPort === e.port,
+  );
+  // An upsert overwrites a changed element in place: only keys no longer wanted are deleted.
+  const upserted = new Set(added.map(entryKey));
+  return { upserts: added, deletes: removed.filter((e) => !upserted.has(entryKey(e))) };
 }
 
 /** The map element an entry becomes. */

@@ -1,9 +1,7 @@
 // The typed face of the eBPF addon (native/bpf, libbpf) and where the built artifacts live.
 
-import { existsSync, readFileSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
+import { addonPath, hasFunctions, loadNativeAddon, packageRoot } from '../native-addon.js';
 
 export interface AttachedProgram {
   name: string;
@@ -46,24 +44,7 @@ export interface EbpfAddon {
 export const ADDON_FILE = 'ebpf_addon.node';
 export const OBJECT_FILE = 'ipvs_node_controller.bpf.o';
 
-/** The directory holding this package's package.json, found from this module's location. */
-export function packageRoot(): string {
-  let dir = dirname(fileURLToPath(import.meta.url));
-  for (;;) {
-    const manifest = join(dir, 'package.json');
-    if (existsSync(manifest)) {
-      try {
-        if ((JSON.parse(readFileSync(manifest, 'utf8')) as { name?: string }).name === 'ipvs-node-controller')
-          return dir;
-      } catch {
-        // not ours: keep walking up
-      }
-    }
-    const up = dirname(dir);
-    if (up === dir) throw new Error('cannot find the ipvs-node-controller package root');
-    dir = up;
-  }
-}
+export { packageRoot };
 
 /** Where the compiled BPF object ships: beside its source (scripts/build-bpf.mjs writes it). */
 export function defaultObjectPath(): string {
@@ -72,23 +53,25 @@ export function defaultObjectPath(): string {
 
 /** Where node-gyp puts the addon (binding.gyp target ebpf_addon). */
 export function defaultAddonPath(): string {
-  return join(packageRoot(), 'build', 'Release', ADDON_FILE);
+  return addonPath(ADDON_FILE);
+}
+
+function isEbpfAddon(value: unknown): value is EbpfAddon {
+  return (
+    hasFunctions(value, ['loadAndAttach', 'checkLoad', 'removePinned', 'PinnedMap']) &&
+    typeof (value as EbpfAddon).libbpfVersion === 'string'
+  );
 }
 
 export type AddonLoad = { ok: true; addon: EbpfAddon; path: string } | { ok: false; reason: string };
 
 /** Loads the addon, or says in one line why it cannot. */
 export function loadEbpfAddon(path = defaultAddonPath()): AddonLoad {
-  if (!existsSync(path)) {
-    return {
-      ok: false,
-      reason: `the eBPF addon ${path} is not built: install libbpf-dev and pkg-config, then run \`npm run build:native\``,
-    };
-  }
-  try {
-    return { ok: true, addon: createRequire(import.meta.url)(path) as EbpfAddon, path };
-  } catch (err) {
-    const first = (err as Error).message.split('\n')[0];
-    return { ok: false, reason: `the eBPF addon ${path} did not load (${first}): install libbpf1 and rebuild` };
-  }
+  const load = loadNativeAddon(path, isEbpfAddon, {
+    missing: (p) =>
+      `the eBPF addon ${p} is not built: install libbpf-dev and pkg-config, then run \`npm run build:native\``,
+    broken: (p, error) => `the eBPF addon ${p} did not load (${error}): install libbpf1 and rebuild`,
+    notTheAddon: (p) => `${p} is not the eBPF addon: run \`npm run build:native\``,
+  });
+  return load.ok ? { ok: true, addon: load.addon, path } : load;
 }

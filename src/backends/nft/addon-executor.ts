@@ -2,10 +2,7 @@
 // (build/Release/nftables_addon.node). Same contract as the CLI path; the controller falls back
 // to the CLI when the addon is not built or does not load, and says why once.
 
-import { existsSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { addonPath, hasFunctions, loadNativeAddon } from '../native-addon.js';
 import { NftCliExecutor, NftError, nftErrorMessage, type NftExecutor } from './executor.js';
 
 /** What native/nftables_addon.cc exports. */
@@ -20,23 +17,13 @@ export interface NftablesAddon {
   readonly version: string;
 }
 
-/** build/Release/nftables_addon.node of this package, found from this module (src/ or dist/src/). */
+/** build/Release/nftables_addon.node of this package. */
 export function defaultAddonPath(): string {
-  let dir = dirname(fileURLToPath(import.meta.url));
-  while (!existsSync(join(dir, 'package.json')) && dirname(dir) !== dir) dir = dirname(dir);
-  return join(dir, 'build', 'Release', 'nftables_addon.node');
+  return addonPath('nftables_addon.node');
 }
 
 function isNftablesAddon(value: unknown): value is NftablesAddon {
-  const v = value as Partial<Record<keyof NftablesAddon, unknown>> | null;
-  return (
-    typeof v === 'object' &&
-    v !== null &&
-    typeof v.run === 'function' &&
-    typeof v.check === 'function' &&
-    typeof v.list === 'function' &&
-    typeof v.version === 'string'
-  );
+  return hasFunctions(value, ['run', 'check', 'list']) && typeof (value as NftablesAddon).version === 'string';
 }
 
 function asNftError(err: unknown): NftError {
@@ -82,26 +69,12 @@ export type NftAddonLoad = { executor: NftAddonExecutor } | { executor: undefine
 
 /** Loads the addon; never throws: a missing or broken addon comes back as a reason to log. */
 export function loadNftAddon(path = defaultAddonPath()): NftAddonLoad {
-  if (!existsSync(path)) {
-    return {
-      executor: undefined,
-      reason: `the in-process nftables addon is not built (${path} is missing): ${BUILD_HINT}`,
-    };
-  }
-  let loaded: unknown;
-  try {
-    loaded = createRequire(import.meta.url)(path);
-  } catch (err) {
-    const firstLine = ((err as Error).message ?? String(err)).split('\n')[0];
-    return {
-      executor: undefined,
-      reason: `the in-process nftables addon did not load (${firstLine}): ${BUILD_HINT}`,
-    };
-  }
-  if (!isNftablesAddon(loaded)) {
-    return { executor: undefined, reason: `${path} is not the nftables addon: run \`npm run build:native\`` };
-  }
-  return { executor: new NftAddonExecutor(loaded) };
+  const load = loadNativeAddon(path, isNftablesAddon, {
+    missing: (p) => `the in-process nftables addon is not built (${p} is missing): ${BUILD_HINT}`,
+    broken: (_, error) => `the in-process nftables addon did not load (${error}): ${BUILD_HINT}`,
+    notTheAddon: (p) => `${p} is not the nftables addon: run \`npm run build:native\``,
+  });
+  return load.ok ? { executor: new NftAddonExecutor(load.addon) } : { executor: undefined, reason: load.reason };
 }
 
 export type NftExecutorPreference = 'auto' | 'addon' | 'cli';

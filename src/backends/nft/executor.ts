@@ -17,6 +17,14 @@ export interface NftExecutor {
   listTable(family: 'ip' | 'ip6', name: string): Promise<string | undefined>;
 }
 
+/** A listing that did not finish in time (see NftCliExecutor.listTable). */
+export class NftTimeoutError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'NftTimeoutError';
+  }
+}
+
 export class NftError extends Error {
   constructor(message: string) {
     super(message);
@@ -50,9 +58,14 @@ export class NftCliExecutor implements NftExecutor {
     await this.execDocument(['-c'], json);
   }
 
-  async listTable(family: 'ip' | 'ip6', name: string): Promise<string | undefined> {
+  /**
+   * With `timeoutMs`, a listing still running then is stopped (NftTimeoutError): nft starts its
+   * listing again whenever the ruleset changes under it, so it may never finish while another
+   * writer commits every few milliseconds.
+   */
+  async listTable(family: 'ip' | 'ip6', name: string, timeoutMs?: number): Promise<string | undefined> {
     try {
-      return await this.exec(['-j', 'list', 'table', family, name]);
+      return await this.exec(['-j', 'list', 'table', family, name], timeoutMs);
     } catch (err) {
       if (isNoSuchObject(err)) return undefined;
       throw err;
@@ -74,9 +87,15 @@ export class NftCliExecutor implements NftExecutor {
     }
   }
 
-  private async exec(args: string[]): Promise<string> {
-    const result = await execa(this.binary, args, { stdin: 'ignore', reject: false, stripFinalNewline: true });
+  private async exec(args: string[], timeoutMs?: number): Promise<string> {
+    const result = await execa(this.binary, args, {
+      stdin: 'ignore',
+      reject: false,
+      stripFinalNewline: true,
+      ...(timeoutMs !== undefined ? { timeout: timeoutMs } : {}),
+    });
     if (result.failed) {
+      if (result.timedOut) throw new NftTimeoutError(`nft ${args.join(' ')} did not finish within ${timeoutMs} ms`);
       if ((result as { code?: string }).code === 'ENOENT') {
         throw new NftError(`the '${this.binary}' command was not found: install the nftables package`);
       }

@@ -1,63 +1,118 @@
 // The nftables backend: tables `ip ipvs-node-controller` and `ip6 ipvs-node-controller`.
-// A full sync replaces the tables in one JSON transaction; between full syncs only the map
-// elements that changed are written (one JSON transaction per family). If a partial transaction fails (the table was removed by someone
-// else, say) the family falls back to a full sync.
+//
+// - The first sync writes both tables in one transaction that declares every object, rewrites
+//   our chains' rules and refills the map: the table and the base chains packets cross are never
+//   removed (a table replaced under traffic loses new connections' first packets).
+// - Between full syncs only the map elements that changed are written (one transaction).
+// - A periodic full sync (resync) rewrites the small parts (chains, rules, the pod set) in one
+//   transaction without touching the map's elements, then verifies the elements: it lists the map
+//   (through the nft command when the addon programs: another process, so changes are never
+//   queued behind the listing), and repairs only what drifted. Partial syncs may run meanwhile.
+// - When a partial transaction or a resync fails (someone removed or changed the table, say),
+//   the family falls back to a full sync; when that fails too, the table is replaced.
 
-import { FAMILIES, entryKey, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
+import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
+import { parseIp } from '../../model/ip.js';
 import { BackendError, type Backend, type ProbeResult, type SyncOptions, type SyncResult } from '../backend.js';
-import { orderedChanges } from '../../model/ordered-changes.js';
-import type { NftExecutor } from './executor.js';
+import { ElementStorage, entryKey, isEmpty, type ElementChanges } from '../element-storage.js';
+import { NftCliExecutor, NftError, NftTimeoutError, type NftExecutor } from './executor.js';
+import { JsonWriter, Transaction, type MapElement, type RuleObject } from './objects.js';
 import {
+  MAP_NAME,
   NFT_FAMILY,
   TABLE_NAME,
-  nftDocument,
-  renderDeleteTablesJson,
-  renderFullSyncJson,
-  mapElementJson,
-  renderMapChangesJson,
+  deleteTables,
+  desiredTable,
+  mapChanges,
+  mapElement,
+  replaceTable,
+  resyncTable,
+  rewriteRules,
+  writeTable,
+  type DesiredTable,
 } from './render.js';
 
 interface Programmed {
-  /** The map elements in the kernel, in the order of the desired state they came from. */
-  entries: Entry[];
-  /** The same entries as a set of objects. */
-  objects: Set<Entry>;
+  elements: ElementStorage;
+  /** The table's objects but the map elements, as programmed: what a resync verifies the rules against. */
+  table: DesiredTable;
   /** Everything but the map elements, compared to decide whether a partial sync is possible. */
   shape: string;
 }
+
+/** Verifications skipped in a row (the listing could not finish) before one holds back our writes. */
+const MAX_SKIPPED_VERIFICATIONS = 10;
+const SKIPPED = Symbol('skipped');
 
 function shapeOf(state: FamilyState, mark: number): string {
   return JSON.stringify([state.localPodMatch, mark]);
 }
 
+/** Why a family that was asked for a partial sync got a full one (the `fallback_reason` label). */
+export type FallbackReason = 'not-programmed' | 'table-shape-changed' | 'partial-failed';
+
+export interface NftBackendOptions {
+  /**
+   * Lists the table for a resync's verification, in another process so that partial syncs go on
+   * meanwhile (the addon runs one command at a time). Default: the nft command (the executor
+   * itself when it is the nft command); for another executor, it lists between our writes.
+   */
+  lister?: NftCliExecutor;
+}
+
+/** An element read back from the kernel map. */
+interface ListedElement {
+  key: string;
+  value: string;
+  comment?: string;
+  element: MapElement;
+}
+
 export class NftBackend implements Backend {
   readonly name = 'nft' as const;
+  readonly partialSyncsDuringFull = true;
   /** What this process last programmed, per family; absent until a full sync succeeded. */
   private readonly programmed = new Map<Family, Programmed>();
-  /**
-   * Element JSON by entry: the model hands unchanged entries back as the same objects, so a
-   * periodic full sync writes tens of thousands of elements without building them again.
-   */
-  private readonly elementJsons = new WeakMap<Entry, unknown>();
-  private readonly elementJson = (e: Entry): unknown => {
-    let json = this.elementJsons.get(e);
-    if (json === undefined) {
-      json = mapElementJson(e);
-      this.elementJsons.set(e, json);
+  private readonly json = new JsonWriter();
+  /** Map element by entry: the model hands unchanged entries back as the same objects. */
+  private readonly elementsByEntry = new WeakMap<Entry, MapElement>();
+  private readonly elementOf = (e: Entry): MapElement => {
+    let element = this.elementsByEntry.get(e);
+    if (element === undefined) {
+      element = mapElement(e);
+      this.elementsByEntry.set(e, element);
     }
-    return json;
+    return element;
   };
+  /** Transactions run one at a time, in the order they were asked for. */
+  private queue: Promise<unknown> = Promise.resolve();
+  /** Keys written per family while a verification listing was under way: not judged by it. */
+  private readonly writtenDuringListing = new Map<Family, Set<string>>();
+  /** Bumped whenever a family's table is written whole: a verification begun before is void. */
+  private generation = 0;
+  /** Lists without holding back our writes (the nft command); undefined: list between writes. */
+  private lister: NftCliExecutor | undefined;
+  /** Verifications skipped in a row per family because the listing could not finish. */
+  private readonly skippedVerifications = new Map<Family, number>();
 
-  constructor(readonly executor: NftExecutor) {}
+  constructor(
+    readonly executor: NftExecutor,
+    options: NftBackendOptions = {},
+  ) {
+    this.lister =
+      options.lister ??
+      (executor.kind === 'addon' ? new NftCliExecutor() : executor instanceof NftCliExecutor ? executor : undefined);
+  }
 
   async probe(): Promise<ProbeResult> {
-    // A check-mode transaction of the real table shape: proves the nft userspace, the nat hooks,
-    // fib and concatenated maps in this kernel, and the permission to program them.
+    // A check-mode full sync of an empty state: proves the nft userspace, the nat hooks, fib and
+    // concatenated maps in this kernel, and the permission to program them.
     const empty: FamilyState = { entries: [], localPodMatch: { kind: 'cidrs', cidrs: [] } };
     try {
       for (const family of FAMILIES) {
-        const cmds = renderFullSyncJson(family, empty, 0x4000).slice(2); // no delete in check mode
-        await this.executor.check(nftDocument(cmds));
+        await this.executor.check(
+          this.json.document(writeTable(new Transaction(), desiredTable(family, empty, 0x4000))),
+        );
       }
       return { ok: true, detail: `nftables via ${this.executor.kind}` };
     } catch (err) {
@@ -66,103 +121,254 @@ export class NftBackend implements Backend {
   }
 
   async sync(desired: DesiredState, options: SyncOptions): Promise<SyncResult> {
+    const mark = desired.masqueradeMark;
     const modes: Array<SyncResult['mode']> = [];
     const failures: string[] = [];
-    const mark = desired.masqueradeMark;
-    const needFull: Family[] = [];
+    const rewrite: Family[] = [];
+    const resync: Family[] = [];
+    let fallbackReason: FallbackReason | undefined;
+    const fallBack = (family: Family, reason: FallbackReason) => {
+      rewrite.push(family);
+      if (!options.full) fallbackReason ??= reason;
+    };
     for (const family of FAMILIES) {
-      const mode = options.full ? undefined : await this.syncChangedElements(family, desired[family], mark);
-      if (mode) modes.push(mode);
-      else needFull.push(family);
+      const before = this.programmed.get(family);
+      if (!before) fallBack(family, 'not-programmed');
+      else if (before.shape !== shapeOf(desired[family], mark)) fallBack(family, 'table-shape-changed');
+      else if (options.full) resync.push(family);
+      else {
+        const mode = await this.exclusive(() => this.syncChangedElements(family, desired[family]));
+        if (mode) modes.push(mode);
+        else fallBack(family, 'partial-failed');
+      }
     }
-    if (needFull.length > 0) {
-      // Every family that needs it in one transaction: libnftables reads the whole ruleset,
-      // elements included, before each transaction it runs (tens of ms with tens of thousands
-      // of elements). If that fails, one transaction per family, so that one family's problem
-      // neither blocks the other nor goes unreported.
-      const together =
-        needFull.length > 1 &&
-        (await this.fullSync(needFull, desired).then(
-          () => true,
-          () => false,
-        ));
-      for (const family of needFull) {
-        try {
-          if (!together) await this.fullSync([family], desired);
-          modes.push('full');
-        } catch (err) {
-          failures.push(`${NFT_FAMILY[family]}: ${(err as Error).message}`);
-        }
+    const verify: Family[] = [];
+    for (const family of resync) {
+      if (await this.exclusive(() => this.resync(family, desired[family], mark))) verify.push(family);
+      else rewrite.push(family);
+    }
+    if (rewrite.length > 0) {
+      for (const failure of await this.exclusive(() => this.rewrite(rewrite, desired))) failures.push(failure);
+      modes.push('full');
+    }
+    let repaired = 0;
+    for (const family of verify) {
+      try {
+        repaired += await this.verifyElements(family);
+        modes.push('full');
+      } catch (err) {
+        failures.push(`${NFT_FAMILY[family]}: verifying the map: ${(err as Error).message}`);
       }
     }
     if (failures.length > 0) throw new BackendError(`nft sync failed: ${failures.join('; ')}`, 'nft');
-    return {
+    const result: SyncResult = {
       mode: modes.includes('full') ? 'full' : modes.includes('partial') ? 'partial' : 'noop',
       entries: { ipv4: desired.ipv4.entries.length, ipv6: desired.ipv6.entries.length },
     };
+    if (fallbackReason) result.fallbackReason = fallbackReason;
+    if (repaired > 0) result.repairedElements = repaired;
+    return result;
+  }
+
+  /** Runs `work` after every transaction asked for before it. */
+  private exclusive<T>(work: () => Promise<T>): Promise<T> {
+    const run = this.queue.then(work, work);
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  private async apply(tx: Transaction): Promise<void> {
+    if (tx.size > 0) await this.executor.run(this.json.document(tx));
+  }
+
+  private noteWritten(family: Family, changes: Pick<ElementChanges, 'removed' | 'added'>): void {
+    const written = this.writtenDuringListing.get(family);
+    if (!written) return;
+    for (const e of changes.removed) written.add(entryKey(e));
+    for (const e of changes.added) written.add(entryKey(e));
   }
 
   /**
-   * A partial sync of one family: only the map elements that changed. Undefined when the family
-   * needs a full sync (nothing programmed yet, another table shape, or the kernel refused the
-   * changes because it no longer holds what we programmed).
+   * A partial sync of one family: only the map elements that changed. Undefined when the kernel
+   * refused them (it no longer holds what we programmed): the family needs a full sync.
    */
-  private async syncChangedElements(
-    family: Family,
-    state: FamilyState,
-    mark: number,
-  ): Promise<'partial' | 'noop' | undefined> {
+  private async syncChangedElements(family: Family, state: FamilyState): Promise<'partial' | 'noop' | undefined> {
     const before = this.programmed.get(family);
-    if (!before || before.shape !== shapeOf(state, mark)) return undefined;
-    // The model says what changed since the entries it gave before; if those are the ones in the
-    // kernel, nothing needs comparing.
-    const hint = state.changes;
-    const changes =
-      hint && hint.since === before.entries
-        ? pairReplacements(hint.removed, hint.added)
-        : diffProgrammed(before, state.entries);
-    if (changes.removed.length > 0 || changes.added.length > 0) {
+    if (!before) return undefined;
+    const changes = before.elements.changesTo(state);
+    if (!isEmpty(changes)) {
       try {
-        await this.executor.run(nftDocument(renderMapChangesJson(family, changes.removed, changes.added)));
+        await this.apply(
+          mapChanges(new Transaction(), family, changes.removed.map(this.elementOf), changes.added.map(this.elementOf)),
+        );
       } catch {
+        this.programmed.delete(family);
         return undefined;
       }
+      this.noteWritten(family, changes);
     }
-    // A model never changes an entries array it gave: kept as it is, comparable with `since`.
-    before.entries = hint ? state.entries : state.entries.slice();
-    if (changes.renewed) before.objects = new Set(state.entries);
-    else {
-      for (const e of changes.removed) before.objects.delete(e);
-      for (const [old, current] of changes.replaced) {
-        before.objects.delete(old);
-        before.objects.add(current);
-      }
-      for (const e of changes.added) before.objects.add(e);
-    }
-    return changes.removed.length > 0 || changes.added.length > 0 ? 'partial' : 'noop';
+    before.elements.commit(state, changes);
+    return isEmpty(changes) ? 'noop' : 'partial';
   }
 
-  /** Replaces the tables of `families` in one transaction. */
-  private async fullSync(families: Family[], desired: DesiredState): Promise<void> {
+  /**
+   * The periodic resync of one family whose table has the right shape: chains, rules and the pod
+   * set rewritten, and the element changes since the last sync, in one transaction; the map's
+   * other elements are verified afterwards. False when the kernel refused it.
+   */
+  private async resync(family: Family, state: FamilyState, mark: number): Promise<boolean> {
+    const before = this.programmed.get(family);
+    if (!before) return false;
+    const changes = before.elements.changesTo(state);
+    const tx = resyncTable(new Transaction(), desiredTable(family, { ...state, entries: [] }, mark));
+    mapChanges(tx, family, changes.removed.map(this.elementOf), changes.added.map(this.elementOf));
+    try {
+      await this.apply(tx);
+    } catch {
+      this.programmed.delete(family);
+      return false;
+    }
+    this.noteWritten(family, changes);
+    before.elements.commit(state, changes);
+    return true;
+  }
+
+  /**
+   * Writes the tables of `families` whole, keeping the tables and base chains: all in one
+   * transaction, else one per family (one family's problem neither blocks the other nor goes
+   * unreported), and a family whose objects were changed so that they cannot be declared again
+   * gets its table replaced. Returns the failures.
+   */
+  private async rewrite(families: Family[], desired: DesiredState): Promise<string[]> {
+    this.generation++;
     for (const family of families) this.programmed.delete(family);
     const mark = desired.masqueradeMark;
-    await this.executor.run(
-      nftDocument(families.flatMap((f) => renderFullSyncJson(f, desired[f], mark, this.elementJson))),
-    );
-    for (const family of families) {
-      const state = desired[family];
+    const table = (family: Family) => desiredTable(family, desired[family], mark, this.elementOf);
+    const record = (family: Family) =>
       this.programmed.set(family, {
-        entries: state.changes ? state.entries : state.entries.slice(),
-        objects: new Set(state.entries),
-        shape: shapeOf(state, mark),
+        elements: new ElementStorage(desired[family]),
+        table: desiredTable(family, { ...desired[family], entries: [] }, mark),
+        shape: shapeOf(desired[family], mark),
       });
+    const together = new Transaction();
+    for (const family of families) writeTable(together, table(family));
+    try {
+      await this.apply(together);
+      families.forEach(record);
+      return [];
+    } catch {
+      // one by one below
     }
+    const failures: string[] = [];
+    for (const family of families) {
+      try {
+        try {
+          await this.apply(writeTable(new Transaction(), table(family)));
+        } catch {
+          await this.apply(replaceTable(new Transaction(), table(family)));
+        }
+        record(family);
+      } catch (err) {
+        failures.push(`${NFT_FAMILY[family]}: ${(err as Error).message}`);
+      }
+    }
+    return failures;
+  }
+
+  /**
+   * Lists the family's table and repairs the rules and map elements that differ from what was
+   * programmed. Elements written by partial syncs while the listing ran are left to the next
+   * verification. Returns how many elements and chains were repaired.
+   */
+  private async verifyElements(family: Family): Promise<number> {
+    const generation = this.generation;
+    const written = new Set<string>();
+    this.writtenDuringListing.set(family, written);
+    let listing: string | undefined | typeof SKIPPED;
+    try {
+      listing = await this.listTable(family, this.programmed.get(family)?.elements.size ?? 0);
+    } catch (err) {
+      this.writtenDuringListing.delete(family);
+      throw err;
+    }
+    return this.exclusive(async () => {
+      // Every partial sync that may have committed after the listing has noted its keys by now.
+      this.writtenDuringListing.delete(family);
+      const programmed = this.programmed.get(family);
+      if (generation !== this.generation || !programmed || listing === SKIPPED) return 0;
+      if (listing === undefined) throw new NftError('the table is missing');
+      const { elements: listed, rules } = parseTableListing(family, listing);
+      const tx = new Transaction();
+      let repairs = 0;
+      for (const chain of programmed.table.chains) {
+        const want = programmed.table.rules
+          .filter((r) => r.chain === chain.name)
+          .map((r) => JSON.stringify(ruleExpressions(this.json, r)));
+        const have = (rules.get(chain.name) ?? []).map((expr) => JSON.stringify(expr));
+        if (want.length !== have.length || want.some((w, i) => w !== have[i])) {
+          rewriteRules(tx, programmed.table, chain);
+          repairs++;
+        }
+      }
+      const removed: MapElement[] = [];
+      const added: MapElement[] = [];
+      for (const e of programmed.elements.values()) {
+        const key = entryKey(e);
+        if (written.has(key)) continue;
+        const kernel = listed.get(key);
+        listed.delete(key);
+        if (kernel && kernel.value === e.clusterIp && kernel.comment === e.service) continue;
+        if (kernel) removed.push(kernel.element);
+        added.push(this.elementOf(e));
+      }
+      for (const [key, kernel] of listed) if (!written.has(key)) removed.push(kernel.element);
+      mapChanges(tx, family, removed, added);
+      repairs += removed.length + added.length;
+      if (tx.size === 0) return 0;
+      try {
+        await this.apply(tx);
+      } catch (err) {
+        this.programmed.delete(family);
+        throw err;
+      }
+      return repairs;
+    });
+  }
+
+  /**
+   * The listing a verification compares with. Through the nft command (another process) when the
+   * addon programs, so that partial syncs go on meanwhile; but nft starts a listing again whenever
+   * the ruleset changes under it, so while changes flow it may not finish: then the verification
+   * is skipped, up to MAX_SKIPPED_VERIFICATIONS times in a row, after which the listing runs
+   * between our own writes (changes wait for it, once).
+   */
+  private async listTable(family: Family, entries: number): Promise<string | undefined | typeof SKIPPED> {
+    const nf = NFT_FAMILY[family];
+    const skipped = this.skippedVerifications.get(family) ?? 0;
+    if (this.lister && skipped < MAX_SKIPPED_VERIFICATIONS) {
+      try {
+        const listing = await this.lister.listTable(nf, TABLE_NAME, 1_000 + entries / 10);
+        this.skippedVerifications.delete(family);
+        return listing;
+      } catch (err) {
+        if (err instanceof NftTimeoutError) {
+          this.skippedVerifications.set(family, skipped + 1);
+          return SKIPPED;
+        }
+        if (!/not found/.test((err as Error).message)) throw err;
+        // No nft command beside the addon: list between our writes.
+        this.lister = undefined;
+      }
+    }
+    this.skippedVerifications.delete(family);
+    return this.exclusive(() => this.executor.listTable(nf, TABLE_NAME));
   }
 
   async cleanup(): Promise<void> {
     this.programmed.clear();
+    this.generation++;
     try {
-      await this.executor.run(nftDocument(renderDeleteTablesJson(FAMILIES)));
+      await this.exclusive(() => this.apply(deleteTables(new Transaction(), FAMILIES)));
     } catch (err) {
       throw new BackendError(`nft cleanup failed: ${(err as Error).message}`, 'nft');
     }
@@ -177,69 +383,54 @@ export class NftBackend implements Backend {
   }
 }
 
-interface ProgrammedChanges {
-  removed: Entry[];
-  added: Entry[];
-  /** Programmed entries whose equal replacement is a new object: nothing to write to the kernel. */
-  replaced: Array<[Entry, Entry]>;
-  /** True when the changes were found by key, the object set must be rebuilt. */
-  renewed: boolean;
+type Json = unknown;
+
+/** The expressions of a rule as nft JSON: what a listing shows of it. */
+function ruleExpressions(json: JsonWriter, rule: RuleObject): unknown {
+  const [command] = json.commands(new Transaction().add(rule));
+  return (command!.add as { rule: { expr: unknown } }).rule.expr;
 }
 
-/**
- * What to write so that the kernel map holds `next`. The model keeps an unchanged entry as the
- * same object, in sorted order: walking the programmed entries and `next` side by side finds
- * the changes at the cost of the changes, not of the table. Entries from a caller that does not
- * keep them so are compared by key.
- */
-export function diffProgrammed(programmed: Pick<Programmed, 'entries' | 'objects'>, next: Entry[]): ProgrammedChanges {
-  const walked =
-    programmed.objects.size === programmed.entries.length
-      ? orderedChanges(programmed.entries, next, (e) => programmed.objects.has(e))
-      : undefined;
-  if (!walked || new Set(walked.fresh).size !== walked.fresh.length) {
-    const byKey = new Map([...programmed.objects].map((p) => [entryKey(p), p]));
-    return { ...diffEntries(byKey, next), replaced: [], renewed: true };
-  }
-  return pairReplacements(walked.gone, walked.fresh);
-}
-
-/**
- * Entries gone and new as objects, as element changes: a new object equal to the one it
- * replaces (same key and value) is no change for the kernel.
- */
-export function pairReplacements(gone: Entry[], fresh: Entry[]): ProgrammedChanges {
-  const freshByKey = new Map(fresh.map((e) => [entryKey(e), e]));
-  const removed: Entry[] = [];
-  const replaced: Array<[Entry, Entry]> = [];
-  for (const old of gone) {
-    const key = entryKey(old);
-    const current = freshByKey.get(key);
-    if (current && current.clusterIp === old.clusterIp && current.service === old.service) {
-      replaced.push([old, current]);
-      freshByKey.delete(key);
-    } else {
-      removed.push(old);
+/** The map elements (by entry key) and the rules (expressions by chain) of `nft -j list table`. */
+export function parseTableListing(
+  family: Family,
+  listing: string,
+): { elements: Map<string, ListedElement>; rules: Map<string, unknown[]> } {
+  const elements = new Map<string, ListedElement>();
+  const rules = new Map<string, unknown[]>();
+  const doc = JSON.parse(listing) as { nftables?: Array<Record<string, Json>> };
+  for (const item of doc.nftables ?? []) {
+    const rule = item.rule as { chain?: string; expr?: unknown } | undefined;
+    if (rule?.chain !== undefined) {
+      const list = rules.get(rule.chain) ?? [];
+      list.push(rule.expr);
+      rules.set(rule.chain, list);
+    }
+    const map = item.map as { name?: string; elem?: Json[] } | undefined;
+    if (map?.name !== MAP_NAME) continue;
+    for (const pair of map.elem ?? []) {
+      if (!Array.isArray(pair) || pair.length !== 2)
+        throw new NftError(`unexpected map element ${JSON.stringify(pair)}`);
+      const [k, value] = pair as [Json, Json];
+      const wrapped = (k as { elem?: { val: Json; comment?: string } }).elem;
+      const val = wrapped ? wrapped.val : k;
+      const parts = (val as { concat?: Json[] }).concat;
+      if (!Array.isArray(parts) || parts.length !== 3 || typeof value !== 'string') {
+        throw new NftError(`unexpected map element ${JSON.stringify(pair)}`);
+      }
+      const [ip, proto, port] = parts as [string, string | number, number | string];
+      // nft prints addresses as the model writes them (RFC 5952 for IPv6); parse only what differs.
+      const address = family === 'ipv6' ? (parseIp(ip)?.address ?? ip) : ip;
+      const protocol = typeof proto === 'string' ? proto.toUpperCase() : proto;
+      const key = entryKey({ family, externalIp: address, protocol: protocol as never, port: Number(port) });
+      elements.set(key, {
+        key,
+        value: family === 'ipv6' ? (parseIp(value)?.address ?? value) : value,
+        comment: wrapped?.comment,
+        // Deleted by key: written back as it was read.
+        element: { key: [ip, proto, port], value },
+      });
     }
   }
-  return { removed, added: [...freshByKey.values()], replaced, renewed: false };
-}
-
-/** Entries to delete and to add so that `current` becomes `next`; a changed value is both. */
-export function diffEntries(current: Map<string, Entry>, next: Entry[]): { removed: Entry[]; added: Entry[] } {
-  const removed: Entry[] = [];
-  const added: Entry[] = [];
-  const nextKeys = new Set<string>();
-  for (const e of next) {
-    const key = entryKey(e);
-    nextKeys.add(key);
-    const old = current.get(key);
-    if (!old) added.push(e);
-    else if (old.clusterIp !== e.clusterIp || old.service !== e.service) {
-      removed.push(old);
-      added.push(e);
-    }
-  }
-  for (const [key, e] of current) if (!nextKeys.has(key)) removed.push(e);
-  return { removed, added };
+  return { elements, rules };
 }

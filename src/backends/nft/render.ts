@@ -1,8 +1,27 @@
-// Desired state -> nftables objects, as JSON commands (partial syncs, the probe) and as nft text
-// (full syncs, and what --dry-run prints). Pure: no I/O. Both come from the same names and the
-// same element list; a kernel test checks that both give the same table.
+// Desired state -> the typed nftables objects of our tables, and the transactions made of them:
+// the full sync, the periodic resync, the partial sync, the probe, the cleanup. The JSON the
+// executor applies and the text --dry-run prints are both written from these objects
+// (objects.ts). Pure: no I/O.
 
-import type { DesiredState, Entry, Family, FamilyState, LocalPodMatch } from '../../model/types.js';
+import type { DesiredState, Entry, Family, FamilyState } from '../../model/types.js';
+import {
+  JsonWriter,
+  Transaction,
+  tableText,
+  type ChainObject,
+  type ElementObject,
+  type MapElement,
+  type MapObject,
+  type NftCommand,
+  type NftFamily,
+  type RuleObject,
+  type SetObject,
+  type Statement,
+  type TableContents,
+  type TableObject,
+} from './objects.js';
+
+export type { NftCommand, NftFamily } from './objects.js';
 
 export const TABLE_NAME = 'ipvs-node-controller';
 export const MAP_NAME = 'external-ip-to-cluster-ip';
@@ -13,252 +32,231 @@ export const TRANSLATE_CHAIN = 'mark-for-masquerade-and-dnat';
 /** dstnat - 10: before kube-proxy's NAT. Written as a number: nft 1.0.6 rejects `dstnat` on output. */
 export const CHAIN_PRIORITY = -110;
 
-export type NftFamily = 'ip' | 'ip6';
 export const NFT_FAMILY: Record<Family, NftFamily> = { ipv4: 'ip', ipv6: 'ip6' };
 const ADDR_TYPE: Record<Family, string> = { ipv4: 'ipv4_addr', ipv6: 'ipv6_addr' };
 
-/** One nft JSON command, e.g. `{ add: { table: {...} } }`. */
-export type NftCommand = Record<string, unknown>;
+/** The map element of an entry. */
+export function mapElement(e: Entry): MapElement {
+  return { key: [e.externalIp, e.protocol.toLowerCase(), e.port], value: e.clusterIp, comment: e.service };
+}
+
+/** The objects of one family's table, elements aside: each has a fixed name, whatever the state. */
+export function tableObjects(family: Family) {
+  const nf = NFT_FAMILY[family];
+  const table: TableObject = {
+    kind: 'table',
+    family: nf,
+    name: TABLE_NAME,
+    comment: 'managed by ipvs-node-controller; do not edit',
+  };
+  const inTable = { family: nf, table: TABLE_NAME };
+  const map: MapObject = {
+    kind: 'map',
+    ...inTable,
+    name: MAP_NAME,
+    type: [ADDR_TYPE[family], 'inet_proto', 'inet_service'],
+    data: ADDR_TYPE[family],
+    comment: 'external IP . protocol . port : ClusterIP',
+  };
+  const localPods: SetObject = {
+    kind: 'set',
+    ...inTable,
+    name: LOCAL_POD_SET,
+    type: ADDR_TYPE[family],
+    flags: ['interval'],
+    comment: 'local pod CIDRs',
+  };
+  const nat = (hook: 'prerouting' | 'output') =>
+    ({ type: 'nat', hook, priority: CHAIN_PRIORITY, policy: 'accept' }) as const;
+  const prerouting: ChainObject = { kind: 'chain', ...inTable, name: PREROUTING_CHAIN, base: nat('prerouting') };
+  const output: ChainObject = { kind: 'chain', ...inTable, name: OUTPUT_CHAIN, base: nat('output') };
+  const translate: ChainObject = { kind: 'chain', ...inTable, name: TRANSLATE_CHAIN };
+  return { table, map, localPods, prerouting, output, translate, chains: [prerouting, output, translate] };
+}
+
+export function mapElements(family: Family, elements: readonly MapElement[]): ElementObject {
+  return { kind: 'element', family: NFT_FAMILY[family], table: TABLE_NAME, set: MAP_NAME, map: true, elements };
+}
+
+/** What one family's table holds when it matches `state`. */
+export interface DesiredTable extends TableContents {
+  /** The map elements (also among `elements` when there are any). */
+  mapElements: ElementObject;
+  /** Our objects that must not exist in this state (the pod set in interface modes, say). */
+  unwanted: Array<ChainObject | SetObject>;
+}
+
+export function desiredTable(
+  family: Family,
+  state: FamilyState,
+  masqueradeMark: number,
+  elementOf: (e: Entry) => MapElement = mapElement,
+): DesiredTable {
+  const o = tableObjects(family);
+  const match = state.localPodMatch;
+  const rule = (chain: ChainObject, statements: Statement[]): RuleObject => ({
+    kind: 'rule',
+    family: chain.family,
+    table: chain.table,
+    chain: chain.name,
+    statements,
+  });
+  const lookup: Statement = { kind: 'destinationInMap', map: MAP_NAME };
+  const jump: Statement = { kind: 'jump', chain: TRANSLATE_CHAIN };
+  const mapElems = mapElements(family, state.entries.map(elementOf));
+  const t: DesiredTable = {
+    table: o.table,
+    sets: [],
+    maps: [o.map],
+    elements: [],
+    chains: [],
+    rules: [],
+    notes: [],
+    mapElements: mapElems,
+    unwanted: [],
+  };
+  let podMatch: Statement | undefined;
+  switch (match.kind) {
+    case 'cidrs':
+      t.sets.push(o.localPods);
+      if (match.cidrs.length > 0) {
+        t.elements.push({
+          kind: 'element',
+          family: o.table.family,
+          table: TABLE_NAME,
+          set: LOCAL_POD_SET,
+          elements: match.cidrs.map((c) => {
+            const [address, length] = c.split('/');
+            return { address: address!, length: Number(length) };
+          }),
+        });
+      }
+      podMatch = { kind: 'sourceInSet', set: LOCAL_POD_SET };
+      break;
+    case 'interface':
+      podMatch = { kind: 'inputInterface', name: match.name };
+      break;
+    case 'interfacePrefix':
+      podMatch = { kind: 'inputInterface', name: `${match.prefix}*` };
+      break;
+    case 'none':
+      t.notes!.push(`no prerouting chain: ${match.reason}`);
+      break;
+  }
+  if (match.kind !== 'cidrs') t.unwanted.push(o.localPods);
+  if (state.entries.length > 0) t.elements.push(mapElems);
+  if (podMatch) {
+    t.chains.push(o.prerouting);
+    t.rules.push(rule(o.prerouting, [podMatch, lookup, jump]));
+  } else {
+    t.unwanted.push(o.prerouting);
+  }
+  t.chains.push(o.output, o.translate);
+  t.rules.push(
+    rule(o.output, [{ kind: 'fromLocalAddress' }, lookup, jump]),
+    // One rule: mark, then DNAT.
+    rule(o.translate, [
+      { kind: 'orMark', mark: masqueradeMark },
+      { kind: 'dnatByMap', map: MAP_NAME },
+    ]),
+  );
+  return t;
+}
+
+/**
+ * Brings one family's table to `t` without removing the table or the chains packets cross:
+ * declares every object (`add` keeps what exists), flushes and rewrites our chains' rules, the
+ * pod set and the map, and removes our objects this state has no use for. One atomic
+ * transaction: packets see the old table or the new one.
+ */
+export function writeTable(tx: Transaction, t: DesiredTable): Transaction {
+  const all = tableObjects(t.table.family === 'ip' ? 'ipv4' : 'ipv6');
+  tx.add(t.table, ...t.maps, ...t.sets);
+  // Our chains that exist now are emptied first: a rule of the old state may name the pod set.
+  const unwantedChains = t.unwanted.filter((o): o is ChainObject => o.kind === 'chain');
+  tx.add(...t.chains, ...unwantedChains);
+  tx.flush(...all.chains, ...t.maps, ...t.sets);
+  tx.add(...t.elements, ...t.rules);
+  // Declared, then deleted: `delete` alone fails on what does not exist.
+  const unwantedSets = t.unwanted.filter((o): o is SetObject => o.kind === 'set');
+  tx.add(...unwantedSets);
+  tx.delete(...unwantedChains, ...unwantedSets);
+  return tx;
+}
+
+/**
+ * The first step of a periodic resync of a table that has the shape of `t`: declares the chains
+ * again (which fails on a changed hook or priority, and puts back the policy) and rewrites the
+ * few pod CIDRs. The rules and the map elements are verified against a listing afterwards: a
+ * rule rewritten at every resync would also make every `nft monitor` lose track of the sets.
+ * A missing table, set or chain fails the transaction, and the caller rewrites the table.
+ */
+export function resyncTable(tx: Transaction, t: DesiredTable): Transaction {
+  tx.add(...t.chains);
+  tx.flush(...t.sets);
+  for (const e of t.elements) if (e !== t.mapElements) tx.add(e);
+  return tx;
+}
+
+/** Rewrites the rules of one chain. */
+export function rewriteRules(tx: Transaction, t: DesiredTable, chain: ChainObject): Transaction {
+  return tx.flush(chain).add(...t.rules.filter((r) => r.chain === chain.name));
+}
+
+/** Replaces the table: the last resort, when an object of ours was changed so `add` cannot fit it. */
+export function replaceTable(tx: Transaction, t: DesiredTable): Transaction {
+  tx.add(t.table).delete(t.table).add(t.table);
+  for (const o of [...t.maps, ...t.sets, ...t.chains]) tx.add(o);
+  for (const e of t.elements) tx.add(e);
+  return tx.add(...t.rules);
+}
+
+/** Map changes only: deletions first, then additions, in one transaction. */
+export function mapChanges(
+  tx: Transaction,
+  family: Family,
+  removed: readonly MapElement[],
+  added: readonly MapElement[],
+): Transaction {
+  if (removed.length > 0) tx.delete(mapElements(family, removed));
+  if (added.length > 0) tx.add(mapElements(family, added));
+  return tx;
+}
+
+export function deleteTables(tx: Transaction, families: readonly Family[]): Transaction {
+  for (const f of families) {
+    const { table } = tableObjects(f);
+    const bare = { ...table, comment: undefined };
+    tx.add(bare).delete(bare);
+  }
+  return tx;
+}
+
+// ---- documents and text -----------------------------------------------------------------------
+
+const json = new JsonWriter();
 
 export function nftDocument(commands: NftCommand[]): string {
   return JSON.stringify({ nftables: commands });
 }
 
-function protoName(e: Pick<Entry, 'protocol'>): string {
-  return e.protocol.toLowerCase();
+/** The full sync of one family as JSON commands (what a first sync applies). */
+export function renderFullSyncJson(family: Family, state: FamilyState, masqueradeMark: number): NftCommand[] {
+  return json.commands(writeTable(new Transaction(), desiredTable(family, state, masqueradeMark)));
 }
 
-// ---- JSON ----------------------------------------------------------------------------------
-
-function tableRef(family: Family) {
-  return { family: NFT_FAMILY[family], name: TABLE_NAME };
-}
-
-function daddrKeyExpr(family: Family) {
-  return {
-    concat: [
-      { payload: { protocol: NFT_FAMILY[family], field: 'daddr' } },
-      { meta: { key: 'l4proto' } },
-      { payload: { protocol: 'th', field: 'dport' } },
-    ],
-  };
-}
-
-export function mapElementJson(e: Entry): unknown {
-  return [{ elem: { val: { concat: [e.externalIp, protoName(e), e.port] }, comment: e.service } }, e.clusterIp];
-}
-
-export function mapKeyJson(e: Pick<Entry, 'externalIp' | 'protocol' | 'port'>): unknown {
-  return { concat: [e.externalIp, protoName(e), e.port] };
-}
-
-function cidrElementJson(cidr: string): unknown {
-  const [addr, len] = cidr.split('/');
-  return { prefix: { addr, len: Number(len) } };
-}
-
-function localPodMatchExpr(family: Family, match: LocalPodMatch): unknown | undefined {
-  switch (match.kind) {
-    case 'cidrs':
-      return {
-        match: {
-          op: '==',
-          left: { payload: { protocol: NFT_FAMILY[family], field: 'saddr' } },
-          right: `@${LOCAL_POD_SET}`,
-        },
-      };
-    case 'interface':
-      return { match: { op: '==', left: { meta: { key: 'iifname' } }, right: match.name } };
-    case 'interfacePrefix':
-      return { match: { op: '==', left: { meta: { key: 'iifname' } }, right: `${match.prefix}*` } };
-    case 'none':
-      return undefined;
-  }
-}
-
-/**
- * The whole table of one family, replacing whatever is there, as one transaction:
- * `add table` (so that `delete` cannot fail), `delete table`, then everything anew.
- */
-export function renderFullSyncJson(
-  family: Family,
-  state: FamilyState,
-  masqueradeMark: number,
-  elementJson: (e: Entry) => unknown = mapElementJson,
-): NftCommand[] {
-  const t = tableRef(family);
-  const base = { family: t.family, table: TABLE_NAME };
-  const lookup = { match: { op: '==', left: daddrKeyExpr(family), right: `@${MAP_NAME}` } };
-  const jump = { jump: { target: TRANSLATE_CHAIN } };
-  const cmds: NftCommand[] = [
-    { add: { table: t } },
-    { delete: { table: t } },
-    { add: { table: { ...t, comment: 'managed by ipvs-node-controller; do not edit' } } },
-    {
-      add: {
-        map: {
-          ...base,
-          name: MAP_NAME,
-          type: [ADDR_TYPE[family], 'inet_proto', 'inet_service'],
-          map: ADDR_TYPE[family],
-          comment: 'external IP . protocol . port : ClusterIP',
-        },
-      },
-    },
-  ];
-  if (state.entries.length > 0) {
-    cmds.push({ add: { element: { ...base, name: MAP_NAME, elem: state.entries.map(elementJson) } } });
-  }
-  const podMatch = localPodMatchExpr(family, state.localPodMatch);
-  if (state.localPodMatch.kind === 'cidrs') {
-    cmds.push({
-      add: {
-        set: { ...base, name: LOCAL_POD_SET, type: ADDR_TYPE[family], flags: ['interval'], comment: 'local pod CIDRs' },
-      },
-    });
-    if (state.localPodMatch.cidrs.length > 0) {
-      cmds.push({
-        add: { element: { ...base, name: LOCAL_POD_SET, elem: state.localPodMatch.cidrs.map(cidrElementJson) } },
-      });
-    }
-  }
-  cmds.push(
-    {
-      add: {
-        chain: { ...base, name: TRANSLATE_CHAIN },
-      },
-    },
-    {
-      add: {
-        rule: {
-          ...base,
-          chain: TRANSLATE_CHAIN,
-          expr: [
-            {
-              mangle: {
-                key: { meta: { key: 'mark' } },
-                value: { '|': [{ meta: { key: 'mark' } }, masqueradeMark] },
-              },
-            },
-            {
-              dnat: { family: NFT_FAMILY[family], addr: { map: { key: daddrKeyExpr(family), data: `@${MAP_NAME}` } } },
-            },
-          ],
-        },
-      },
-    },
-    {
-      add: {
-        chain: { ...base, name: OUTPUT_CHAIN, type: 'nat', hook: 'output', prio: CHAIN_PRIORITY, policy: 'accept' },
-      },
-    },
-    {
-      add: {
-        rule: {
-          ...base,
-          chain: OUTPUT_CHAIN,
-          expr: [
-            { match: { op: '==', left: { fib: { result: 'type', flags: ['saddr'] } }, right: 'local' } },
-            lookup,
-            jump,
-          ],
-        },
-      },
-    },
-  );
-  if (podMatch) {
-    cmds.push(
-      {
-        add: {
-          chain: {
-            ...base,
-            name: PREROUTING_CHAIN,
-            type: 'nat',
-            hook: 'prerouting',
-            prio: CHAIN_PRIORITY,
-            policy: 'accept',
-          },
-        },
-      },
-      { add: { rule: { ...base, chain: PREROUTING_CHAIN, expr: [podMatch, lookup, jump] } } },
-    );
-  }
-  return cmds;
-}
-
-/** Map changes only: deletions first, then additions, in one transaction. */
+/** Map changes as JSON commands. */
 export function renderMapChangesJson(family: Family, removed: Entry[], added: Entry[]): NftCommand[] {
-  const base = { family: NFT_FAMILY[family], table: TABLE_NAME, name: MAP_NAME };
-  const cmds: NftCommand[] = [];
-  if (removed.length > 0) cmds.push({ delete: { element: { ...base, elem: removed.map(mapKeyJson) } } });
-  if (added.length > 0) cmds.push({ add: { element: { ...base, elem: added.map(mapElementJson) } } });
-  return cmds;
+  return json.commands(mapChanges(new Transaction(), family, removed.map(mapElement), added.map(mapElement)));
 }
 
 export function renderDeleteTablesJson(families: readonly Family[]): NftCommand[] {
-  return families.flatMap((f) => [{ add: { table: tableRef(f) } }, { delete: { table: tableRef(f) } }]);
-}
-
-// ---- text (--dry-run, and what a full sync applies) ------------------------------------------
-
-function quote(s: string): string {
-  return s.includes('"') || s.includes('\\') ? `"${s.replace(/["\\]/g, '\\$&')}"` : `"${s}"`;
-}
-
-/** One map element as nft text: `198.51.100.7 . tcp . 443 comment "ns/name" : 10.96.0.10`. */
-export function mapElementText(e: Entry): string {
-  // Joined rather than a template literal: one flat string, which the backend keeps per entry.
-  return [e.externalIp, ' . ', protoName(e), ' . ', e.port, ' comment ', quote(e.service), ' : ', e.clusterIp].join('');
-}
-
-function localPodMatchText(family: Family, match: LocalPodMatch): string | undefined {
-  switch (match.kind) {
-    case 'cidrs':
-      return `${NFT_FAMILY[family]} saddr @${LOCAL_POD_SET}`;
-    case 'interface':
-      return `iifname ${quote(match.name)}`;
-    case 'interfacePrefix':
-      return `iifname ${quote(`${match.prefix}*`)}`;
-    case 'none':
-      return undefined;
-  }
+  return json.commands(deleteTables(new Transaction(), families));
 }
 
 /** The table of one family as `nft -f` input (what `nft list table` would show, with elements). */
 export function renderFamilyText(family: Family, state: FamilyState, masqueradeMark: number): string {
-  const nf = NFT_FAMILY[family];
-  const key = `${nf} daddr . meta l4proto . th dport`;
-  const lines: string[] = [`table ${nf} ${TABLE_NAME} {`];
-  lines.push(`\tcomment "managed by ipvs-node-controller; do not edit"`, '');
-  if (state.localPodMatch.kind === 'cidrs') {
-    lines.push(`\tset ${LOCAL_POD_SET} {`, `\t\ttype ${ADDR_TYPE[family]}`, '\t\tflags interval');
-    lines.push(`\t\tcomment "local pod CIDRs"`);
-    if (state.localPodMatch.cidrs.length > 0) lines.push(`\t\telements = { ${state.localPodMatch.cidrs.join(', ')} }`);
-    lines.push('\t}', '');
-  }
-  lines.push(`\tmap ${MAP_NAME} {`, `\t\ttype ${ADDR_TYPE[family]} . inet_proto . inet_service : ${ADDR_TYPE[family]}`);
-  lines.push(`\t\tcomment "external IP . protocol . port : ClusterIP"`);
-  if (state.entries.length > 0) {
-    lines.push('\t\telements = {', `\t\t\t${state.entries.map(mapElementText).join(',\n\t\t\t')}`, '\t\t}');
-  }
-  lines.push('\t}', '');
-  const podMatch = localPodMatchText(family, state.localPodMatch);
-  if (podMatch) {
-    lines.push(`\tchain ${PREROUTING_CHAIN} {`);
-    lines.push(`\t\ttype nat hook prerouting priority ${CHAIN_PRIORITY}; policy accept;`);
-    lines.push(`\t\t${podMatch} ${key} @${MAP_NAME} jump ${TRANSLATE_CHAIN}`, '\t}', '');
-  } else if (state.localPodMatch.kind === 'none') {
-    // One line whatever the reason holds: the text is also applied.
-    lines.push(`\t# no prerouting chain: ${state.localPodMatch.reason.replace(/[\r\n]+/g, ' ')}`, '');
-  }
-  lines.push(`\tchain ${OUTPUT_CHAIN} {`);
-  lines.push(`\t\ttype nat hook output priority ${CHAIN_PRIORITY}; policy accept;`);
-  lines.push(`\t\tfib saddr type local ${key} @${MAP_NAME} jump ${TRANSLATE_CHAIN}`, '\t}', '');
-  lines.push(`\tchain ${TRANSLATE_CHAIN} {`);
-  // One rule, as in the JSON rendering: mark, then DNAT.
-  const mark = `meta mark set meta mark | 0x${masqueradeMark.toString(16).padStart(8, '0')}`;
-  lines.push(`\t\t${mark} dnat ${nf} to ${key} map @${MAP_NAME}`, '\t}', '}');
-  return lines.join('\n') + '\n';
+  return tableText(desiredTable(family, state, masqueradeMark));
 }
 
 export function renderDesiredStateText(desired: DesiredState): string {

@@ -1,0 +1,362 @@
+// Typed nftables objects and transactions (sigs.k8s.io/knftables is the model): a transaction is
+// a list of verbs (add, delete, flush) on objects (table, chain, rule, set, map, element). Two
+// writers derive from the same objects: the nft JSON document libnftables applies, and nft text.
+// Pure: no I/O.
+
+export type NftFamily = 'ip' | 'ip6';
+
+export interface TableObject {
+  kind: 'table';
+  family: NftFamily;
+  name: string;
+  comment?: string;
+}
+
+export interface BaseChainSpec {
+  type: 'nat';
+  hook: 'prerouting' | 'output';
+  priority: number;
+  policy: 'accept';
+}
+
+export interface ChainObject {
+  kind: 'chain';
+  family: NftFamily;
+  table: string;
+  name: string;
+  /** Set for a base chain: the hook packets enter it from. */
+  base?: BaseChainSpec;
+}
+
+/** The statements our rules are made of; the family of the rule says which address header. */
+export type Statement =
+  /** fib saddr type local: the packet comes from an address of this node. */
+  | { kind: 'fromLocalAddress' }
+  /** <family> saddr @set */
+  | { kind: 'sourceInSet'; set: string }
+  /** iifname "name" (a trailing `*` matches a prefix) */
+  | { kind: 'inputInterface'; name: string }
+  /** <family> daddr . meta l4proto . th dport @map */
+  | { kind: 'destinationInMap'; map: string }
+  /** meta mark set meta mark | mark */
+  | { kind: 'orMark'; mark: number }
+  /** dnat <family> to <family> daddr . meta l4proto . th dport map @map */
+  | { kind: 'dnatByMap'; map: string }
+  | { kind: 'jump'; chain: string };
+
+export interface RuleObject {
+  kind: 'rule';
+  family: NftFamily;
+  table: string;
+  chain: string;
+  statements: Statement[];
+}
+
+export interface SetObject {
+  kind: 'set';
+  family: NftFamily;
+  table: string;
+  name: string;
+  /** Key type, e.g. `ipv4_addr`. */
+  type: string;
+  flags?: Array<'interval'>;
+  comment?: string;
+}
+
+export interface MapObject {
+  kind: 'map';
+  family: NftFamily;
+  table: string;
+  name: string;
+  /** Concatenated key types. */
+  type: string[];
+  /** Data type. */
+  data: string;
+  comment?: string;
+}
+
+/** One element of a concatenated map: key parts, the data, a comment. */
+export interface MapElement {
+  key: ReadonlyArray<string | number>;
+  value: string;
+  comment?: string;
+}
+
+/** One element of an interval set: a prefix. */
+export interface PrefixElement {
+  address: string;
+  length: number;
+}
+
+export type ElementObject =
+  | { kind: 'element'; family: NftFamily; table: string; set: string; map: true; elements: readonly MapElement[] }
+  | { kind: 'element'; family: NftFamily; table: string; set: string; map?: false; elements: readonly PrefixElement[] };
+
+export type NftObject = TableObject | ChainObject | RuleObject | SetObject | MapObject | ElementObject;
+
+export type Verb = 'add' | 'delete' | 'flush';
+
+export interface Operation {
+  verb: Verb;
+  object: NftObject;
+}
+
+/** An ordered list of operations, applied as one atomic transaction. */
+export class Transaction {
+  readonly operations: Operation[] = [];
+
+  add(...objects: NftObject[]): this {
+    for (const object of objects) this.operations.push({ verb: 'add', object });
+    return this;
+  }
+
+  /** Deletes a table, chain, set or map; for elements, deletes them by key (the value is ignored). */
+  delete(...objects: NftObject[]): this {
+    for (const object of objects) this.operations.push({ verb: 'delete', object });
+    return this;
+  }
+
+  /** Empties a chain (of its rules), a set or a map (of its elements). */
+  flush(...objects: Array<ChainObject | SetObject | MapObject>): this {
+    for (const object of objects) this.operations.push({ verb: 'flush', object });
+    return this;
+  }
+
+  get size(): number {
+    return this.operations.length;
+  }
+}
+
+// ---- JSON writer ----------------------------------------------------------------------------
+
+/** One nft JSON command, e.g. `{ add: { table: {...} } }`. */
+export type NftCommand = Record<string, unknown>;
+
+function daddrKey(family: NftFamily): unknown {
+  return {
+    concat: [
+      { payload: { protocol: family, field: 'daddr' } },
+      { meta: { key: 'l4proto' } },
+      { payload: { protocol: 'th', field: 'dport' } },
+    ],
+  };
+}
+
+function statementJson(family: NftFamily, s: Statement): unknown {
+  switch (s.kind) {
+    case 'fromLocalAddress':
+      return { match: { op: '==', left: { fib: { result: 'type', flags: ['saddr'] } }, right: 'local' } };
+    case 'sourceInSet':
+      return { match: { op: '==', left: { payload: { protocol: family, field: 'saddr' } }, right: `@${s.set}` } };
+    case 'inputInterface':
+      return { match: { op: '==', left: { meta: { key: 'iifname' } }, right: s.name } };
+    case 'destinationInMap':
+      return { match: { op: '==', left: daddrKey(family), right: `@${s.map}` } };
+    case 'orMark':
+      return { mangle: { key: { meta: { key: 'mark' } }, value: { '|': [{ meta: { key: 'mark' } }, s.mark] } } };
+    case 'dnatByMap':
+      // No `family`: the table's family says it, and a listing leaves it out too.
+      return { dnat: { addr: { map: { key: daddrKey(family), data: `@${s.map}` } } } };
+    case 'jump':
+      return { jump: { target: s.chain } };
+  }
+}
+
+/**
+ * Writes transactions as nft JSON. Map elements are kept written per element object: a periodic
+ * rewrite of tens of thousands of unchanged elements reuses what it wrote before.
+ */
+export class JsonWriter {
+  private readonly elements = new WeakMap<MapElement, unknown>();
+
+  document(tx: Transaction): string {
+    return JSON.stringify({ nftables: this.commands(tx) });
+  }
+
+  commands(tx: Transaction): NftCommand[] {
+    return tx.operations.map((op) => ({ [op.verb]: this.objectJson(op.verb, op.object) }));
+  }
+
+  mapElement(e: MapElement): unknown {
+    let json = this.elements.get(e);
+    if (json === undefined) {
+      const val = { concat: e.key };
+      json = [e.comment === undefined ? val : { elem: { val, comment: e.comment } }, e.value];
+      this.elements.set(e, json);
+    }
+    return json;
+  }
+
+  private objectJson(verb: Verb, o: NftObject): Record<string, unknown> {
+    switch (o.kind) {
+      case 'table': {
+        const table: Record<string, unknown> = { family: o.family, name: o.name };
+        if (verb === 'add' && o.comment !== undefined) table.comment = o.comment;
+        return { table };
+      }
+      case 'chain': {
+        const chain: Record<string, unknown> = { family: o.family, table: o.table, name: o.name };
+        if (verb === 'add' && o.base) {
+          Object.assign(chain, { type: o.base.type, hook: o.base.hook, prio: o.base.priority, policy: o.base.policy });
+        }
+        return { chain };
+      }
+      case 'rule':
+        return {
+          rule: {
+            family: o.family,
+            table: o.table,
+            chain: o.chain,
+            expr: o.statements.map((s) => statementJson(o.family, s)),
+          },
+        };
+      case 'set': {
+        const set: Record<string, unknown> = { family: o.family, table: o.table, name: o.name };
+        if (verb === 'add') {
+          set.type = o.type;
+          if (o.flags) set.flags = o.flags;
+          if (o.comment !== undefined) set.comment = o.comment;
+        }
+        return { set };
+      }
+      case 'map': {
+        const map: Record<string, unknown> = { family: o.family, table: o.table, name: o.name };
+        if (verb === 'add') {
+          Object.assign(map, { type: o.type, map: o.data });
+          if (o.comment !== undefined) map.comment = o.comment;
+        }
+        return { map };
+      }
+      case 'element': {
+        let elem: unknown[];
+        if (o.map) {
+          // A deletion names keys only.
+          elem =
+            verb === 'delete' ? o.elements.map((e) => ({ concat: e.key })) : o.elements.map((e) => this.mapElement(e));
+        } else {
+          elem = o.elements.map((e) => ({ prefix: { addr: e.address, len: e.length } }));
+        }
+        return { element: { family: o.family, table: o.table, name: o.set, elem } };
+      }
+    }
+  }
+}
+
+// ---- text writer ----------------------------------------------------------------------------
+
+export function quote(s: string): string {
+  return `"${s.replace(/["\\]/g, '\\$&')}"`;
+}
+
+export function statementText(family: NftFamily, s: Statement): string {
+  const key = `${family} daddr . meta l4proto . th dport`;
+  switch (s.kind) {
+    case 'fromLocalAddress':
+      return 'fib saddr type local';
+    case 'sourceInSet':
+      return `${family} saddr @${s.set}`;
+    case 'inputInterface':
+      return `iifname ${quote(s.name)}`;
+    case 'destinationInMap':
+      return `${key} @${s.map}`;
+    case 'orMark':
+      return `meta mark set meta mark | 0x${s.mark.toString(16).padStart(8, '0')}`;
+    case 'dnatByMap':
+      return `dnat ${family} to ${key} map @${s.map}`;
+    case 'jump':
+      return `jump ${s.chain}`;
+  }
+}
+
+export function ruleText(r: RuleObject): string {
+  return r.statements.map((s) => statementText(r.family, s)).join(' ');
+}
+
+/** One map element as nft text: `198.51.100.7 . tcp . 443 comment "ns/name" : 10.96.0.10`. */
+export function mapElementText(e: MapElement): string {
+  const comment = e.comment === undefined ? '' : ` comment ${quote(e.comment)}`;
+  return `${e.key.join(' . ')}${comment} : ${e.value}`;
+}
+
+function elementsText(o: ElementObject): string[] {
+  return o.map ? o.elements.map(mapElementText) : o.elements.map((e) => `${e.address}/${e.length}`);
+}
+
+function chainSpecText(base: BaseChainSpec): string {
+  return `type ${base.type} hook ${base.hook} priority ${base.priority}; policy ${base.policy};`;
+}
+
+/** A transaction as `nft -f` input, one command per line. */
+export function transactionText(tx: Transaction): string {
+  const lines = tx.operations.map(({ verb, object: o }) => {
+    switch (o.kind) {
+      case 'table':
+        return `${verb} table ${o.family} ${o.name}${verb === 'add' && o.comment ? ` { comment ${quote(o.comment)}; }` : ''}`;
+      case 'chain':
+        return `${verb} chain ${o.family} ${o.table} ${o.name}${verb === 'add' && o.base ? ` { ${chainSpecText(o.base)} }` : ''}`;
+      case 'rule':
+        return `${verb} rule ${o.family} ${o.table} ${o.chain} ${ruleText(o)}`;
+      case 'set': {
+        if (verb !== 'add') return `${verb} set ${o.family} ${o.table} ${o.name}`;
+        const flags = o.flags ? ` flags ${o.flags.join(',')};` : '';
+        const comment = o.comment ? ` comment ${quote(o.comment)};` : '';
+        return `add set ${o.family} ${o.table} ${o.name} { type ${o.type};${flags}${comment} }`;
+      }
+      case 'map': {
+        if (verb !== 'add') return `${verb} map ${o.family} ${o.table} ${o.name}`;
+        const comment = o.comment ? ` comment ${quote(o.comment)};` : '';
+        return `add map ${o.family} ${o.table} ${o.name} { type ${o.type.join(' . ')} : ${o.data};${comment} }`;
+      }
+      case 'element': {
+        const items = verb === 'delete' && o.map ? o.elements.map((e) => e.key.join(' . ')) : elementsText(o);
+        return `${verb} element ${o.family} ${o.table} ${o.set} { ${items.join(', ')} }`;
+      }
+    }
+  });
+  return lines.join('\n') + '\n';
+}
+
+/** The contents of one table, as `nft list table` shows them (with elements). */
+export interface TableContents {
+  table: TableObject;
+  sets: SetObject[];
+  maps: MapObject[];
+  /** Elements of the sets and maps above. */
+  elements: ElementObject[];
+  chains: ChainObject[];
+  rules: RuleObject[];
+  /** Comment lines written before the chains (why a chain is left out, say). */
+  notes?: string[];
+}
+
+/** A table as an `nft -f` block, as `nft list table` prints it. */
+export function tableText(t: TableContents): string {
+  const lines: string[] = [`table ${t.table.family} ${t.table.name} {`];
+  if (t.table.comment) lines.push(`\tcomment ${quote(t.table.comment)}`, '');
+  const elementsOf = (name: string) => t.elements.filter((e) => e.set === name).flatMap(elementsText);
+  for (const s of t.sets) {
+    lines.push(`\tset ${s.name} {`, `\t\ttype ${s.type}`);
+    if (s.flags) lines.push(`\t\tflags ${s.flags.join(',')}`);
+    if (s.comment) lines.push(`\t\tcomment ${quote(s.comment)}`);
+    const elements = elementsOf(s.name);
+    if (elements.length > 0) lines.push(`\t\telements = { ${elements.join(', ')} }`);
+    lines.push('\t}', '');
+  }
+  for (const m of t.maps) {
+    lines.push(`\tmap ${m.name} {`, `\t\ttype ${m.type.join(' . ')} : ${m.data}`);
+    if (m.comment) lines.push(`\t\tcomment ${quote(m.comment)}`);
+    const elements = elementsOf(m.name);
+    if (elements.length > 0) lines.push('\t\telements = {', `\t\t\t${elements.join(',\n\t\t\t')}`, '\t\t}');
+    lines.push('\t}', '');
+  }
+  for (const note of t.notes ?? []) lines.push(`\t# ${note.replace(/[\r\n]+/g, ' ')}`, '');
+  t.chains.forEach((c, i) => {
+    lines.push(`\tchain ${c.name} {`);
+    if (c.base) lines.push(`\t\t${chainSpecText(c.base)}`);
+    for (const r of t.rules) if (r.chain === c.name) lines.push(`\t\t${ruleText(r)}`);
+    lines.push('\t}');
+    if (i < t.chains.length - 1) lines.push('');
+  });
+  lines.push('}');
+  return lines.join('\n') + '\n';
+}

@@ -1,0 +1,215 @@
+// Every branch of NftBackend.sync, without root: the backend programs a fake executor that keeps
+// a model of the tables and fails where the kernel would (src/backends/nft/fake-executor.ts).
+
+import { expect } from 'chai';
+import { NftTimeoutError, type NftCliExecutor } from '../../src/backends/nft/executor.js';
+import { FakeNftExecutor } from '../../src/backends/nft/fake-executor.js';
+import { NftBackend } from '../../src/backends/nft/nft-backend.js';
+import { MAP_NAME, OUTPUT_CHAIN, TABLE_NAME } from '../../src/backends/nft/render.js';
+import { buildDesiredState } from '../../src/model/desired-state.js';
+import type { DesiredState, ModelConfig, ServiceInfo } from '../../src/model/types.js';
+
+const CONFIG: ModelConfig = {
+  detectLocalMode: 'NodeCIDR',
+  clusterCidrs: [],
+  masqueradeBit: 14,
+  localTrafficPolicyOnly: false,
+};
+const NODE = { name: 'node-1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
+
+function service(i: number, clusterIp = `10.96.0.${i}`): ServiceInfo {
+  return {
+    namespace: 'default',
+    name: `svc-${i}`,
+    type: 'LoadBalancer',
+    creationTimestamp: '2024-01-01T00:00:00Z',
+    clusterIP: clusterIp,
+    clusterIPs: [clusterIp, `fd00::${i}`],
+    ports: [{ port: 80, protocol: 'TCP' }],
+    ingress: [{ ip: `192.0.2.${i}` }, { ip: `2001:db8::${i}` }],
+  };
+}
+
+const state = (services: ServiceInfo[], config: Partial<ModelConfig> = {}): DesiredState =>
+  buildDesiredState(services, NODE, { ...CONFIG, ...config });
+
+function setUp(): { fake: FakeNftExecutor; backend: NftBackend } {
+  const fake = new FakeNftExecutor();
+  return { fake, backend: new NftBackend(fake) };
+}
+
+const elements = (fake: FakeNftExecutor, family: 'ip' | 'ip6' = 'ip') =>
+  [...(fake.mapElements(family, TABLE_NAME, MAP_NAME)?.entries() ?? [])].map(([k, v]) => `${k} ${String(v)}`).sort();
+
+describe('NftBackend.sync on the fake executor', () => {
+  it('a first sync writes both families in one transaction', async () => {
+    const { fake, backend } = setUp();
+    const result = await backend.sync(state([service(1), service(2)]), { full: true });
+    expect(result).to.deep.equal({ mode: 'full', entries: { ipv4: 2, ipv6: 2 } });
+    expect(fake.documents).to.have.length(1);
+    expect(elements(fake)).to.deep.equal([
+      '{"concat":["192.0.2.1","tcp",80]} 10.96.0.1',
+      '{"concat":["192.0.2.2","tcp",80]} 10.96.0.2',
+    ]);
+    expect(elements(fake, 'ip6')).to.have.length(2);
+  });
+
+  it('a partial sync writes only the changed elements', async () => {
+    const { fake, backend } = setUp();
+    await backend.sync(state([service(1), service(2)]), { full: true });
+    const result = await backend.sync(state([service(1), service(3)]), { full: false });
+    expect(result.mode).to.equal('partial');
+    expect(result.fallbackReason).to.equal(undefined);
+    const last = JSON.parse(fake.documents.at(-1)!) as { nftables: Array<Record<string, unknown>> };
+    expect(last.nftables.map((c) => Object.keys(c)[0])).to.deep.equal(['delete', 'add']);
+    expect(elements(fake)).to.deep.equal([
+      '{"concat":["192.0.2.1","tcp",80]} 10.96.0.1',
+      '{"concat":["192.0.2.3","tcp",80]} 10.96.0.3',
+    ]);
+    expect((await backend.sync(state([service(1), service(3)]), { full: false })).mode).to.equal('noop');
+  });
+
+  it('a partial sync before any full one falls back to a full sync, and says why', async () => {
+    const { backend } = setUp();
+    const result = await backend.sync(state([service(1)]), { full: false });
+    expect(result.mode).to.equal('full');
+    expect(result.fallbackReason).to.equal('not-programmed');
+  });
+
+  it('a partial sync after someone deleted the table falls back to a full sync', async () => {
+    const { fake, backend } = setUp();
+    await backend.sync(state([service(1)]), { full: true });
+    await fake.run(JSON.stringify({ nftables: [{ delete: { table: { family: 'ip', name: TABLE_NAME } } }] }));
+    const result = await backend.sync(state([service(1), service(2)]), { full: false });
+    expect(result.mode).to.equal('full');
+    expect(result.fallbackReason).to.equal('partial-failed');
+    expect(elements(fake)).to.have.length(2);
+  });
+
+  it('a change of local-pod detection rewrites the table without the pod set', async () => {
+    const { fake, backend } = setUp();
+    await backend.sync(state([service(1)]), { full: true });
+    const result = await backend.sync(
+      state([service(1)], { detectLocalMode: 'InterfaceNamePrefix', podInterfaceNamePrefix: 'veth' }),
+      { full: false },
+    );
+    expect(result.fallbackReason).to.equal('table-shape-changed');
+    const table = fake.tables.get(`ip ${TABLE_NAME}`)!;
+    expect([...table.sets.keys()]).to.deep.equal([MAP_NAME]);
+    expect(elements(fake)).to.have.length(1);
+  });
+
+  it('one family the kernel refuses neither blocks the other nor goes unreported', async () => {
+    const { fake, backend } = setUp();
+    fake.refuse = (doc) =>
+      doc.includes('"ip6"') ? 'Error: Could not process rule: Operation not supported' : undefined;
+    let error: Error | undefined;
+    await backend.sync(state([service(1)]), { full: true }).catch((err: Error) => (error = err));
+    expect(error?.message).to.match(/^nft sync failed: ip6: Error: Could not process rule: Operation not supported$/);
+    expect(elements(fake)).to.have.length(1);
+    // The refused family is written in full at the next sync, once the kernel takes it.
+    fake.refuse = undefined;
+    const result = await backend.sync(state([service(1)]), { full: false });
+    expect(result).to.include({ mode: 'full', fallbackReason: 'not-programmed' });
+    expect(elements(fake, 'ip6')).to.have.length(1);
+  });
+
+  it('a failed apply is an error, and the next sync writes everything again', async () => {
+    const { fake, backend } = setUp();
+    await backend.sync(state([service(1)]), { full: true });
+    fake.refuse = () => 'Error: Could not process rule: Cannot allocate memory';
+    let error: Error | undefined;
+    await backend.sync(state([service(1), service(2)]), { full: false }).catch((err: Error) => (error = err));
+    expect(error?.message).to.match(/Cannot allocate memory/);
+    fake.refuse = undefined;
+    const result = await backend.sync(state([service(1), service(2)]), { full: false });
+    expect(result).to.include({ mode: 'full', fallbackReason: 'not-programmed' });
+    expect(elements(fake)).to.have.length(2);
+  });
+
+  it('a resync keeps the table, and repairs only the elements and rules someone changed', async () => {
+    const { fake, backend } = setUp();
+    const desired = state([service(1), service(2), service(3)]);
+    await backend.sync(desired, { full: true });
+    const before = elements(fake);
+    const base = { family: 'ip', table: TABLE_NAME };
+    await fake.run(
+      JSON.stringify({
+        nftables: [
+          { delete: { element: { ...base, name: MAP_NAME, elem: [{ concat: ['192.0.2.1', 'tcp', 80] }] } } },
+          {
+            add: { element: { ...base, name: MAP_NAME, elem: [[{ concat: ['203.0.113.1', 'udp', 53] }, '10.1.1.1']] } },
+          },
+          { flush: { chain: { ...base, name: OUTPUT_CHAIN } } },
+        ],
+      }),
+    );
+    const documents = fake.documents.length;
+    const result = await backend.sync(desired, { full: true });
+    expect(result.mode).to.equal('full');
+    expect(result.repairedElements).to.equal(3);
+    expect(elements(fake)).to.deep.equal(before);
+    expect(fake.tables.get(`ip ${TABLE_NAME}`)!.chains.get(OUTPUT_CHAIN)!.rules).to.have.length(1);
+    // Never a table deleted on the way.
+    for (const doc of fake.documents.slice(documents)) expect(doc).not.to.match(/"delete":\{"table"/);
+    // Nothing drifted: the resync verifies and writes no rule and no element.
+    const quiet = await backend.sync(desired, { full: true });
+    expect(quiet.repairedElements).to.equal(undefined);
+    for (const doc of fake.documents.slice(-2)) expect(doc).not.to.match(/"rule"|"external-ip-to-cluster-ip"/);
+  });
+
+  it('a base chain changed by someone else makes the resync replace the table', async () => {
+    const { fake, backend } = setUp();
+    const desired = state([service(1)]);
+    await backend.sync(desired, { full: true });
+    const table = fake.tables.get(`ip ${TABLE_NAME}`)!;
+    table.chains.get(OUTPUT_CHAIN)!.base!.prio = 0;
+    const result = await backend.sync(desired, { full: true });
+    expect(result.mode).to.equal('full');
+    expect(fake.documents.at(-1)).to.match(/"delete":\{"table"/);
+    expect(fake.tables.get(`ip ${TABLE_NAME}`)!.chains.get(OUTPUT_CHAIN)!.base!.prio).to.equal(-110);
+    expect(elements(fake)).to.have.length(1);
+  });
+
+  it('the probe checks a full sync of an empty state and commits nothing', async () => {
+    const { fake, backend } = setUp();
+    expect(await backend.probe()).to.deep.equal({ ok: true, detail: 'nftables via cli' });
+    expect(fake.tables.size).to.equal(0);
+  });
+
+  it('cleanup removes both tables', async () => {
+    const { fake, backend } = setUp();
+    await backend.sync(state([service(1)]), { full: true });
+    await backend.cleanup();
+    expect(fake.tables.size).to.equal(0);
+    await backend.cleanup();
+  });
+
+  it('skips a verification whose listing cannot finish, ten times in a row at most', async () => {
+    const fake = new FakeNftExecutor();
+    let listings = 0;
+    const busyLister = {
+      listTable: async () => {
+        listings++;
+        throw new NftTimeoutError('nft -j list table did not finish within 1001 ms');
+      },
+    } as unknown as NftCliExecutor;
+    const backend = new NftBackend(fake, { lister: busyLister });
+    const desired = state([service(1), service(2)]);
+    await backend.sync(desired, { full: true });
+    const base = { family: 'ip', table: TABLE_NAME, name: MAP_NAME };
+    await fake.run(
+      JSON.stringify({
+        nftables: [{ delete: { element: { ...base, elem: [{ concat: ['192.0.2.1', 'tcp', 80] }] } } }],
+      }),
+    );
+    for (let i = 0; i < 10; i++) {
+      expect((await backend.sync(desired, { full: true })).repairedElements, `resync ${i + 1}`).to.equal(undefined);
+    }
+    expect(listings).to.equal(20); // both families
+    // The eleventh lists between the backend's own writes, and repairs.
+    expect((await backend.sync(desired, { full: true })).repairedElements).to.equal(1);
+    expect(listings).to.equal(20);
+    expect(elements(fake)).to.have.length(2);
+  });
+});

@@ -64,12 +64,16 @@ async function loadForDryRun(config: Config): Promise<{ services: ServiceInfo[];
     return { services: file.services, node };
   }
   const kc = await kubeConfigOrFail(config);
-  const { CoreV1Api } = await import('@kubernetes/client-node');
-  const core = kc.makeApiClient(CoreV1Api);
+  const { listAllJson } = await import('../kube/cluster.js');
   try {
-    const services = (await core.listServiceForAllNamespaces()).items.map(toServiceInfo).filter((s) => s !== undefined);
-    const nodes = (await core.listNode({ fieldSelector: `metadata.name=${config.nodeName}` })).items;
-    return { services, node: nodes.length > 0 ? toNodeInfo(nodes[0]) : undefined };
+    const services = await listAllJson(kc, '/api/v1/services', {}, toServiceInfo);
+    const nodes = await listAllJson(
+      kc,
+      '/api/v1/nodes',
+      { fieldSelector: `metadata.name=${config.nodeName}` },
+      toNodeInfo,
+    );
+    return { services, node: nodes[0] };
   } catch (err) {
     throw new FatalError(`cannot list Services from the API server: ${(err as Error).message}`);
   }
@@ -194,7 +198,15 @@ async function runController(config: Config, logger: Logger, operations: Operati
     operations.informerObserver({
       onError: (resource, err, retryInMs) =>
         logger.warn({ resource, retryInMs }, `cannot list/watch ${resource}, keeping the last rules: ${err.message}`),
+      onDecodeError: (resource, problem, firstOnStream) => {
+        if (firstOnStream)
+          logger.warn(
+            { resource },
+            `skipped a watch line that is not a watch event (${problem}); further ones on this watch are only counted`,
+          );
+      },
     }),
+    { minWatchTimeoutMs: config.minWatchTimeoutMs },
   );
   controller = new Controller({
     observer: operations.controllerObserver(kc, caches.services),

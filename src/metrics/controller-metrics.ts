@@ -34,6 +34,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
   private readonly informerLists: Counter<'resource'>;
   private readonly informerWatches: Counter<'resource'>;
   private readonly informerErrors: Counter<'resource'>;
+  private readonly watchDecodeErrors: Counter<'resource'>;
   private readonly backendInfo: Gauge<'backend' | 'nft_executor' | 'iptables_variant'>;
 
   constructor(options: { defaultMetrics?: boolean } = {}) {
@@ -138,6 +139,12 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
       labelNames: ['resource'],
       registers,
     });
+    this.watchDecodeErrors = new Counter({
+      name: name('watch_decode_errors_total'),
+      help: 'Watch stream lines that were not watch events and were skipped (the watch goes on, or is replaced).',
+      labelNames: ['resource'],
+      registers,
+    });
     this.backendInfo = new Gauge({
       name: name('backend_info'),
       help:
@@ -216,6 +223,10 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
 
   onError(resource: string): void {
     this.informerErrors.inc({ resource });
+  }
+
+  onDecodeError(resource: string): void {
+    this.watchDecodeErrors.inc({ resource });
   }
 
   /** The exposition text, as served on /metrics. */

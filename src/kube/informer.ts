@@ -427,7 +427,11 @@ export class Informer<T> implements ChangeTracked<T> {
           }
           // Reported only once the server answered, so that an observer can tell a connected
           // watch from a retry that is about to fail.
-          this.options.observer?.onWatch?.(resource);
+          try {
+            this.options.observer?.onWatch?.(resource);
+          } catch {
+            // an observer's failure must not stop the informer
+          }
         },
         (err: unknown) => onDone(err ?? new Error('the watch request failed')),
       );

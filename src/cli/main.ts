@@ -199,11 +199,8 @@ async function runController(config: Config, logger: Logger, operations: Operati
       onError: (resource, err, retryInMs) =>
         logger.warn({ resource, retryInMs }, `cannot list/watch ${resource}, keeping the last rules: ${err.message}`),
       onDecodeError: (resource, problem, firstOnStream) => {
-        if (firstOnStream)
-          logger.warn(
-            { resource },
-            `skipped a watch line that is not a watch event (${problem}); further ones on this watch are only counted`,
-          );
+        // Once per watch stream: a broken proxy can send many; the metric counts them all.
+        if (firstOnStream) logger.warn({ resource, problem }, 'skipped a watch line that is not a watch event');
       },
     }),
     { minWatchTimeoutMs: config.minWatchTimeoutMs },

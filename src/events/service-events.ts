@@ -142,7 +142,7 @@ export class ServiceEventRecorder implements ControllerObserver {
       reportingInstance: this.options.nodeName,
     };
     let code: number | undefined;
-    let failure: string;
+    let failure: Error;
     try {
       const response = await apiRequest(
         this.options.kubeConfig,
@@ -158,9 +158,9 @@ export class ServiceEventRecorder implements ControllerObserver {
         this.failing = false;
         return;
       }
-      failure = statusMessage(response);
+      failure = new Error(statusMessage(response));
     } catch (err) {
-      failure = (err as Error).message;
+      failure = err as Error;
     }
     if (code === 409) return; // another node (or an earlier run) recorded the same Event
     if (code === 403) {
@@ -173,7 +173,7 @@ export class ServiceEventRecorder implements ControllerObserver {
     }
     if (!this.failing) {
       this.failing = true;
-      this.options.logger.warn({ service: event.service }, `cannot record an Event: ${failure}`);
+      this.options.logger.warn({ service: event.service, err: failure }, 'cannot record an Event');
     }
   }
 }

@@ -119,12 +119,16 @@ async function loadForDryRun(config: Config): Promise<{ services: ServiceInfo[];
     return { services: file.services, node: nodeFromFile(config, file.nodes) };
   }
   const kc = await kubeConfigOrFail(config);
-  const { CoreV1Api } = await import('@kubernetes/client-node');
-  const core = kc.makeApiClient(CoreV1Api);
+  const { listAllJson } = await import('../kube/cluster.js');
   try {
-    const services = (await core.listServiceForAllNamespaces()).items.map(toServiceInfo).filter((s) => s !== undefined);
-    const nodes = (await core.listNode({ fieldSelector: `metadata.name=${config.nodeName}` })).items;
-    return { services, node: nodes.length > 0 ? toNodeInfo(nodes[0]) : undefined };
+    const services = await listAllJson(kc, '/api/v1/services', {}, toServiceInfo);
+    const nodes = await listAllJson(
+      kc,
+      '/api/v1/nodes',
+      { fieldSelector: `metadata.name=${config.nodeName}` },
+      toNodeInfo,
+    );
+    return { services, node: nodes[0] };
   } catch (err) {
     throw new FatalError(`cannot list Services from the API server: ${(err as Error).message}`);
   }
@@ -365,7 +369,12 @@ async function runController(
     operations.informerObserver({
       onError: (resource, err, retryInMs) =>
         logger.warn({ resource, retryInMs, err }, `cannot list/watch ${resource}, keeping the last rules`),
+      onDecodeError: (resource, problem, firstOnStream) => {
+        // Once per watch stream: a broken proxy can send many; the metric counts them all.
+        if (firstOnStream) logger.warn({ resource, problem }, 'skipped a watch line that is not a watch event');
+      },
     }),
+    { minWatchTimeoutMs: config.minWatchTimeoutMs },
   );
   // kube-proxy's settings and mode, read before the first sync so that it never programs against them.
   const { KubeProxyAwareness } = await import('../kubeproxy/awareness.js');

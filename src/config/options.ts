@@ -24,6 +24,8 @@ export interface Config {
   model: ModelConfig;
   minSyncPeriodMs: number;
   syncPeriodMs: number;
+  /** Shortest server-side watch timeout; each watch is randomised in [this, 2x this). */
+  minWatchTimeoutMs: number;
   dryRun: boolean;
   fromFile?: string;
   cleanup: boolean;
@@ -101,6 +103,11 @@ export function buildCommand(): Command {
     .option('--masquerade-bit <bit>', 'bit of the packet mark kube-proxy masquerades on (0-31)', '14')
     .option('--min-sync-period <duration>', 'minimum interval between syncs; bursts of changes are coalesced', '1s')
     .option('--sync-period <duration>', 'interval of full resyncs that repair drift', '30s')
+    .option(
+      '--min-watch-timeout <duration>',
+      'shortest server-side watch timeout (each is randomised up to twice this); a watch silent past its timeout is replaced',
+      '5m',
+    )
     .option('--local-traffic-policy-only', 'only translate Services with externalTrafficPolicy: Local', false)
     .option(
       '--dry-run',
@@ -281,6 +288,7 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
     },
     minSyncPeriodMs,
     syncPeriodMs,
+    minWatchTimeoutMs: duration('--min-watch-timeout', str('minWatchTimeout')!, 1000),
     dryRun,
     fromFile,
     cleanup,

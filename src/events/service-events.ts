@@ -8,10 +8,11 @@
 // is bounded, so a cluster full of skipped Services cannot flood the API server.
 
 import { createHash } from 'node:crypto';
-import { ApiException, CoreV1Api, type CoreV1Event, type KubeConfig } from '@kubernetes/client-node';
+import type { KubeConfig } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import type { ControllerObserver } from '../controller.js';
 import type { Conflict, ServiceInfo, Skip, SkipReason } from '../model/types.js';
+import { apiRequest, statusMessage } from '../kube/request.js';
 
 export const EVENT_COMPONENT = 'ipvs-node-controller';
 
@@ -59,16 +60,13 @@ interface PendingEvent {
 }
 
 export class ServiceEventRecorder implements ControllerObserver {
-  private readonly core: CoreV1Api;
   private readonly queue: PendingEvent[] = [];
   private sending: Promise<void> | undefined;
   private dropped = 0;
   private failing = false;
   private forbidden = false;
 
-  constructor(private readonly options: ServiceEventRecorderOptions) {
-    this.core = options.kubeConfig.makeApiClient(CoreV1Api);
-  }
+  constructor(private readonly options: ServiceEventRecorderOptions) {}
 
   onNewSkips(skips: Skip[]): void {
     for (const s of skips) {
@@ -124,12 +122,15 @@ export class ServiceEventRecorder implements ControllerObserver {
     const [namespace, name] = event.service.split('/') as [string, string];
     const svc = this.options.services.list().find((s) => s.namespace === namespace && s.name === name);
     if (!svc?.uid) return; // deleted meanwhile: nothing to describe
-    const now = new Date();
+    const now = new Date().toISOString();
     const digest = createHash('sha256')
       .update(`${svc.uid}\n${event.reason}\n${event.message}`)
       .digest('hex')
       .slice(0, 16);
-    const body: CoreV1Event = {
+    // A core/v1 Event, as `kubectl describe` reads it (the legacy fields plus the reporting ones).
+    const body = {
+      apiVersion: 'v1',
+      kind: 'Event',
       metadata: { name: `${name}.${digest}`, namespace },
       involvedObject: { apiVersion: 'v1', kind: 'Service', namespace, name, uid: svc.uid },
       reason: event.reason,
@@ -142,24 +143,39 @@ export class ServiceEventRecorder implements ControllerObserver {
       reportingComponent: EVENT_COMPONENT,
       reportingInstance: this.options.nodeName,
     };
+    let code: number | undefined;
+    let failure: Error;
     try {
-      await this.core.createNamespacedEvent({ namespace, body });
-      this.failing = false;
-    } catch (err) {
-      const code = err instanceof ApiException ? err.code : undefined;
-      if (code === 409) return; // another node (or an earlier run) recorded the same Event
-      if (code === 403) {
-        this.forbidden = true;
-        this.queue.length = 0;
-        this.options.logger.warn(
-          'cannot record Events: the service account may not create events; grant it (deploy/components/emit-events) or drop --emit-events',
-        );
+      const response = await apiRequest(
+        this.options.kubeConfig,
+        `/api/v1/namespaces/${encodeURIComponent(namespace)}/events`,
+        {
+          method: 'POST',
+          body,
+          timeoutMs: 30_000,
+        },
+      );
+      code = response.status;
+      if (code >= 200 && code < 300) {
+        this.failing = false;
         return;
       }
-      if (!this.failing) {
-        this.failing = true;
-        this.options.logger.warn({ service: event.service, err }, 'cannot record an Event');
-      }
+      failure = new Error(statusMessage(response));
+    } catch (err) {
+      failure = err as Error;
+    }
+    if (code === 409) return; // another node (or an earlier run) recorded the same Event
+    if (code === 403) {
+      this.forbidden = true;
+      this.queue.length = 0;
+      this.options.logger.warn(
+        'cannot record Events: the service account may not create events; grant it (deploy/components/emit-events) or drop --emit-events',
+      );
+      return;
+    }
+    if (!this.failing) {
+      this.failing = true;
+      this.options.logger.warn({ service: event.service, err: failure }, 'cannot record an Event');
     }
   }
 }

@@ -1,11 +1,10 @@
 // The two caches the controller reads: every Service, and this node's Node object.
 
-import http from 'node:http';
-import https from 'node:https';
 import { KubeConfig } from '@kubernetes/client-node';
 import type { NodeInfo, ServiceInfo } from '../model/types.js';
 import { Informer, type InformerObserver } from './informer.js';
 import { toNodeInfo, toServiceInfo } from './objects.js';
+import { apiRequest, statusMessage } from './request.js';
 
 export function loadKubeConfig(path: string | undefined): KubeConfig {
   const kc = new KubeConfig();
@@ -36,33 +35,22 @@ type ListPage = { items: unknown[]; resourceVersion?: string; continue?: string 
  * One page of a list as plain JSON. The typed list calls of client-node deserialize every field
  * of every object into model classes (dates included) before the informer strips them to the
  * few fields it keeps: with tens of thousands of Services that is most of the time and garbage
- * of a list. The request carries the same credentials and TLS settings (applyToHTTPSOptions).
+ * of a list.
  */
 export async function listPageJson(
   kc: KubeConfig,
   path: string,
   query: Record<string, string | undefined>,
 ): Promise<ListPage> {
-  const cluster = kc.getCurrentCluster();
-  if (!cluster) throw new Error('the kubeconfig has no current cluster');
-  const url = new URL(cluster.server.replace(/\/+$/, '') + path);
-  for (const [key, value] of Object.entries(query)) if (value !== undefined) url.searchParams.set(key, value);
-  const options: https.RequestOptions = { headers: {} };
-  await kc.applyToHTTPSOptions(options);
-  options.headers = { ...options.headers, Accept: 'application/json' };
-  options.timeout = LIST_TIMEOUT_MS;
-  const { status, body } = await get(url, options);
-  let parsed: { items?: unknown; metadata?: { resourceVersion?: unknown; continue?: unknown }; message?: unknown };
-  try {
-    parsed = JSON.parse(body) as typeof parsed;
-  } catch {
-    parsed = {};
+  const response = await apiRequest(kc, path, { query, timeoutMs: LIST_TIMEOUT_MS });
+  if (response.status !== 200) {
+    // statusCode as client-node's errors carry it: the informer relists on 410.
+    throw Object.assign(new Error(`listing ${path}: ${statusMessage(response)}`), { statusCode: response.status });
   }
-  if (status !== 200) {
-    const message = typeof parsed.message === 'string' ? parsed.message : `HTTP ${status}`;
-    // statusCode as client-node's errors carry it: ListWatch relists on 410.
-    throw Object.assign(new Error(`listing ${path}: ${message}`), { statusCode: status });
-  }
+  const parsed = (response.json ?? {}) as {
+    items?: unknown;
+    metadata?: { resourceVersion?: unknown; continue?: unknown };
+  };
   const meta = parsed.metadata ?? {};
   return {
     items: Array.isArray(parsed.items) ? parsed.items : [],
@@ -71,22 +59,30 @@ export async function listPageJson(
   };
 }
 
-function get(url: URL, options: https.RequestOptions): Promise<{ status: number; body: string }> {
-  const client = url.protocol === 'http:' ? http : https;
-  return new Promise((resolve, reject) => {
-    const request = client.get(url, options, (response) => {
-      const chunks: Buffer[] = [];
-      response.on('data', (chunk: Buffer) => chunks.push(chunk));
-      response.on('end', () =>
-        resolve({ status: response.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }),
-      );
-      response.on('error', reject);
-    });
-    request.on('timeout', () =>
-      request.destroy(new Error(`no answer from ${url.host} within ${LIST_TIMEOUT_MS / 1000} s`)),
-    );
-    request.on('error', reject);
-  });
+/** Every item of a list, page by page, each stripped as its page arrives. */
+export async function listAllJson<T>(
+  kc: KubeConfig,
+  path: string,
+  query: Record<string, string | undefined>,
+  strip: (raw: unknown) => T | undefined,
+): Promise<T[]> {
+  const out: T[] = [];
+  let token: string | undefined;
+  do {
+    const page = await listPageJson(kc, path, { ...query, limit: String(PAGE_SIZE), continue: token });
+    for (const raw of page.items) {
+      const item = strip(raw);
+      if (item !== undefined) out.push(item);
+    }
+    token = page.continue;
+  } while (token);
+  return out;
+}
+
+/** Informer settings the command line can change. */
+export interface WatchSettings {
+  /** Lower bound of the server-side watch timeout (randomised in [min, 2*min)). */
+  minWatchTimeoutMs?: number;
 }
 
 export function createClusterCaches(
@@ -94,6 +90,7 @@ export function createClusterCaches(
   nodeName: string,
   onChange: () => void,
   observer?: InformerObserver,
+  settings: WatchSettings = {},
 ): ClusterCaches {
   const services = new Informer<ServiceInfo>(kc, {
     resource: 'services',
@@ -102,6 +99,7 @@ export function createClusterCaches(
     strip: toServiceInfo,
     onChange,
     observer,
+    minWatchTimeoutMs: settings.minWatchTimeoutMs,
   });
   const fieldSelector = `metadata.name=${nodeName}`;
   const node = new Informer<NodeInfo>(kc, {
@@ -113,6 +111,7 @@ export function createClusterCaches(
     strip: toNodeInfo,
     onChange,
     observer,
+    minWatchTimeoutMs: settings.minWatchTimeoutMs,
   });
   return { services, node };
 }

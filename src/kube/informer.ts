@@ -1,17 +1,23 @@
-// List+watch caches built on client-node's ListWatch, holding stripped objects only.
-// - The list is paginated and each page stripped before it is kept (memory stays flat).
-// - Watch events are stripped before ListWatch caches them; bookmarks are requested.
-// - ListWatch relists by itself on 410 Gone; on any other error it stops: we restart it with
-//   backoff, resuming from the last resourceVersion. The cache keeps its content meanwhile,
-//   so an unreachable API server never empties the desired state.
+// List+watch caches holding stripped objects only: our own loop over client-node's Watch, so
+// that the only copy of each object is the stripped one in `objects`.
+// - The list is paginated and each page stripped as it arrives (memory stays flat).
+// - Watches resume from the last resourceVersion seen (events and bookmarks), ask for bookmarks
+//   and for a server-side timeout randomised in [min, 2*min) as client-go does, so that a fleet
+//   does not re-watch in step. A watch that delivers nothing (no event, no bookmark) for a while
+//   past that timeout is a dead connection (a half-open one through a NAT or load balancer): it
+//   is aborted and replaced.
+// - 410 Gone (as an HTTP status or an ERROR event) relists; the relist replaces only what
+//   differs, so readers of changesSince() see a relist as a few changes.
+// - A line that is not a watch event is skipped and counted; many in a row make the stream
+//   unusable and it is replaced. Nothing a stream says can throw out of this loop.
+// - Failures retry forever with jittered exponential backoff. The cache keeps its content
+//   meanwhile, so an unreachable API server never empties the desired state, and the retry
+//   timer keeps the process alive.
+// - An update whose stripped form equals the cached one is dropped: no change is recorded and
+//   onChange is not called (a Node's heartbeat status updates never cause a sync).
 
-import { KubeConfig, ListWatch, Watch } from '@kubernetes/client-node';
+import { Watch, type KubeConfig } from '@kubernetes/client-node';
 import type { ChangeTracked } from '../model/types.js';
-
-export interface Stripped<T> {
-  metadata: { name: string; namespace?: string; resourceVersion?: string };
-  info: T;
-}
 
 export interface InformerObserver {
   /** A full list was fetched (first sync or relist). */
@@ -20,6 +26,11 @@ export interface InformerObserver {
   onWatch?(resource: string): void;
   /** The list or watch failed; the informer retries on its own. */
   onError?(resource: string, err: Error, retryInMs: number): void;
+  /**
+   * A watch line that is not a watch event was skipped. `firstOnStream` is true for the first
+   * such line of a watch stream (log that one; count them all).
+   */
+  onDecodeError?(resource: string, problem: string, firstOnStream: boolean): void;
 }
 
 export interface InformerOptions<T> {
@@ -35,23 +46,91 @@ export interface InformerOptions<T> {
   fieldSelector?: string;
   onChange(): void;
   observer?: InformerObserver;
-  /** Server-side watch timeout, so a silently dead connection is replaced. */
-  watchTimeoutSeconds?: number;
-  pageSize?: number;
+  /**
+   * Lower bound of the server-side watch timeout; each watch asks for a random one in
+   * [min, 2*min). Default 5 minutes, as client-go.
+   */
+  minWatchTimeoutMs?: number;
+  /**
+   * How long a watch may deliver nothing before it is taken for dead. Default: the timeout the
+   * server was asked for, plus a margin (a tenth of it, at least 1 s and at most 30 s).
+   */
+  watchIdleTimeoutMs?: number;
+  /** Jittered exponential backoff of retries: first delay and cap. Defaults 500 ms and 30 s. */
+  backoff?: { initialMs: number; maxMs: number };
 }
 
-const MAX_BACKOFF_MS = 30_000;
+const DEFAULT_MIN_WATCH_TIMEOUT_MS = 5 * 60_000;
+const DEFAULT_BACKOFF = { initialMs: 500, maxMs: 30_000 };
 /** Changes kept for a reader that does not come (the log is short when the controller syncs). */
 const MAX_CHANGE_LOG = 10_000;
+/** Undecodable lines in a row after which a stream is given up and replaced. */
+const MAX_DECODE_ERRORS_IN_A_ROW = 100;
+/** A watch that ends sooner than this without delivering anything counts as a failure. */
+const SHORT_WATCH_MS = 1000;
+
+/**
+ * Retry delay after `failures` consecutive failures (1, 2, ...): exponential up to the cap, with
+ * "equal jitter": uniformly in [d/2, d) where d is the exponential delay. Never 0, never in step.
+ */
+export function backoffDelay(
+  failures: number,
+  backoff: { initialMs: number; maxMs: number } = DEFAULT_BACKOFF,
+  random: () => number = Math.random,
+): number {
+  const exponent = Math.min(Math.max(failures, 1) - 1, 30);
+  const d = Math.min(backoff.maxMs, backoff.initialMs * 2 ** exponent);
+  return Math.max(1, Math.floor(d / 2 + random() * (d / 2)));
+}
+
+/** The server-side timeout of one watch, in seconds: uniformly in [min, 2*min), as client-go. */
+export function watchTimeoutSeconds(minMs: number, random: () => number = Math.random): number {
+  const minS = Math.max(1, Math.round(minMs / 1000));
+  return minS + Math.floor(random() * minS);
+}
+
+/** Structural equality of stripped infos (plain JSON: objects, arrays, primitives, undefined). */
+export function sameInfo(a: unknown, b: unknown): boolean {
+  if (a === b) return true;
+  if (typeof a !== 'object' || typeof b !== 'object' || a === null || b === null) return false;
+  if (Array.isArray(a) !== Array.isArray(b)) return false;
+  if (Array.isArray(a)) {
+    const bb = b as unknown[];
+    if (a.length !== bb.length) return false;
+    for (let i = 0; i < a.length; i++) if (!sameInfo(a[i], bb[i])) return false;
+    return true;
+  }
+  const ao = a as Record<string, unknown>;
+  const bo = b as Record<string, unknown>;
+  for (const key in ao) if (!sameInfo(ao[key], bo[key])) return false;
+  for (const key in bo) if (!(key in ao) && bo[key] !== undefined) return false;
+  return true;
+}
+
+type WatchEnd =
+  /** The server ended the stream (its timeout): re-watch at once. */
+  | { kind: 'closed' }
+  /** 410 Gone: the resourceVersion is too old; relist. */
+  | { kind: 'expired' }
+  /** Anything else: retry with backoff, from the last resourceVersion (or a new list). */
+  | { kind: 'failed'; err: Error; relist?: boolean };
+
+class Stale extends Error {}
+
+function plainObject(v: unknown): Record<string, unknown> | undefined {
+  return typeof v === 'object' && v !== null && !Array.isArray(v) ? (v as Record<string, unknown>) : undefined;
+}
 
 export class Informer<T> implements ChangeTracked<T> {
-  private listWatch: ListWatch<Stripped<T>> | undefined;
   private synced = false;
   private syncWaiters: Array<() => void> = [];
-  private retryTimer: NodeJS.Timeout | undefined;
   private failures = 0;
-  private stopped = false;
-  /** The info of ListWatch's objects by namespace/name, kept by its events: cheaper to list. */
+  private stopped = true;
+  /** Bumped by start() and stop(): a loop of an earlier generation leaves the cache alone. */
+  private generation = 0;
+  /** Ends what the loop waits for now (a retry delay, a watch), so that stop() is immediate. */
+  private interrupt: (() => void) | undefined;
+  /** The info of each object by namespace/name. */
   private readonly objects = new Map<string, T>();
   /** Changes since mark `logStart`, in order, for changesSince(). */
   private changeLog: Array<{ removed?: T; added?: T }> = [];
@@ -101,6 +180,139 @@ export class Informer<T> implements ChangeTracked<T> {
     return { removed: [...removed], added: [...added] };
   }
 
+  start(): void {
+    this.stopped = false;
+    const generation = ++this.generation;
+    this.failures = 0;
+    this.objects.clear();
+    // A new cache: no reader's mark is valid any more.
+    this.logStart += this.changeLog.length + 1;
+    this.changeLog = [];
+    void this.run(generation);
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.generation++;
+    this.interrupt?.();
+  }
+
+  private current(generation: number): boolean {
+    return !this.stopped && generation === this.generation;
+  }
+
+  /** The loop: never rejects, never ends before stop(). */
+  private async run(generation: number): Promise<void> {
+    let resourceVersion: string | undefined;
+    /** No watch has delivered anything since the last list. */
+    let justListed = false;
+    while (this.current(generation)) {
+      try {
+        if (resourceVersion === undefined) {
+          resourceVersion = await this.relist(generation);
+          this.failures = 0;
+          justListed = true;
+        }
+        const started = Date.now();
+        const outcome = await this.watchOnce(generation, resourceVersion);
+        resourceVersion = outcome.resourceVersion;
+        if (outcome.delivered) justListed = false;
+        if (!this.current(generation)) break;
+        const end = outcome.end;
+        if (end.kind === 'expired') {
+          resourceVersion = undefined;
+          // Relist at once, unless the server says so again right after a list.
+          if (!justListed) continue;
+          throw Object.assign(new Error('the watch expired right after a list'), { statusCode: 410 });
+        }
+        if (end.kind === 'failed') {
+          if (end.relist) resourceVersion = undefined;
+          throw end.err;
+        }
+        if (!outcome.delivered && Date.now() - started < SHORT_WATCH_MS) {
+          throw new Error('the watch was closed at once, with no event');
+        }
+        this.failures = 0;
+      } catch (err) {
+        if (!this.current(generation) || err instanceof Stale) break;
+        this.failures++;
+        const delay = backoffDelay(this.failures, this.options.backoff);
+        try {
+          this.options.observer?.onError?.(this.options.resource, toError(err), delay);
+        } catch {
+          // an observer's failure must not stop the informer
+        }
+        await this.pause(delay);
+      }
+    }
+  }
+
+  /** Waits `ms`, or less when stopped. The timer holds the process up: retries never end. */
+  private pause(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(done, ms);
+      const self = this;
+      function done() {
+        clearTimeout(timer);
+        if (self.interrupt === done) self.interrupt = undefined;
+        resolve();
+      }
+      this.interrupt = done;
+    });
+  }
+
+  /** Lists every page and makes the cache equal to the list; returns its resourceVersion. */
+  private async relist(generation: number): Promise<string> {
+    const seen = new Set<string>();
+    let changed = false;
+    let token: string | undefined;
+    let resourceVersion: string | undefined;
+    try {
+      do {
+        const page = await this.options.listPage(token);
+        if (!this.current(generation)) throw new Stale();
+        for (const raw of page.items) {
+          const decoded = this.decodeObject(raw);
+          if (!decoded) continue;
+          seen.add(decoded.key);
+          if (this.put(decoded.key, decoded.info)) changed = true;
+        }
+        resourceVersion = page.resourceVersion;
+        token = page.continue || undefined;
+      } while (token);
+      for (const [key, info] of this.objects) {
+        if (seen.has(key)) continue;
+        this.record(info, undefined);
+        this.objects.delete(key);
+        changed = true;
+      }
+    } finally {
+      // Pages applied before a failure are newer than what they replaced: tell the reader.
+      if (changed && this.current(generation)) this.options.onChange();
+    }
+    this.options.observer?.onList?.(this.options.resource);
+    this.markSynced();
+    // Without a resourceVersion, a watch from "" starts with the whole state (equal: no change).
+    return resourceVersion ?? '';
+  }
+
+  /** Stores an object's info; false when it equals what is cached (nothing recorded). */
+  private put(key: string, info: T): boolean {
+    const old = this.objects.get(key);
+    if (old !== undefined && sameInfo(old, info)) return false;
+    this.record(old, info);
+    this.objects.set(key, info);
+    return true;
+  }
+
+  private remove(key: string): boolean {
+    const gone = this.objects.get(key);
+    if (gone === undefined) return false;
+    this.record(gone, undefined);
+    this.objects.delete(key);
+    return true;
+  }
+
   private record(removed: T | undefined, added: T | undefined): void {
     if (this.changeLog.length >= MAX_CHANGE_LOG) {
       this.logStart += this.changeLog.length;
@@ -109,136 +321,176 @@ export class Informer<T> implements ChangeTracked<T> {
     this.changeLog.push({ removed, added });
   }
 
-  start(): void {
-    this.stopped = false;
-    const watch = this.strippingWatch();
-    this.listWatch = new ListWatch<Stripped<T>>(
-      this.options.path,
-      watch as unknown as Watch,
-      () => this.listAllPages() as never,
-      false,
-      undefined,
-      this.options.fieldSelector,
-    );
-    this.objects.clear();
-    // A new cache: no reader's mark is valid any more.
-    this.logStart += this.changeLog.length + 1;
-    this.changeLog = [];
-    const keyOf = (o: Stripped<T>) => [o.metadata.namespace ?? '', o.metadata.name].join('/');
-    for (const verb of ['add', 'update'] as const) {
-      this.listWatch.on(verb, (o: Stripped<T>) => {
-        const key = keyOf(o);
-        this.record(this.objects.get(key), o.info);
-        this.objects.set(key, o.info);
-        this.options.onChange();
-      });
-    }
-    this.listWatch.on('delete', (o: Stripped<T>) => {
-      const key = keyOf(o);
-      const gone = this.objects.get(key);
-      if (gone !== undefined) this.record(gone, undefined);
-      this.objects.delete(key);
-      this.options.onChange();
-    });
-    this.listWatch.on('error', (err: unknown) => this.retry(err));
-    void this.listWatch.start();
-  }
-
-  async stop(): Promise<void> {
-    this.stopped = true;
-    clearTimeout(this.retryTimer);
-    await this.listWatch?.stop();
-  }
-
-  private retry(err: unknown): void {
-    if (this.stopped) return;
-    this.failures++;
-    const delay = Math.min(MAX_BACKOFF_MS, 500 * 2 ** Math.min(this.failures - 1, 6));
-    this.options.observer?.onError?.(this.options.resource, toError(err), delay);
-    clearTimeout(this.retryTimer);
-    this.retryTimer = setTimeout(() => {
-      if (!this.stopped) void this.listWatch?.start();
-    }, delay);
-    this.retryTimer.unref?.();
-  }
-
-  private async listAllPages(): Promise<{ items: Array<Stripped<T>>; metadata: { resourceVersion?: string } }> {
-    const items: Array<Stripped<T>> = [];
-    let token: string | undefined;
-    let resourceVersion: string | undefined;
-    do {
-      const page = await this.options.listPage(token);
-      for (const raw of page.items) {
-        const s = this.stripObject(raw);
-        if (s) items.push(s);
-      }
-      resourceVersion = page.resourceVersion;
-      token = page.continue || undefined;
-    } while (token);
-    this.options.observer?.onList?.(this.options.resource);
-    return { items, metadata: { resourceVersion } };
-  }
-
-  private stripObject(raw: unknown): Stripped<T> | undefined {
-    const meta = (raw as { metadata?: Record<string, unknown> } | undefined)?.metadata;
+  /** namespace/name, the stripped info and the resourceVersion of an object; undefined if unusable. */
+  private decodeObject(raw: unknown): { key: string; info: T; resourceVersion?: string } | undefined {
+    const meta = plainObject(plainObject(raw)?.metadata);
     const name = meta?.name;
-    if (typeof name !== 'string') return undefined;
+    if (typeof name !== 'string' || name === '') return undefined;
     const info = this.options.strip(raw);
     if (info === undefined) return undefined;
-    const namespace = typeof meta?.namespace === 'string' ? meta.namespace : undefined;
+    const namespace = typeof meta?.namespace === 'string' ? meta.namespace : '';
     const resourceVersion = typeof meta?.resourceVersion === 'string' ? meta.resourceVersion : undefined;
-    return { metadata: { name, namespace, resourceVersion }, info };
+    return { key: `${namespace}/${name}`, info, resourceVersion };
   }
 
-  /** A Watch look-alike for ListWatch: strips objects, asks for bookmarks, marks the cache synced. */
-  private strippingWatch() {
-    const inner = new Watch(this.kubeConfig);
-    return {
-      watch: (
-        path: string,
-        query: Record<string, unknown>,
-        callback: (phase: string, obj: unknown, watchObj?: unknown) => void,
-        done: (err: unknown) => void,
-      ) => {
-        // ListWatch calls watch() right after it stored a successful list: the cache is complete.
-        this.markSynced();
-        const params = {
-          ...query,
-          allowWatchBookmarks: true,
-          timeoutSeconds: this.options.watchTimeoutSeconds ?? 300 + Math.floor(Math.random() * 300),
-        };
-        let failed = false;
-        const request = inner.watch(
-          path,
-          params,
-          (phase, obj, watchObj) => {
-            if (phase === 'ADDED' || phase === 'MODIFIED' || phase === 'DELETED') {
-              const stripped = this.stripObject(obj);
-              if (stripped) callback(phase, stripped, watchObj);
-              return;
-            }
-            callback(phase, obj, watchObj);
-          },
-          (err) => {
-            if (err) failed = true;
-            else this.failures = 0;
-            done(err);
-          },
+  /** One watch from `from`, until it ends; what it delivered is applied as it comes. */
+  private watchOnce(
+    generation: number,
+    from: string,
+  ): Promise<{ end: WatchEnd; resourceVersion: string; delivered: boolean }> {
+    const { resource } = this.options;
+    const timeoutSeconds = watchTimeoutSeconds(this.options.minWatchTimeoutMs ?? DEFAULT_MIN_WATCH_TIMEOUT_MS);
+    const idleMs =
+      this.options.watchIdleTimeoutMs ?? timeoutSeconds * 1000 + Math.min(30_000, Math.max(1000, timeoutSeconds * 100));
+    let resourceVersion = from;
+    let delivered = false;
+    let decodeErrors = 0;
+    let decodeErrorsInARow = 0;
+    let finished = false;
+    let abort: AbortController | undefined;
+    let idleTimer: NodeJS.Timeout | undefined;
+
+    return new Promise((resolve) => {
+      const finish = (end: WatchEnd) => {
+        if (finished) return;
+        finished = true;
+        clearTimeout(idleTimer);
+        if (this.interrupt === interrupted) this.interrupt = undefined;
+        abort?.abort();
+        resolve({ end, resourceVersion, delivered });
+      };
+      const interrupted = () => finish({ kind: 'closed' });
+      this.interrupt = interrupted;
+      const armIdle = () => {
+        clearTimeout(idleTimer);
+        idleTimer = setTimeout(
+          () =>
+            finish({
+              kind: 'failed',
+              err: new Error(`the watch delivered nothing for ${Math.round(idleMs / 1000)} s: taken for dead`),
+            }),
+          idleMs,
         );
-        // Reported only once the server answered, so that an observer can tell a connected watch
-        // from a retry that is about to fail (the request fails before it resolves).
-        return request.then((controller) => {
-          if (!failed) this.options.observer?.onWatch?.(this.options.resource);
-          return controller;
-        });
-      },
-    };
+      };
+      const decodeError = (problem: string) => {
+        decodeErrors++;
+        decodeErrorsInARow++;
+        try {
+          this.options.observer?.onDecodeError?.(resource, problem, decodeErrors === 1);
+        } catch {
+          // an observer's failure must not stop the informer
+        }
+        if (decodeErrorsInARow >= MAX_DECODE_ERRORS_IN_A_ROW) {
+          finish({
+            kind: 'failed',
+            err: new Error(`${decodeErrorsInARow} watch lines in a row were not watch events: the stream is unusable`),
+          });
+        }
+      };
+      const onLine = (_type: unknown, _object: unknown, line: unknown) => {
+        if (finished || !this.current(generation)) return;
+        try {
+          const problem = this.handleEvent(line, (rv) => (resourceVersion = rv), finish);
+          if (problem !== undefined) {
+            decodeError(problem);
+            return;
+          }
+          decodeErrorsInARow = 0;
+          delivered = true;
+          armIdle();
+        } catch (err) {
+          // onChange or strip threw: the event may be half applied; relist to be sure.
+          finish({ kind: 'failed', err: toError(err), relist: true });
+        }
+      };
+      const onDone = (err: unknown) => {
+        if (finished) return;
+        if (!err) return finish({ kind: 'closed' });
+        const status = (err as { statusCode?: unknown }).statusCode;
+        if (status === 410) return finish({ kind: 'expired' });
+        finish({ kind: 'failed', err: toError(err) });
+      };
+
+      armIdle();
+      const query: Record<string, string | number | boolean> = {
+        allowWatchBookmarks: true,
+        timeoutSeconds,
+      };
+      if (from !== '') query.resourceVersion = from;
+      if (this.options.fieldSelector) query.fieldSelector = this.options.fieldSelector;
+      new Watch(this.kubeConfig).watch(this.options.path, query, onLine, onDone).then(
+        (controller) => {
+          abort = controller;
+          if (finished) {
+            controller.abort();
+            return;
+          }
+          // Reported only once the server answered, so that an observer can tell a connected
+          // watch from a retry that is about to fail.
+          try {
+            this.options.observer?.onWatch?.(resource);
+          } catch {
+            // an observer's failure must not stop the informer
+          }
+        },
+        (err: unknown) => onDone(err ?? new Error('the watch request failed')),
+      );
+    });
+  }
+
+  /**
+   * Applies one decoded watch line. Returns what is wrong with it when it is not a watch event
+   * (nothing is applied then).
+   */
+  private handleEvent(
+    line: unknown,
+    setResourceVersion: (rv: string) => void,
+    finish: (end: WatchEnd) => void,
+  ): string | undefined {
+    const event = plainObject(line);
+    if (!event) return 'not a JSON object';
+    const { type, object } = event;
+    if (typeof type !== 'string') return 'no event type';
+    switch (type) {
+      case 'ADDED':
+      case 'MODIFIED':
+      case 'DELETED': {
+        const decoded = this.decodeObject(object);
+        if (!decoded) return `a ${type} event without a usable object`;
+        const changed = type === 'DELETED' ? this.remove(decoded.key) : this.put(decoded.key, decoded.info);
+        if (decoded.resourceVersion) setResourceVersion(decoded.resourceVersion);
+        if (changed) this.options.onChange();
+        return undefined;
+      }
+      case 'BOOKMARK': {
+        const rv = plainObject(plainObject(object)?.metadata)?.resourceVersion;
+        if (typeof rv !== 'string' || rv === '') return 'a BOOKMARK event without a resourceVersion';
+        setResourceVersion(rv);
+        return undefined;
+      }
+      case 'ERROR': {
+        const status = plainObject(object);
+        const code = status?.code;
+        if (!status || typeof code !== 'number') {
+          // An error we cannot read: the stream is of no use any more.
+          finish({ kind: 'failed', err: new Error('the watch sent an ERROR event without a status') });
+          return 'an ERROR event without a status';
+        }
+        if (code === 410) finish({ kind: 'expired' });
+        else {
+          const message = typeof status.message === 'string' ? status.message : `code ${code}`;
+          finish({ kind: 'failed', err: Object.assign(new Error(`watch error: ${message}`), { statusCode: code }) });
+        }
+        return undefined;
+      }
+      default:
+        return `unknown event type ${JSON.stringify(type).slice(0, 40)}`;
+    }
   }
 
   private markSynced(): void {
     if (this.synced) return;
     this.synced = true;
-    this.failures = 0;
     for (const resolve of this.syncWaiters.splice(0)) resolve();
   }
 }

@@ -1,25 +1,23 @@
 // With --emit-events: one Event on this node's Node object when the controller steps aside for
 // kube-proxy and when it programs again, so `kubectl describe node` says why nothing is translated.
 
-import { ApiException, CoreV1Api, type CoreV1Event, type KubeConfig } from '@kubernetes/client-node';
+import type { CoreV1Event, KubeConfig } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import type { ControllerObserver, KubeProxyStatus } from '../controller.js';
+import { apiRequest, statusMessage } from '../kube/request.js';
 
 export const STEPPED_ASIDE_REASON = 'SteppedAsideForKubeProxy';
 export const RESUMED_REASON = 'TranslatingForKubeProxyIpvs';
 
 export class NodeStepAsideEvents implements ControllerObserver {
-  private readonly core: CoreV1Api;
   private lastSteppedAside = false;
   private sending: Promise<void> = Promise.resolve();
 
   constructor(
-    kubeConfig: KubeConfig,
+    private readonly kubeConfig: KubeConfig,
     private readonly nodeName: string,
     private readonly logger: Logger,
-  ) {
-    this.core = kubeConfig.makeApiClient(CoreV1Api);
-  }
+  ) {}
 
   onKubeProxy(status: KubeProxyStatus): void {
     if (status.steppedAside === this.lastSteppedAside) return;
@@ -52,16 +50,26 @@ export class NodeStepAsideEvents implements ControllerObserver {
       reportingComponent: 'ipvs-node-controller',
       reportingInstance: this.nodeName,
     };
+    // One narrow request, as for Service Events: the generated API client is not loaded.
+    let code: number | undefined;
+    let failure: unknown;
     try {
-      await this.core.createNamespacedEvent({ namespace: 'default', body });
+      const response = await apiRequest(this.kubeConfig, '/api/v1/namespaces/default/events', {
+        method: 'POST',
+        body,
+        timeoutMs: 30_000,
+      });
+      code = response.status;
+      if (code >= 200 && code < 300) return;
+      failure = new Error(statusMessage(response));
     } catch (err) {
-      const code = err instanceof ApiException ? err.code : undefined;
-      this.logger.warn(
-        { err },
-        code === 403
-          ? 'cannot record the Node Event: the service account may not create events (deploy/components/emit-events)'
-          : 'cannot record the Node Event',
-      );
+      failure = err;
     }
+    this.logger.warn(
+      { err: failure },
+      code === 403
+        ? 'cannot record the Node Event: the service account may not create events (deploy/components/emit-events)'
+        : 'cannot record the Node Event',
+    );
   }
 }

@@ -38,6 +38,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
   private readonly informerLists: Counter<'resource'>;
   private readonly informerWatches: Counter<'resource'>;
   private readonly informerErrors: Counter<'resource'>;
+  private readonly watchDecodeErrors: Counter<'resource'>;
   private readonly backendInfo: Gauge<'backend' | 'nft_executor' | 'iptables_variant'>;
   private readonly kubeProxyMode: Gauge<'mode'>;
   private readonly steppedAside: Gauge;
@@ -149,6 +150,12 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
     this.informerErrors = new Counter({
       name: name('informer_errors_total'),
       help: 'Failed lists or watches of a resource; the cache keeps its content and retries with backoff.',
+      labelNames: ['resource'],
+      registers,
+    });
+    this.watchDecodeErrors = new Counter({
+      name: name('watch_decode_errors_total'),
+      help: 'Watch stream lines that were not watch events and were skipped (the watch goes on, or is replaced).',
       labelNames: ['resource'],
       registers,
     });
@@ -290,6 +297,10 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
   observeRejections(result: SyncReport['result']): void {
     const rejected = (result as { rejected?: unknown[] } | undefined)?.rejected;
     if (Array.isArray(rejected)) this.iptablesRejected.set(rejected.length);
+  }
+
+  onDecodeError(resource: string): void {
+    this.watchDecodeErrors.inc({ resource });
   }
 
   /** The exposition text, as served on /metrics. */

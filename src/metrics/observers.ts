@@ -21,5 +21,6 @@ export function allInformerObservers(...observers: Array<InformerObserver | unde
     onList: (resource) => present.forEach((o) => o.onList?.(resource)),
     onWatch: (resource) => present.forEach((o) => o.onWatch?.(resource)),
     onError: (resource, err, retryInMs) => present.forEach((o) => o.onError?.(resource, err, retryInMs)),
+    onDecodeError: (resource, problem, first) => present.forEach((o) => o.onDecodeError?.(resource, problem, first)),
   };
 }

@@ -897,7 +897,12 @@ interface ListSnapshot {
 
 interface OpenWatch {
   res: ServerResponse;
+  resource: Resource;
   close(): void;
+  /** Writes one line as it is, newline added. */
+  writeLine(line: string): void;
+  /** Delivers nothing more (events, bookmarks, the end at its timeout) and stays open. */
+  silence(): void;
 }
 
 export interface ApiStandInStats {
@@ -1009,6 +1014,43 @@ export class ApiStandIn {
       for (const socket of this.sockets) socket.resetAndDestroy();
       this.sockets.clear();
     }
+  }
+
+  /**
+   * Writes `line` (newline added), whatever it is, into every open watch of `kind` at once, as
+   * a broken proxy or server in front of the client could. Returns the number of watches.
+   */
+  injectWatchLine(kind: StoredKind, line: string): number {
+    const resource = resourceOfKind(kind);
+    let n = 0;
+    for (const watch of this.openWatches) {
+      if (watch.resource !== resource) continue;
+      watch.writeLine(line);
+      n++;
+    }
+    return n;
+  }
+
+  /**
+   * Makes every watch of `kind` open now a half-open connection, as a NAT or load balancer that
+   * dropped its state leaves it: it stays open but delivers nothing more (no event, no bookmark,
+   * not even its end at timeoutSeconds). Watches started afterwards work. Returns their number.
+   */
+  silenceOpenWatches(kind: StoredKind): number {
+    const resource = resourceOfKind(kind);
+    let n = 0;
+    for (const watch of this.openWatches) {
+      if (watch.resource !== resource) continue;
+      watch.silence();
+      n++;
+    }
+    return n;
+  }
+
+  /** Open watch streams of `kind`. */
+  openWatchCount(kind: StoredKind): number {
+    const resource = resourceOfKind(kind);
+    return [...this.openWatches].filter((w) => w.resource === resource).length;
   }
 
   /**
@@ -1331,10 +1373,12 @@ export class ApiStandIn {
     }
     const timeoutSeconds = Number(query.get('timeoutSeconds') ?? 0);
     const bookmarks = query.get('allowWatchBookmarks') === 'true';
-    const write = (event: KubeObject) => {
+    let silent = false;
+    const writeLine = (line: string) => {
       // A reset connection closes the response a moment later; nothing more is written to it.
-      if (!res.destroyed && !res.writableEnded) res.write(JSON.stringify(event) + '\n');
+      if (!silent && !res.destroyed && !res.writableEnded) res.write(line + '\n');
     };
+    const write = (event: KubeObject) => writeLine(JSON.stringify(event));
     // kubectl get -w asks for Table rows; the column definitions come with the first one only.
     const asTable = wantsTable(req);
     let columnsSent = false;
@@ -1400,8 +1444,19 @@ export class ApiStandIn {
         }, this.bookmarkIntervalMs),
       );
     }
-    const open: OpenWatch = { res, close: () => res.end() };
-    if (timeoutSeconds > 0) timers.push(setTimeout(() => open.close(), timeoutSeconds * 1000));
+    const open: OpenWatch = {
+      res,
+      resource,
+      close: () => res.end(),
+      writeLine,
+      silence: () => {
+        silent = true;
+        unsubscribe();
+        for (const t of timers) clearTimeout(t);
+      },
+    };
+    // As the real server: the stream ends at the timeout the client asked for.
+    if (timeoutSeconds > 0) timers.push(setTimeout(() => !silent && open.close(), timeoutSeconds * 1000));
     this.openWatches.add(open);
     res.on('close', () => {
       unsubscribe();

@@ -19,6 +19,7 @@ import {
   type V1Node,
   type V1Service,
 } from '@kubernetes/client-node';
+import { expect } from 'chai';
 import { ApiStandIn } from '../support/api-server.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -610,6 +611,42 @@ describe('Kubernetes API stand-in', function () {
       const w = await recordWatch(server, '/api/v1/nodes', { timeoutSeconds: 1 });
       assert.equal(await w.done, null);
       assert.deepEqual(w.events, []);
+    });
+
+    it('carry raw lines injected into the open watches of one kind, and only those', async () => {
+      const services = await recordWatch(server, '/api/v1/services', { resourceVersion: '1' });
+      const nodes = await recordWatch(server, '/api/v1/nodes', { resourceVersion: '1' });
+      stopAfter.push(services.abort, nodes.abort);
+      await waitFor(() => server.openWatchCount('Service') === 1 && server.openWatchCount('Node') === 1, 'two watches');
+      expect(server.injectWatchLine('Service', '{"type":"ODD","object":{"x":1}}')).to.equal(1);
+      expect(server.injectWatchLine('Service', '42')).to.equal(1);
+      server.apply(service('default', 'after'));
+      await waitFor(() => services.events.length === 3, 'three lines');
+      expect(services.events.map((e) => e.type)).to.deep.equal(['ODD', undefined, 'ADDED']);
+      expect(nodes.events).to.deep.equal([]);
+    });
+
+    it('hold a silenced watch open with nothing on it: no event, no bookmark, no end at its timeout', async () => {
+      const w = await recordWatch(server, '/api/v1/services', {
+        resourceVersion: '1',
+        allowWatchBookmarks: true,
+        timeoutSeconds: 1,
+      });
+      stopAfter.push(w.abort);
+      await waitFor(() => server.openWatchCount('Service') === 1, 'the watch');
+      expect(server.silenceOpenWatches('Service')).to.equal(1);
+      server.apply(service('default', 'unseen'));
+      let ended = false;
+      void w.done.then(() => (ended = true));
+      await new Promise((resolve) => setTimeout(resolve, 1500));
+      expect(w.events).to.deep.equal([]);
+      expect(ended, 'still open past timeoutSeconds').to.equal(false);
+      expect(server.openWatchCount('Service')).to.equal(1);
+      // A new watch works, and replays what the silent one missed.
+      const next = await recordWatch(server, '/api/v1/services', { resourceVersion: '1' });
+      stopAfter.push(next.abort);
+      await waitFor(() => next.events.length === 1, 'the replay');
+      expect(next.events[0]!.object.metadata.name).to.equal('unseen');
     });
   });
 

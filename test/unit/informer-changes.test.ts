@@ -89,7 +89,7 @@ describe('Service informer change tracking', function () {
         } else names.push((server.apply(next()).metadata as { name: string }).name);
       }
       if (step === 6) {
-        // A relist: the watch breaks and cannot resume (410 Gone); ListWatch lists again.
+        // A relist: the watch breaks and cannot resume (410 Gone); the informer lists again.
         server.expireHistory();
         server.setUnavailable(true);
         server.setUnavailable(false);

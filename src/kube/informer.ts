@@ -250,13 +250,12 @@ export class Informer<T> implements ChangeTracked<T> {
   /** Waits `ms`, or less when stopped. The timer holds the process up: retries never end. */
   private pause(ms: number): Promise<void> {
     return new Promise((resolve) => {
-      const timer = setTimeout(done, ms);
-      const self = this;
-      function done() {
+      const done = () => {
         clearTimeout(timer);
-        if (self.interrupt === done) self.interrupt = undefined;
+        if (this.interrupt === done) this.interrupt = undefined;
         resolve();
-      }
+      };
+      const timer = setTimeout(done, ms);
       this.interrupt = done;
     });
   }

@@ -616,7 +616,7 @@ describe('Kubernetes API stand-in', function () {
     it('carry raw lines injected into the open watches of one kind, and only those', async () => {
       const services = await recordWatch(server, '/api/v1/services', { resourceVersion: '1' });
       const nodes = await recordWatch(server, '/api/v1/nodes', { resourceVersion: '1' });
-      stopAfter.push(services.abort, nodes.abort);
+      stopAfter.push(() => services.abort(), () => nodes.abort());
       await waitFor(() => server.openWatchCount('Service') === 1 && server.openWatchCount('Node') === 1, 'two watches');
       expect(server.injectWatchLine('Service', '{"type":"ODD","object":{"x":1}}')).to.equal(1);
       expect(server.injectWatchLine('Service', '42')).to.equal(1);
@@ -632,7 +632,7 @@ describe('Kubernetes API stand-in', function () {
         allowWatchBookmarks: true,
         timeoutSeconds: 1,
       });
-      stopAfter.push(w.abort);
+      stopAfter.push(() => w.abort());
       await waitFor(() => server.openWatchCount('Service') === 1, 'the watch');
       expect(server.silenceOpenWatches('Service')).to.equal(1);
       server.apply(service('default', 'unseen'));
@@ -644,7 +644,7 @@ describe('Kubernetes API stand-in', function () {
       expect(server.openWatchCount('Service')).to.equal(1);
       // A new watch works, and replays what the silent one missed.
       const next = await recordWatch(server, '/api/v1/services', { resourceVersion: '1' });
-      stopAfter.push(next.abort);
+      stopAfter.push(() => next.abort());
       await waitFor(() => next.events.length === 1, 'the replay');
       expect(next.events[0]!.object.metadata.name).to.equal('unseen');
     });

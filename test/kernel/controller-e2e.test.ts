@@ -1,7 +1,7 @@
 // The whole controller, as users run it (the real CLI in a child process), against the API
 // stand-in (real wire protocol, real client library), checked with packets on the kernel.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -48,7 +48,7 @@ async function eventually(check: () => Promise<string>, expected: string, what: 
     if (last === expected) return;
     await sleep(100);
   }
-  assert.fail(`${what}: expected '${expected}', last answer '${last}'`);
+  expect.fail(`${what}: expected '${expected}', last answer '${last}'`);
 }
 
 /** What each backend leaves in the kernel, to check that a node never carries two. */
@@ -138,14 +138,14 @@ for (const backendName of ['nft', 'iptables'] as const)
       if (other === 'nft') sh('nft', ['add table ip ipvs-node-controller']);
       else
         sh('iptables-restore', ['--noflush', '-w'], '*nat\n:IPVS_OUTPUT - [0:0]\n-I OUTPUT 1 -j IPVS_OUTPUT\nCOMMIT\n');
-      assert.ok(KERNEL_OBJECTS[other]!(), 'leftover in place');
+      expect(KERNEL_OBJECTS[other]!(), 'leftover in place').to.equal(true);
       api.apply(serviceObject(LB_V4));
       controller = startController();
       await eventually(() => probe(pod(), 'tcp', LB_V4, 80), 'svc-a', 'pod to LoadBalancer IP');
-      assert.equal(await probe(undefined, 'tcp', LB_V4, 80), 'svc-a');
-      assert.equal(await probe(scenario.network.outside.ns, 'tcp', LB_V4, 80), LB_PATH);
+      expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal('svc-a');
+      expect(await probe(scenario.network.outside.ns, 'tcp', LB_V4, 80)).to.equal(LB_PATH);
       await eventually(async () => String(KERNEL_OBJECTS[other]!()), 'false', `${other} leftovers removed`);
-      assert.ok(KERNEL_OBJECTS[backendName]!());
+      expect(KERNEL_OBJECTS[backendName]!()).to.equal(true);
     });
 
     it('follows a change of the ingress IP', async () => {
@@ -157,8 +157,8 @@ for (const backendName of ['nft', 'iptables'] as const)
     it('keeps the rules while the API server is unreachable, and follows changes after it returns', async () => {
       api.setUnavailable(true);
       await sleep(2500); // longer than --sync-period: full resyncs run from the last known caches
-      assert.equal(await probe(pod(), 'tcp', NEW_LB, 80), 'svc-a');
-      assert.match(output, /cannot list\/watch services, keeping the last rules/);
+      expect(await probe(pod(), 'tcp', NEW_LB, 80)).to.equal('svc-a');
+      expect(output).to.match(/cannot list\/watch services, keeping the last rules/);
       api.setUnavailable(false);
       api.apply(serviceObject(LB_V4));
       await eventually(() => probe(pod(), 'tcp', LB_V4, 80), 'svc-a', 'change after the API server returned');
@@ -171,7 +171,7 @@ for (const backendName of ['nft', 'iptables'] as const)
         while (probing) answers.push(await probe(pod(), 'tcp', LB_V4, 80));
       })();
       await sleep(300);
-      assert.equal(await stopController(), 0, 'SIGTERM exits 0');
+      expect(await stopController(), 'SIGTERM exits 0').to.equal(0);
       await sleep(1000); // down: the rules stay in the kernel
       output = '';
       controller = startController();
@@ -179,22 +179,22 @@ for (const backendName of ['nft', 'iptables'] as const)
       await sleep(500);
       probing = false;
       await loop;
-      assert.ok(answers.length >= 5, `made ${answers.length} attempts`);
-      assert.deepEqual([...new Set(answers)], ['svc-a'], 'every attempt was translated');
+      expect(answers.length, `made ${answers.length} attempts`).to.be.at.least(5);
+      expect([...new Set(answers)], 'every attempt was translated').to.deep.equal(['svc-a']);
     });
 
     it('removes the translation of a deleted Service', async () => {
-      assert.ok(api.remove('Service', 'default', 'web'));
+      expect(api.remove('Service', 'default', 'web')).to.equal(true);
       await eventually(() => probe(pod(), 'tcp', LB_V4, 80), LB_PATH, 'after delete');
-      assert.equal(await probe(undefined, 'tcp', LB_V4, 80), LB_PATH);
+      expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal(LB_PATH);
     });
 
     it('--cleanup removes our objects and exits 0, twice', async () => {
-      assert.equal(await stopController(), 0);
-      assert.ok(KERNEL_OBJECTS[backendName]!(), 'SIGTERM left the rules in place');
+      expect(await stopController()).to.equal(0);
+      expect(KERNEL_OBJECTS[backendName]!(), 'SIGTERM left the rules in place').to.equal(true);
       sh(process.execPath, [CLI, '--cleanup']);
-      assert.equal(KERNEL_OBJECTS.nft!(), false);
-      assert.equal(KERNEL_OBJECTS.iptables!(), false);
+      expect(KERNEL_OBJECTS.nft!()).to.equal(false);
+      expect(KERNEL_OBJECTS.iptables!()).to.equal(false);
       sh(process.execPath, [CLI, '--cleanup']);
     });
 
@@ -207,11 +207,10 @@ for (const backendName of ['nft', 'iptables'] as const)
         ...['--dry-run', '--kubeconfig', kubeconfig, '--node-name', 'node-1'],
       ]);
       if (backendName === 'nft') {
-        assert.match(text, /192\.0\.2\.10 \. tcp \. 80 comment "default\/web" : 10\.96\.0\.10/);
+        expect(text).to.match(/192\.0\.2\.10 \. tcp \. 80 comment "default\/web" : 10\.96\.0\.10/);
         sh('nft', ['-c', '-f', '-'], text);
       } else {
-        assert.match(
-          text,
+        expect(text).to.match(
           /-A IPVS_OUTPUT -d 192\.0\.2\.10\/32 -p tcp -m comment --comment "default\/web" .*-j DNAT --to-destination 10\.96\.0\.10/,
         );
         const ipv4Part = text.split('# ipv6')[0]!.replace(/^#.*$/gm, '');

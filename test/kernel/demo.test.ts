@@ -4,7 +4,6 @@
 // first step. The test's own mount namespace (a tmpfs on /run/netns, test/run.mjs) plays the
 // host: the demo's `ip netns` names must never show there.
 
-import assert from 'node:assert/strict';
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { existsSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
@@ -14,6 +13,7 @@ import { promisify } from 'node:util';
 import { expect } from 'chai';
 import { assertIsolatedNetns, requireTools } from '../support/node-network.js';
 import { httpGet, scrapeMetrics } from '../support/scrape.js';
+import { rejectionOf } from '../support/assertions.js';
 
 const run = promisify(execFile);
 const here = dirname(fileURLToPath(import.meta.url));
@@ -115,12 +115,10 @@ describe('the demo (npm run demo)', function () {
     for (const client of ['host network (node)', 'pod-a (10.244.1.2)', 'pod-b (10.244.1.3)']) {
       for (const target of ['203.0.113.10:80/tcp', '203.0.113.10:8443/tcp']) {
         const line = (text: string) => text.split('\n').find((l) => l.includes(client) && l.includes(target)) ?? '';
-        assert.match(line(before), /no answer: blackholed/, `${client} -> ${target} before`);
+        expect(line(before), `${client} -> ${target} before`).to.match(/no answer: blackholed/);
         const service = target.endsWith(':80/tcp') ? 'shop/web' : 'shop/api';
-        assert.match(
-          line(after),
+        expect(line(after), `${client} -> ${target} after`).to.match(
           new RegExp(`ok answered by the endpoints of ${service}`),
-          `${client} -> ${target} after`,
         );
       }
     }
@@ -130,34 +128,31 @@ describe('the demo (npm run demo)', function () {
       .trim()
       .split('\n')
       .map((l) => l.trim().split(/\s+/));
-    assert.deepEqual(
-      rows.slice(1).map((r) => [r[0], r[1], r[2], r[4]]),
-      [
-        ['shop', 'api', 'LoadBalancer', '203.0.113.10'],
-        ['shop', 'web', 'LoadBalancer', '203.0.113.10'],
-      ],
-    );
+    expect(rows.slice(1).map((r) => [r[0], r[1], r[2], r[4]])).to.deep.equal([
+      ['shop', 'api', 'LoadBalancer', '203.0.113.10'],
+      ['shop', 'web', 'LoadBalancer', '203.0.113.10'],
+    ]);
 
-    assert.match(await kubectl('apply', '--validate=false', '-f', EXTRA), /service\/cart created/);
+    expect(await kubectl('apply', '--validate=false', '-f', EXTRA)).to.match(/service\/cart created/);
     await outputMatching(/\+ 203\.0\.113\.11 tcp 8080 -> (\S+)\s+\(shop\/cart\)/, 'the new rule');
     await outputMatching(
       /pod-a \(10\.244\.1\.2\)\s+-> 203\.0\.113\.11:8080\/tcp\s+ok answered by the endpoints of shop\/cart/,
       'the probe',
     );
     const cart = (await kubectl('get', 'service', '-n', 'shop', 'cart', '--no-headers')).trim().split(/\s+/);
-    assert.equal(cart[3], '203.0.113.11', 'the demo load balancer assigned the next address');
+    expect(cart[3], 'the demo load balancer assigned the next address').to.equal('203.0.113.11');
     const metrics = await scrapeMetrics(`http://127.0.0.1:${metricsPort}`);
-    assert.equal(metrics.value('ipvs_node_controller_programmed_entries', { backend: 'nft', family: 'ipv4' }), 3);
+    expect(metrics.value('ipvs_node_controller_programmed_entries', { backend: 'nft', family: 'ipv4' })).to.equal(3);
 
-    assert.match(await kubectl('delete', '-f', EXTRA), /service "cart" deleted/);
+    expect(await kubectl('delete', '-f', EXTRA)).to.match(/service "cart" deleted/);
     await outputMatching(/- 203\.0\.113\.11 tcp 8080 -> \S+\s+\(shop\/cart\)/, 'the rule removal');
 
     demo.kill('SIGINT');
     const [code] = (await once(demo, 'exit')) as [number | null];
-    assert.equal(code, 0, output);
-    assert.match(output, /Torn down/);
-    assert.equal(existsSync(dirname(kubeconfig!)), false, 'the temporary directory is removed');
-    await assert.rejects(httpGet(`http://127.0.0.1:${metricsPort}/metrics`), /ECONNREFUSED/);
+    expect(code, output).to.equal(0);
+    expect(output).to.match(/Torn down/);
+    expect(existsSync(dirname(kubeconfig!)), 'the temporary directory is removed').to.equal(false);
+    expect((await rejectionOf(httpGet(`http://127.0.0.1:${metricsPort}/metrics`))).message).to.match(/ECONNREFUSED/);
   });
 
   /** A demo in a process group of its own, so that a test can send Ctrl-C as a terminal does. */

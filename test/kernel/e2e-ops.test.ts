@@ -4,7 +4,7 @@
 // /readyz are followed through their states: caches not synced, ready, API server gone, kernel
 // refusing our changes.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -17,6 +17,7 @@ import { ApiStandIn } from '../support/api-server.js';
 import { NODE, probe, requireTools, sh } from '../support/node-network.js';
 import { Exposition, httpGet, promtoolCheckMetrics, scrapeMetrics } from '../support/scrape.js';
 import { LB_PATH, LB_V4, SERVICES, Scenario } from './scenario.js';
+import { rejectionOf } from '../support/assertions.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const CLI = join(here, '..', '..', 'bundle', 'ipvs-node-controller.mjs');
@@ -150,38 +151,39 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
       const r = await health('/readyz');
       return r.detail.includes('unreachable') && r;
     });
-    assert.equal(readyz.status, 503);
-    assert.match(
-      readyz.detail,
+    expect(readyz.status).to.equal(503);
+    expect(readyz.detail).to.match(
       /^waiting for the Service and Node caches to sync: the API server has been unreachable/,
     );
     const healthz = await health('/healthz');
-    assert.equal(healthz.status, 200);
-    assert.match(healthz.detail, /^waiting for the Service and Node caches to sync/);
-    assert.equal(tableExists(), false);
+    expect(healthz.status).to.equal(200);
+    expect(healthz.detail).to.match(/^waiting for the Service and Node caches to sync/);
+    expect(tableExists()).to.equal(false);
     const e = await scrapeMetrics(METRICS);
-    assert.ok(e.sum(`${P}informer_errors_total`) >= 1);
-    assert.equal(syncCount(e), 0);
+    expect(e.sum(`${P}informer_errors_total`)).to.be.at.least(1);
+    expect(syncCount(e)).to.equal(0);
   });
 
   it('after the first sync: ready, and the entries gauge equals what the kernel holds', async () => {
     api.setUnavailable(false);
     await eventually('/readyz 200', async () => (await health('/readyz')).status === 200);
-    assert.equal(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80), 'svc-a');
+    expect(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80)).to.equal('svc-a');
 
     const e = await scrapeMetrics(METRICS);
     const ipv4 = e.value(`${P}programmed_entries`, { backend: 'nft', family: 'ipv4' });
-    assert.equal(ipv4, programmedIpv4Elements());
-    assert.equal(ipv4, 4); // svc-a TCP+UDP/80, svc-b TCP/8080, svc-ext TCP/443
-    assert.equal(e.value(`${P}programmed_entries`, { backend: 'nft', family: 'ipv6' }), 2);
-    assert.equal(e.value(`${P}skipped_addresses`, { reason: 'ipModeProxy' }), 1);
-    assert.equal(e.value(`${P}skipped_addresses`, { reason: 'hostnameOnly' }), 1);
-    assert.equal(e.value(`${P}backend_info`, { backend: 'nft', nft_executor: 'addon', iptables_variant: 'none' }), 1);
-    assert.ok(e.value(`${P}informer_lists_total`, { resource: 'services' })! >= 1);
-    assert.ok(e.value(`${P}informer_watches_total`, { resource: 'nodes' })! >= 1);
+    expect(ipv4).to.equal(programmedIpv4Elements());
+    expect(ipv4).to.equal(4); // svc-a TCP+UDP/80, svc-b TCP/8080, svc-ext TCP/443
+    expect(e.value(`${P}programmed_entries`, { backend: 'nft', family: 'ipv6' })).to.equal(2);
+    expect(e.value(`${P}skipped_addresses`, { reason: 'ipModeProxy' })).to.equal(1);
+    expect(e.value(`${P}skipped_addresses`, { reason: 'hostnameOnly' })).to.equal(1);
+    expect(e.value(`${P}backend_info`, { backend: 'nft', nft_executor: 'addon', iptables_variant: 'none' })).to.equal(
+      1,
+    );
+    expect(e.value(`${P}informer_lists_total`, { resource: 'services' })!).to.be.at.least(1);
+    expect(e.value(`${P}informer_watches_total`, { resource: 'nodes' })!).to.be.at.least(1);
     const last = e.value(`${P}last_successful_sync_timestamp_seconds`)!;
-    assert.ok(Math.abs(last - Date.now() / 1000) < 3600, `implausible timestamp ${last}`);
-    assert.ok(e.value('process_resident_memory_bytes')! > 0);
+    expect(Math.abs(last - Date.now() / 1000), `implausible timestamp ${last}`).to.be.below(3600);
+    expect(e.value('process_resident_memory_bytes')!).to.be.above(0);
   });
 
   it('a Service change moves the counters: syncs, programming latency, entries, skips, Events', async () => {
@@ -202,35 +204,35 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
       const e = await scrapeMetrics(METRICS);
       return e.value(`${P}programmed_entries`, { backend: 'nft', family: 'ipv4' }) === 5 && e;
     });
-    assert.equal(programmedIpv4Elements(), 5);
-    assert.ok(syncCount(after) > syncCount(before));
+    expect(programmedIpv4Elements()).to.equal(5);
+    expect(syncCount(after)).to.be.above(syncCount(before));
     const latency = (e: Exposition) =>
       e.value(`${P}network_programming_duration_seconds_count`, { backend: 'nft' }) ?? 0;
-    assert.ok(latency(after) > latency(before), 'the change was timed');
-    assert.equal(after.value(`${P}skipped_addresses`, { reason: 'ipModeProxy' }), 2);
-    assert.equal(after.value(`${P}skip_events_total`, { reason: 'ipModeProxy' }), 2);
+    expect(latency(after), 'the change was timed').to.be.above(latency(before));
+    expect(after.value(`${P}skipped_addresses`, { reason: 'ipModeProxy' })).to.equal(2);
+    expect(after.value(`${P}skip_events_total`, { reason: 'ipModeProxy' })).to.equal(2);
 
     const events = await eventually('the Event on svc-new', async () => {
       const found = api.list('Event').filter((ev) => ev.involvedObject.name === 'svc-new');
       return found.length > 0 && found;
     });
-    assert.equal(events.length, 1);
-    assert.equal(events[0]!.type, 'Normal');
-    assert.match(events[0]!.message, /^ingress 192\.0\.2\.30: not translated/);
+    expect(events).to.have.lengthOf(1);
+    expect(events[0]!.type).to.equal('Normal');
+    expect(events[0]!.message).to.match(/^ingress 192\.0\.2\.30: not translated/);
   });
 
   it('full resyncs go on without a log line each', async () => {
     const start = syncCount(await scrapeMetrics(METRICS));
     const linesBefore = logLines.length;
     await eventually('three more syncs', async () => syncCount(await scrapeMetrics(METRICS)) >= start + 3);
-    assert.deepEqual(logLines.slice(linesBefore), []);
+    expect(logLines.slice(linesBefore)).to.deep.equal([]);
   });
 
   it('promtool check metrics passes on the live exposition', async () => {
     const { text } = await scrapeMetrics(METRICS);
     const verdict = await promtoolCheckMetrics(text);
-    assert.equal(verdict.code, 0, verdict.output);
-    assert.equal(verdict.output.trim(), '');
+    expect(verdict.code, verdict.output).to.equal(0);
+    expect(verdict.output.trim()).to.equal('');
   });
 
   it('a Prometheus server scrapes it: up == 1, and our series are queryable', async () => {
@@ -268,11 +270,11 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
       },
       60_000,
     );
-    assert.equal(up[0]!.metric.instance, '127.0.0.1:9477');
+    expect(up[0]!.metric.instance).to.equal('127.0.0.1:9477');
     const entries = await query(`${P}programmed_entries{family="ipv4"}`);
-    assert.equal(entries.length, 1);
-    assert.equal(entries[0]!.value[1], '5');
-    assert.equal(entries[0]!.metric.backend, 'nft');
+    expect(entries).to.have.lengthOf(1);
+    expect(entries[0]!.value[1]).to.equal('5');
+    expect(entries[0]!.metric.backend).to.equal('nft');
   });
 
   it('API server gone longer than 2 x sync-period: not ready, still alive, rules kept and resynced', async () => {
@@ -282,23 +284,22 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
       const r = await health('/readyz');
       return r.status === 503 && r;
     });
-    assert.match(
-      readyz.detail,
+    expect(readyz.detail).to.match(
       /^the API server has been unreachable for \S+ \((services|nodes): .*\); the last programmed rules are kept$/,
     );
-    assert.equal((await health('/healthz')).status, 200);
-    assert.equal(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80), 'svc-a');
+    expect((await health('/healthz')).status).to.equal(200);
+    expect(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80)).to.equal('svc-a');
     const during = await eventually('a resync from the cache', async () => {
       const e = await scrapeMetrics(METRICS);
       return syncCount(e) > syncCount(before) && e;
     });
-    assert.ok(during.sum(`${P}informer_errors_total`) > before.sum(`${P}informer_errors_total`));
-    assert.equal(during.value(`${P}programmed_entries`, { backend: 'nft', family: 'ipv4' }), 5);
+    expect(during.sum(`${P}informer_errors_total`)).to.be.above(before.sum(`${P}informer_errors_total`));
+    expect(during.value(`${P}programmed_entries`, { backend: 'nft', family: 'ipv4' })).to.equal(5);
 
     api.setUnavailable(false);
     await eventually('/readyz 200 again', async () => (await health('/readyz')).status === 200);
     const back = await scrapeMetrics(METRICS);
-    assert.ok(back.sum(`${P}informer_watches_total`) > before.sum(`${P}informer_watches_total`));
+    expect(back.sum(`${P}informer_watches_total`)).to.be.above(before.sum(`${P}informer_watches_total`));
   });
 
   it('kernel refusing our changes longer than 2 x sync-period: /healthz fails, and recovers', async () => {
@@ -311,35 +312,31 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
       const r = await health('/healthz');
       return r.status === 503 && r;
     });
-    assert.match(
-      healthz.detail,
+    expect(healthz.detail).to.match(
       /^no successful sync for \S+ \(limit: 2 x --sync-period = 2\.0s\): .*Operation not permitted/,
     );
-    assert.equal((await health('/readyz')).status, 503);
+    expect((await health('/readyz')).status).to.equal(503);
     const failing = await scrapeMetrics(METRICS);
-    assert.ok(
-      failing.value(`${P}sync_errors_total`, { backend: 'nft' })! >
-        (before.value(`${P}sync_errors_total`, { backend: 'nft' }) ?? 0),
+    expect(failing.value(`${P}sync_errors_total`, { backend: 'nft' })!).to.be.above(
+      before.value(`${P}sync_errors_total`, { backend: 'nft' }) ?? 0,
     );
-    assert.equal(
-      await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80),
+    expect(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80), 'no translation while the table is taken').to.equal(
       LB_PATH,
-      'no translation while the table is taken',
     );
 
     tableHolder.stdin!.end();
     await once(tableHolder, 'exit');
     await eventually('/healthz 200 again', async () => (await health('/healthz')).status === 200);
     await eventually('/readyz 200 again', async () => (await health('/readyz')).status === 200);
-    assert.equal(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80), 'svc-a');
-    assert.equal(programmedIpv4Elements(), 5);
+    expect(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80)).to.equal('svc-a');
+    expect(programmedIpv4Elements()).to.equal(5);
   });
 
   it('SIGTERM: exits 0 and leaves the rules in place', async () => {
     controller!.kill('SIGTERM');
     const [code] = (await once(controller!, 'exit')) as [number | null];
-    assert.equal(code, 0);
-    assert.equal(programmedIpv4Elements(), 5);
-    await assert.rejects(httpGet(`${METRICS}/metrics`), /ECONNREFUSED/);
+    expect(code).to.equal(0);
+    expect(programmedIpv4Elements()).to.equal(5);
+    expect((await rejectionOf(httpGet(`${METRICS}/metrics`))).message).to.match(/ECONNREFUSED/);
   });
 });

@@ -7,7 +7,7 @@
 // and a bpffs instance mounted for the test, so the pins are the test's own. All of it is removed
 // afterwards, also when a test fails.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -20,6 +20,7 @@ import { KEY_SIZE, VALUE_SIZE, decodeElements, encodeKeys, encodeValues } from '
 import { loadEbpfAddon, type PinnedMap } from '../../src/backends/ebpf/native.js';
 import type { DesiredState, Entry, Family } from '../../src/model/types.js';
 import { assertIsolatedNetns } from '../support/node-network.js';
+import { rejectionOf } from '../support/assertions.js';
 
 const PEER = fileURLToPath(new URL('./ebpf-peer.js', import.meta.url));
 const TAG = `inc${process.pid}`;
@@ -83,7 +84,7 @@ class Lab {
   private readonly children = new Set<ChildProcess>();
 
   constructor() {
-    assert.ok(this.cgroupRoot, 'no cgroup2 mount in /proc/mounts');
+    if (!this.cgroupRoot) expect.fail('no cgroup2 mount in /proc/mounts');
     this.cgroupPath = join(this.cgroupRoot, `ipvs-node-controller-test-${process.pid}`);
   }
 
@@ -183,7 +184,7 @@ async function waitUntil(what: string, check: () => boolean): Promise<void> {
     if (check()) return;
     await new Promise((r) => setTimeout(r, 50));
   }
-  assert.fail(`still not true after 5 s: ${what}`);
+  expect.fail(`still not true after 5 s: ${what}`);
 }
 
 describe('ebpf backend on the kernel', function () {
@@ -215,47 +216,47 @@ describe('ebpf backend on the kernel', function () {
 
   it('probe finds everything it needs on this kernel', async function () {
     const probe = await backend.probe();
-    assert.equal(probe.ok, true, probe.detail);
-    assert.match(probe.detail, /libbpf/);
-    assert.match(probe.detail, /is not the root cgroup: only processes below it are translated/);
+    expect(probe.ok, probe.detail).to.equal(true);
+    expect(probe.detail).to.match(/libbpf/);
+    expect(probe.detail).to.match(/is not the root cgroup: only processes below it are translated/);
   });
 
   it('probe names a missing cgroup v2 directory and a path that is not on bpffs', async function () {
     const wrong = new EbpfBackend({ cgroupPath: lab.scratch, bpffsPath: join(lab.scratch, 'pins') });
     const probe = await wrong.probe();
-    assert.equal(probe.ok, false);
-    assert.match(probe.detail, /is not a cgroup v2 directory/);
-    assert.match(probe.detail, /is not on a bpffs mount/);
+    expect(probe.ok).to.equal(false);
+    expect(probe.detail).to.match(/is not a cgroup v2 directory/);
+    expect(probe.detail).to.match(/is not on a bpffs mount/);
   });
 
   it('a sync that cannot attach rejects with the reason, and leaves nothing attached', async function () {
     const notCgroup = new EbpfBackend({ cgroupPath: lab.scratch, bpffsPath: lab.bpffsPath });
-    await assert.rejects(notCgroup.sync(desiredOf(ALL_ENTRIES), { full: true }), {
-      name: 'BackendError',
-      message: new RegExp(`^ebpf attach failed: ${lab.scratch} is not a cgroup v2 directory`),
-    });
+    expect(await rejectionOf(notCgroup.sync(desiredOf(ALL_ENTRIES), { full: true })))
+      .to.include({ name: 'BackendError' })
+      .and.to.have.property('message')
+      .that.matches(new RegExp(`^ebpf attach failed: ${lab.scratch} is not a cgroup v2 directory`));
     const noObject = new EbpfBackend({
       cgroupPath: lab.cgroupPath,
       bpffsPath: lab.bpffsPath,
       objectPath: join(lab.scratch, 'absent.bpf.o'),
     });
-    await assert.rejects(noObject.sync(desiredOf(ALL_ENTRIES), { full: true }), {
-      message: /^ebpf attach failed: open BPF object .*absent\.bpf\.o: No such file or directory/,
-    });
-    assert.deepEqual(cgroupPrograms(lab.cgroupPath), []);
+    expect(await rejectionOf(noObject.sync(desiredOf(ALL_ENTRIES), { full: true })))
+      .to.have.property('message')
+      .that.matches(/^ebpf attach failed: open BPF object .*absent\.bpf\.o: No such file or directory/);
+    expect(cgroupPrograms(lab.cgroupPath)).to.deep.equal([]);
     await noObject.cleanup();
   });
 
   it('before any sync, a client in the cgroup reaches the external IP itself', async function () {
     const r = await lab.client(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, String(PORT)]);
-    assert.match(String(r.reply), /^external /);
+    expect(String(r.reply)).to.match(/^external /);
   });
 
   it('attaches the eight programs to the cgroup and pins links, programs and maps', async function () {
     const result = await backend.sync(desiredOf(ALL_ENTRIES), { full: true });
-    assert.deepEqual(result, { mode: 'full', entries: { ipv4: 2, ipv6: 2 } });
+    expect(result).to.deep.equal({ mode: 'full', entries: { ipv4: 2, ipv6: 2 } });
     const attached = cgroupPrograms(lab.cgroupPath);
-    assert.deepEqual(attached.map((p) => p.attach_type).sort(), [
+    expect(attached.map((p) => p.attach_type).sort()).to.deep.equal([
       'cgroup_inet4_connect',
       'cgroup_inet4_getpeername',
       'cgroup_inet6_connect',
@@ -265,9 +266,13 @@ describe('ebpf backend on the kernel', function () {
       'cgroup_udp6_recvmsg',
       'cgroup_udp6_sendmsg',
     ]);
-    assert.deepEqual(readdirSync(join(lab.bpffsPath, 'maps')).sort(), ['entries_v4', 'entries_v6', 'socket_origins']);
-    assert.equal(readdirSync(join(lab.bpffsPath, 'links')).length, 8);
-    assert.equal(readdirSync(join(lab.bpffsPath, 'programs')).length, 8);
+    expect(readdirSync(join(lab.bpffsPath, 'maps')).sort()).to.deep.equal([
+      'entries_v4',
+      'entries_v6',
+      'socket_origins',
+    ]);
+    expect(readdirSync(join(lab.bpffsPath, 'links'))).to.have.lengthOf(8);
+    expect(readdirSync(join(lab.bpffsPath, 'programs'))).to.have.lengthOf(8);
   });
 
   for (const family of ['ipv4', 'ipv6'] as const) {
@@ -275,68 +280,69 @@ describe('ebpf backend on the kernel', function () {
       const where = ns === POD_NS ? 'a pod namespace' : 'the node namespace';
       it(`${family} TCP from ${where}: answered by the ClusterIP, getpeername shows the external IP`, async function () {
         const r = await lab.client(inCgroup(ns), ['tcp', ADDR[family].external, String(PORT)]);
-        assert.equal(r.error, undefined);
-        assert.equal(r.peer, ADDR[family].external);
-        assert.equal(r.peerPort, PORT);
+        expect(r.error).to.equal(undefined);
+        expect(r.peer).to.equal(ADDR[family].external);
+        expect(r.peerPort).to.equal(PORT);
         const [tag, seenSource] = String(r.reply).split(' ');
-        assert.equal(tag, 'cluster');
+        expect(tag).to.equal('cluster');
         // Nothing is NATed: the server sees the client's own address.
-        if (ns === POD_NS) assert.equal(seenSource, ADDR[family].pod);
+        if (ns === POD_NS) expect(seenSource).to.equal(ADDR[family].pod);
       });
 
       it(`${family} unconnected UDP from ${where}: the reply comes from the external IP`, async function () {
         const r = await lab.client(inCgroup(ns), ['udp', ADDR[family].external, String(PORT)]);
-        assert.equal(r.error, undefined);
-        assert.match(String(r.reply), /^cluster /);
-        assert.equal(r.from, ADDR[family].external);
-        assert.equal(r.fromPort, PORT);
+        expect(r.error).to.equal(undefined);
+        expect(String(r.reply)).to.match(/^cluster /);
+        expect(r.from).to.equal(ADDR[family].external);
+        expect(r.fromPort).to.equal(PORT);
       });
     }
 
     it(`${family} connected UDP from a pod namespace: peer and reply source are the external IP`, async function () {
       const r = await lab.client(inCgroup(POD_NS), ['udp-connected', ADDR[family].external, String(PORT)]);
-      assert.equal(r.error, undefined);
-      assert.match(String(r.reply), /^cluster /);
-      assert.equal(r.peer, ADDR[family].external);
-      assert.equal(r.from, ADDR[family].external);
+      expect(r.error).to.equal(undefined);
+      expect(String(r.reply)).to.match(/^cluster /);
+      expect(r.peer).to.equal(ADDR[family].external);
+      expect(r.from).to.equal(ADDR[family].external);
     });
 
     it(`${family}: a port of the external IP that is no entry is not translated`, async function () {
       const r = await lab.client(inCgroup(POD_NS), ['tcp', ADDR[family].external, String(OTHER_PORT)]);
-      assert.match(String(r.reply), /^external /);
+      expect(String(r.reply)).to.match(/^external /);
     });
 
     it(`${family}: a process outside the cgroup is not translated`, async function () {
       const tcp = await lab.client(outside(POD_NS), ['tcp', ADDR[family].external, String(PORT)]);
-      assert.match(String(tcp.reply), /^external /);
+      expect(String(tcp.reply)).to.match(/^external /);
       const udp = await lab.client(outside(POD_NS), ['udp', ADDR[family].external, String(PORT)]);
-      assert.match(String(udp.reply), /^external /);
+      expect(String(udp.reply)).to.match(/^external /);
     });
   }
 
   it('an IPv6 socket connecting to an IPv4-mapped external IP is translated too', async function () {
     const mapped = `::ffff:${ADDR.ipv4.external}`;
     const r = await lab.client(inCgroup(POD_NS), ['tcp', mapped, String(PORT)]);
-    assert.equal(r.error, undefined);
-    assert.match(String(r.reply), /^cluster /);
-    assert.equal(r.peer, mapped);
+    expect(r.error).to.equal(undefined);
+    expect(String(r.reply)).to.match(/^cluster /);
+    expect(r.peer).to.equal(mapped);
   });
 
   it('the pinned maps have the layout the codec writes', async function () {
     const load = loadEbpfAddon();
-    assert.ok(load.ok);
+    if (!load.ok) expect.fail('expected load.ok');
     for (const [family, name] of [
       ['ipv4', 'entries_v4'],
       ['ipv6', 'entries_v6'],
     ] as const) {
       const map: PinnedMap = new load.addon.PinnedMap(join(lab.bpffsPath, 'maps', name));
       try {
-        assert.equal(map.keySize, KEY_SIZE[family]);
-        assert.equal(map.valueSize, VALUE_SIZE[family]);
+        expect(map.keySize).to.equal(KEY_SIZE[family]);
+        expect(map.valueSize).to.equal(VALUE_SIZE[family]);
         const dump = await map.dump();
         const elements = decodeElements(family, dump.keys, dump.values);
-        assert.deepEqual(
+        expect(
           elements.map((e) => `${e.externalIp} ${e.protocol} ${e.port} -> ${e.clusterIp} ${e.clusterPort}`).sort(),
+        ).to.deep.equal(
           ALL_ENTRIES.filter((e) => e.family === family)
             .map((e) => `${e.externalIp} ${e.protocol} ${e.port} -> ${e.clusterIp} ${e.port}`)
             .sort(),
@@ -350,36 +356,34 @@ describe('ebpf backend on the kernel', function () {
   it('a partial sync removing an entry removes its translation and nothing else', async function () {
     const without = ALL_ENTRIES.filter((e) => !(e.family === 'ipv4' && e.protocol === 'TCP'));
     const result = await backend.sync(desiredOf(without), { full: false });
-    assert.equal(result.mode, 'partial');
+    expect(result.mode).to.equal('partial');
     const tcp = await lab.client(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, String(PORT)]);
-    assert.match(String(tcp.reply), /^external /);
-    assert.equal(tcp.peer, ADDR.ipv4.external);
+    expect(String(tcp.reply)).to.match(/^external /);
+    expect(tcp.peer).to.equal(ADDR.ipv4.external);
     const udp = await lab.client(inCgroup(POD_NS), ['udp', ADDR.ipv4.external, String(PORT)]);
-    assert.match(String(udp.reply), /^cluster /);
-    assert.equal((await backend.sync(desiredOf(without), { full: false })).mode, 'noop');
+    expect(String(udp.reply)).to.match(/^cluster /);
+    expect((await backend.sync(desiredOf(without), { full: false })).mode).to.equal('noop');
     // Put it back for the next tests.
-    assert.equal((await backend.sync(desiredOf(ALL_ENTRIES), { full: false })).mode, 'partial');
+    expect((await backend.sync(desiredOf(ALL_ENTRIES), { full: false })).mode).to.equal('partial');
     const again = await lab.client(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, String(PORT)]);
-    assert.match(String(again.reply), /^cluster /);
+    expect(String(again.reply)).to.match(/^cluster /);
   });
 
   it('a full sync removes elements someone else wrote and rewrites changed ones', async function () {
     const load = loadEbpfAddon();
-    assert.ok(load.ok);
+    if (!load.ok) expect.fail('expected load.ok');
     const map: PinnedMap = new load.addon.PinnedMap(join(lab.bpffsPath, 'maps', 'entries_v4'));
     try {
       const stray = { ...entry('ipv4', 'TCP', 9999) };
       const hijacked = { ...entry('ipv4', 'UDP'), clusterIp: '10.96.0.99' };
       await map.update(encodeKeys('ipv4', [stray, hijacked]), encodeValues('ipv4', [stray, hijacked]));
-      assert.equal(
-        (await backend.sync(desiredOf(ALL_ENTRIES), { full: false })).mode,
+      expect((await backend.sync(desiredOf(ALL_ENTRIES), { full: false })).mode, 'partial trusts its memory').to.equal(
         'noop',
-        'partial trusts its memory',
       );
-      assert.equal((await backend.sync(desiredOf(ALL_ENTRIES), { full: true })).mode, 'full');
+      expect((await backend.sync(desiredOf(ALL_ENTRIES), { full: true })).mode).to.equal('full');
       const dump = await map.dump();
       const elements = decodeElements('ipv4', dump.keys, dump.values);
-      assert.deepEqual(elements.map((e) => `${e.protocol} ${e.port} -> ${e.clusterIp}`).sort(), [
+      expect(elements.map((e) => `${e.protocol} ${e.port} -> ${e.clusterIp}`).sort()).to.deep.equal([
         `TCP ${PORT} -> ${ADDR.ipv4.cluster}`,
         `UDP ${PORT} -> ${ADDR.ipv4.cluster}`,
       ]);
@@ -394,7 +398,7 @@ describe('ebpf backend on the kernel', function () {
     const controllerArgs = ['controller', lab.cgroupPath, lab.bpffsPath, entriesJson];
     const first = lab.start(undefined, controllerArgs);
     const firstReady = await first.first;
-    assert.equal(firstReady.ready, true, JSON.stringify(firstReady));
+    expect(firstReady.ready, JSON.stringify(firstReady)).to.equal(true);
 
     // A client connecting one connection after another through the whole restart.
     const stopFile = join(lab.scratch, 'stop-loop');
@@ -405,10 +409,10 @@ describe('ebpf backend on the kernel', function () {
     // The controller is down: new connections still go to the ClusterIP.
     for (const family of ['ipv4', 'ipv6'] as const) {
       const tcp = await lab.client(inCgroup(POD_NS), ['tcp', ADDR[family].external, String(PORT)]);
-      assert.match(String(tcp.reply), /^cluster /, `${family} TCP while the controller is down`);
-      assert.equal(tcp.peer, ADDR[family].external);
+      expect(String(tcp.reply), `${family} TCP while the controller is down`).to.match(/^cluster /);
+      expect(tcp.peer).to.equal(ADDR[family].external);
       const udp = await lab.client(inCgroup(NODE_NS), ['udp', ADDR[family].external, String(PORT)]);
-      assert.match(String(udp.reply), /^cluster /, `${family} UDP while the controller is down`);
+      expect(String(udp.reply), `${family} UDP while the controller is down`).to.match(/^cluster /);
     }
 
     const second = lab.start(undefined, controllerArgs);
@@ -420,22 +424,20 @@ describe('ebpf backend on the kernel', function () {
       links: Array<{ name: string; link: string; linkId: number }>;
       maps: Array<{ name: string; id: number; reused: boolean }>;
     };
-    assert.match(String((await during).reply), /^cluster /);
-    assert.equal(secondReady.ready, true, JSON.stringify(secondReady));
+    expect(String((await during).reply)).to.match(/^cluster /);
+    expect(secondReady.ready, JSON.stringify(secondReady)).to.equal(true);
     // The new process re-used the maps and swapped its programs into the same links.
     const firstMaps = firstReady.maps as Array<{ name: string; id: number }>;
-    assert.deepEqual(
-      secondReady.maps.map((m) => [m.name, m.id, m.reused]),
+    expect(secondReady.maps.map((m) => [m.name, m.id, m.reused])).to.deep.equal(
       firstMaps.map((m) => [m.name, m.id, true]),
     );
     const firstLinks = firstReady.links as Array<{ name: string; linkId: number }>;
-    assert.deepEqual(
-      secondReady.links.map((l) => [l.name, l.linkId, l.link]),
+    expect(secondReady.links.map((l) => [l.name, l.linkId, l.link])).to.deep.equal(
       firstLinks.map((l) => [l.name, l.linkId, 'updated']),
     );
 
     const after = await lab.client(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, String(PORT)]);
-    assert.match(String(after.reply), /^cluster /);
+    expect(String(after.reply)).to.match(/^cluster /);
     writeFileSync(stopFile, '');
     const loopResult = (await new Promise<Record<string, unknown>>((resolve) => {
       const out: string[] = [];
@@ -444,35 +446,35 @@ describe('ebpf backend on the kernel', function () {
         resolve(JSON.parse(out.join('').trim().split('\n').pop()!) as Record<string, unknown>),
       );
     })) as { attempts: number; replies: Record<string, number>; errors: string[] };
-    assert.deepEqual(loopResult.errors, []);
-    assert.deepEqual(Object.keys(loopResult.replies), [`${ADDR.ipv4.external} cluster`]);
-    assert.ok(loopResult.attempts > 0);
+    expect(loopResult.errors).to.deep.equal([]);
+    expect(Object.keys(loopResult.replies)).to.deep.equal([`${ADDR.ipv4.external} cluster`]);
+    expect(loopResult.attempts).to.be.above(0);
     second.child.kill('SIGKILL');
     await new Promise((r) => second.child.once('exit', r));
   });
 
   it('cleanup removes programs, links and pins; a second cleanup succeeds', async function () {
     const ids = cgroupPrograms(lab.cgroupPath).map((p) => p.id);
-    assert.equal(ids.length, 8);
+    expect(ids).to.have.lengthOf(8);
     const links = (bpftoolJson(['link', 'show']) as Array<{ id: number; prog_id: number }>).filter((l) =>
       ids.includes(l.prog_id),
     );
-    assert.equal(links.length, 8);
+    expect(links).to.have.lengthOf(8);
 
     const fresh = new EbpfBackend({ cgroupPath: lab.cgroupPath, bpffsPath: lab.bpffsPath });
-    assert.equal(await fresh.hasState(), true);
+    expect(await fresh.hasState()).to.equal(true);
     await fresh.cleanup();
-    assert.deepEqual(cgroupPrograms(lab.cgroupPath), []);
-    assert.equal(existsSync(lab.bpffsPath), false);
-    assert.equal(await fresh.hasState(), false);
+    expect(cgroupPrograms(lab.cgroupPath)).to.deep.equal([]);
+    expect(existsSync(lab.bpffsPath)).to.equal(false);
+    expect(await fresh.hasState()).to.equal(false);
     await waitUntil(
       'links and programs are freed',
       () => links.every((l) => !objectExists('link', l.id)) && ids.every((id) => !objectExists('prog', id)),
     );
     const r = await lab.client(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, String(PORT)]);
-    assert.match(String(r.reply), /^external /);
+    expect(String(r.reply)).to.match(/^external /);
 
     await fresh.cleanup();
-    assert.deepEqual(cgroupPrograms(lab.cgroupPath), []);
+    expect(cgroupPrograms(lab.cgroupPath)).to.deep.equal([]);
   });
 });

@@ -2,7 +2,7 @@
 // (nft tables, our chains and jumps in either iptables variant), traffic is translated by the
 // active backend at each step, and --cleanup removes everything, twice in a row.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import type { Backend } from '../../src/backends/backend.js';
 import { BackendError } from '../../src/backends/backend.js';
 import { NftCliExecutor } from '../../src/backends/nft/executor.js';
@@ -13,6 +13,7 @@ import { cleanupAll, removeLeftovers, selectBackend, type LeftoverCleanup } from
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { probe } from '../support/node-network.js';
 import { CONFIG, LB_PATH, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
+import { rejectionOf } from '../support/assertions.js';
 
 const desired = () => buildDesiredState(SERVICES, NODE_INFO, CONFIG);
 const nftTablesExist = () => new NftBackend(new NftCliExecutor()).hasState();
@@ -49,26 +50,27 @@ describe('backend selection and migration', function () {
       await new IptablesBackend(other).sync(desired(), { full: true });
 
       let selected = await selectBackend('nft');
-      assert.equal(selected.backend.name, 'nft');
+      expect(selected.backend.name).to.equal('nft');
       await removeLeftovers('nft');
       await selected.backend.sync(desired(), { full: true });
-      assert.deepEqual(await where(), { nft: true, legacy: false, iptablesNft: false });
-      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
+      expect(await where()).to.deep.equal({ nft: true, legacy: false, iptablesNft: false });
+      expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
 
       selected = await selectBackend('iptables', { iptablesVariant: variant });
-      assert.ok(selected.backend instanceof IptablesBackend);
-      assert.equal(selected.backend.variant, variant);
+      if (!(selected.backend instanceof IptablesBackend))
+        expect.fail('expected selected.backend instanceof IptablesBackend');
+      expect(selected.backend.variant).to.equal(variant);
       await removeLeftovers('iptables', { iptablesVariant: variant });
       await selected.backend.sync(desired(), { full: true });
-      assert.deepEqual(await where(), { nft: false, legacy: variant === 'legacy', iptablesNft: variant === 'nft' });
-      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
-      assert.equal(await probe(undefined, 'tcp', LB_V4, 8080), 'svc-b');
+      expect(await where()).to.deep.equal({ nft: false, legacy: variant === 'legacy', iptablesNft: variant === 'nft' });
+      expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
+      expect(await probe(undefined, 'tcp', LB_V4, 8080)).to.equal('svc-b');
 
       selected = await selectBackend('nft');
       await removeLeftovers('nft');
       await selected.backend.sync(desired(), { full: true });
-      assert.deepEqual(await where(), { nft: true, legacy: false, iptablesNft: false });
-      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
+      expect(await where()).to.deep.equal({ nft: true, legacy: false, iptablesNft: false });
+      expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
     });
   }
 
@@ -76,8 +78,8 @@ describe('backend selection and migration', function () {
     await new IptablesBackend('legacy').sync(desired(), { full: true });
     await new IptablesBackend('nft').sync(desired(), { full: true });
     await removeLeftovers('iptables', { iptablesVariant: 'nft' });
-    assert.deepEqual(await where(), { nft: false, legacy: false, iptablesNft: true });
-    assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
+    expect(await where()).to.deep.equal({ nft: false, legacy: false, iptablesNft: true });
+    expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
   });
 
   it('cleanupAll removes ours from every backend and both variants, and a second run succeeds', async () => {
@@ -86,12 +88,12 @@ describe('backend selection and migration', function () {
     const nft = (await selectBackend('nft')).backend;
     await nft.sync(desired(), { full: true });
     const checked = await cleanupAll();
-    assert.equal(checked.length, 3);
-    assert.deepEqual(await where(), { nft: false, legacy: false, iptablesNft: false });
-    assert.equal(await probe(pod(), 'tcp', LB_V4, 80), LB_PATH);
-    assert.equal(await probe(undefined, 'tcp', LB_V4, 80), LB_PATH);
+    expect(checked).to.have.lengthOf(3);
+    expect(await where()).to.deep.equal({ nft: false, legacy: false, iptablesNft: false });
+    expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal(LB_PATH);
+    expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal(LB_PATH);
     await cleanupAll();
-    assert.deepEqual(await where(), { nft: false, legacy: false, iptablesNft: false });
+    expect(await where()).to.deep.equal({ nft: false, legacy: false, iptablesNft: false });
   });
 
   it("runs the extra cleanups passed in (the eBPF backend's), except for the active backend", async () => {
@@ -106,29 +108,26 @@ describe('backend selection and migration', function () {
     await removeLeftovers('nft', { extraCleanups: [ebpf] });
     await removeLeftovers('ebpf', { extraCleanups: [ebpf] });
     await cleanupAll([ebpf]);
-    assert.deepEqual(calls, ['ebpf', 'ebpf']);
+    expect(calls).to.deep.equal(['ebpf', 'ebpf']);
     const failing: LeftoverCleanup = { ...ebpf, cleanup: () => Promise.reject(new Error('bpffs is not mounted')) };
-    await assert.rejects(cleanupAll([failing]), (err: Error) => {
-      assert.ok(err instanceof BackendError);
-      assert.equal(err.backend, 'ebpf');
-      assert.match(err.message, /eBPF programs and maps: bpffs is not mounted/);
-      return true;
-    });
+    const err = await rejectionOf(cleanupAll([failing]), BackendError);
+    expect(err.backend).to.equal('ebpf');
+    expect(err.message).to.match(/eBPF programs and maps: bpffs is not mounted/);
   });
 
   it('auto chooses nft where the nft backend works; ebpf needs its factory', async () => {
     const auto = await selectBackend('auto');
-    assert.equal(auto.backend.name, 'nft');
-    assert.match(auto.reason, /^--backend=auto chose nft/);
-    await assert.rejects(selectBackend('ebpf'), /ebpf backend is not part of this build/);
+    expect(auto.backend.name).to.equal('nft');
+    expect(auto.reason).to.match(/^--backend=auto chose nft/);
+    expect((await rejectionOf(selectBackend('ebpf'))).message).to.match(/ebpf backend is not part of this build/);
     const stand = new IptablesBackend('nft') as Backend;
     const chosen = await selectBackend('ebpf', { ebpf: () => stand });
-    assert.equal(chosen.backend, stand);
+    expect(chosen.backend).to.equal(stand);
   });
 
   it('iptables with variant auto follows the detected variant', async () => {
     const selected = await selectBackend('iptables');
-    assert.ok(selected.backend instanceof IptablesBackend);
-    assert.match(selected.reason, /^iptables backend, as configured: iptables-(nft|legacy): /);
+    expect(selected.backend).to.be.instanceOf(IptablesBackend);
+    expect(selected.reason).to.match(/^iptables backend, as configured: iptables-(nft|legacy): /);
   });
 });

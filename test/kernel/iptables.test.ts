@@ -3,7 +3,7 @@
 // stand-in writing the same nat table concurrently loses nothing and neither do we, cleanup is
 // idempotent and safe without the tools. Runs as root inside `unshare --net --mount`.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -18,6 +18,7 @@ import { assertGolden } from '../support/golden.js';
 import { assertIsolatedNetns, sh } from '../support/node-network.js';
 import { CONFIG, NODE_INFO, SERVICES } from './scenario.js';
 import { SEED, seedDesired, type ListingRow } from '../support/seed-listing.js';
+import { rejectionOf } from '../support/assertions.js';
 
 const VARIANTS: readonly IptablesVariant[] = ['legacy', 'nft'];
 
@@ -94,20 +95,20 @@ for (const variant of VARIANTS) {
     it('programs what it renders, rule for rule, in both families', async () => {
       const desired = buildDesiredState(SERVICES, NODE_INFO, CONFIG);
       const result = await backend.sync(desired, { full: true });
-      assert.deepEqual(result.entries, { ipv4: desired.ipv4.entries.length, ipv6: desired.ipv6.entries.length });
+      expect(result.entries).to.deep.equal({ ipv4: desired.ipv4.entries.length, ipv6: desired.ipv6.entries.length });
       for (const family of ['ipv4', 'ipv6'] as const) {
         const save = natSave(variant, family);
         const { rules } = renderChainRules(family, desired[family], desired.masqueradeMark, false);
         const held = [...ruleLines(save, 'IPVS_PREROUTING'), ...ruleLines(save, 'IPVS_OUTPUT')];
-        assert.deepEqual(held, rules.map(asSaved));
+        expect(held).to.deep.equal(rules.map(asSaved));
         const view = parseNatSave(save);
-        assert.equal(view.rules.get('PREROUTING')![0], '-j IPVS_PREROUTING');
-        assert.equal(view.rules.get('OUTPUT')![0], '-j IPVS_OUTPUT');
+        expect(view.rules.get('PREROUTING')![0]).to.equal('-j IPVS_PREROUTING');
+        expect(view.rules.get('OUTPUT')![0]).to.equal('-j IPVS_OUTPUT');
       }
       // A full resync of an unchanged table: iptables-legacy sees it holds our rules already.
       const again = await backend.sync(desired, { full: true });
-      assert.equal(again.mode, variant === 'legacy' ? 'noop' : 'full');
-      assert.equal((await backend.sync(desired, { full: false })).mode, 'noop');
+      expect(again.mode).to.equal(variant === 'legacy' ? 'noop' : 'full');
+      expect((await backend.sync(desired, { full: false })).mode).to.equal('noop');
     });
 
     it('lists IPVS_OUTPUT and IPVS_PREROUTING like the original controller (with KUBE-MARK-MASQ)', async () => {
@@ -115,10 +116,10 @@ for (const variant of VARIANTS) {
       await backend.sync(seedDesired(), { full: true });
       for (const chain of ['IPVS_OUTPUT', 'IPVS_PREROUTING'] as const) {
         const text = listing(variant, chain);
-        assert.match(text, new RegExp(`^Chain ${chain} \\(1 references\\)`));
+        expect(text).to.match(new RegExp(`^Chain ${chain} \\(1 references\\)`));
         // Each port adds a pair of rows; without protocol and port they are the original's rows.
         const rows = listingRows(text).filter((row, i, all) => i < 2 || all[i - 2]!.join() !== row.join());
-        assert.deepEqual(rows, SEED[chain]);
+        expect(rows).to.deep.equal(SEED[chain]);
         // Both variants list the same text.
         assertGolden(`iptables-listing-${chain}.txt`, text);
       }
@@ -128,12 +129,14 @@ for (const variant of VARIANTS) {
       const desired = seedDesired();
       await backend.sync(desired, { full: true });
       let rules = ruleLines(natSave(variant), 'IPVS_OUTPUT');
-      assert.ok(rules.filter((_, i) => i % 2 === 0).every((r) => r.endsWith('-j MARK --set-xmark 0x4000/0x4000')));
+      expect(
+        rules.filter((_, i) => i % 2 === 0).every((r) => r.endsWith('-j MARK --set-xmark 0x4000/0x4000')),
+      ).to.equal(true);
       createKubeMarkMasq(variant);
       await backend.sync(desired, { full: true });
       rules = ruleLines(natSave(variant), 'IPVS_OUTPUT');
-      assert.ok(rules.filter((_, i) => i % 2 === 0).every((r) => r.endsWith('-j KUBE-MARK-MASQ')));
-      assert.ok(rules.filter((_, i) => i % 2 === 1).every((r) => r.includes('-j DNAT --to-destination')));
+      expect(rules.filter((_, i) => i % 2 === 0).every((r) => r.endsWith('-j KUBE-MARK-MASQ'))).to.equal(true);
+      expect(rules.filter((_, i) => i % 2 === 1).every((r) => r.includes('-j DNAT --to-destination'))).to.equal(true);
     });
 
     it("takes rule 1 back, once, after kube-proxy prepends its own jump, keeping kube-proxy's rule", async () => {
@@ -142,12 +145,12 @@ for (const variant of VARIANTS) {
       const portals = '-m comment --comment "kubernetes service portals" -j KUBE-SERVICES';
       restore(variant, `*nat\n:KUBE-SERVICES - [0:0]\n-I PREROUTING 1 ${portals}\n-A OUTPUT -j IPVS_OUTPUT\nCOMMIT\n`);
       let view = parseNatSave(natSave(variant));
-      assert.equal(view.rules.get('PREROUTING')![0], portals);
-      assert.equal(view.rules.get('OUTPUT')!.length, 2);
+      expect(view.rules.get('PREROUTING')![0]).to.equal(portals);
+      expect(view.rules.get('OUTPUT')!).to.have.lengthOf(2);
       await backend.sync(desired, { full: true });
       view = parseNatSave(natSave(variant));
-      assert.deepEqual(view.rules.get('PREROUTING'), ['-j IPVS_PREROUTING', portals]);
-      assert.deepEqual(view.rules.get('OUTPUT'), ['-j IPVS_OUTPUT']);
+      expect(view.rules.get('PREROUTING')).to.deep.equal(['-j IPVS_PREROUTING', portals]);
+      expect(view.rules.get('OUTPUT')).to.deep.equal(['-j IPVS_OUTPUT']);
     });
 
     it('a kube-proxy stand-in restoring the same nat table concurrently loses no rule, and neither do we', async () => {
@@ -192,33 +195,35 @@ for (const variant of VARIANTS) {
       const last = standInRounds - 1;
       for (const chain of ['PREROUTING', 'OUTPUT']) {
         const specs = view.rules.get(chain)!;
-        assert.equal(specs[0], `-j IPVS_${chain}`, `rule 1 of ${chain} is our jump`);
-        assert.equal(specs.filter((s) => s.includes('-j IPVS_')).length, 1, `one jump in ${chain}`);
-        assert.deepEqual(specs.slice(1), [`-m comment --comment "stand-in ${last}" -j KUBE-SERVICES`]);
+        expect(specs[0], `rule 1 of ${chain} is our jump`).to.equal(`-j IPVS_${chain}`);
+        expect(
+          specs.filter((s) => s.includes('-j IPVS_')),
+          `one jump in ${chain}`,
+        ).to.have.lengthOf(1);
+        expect(specs.slice(1)).to.deep.equal([`-m comment --comment "stand-in ${last}" -j KUBE-SERVICES`]);
       }
-      assert.deepEqual(view.rules.get('KUBE-SERVICES'), [
+      expect(view.rules.get('KUBE-SERVICES')).to.deep.equal([
         `-d 10.97.0.${last}/32 -p tcp -m tcp --dport 80 -j KUBE-SEP-${last}`,
       ]);
-      assert.deepEqual(
-        [...view.chains].filter((c) => c.startsWith('KUBE-SEP-')),
-        [`KUBE-SEP-${last}`],
-      );
+      expect([...view.chains].filter((c) => c.startsWith('KUBE-SEP-'))).to.deep.equal([`KUBE-SEP-${last}`]);
       const { rules } = renderChainRules('ipv4', b.ipv4, b.masqueradeMark, true);
-      assert.deepEqual([...ruleLines(save, 'IPVS_PREROUTING'), ...ruleLines(save, 'IPVS_OUTPUT')], rules.map(asSaved));
+      expect([...ruleLines(save, 'IPVS_PREROUTING'), ...ruleLines(save, 'IPVS_OUTPUT')]).to.deep.equal(
+        rules.map(asSaved),
+      );
     });
 
     it('cleanup removes chains and jumps only, and a second cleanup succeeds', async () => {
       createKubeMarkMasq(variant);
       await backend.sync(seedDesired(), { full: true });
-      assert.ok(await hasIptablesObjects(variant));
+      expect(await hasIptablesObjects(variant)).to.equal(true);
       await backend.cleanup();
       await backend.cleanup();
-      assert.ok(!(await hasIptablesObjects(variant)));
+      expect(await hasIptablesObjects(variant)).to.equal(false);
       for (const family of ['ipv4', 'ipv6'] as const) {
         const save = natSave(variant, family);
-        assert.ok(!save.includes('IPVS_'), `${family}: nothing of ours is left`);
+        expect(save, `${family}: nothing of ours is left`).to.not.include('IPVS_');
       }
-      assert.ok(parseNatSave(natSave(variant)).chains.has('KUBE-MARK-MASQ'), "kube-proxy's chain is kept");
+      expect(parseNatSave(natSave(variant)).chains, "kube-proxy's chain is kept").to.include('KUBE-MARK-MASQ');
     });
 
     it('is safe to clean up, and says what to install, when the iptables commands are missing', async () => {
@@ -228,10 +233,12 @@ for (const variant of VARIANTS) {
       try {
         const missing = new IptablesBackend(variant);
         await missing.cleanup();
-        await assert.rejects(missing.sync(seedDesired(), { full: true }), /install the iptables package/);
+        expect((await rejectionOf(missing.sync(seedDesired(), { full: true }))).message).to.match(
+          /install the iptables package/,
+        );
         const probed = await missing.probe();
-        assert.equal(probed.ok, false);
-        assert.match(probed.detail, /install the iptables package/);
+        expect(probed.ok).to.equal(false);
+        expect(probed.detail).to.match(/install the iptables package/);
       } finally {
         process.env.PATH = path;
         rmSync(emptyPath, { recursive: true, force: true });
@@ -264,8 +271,8 @@ describe('iptables variant detection (kube-proxy iptables-wrapper rules)', funct
     await ours.sync(seedDesired(), { full: true });
     try {
       const choice = await detectIptablesVariant();
-      assert.equal(choice.variant, 'nft', choice.reason);
-      assert.match(choice.reason, /ties go to nft/);
+      expect(choice.variant, choice.reason).to.equal('nft');
+      expect(choice.reason).to.match(/ties go to nft/);
     } finally {
       await ours.cleanup();
     }
@@ -275,7 +282,7 @@ describe('iptables variant detection (kube-proxy iptables-wrapper rules)', funct
     const twoRules = '*filter\n:DETECT-TEST - [0:0]\n-A DETECT-TEST -j RETURN\n-A DETECT-TEST -j RETURN\nCOMMIT\n';
     sh('iptables-legacy-restore', ['--noflush', '-w'], twoRules);
     const choice = await detectIptablesVariant();
-    assert.equal(choice.variant, 'legacy', choice.reason);
+    expect(choice.variant, choice.reason).to.equal('legacy');
   });
 
   it("follows the kubelet's hint chain before rule counts", async () => {
@@ -283,7 +290,7 @@ describe('iptables variant detection (kube-proxy iptables-wrapper rules)', funct
     sh('iptables-legacy-restore', ['--noflush', '-w'], oneRule);
     sh('iptables-nft-restore', ['--noflush', '-w'], '*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n');
     const choice = await detectIptablesVariant();
-    assert.equal(choice.variant, 'nft', choice.reason);
-    assert.match(choice.reason, /hint chain/);
+    expect(choice.variant, choice.reason).to.equal('nft');
+    expect(choice.reason).to.match(/hint chain/);
   });
 });

@@ -2,7 +2,7 @@
 // kube-proxy stand-in in the node namespace (test/support/kube-proxy-stand-in.ts) in IPVS,
 // nftables and iptables mode, and switching between them while a pod keeps connecting.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, rmSync, writeFileSync, renameSync } from 'node:fs';
@@ -77,7 +77,7 @@ async function until<T>(what: string, check: () => Promise<T | undefined | false
     if (v) return v;
     await sleep(100);
   }
-  assert.fail(`timed out waiting for: ${what}`);
+  expect.fail(`timed out waiting for: ${what}`);
 }
 
 const ourNftTables = () => sh('nft', ['list', 'tables']).match(/table ip6? ipvs-node-controller/g) ?? [];
@@ -142,7 +142,7 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
     controller.kill('SIGTERM');
     const [code] = (await once(controller, 'exit')) as [number | null];
     controller = undefined;
-    assert.equal(code, 0, 'SIGTERM exits 0');
+    expect(code, 'SIGTERM exits 0').to.equal(0);
   }
 
   before(async () => {
@@ -183,24 +183,23 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
     writeKubeProxyConfig('ipvs');
     startController();
     await until('pod -> LB IP translated', async () => (await probe(pod(), 'tcp', LB, PORT)) === 'svc-web');
-    assert.equal(await probe(undefined, 'tcp', LB, PORT), 'svc-web', 'node -> LB IP translated');
-    assert.equal(await probe(network.outside.ns, 'tcp', LB, PORT), 'lb-path', 'outside -> LB IP untouched');
+    expect(await probe(undefined, 'tcp', LB, PORT), 'node -> LB IP translated').to.equal('svc-web');
+    expect(await probe(network.outside.ns, 'tcp', LB, PORT), 'outside -> LB IP untouched').to.equal('lb-path');
     const ready = await until('ready', async () => {
       const r = await readyz();
       return r?.status === 'ok' && r;
     });
-    assert.equal(ready.kubeProxy?.mode, 'ipvs');
-    assert.equal(ready.kubeProxy?.modeSource, 'proxyMode');
-    assert.equal(ready.kubeProxy?.steppedAside, false);
-    assert.ok(
-      ready.kubeProxy?.settings.includes('masqueradeBit=14 (kube-proxy-config)'),
-      ready.kubeProxy?.settings.join(),
+    expect(ready.kubeProxy?.mode).to.equal('ipvs');
+    expect(ready.kubeProxy?.modeSource).to.equal('proxyMode');
+    expect(ready.kubeProxy?.steppedAside).to.equal(false);
+    expect(ready.kubeProxy?.settings, ready.kubeProxy?.settings.join()).to.include(
+      'masqueradeBit=14 (kube-proxy-config)',
     );
-    assert.ok(ready.kubeProxy?.settings.includes('clusterCidrs=10.244.0.0/16 (kube-proxy-config)'));
+    expect(ready.kubeProxy?.settings).to.include('clusterCidrs=10.244.0.0/16 (kube-proxy-config)');
     const metrics = await get(METRICS_PORT, '/metrics');
-    assert.match(metrics, /ipvs_node_controller_kube_proxy_mode\{mode="ipvs"\} 1/);
-    assert.match(metrics, /ipvs_node_controller_stepped_aside 0/);
-    assert.match(output, /kube-proxy mode: ipvs/);
+    expect(metrics).to.match(/ipvs_node_controller_kube_proxy_mode\{mode="ipvs"\} 1/);
+    expect(metrics).to.match(/ipvs_node_controller_stepped_aside 0/);
+    expect(output).to.match(/kube-proxy mode: ipvs/);
     await stopController();
     await kubeProxy.leave('ipvs');
   });
@@ -211,52 +210,54 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
       await kubeProxy.enter(mode);
       writeKubeProxyConfig(mode);
       // kube-proxy alone serves the LoadBalancer IP from the pod and from the node.
-      assert.equal(await probe(pod(), 'tcp', LB, PORT), ENDPOINT.name, `kube-proxy (${mode}) serves pod -> LB IP`);
-      assert.equal(await probe(undefined, 'tcp', LB, PORT), ENDPOINT.name, `kube-proxy (${mode}) serves node -> LB IP`);
+      expect(await probe(pod(), 'tcp', LB, PORT), `kube-proxy (${mode}) serves pod -> LB IP`).to.equal(ENDPOINT.name);
+      expect(await probe(undefined, 'tcp', LB, PORT), `kube-proxy (${mode}) serves node -> LB IP`).to.equal(
+        ENDPOINT.name,
+      );
 
       startController('--kube-proxy-step-aside=false');
       const ready = await until('ready and translating', async () => {
         const r = await readyz();
         return r?.status === 'ok' && ourNftTables().length > 0 && r;
       });
-      assert.ok(
+      expect(
         ready.warnings.some((w) => w.includes(`kube-proxy is in ${mode} mode`)),
         ready.warnings.join('; '),
-      );
+      ).to.equal(true);
       const fromPod = await probe(pod(), 'tcp', LB, PORT);
       const fromNode = await probe(undefined, 'tcp', LB, PORT);
-      assert.notEqual(fromPod, ENDPOINT.name, 'our DNAT to the unbound ClusterIP preempts kube-proxy');
-      assert.notEqual(fromNode, ENDPOINT.name);
-      assert.match(output, /translating anyway: --kube-proxy-step-aside=false/);
+      expect(fromPod, 'our DNAT to the unbound ClusterIP preempts kube-proxy').to.not.equal(ENDPOINT.name);
+      expect(fromNode).to.not.equal(ENDPOINT.name);
+      expect(output).to.match(/translating anyway: --kube-proxy-step-aside=false/);
     });
 
     it(`${mode} mode: the controller steps aside (rules removed, ready, metric, log, Node Event); pod and node -> LB IP reach the endpoint`, async () => {
       // The previous run's rules are still in the kernel (SIGTERM leaves them): stepping aside removes them.
-      assert.ok(ourNftTables().length > 0);
+      expect(ourNftTables().length).to.be.above(0);
       startController('--emit-events');
       await until('our rules removed', async () => ourNftTables().length === 0);
       await until(
         'pod -> LB IP answered by the endpoint',
         async () => (await probe(pod(), 'tcp', LB, PORT)) === ENDPOINT.name,
       );
-      assert.equal(await probe(undefined, 'tcp', LB, PORT), ENDPOINT.name, 'node -> LB IP');
-      assert.deepEqual(ourIptablesChains(), []);
+      expect(await probe(undefined, 'tcp', LB, PORT), 'node -> LB IP').to.equal(ENDPOINT.name);
+      expect(ourIptablesChains()).to.deep.equal([]);
       const ready = await until('ready', async () => {
         const r = await readyz();
         return r?.status === 'ok' && r;
       });
-      assert.match(ready.detail, new RegExp(`stepped aside, nothing is programmed: kube-proxy is in ${mode} mode`));
-      assert.equal(ready.kubeProxy?.steppedAside, true);
-      assert.equal((await get(HEALTH_PORT, '/healthz')).includes('"status":"ok"'), true, 'healthy');
+      expect(ready.detail).to.match(new RegExp(`stepped aside, nothing is programmed: kube-proxy is in ${mode} mode`));
+      expect(ready.kubeProxy?.steppedAside).to.equal(true);
+      expect((await get(HEALTH_PORT, '/healthz')).includes('"status":"ok"'), 'healthy').to.equal(true);
       const metrics = await get(METRICS_PORT, '/metrics');
-      assert.match(metrics, new RegExp(`ipvs_node_controller_kube_proxy_mode\\{mode="${mode}"\\} 1`));
-      assert.match(metrics, /ipvs_node_controller_stepped_aside 1/);
-      assert.match(output, /stepping aside, our rules are removed and nothing is programmed/);
+      expect(metrics).to.match(new RegExp(`ipvs_node_controller_kube_proxy_mode\\{mode="${mode}"\\} 1`));
+      expect(metrics).to.match(/ipvs_node_controller_stepped_aside 1/);
+      expect(output).to.match(/stepping aside, our rules are removed and nothing is programmed/);
       const event = await until('a Node Event', async () =>
         api.list('Event').find((e) => (e as { reason?: string }).reason === 'SteppedAsideForKubeProxy'),
       );
       const involved = (event as { involvedObject: { kind: string; name: string } }).involvedObject;
-      assert.deepEqual([involved.kind, involved.name], ['Node', 'node-1']);
+      expect([involved.kind, involved.name]).to.deep.equal(['Node', 'node-1']);
       await stopController();
       await kubeProxy.leave(mode);
     });
@@ -298,7 +299,7 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
         await readyzSays(true);
         asideAt = Date.now();
         await until('our tables gone', async () => ourNftTables().length === 0);
-        assert.deepEqual(ourIptablesChains(), [], 'no iptables chains of ours either');
+        expect(ourIptablesChains(), 'no iptables chains of ours either').to.deep.equal([]);
         await sleep(1500);
 
         toIpvs = Date.now();
@@ -327,9 +328,12 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
         const want = expected(p);
         return want !== undefined && p.answer !== want;
       });
-      assert.deepEqual(wrong, [], 'a probe outside the switches went wrong');
-      assert.ok(probes.filter((p) => p.start > asideAt && p.end < toIpvs).length >= 2, 'probed while stepped aside');
-      assert.ok(probes.filter((p) => p.start > backAt).length >= 2, 'probed after the return');
+      expect(wrong, 'a probe outside the switches went wrong').to.deep.equal([]);
+      expect(
+        probes.filter((p) => p.start > asideAt && p.end < toIpvs).length,
+        'probed while stepped aside',
+      ).to.be.at.least(2);
+      expect(probes.filter((p) => p.start > backAt).length, 'probed after the return').to.be.at.least(2);
 
       // Lost probes, and how far they reach beyond the end of kube-proxy's own switch.
       const lost = probes.filter((p) => p.answer !== 'svc-web' && p.answer !== ENDPOINT.name);
@@ -344,22 +348,22 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
       };
       console.log(`      switch figures (${signals}): ${JSON.stringify(stats)}`);
       for (const p of lost) {
-        assert.ok(
+        expect(
           within(p, toNft, asideAt) || within(p, toIpvs, backAt),
           `lost outside a switch: ${JSON.stringify(p)}`,
-        );
+        ).to.equal(true);
       }
       // Generous: a lost probe starts at most two poll intervals and a sync after kube-proxy's switch ended.
       for (const ms of stats.lostStartedAfterSwitchEndMs)
-        assert.ok(ms < 3000, `lost ${ms}ms after kube-proxy's switch`);
+        expect(ms, `lost ${ms}ms after kube-proxy's switch`).to.be.below(3000);
 
       // Back in IPVS mode: exactly our tables, programmed again; no leftover of kube-proxy's nftables mode interferes.
-      assert.equal(ourNftTables().filter((t) => t === 'table ip ipvs-node-controller').length, 1);
-      assert.match(sh('nft', ['list', 'table', 'ip', 'ipvs-node-controller']), /192\.0\.2\.10 \. tcp \. 80/);
+      expect(ourNftTables().filter((t) => t === 'table ip ipvs-node-controller')).to.have.lengthOf(1);
+      expect(sh('nft', ['list', 'table', 'ip', 'ipvs-node-controller'])).to.match(/192\.0\.2\.10 \. tcp \. 80/);
       await stopController();
       sh(process.execPath, [CLI, '--cleanup']);
-      assert.deepEqual(ourNftTables(), []);
-      assert.deepEqual(ourIptablesChains(), []);
+      expect(ourNftTables()).to.deep.equal([]);
+      expect(ourIptablesChains()).to.deep.equal([]);
       await kubeProxy.leave('ipvs');
     });
 });

@@ -2,7 +2,7 @@
 // Runs as root inside a network namespace of its own (test/run.mjs wraps mocha in
 // `unshare --net --mount`); it refuses to run in the machine's own namespace.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { execa } from 'execa';
 import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
 import { NftCliExecutor, NftError, type NftExecutor } from '../../src/backends/nft/executor.js';
@@ -10,6 +10,7 @@ import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import { MAP_NAME, TABLE_NAME, nftDocument, type NftCommand } from '../../src/backends/nft/render.js';
 import type { DesiredState, Entry, Family } from '../../src/model/types.js';
 import { assertIsolatedNetns } from '../support/node-network.js';
+import { rejectionOf } from '../support/assertions.js';
 
 const TEST_TABLE = 'nft-executor-test';
 const TEST_MAP = 'address-port-to-address';
@@ -63,7 +64,7 @@ type ListedObject = Record<string, { name?: string; elem?: unknown[] } | undefin
 function mapElements(listing: string, mapName: string): string[] {
   const objects = (JSON.parse(listing) as { nftables: ListedObject[] }).nftables;
   const map = objects.map((o) => o.map).find((m) => m?.name === mapName);
-  assert.ok(map, `map ${mapName} is not in the listing`);
+  if (!map) expect.fail(`map ${mapName} is not in the listing`);
   const keyText = (key: unknown): string => {
     const k = key as { elem?: { val: unknown }; concat?: unknown[] };
     if (k.elem) return keyText(k.elem.val);
@@ -104,7 +105,7 @@ function expectedElements(entries: Entry[]): string[] {
 
 async function kernelElements(executor: NftExecutor, family: 'ip' | 'ip6'): Promise<string[]> {
   const listing = await executor.listTable(family, TABLE_NAME);
-  assert.ok(listing !== undefined, `table ${family} ${TABLE_NAME} does not exist`);
+  if (listing === undefined) expect.fail(`table ${family} ${TABLE_NAME} does not exist`);
   return mapElements(listing, MAP_NAME);
 }
 
@@ -117,7 +118,7 @@ for (const { kind, create } of EXECUTORS) {
 
     before(() => {
       executor = create();
-      assert.equal(executor.kind, kind);
+      expect(executor.kind).to.equal(kind);
     });
 
     afterEach(async () => {
@@ -128,8 +129,8 @@ for (const { kind, create } of EXECUTORS) {
     it('runs a transaction and lists it back', async () => {
       await executor.run(testTableDocument(3));
       const listing = await executor.listTable('ip', TEST_TABLE);
-      assert.ok(listing !== undefined);
-      assert.deepEqual(mapElements(listing, TEST_MAP), [
+      if (listing === undefined) expect.fail('expected listing !== undefined');
+      expect(mapElements(listing, TEST_MAP)).to.deep.equal([
         '10.0.0.0 . 80 : 192.0.2.1',
         '10.0.0.1 . 80 : 192.0.2.1',
         '10.0.0.2 . 80 : 192.0.2.1',
@@ -137,25 +138,19 @@ for (const { kind, create } of EXECUTORS) {
     });
 
     it('lists a table that does not exist as undefined', async () => {
-      assert.equal(await executor.listTable('ip', TEST_TABLE), undefined);
-      assert.equal(await executor.listTable('ip6', TEST_TABLE), undefined);
+      expect(await executor.listTable('ip', TEST_TABLE)).to.equal(undefined);
+      expect(await executor.listTable('ip6', TEST_TABLE)).to.equal(undefined);
     });
 
     it("rejects a bad table family with nft's message", async () => {
       const bad = nftDocument([{ add: { table: { family: 'bogus', name: TEST_TABLE } } }]);
-      await assert.rejects(executor.run(bad), (err: unknown) => {
-        assert.ok(err instanceof NftError);
-        assert.match(err.message, /Error: Unknown family 'bogus'/);
-        return true;
-      });
+      const err = await rejectionOf(executor.run(bad), NftError);
+      expect(err.message).to.match(/Error: Unknown family 'bogus'/);
     });
 
     it("rejects a JSON syntax error with nft's message", async () => {
-      await assert.rejects(executor.run('{"nftables": [{"add": '), (err: unknown) => {
-        assert.ok(err instanceof NftError);
-        assert.match(err.message, /Error: syntax error/);
-        return true;
-      });
+      const err = await rejectionOf(executor.run('{"nftables": [{"add": '), NftError);
+      expect(err.message).to.match(/Error: syntax error/);
     });
 
     it('rolls back the whole transaction when one command fails', async () => {
@@ -163,18 +158,18 @@ for (const { kind, create } of EXECUTORS) {
         { add: { table: { family: 'ip', name: TEST_TABLE } } },
         { add: { element: { family: 'ip', table: TEST_TABLE, name: 'no-such-map', elem: ['10.0.0.1'] } } },
       ]);
-      await assert.rejects(executor.run(partlyBad), /No such file or directory/);
-      assert.equal(await executor.listTable('ip', TEST_TABLE), undefined);
+      expect((await rejectionOf(executor.run(partlyBad))).message).to.match(/No such file or directory/);
+      expect(await executor.listTable('ip', TEST_TABLE)).to.equal(undefined);
     });
 
     it('check mode validates without committing', async () => {
       await executor.check(testTableDocument(3));
-      assert.equal(await executor.listTable('ip', TEST_TABLE), undefined);
+      expect(await executor.listTable('ip', TEST_TABLE)).to.equal(undefined);
       // Nothing checked is taken as existing afterwards, in check mode or for real.
       const intoCheckedMap = addElementsDocument([1]);
-      await assert.rejects(executor.check(intoCheckedMap), /No such file or directory/);
-      await assert.rejects(executor.run(intoCheckedMap), /No such file or directory/);
-      assert.equal(await executor.listTable('ip', TEST_TABLE), undefined);
+      expect((await rejectionOf(executor.check(intoCheckedMap))).message).to.match(/No such file or directory/);
+      expect((await rejectionOf(executor.run(intoCheckedMap))).message).to.match(/No such file or directory/);
+      expect(await executor.listTable('ip', TEST_TABLE)).to.equal(undefined);
     });
 
     it('serves concurrent transactions and listings', async () => {
@@ -183,10 +178,10 @@ for (const { kind, create } of EXECUTORS) {
         ...Array.from({ length: 20 }, (_, i) => executor.run(addElementsDocument([i]))),
         executor.listTable('ip', TEST_TABLE),
       ]);
-      assert.equal(typeof settled[20], 'string');
+      expect(typeof settled[20]).to.equal('string');
       const listing = await executor.listTable('ip', TEST_TABLE);
-      assert.ok(listing !== undefined);
-      assert.equal(mapElements(listing, TEST_MAP).length, 20);
+      if (listing === undefined) expect.fail('expected listing !== undefined');
+      expect(mapElements(listing, TEST_MAP)).to.have.lengthOf(20);
     });
 
     it('keeps the event loop running during a 50,000-element transaction', async () => {
@@ -198,10 +193,10 @@ for (const { kind, create } of EXECUTORS) {
       } finally {
         clearInterval(timer);
       }
-      assert.ok(ticks > 0, 'no timer fired while the transaction ran');
+      expect(ticks, 'no timer fired while the transaction ran').to.be.above(0);
       const listing = await executor.listTable('ip', TEST_TABLE);
-      assert.ok(listing !== undefined);
-      assert.equal(mapElements(listing, TEST_MAP).length, 50_000);
+      if (listing === undefined) expect.fail('expected listing !== undefined');
+      expect(mapElements(listing, TEST_MAP)).to.have.lengthOf(50_000);
     });
 
     it('NftBackend: full sync, then a partial sync of the changed elements', async () => {
@@ -210,17 +205,17 @@ for (const { kind, create } of EXECUTORS) {
       const dns4 = entry('ipv4', '192.0.2.11', 'UDP', 53, '10.96.0.11');
       const web6 = entry('ipv6', '2001:db8::10', 'TCP', 443, 'fd00:96::10');
       const full = await backend.sync(desiredState([web4, dns4], [web6]), { full: true });
-      assert.equal(full.mode, 'full');
-      assert.deepEqual(await kernelElements(executor, 'ip'), expectedElements([web4, dns4]));
-      assert.deepEqual(await kernelElements(executor, 'ip6'), expectedElements([web6]));
+      expect(full.mode).to.equal('full');
+      expect(await kernelElements(executor, 'ip')).to.deep.equal(expectedElements([web4, dns4]));
+      expect(await kernelElements(executor, 'ip6')).to.deep.equal(expectedElements([web6]));
 
       // One removed, one moved to another ClusterIP, one added; ipv6 unchanged.
       const dns4Moved = { ...dns4, clusterIp: '10.96.0.99' };
       const sctp4 = entry('ipv4', '192.0.2.12', 'SCTP', 3868, '10.96.0.12');
       const partial = await backend.sync(desiredState([dns4Moved, sctp4], [web6]), { full: false });
-      assert.equal(partial.mode, 'partial');
-      assert.deepEqual(await kernelElements(executor, 'ip'), expectedElements([dns4Moved, sctp4]));
-      assert.deepEqual(await kernelElements(executor, 'ip6'), expectedElements([web6]));
+      expect(partial.mode).to.equal('partial');
+      expect(await kernelElements(executor, 'ip')).to.deep.equal(expectedElements([dns4Moved, sctp4]));
+      expect(await kernelElements(executor, 'ip6')).to.deep.equal(expectedElements([web6]));
     });
 
     it('NftBackend: a partial sync after someone deleted the table falls back to a full sync', async () => {
@@ -230,13 +225,13 @@ for (const { kind, create } of EXECUTORS) {
       await backend.sync(desiredState([web4], [web6]), { full: true });
 
       await execa('nft', ['delete', 'table', 'ip', TABLE_NAME]);
-      assert.equal(await executor.listTable('ip', TABLE_NAME), undefined);
+      expect(await executor.listTable('ip', TABLE_NAME)).to.equal(undefined);
 
       const api4 = entry('ipv4', '192.0.2.21', 'TCP', 8080, '10.96.0.21');
       const result = await backend.sync(desiredState([web4, api4], [web6]), { full: false });
-      assert.equal(result.mode, 'full');
-      assert.deepEqual(await kernelElements(executor, 'ip'), expectedElements([web4, api4]));
-      assert.deepEqual(await kernelElements(executor, 'ip6'), expectedElements([web6]));
+      expect(result.mode).to.equal('full');
+      expect(await kernelElements(executor, 'ip')).to.deep.equal(expectedElements([web4, api4]));
+      expect(await kernelElements(executor, 'ip6')).to.deep.equal(expectedElements([web6]));
     });
   });
 }

@@ -3,7 +3,7 @@
 // through both executors. Also: one family the kernel refuses does not block the other.
 // Runs inside `unshare --net --mount` (test/run.mjs); refuses to run elsewhere.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
 import { NftCliExecutor, type NftExecutor } from '../../src/backends/nft/executor.js';
 import {
@@ -17,6 +17,7 @@ import {
 import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import type { DesiredState, Entry, Family, FamilyState, LocalPodMatch } from '../../src/model/types.js';
 import { assertIsolatedNetns } from '../support/node-network.js';
+import { rejectionOf } from '../support/assertions.js';
 
 const EXECUTORS: Array<{ kind: string; create: () => NftExecutor }> = [
   {
@@ -58,7 +59,7 @@ type Listed = Array<Record<string, Record<string, unknown>>>;
 
 async function listed(executor: NftExecutor, family: Family): Promise<Listed> {
   const text = await executor.listTable(NFT_FAMILY[family], TABLE_NAME);
-  assert.ok(text, 'the table exists');
+  if (!text) expect.fail('the table exists');
   return (JSON.parse(text) as { nftables: Listed }).nftables.filter((o) => !('metainfo' in o));
 }
 
@@ -108,9 +109,11 @@ describe('nft full sync: dry-run text and JSON transaction', function () {
               await executor.run(replacingText(family, { ...state, entries: entries(family, count + 1) }, 0x8));
               await executor.run(replacingText(family, state, 0x4000));
               const fromText = await listed(executor, family);
-              assert.deepEqual(comparable(fromText), comparable(fromJson), `${count} entries`);
+              expect(comparable(fromText), `${count} entries`).to.deep.equal(comparable(fromJson));
               const comments = fromText.flatMap((o) => [o.set?.comment, o.map?.comment].filter((c) => c !== undefined));
-              assert.equal(comments.length, match.kind === 'cidrs' ? 2 : 1, 'the set and the map keep their comments');
+              expect(comments, 'the set and the map keep their comments').to.have.lengthOf(
+                match.kind === 'cidrs' ? 2 : 1,
+              );
             }
           });
         }
@@ -125,16 +128,19 @@ describe('nft full sync: dry-run text and JSON transaction', function () {
           skips: [],
           conflicts: [],
         });
-        await assert.rejects(backend.sync(desired(70000), { full: true }), (err: Error) => {
-          assert.match(err.message, /ip6: /);
-          assert.doesNotMatch(err.message, /(^|; )ip: /);
-          return true;
-        });
-        assert.equal((await listed(executor, 'ipv4')).filter((o) => o.map).length, 1, 'the IPv4 table is programmed');
-        assert.equal(await executor.listTable('ip6', TABLE_NAME), undefined);
+        const err = await rejectionOf(backend.sync(desired(70000), { full: true }));
+        expect(err.message).to.match(/ip6: /);
+        expect(err.message).to.not.match(/(^|; )ip: /);
+        expect(
+          (await listed(executor, 'ipv4')).filter((o) => o.map),
+          'the IPv4 table is programmed',
+        ).to.have.lengthOf(1);
+        expect(await executor.listTable('ip6', TABLE_NAME)).to.equal(undefined);
         const result = await backend.sync(desired(443), { full: false });
-        assert.equal(result.mode, 'full', 'the family that failed is synced in full once it can be');
-        assert.ok(await executor.listTable('ip6', TABLE_NAME));
+        expect(result.mode, 'the family that failed is synced in full once it can be').to.equal('full');
+        expect(await executor.listTable('ip6', TABLE_NAME))
+          .to.be.a('string')
+          .that.does.not.equal('');
       });
     });
   }

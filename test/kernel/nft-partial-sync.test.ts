@@ -2,7 +2,7 @@
 // programmed entries. Through random changes of Services, the kernel map must always hold exactly
 // the desired entries. Runs inside `unshare --net --mount` (test/run.mjs); refuses elsewhere.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
 import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import {
@@ -39,7 +39,7 @@ type Listed = {
 /** The map's elements as `ip proto port clusterIp`, sorted. */
 async function kernelElements(backend: NftBackend, family: Family): Promise<string[]> {
   const text = await backend.executor.listTable(NFT_FAMILY[family], TABLE_NAME);
-  assert.ok(text, `the ${family} table exists`);
+  if (!text) expect.fail(`the ${family} table exists`);
   const map = (JSON.parse(text) as Listed).nftables.find((o) => o.map?.name === MAP_NAME)?.map;
   return (map?.elem ?? []).map(([key, value]) => `${key.elem.val.concat.join(' ')} ${value}`).sort();
 }
@@ -83,10 +83,8 @@ describe('nft partial syncs driven by the model', function () {
         const result = await backend.sync(desired, { full: step === 0 });
         if (result.mode === 'partial') partial++;
         for (const family of ['ipv4', 'ipv6'] as const) {
-          assert.deepEqual(
-            await kernelElements(backend, family),
+          expect(await kernelElements(backend, family), `step ${step}, ${family}`).to.deep.equal(
             desiredElements(desired, family),
-            `step ${step}, ${family}`,
           );
         }
         services = [...services];
@@ -101,7 +99,7 @@ describe('nft partial syncs driven by the model', function () {
         }
         if (step % 20 === 19) services.reverse(); // the cache order is not a promise
       }
-      assert.ok(partial > 40, `most syncs were partial (${partial})`);
+      expect(partial, `most syncs were partial (${partial})`).to.be.above(40);
     } finally {
       await backend.executor.run(nftDocument(renderDeleteTablesJson(['ipv4', 'ipv6'])));
     }

@@ -1,7 +1,7 @@
 // Every row of semantics.md that a packet can show, for every kernel backend: real packets
 // from a pod namespace, the node namespace and an outside host.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import type { Backend } from '../../src/backends/backend.js';
 import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import { NftCliExecutor } from '../../src/backends/nft/executor.js';
@@ -82,7 +82,7 @@ for (const backendUnderTest of BACKENDS) {
       await scenario.setUp();
       backend = backendUnderTest.make();
       const probed = await backend!.probe();
-      assert.ok(probed.ok, probed.detail);
+      expect(probed.ok, probed.detail).to.equal(true);
     });
     after(async () => {
       try {
@@ -94,19 +94,19 @@ for (const backendUnderTest of BACKENDS) {
     });
 
     it('leaves traffic alone before anything is programmed', async () => {
-      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), LB_PATH);
-      assert.equal(await probe(undefined, 'tcp', LB_V4, 80), LB_PATH);
+      expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal(LB_PATH);
+      expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal(LB_PATH);
     });
 
     it('translates a pod connection to a LoadBalancer IP to the ClusterIP (prerouting)', async () => {
       await backend!.sync(desired(), { full: true });
-      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
-      assert.equal(await probe(pod(), 'udp', LB_V4, 80), `svc-a from ${LB_V4}`);
+      expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
+      expect(await probe(pod(), 'udp', LB_V4, 80)).to.equal(`svc-a from ${LB_V4}`);
     });
 
     it('translates a host-network connection (output, source local)', async () => {
-      assert.equal(await probe(undefined, 'tcp', LB_V4, 80), 'svc-a');
-      assert.equal(await probe(undefined, 'udp', LB_V4, 80), `svc-a from ${LB_V4}`);
+      expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal('svc-a');
+      expect(await probe(undefined, 'udp', LB_V4, 80)).to.equal(`svc-a from ${LB_V4}`);
     });
 
     it('marks translated packets for masquerade', async () => {
@@ -115,47 +115,49 @@ for (const backendUnderTest of BACKENDS) {
         await probe(pod(), 'tcp', LB_V4, 80);
         await probe(undefined, 'tcp', LB_V4, 80);
         const counters = readJsonCounters('inet', 'mark-observer');
-        assert.ok(counters.get('marked-input')! > 0, 'pod traffic to the ClusterIP carries the masquerade bit');
-        assert.ok(counters.get('marked-output')! > 0, 'node traffic to the ClusterIP carries the masquerade bit');
+        expect(counters.get('marked-input')!, 'pod traffic to the ClusterIP carries the masquerade bit').to.be.above(0);
+        expect(counters.get('marked-output')!, 'node traffic to the ClusterIP carries the masquerade bit').to.be.above(
+          0,
+        );
       } finally {
         sh('nft', ['delete', 'table', 'inet', 'mark-observer']);
       }
     });
 
     it('does not translate traffic from outside the node', async () => {
-      assert.equal(await probe(outside(), 'tcp', LB_V4, 80), LB_PATH);
-      assert.equal(await probe(outside(), 'udp', LB_V4, 80), `${LB_PATH} from ${LB_V4}`);
+      expect(await probe(outside(), 'tcp', LB_V4, 80)).to.equal(LB_PATH);
+      expect(await probe(outside(), 'udp', LB_V4, 80)).to.equal(`${LB_PATH} from ${LB_V4}`);
     });
 
     it('sends a second Service on the same IP and another port to its own ClusterIP', async () => {
-      assert.equal(await probe(pod(), 'tcp', LB_V4, 8080), 'svc-b');
-      assert.equal(await probe(undefined, 'tcp', LB_V4, 8080), 'svc-b');
+      expect(await probe(pod(), 'tcp', LB_V4, 8080)).to.equal('svc-b');
+      expect(await probe(undefined, 'tcp', LB_V4, 8080)).to.equal('svc-b');
     });
 
     it('leaves ipMode Proxy addresses to the load balancer', async () => {
-      assert.equal(await probe(pod(), 'tcp', LB_PROXY, 80), LB_PATH);
-      assert.equal(await probe(undefined, 'tcp', LB_PROXY, 80), LB_PATH);
+      expect(await probe(pod(), 'tcp', LB_PROXY, 80)).to.equal(LB_PATH);
+      expect(await probe(undefined, 'tcp', LB_PROXY, 80)).to.equal(LB_PATH);
     });
 
     it('translates spec.externalIPs', async () => {
-      assert.equal(await probe(pod(), 'tcp', EXTERNAL_IP, 443), 'svc-ext');
+      expect(await probe(pod(), 'tcp', EXTERNAL_IP, 443)).to.equal('svc-ext');
     });
 
     it('translates IPv6 LoadBalancer IPs of a dual-stack Service', async () => {
-      assert.equal(await probe(pod(), 'tcp', LB_V6, 80), 'svc-a6');
-      assert.equal(await probe(undefined, 'tcp', LB_V6, 80), 'svc-a6');
-      assert.equal(await probe(outside(), 'tcp', LB_V6, 80), LB_PATH);
+      expect(await probe(pod(), 'tcp', LB_V6, 80)).to.equal('svc-a6');
+      expect(await probe(undefined, 'tcp', LB_V6, 80)).to.equal('svc-a6');
+      expect(await probe(outside(), 'tcp', LB_V6, 80)).to.equal(LB_PATH);
     });
 
     it('only translates what is asked for: another port on a translated IP is left alone', async () => {
-      assert.equal(await probe(pod(), 'udp', LB_V4, 8080), `${LB_PATH} from ${LB_V4}`);
+      expect(await probe(pod(), 'udp', LB_V4, 8080)).to.equal(`${LB_PATH} from ${LB_V4}`);
     });
 
     it('restores rules removed by hand on the next full resync', async () => {
       backendUnderTest.removeByHand();
-      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), LB_PATH);
+      expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal(LB_PATH);
       await backend!.sync(desired(), { full: true });
-      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
+      expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
     });
 
     it('removes the translation of a deleted Service', async () => {
@@ -165,16 +167,16 @@ for (const backendUnderTest of BACKENDS) {
         CONFIG,
       );
       await backend!.sync(withoutB, { full: false });
-      assert.equal(await probe(pod(), 'tcp', LB_V4, 8080), LB_PATH);
-      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
+      expect(await probe(pod(), 'tcp', LB_V4, 8080)).to.equal(LB_PATH);
+      expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
       await backend!.sync(desired(), { full: false });
-      assert.equal(await probe(pod(), 'tcp', LB_V4, 8080), 'svc-b');
+      expect(await probe(pod(), 'tcp', LB_V4, 8080)).to.equal('svc-b');
     });
 
     it('programs output rules but no prerouting rules when the node has no podCIDR', async () => {
       await backend!.sync(desired({}, { name: 'node-1' }), { full: true });
-      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), LB_PATH);
-      assert.equal(await probe(undefined, 'tcp', LB_V4, 80), 'svc-a');
+      expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal(LB_PATH);
+      expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal('svc-a');
     });
 
     it('recognises local pods by interface name prefix', async () => {
@@ -182,8 +184,8 @@ for (const backendUnderTest of BACKENDS) {
       await backend!.sync(desired({ detectLocalMode: 'InterfaceNamePrefix', podInterfaceNamePrefix: prefix }), {
         full: true,
       });
-      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
-      assert.equal(await probe(outside(), 'tcp', LB_V4, 80), LB_PATH);
+      expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
+      expect(await probe(outside(), 'tcp', LB_V4, 80)).to.equal(LB_PATH);
     });
 
     it('recognises local pods by bridge interface', async () => {
@@ -191,23 +193,23 @@ for (const backendUnderTest of BACKENDS) {
         desired({ detectLocalMode: 'BridgeInterface', podBridgeInterface: scenario.network.podVethName }),
         { full: true },
       );
-      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
-      assert.equal(await probe(outside(), 'tcp', LB_V4, 80), LB_PATH);
+      expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
+      expect(await probe(outside(), 'tcp', LB_V4, 80)).to.equal(LB_PATH);
     });
 
     it('recognises local pods by cluster CIDR', async () => {
       await backend!.sync(desired({ detectLocalMode: 'ClusterCIDR', clusterCidrs: ['10.244.0.0/16'] }), { full: true });
-      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
-      assert.equal(await probe(outside(), 'tcp', LB_V4, 80), LB_PATH);
+      expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
+      expect(await probe(outside(), 'tcp', LB_V4, 80)).to.equal(LB_PATH);
       // No IPv6 cluster CIDR: IPv6 pod traffic is not recognised, host traffic still is.
-      assert.equal(await probe(pod(), 'tcp', LB_V6, 80), LB_PATH);
-      assert.equal(await probe(undefined, 'tcp', LB_V6, 80), 'svc-a6');
+      expect(await probe(pod(), 'tcp', LB_V6, 80)).to.equal(LB_PATH);
+      expect(await probe(undefined, 'tcp', LB_V6, 80)).to.equal('svc-a6');
     });
 
     it('removes everything on cleanup, and a second cleanup succeeds', async () => {
       await backend!.cleanup();
-      assert.equal(await probe(pod(), 'tcp', LB_V4, 80), LB_PATH);
-      assert.equal(await probe(undefined, 'tcp', LB_V4, 80), LB_PATH);
+      expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal(LB_PATH);
+      expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal(LB_PATH);
       await backend!.cleanup();
     });
   });

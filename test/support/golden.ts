@@ -1,6 +1,6 @@
 // Golden files: compare output with test/golden/<name>; UPDATE_GOLDEN=1 rewrites them.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 
@@ -12,6 +12,8 @@ export function assertGolden(name: string, actual: string): void {
     writeFileSync(path, actual);
     return;
   }
-  assert.ok(existsSync(path), `golden file ${path} is missing: run with UPDATE_GOLDEN=1 once and review it`);
-  assert.equal(actual, readFileSync(path, 'utf8'), `output differs from ${path}`);
+  expect(existsSync(path), `golden file ${path} is missing: run with UPDATE_GOLDEN=1 once and review it`).to.equal(
+    true,
+  );
+  expect(actual, `output differs from ${path}`).to.equal(readFileSync(path, 'utf8'));
 }

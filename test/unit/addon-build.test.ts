@@ -2,7 +2,7 @@
 // build/Release/nftables_addon.node is absent: a build that quietly fell back to the CLI must
 // not pass. Nothing here talks to the kernel.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { spawnSync } from 'node:child_process';
 import { copyFileSync, symlinkSync, existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -20,31 +20,34 @@ import { NftCliExecutor, NftError } from '../../src/backends/nft/executor.js';
 describe('nftables addon build', () => {
   it('build/Release/nftables_addon.node exists', () => {
     const path = defaultAddonPath();
-    assert.match(path, /build\/Release\/nftables_addon\.node$/);
-    assert.ok(existsSync(path), `${path} is missing: install libnftables-dev and run \`npm run build:native\``);
+    expect(path).to.match(/build\/Release\/nftables_addon\.node$/);
+    expect(existsSync(path), `${path} is missing: install libnftables-dev and run \`npm run build:native\``).to.equal(
+      true,
+    );
   });
 
   it('loads and exposes run, check, list and the libnftables version', () => {
     const load = loadNftAddon();
-    assert.ok(load.executor, load.executor ? '' : load.reason);
-    assert.ok(load.executor instanceof NftAddonExecutor);
-    assert.equal(load.executor.kind, 'addon');
-    assert.match(load.executor.libnftablesVersion, /^\d+\.\d+(\.\d+)?$/);
+    expect(load.executor, load.executor ? '' : load.reason).to.not.equal(undefined);
+    if (!(load.executor instanceof NftAddonExecutor)) expect.fail('expected load.executor instanceof NftAddonExecutor');
+    expect(load.executor.kind).to.equal('addon');
+    expect(load.executor.libnftablesVersion).to.match(/^\d+\.\d+(\.\d+)?$/);
   });
 
   it('is what automatic executor selection picks', () => {
     const choice = selectNftExecutor('auto');
-    assert.equal(choice.executor.kind, 'addon');
-    assert.match(choice.reason, /in process through libnftables \d+\.\d+/);
+    expect(choice.executor.kind).to.equal('addon');
+    expect(choice.reason).to.match(/in process through libnftables \d+\.\d+/);
   });
 
   it('rejects a non-string document before any work is queued', () => {
     const addon = createRequire(import.meta.url)(defaultAddonPath()) as NftablesAddon;
-    assert.throws(() => addon.run(42 as unknown as string), { name: 'TypeError', message: 'json must be a string' });
-    assert.throws(() => addon.list('ip', undefined as unknown as string), {
-      name: 'TypeError',
-      message: 'table must be a string',
-    });
+    expect(() => addon.run(42 as unknown as string))
+      .to.throw()
+      .that.includes({ name: 'TypeError', message: 'json must be a string' });
+    expect(() => addon.list('ip', undefined as unknown as string))
+      .to.throw()
+      .that.includes({ name: 'TypeError', message: 'table must be a string' });
   });
 });
 
@@ -53,9 +56,9 @@ describe('nft executor selection without the addon', () => {
 
   it('says how to build the addon when it is missing', () => {
     const load = loadNftAddon(missing);
-    assert.equal(load.executor, undefined);
+    expect(load.executor).to.equal(undefined);
     const reason = !load.executor ? load.reason : '';
-    assert.match(reason, /not built .* install libnftables-dev and run `npm run build:native`/);
+    expect(reason).to.match(/not built .* install libnftables-dev and run `npm run build:native`/);
   });
 
   it('says why when the file is not a loadable addon', () => {
@@ -64,8 +67,8 @@ describe('nft executor selection without the addon', () => {
       const notAnAddon = join(dir, 'nftables_addon.node');
       writeFileSync(notAnAddon, 'not a shared object');
       const load = loadNftAddon(notAnAddon);
-      assert.equal(load.executor, undefined);
-      assert.match(!load.executor ? load.reason : '', /did not load \(.*\): install libnftables-dev/);
+      expect(load.executor).to.equal(undefined);
+      expect(!load.executor ? load.reason : '').to.match(/did not load \(.*\): install libnftables-dev/);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
@@ -73,22 +76,21 @@ describe('nft executor selection without the addon', () => {
 
   it('auto falls back to the CLI and gives the reason', () => {
     const choice = selectNftExecutor('auto', missing);
-    assert.ok(choice.executor instanceof NftCliExecutor);
-    assert.match(choice.reason, /nft CLI: the in-process nftables addon is not built/);
+    expect(choice.executor).to.be.instanceOf(NftCliExecutor);
+    expect(choice.reason).to.match(/nft CLI: the in-process nftables addon is not built/);
   });
 
   it('an explicit addon preference fails with the reason instead of falling back', () => {
-    assert.throws(
-      () => selectNftExecutor('addon', missing),
-      (err: unknown) => {
+    expect(() => selectNftExecutor('addon', missing))
+      .to.throw()
+      .that.satisfies((err: unknown) => {
         return err instanceof NftError && /npm run build:native/.test(err.message);
-      },
-    );
+      });
   });
 
   it('cli is used when configured, even with the addon built', () => {
     const choice = selectNftExecutor('cli');
-    assert.equal(choice.executor.kind, 'cli');
+    expect(choice.executor.kind).to.equal('cli');
   });
 });
 
@@ -117,23 +119,22 @@ describe('scripts/build-native.mjs without the libraries', () => {
 
   it('succeeds with one line per library naming its -dev package and what happens without it, when pkg-config cannot find them', () => {
     const { status, lines } = buildNative({ ...process.env, PKG_CONFIG_LIBDIR: join(scratch, 'no-pkgconfig') });
-    assert.equal(status, 0);
-    assert.equal(lines.length, 2, lines.join('\n'));
-    assert.match(lines[0] ?? '', /libnftables not found by pkg-config: install .*libnftables-dev/);
-    assert.match(lines[0] ?? '', /until then the `nft` CLI will be used\.$/);
-    assert.match(
-      lines[1] ?? '',
+    expect(status).to.equal(0);
+    expect(lines, lines.join('\n')).to.have.lengthOf(2);
+    expect(lines[0] ?? '').to.match(/libnftables not found by pkg-config: install .*libnftables-dev/);
+    expect(lines[0] ?? '').to.match(/until then the `nft` CLI will be used\.$/);
+    expect(lines[1] ?? '').to.match(
       /libbpf not found by pkg-config: install .*libbpf-dev.*--backend=ebpf is not available\.$/,
     );
-    assert.equal(existsSync(join(scratch, 'build')), false, 'a stale addon was left behind');
+    expect(existsSync(join(scratch, 'build')), 'a stale addon was left behind').to.equal(false);
   });
 
   it('succeeds with one line per library when pkg-config itself is missing', () => {
     const { status, lines } = buildNative({ PATH: join(scratch, 'empty-path') });
-    assert.equal(status, 0);
-    assert.equal(lines.length, 2, lines.join('\n'));
-    assert.match(lines[0] ?? '', /pkg-config not found: install the Debian packages pkg-config and libnftables-dev/);
-    assert.match(lines[1] ?? '', /pkg-config not found: install the Debian packages pkg-config and libbpf-dev/);
+    expect(status).to.equal(0);
+    expect(lines, lines.join('\n')).to.have.lengthOf(2);
+    expect(lines[0] ?? '').to.match(/pkg-config not found: install the Debian packages pkg-config and libnftables-dev/);
+    expect(lines[1] ?? '').to.match(/pkg-config not found: install the Debian packages pkg-config and libbpf-dev/);
   });
 
   it('goes on to build the eBPF addon when libbpf is there and libnftables is not', () => {
@@ -149,10 +150,9 @@ describe('scripts/build-native.mjs without the libraries', () => {
       join(bin, 'pkg-config'),
     );
     const { status, lines } = buildNative({ PATH: bin, PKG_CONFIG_LIBDIR: pc, CXX: 'no-such-compiler' });
-    assert.equal(status, 0);
-    assert.match(lines[0]!, /libnftables not found by pkg-config/);
-    assert.match(
-      lines.at(-1)!,
+    expect(status).to.equal(0);
+    expect(lines[0]!).to.match(/libnftables not found by pkg-config/);
+    expect(lines.at(-1)!).to.match(
       /cannot build native addons: install the Debian packages .*; until then --backend=ebpf is not available\.$/,
     );
   });

@@ -1,6 +1,5 @@
 // The API stand-in against the real @kubernetes/client-node and the real kubectl.
 
-import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import type { IncomingHttpHeaders } from 'node:http';
@@ -21,6 +20,7 @@ import {
 } from '@kubernetes/client-node';
 import { expect } from 'chai';
 import { ApiStandIn } from '../support/api-server.js';
+import { rejectionOf } from '../support/assertions.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const repoRoot = join(here, '..', '..', '..');
@@ -142,13 +142,13 @@ describe('Kubernetes API stand-in', function () {
   describe('wire protocol', () => {
     it('serves discovery for core/v1 and the version', async () => {
       const api = await raw(server, 'GET', '/api');
-      assert.deepEqual([api.status, api.body.kind, api.body.versions], [200, 'APIVersions', ['v1']]);
+      expect([api.status, api.body.kind, api.body.versions]).to.deep.equal([200, 'APIVersions', ['v1']]);
       const groups = await raw(server, 'GET', '/apis');
-      assert.deepEqual([groups.body.kind, groups.body.groups], ['APIGroupList', []]);
+      expect([groups.body.kind, groups.body.groups]).to.deep.equal(['APIGroupList', []]);
       const v1 = await raw(server, 'GET', '/api/v1');
-      assert.equal(v1.body.kind, 'APIResourceList');
+      expect(v1.body.kind).to.equal('APIResourceList');
       const byName = new Map<string, Json>(v1.body.resources.map((r: Json) => [r.name, r]));
-      assert.deepEqual([...byName.keys()].sort(), [
+      expect([...byName.keys()].sort()).to.deep.equal([
         'events',
         'namespaces',
         'nodes',
@@ -156,72 +156,82 @@ describe('Kubernetes API stand-in', function () {
         'services',
         'services/status',
       ]);
-      assert.deepEqual(byName.get('services')!.verbs, ['create', 'delete', 'get', 'list', 'patch', 'update', 'watch']);
-      assert.deepEqual([byName.get('services')!.namespaced, byName.get('nodes')!.namespaced], [true, false]);
-      assert.deepEqual(byName.get('services/status')!.verbs, ['get', 'patch', 'update']);
-      assert.deepEqual(byName.get('events')!.verbs, ['create', 'get', 'list', 'watch']);
+      expect(byName.get('services')!.verbs).to.deep.equal([
+        'create',
+        'delete',
+        'get',
+        'list',
+        'patch',
+        'update',
+        'watch',
+      ]);
+      expect([byName.get('services')!.namespaced, byName.get('nodes')!.namespaced]).to.deep.equal([true, false]);
+      expect(byName.get('services/status')!.verbs).to.deep.equal(['get', 'patch', 'update']);
+      expect(byName.get('events')!.verbs).to.deep.equal(['create', 'get', 'list', 'watch']);
       const version = await raw(server, 'GET', '/version');
-      assert.deepEqual([version.body.major, version.body.minor], ['1', '32']);
+      expect([version.body.major, version.body.minor]).to.deep.equal(['1', '32']);
     });
 
     it('rejects a request without a bearer token with a 401 Status', async () => {
       const res = await raw(server, 'GET', '/api/v1/services', { token: null });
-      assert.equal(res.status, 401);
-      assert.deepEqual(
-        [res.body.kind, res.body.status, res.body.reason, res.body.code],
-        ['Status', 'Failure', 'Unauthorized', 401],
-      );
+      expect(res.status).to.equal(401);
+      expect([res.body.kind, res.body.status, res.body.reason, res.body.code]).to.deep.equal([
+        'Status',
+        'Failure',
+        'Unauthorized',
+        401,
+      ]);
     });
 
     it('rejects a client whose kubeconfig has no credentials with 401', async () => {
       const noToken = server.kubeconfig().replace(/user:\n\s+token: .*/, 'user: {}');
-      assert.doesNotMatch(noToken, /token/);
+      expect(noToken).to.not.match(/token/);
       const kc = new KubeConfig();
       kc.loadFromString(noToken);
-      await assert.rejects(kc.makeApiClient(CoreV1Api).listNamespace(), (err: Error & { code?: number }) => {
-        assert.equal(err.code, 401);
-        return true;
-      });
+      const err = (await rejectionOf(kc.makeApiClient(CoreV1Api).listNamespace())) as Error & { code?: number };
+      expect(err.code).to.equal(401);
     });
 
     it('answers failures as metav1 Status objects with the real codes and reasons', async () => {
       const missing = await raw(server, 'GET', '/api/v1/namespaces/default/services/nope');
-      assert.deepEqual(
-        [missing.status, missing.body.kind, missing.body.reason, missing.body.code],
-        [404, 'Status', 'NotFound', 404],
-      );
-      assert.deepEqual(missing.body.details, { name: 'nope', kind: 'services' });
-      assert.equal(missing.body.message, 'services "nope" not found');
+      expect([missing.status, missing.body.kind, missing.body.reason, missing.body.code]).to.deep.equal([
+        404,
+        'Status',
+        'NotFound',
+        404,
+      ]);
+      expect(missing.body.details).to.deep.equal({ name: 'nope', kind: 'services' });
+      expect(missing.body.message).to.equal('services "nope" not found');
 
       const body = JSON.stringify(service('default', 'dup'));
-      assert.equal((await raw(server, 'POST', '/api/v1/namespaces/default/services', { body })).status, 201);
+      expect((await raw(server, 'POST', '/api/v1/namespaces/default/services', { body })).status).to.equal(201);
       const dup = await raw(server, 'POST', '/api/v1/namespaces/default/services', { body });
-      assert.deepEqual([dup.status, dup.body.reason, dup.body.code], [409, 'AlreadyExists', 409]);
+      expect([dup.status, dup.body.reason, dup.body.code]).to.deep.equal([409, 'AlreadyExists', 409]);
 
       const bad = await raw(server, 'POST', '/api/v1/namespaces/default/services', { body: '{"kind": "Serv' });
-      assert.deepEqual([bad.status, bad.body.reason], [400, 'BadRequest']);
+      expect([bad.status, bad.body.reason]).to.deep.equal([400, 'BadRequest']);
 
       const deleteCollection = await raw(server, 'DELETE', '/api/v1/services');
-      assert.deepEqual([deleteCollection.status, deleteCollection.body.reason], [405, 'MethodNotAllowed']);
+      expect([deleteCollection.status, deleteCollection.body.reason]).to.deep.equal([405, 'MethodNotAllowed']);
       const updateEvent = await raw(server, 'PUT', '/api/v1/namespaces/default/events/e', { body: '{}' });
-      assert.equal(updateEvent.status, 405);
+      expect(updateEvent.status).to.equal(405);
 
       const unknown = await raw(server, 'GET', '/api/v1/pods');
-      assert.deepEqual([unknown.status, unknown.body.kind], [404, 'Status']);
+      expect([unknown.status, unknown.body.kind]).to.deep.equal([404, 'Status']);
       const notApi = await raw(server, 'GET', '/openapi/v2');
-      assert.equal(notApi.status, 404);
+      expect(notApi.status).to.equal(404);
 
       const applyPatch = await raw(server, 'PATCH', '/api/v1/namespaces/default/services/dup', {
         body: '{}',
         contentType: 'application/apply-patch+yaml',
       });
-      assert.equal(applyPatch.status, 415);
+      expect(applyPatch.status).to.equal(415);
 
       const badSelector = await raw(server, 'GET', '/api/v1/services?fieldSelector=spec.clusterIP%3D1.2.3.4');
-      assert.deepEqual(
-        [badSelector.status, badSelector.body.message],
-        [400, 'field label not supported: spec.clusterIP'],
-      );
+      expect([badSelector.status, badSelector.body.message]).to.deep.equal([
+        400,
+        'field label not supported: spec.clusterIP',
+      ]);
     });
 
     it('lists with a global resourceVersion, selectors, and limit/continue chunks', async () => {
@@ -232,12 +242,12 @@ describe('Kubernetes API stand-in', function () {
       const last = server.apply(service('b', 's0'));
 
       const all = await raw(server, 'GET', '/api/v1/services');
-      assert.deepEqual([all.body.kind, all.body.apiVersion], ['ServiceList', 'v1']);
-      assert.equal(all.body.metadata.resourceVersion, last.metadata.resourceVersion);
+      expect([all.body.kind, all.body.apiVersion]).to.deep.equal(['ServiceList', 'v1']);
+      expect(all.body.metadata.resourceVersion).to.equal(last.metadata.resourceVersion);
       const keyOf = (o: Json) => `${o.metadata.namespace}/${o.metadata.name}`;
-      assert.deepEqual(all.body.items.map(keyOf), ['a/s1', 'a/s2', 'b/s0', 'b/s1', 'c/s3']);
+      expect(all.body.items.map(keyOf)).to.deep.equal(['a/s1', 'a/s2', 'b/s0', 'b/s1', 'c/s3']);
       // As on the real server, list items carry no kind or apiVersion.
-      assert.equal(all.body.items[0].kind, undefined);
+      expect(all.body.items[0].kind).to.equal(undefined);
 
       const pages: string[][] = [];
       let cont = '';
@@ -249,26 +259,29 @@ describe('Kubernetes API stand-in', function () {
         );
         // A write between pages does not show in the remaining pages: they come from one snapshot.
         if (pages.length === 0) server.apply(service('a', 's00'));
-        assert.equal(page.body.metadata.resourceVersion, last.metadata.resourceVersion);
+        expect(page.body.metadata.resourceVersion).to.equal(last.metadata.resourceVersion);
         pages.push(page.body.items.map(keyOf));
         cont = page.body.metadata.continue ?? '';
       } while (cont);
-      assert.deepEqual(pages, [['a/s1', 'a/s2'], ['b/s0', 'b/s1'], ['c/s3']]);
+      expect(pages).to.deep.equal([['a/s1', 'a/s2'], ['b/s0', 'b/s1'], ['c/s3']]);
 
       const web = await raw(server, 'GET', '/api/v1/services?labelSelector=app%3Dweb');
-      assert.deepEqual(web.body.items.map(keyOf), ['a/s1', 'b/s1']);
+      expect(web.body.items.map(keyOf)).to.deep.equal(['a/s1', 'b/s1']);
       const notWeb = await raw(server, 'GET', '/api/v1/services?labelSelector=app!%3Dweb,!tier');
-      assert.deepEqual(notWeb.body.items.map(keyOf), ['a/s00', 'a/s2', 'b/s0', 'c/s3']);
+      expect(notWeb.body.items.map(keyOf)).to.deep.equal(['a/s00', 'a/s2', 'b/s0', 'c/s3']);
       const inB = await raw(server, 'GET', '/api/v1/services?fieldSelector=metadata.namespace%3Db');
-      assert.deepEqual(inB.body.items.map(keyOf), ['b/s0', 'b/s1']);
+      expect(inB.body.items.map(keyOf)).to.deep.equal(['b/s0', 'b/s1']);
       const nsPath = await raw(server, 'GET', '/api/v1/namespaces/a/services?fieldSelector=metadata.name%3Ds2');
-      assert.deepEqual(nsPath.body.items.map(keyOf), ['a/s2']);
+      expect(nsPath.body.items.map(keyOf)).to.deep.equal(['a/s2']);
 
       const namespaces = await raw(server, 'GET', '/api/v1/namespaces');
-      assert.deepEqual(
-        namespaces.body.items.map((n: Json) => n.metadata.name),
-        ['a', 'b', 'c', 'default', 'kube-system'],
-      );
+      expect(namespaces.body.items.map((n: Json) => n.metadata.name)).to.deep.equal([
+        'a',
+        'b',
+        'c',
+        'default',
+        'kube-system',
+      ]);
     });
 
     it('creates, replaces, patches, updates status and deletes Services over HTTP', async () => {
@@ -287,20 +300,20 @@ describe('Kubernetes API stand-in', function () {
           },
         }),
       });
-      assert.equal(created.status, 201);
+      expect(created.status).to.equal(201);
       const svc = created.body;
-      assert.match(svc.metadata.uid, /^[0-9a-f-]{36}$/);
-      assert.equal(svc.metadata.namespace, 'shop');
-      assert.equal(svc.metadata.generation, 1);
-      assert.match(svc.spec.clusterIP, /^10\.96\.\d+\.\d+$/);
-      assert.deepEqual(svc.spec.clusterIPs, [svc.spec.clusterIP]);
-      assert.deepEqual(svc.spec.ports[0], { name: 'http', port: 80, protocol: 'TCP', targetPort: 80 });
-      assert.deepEqual(server.get('Namespace', undefined, 'shop')?.status, { phase: 'Active' });
+      expect(svc.metadata.uid).to.match(/^[0-9a-f-]{36}$/);
+      expect(svc.metadata.namespace).to.equal('shop');
+      expect(svc.metadata.generation).to.equal(1);
+      expect(svc.spec.clusterIP).to.match(/^10\.96\.\d+\.\d+$/);
+      expect(svc.spec.clusterIPs).to.deep.equal([svc.spec.clusterIP]);
+      expect(svc.spec.ports[0]).to.deep.equal({ name: 'http', port: 80, protocol: 'TCP', targetPort: 80 });
+      expect(server.get('Namespace', undefined, 'shop')?.status).to.deep.equal({ phase: 'Active' });
 
       const stale = await raw(server, 'PUT', `${path}/web`, {
         body: JSON.stringify({ ...svc, metadata: { ...svc.metadata, resourceVersion: '1' } }),
       });
-      assert.deepEqual([stale.status, stale.body.reason], [409, 'Conflict']);
+      expect([stale.status, stale.body.reason]).to.deep.equal([409, 'Conflict']);
 
       // PUT on the main resource ignores status; PUT on /status changes only status.
       const replaced = await raw(server, 'PUT', `${path}/web`, {
@@ -310,12 +323,12 @@ describe('Kubernetes API stand-in', function () {
           status: { loadBalancer: { ingress: [{ ip: '203.0.113.9' }] } },
         }),
       });
-      assert.equal(replaced.status, 200);
-      assert.deepEqual(replaced.body.spec.externalIPs, ['198.51.100.1']);
-      assert.deepEqual(replaced.body.status, { loadBalancer: {} });
-      assert.equal(replaced.body.metadata.generation, 2);
-      assert.equal(replaced.body.metadata.creationTimestamp, svc.metadata.creationTimestamp);
-      assert.ok(Number(replaced.body.metadata.resourceVersion) > Number(svc.metadata.resourceVersion));
+      expect(replaced.status).to.equal(200);
+      expect(replaced.body.spec.externalIPs).to.deep.equal(['198.51.100.1']);
+      expect(replaced.body.status).to.deep.equal({ loadBalancer: {} });
+      expect(replaced.body.metadata.generation).to.equal(2);
+      expect(replaced.body.metadata.creationTimestamp).to.equal(svc.metadata.creationTimestamp);
+      expect(Number(replaced.body.metadata.resourceVersion)).to.be.above(Number(svc.metadata.resourceVersion));
 
       const withStatus = await raw(server, 'PUT', `${path}/web/status`, {
         body: JSON.stringify({
@@ -324,16 +337,16 @@ describe('Kubernetes API stand-in', function () {
           status: { loadBalancer: { ingress: [{ ip: '203.0.113.9' }] } },
         }),
       });
-      assert.deepEqual(withStatus.body.status.loadBalancer.ingress, [{ ip: '203.0.113.9' }]);
-      assert.deepEqual(withStatus.body.spec.externalIPs, ['198.51.100.1']);
-      assert.equal(withStatus.body.metadata.generation, 2);
+      expect(withStatus.body.status.loadBalancer.ingress).to.deep.equal([{ ip: '203.0.113.9' }]);
+      expect(withStatus.body.spec.externalIPs).to.deep.equal(['198.51.100.1']);
+      expect(withStatus.body.metadata.generation).to.equal(2);
 
       const merged = await raw(server, 'PATCH', `${path}/web`, {
         contentType: 'application/merge-patch+json',
         body: JSON.stringify({ metadata: { labels: { app: 'web' } }, spec: { externalIPs: null } }),
       });
-      assert.deepEqual(merged.body.metadata.labels, { app: 'web' });
-      assert.equal(merged.body.spec.externalIPs, undefined);
+      expect(merged.body.metadata.labels).to.deep.equal({ app: 'web' });
+      expect(merged.body.spec.externalIPs).to.equal(undefined);
 
       const strategic = await raw(server, 'PATCH', `${path}/web`, {
         contentType: 'application/strategic-merge-patch+json',
@@ -347,13 +360,10 @@ describe('Kubernetes API stand-in', function () {
           },
         }),
       });
-      assert.deepEqual(
-        strategic.body.spec.ports.map((p: Json) => [p.name, p.port, p.protocol, p.targetPort]),
-        [
-          ['https', 443, 'TCP', 8443],
-          ['dns', 53, 'UDP', 53],
-        ],
-      );
+      expect(strategic.body.spec.ports.map((p: Json) => [p.name, p.port, p.protocol, p.targetPort])).to.deep.equal([
+        ['https', 443, 'TCP', 8443],
+        ['dns', 53, 'UDP', 53],
+      ]);
 
       const jsonPatched = await raw(server, 'PATCH', `${path}/web`, {
         contentType: 'application/json-patch+json',
@@ -363,29 +373,29 @@ describe('Kubernetes API stand-in', function () {
           { op: 'add', path: '/metadata/labels/tier', value: 'front' },
         ]),
       });
-      assert.equal(jsonPatched.body.spec.ports[1].port, 5353);
-      assert.deepEqual(jsonPatched.body.metadata.labels, { app: 'web', tier: 'front' });
+      expect(jsonPatched.body.spec.ports[1].port).to.equal(5353);
+      expect(jsonPatched.body.metadata.labels).to.deep.equal({ app: 'web', tier: 'front' });
       const failedTest = await raw(server, 'PATCH', `${path}/web`, {
         contentType: 'application/json-patch+json',
         body: JSON.stringify([{ op: 'test', path: '/spec/type', value: 'ClusterIP' }]),
       });
-      assert.equal(failedTest.status, 422);
+      expect(failedTest.status).to.equal(422);
 
       const deleted = await raw(server, 'DELETE', `${path}/web`, {
         body: JSON.stringify({ kind: 'DeleteOptions', apiVersion: 'v1', propagationPolicy: 'Background' }),
       });
-      assert.deepEqual([deleted.status, deleted.body.kind, deleted.body.metadata.name], [200, 'Service', 'web']);
-      assert.equal(server.get('Service', 'shop', 'web'), undefined);
-      assert.equal((await raw(server, 'GET', `${path}/web`)).status, 404);
+      expect([deleted.status, deleted.body.kind, deleted.body.metadata.name]).to.deep.equal([200, 'Service', 'web']);
+      expect(server.get('Service', 'shop', 'web')).to.equal(undefined);
+      expect((await raw(server, 'GET', `${path}/web`)).status).to.equal(404);
     });
 
     it('stores Nodes (cluster-scoped) and Events (create only) over HTTP', async () => {
       const created = await raw(server, 'POST', '/api/v1/nodes', { body: JSON.stringify(node('n1', '10.244.1.0/24')) });
-      assert.deepEqual([created.status, created.body.metadata.namespace], [201, undefined]);
-      assert.equal((await raw(server, 'GET', '/api/v1/nodes/n1')).body.spec.podCIDR, '10.244.1.0/24');
+      expect([created.status, created.body.metadata.namespace]).to.deep.equal([201, undefined]);
+      expect((await raw(server, 'GET', '/api/v1/nodes/n1')).body.spec.podCIDR).to.equal('10.244.1.0/24');
       const gone = await raw(server, 'DELETE', '/api/v1/nodes/n1');
-      assert.deepEqual([gone.body.kind, gone.body.status, gone.body.details.name], ['Status', 'Success', 'n1']);
-      assert.equal(server.list('Node').length, 0);
+      expect([gone.body.kind, gone.body.status, gone.body.details.name]).to.deep.equal(['Status', 'Success', 'n1']);
+      expect(server.list('Node')).to.have.lengthOf(0);
 
       const event = {
         apiVersion: 'v1',
@@ -397,63 +407,58 @@ describe('Kubernetes API stand-in', function () {
         type: 'Warning',
       };
       const posted = await raw(server, 'POST', '/api/v1/namespaces/shop/events', { body: JSON.stringify(event) });
-      assert.equal(posted.status, 201);
-      assert.match(posted.body.metadata.name, /^web\.[0-9a-f]{5}$/);
+      expect(posted.status).to.equal(201);
+      expect(posted.body.metadata.name).to.match(/^web\.[0-9a-f]{5}$/);
       const events = server.list('Event');
-      assert.deepEqual(
-        events.map((e) => [e.metadata.namespace, e.reason]),
-        [['shop', 'ExternalIPConflict']],
-      );
+      expect(events.map((e) => [e.metadata.namespace, e.reason])).to.deep.equal([['shop', 'ExternalIPConflict']]);
       const listed = await raw(server, 'GET', '/api/v1/namespaces/shop/events');
-      assert.deepEqual([listed.body.kind, listed.body.items.length], ['EventList', 1]);
+      expect([listed.body.kind, listed.body.items.length]).to.deep.equal(['EventList', 1]);
       // kubectl describe finds an object's events with these field selectors.
       const forWeb = await raw(
         server,
         'GET',
         `/api/v1/events?fieldSelector=${encodeURIComponent('involvedObject.name=web,involvedObject.kind=Service,type=Warning')}`,
       );
-      assert.deepEqual(
-        forWeb.body.items.map((e: Json) => e.reason),
-        ['ExternalIPConflict'],
-      );
+      expect(forWeb.body.items.map((e: Json) => e.reason)).to.deep.equal(['ExternalIPConflict']);
       const forApi = await raw(
         server,
         'GET',
         `/api/v1/events?fieldSelector=${encodeURIComponent('involvedObject.name=api')}`,
       );
-      assert.deepEqual(forApi.body.items, []);
+      expect(forApi.body.items).to.deep.equal([]);
     });
 
     it('apply() fills metadata, keeps or honours creationTimestamp, and skips no-op replaces', () => {
       const first = server.apply(service('default', 'a'));
-      assert.match(first.metadata.uid, /^[0-9a-f-]{36}$/);
-      assert.match(first.metadata.creationTimestamp, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/);
-      assert.equal(first.metadata.generation, 1);
+      expect(first.metadata.uid).to.match(/^[0-9a-f-]{36}$/);
+      expect(first.metadata.creationTimestamp).to.match(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/);
+      expect(first.metadata.generation).to.equal(1);
       const rv = Number(first.metadata.resourceVersion);
 
       const changed = server.apply(service('default', 'a', { clusterIP: '10.96.1.2' }));
-      assert.equal(Number(changed.metadata.resourceVersion), rv + 1);
-      assert.deepEqual(
-        [changed.metadata.uid, changed.metadata.creationTimestamp, changed.metadata.generation],
-        [first.metadata.uid, first.metadata.creationTimestamp, 2],
-      );
+      expect(Number(changed.metadata.resourceVersion)).to.equal(rv + 1);
+      expect([changed.metadata.uid, changed.metadata.creationTimestamp, changed.metadata.generation]).to.deep.equal([
+        first.metadata.uid,
+        first.metadata.creationTimestamp,
+        2,
+      ]);
       const same = server.apply(service('default', 'a', { clusterIP: '10.96.1.2' }));
-      assert.equal(same.metadata.resourceVersion, changed.metadata.resourceVersion);
+      expect(same.metadata.resourceVersion).to.equal(changed.metadata.resourceVersion);
 
       const old = server.apply({
         ...service('default', 'b'),
         metadata: { name: 'b', creationTimestamp: '2020-01-02T03:04:05Z' },
       });
-      assert.equal(old.metadata.creationTimestamp, '2020-01-02T03:04:05Z');
-      assert.equal(old.metadata.namespace, 'default');
+      expect(old.metadata.creationTimestamp).to.equal('2020-01-02T03:04:05Z');
+      expect(old.metadata.namespace).to.equal('default');
       // apply() stores shapes as given: no ClusterIP is allocated.
       const empty = server.apply({ ...service('default', 'c'), spec: { type: 'ClusterIP', clusterIP: '' } });
-      assert.equal(empty.spec.clusterIP, '');
+      expect(empty.spec.clusterIP).to.equal('');
 
-      assert.equal(server.remove('Service', 'default', 'a'), true);
-      assert.equal(server.remove('Service', 'default', 'a'), false);
-      assert.deepEqual(names(server.list('Service')), ['default/b', 'default/c']);
-      assert.throws(() => server.apply({ kind: 'Pod', metadata: { name: 'p' } }), /not kind Pod/);
+      expect(server.remove('Service', 'default', 'a')).to.equal(true);
+      expect(server.remove('Service', 'default', 'a')).to.equal(false);
+      expect(names(server.list('Service'))).to.deep.equal(['default/b', 'default/c']);
+      expect(() => server.apply({ kind: 'Pod', metadata: { name: 'p' } })).to.throw(/not kind Pod/);
     });
   });
 
@@ -469,22 +474,18 @@ describe('Kubernetes API stand-in', function () {
       await waitFor(() => w.events.length === 3, 'the replayed events');
       server.apply(service('other', 'c'));
       await waitFor(() => w.events.length === 4, 'the live event');
-      assert.deepEqual(
+      expect(
         w.events.map((e) => [e.type, e.object.kind, e.object.metadata.namespace, e.object.metadata.name]),
-        [
-          ['ADDED', 'Service', 'default', 'b'],
-          ['MODIFIED', 'Service', 'default', 'a'],
-          ['DELETED', 'Service', 'default', 'b'],
-          ['ADDED', 'Service', 'other', 'c'],
-        ],
-      );
+      ).to.deep.equal([
+        ['ADDED', 'Service', 'default', 'b'],
+        ['MODIFIED', 'Service', 'default', 'a'],
+        ['DELETED', 'Service', 'default', 'b'],
+        ['ADDED', 'Service', 'other', 'c'],
+      ]);
       const rvs = w.events.map((e) => Number(e.object.metadata.resourceVersion));
-      assert.deepEqual(
-        rvs,
-        [...rvs].sort((x, y) => x - y),
-      );
-      assert.equal(w.events[1]!.object.spec.clusterIP, '10.96.1.9');
-      assert.equal(server.stats.watches.services, 1);
+      expect(rvs).to.deep.equal([...rvs].sort((x, y) => x - y));
+      expect(w.events[1]!.object.spec.clusterIP).to.equal('10.96.1.9');
+      expect(server.stats.watches.services).to.equal(1);
     });
 
     it('start with the current objects as ADDED when no resourceVersion is given', async () => {
@@ -493,7 +494,7 @@ describe('Kubernetes API stand-in', function () {
       const w = await recordWatch(server, '/api/v1/namespaces/default/services', {});
       stopAfter.push(() => w.abort());
       await waitFor(() => w.events.length === 1, 'the initial event');
-      assert.deepEqual([w.events[0]!.type, w.events[0]!.object.metadata.name], ['ADDED', 'a']);
+      expect([w.events[0]!.type, w.events[0]!.object.metadata.name]).to.deep.equal(['ADDED', 'a']);
     });
 
     it('answer an expired resourceVersion with an ERROR event carrying a 410 Expired Status', async () => {
@@ -503,28 +504,28 @@ describe('Kubernetes API stand-in', function () {
       // Even the latest version seen before the expiry is too old now.
       const latest = await recordWatch(server, '/api/v1/services', { resourceVersion: b.metadata.resourceVersion });
       await latest.done;
-      assert.deepEqual(
-        latest.events.map((e) => [e.type, e.object.code]),
-        [['ERROR', 410]],
-      );
+      expect(latest.events.map((e) => [e.type, e.object.code])).to.deep.equal([['ERROR', 410]]);
       const w = await recordWatch(server, '/api/v1/services', { resourceVersion: a.metadata.resourceVersion });
-      assert.equal(await w.done, null);
-      assert.equal(w.events.length, 1);
+      expect(await w.done).to.equal(null);
+      expect(w.events).to.have.lengthOf(1);
       const { type, object } = w.events[0]!;
-      assert.deepEqual(
-        [type, object.kind, object.status, object.reason, object.code],
-        ['ERROR', 'Status', 'Failure', 'Expired', 410],
-      );
+      expect([type, object.kind, object.status, object.reason, object.code]).to.deep.equal([
+        'ERROR',
+        'Status',
+        'Failure',
+        'Expired',
+        410,
+      ]);
       // A list still works and gives a resourceVersion that can be watched from.
       const list = await raw(server, 'GET', '/api/v1/services');
-      assert.equal(list.body.items.length, 2);
+      expect(list.body.items.length).to.equal(2);
       const again = await recordWatch(server, '/api/v1/services', {
         resourceVersion: list.body.metadata.resourceVersion,
       });
       stopAfter.push(() => again.abort());
       server.apply(service('default', 'c'));
       await waitFor(() => again.events.length === 1, 'the event after the relist');
-      assert.deepEqual([again.events[0]!.type, again.events[0]!.object.metadata.name], ['ADDED', 'c']);
+      expect([again.events[0]!.type, again.events[0]!.object.metadata.name]).to.deep.equal(['ADDED', 'c']);
     });
 
     it('expire when more changes happened than the history keeps', async () => {
@@ -537,19 +538,13 @@ describe('Kubernetes API stand-in', function () {
       }
       const tooOld = await recordWatch(small, '/api/v1/services', { resourceVersion: first.metadata.resourceVersion });
       await tooOld.done;
-      assert.deepEqual(
-        tooOld.events.map((e) => [e.type, e.object.code]),
-        [['ERROR', 410]],
-      );
+      expect(tooOld.events.map((e) => [e.type, e.object.code])).to.deep.equal([['ERROR', 410]]);
       const kept = await recordWatch(small, '/api/v1/services', {
         resourceVersion: String(Number(first.metadata.resourceVersion) + 1),
       });
       stopAfter.push(() => kept.abort());
       await waitFor(() => kept.events.length === 3, 'the kept events');
-      assert.deepEqual(
-        kept.events.map((e) => e.object.spec.clusterIP),
-        ['10.96.1.3', '10.96.1.4', '10.96.1.5'],
-      );
+      expect(kept.events.map((e) => e.object.spec.clusterIP)).to.deep.equal(['10.96.1.3', '10.96.1.4', '10.96.1.5']);
     });
 
     it('send bookmarks with only kind, apiVersion and the current resourceVersion', async () => {
@@ -564,25 +559,20 @@ describe('Kubernetes API stand-in', function () {
         'a bookmark at the resourceVersion of the Node write',
       );
       const bookmark = w.events.find((e) => e.type === 'BOOKMARK')!.object;
-      assert.deepEqual(Object.keys(bookmark).sort(), ['apiVersion', 'kind', 'metadata']);
-      assert.deepEqual(
-        [bookmark.kind, bookmark.apiVersion, Object.keys(bookmark.metadata)],
-        ['Service', 'v1', ['resourceVersion']],
-      );
+      expect(Object.keys(bookmark).sort()).to.deep.equal(['apiVersion', 'kind', 'metadata']);
+      expect([bookmark.kind, bookmark.apiVersion, Object.keys(bookmark.metadata)]).to.deep.equal([
+        'Service',
+        'v1',
+        ['resourceVersion'],
+      ]);
       // The Node write itself is not a Service event.
-      assert.deepEqual(
-        w.events.filter((e) => e.type !== 'BOOKMARK').map((e) => e.object.metadata.name),
-        ['a'],
-      );
+      expect(w.events.filter((e) => e.type !== 'BOOKMARK').map((e) => e.object.metadata.name)).to.deep.equal(['a']);
 
       const without = await recordWatch(server, '/api/v1/services', { resourceVersion: nodeRv });
       stopAfter.push(() => without.abort());
       server.apply(service('default', 'b'));
       await waitFor(() => without.events.length === 1, 'the event after b');
-      assert.deepEqual(
-        without.events.map((e) => e.type),
-        ['ADDED'],
-      );
+      expect(without.events.map((e) => e.type)).to.deep.equal(['ADDED']);
     });
 
     it('show an object leaving a label selection as DELETED and entering it as ADDED', async () => {
@@ -597,26 +587,26 @@ describe('Kubernetes API stand-in', function () {
       server.apply(service('default', 'a', { labels: { app: 'web' }, clusterIP: '10.96.1.5' }));
       server.apply(service('default', 'a', { labels: { app: 'web' }, clusterIP: '10.96.1.6' }));
       await waitFor(() => w.events.length === 3, 'three events');
-      assert.deepEqual(
-        w.events.map((e) => [e.type, e.object.metadata.name, e.object.metadata.labels.app]),
-        [
-          ['DELETED', 'a', 'db'],
-          ['ADDED', 'a', 'web'],
-          ['MODIFIED', 'a', 'web'],
-        ],
-      );
+      expect(w.events.map((e) => [e.type, e.object.metadata.name, e.object.metadata.labels.app])).to.deep.equal([
+        ['DELETED', 'a', 'db'],
+        ['ADDED', 'a', 'web'],
+        ['MODIFIED', 'a', 'web'],
+      ]);
     });
 
     it('end when timeoutSeconds has passed', async () => {
       const w = await recordWatch(server, '/api/v1/nodes', { timeoutSeconds: 1 });
-      assert.equal(await w.done, null);
-      assert.deepEqual(w.events, []);
+      expect(await w.done).to.equal(null);
+      expect(w.events).to.deep.equal([]);
     });
 
     it('carry raw lines injected into the open watches of one kind, and only those', async () => {
       const services = await recordWatch(server, '/api/v1/services', { resourceVersion: '1' });
       const nodes = await recordWatch(server, '/api/v1/nodes', { resourceVersion: '1' });
-      stopAfter.push(() => services.abort(), () => nodes.abort());
+      stopAfter.push(
+        () => services.abort(),
+        () => nodes.abort(),
+      );
       await waitFor(() => server.openWatchCount('Service') === 1 && server.openWatchCount('Node') === 1, 'two watches');
       expect(server.injectWatchLine('Service', '{"type":"ODD","object":{"x":1}}')).to.equal(1);
       expect(server.injectWatchLine('Service', '42')).to.equal(1);
@@ -672,16 +662,16 @@ describe('Kubernetes API stand-in', function () {
       await waitFor(() => seen.length === 3, 'the update');
       server.remove('Service', 'default', 'pre');
       await waitFor(() => seen.length === 4, 'the delete');
-      assert.deepEqual(seen, [
+      expect(seen).to.deep.equal([
         'add default/pre 10.96.0.50',
         'add shop/web 10.96.0.60',
         'update shop/web 10.96.0.61',
         'delete default/pre',
       ]);
-      assert.deepEqual(names(informer.list()), ['shop/web']);
-      assert.equal(informer.get('web', 'shop')!.spec!.clusterIP, '10.96.0.61');
-      assert.equal(server.stats.lists.services, 1);
-      assert.equal(server.stats.watches.services, 1);
+      expect(names(informer.list())).to.deep.equal(['shop/web']);
+      expect(informer.get('web', 'shop')!.spec!.clusterIP).to.equal('10.96.0.61');
+      expect(server.stats.lists.services).to.equal(1);
+      expect(server.stats.watches.services).to.equal(1);
     });
 
     it('a Node informer with fieldSelector metadata.name sees only its Node', async () => {
@@ -709,7 +699,7 @@ describe('Kubernetes API stand-in', function () {
       server.remove('Node', undefined, 'node-b');
       server.remove('Node', undefined, 'node-a');
       await waitFor(() => seen.length === 3, 'the update and delete of node-a');
-      assert.deepEqual(seen, ['add node-a 10.244.1.0/24', 'update node-a 10.244.9.0/24', 'delete node-a']);
+      expect(seen).to.deep.equal(['add node-a 10.244.1.0/24', 'update node-a 10.244.9.0/24', 'delete node-a']);
     });
 
     it('emits an error when the server becomes unavailable, and a restart resumes without a relist', async () => {
@@ -726,17 +716,17 @@ describe('Kubernetes API stand-in', function () {
 
       server.setUnavailable(true);
       await waitFor(() => errors.length > 0, 'the informer error');
-      await assert.rejects(core.listNamespace(), (err: Error & { code?: string }) => {
-        assert.match(`${err.code} ${err.message}`, /ECONNRESET|socket hang up/);
+      expect(await rejectionOf(core.listNamespace())).to.satisfy((err: Error & { code?: string }) => {
+        expect(`${err.code} ${err.message}`).to.match(/ECONNRESET|socket hang up/);
         return true;
       });
       server.apply(service('default', 'b'));
       server.setUnavailable(false);
       await informer.start();
       await waitFor(() => seen.length === 2, 'the add of b');
-      assert.deepEqual(seen, ['add a', 'add b']);
+      expect(seen).to.deep.equal(['add a', 'add b']);
       // The restart resumed the watch from the informer's resourceVersion: one list in all.
-      assert.equal(server.stats.lists.services, 1);
+      expect(server.stats.lists.services).to.equal(1);
     });
 
     it('relists and converges when restarted after the history expired (410 Gone)', async () => {
@@ -766,13 +756,13 @@ describe('Kubernetes API stand-in', function () {
       await informer.start();
       await waitFor(() => names(informer.list()).join() === 'default/b,default/c', 'the informer to converge');
       await waitFor(() => seen.length === 5, 'the relist events');
-      assert.deepEqual(seen.slice(2).sort(), ['add c', 'delete a', 'update b 10.96.7.7']);
-      assert.equal(server.stats.lists.services, 2);
-      assert.equal(informer.get('b', 'default')!.spec!.clusterIP, '10.96.7.7');
+      expect(seen.slice(2).sort()).to.deep.equal(['add c', 'delete a', 'update b 10.96.7.7']);
+      expect(server.stats.lists.services).to.equal(2);
+      expect(informer.get('b', 'default')!.spec!.clusterIP).to.equal('10.96.7.7');
       // After the relist the informer watches live again.
       server.apply(service('default', 'd'));
       await waitFor(() => seen.length === 6, 'the live add after the relist');
-      assert.equal(seen[5], 'add d');
+      expect(seen[5]).to.equal('add d');
     });
   });
 
@@ -805,17 +795,14 @@ describe('Kubernetes API stand-in', function () {
         .trim()
         .split('\n')
         .map((l) => l.trim().split(/\s+/));
-      assert.deepEqual(rows[0], ['NAMESPACE', 'NAME', 'TYPE', 'CLUSTER-IP', 'EXTERNAL-IP', 'PORT(S)', 'AGE']);
-      assert.deepEqual(
-        rows.slice(1).map((r) => r.slice(0, 6)),
-        [
-          ['kube-system', 'lb', 'LoadBalancer', '10.96.6.6', '203.0.113.6', '443:30443/TCP'],
-          ['shop', 'web', 'ClusterIP', '10.96.5.5', '198.51.100.5', '80/TCP'],
-        ],
-      );
+      expect(rows[0]).to.deep.equal(['NAMESPACE', 'NAME', 'TYPE', 'CLUSTER-IP', 'EXTERNAL-IP', 'PORT(S)', 'AGE']);
+      expect(rows.slice(1).map((r) => r.slice(0, 6))).to.deep.equal([
+        ['kube-system', 'lb', 'LoadBalancer', '10.96.6.6', '203.0.113.6', '443:30443/TCP'],
+        ['shop', 'web', 'ClusterIP', '10.96.5.5', '198.51.100.5', '80/TCP'],
+      ]);
       const json = JSON.parse(await kubectl('get', 'svc', '-n', 'shop', 'web', '-o', 'json'));
-      assert.deepEqual([json.kind, json.spec.clusterIP], ['Service', '10.96.5.5']);
-      assert.ok(server.stats.requests > 0);
+      expect([json.kind, json.spec.clusterIP]).to.deep.equal(['Service', '10.96.5.5']);
+      expect(server.stats.requests).to.be.above(0);
     });
 
     it('apply --validate=false creates, then configures with a strategic merge patch', async () => {
@@ -836,26 +823,25 @@ ${ports}
         file,
         manifest('  - {name: http, port: 80, targetPort: 8080}\n  - {name: https, port: 443}', '[198.51.100.7]'),
       );
-      assert.equal((await kubectl('apply', '--validate=false', '-f', file)).trim(), 'service/api created');
+      expect((await kubectl('apply', '--validate=false', '-f', file)).trim()).to.equal('service/api created');
       const created = server.get('Service', 'shop', 'api')!;
-      assert.match(created.spec.clusterIP, /^10\.96\./);
-      assert.deepEqual(created.spec.externalIPs, ['198.51.100.7']);
+      expect(created.spec.clusterIP).to.match(/^10\.96\./);
+      expect(created.spec.externalIPs).to.deep.equal(['198.51.100.7']);
 
       await writeFile(
         file,
         manifest('  - {name: https, port: 443, targetPort: 9443}\n  - {name: dns, port: 53, protocol: UDP}', '[]'),
       );
-      assert.equal((await kubectl('apply', '--validate=false', '-f', file)).trim(), 'service/api configured');
+      expect((await kubectl('apply', '--validate=false', '-f', file)).trim()).to.equal('service/api configured');
       const configured = server.get('Service', 'shop', 'api')!;
-      assert.deepEqual(
+      expect(
         configured.spec.ports.map((p: Json) => `${p.name} ${p.port}/${p.protocol} -> ${p.targetPort}`),
-        ['https 443/TCP -> 9443', 'dns 53/UDP -> 53'],
-      );
-      assert.deepEqual(configured.spec.externalIPs, []);
-      assert.equal(configured.spec.clusterIP, created.spec.clusterIP);
-      assert.equal(configured.metadata.uid, created.metadata.uid);
-      assert.equal(configured.metadata.generation, 2);
-      assert.equal((await kubectl('apply', '--validate=false', '-f', file)).trim(), 'service/api unchanged');
+      ).to.deep.equal(['https 443/TCP -> 9443', 'dns 53/UDP -> 53']);
+      expect(configured.spec.externalIPs).to.deep.equal([]);
+      expect(configured.spec.clusterIP).to.equal(created.spec.clusterIP);
+      expect(configured.metadata.uid).to.equal(created.metadata.uid);
+      expect(configured.metadata.generation).to.equal(2);
+      expect((await kubectl('apply', '--validate=false', '-f', file)).trim()).to.equal('service/api unchanged');
     });
 
     it('get -w prints watch events as server-side table rows', async () => {
@@ -880,23 +866,20 @@ ${ports}
         .trim()
         .split('\n')
         .map((l) => l.trim().split(/\s+/));
-      assert.deepEqual(rows[0]!.slice(0, 4), ['EVENT', 'NAME', 'TYPE', 'CLUSTER-IP']);
-      assert.deepEqual(
-        rows.slice(1).map((r) => [r[0], r[1], r[4]]),
-        [
-          ['ADDED', 'web', '<none>'],
-          ['MODIFIED', 'web', '198.51.100.9'],
-          ['DELETED', 'web', '198.51.100.9'],
-        ],
-      );
+      expect(rows[0]!.slice(0, 4)).to.deep.equal(['EVENT', 'NAME', 'TYPE', 'CLUSTER-IP']);
+      expect(rows.slice(1).map((r) => [r[0], r[1], r[4]])).to.deep.equal([
+        ['ADDED', 'web', '<none>'],
+        ['MODIFIED', 'web', '198.51.100.9'],
+        ['DELETED', 'web', '198.51.100.9'],
+      ]);
     });
 
     it('delete svc removes the Service', async () => {
       server.apply(service('shop', 'web'));
       server.apply(service('shop', 'keep'));
-      assert.equal((await kubectl('delete', 'svc', '-n', 'shop', 'web')).trim(), 'service "web" deleted');
-      assert.deepEqual(names(server.list('Service')), ['shop/keep']);
-      await assert.rejects(kubectl('delete', 'svc', '-n', 'shop', 'web'), /NotFound|not found/);
+      expect((await kubectl('delete', 'svc', '-n', 'shop', 'web')).trim()).to.equal('service "web" deleted');
+      expect(names(server.list('Service'))).to.deep.equal(['shop/keep']);
+      expect((await rejectionOf(kubectl('delete', 'svc', '-n', 'shop', 'web'))).message).to.match(/NotFound|not found/);
     });
   });
 
@@ -924,9 +907,9 @@ ${ports}
       child.stdout.on('data', (d: Buffer) => (out += d.toString()));
       child.stderr.on('data', (d: Buffer) => (out += d.toString()));
       await waitFor(() => /listening on https:\/\/127\.0\.0\.1:\d+/.test(out), `the start line (got: ${out})`);
-      assert.match(out, /3 objects loaded/);
+      expect(out).to.match(/3 objects loaded/);
       const { stdout } = await run('kubectl', ['--kubeconfig', kubeconfig, 'get', 'svc', '-A', '-o', 'name']);
-      assert.deepEqual(stdout.trim().split('\n'), ['service/dns', 'service/web']);
+      expect(stdout.trim().split('\n')).to.deep.equal(['service/dns', 'service/web']);
       const nodes = await run('kubectl', [
         '--kubeconfig',
         kubeconfig,
@@ -935,9 +918,9 @@ ${ports}
         '-o',
         'jsonpath={.items[*].spec.podCIDR}',
       ]);
-      assert.equal(nodes.stdout, '10.244.1.0/24');
+      expect(nodes.stdout).to.equal('10.244.1.0/24');
       child.kill('SIGTERM');
-      assert.equal(await exited, 0);
+      expect(await exited).to.equal(0);
     });
   });
 });

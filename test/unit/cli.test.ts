@@ -1,6 +1,5 @@
 // The command line as users meet it: exit codes and one-line errors. No kernel access needed.
 
-import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { once } from 'node:events';
 import net from 'node:net';
@@ -62,28 +61,27 @@ describe('command line', function () {
 
   it('--help lists every flag and exits 0', async () => {
     const r = await cli(['--help']);
-    assert.equal(r.exitCode, 0);
+    expect(r.exitCode).to.equal(0);
     for (const flag of ['--kubeconfig', '--backend', '--detect-local-mode', '--dry-run', '--from-file', '--cleanup']) {
-      assert.ok(r.stdout.includes(flag), flag);
+      expect(r.stdout, flag).to.include(flag);
     }
   });
 
   it('a bad flag value is one line on stderr and exit code 2', async () => {
     const r = await cli(['--min-sync-period', 'soon']);
-    assert.equal(r.exitCode, 2);
-    assert.equal(
-      r.stderr.split('\n')[0],
+    expect(r.exitCode).to.equal(2);
+    expect(r.stderr.split('\n')[0]).to.equal(
       "ipvs-node-controller: --min-sync-period: 'soon' is not a duration (write it as 30s, 500ms, 1m)",
     );
-    assert.equal(r.stdout, '');
+    expect(r.stdout).to.equal('');
   });
 
   it('--dry-run --from-file prints the ruleset with skips, without root or kernel', async () => {
     const r = await cli(['--dry-run', '--from-file', 'examples/services.yaml']);
-    assert.equal(r.exitCode, 0, r.stderr);
-    assert.match(r.stdout, /^# 4 Services read; 5 IPv4 and 2 IPv6 entries/);
-    assert.match(r.stdout, /# skipped shop\/behind-proxy: ipModeProxy \(ingress 10\.19\.30\.5\)/);
-    assert.match(r.stdout, /10\.19\.20\.201 \. tcp \. 9100 comment "monitoring\/metrics" : 10\.231\.7\.9/);
+    expect(r.exitCode, r.stderr).to.equal(0);
+    expect(r.stdout).to.match(/^# 4 Services read; 5 IPv4 and 2 IPv6 entries/);
+    expect(r.stdout).to.match(/# skipped shop\/behind-proxy: ipModeProxy \(ingress 10\.19\.30\.5\)/);
+    expect(r.stdout).to.match(/10\.19\.20\.201 \. tcp \. 9100 comment "monitoring\/metrics" : 10\.231\.7\.9/);
   });
 
   it('--from-file - reads kubectl JSON from stdin and picks the Node by --node-name', async () => {
@@ -102,9 +100,9 @@ describe('command line', function () {
       ],
     };
     const r = await cli(['--dry-run', '--from-file', '-', '--node-name', 'b'], JSON.stringify(list));
-    assert.equal(r.exitCode, 0, r.stderr);
-    assert.match(r.stdout, /elements = \{ 10\.2\.0\.0\/24 \}/);
-    assert.match(r.stdout, /203\.0\.113\.5 \. tcp \. 443 comment "shop\/web" : 10\.96\.0\.1/);
+    expect(r.exitCode, r.stderr).to.equal(0);
+    expect(r.stdout).to.match(/elements = \{ 10\.2\.0\.0\/24 \}/);
+    expect(r.stdout).to.match(/203\.0\.113\.5 \. tcp \. 443 comment "shop\/web" : 10\.96\.0\.1/);
   });
 
   it('writes a large ruleset to a pipe completely before it exits', async () => {
@@ -115,20 +113,20 @@ describe('command line', function () {
       status: { loadBalancer: { ingress: [{ ip: `172.16.${i >> 8}.${i & 255}` }] } },
     }));
     const r = await cli(['--dry-run', '--from-file', '-'], JSON.stringify({ kind: 'List', items }));
-    assert.equal(r.exitCode, 0, r.stderr);
-    assert.equal(r.stdout.match(/ comment "big\/s\d+" : /g)?.length, 5000);
-    assert.match(r.stdout, /dnat ip6 to ip6 daddr/, 'the last table is there');
+    expect(r.exitCode, r.stderr).to.equal(0);
+    expect(r.stdout.match(/ comment "big\/s\d+" : /g)?.length).to.equal(5000);
+    expect(r.stdout, 'the last table is there').to.match(/dnat ip6 to ip6 daddr/);
   });
 
   it('an unreadable or malformed file is one clear line and exit code 1', async () => {
     const bad = join(dir, 'bad.yaml');
     writeFileSync(bad, 'items: [unclosed');
     const r = await cli(['--dry-run', '--from-file', bad]);
-    assert.equal(r.exitCode, 1);
-    assert.match(r.stderr, /^ipvs-node-controller: --from-file: .*bad\.yaml: not valid YAML/);
+    expect(r.exitCode).to.equal(1);
+    expect(r.stderr).to.match(/^ipvs-node-controller: --from-file: .*bad\.yaml: not valid YAML/);
     const missing = await cli(['--dry-run', '--from-file', join(dir, 'nope.json')]);
-    assert.equal(missing.exitCode, 1);
-    assert.match(missing.stderr, /ENOENT|no such file/);
+    expect(missing.exitCode).to.equal(1);
+    expect(missing.stderr).to.match(/ENOENT|no such file/);
   });
 
   it('an unreachable API server is one clear line and exit code 1', async () => {
@@ -145,9 +143,9 @@ describe('command line', function () {
       ].join('\n'),
     );
     const r = await cli(['--dry-run', '--kubeconfig', kubeconfig]);
-    assert.equal(r.exitCode, 1);
-    assert.match(r.stderr, /^ipvs-node-controller: cannot list Services from the API server: .*ECONNREFUSED/);
-    assert.equal(r.stderr.trim().split('\n').length, 1);
+    expect(r.exitCode).to.equal(1);
+    expect(r.stderr).to.match(/^ipvs-node-controller: cannot list Services from the API server: .*ECONNREFUSED/);
+    expect(r.stderr.trim().split('\n')).to.have.lengthOf(1);
   });
 
   it('--kubeconfig naming a missing file: one line naming the flag, exit 2, before any port is bound', async () => {

@@ -1,61 +1,61 @@
 // Flags: defaults, kube-proxy style durations, and one clear error per bad value.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { parseDuration } from '../../src/config/duration.js';
 import { parseConfig, UsageError } from '../../src/config/options.js';
 
 function fails(argv: string[], pattern: RegExp, env: NodeJS.ProcessEnv = {}): void {
-  assert.throws(
-    () => parseConfig(argv, env),
-    (err: unknown) => {
-      assert.ok(err instanceof UsageError, `expected a UsageError, got ${String(err)}`);
-      assert.match(err.message, pattern);
-      assert.doesNotMatch(err.message, /\n/, 'one line');
+  expect(() => parseConfig(argv, env))
+    .to.throw()
+    .that.satisfies((err: unknown) => {
+      if (!(err instanceof UsageError)) expect.fail(`expected a UsageError, got ${String(err)}`);
+      expect(err.message).to.match(pattern);
+      expect(err.message, 'one line').to.not.match(/\n/);
       return true;
-    },
-  );
+    });
 }
 
 describe('durations', () => {
   it('parses what kube-proxy flags accept', () => {
-    assert.equal(parseDuration('30s'), 30_000);
-    assert.equal(parseDuration('500ms'), 500);
-    assert.equal(parseDuration('1m'), 60_000);
-    assert.equal(parseDuration('1m30s'), 90_000);
-    assert.equal(parseDuration('1.5h'), 5_400_000);
-    assert.equal(parseDuration('0'), 0);
+    expect(parseDuration('30s')).to.equal(30_000);
+    expect(parseDuration('500ms')).to.equal(500);
+    expect(parseDuration('1m')).to.equal(60_000);
+    expect(parseDuration('1m30s')).to.equal(90_000);
+    expect(parseDuration('1.5h')).to.equal(5_400_000);
+    expect(parseDuration('0')).to.equal(0);
   });
   it('rejects anything else', () => {
-    for (const bad of ['', '30', 's', '1x', '1m 30s', '-1s', '1s2']) assert.equal(parseDuration(bad), undefined, bad);
+    for (const bad of ['', '30', 's', '1x', '1m 30s', '-1s', '1s2'])
+      expect(parseDuration(bad), bad).to.equal(undefined);
   });
 });
 
 describe('flags', () => {
   it('has sane defaults', () => {
     const c = parseConfig([], { NODE_NAME: 'worker-1' });
-    assert.equal(c.nodeName, 'worker-1');
-    assert.equal(c.backend, 'auto');
-    assert.equal(c.model.detectLocalMode, 'NodeCIDR');
-    assert.equal(c.model.masqueradeBit, 14);
-    assert.equal(c.minSyncPeriodMs, 1000);
-    assert.equal(c.syncPeriodMs, 30_000);
-    assert.equal(c.model.localTrafficPolicyOnly, false);
-    assert.equal(c.dryRun, false);
-    assert.equal(c.cleanup, false);
+    expect(c.nodeName).to.equal('worker-1');
+    expect(c.backend).to.equal('auto');
+    expect(c.model.detectLocalMode).to.equal('NodeCIDR');
+    expect(c.model.masqueradeBit).to.equal(14);
+    expect(c.minSyncPeriodMs).to.equal(1000);
+    expect(c.syncPeriodMs).to.equal(30_000);
+    expect(c.model.localTrafficPolicyOnly).to.equal(false);
+    expect(c.dryRun).to.equal(false);
+    expect(c.cleanup).to.equal(false);
   });
 
   it('prefers --node-name over NODE_NAME', () => {
-    assert.equal(parseConfig(['--node-name', 'a'], { NODE_NAME: 'b' }).nodeName, 'a');
+    expect(parseConfig(['--node-name', 'a'], { NODE_NAME: 'b' }).nodeName).to.equal('a');
   });
 
   it('reads --cluster-cidr, or the original POD_CIDR_IPV4 / POD_CIDR_IPV6', () => {
     const flag = parseConfig(['--detect-local-mode=ClusterCIDR', '--cluster-cidr=10.244.0.0/16,fd00:10:244::/56'], {});
-    assert.deepEqual(flag.model.clusterCidrs, ['10.244.0.0/16', 'fd00:10:244::/56']);
+    expect(flag.model.clusterCidrs).to.deep.equal(['10.244.0.0/16', 'fd00:10:244::/56']);
     const env = parseConfig(['--detect-local-mode', 'ClusterCIDR'], {
       POD_CIDR_IPV4: '10.244.0.0/16',
       POD_CIDR_IPV6: 'fd00::/48',
     });
-    assert.deepEqual(env.model.clusterCidrs, ['10.244.0.0/16', 'fd00::/48']);
+    expect(env.model.clusterCidrs).to.deep.equal(['10.244.0.0/16', 'fd00::/48']);
   });
 
   it('rejects bad values with one line each', () => {
@@ -81,6 +81,6 @@ describe('flags', () => {
   it('checks combinations of modes', () => {
     fails(['--from-file=x.yaml'], /--from-file only works with --dry-run/);
     fails(['--dry-run', '--cleanup'], /exclude each other/);
-    assert.equal(parseConfig(['--dry-run', '--from-file', '-'], {}).fromFile, '-');
+    expect(parseConfig(['--dry-run', '--from-file', '-'], {}).fromFile).to.equal('-');
   });
 });

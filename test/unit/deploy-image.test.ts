@@ -3,7 +3,7 @@
 // bundle it ships runs from a layout without node_modules. The image itself is built and run
 // under the DaemonSet by the container suite (test/container).
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { execFile } from 'node:child_process';
 import { cp, mkdir, mkdtemp, readFile, readdir, rm, stat } from 'node:fs/promises';
 import { isBuiltin } from 'node:module';
@@ -59,7 +59,7 @@ function copies(stage: Stage, fromStage?: string): Array<{ sources: string[]; de
 
 function aptPackages(stage: Stage): string[] {
   const install = stage.instructions.find((i) => i.op === 'RUN' && i.args.includes('apt-get install'));
-  assert.ok(install, `stage ${stage.name ?? stage.from} installs no packages`);
+  if (!install) expect.fail(`stage ${stage.name ?? stage.from} installs no packages`);
   const after = install.args.split('apt-get install')[1]!.split('&&')[0]!;
   return after.split(/\s+/).filter((w) => w && !w.startsWith('-'));
 }
@@ -88,29 +88,33 @@ describe('Dockerfile', function () {
   });
 
   it('builds on BUILD_IMAGE (node:24-trixie) and runs on RUNTIME_IMAGE (debian:trixie-slim), both build arguments', () => {
-    assert.match(text, /^ARG BUILD_IMAGE=node:24-trixie$/m);
-    assert.match(text, /^ARG RUNTIME_IMAGE=debian:trixie-slim$/m);
-    assert.equal(stages.length, 2);
+    expect(text).to.match(/^ARG BUILD_IMAGE=node:24-trixie$/m);
+    expect(text).to.match(/^ARG RUNTIME_IMAGE=debian:trixie-slim$/m);
+    expect(stages).to.have.lengthOf(2);
     const [build, runtime] = stages as [Stage, Stage];
-    assert.equal(build.from, '${BUILD_IMAGE}');
-    assert.equal(build.name, 'build');
-    assert.equal(runtime.from, '${RUNTIME_IMAGE}');
+    expect(build.from).to.equal('${BUILD_IMAGE}');
+    expect(build.name).to.equal('build');
+    expect(runtime.from).to.equal('${RUNTIME_IMAGE}');
     for (const p of ['libnftables-dev', 'libbpf-dev', 'clang', 'pkg-config', 'g++', 'make', 'python3'])
-      assert.ok(aptPackages(build).includes(p), p);
+      expect(aptPackages(build), p).to.include(p);
   });
 
   it('runtime: nft, iptables, conntrack and the two libraries; no compiler, npm or node-gyp', () => {
     const runtime = stages[1]!;
     const packages = aptPackages(runtime);
-    for (const p of ['nftables', 'iptables', 'libnftables1', 'libbpf1', 'conntrack'])
-      assert.ok(packages.includes(p), p);
+    for (const p of ['nftables', 'iptables', 'libnftables1', 'libbpf1', 'conntrack']) expect(packages, p).to.include(p);
     for (const p of ['gcc', 'g++', 'clang', 'make', 'npm', 'nodejs', 'python3', 'node-gyp'])
-      assert.ok(!packages.includes(p), `${p} in the runtime`);
+      expect(packages, `${p} in the runtime`).to.not.include(p);
     const fromBuild = copies(runtime, 'build').flatMap((c) => c.sources);
-    assert.deepEqual(fromBuild.sort(), ['/out/', '/usr/local/bin/node'], 'only Node.js itself and the assembled files');
-    assert.ok(!/node_modules/.test(runtime.instructions.map((i) => i.args).join('\n')), 'no node_modules at run time');
+    expect(fromBuild.sort(), 'only Node.js itself and the assembled files').to.deep.equal([
+      '/out/',
+      '/usr/local/bin/node',
+    ]);
+    expect(runtime.instructions.map((i) => i.args).join('\n'), 'no node_modules at run time').to.not.match(
+      /node_modules/,
+    );
     const entrypoint = JSON.parse(runtime.instructions.find((i) => i.op === 'ENTRYPOINT')!.args) as string[];
-    assert.deepEqual(entrypoint, ['node', '/opt/ipvs-node-controller/dist/bundle/ipvs-node-controller.mjs']);
+    expect(entrypoint).to.deep.equal(['node', '/opt/ipvs-node-controller/dist/bundle/ipvs-node-controller.mjs']);
   });
 
   it('labels the image (OCI version, revision, source, licenses) with the version of package.json', async () => {
@@ -119,10 +123,10 @@ describe('Dockerfile', function () {
       license: string;
     };
     for (const key of ['version', 'revision', 'source', 'licenses']) {
-      assert.match(text, new RegExp(`org\\.opencontainers\\.image\\.${key}=`), key);
+      expect(text, key).to.match(new RegExp(`org\\.opencontainers\\.image\\.${key}=`));
     }
-    assert.match(text, new RegExp(`org\\.opencontainers\\.image\\.licenses="${pkg.license}"`));
-    assert.match(text, new RegExp(`^ARG VERSION=${pkg.version.replace(/\./g, '\\.')}$`, 'm'));
+    expect(text).to.match(new RegExp(`org\\.opencontainers\\.image\\.licenses="${pkg.license}"`));
+    expect(text).to.match(new RegExp(`^ARG VERSION=${pkg.version.replace(/\./g, '\\.')}$`, 'm'));
   });
 
   it('never fetches a tool on the fly: no npx without --no-install in the Dockerfile, the scripts or package.json', async () => {
@@ -134,7 +138,7 @@ describe('Dockerfile', function () {
     for (const f of scripts) texts.push(await readFile(join(repoRoot, 'scripts', f), 'utf8'));
     texts.push(await readFile(join(repoRoot, '.ci', 'run'), 'utf8'));
     for (const t of texts) {
-      for (const m of t.matchAll(/\bnpx\s+(\S+)/g)) assert.equal(m[1], '--no-install', `npx ${m[1]} may download`);
+      for (const m of t.matchAll(/\bnpx\s+(\S+)/g)) expect(m[1], `npx ${m[1]} may download`).to.equal('--no-install');
     }
   });
 
@@ -142,24 +146,24 @@ describe('Dockerfile', function () {
     for (const { sources } of copies(stages[0]!)) {
       for (const source of sources) {
         await stat(join(repoRoot, source)); // throws when missing
-        assert.ok(!ignoredBy(ignore, source.replace(/\/$/, '')), `${source} is excluded by .dockerignore`);
+        expect(ignoredBy(ignore, source.replace(/\/$/, '')), `${source} is excluded by .dockerignore`).to.equal(false);
       }
     }
     for (const excluded of ['node_modules', 'dist', 'build', 'bpf/ipvs_node_controller.bpf.o', '.git']) {
-      assert.ok(ignoredBy(ignore, excluded), `${excluded} is sent to the build`);
+      expect(ignoredBy(ignore, excluded), `${excluded} is sent to the build`).to.equal(true);
     }
   });
 
   it('the bundle imports nothing but Node.js built-ins, and runs from the image layout without node_modules', async () => {
     const bundle = join(repoRoot, 'dist', 'bundle');
     const files = (await readdir(bundle, { recursive: true })).filter((f) => f.endsWith('.mjs'));
-    assert.ok(files.length >= 1);
+    expect(files.length).to.be.at.least(1);
     for (const f of files) {
       const code = await readFile(join(bundle, f), 'utf8');
       for (const m of code.matchAll(/(?:\bfrom\s*|\bimport\s*\(\s*|\brequire\s*\(\s*)["']([^"']+)["']/g)) {
         const spec = m[1]!;
         if (!/^(?:node:)?[@a-z0-9_./][\w./@-]*$/.test(spec) || spec === '.' || /^\.[^/.]/.test(spec)) continue; // prose, not a module
-        assert.ok(spec.startsWith('./') || spec.startsWith('../') || isBuiltin(spec), `${f} loads ${spec}`);
+        expect(spec.startsWith('./') || spec.startsWith('../') || isBuiltin(spec), `${f} loads ${spec}`).to.equal(true);
       }
     }
     // The layout the build stage assembles in /out (package.json, the bundle, addons, BPF object).
@@ -170,19 +174,19 @@ describe('Dockerfile', function () {
       await cp(bundle, join(image, 'dist', 'bundle'), { recursive: true });
       const main = join(image, 'dist', 'bundle', 'ipvs-node-controller.mjs');
       const pkg = JSON.parse(await readFile(join(repoRoot, 'package.json'), 'utf8')) as { version: string };
-      assert.equal((await run(process.execPath, [main, '--version'])).stdout.trim(), pkg.version);
-      assert.match((await run(process.execPath, [main, '--help'])).stdout, /--metrics-bind-address/);
+      expect((await run(process.execPath, [main, '--version'])).stdout.trim()).to.equal(pkg.version);
+      expect((await run(process.execPath, [main, '--help'])).stdout).to.match(/--metrics-bind-address/);
       const dry = await run(process.execPath, [
         main,
         '--dry-run',
         '--from-file',
         join(repoRoot, 'examples', 'services.yaml'),
       ]);
-      assert.match(dry.stdout, /table ip ipvs-node-controller/);
-      assert.ok(
-        (await stat(join(bundle, 'THIRD_PARTY_LICENSES.txt'))).size > 1000,
+      expect(dry.stdout).to.match(/table ip ipvs-node-controller/);
+      expect(
+        (await stat(join(bundle, 'THIRD_PARTY_LICENSES.txt'))).size,
         "the bundled packages' licenses ship",
-      );
+      ).to.be.above(1000);
     } finally {
       await rm(image, { recursive: true, force: true });
     }

@@ -2,7 +2,7 @@
 // the Kubernetes OpenAPI models, least-privilege RBAC, a DaemonSet that runs the flags the CLI
 // accepts with what each backend needs and nothing more, and the monitoring examples.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { execFile } from 'node:child_process';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -46,8 +46,8 @@ const MODELS: Record<string, new (data: any) => { validate(): void }> = {
 function validateSchemas(objects: Json[]): void {
   for (const o of objects) {
     const Model = MODELS[`${o.apiVersion}/${o.kind}`];
-    assert.ok(Model, `unexpected kind ${o.apiVersion}/${o.kind}`);
-    assert.ok(o.metadata?.name, `${o.kind} without a name`);
+    if (!Model) expect.fail(`unexpected kind ${o.apiVersion}/${o.kind}`);
+    expect(o.metadata?.name, `${o.kind} without a name`).to.be.a('string').and.not.equal('');
     try {
       new Model(o).validate();
     } catch (err) {
@@ -58,25 +58,25 @@ function validateSchemas(objects: Json[]): void {
 
 function only(objects: Json[], kind: string, name?: string): Json {
   const found = objects.filter((o) => o.kind === kind && (name === undefined || o.metadata.name === name));
-  assert.equal(found.length, 1, `expected one ${kind}${name ? ` ${name}` : ''}, found ${found.length}`);
+  expect(found, `expected one ${kind}${name ? ` ${name}` : ''}, found ${found.length}`).to.have.lengthOf(1);
   return found[0]!;
 }
 
 function container(ds: Json): Json {
-  assert.equal(ds.spec.template.spec.containers.length, 1);
+  expect(ds.spec.template.spec.containers.length).to.equal(1);
   return ds.spec.template.spec.containers[0];
 }
 
 /** The container's flags as the CLI parses them, with the DaemonSet's NODE_NAME. */
 function configOf(ds: Json): Config {
   const c = container(ds);
-  assert.deepEqual(c.command, undefined, 'the image entrypoint runs the CLI');
+  expect(c.command, 'the image entrypoint runs the CLI').to.deep.equal(undefined);
   return parseConfig(c.args, { NODE_NAME: 'node-from-downward-api' });
 }
 
 function portNamed(ds: Json, name: string): number {
   const port = container(ds).ports.find((p: Json) => p.name === name);
-  assert.ok(port, `no container port named ${name}`);
+  expect(port, `no container port named ${name}`).to.be.a('number');
   return port.containerPort;
 }
 
@@ -106,111 +106,122 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
       const ds = () => only(objects(), 'DaemonSet', 'ipvs-node-controller');
 
       it('renders exactly a ServiceAccount, a ClusterRole, its binding and a DaemonSet, schema-valid', () => {
-        assert.deepEqual(
+        expect(
           objects()
             .map((o) => o.kind)
             .sort(),
-          ['ClusterRole', 'ClusterRoleBinding', 'DaemonSet', 'ServiceAccount'],
-        );
+        ).to.deep.equal(['ClusterRole', 'ClusterRoleBinding', 'DaemonSet', 'ServiceAccount']);
         validateSchemas(objects());
         for (const o of objects().filter((o) => o.kind === 'DaemonSet' || o.kind === 'ServiceAccount')) {
-          assert.equal(o.metadata.namespace, 'kube-system', o.kind);
+          expect(o.metadata.namespace, o.kind).to.equal('kube-system');
         }
       });
 
       it("grants Services list/watch and Nodes get/list/watch, nothing else, to the DaemonSet's account", () => {
         const role = only(objects(), 'ClusterRole');
-        assert.deepEqual(role.rules, [
+        expect(role.rules).to.deep.equal([
           { apiGroups: [''], resources: ['services'], verbs: ['list', 'watch'] },
           { apiGroups: [''], resources: ['nodes'], verbs: ['get', 'list', 'watch'] },
         ]);
         const binding = only(objects(), 'ClusterRoleBinding');
-        assert.deepEqual(binding.roleRef, {
+        expect(binding.roleRef).to.deep.equal({
           apiGroup: 'rbac.authorization.k8s.io',
           kind: 'ClusterRole',
           name: role.metadata.name,
         });
         const account = only(objects(), 'ServiceAccount');
-        assert.deepEqual(binding.subjects, [
+        expect(binding.subjects).to.deep.equal([
           { kind: 'ServiceAccount', name: account.metadata.name, namespace: account.metadata.namespace },
         ]);
-        assert.equal(ds().spec.template.spec.serviceAccountName, account.metadata.name);
+        expect(ds().spec.template.spec.serviceAccountName).to.equal(account.metadata.name);
       });
 
       it(`passes flags the CLI accepts: --backend=${backend}, NODE_NAME from the downward API`, () => {
         const config = configOf(ds());
-        assert.equal(config.backend, backend);
-        assert.equal(config.nodeName, 'node-from-downward-api');
-        assert.equal(config.emitEvents, false, 'Events are off unless the component is included');
+        expect(config.backend).to.equal(backend);
+        expect(config.nodeName).to.equal('node-from-downward-api');
+        expect(config.emitEvents, 'Events are off unless the component is included').to.equal(false);
         const env = container(ds()).env.find((e: Json) => e.name === 'NODE_NAME');
-        assert.deepEqual(env.valueFrom, { fieldRef: { fieldPath: 'spec.nodeName' } });
-        assert.deepEqual(config.metricsBindAddress, { host: '0.0.0.0', port: portNamed(ds(), 'metrics') });
-        assert.deepEqual(config.healthzBindAddress, { host: '0.0.0.0', port: portNamed(ds(), 'healthz') });
+        expect(env.valueFrom).to.deep.equal({ fieldRef: { fieldPath: 'spec.nodeName' } });
+        expect(config.metricsBindAddress).to.deep.equal({ host: '0.0.0.0', port: portNamed(ds(), 'metrics') });
+        expect(config.healthzBindAddress).to.deep.equal({ host: '0.0.0.0', port: portNamed(ds(), 'healthz') });
       });
 
       it('runs on every node at node-critical priority, probed on the health endpoints, scraped by annotation', () => {
         const spec = ds().spec;
         const pod = spec.template.spec;
-        assert.deepEqual(spec.selector.matchLabels, { 'app.kubernetes.io/name': 'ipvs-node-controller' });
+        expect(spec.selector.matchLabels).to.deep.equal({ 'app.kubernetes.io/name': 'ipvs-node-controller' });
         for (const [k, v] of Object.entries(spec.selector.matchLabels))
-          assert.equal(spec.template.metadata.labels[k], v);
-        assert.deepEqual(pod.tolerations, [{ operator: 'Exists' }]);
-        assert.equal(pod.priorityClassName, 'system-node-critical');
-        assert.equal(pod.hostNetwork, true);
-        assert.equal(pod.dnsPolicy, 'ClusterFirstWithHostNet');
-        assert.equal(spec.updateStrategy.rollingUpdate.maxSurge, undefined, 'two pods of a node would share its ports');
+          expect(spec.template.metadata.labels[k]).to.equal(v);
+        expect(pod.tolerations).to.deep.equal([{ operator: 'Exists' }]);
+        expect(pod.priorityClassName).to.equal('system-node-critical');
+        expect(pod.hostNetwork).to.equal(true);
+        expect(pod.dnsPolicy).to.equal('ClusterFirstWithHostNet');
+        expect(spec.updateStrategy.rollingUpdate.maxSurge, 'two pods of a node would share its ports').to.equal(
+          undefined,
+        );
         const c = container(ds());
-        assert.deepEqual(c.livenessProbe.httpGet, { path: '/healthz', port: 'healthz' });
-        assert.deepEqual(c.readinessProbe.httpGet, { path: '/readyz', port: 'healthz' });
+        expect(c.livenessProbe.httpGet).to.deep.equal({ path: '/healthz', port: 'healthz' });
+        expect(c.readinessProbe.httpGet).to.deep.equal({ path: '/readyz', port: 'healthz' });
         const annotations = spec.template.metadata.annotations;
-        assert.equal(annotations['prometheus.io/scrape'], 'true');
-        assert.equal(annotations['prometheus.io/path'], '/metrics');
-        assert.equal(Number(annotations['prometheus.io/port']), portNamed(ds(), 'metrics'));
-        assert.ok(c.resources.requests.cpu && c.resources.requests.memory && c.resources.limits.memory);
-        assert.equal(c.resources.limits.cpu, undefined, 'no CPU throttling of a node-critical agent');
+        expect(annotations['prometheus.io/scrape']).to.equal('true');
+        expect(annotations['prometheus.io/path']).to.equal('/metrics');
+        expect(Number(annotations['prometheus.io/port'])).to.equal(portNamed(ds(), 'metrics'));
+        expect(c.resources.requests.cpu).to.be.a('string').and.not.equal('');
+        expect(c.resources.requests.memory).to.be.a('string').and.not.equal('');
+        expect(c.resources.limits.memory).to.be.a('string').and.not.equal('');
+        expect(c.resources.limits.cpu, 'no CPU throttling of a node-critical agent').to.equal(undefined);
       });
 
       it(`adds only ${expected.caps.join(' and ')} to a read-only, unprivileged container`, () => {
         const sc = container(ds()).securityContext;
-        assert.deepEqual(sc.capabilities, { drop: ['ALL'], add: [...expected.caps] });
-        assert.equal(sc.privileged, false);
-        assert.equal(sc.allowPrivilegeEscalation, false);
-        assert.equal(sc.readOnlyRootFilesystem, true);
-        assert.deepEqual(sc.seccompProfile, { type: 'RuntimeDefault' });
+        expect(sc.capabilities).to.deep.equal({ drop: ['ALL'], add: [...expected.caps] });
+        expect(sc.privileged).to.equal(false);
+        expect(sc.allowPrivilegeEscalation).to.equal(false);
+        expect(sc.readOnlyRootFilesystem).to.equal(true);
+        expect(sc.seccompProfile).to.deep.equal({ type: 'RuntimeDefault' });
       });
 
       it('mounts exactly the volumes the backend needs, each one defined', () => {
         const pod = ds().spec.template.spec;
         const volumes = new Map<string, Json>(pod.volumes.map((v: Json) => [v.name, v]));
-        assert.deepEqual([...volumes.keys()].sort(), [...expected.volumes].sort());
+        expect([...volumes.keys()].sort()).to.deep.equal([...expected.volumes].sort());
         const mounts = new Map<string, Json>(container(ds()).volumeMounts.map((m: Json) => [m.name, m]));
-        assert.deepEqual([...mounts.keys()].sort(), [...volumes.keys()].sort());
-        assert.equal(mounts.get('tmp')!.mountPath, '/tmp', 'the nft CLI fallback writes transactions to the temp dir');
+        expect([...mounts.keys()].sort()).to.deep.equal([...volumes.keys()].sort());
+        expect(mounts.get('tmp')!.mountPath, 'the nft CLI fallback writes transactions to the temp dir').to.equal(
+          '/tmp',
+        );
         const config = configOf(ds());
         // kube-proxy's ConfigMap, read-only and optional, in the namespace the DaemonSet runs in.
-        assert.deepEqual(volumes.get('kube-proxy-config')!.configMap, {
+        expect(volumes.get('kube-proxy-config')!.configMap).to.deep.equal({
           name: 'kube-proxy',
           optional: true,
           items: [{ key: 'config.conf', path: 'config.conf' }],
         });
-        assert.equal(mounts.get('kube-proxy-config')!.readOnly, true);
-        assert.equal(config.kubeProxyConfig, `${mounts.get('kube-proxy-config')!.mountPath}/config.conf`);
-        assert.equal(ds().metadata.namespace, 'kube-system', 'a ConfigMap volume must be in the pod namespace');
+        expect(mounts.get('kube-proxy-config')!.readOnly).to.equal(true);
+        expect(config.kubeProxyConfig).to.equal(`${mounts.get('kube-proxy-config')!.mountPath}/config.conf`);
+        expect(ds().metadata.namespace, 'a ConfigMap volume must be in the pod namespace').to.equal('kube-system');
         {
-          assert.deepEqual(volumes.get('xtables-lock')!.hostPath, { path: '/run/xtables.lock', type: 'FileOrCreate' });
-          assert.equal(mounts.get('xtables-lock')!.mountPath, '/run/xtables.lock');
+          expect(volumes.get('xtables-lock')!.hostPath).to.deep.equal({
+            path: '/run/xtables.lock',
+            type: 'FileOrCreate',
+          });
+          expect(mounts.get('xtables-lock')!.mountPath).to.equal('/run/xtables.lock');
         }
         if (backend === 'ebpf') {
-          assert.equal(volumes.get('cgroup')!.hostPath.path, '/sys/fs/cgroup');
-          assert.equal(config.cgroupPath, mounts.get('cgroup')!.mountPath, '--cgroup-path is the host cgroup mount');
-          assert.equal(mounts.get('cgroup')!.readOnly, true);
+          expect(volumes.get('cgroup')!.hostPath.path).to.equal('/sys/fs/cgroup');
+          expect(config.cgroupPath, '--cgroup-path is the host cgroup mount').to.equal(mounts.get('cgroup')!.mountPath);
+          expect(mounts.get('cgroup')!.readOnly).to.equal(true);
         }
         // Pins (ebpf) and their removal (the others) on the node's bpffs, outside /sys in the
         // container (default AppArmor profiles refuse writes under /sys/fs/[^c]*).
-        assert.equal(volumes.get('bpffs')!.hostPath.path, '/sys/fs/bpf');
-        assert.ok(config.bpffsPath.startsWith(`${mounts.get('bpffs')!.mountPath}/`), 'pins land on the host bpffs');
-        assert.ok(!mounts.get('bpffs')!.mountPath.startsWith('/sys/'));
-        assert.equal(mounts.get('bpffs')!.mountPropagation, 'HostToContainer');
+        expect(volumes.get('bpffs')!.hostPath.path).to.equal('/sys/fs/bpf');
+        expect(
+          config.bpffsPath.startsWith(`${mounts.get('bpffs')!.mountPath}/`),
+          'pins land on the host bpffs',
+        ).to.equal(true);
+        expect(!mounts.get('bpffs')!.mountPath.startsWith('/sys/')).to.equal(true);
+        expect(mounts.get('bpffs')!.mountPropagation).to.equal('HostToContainer');
       });
     });
   }
@@ -219,10 +230,10 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
     const pkg = JSON.parse(await readFile(join(repoRoot, 'package.json'), 'utf8')) as { version: string };
     for (const objects of rendered.values()) {
       const ds = only(objects, 'DaemonSet');
-      assert.equal(container(ds).image, `ipvs-node-controller:${pkg.version}`);
-      assert.equal(ds.metadata.labels['app.kubernetes.io/version'], pkg.version);
-      assert.equal(ds.spec.template.metadata.labels['app.kubernetes.io/version'], pkg.version);
-      assert.equal(ds.spec.selector.matchLabels['app.kubernetes.io/version'], undefined, 'selectors are immutable');
+      expect(container(ds).image).to.equal(`ipvs-node-controller:${pkg.version}`);
+      expect(ds.metadata.labels['app.kubernetes.io/version']).to.equal(pkg.version);
+      expect(ds.spec.template.metadata.labels['app.kubernetes.io/version']).to.equal(pkg.version);
+      expect(ds.spec.selector.matchLabels['app.kubernetes.io/version'], 'selectors are immutable').to.equal(undefined);
     }
   });
 
@@ -232,18 +243,18 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
     validateSchemas(objects);
     const ds = only(objects, 'DaemonSet', 'ipvs-node-controller-cleanup');
     const pod = ds.spec.template.spec;
-    assert.equal(pod.hostNetwork, true);
-    assert.deepEqual(pod.tolerations, [{ operator: 'Exists' }]);
+    expect(pod.hostNetwork).to.equal(true);
+    expect(pod.tolerations).to.deep.equal([{ operator: 'Exists' }]);
     const init = pod.initContainers[0];
-    assert.equal(init.image, `ipvs-node-controller:${pkg.version}`);
+    expect(init.image).to.equal(`ipvs-node-controller:${pkg.version}`);
     const config = parseConfig(init.args, { NODE_NAME: 'n' });
-    assert.equal(config.cleanup, true);
-    assert.deepEqual(init.securityContext.capabilities, { drop: ['ALL'], add: ['NET_ADMIN', 'NET_RAW', 'BPF'] });
+    expect(config.cleanup).to.equal(true);
+    expect(init.securityContext.capabilities).to.deep.equal({ drop: ['ALL'], add: ['NET_ADMIN', 'NET_RAW', 'BPF'] });
     const bpffs = init.volumeMounts.find((m: Json) => m.name === 'bpffs');
-    assert.ok(config.bpffsPath.startsWith(`${bpffs.mountPath}/`));
-    assert.equal(pod.volumes.find((v: Json) => v.name === 'bpffs').hostPath.path, '/sys/fs/bpf');
+    expect(config.bpffsPath.startsWith(`${bpffs.mountPath}/`)).to.equal(true);
+    expect(pod.volumes.find((v: Json) => v.name === 'bpffs').hostPath.path).to.equal('/sys/fs/bpf');
     // The same --bpffs-path as the controller's, so the cleanup looks where the pins are.
-    assert.equal(config.bpffsPath, configOf(only(rendered.get('ebpf')!, 'DaemonSet')).bpffsPath);
+    expect(config.bpffsPath).to.equal(configOf(only(rendered.get('ebpf')!, 'DaemonSet')).bpffsPath);
   });
 
   it('components/apparmor-unconfined runs the container without an AppArmor profile, and changes nothing else', async () => {
@@ -261,9 +272,9 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
       const objects = await kustomize(dir);
       validateSchemas(objects);
       const sc = container(only(objects, 'DaemonSet')).securityContext;
-      assert.deepEqual(sc.appArmorProfile, { type: 'Unconfined' });
+      expect(sc.appArmorProfile).to.deep.equal({ type: 'Unconfined' });
       delete sc.appArmorProfile;
-      assert.deepEqual(sc, container(only(rendered.get('ebpf')!, 'DaemonSet')).securityContext);
+      expect(sc).to.deep.equal(container(only(rendered.get('ebpf')!, 'DaemonSet')).securityContext);
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
@@ -284,12 +295,12 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
       );
       const objects = await kustomize(dir);
       validateSchemas(objects);
-      assert.equal(configOf(only(objects, 'DaemonSet')).emitEvents, true);
+      expect(configOf(only(objects, 'DaemonSet')).emitEvents).to.equal(true);
       const role = only(objects, 'ClusterRole', 'ipvs-node-controller-events');
-      assert.deepEqual(role.rules, [{ apiGroups: [''], resources: ['events'], verbs: ['create'] }]);
+      expect(role.rules).to.deep.equal([{ apiGroups: [''], resources: ['events'], verbs: ['create'] }]);
       const binding = only(objects, 'ClusterRoleBinding', 'ipvs-node-controller-events');
-      assert.equal(binding.roleRef.name, role.metadata.name);
-      assert.deepEqual(binding.subjects, [
+      expect(binding.roleRef.name).to.equal(role.metadata.name);
+      expect(binding.subjects).to.deep.equal([
         { kind: 'ServiceAccount', name: 'ipvs-node-controller', namespace: 'kube-system' },
       ]);
     } finally {
@@ -306,9 +317,9 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
     const monitoring = await kustomize(join(deploy, 'monitoring'));
     validateSchemas(monitoring);
     const podMonitor = only(monitoring, 'PodMonitor');
-    assert.ok(selects(podMonitor.spec.selector, podLabels));
-    assert.deepEqual(podMonitor.spec.namespaceSelector.matchNames, [ds.metadata.namespace]);
-    assert.equal(podMonitor.spec.podMetricsEndpoints[0].port, 'metrics');
+    expect(selects(podMonitor.spec.selector, podLabels)).to.equal(true);
+    expect(podMonitor.spec.namespaceSelector.matchNames).to.deep.equal([ds.metadata.namespace]);
+    expect(podMonitor.spec.podMetricsEndpoints[0].port).to.equal('metrics');
     portNamed(ds, 'metrics');
 
     const alternative = YAML.parseAllDocuments(
@@ -317,10 +328,10 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
     validateSchemas(alternative);
     const service = only(alternative, 'Service');
     const serviceMonitor = only(alternative, 'ServiceMonitor');
-    assert.equal(service.spec.clusterIP, 'None');
-    assert.ok(selects({ matchLabels: service.spec.selector }, podLabels));
-    assert.equal(service.spec.ports[0].targetPort, 'metrics');
-    assert.ok(selects(serviceMonitor.spec.selector, service.metadata.labels));
-    assert.equal(serviceMonitor.spec.endpoints[0].port, service.spec.ports[0].name);
+    expect(service.spec.clusterIP).to.equal('None');
+    expect(selects({ matchLabels: service.spec.selector }, podLabels)).to.equal(true);
+    expect(service.spec.ports[0].targetPort).to.equal('metrics');
+    expect(selects(serviceMonitor.spec.selector, service.metadata.labels)).to.equal(true);
+    expect(serviceMonitor.spec.endpoints[0].port).to.equal(service.spec.ports[0].name);
   });
 });

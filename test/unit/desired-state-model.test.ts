@@ -1,7 +1,7 @@
 // DesiredStateModel keeps the desired state between syncs and redoes only what changed: after any
 // sequence of changes it must give what buildDesiredState gives for the same input from nothing.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, Entry, FamilyState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 
@@ -68,9 +68,9 @@ function withoutChanges(d: DesiredState): DesiredState {
 /** Entries as a set of objects, to check a change hint against the lists. */
 function applied(since: Entry[], removed: Entry[], added: Entry[]): Set<Entry> {
   const out = new Set(since);
-  for (const e of removed) assert.ok(out.delete(e), 'removes an entry that was there');
+  for (const e of removed) expect(out.delete(e), 'removes an entry that was there').to.equal(true);
   for (const e of added) {
-    assert.ok(!out.has(e), 'adds an entry that was not there');
+    expect(out, 'adds an entry that was not there').to.not.include(e);
     out.add(e);
   }
   return out;
@@ -88,21 +88,18 @@ function check(seed: number, size: number, addresses: number, steps: number, cha
   for (let step = 0; step < steps; step++) {
     const node = rnd() < 0.9 ? NODE : undefined;
     const desired = model.update(services, node);
-    assert.deepEqual(
-      withoutChanges(desired),
+    expect(withoutChanges(desired), `seed ${seed}, step ${step}`).to.deep.equal(
       buildDesiredState([...services].reverse(), node, config),
-      `seed ${seed}, step ${step}`,
     );
     for (const family of ['ipv4', 'ipv6'] as const) {
       const changes = desired[family].changes;
       if (!changes) continue;
-      assert.equal(changes.since, previous?.[family].entries, 'the hint starts from the entries given last');
+      expect(changes.since, 'the hint starts from the entries given last').to.equal(previous?.[family].entries);
       hints++;
-      assert.deepEqual(
-        applied(changes.since, changes.removed, changes.added),
-        new Set(desired[family].entries),
+      expect(
+        [...applied(changes.since, changes.removed, changes.added)],
         `seed ${seed}, step ${step}`,
-      );
+      ).to.have.deep.members([...new Set(desired[family].entries)]);
     }
     previous = desired;
     services = [...services];
@@ -122,7 +119,7 @@ describe('DesiredStateModel', () => {
   it('after any changes equals the state built from nothing, collisions and skips included', () => {
     let hints = 0;
     for (let seed = 1; seed <= 60; seed++) hints += check(seed, 30, 24, 12, () => 1 + (seed % 4));
-    assert.ok(hints > 60 * 11, `the change hints were checked (${hints} times)`);
+    expect(hints, `the change hints were checked (${hints} times)`).to.be.above(60 * 11);
   });
 
   it('also when many keys change at once (the state is sorted anew)', () => {
@@ -142,19 +139,15 @@ describe('DesiredStateModel', () => {
     const services = [lb('a', '192.0.2.1'), lb('b', '192.0.2.2'), lb('c', '192.0.2.3')];
     const model = new DesiredStateModel(CONFIG);
     const first = model.update(services, NODE);
-    assert.equal(model.update([...services], NODE).ipv4.entries, first.ipv4.entries);
+    expect(model.update([...services], NODE).ipv4.entries).to.equal(first.ipv4.entries);
 
     const second = model.update([services[0]!, lb('b', '192.0.2.9'), services[2]!], NODE);
-    assert.deepEqual(
-      second.ipv4.entries.map((e) => e.externalIp),
-      ['192.0.2.1', '192.0.2.3', '192.0.2.9'],
-    );
-    assert.equal(second.ipv4.entries[0], first.ipv4.entries[0]);
-    assert.equal(second.ipv4.entries[1], first.ipv4.entries[2]);
-    assert.deepEqual(
+    expect(second.ipv4.entries.map((e) => e.externalIp)).to.deep.equal(['192.0.2.1', '192.0.2.3', '192.0.2.9']);
+    expect(second.ipv4.entries[0]).to.equal(first.ipv4.entries[0]);
+    expect(second.ipv4.entries[1]).to.equal(first.ipv4.entries[2]);
+    expect(
       first.ipv4.entries.map((e) => e.externalIp),
-      ['192.0.2.1', '192.0.2.2', '192.0.2.3'],
       'an earlier result is not changed',
-    );
+    ).to.deep.equal(['192.0.2.1', '192.0.2.2', '192.0.2.3']);
   });
 });

@@ -1,7 +1,7 @@
 // The eBPF backend's build artifacts: the addon and the BPF object are built and loadable, and
 // scripts/build-bpf.mjs behaves on a machine without clang. Nothing here talks to the kernel.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { spawnSync } from 'node:child_process';
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -23,26 +23,26 @@ const PROGRAM_SECTIONS = [
 
 function assertBpfObject(path: string): void {
   const elf = readFileSync(path);
-  assert.equal(elf.subarray(0, 4).toString('latin1'), '\x7fELF');
-  assert.equal(elf.readUInt16LE(18), EM_BPF, 'e_machine is BPF');
+  expect(elf.subarray(0, 4).toString('latin1')).to.equal('\x7fELF');
+  expect(elf.readUInt16LE(18), 'e_machine is BPF').to.equal(EM_BPF);
   const text = elf.toString('latin1');
-  for (const section of PROGRAM_SECTIONS) assert.ok(text.includes(section), `section ${section}`);
-  assert.ok(text.includes('.BTF'), 'carries BTF (compiled with -g)');
+  for (const section of PROGRAM_SECTIONS) expect(text, `section ${section}`).to.include(section);
+  expect(text, 'carries BTF (compiled with -g)').to.include('.BTF');
 }
 
 describe('eBPF backend build', () => {
   it('the addon is built and loads', () => {
     const load = loadEbpfAddon();
-    assert.ok(load.ok, load.ok ? '' : load.reason);
-    assert.equal(load.path, defaultAddonPath());
-    assert.match(load.addon.libbpfVersion, /^v?\d+\.\d+/);
-    assert.equal(typeof load.addon.loadAndAttach, 'function');
+    if (!load.ok) expect.fail(load.reason);
+    expect(load.path).to.equal(defaultAddonPath());
+    expect(load.addon.libbpfVersion).to.match(/^v?\d+\.\d+/);
+    expect(typeof load.addon.loadAndAttach).to.equal('function');
   });
 
   it('the BPF object is built beside its source, for the BPF machine, with every program', () => {
     const path = defaultObjectPath();
-    assert.equal(path, join(packageRoot(), 'bpf', 'ipvs_node_controller.bpf.o'));
-    assert.ok(existsSync(path), `${path} is missing: run node scripts/build-bpf.mjs`);
+    expect(path).to.equal(join(packageRoot(), 'bpf', 'ipvs_node_controller.bpf.o'));
+    expect(existsSync(path), `${path} is missing: run node scripts/build-bpf.mjs`).to.equal(true);
     assertBpfObject(path);
   });
 
@@ -52,10 +52,10 @@ describe('eBPF backend build', () => {
       const bogus = join(dir, 'ebpf_addon.node');
       writeFileSync(bogus, 'not a shared object');
       const load = loadEbpfAddon(bogus);
-      assert.equal(load.ok, false);
-      assert.match(load.ok ? '' : load.reason, /did not load .*: install libbpf1 and rebuild$/);
+      expect(load.ok).to.equal(false);
+      expect(load.ok ? '' : load.reason).to.match(/did not load .*: install libbpf1 and rebuild$/);
       const missing = loadEbpfAddon(join(dir, 'absent.node'));
-      assert.match(missing.ok ? '' : missing.reason, /is not built: install libbpf-dev and pkg-config/);
+      expect(missing.ok ? '' : missing.reason).to.match(/is not built: install libbpf-dev and pkg-config/);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
@@ -81,18 +81,20 @@ describe('eBPF backend build', () => {
 
     it('exits 0 with one line naming clang when clang is missing', () => {
       const { status, lines } = buildBpf({ ...process.env, CLANG: join(scratch, 'no-clang') });
-      assert.equal(status, 0);
-      assert.equal(lines.length, 1, lines.join('\n'));
-      assert.match(lines[0]!, /eBPF object not built: .*no-clang' not found \(install clang to use --backend=ebpf\)/);
-      assert.equal(existsSync(join(scratch, 'bpf', 'ipvs_node_controller.bpf.o')), false);
+      expect(status).to.equal(0);
+      expect(lines, lines.join('\n')).to.have.lengthOf(1);
+      expect(lines[0]!).to.match(
+        /eBPF object not built: .*no-clang' not found \(install clang to use --backend=ebpf\)/,
+      );
+      expect(existsSync(join(scratch, 'bpf', 'ipvs_node_controller.bpf.o'))).to.equal(false);
     });
 
     it('compiles the object with clang', function () {
       this.timeout(30_000);
       const { status, lines } = buildBpf(process.env);
-      assert.equal(status, 0, lines.join('\n'));
-      assert.equal(lines.length, 1, lines.join('\n'));
-      assert.match(lines[0]!, /eBPF object built: /);
+      expect(status, lines.join('\n')).to.equal(0);
+      expect(lines, lines.join('\n')).to.have.lengthOf(1);
+      expect(lines[0]!).to.match(/eBPF object built: /);
       assertBpfObject(join(scratch, 'bpf', 'ipvs_node_controller.bpf.o'));
     });
 
@@ -100,8 +102,8 @@ describe('eBPF backend build', () => {
       this.timeout(30_000);
       writeFileSync(join(scratch, 'bpf', 'ipvs_node_controller.bpf.c'), 'this is not C\n');
       const { status, lines } = buildBpf(process.env);
-      assert.equal(status, 1);
-      assert.match(lines.join('\n'), /eBPF object failed to compile/);
+      expect(status).to.equal(1);
+      expect(lines.join('\n')).to.match(/eBPF object failed to compile/);
     });
   });
 });

@@ -1,4 +1,5 @@
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
+import { rejectionOf } from '../support/assertions.js';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -33,37 +34,37 @@ function caps(...bits: number[]): bigint {
 
 describe('ebpf host support', () => {
   it('finds the cgroup2 mount on a hybrid and on a pure v2 host', () => {
-    assert.equal(cgroup2MountPoint(HYBRID), '/sys/fs/cgroup/unified');
-    assert.equal(cgroup2MountPoint(PURE_V2), '/sys/fs/cgroup');
+    expect(cgroup2MountPoint(HYBRID)).to.equal('/sys/fs/cgroup/unified');
+    expect(cgroup2MountPoint(PURE_V2)).to.equal('/sys/fs/cgroup');
   });
 
   it('finds no cgroup2 mount on a v1-only host, and decodes escaped mount points', () => {
-    assert.equal(cgroup2MountPoint('cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\n'), undefined);
-    assert.equal(cgroup2MountPoint('none /run/my\\040cgroup cgroup2 rw 0 0\n'), '/run/my cgroup');
+    expect(cgroup2MountPoint('cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\n')).to.equal(undefined);
+    expect(cgroup2MountPoint('none /run/my\\040cgroup cgroup2 rw 0 0\n')).to.equal('/run/my cgroup');
   });
 
   it('reads the effective capability set', () => {
     const status = 'Name:\tnode\nCapInh:\t0000000000000000\nCapEff:\t000001fffeffffff\nCapBnd:\t000001ffffffffff\n';
-    assert.equal(effectiveCapabilities(status), 0x000001fffeffffffn);
-    assert.equal(effectiveCapabilities('Name:\tnode\n'), undefined);
+    expect(effectiveCapabilities(status)).to.equal(0x000001fffeffffffn);
+    expect(effectiveCapabilities('Name:\tnode\n')).to.equal(undefined);
   });
 
   it('needs CAP_BPF with CAP_NET_ADMIN, or CAP_SYS_ADMIN', () => {
-    assert.deepEqual(missingCapabilities(caps(CAPABILITY.CAP_BPF, CAPABILITY.CAP_NET_ADMIN)), []);
-    assert.deepEqual(missingCapabilities(caps(CAPABILITY.CAP_SYS_ADMIN)), []);
-    assert.deepEqual(missingCapabilities(caps(CAPABILITY.CAP_BPF)), ['CAP_NET_ADMIN']);
-    assert.deepEqual(missingCapabilities(caps(CAPABILITY.CAP_NET_ADMIN)), ['CAP_BPF']);
-    assert.deepEqual(missingCapabilities(0n), ['CAP_BPF', 'CAP_NET_ADMIN']);
+    expect(missingCapabilities(caps(CAPABILITY.CAP_BPF, CAPABILITY.CAP_NET_ADMIN))).to.deep.equal([]);
+    expect(missingCapabilities(caps(CAPABILITY.CAP_SYS_ADMIN))).to.deep.equal([]);
+    expect(missingCapabilities(caps(CAPABILITY.CAP_BPF))).to.deep.equal(['CAP_NET_ADMIN']);
+    expect(missingCapabilities(caps(CAPABILITY.CAP_NET_ADMIN))).to.deep.equal(['CAP_BPF']);
+    expect(missingCapabilities(0n)).to.deep.equal(['CAP_BPF', 'CAP_NET_ADMIN']);
   });
 
   it('compares kernel versions', () => {
-    assert.deepEqual(kernelVersion('6.1.0-18-amd64'), [6, 1]);
-    assert.deepEqual(kernelVersion('5.10.209'), [5, 10]);
-    assert.equal(kernelVersion('garbage'), undefined);
-    assert.equal(atLeast([5, 10], MINIMUM_KERNEL), true);
-    assert.equal(atLeast([5, 8], MINIMUM_KERNEL), true);
-    assert.equal(atLeast([5, 7], MINIMUM_KERNEL), false);
-    assert.equal(atLeast([4, 19], MINIMUM_KERNEL), false);
+    expect(kernelVersion('6.1.0-18-amd64')).to.deep.equal([6, 1]);
+    expect(kernelVersion('5.10.209')).to.deep.equal([5, 10]);
+    expect(kernelVersion('garbage')).to.equal(undefined);
+    expect(atLeast([5, 10], MINIMUM_KERNEL)).to.equal(true);
+    expect(atLeast([5, 8], MINIMUM_KERNEL)).to.equal(true);
+    expect(atLeast([5, 7], MINIMUM_KERNEL)).to.equal(false);
+    expect(atLeast([4, 19], MINIMUM_KERNEL)).to.equal(false);
   });
 
   it('probe names every missing piece in one line, without changing anything', async () => {
@@ -75,12 +76,12 @@ describe('ebpf host support', () => {
         objectPath: join(dir, 'missing.bpf.o'),
       });
       const probe = await backend.probe();
-      assert.equal(probe.ok, false);
-      assert.doesNotMatch(probe.detail, /\n/);
-      assert.match(probe.detail, /missing\.bpf\.o is not built/);
-      assert.match(probe.detail, /no-such-cgroup is not a cgroup v2 directory/);
-      assert.match(probe.detail, /pins is not on a bpffs mount/);
-      assert.equal(await backend.hasState(), false);
+      expect(probe.ok).to.equal(false);
+      expect(probe.detail).to.not.match(/\n/);
+      expect(probe.detail).to.match(/missing\.bpf\.o is not built/);
+      expect(probe.detail).to.match(/no-such-cgroup is not a cgroup v2 directory/);
+      expect(probe.detail).to.match(/pins is not on a bpffs mount/);
+      expect(await backend.hasState()).to.equal(false);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
@@ -90,11 +91,12 @@ describe('ebpf host support', () => {
     const dir = mkdtempSync(join(tmpdir(), 'ebpf-cleanup-'));
     try {
       const backend = new EbpfBackend({ cgroupPath: dir, bpffsPath: join(dir, 'never-created') });
-      await assert.rejects(backend.cleanup(), {
-        message: new RegExp(
+      const err = await rejectionOf(backend.cleanup());
+      expect(err.message).to.match(
+        new RegExp(
           `^ebpf cleanup: ${dir} is not on a bpffs mount, so the pins under ${dir}/never-created cannot be seen`,
         ),
-      });
+      );
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

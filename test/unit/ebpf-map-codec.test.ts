@@ -1,4 +1,4 @@
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 
@@ -38,49 +38,48 @@ const V6: Entry = entry({
 
 describe('ebpf map codec', () => {
   it('writes an IPv4 key and value in network byte order', () => {
-    assert.equal(encodeKeys('ipv4', [entry()]).toString('hex'), 'c000020a' + '01bb' + '06' + '00');
-    assert.equal(encodeValues('ipv4', [entry()]).toString('hex'), '0a60000a' + '01bb' + '0000');
+    expect(encodeKeys('ipv4', [entry()]).toString('hex')).to.equal('c000020a' + '01bb' + '06' + '00');
+    expect(encodeValues('ipv4', [entry()]).toString('hex')).to.equal('0a60000a' + '01bb' + '0000');
   });
 
   it('writes an IPv6 key and value in network byte order', () => {
-    assert.equal(encodeKeys('ipv6', [V6]).toString('hex'), '20010db8000000000000000000000010' + '0035' + '11' + '00');
-    assert.equal(encodeValues('ipv6', [V6]).toString('hex'), 'fd00009600000000000000000000000a' + '0035' + '0000');
+    expect(encodeKeys('ipv6', [V6]).toString('hex')).to.equal(
+      '20010db8000000000000000000000010' + '0035' + '11' + '00',
+    );
+    expect(encodeValues('ipv6', [V6]).toString('hex')).to.equal('fd00009600000000000000000000000a' + '0035' + '0000');
   });
 
   it('packs several elements back to back at the map sizes', () => {
     const entries = [entry(), entry({ protocol: 'UDP' }), entry({ protocol: 'SCTP', port: 9 })];
-    assert.equal(encodeKeys('ipv4', entries).length, 3 * KEY_SIZE.ipv4);
-    assert.equal(encodeValues('ipv4', entries).length, 3 * VALUE_SIZE.ipv4);
-    assert.equal(encodeKeys('ipv4', entries).readUInt8(2 * KEY_SIZE.ipv4 + 6), 132);
+    expect(encodeKeys('ipv4', entries).length).to.equal(3 * KEY_SIZE.ipv4);
+    expect(encodeValues('ipv4', entries).length).to.equal(3 * VALUE_SIZE.ipv4);
+    expect(encodeKeys('ipv4', entries).readUInt8(2 * KEY_SIZE.ipv4 + 6)).to.equal(132);
   });
 
   it('reads back what it writes, with canonical addresses', () => {
     const v4 = [entry(), entry({ externalIp: '198.51.100.255', protocol: 'SCTP', port: 65535, clusterIp: '10.0.0.1' })];
-    assert.deepEqual(decodeElements('ipv4', encodeKeys('ipv4', v4), encodeValues('ipv4', v4)), v4.map(toMapEntry));
+    expect(decodeElements('ipv4', encodeKeys('ipv4', v4), encodeValues('ipv4', v4))).to.deep.equal(v4.map(toMapEntry));
     const v6 = [V6, entry({ family: 'ipv6', externalIp: '2001:db8:0:0:1::', clusterIp: '::1', port: 1 })];
     const decoded = decodeElements('ipv6', encodeKeys('ipv6', v6), encodeValues('ipv6', v6));
-    assert.deepEqual(
-      decoded.map((e) => [e.externalIp, e.clusterIp, e.protocol, e.port, e.clusterPort]),
-      [
-        ['2001:db8::10', 'fd00:96::a', 'UDP', 53, 53],
-        ['2001:db8:0:0:1::', '::1', 'TCP', 1, 1],
-      ],
-    );
+    expect(decoded.map((e) => [e.externalIp, e.clusterIp, e.protocol, e.port, e.clusterPort])).to.deep.equal([
+      ['2001:db8::10', 'fd00:96::a', 'UDP', 53, 53],
+      ['2001:db8:0:0:1::', '::1', 'TCP', 1, 1],
+    ]);
   });
 
   it('keeps the number of a protocol it does not know, so the element can still be deleted', () => {
     const keys = encodeKeys('ipv4', [entry()]);
     keys.writeUInt8(99, 6);
     const [el] = decodeElements('ipv4', keys, encodeValues('ipv4', [entry()]));
-    assert.equal(el!.protocol, 99);
-    assert.equal(encodeKeys('ipv4', [el!]).toString('hex'), keys.toString('hex'));
+    expect(el!.protocol).to.equal(99);
+    expect(encodeKeys('ipv4', [el!]).toString('hex')).to.equal(keys.toString('hex'));
   });
 
   it('refuses an address of the other family and a malformed dump', () => {
-    assert.throws(() => addressBytes('ipv4', '2001:db8::1'), /not an ipv4 address/);
-    assert.throws(() => encodeKeys('ipv6', [entry()]), /not an ipv6 address/);
-    assert.throws(() => decodeElements('ipv4', Buffer.alloc(9), Buffer.alloc(8)), /malformed ipv4 map dump/);
-    assert.throws(() => decodeElements('ipv4', Buffer.alloc(16), Buffer.alloc(8)), /malformed/);
+    expect(() => addressBytes('ipv4', '2001:db8::1')).to.throw(/not an ipv4 address/);
+    expect(() => encodeKeys('ipv6', [entry()])).to.throw(/not an ipv6 address/);
+    expect(() => decodeElements('ipv4', Buffer.alloc(9), Buffer.alloc(8))).to.throw(/malformed ipv4 map dump/);
+    expect(() => decodeElements('ipv4', Buffer.alloc(16), Buffer.alloc(8))).to.throw(/malformed/);
   });
 
   it('changes: adds missing, rewrites changed, deletes extra, leaves equal alone', () => {
@@ -94,16 +93,13 @@ describe('ebpf map codec', () => {
       { ...toMapEntry(entry({ port: 23 })), protocol: 99 },
     ];
     const { upserts, deletes } = mapChanges(current, [keep, change, add]);
-    assert.deepEqual(upserts, [change, add]);
-    assert.deepEqual(
-      deletes.map((d) => `${d.protocol}/${d.port}`),
-      ['TCP/22', '99/23'],
-    );
+    expect(upserts).to.deep.equal([change, add]);
+    expect(deletes.map((d) => `${d.protocol}/${d.port}`)).to.deep.equal(['TCP/22', '99/23']);
   });
 
   it('changes: nothing to do when the map already holds the desired entries', () => {
     const desired = [entry(), V6];
-    assert.deepEqual(mapChanges(desired.map(toMapEntry), desired), { upserts: [], deletes: [] });
+    expect(mapChanges(desired.map(toMapEntry), desired)).to.deep.equal({ upserts: [], deletes: [] });
   });
 
   it('map capacity matches the BPF source', () => {
@@ -111,6 +107,6 @@ describe('ebpf map codec', () => {
       fileURLToPath(new URL('../../../bpf/ipvs_node_controller.bpf.c', import.meta.url)),
       'utf8',
     );
-    assert.match(source, new RegExp(`#define MAX_ENTRIES ${ENTRY_MAP_CAPACITY}\\b`));
+    expect(source).to.match(new RegExp(`#define MAX_ENTRIES ${ENTRY_MAP_CAPACITY}\\b`));
   });
 });

@@ -1,7 +1,7 @@
 // Service Events (--emit-events) recorded through the real client against the API stand-in, and
 // read back the way an operator reads them: kubectl describe / get events.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { execFile } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -101,40 +101,40 @@ describe('Service Events', function () {
   const events = (): Json[] => server.list('Event');
 
   it('records one Event per skip and per lost conflict, on the Service, with its uid', async () => {
-    assert.deepEqual(
-      desired.skips.map((s) => `${s.service} ${s.reason}`),
-      ['shop/headless headless', 'shop/web ipModeProxy'],
-    );
-    assert.equal(desired.conflicts.length, 1);
+    expect(desired.skips.map((s) => `${s.service} ${s.reason}`)).to.deep.equal([
+      'shop/headless headless',
+      'shop/web ipModeProxy',
+    ]);
+    expect(desired.conflicts).to.have.lengthOf(1);
     const recorder = new ServiceEventRecorder({ kubeConfig: kc, nodeName: 'node-1', services, logger });
     recorder.onNewSkips(desired.skips);
     recorder.onNewConflicts(desired.conflicts);
     await recorder.flush();
 
     const byService = new Map(events().map((e) => [`${e.involvedObject.namespace}/${e.involvedObject.name}`, e]));
-    assert.equal(events().length, 3);
+    expect(events()).to.have.lengthOf(3);
     const uid = (name: string) => server.get('Service', 'shop', name)!.metadata.uid;
 
     const proxy = byService.get('shop/web')!;
-    assert.equal(proxy.type, 'Normal', 'ipMode Proxy is the intended behaviour, not a problem');
-    assert.equal(proxy.reason, 'ExternalAddressSkipped');
-    assert.equal(proxy.involvedObject.uid, uid('web'));
-    assert.equal(proxy.involvedObject.kind, 'Service');
-    assert.equal(proxy.source.component, 'ipvs-node-controller');
-    assert.equal(proxy.source.host, 'node-1');
-    assert.equal(proxy.count, 1);
-    assert.match(proxy.message, /^ingress 192\.0\.2\.20: not translated .*\(ipModeProxy\)/);
+    expect(proxy.type, 'ipMode Proxy is the intended behaviour, not a problem').to.equal('Normal');
+    expect(proxy.reason).to.equal('ExternalAddressSkipped');
+    expect(proxy.involvedObject.uid).to.equal(uid('web'));
+    expect(proxy.involvedObject.kind).to.equal('Service');
+    expect(proxy.source.component).to.equal('ipvs-node-controller');
+    expect(proxy.source.host).to.equal('node-1');
+    expect(proxy.count).to.equal(1);
+    expect(proxy.message).to.match(/^ingress 192\.0\.2\.20: not translated .*\(ipModeProxy\)/);
 
     const headless = byService.get('shop/headless')!;
-    assert.equal(headless.type, 'Warning');
-    assert.ok(headless.message.includes(SKIP_EXPLANATIONS.headless));
+    expect(headless.type).to.equal('Warning');
+    expect(headless.message).to.include(SKIP_EXPLANATIONS.headless);
 
     const conflict = byService.get('shop/late')!;
-    assert.equal(conflict.type, 'Warning');
-    assert.equal(conflict.reason, 'ExternalAddressConflict');
-    assert.equal(conflict.involvedObject.uid, uid('late'));
-    assert.match(conflict.message, /^192\.0\.2\.10 TCP\/80 is also claimed by the older Service shop\/web/);
-    assert.deepEqual(logLines, []);
+    expect(conflict.type).to.equal('Warning');
+    expect(conflict.reason).to.equal('ExternalAddressConflict');
+    expect(conflict.involvedObject.uid).to.equal(uid('late'));
+    expect(conflict.message).to.match(/^192\.0\.2\.10 TCP\/80 is also claimed by the older Service shop\/web/);
+    expect(logLines).to.deep.equal([]);
   });
 
   it('records the same report once however many nodes (or restarts) report it', async () => {
@@ -144,9 +144,9 @@ describe('Service Events', function () {
       recorder.onNewConflicts(desired.conflicts);
       await recorder.flush();
     }
-    assert.equal(events().length, 3);
-    assert.ok(events().every((e) => e.source.host === 'node-1'));
-    assert.deepEqual(logLines, [], 'AlreadyExists is not an error worth a log line');
+    expect(events()).to.have.lengthOf(3);
+    expect(events().every((e) => e.source.host === 'node-1')).to.equal(true);
+    expect(logLines, 'AlreadyExists is not an error worth a log line').to.deep.equal([]);
   });
 
   it('skips Services deleted meanwhile, and bounds its queue with one log line for the dropped', async () => {
@@ -155,9 +155,9 @@ describe('Service Events', function () {
     recorder.onNewSkips([{ service: 'shop/gone', reason: 'headless', detail: 'x' }, ...many]);
     await recorder.flush();
     // The first one is in flight at once (and dropped: no such Service), two wait, the rest are dropped.
-    assert.equal(events().length, 2);
-    assert.equal(logLines.length, 1);
-    assert.match(JSON.parse(logLines[0]!).msg, /^too many Events at once/);
+    expect(events()).to.have.lengthOf(2);
+    expect(logLines).to.have.lengthOf(1);
+    expect(JSON.parse(logLines[0]!).msg).to.match(/^too many Events at once/);
   });
 
   it('shows up in kubectl describe service', async () => {
@@ -169,13 +169,11 @@ describe('Service Events', function () {
       await server.writeKubeconfig(join(dir, 'kubeconfig'));
       const kubectl = (...args: string[]) => run('kubectl', ['--kubeconfig', join(dir, 'kubeconfig'), ...args]);
       const { stdout } = await kubectl('describe', 'service', '-n', 'shop', 'late');
-      assert.match(
-        stdout,
+      expect(stdout).to.match(
         /Warning\s+ExternalAddressConflict\s+\S+\s+ipvs-node-controller\s+192\.0\.2\.10 TCP\/80 is also/,
       );
       // describe finds Events by the Service's uid: the other Service shows none.
-      assert.doesNotMatch(
-        (await kubectl('describe', 'service', '-n', 'shop', 'web')).stdout,
+      expect((await kubectl('describe', 'service', '-n', 'shop', 'web')).stdout).to.not.match(
         /ExternalAddressConflict/,
       );
     } finally {

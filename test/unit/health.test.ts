@@ -1,7 +1,7 @@
 // Liveness and readiness judgements through their states, the informers' report of the API
 // server's reachability (against the API stand-in), and the HTTP endpoint.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { KubeConfig } from '@kubernetes/client-node';
 import type { ControllerStatus } from '../../src/controller.js';
 import { ApiReachability, judgeLiveness, judgeReadiness, type HealthInputs } from '../../src/health/health.js';
@@ -35,8 +35,8 @@ describe('liveness (/healthz)', () => {
     const { api } = reachability();
     api.onError('services', new Error('connection refused'));
     const j = judgeLiveness(inputs({}, api, T0 + 100 * PERIOD));
-    assert.equal(j.ok, true);
-    assert.match(j.detail, /waiting for the Service and Node caches/);
+    expect(j.ok).to.equal(true);
+    expect(j.detail).to.match(/waiting for the Service and Node caches/);
   });
 
   it('gives the first sync 2 x sync-period from the moment the caches synced', () => {
@@ -48,12 +48,11 @@ describe('liveness (/healthz)', () => {
     const synced = T0 + 6 * PERIOD;
     const at = (now: number, lastError?: string) =>
       judgeLiveness(inputs({ cachesSynced: true, lastError }, clock.api, now));
-    assert.equal(at(synced + 2 * PERIOD).ok, true);
-    assert.match(at(synced + PERIOD).detail, /first sync pending/);
+    expect(at(synced + 2 * PERIOD).ok).to.equal(true);
+    expect(at(synced + PERIOD).detail).to.match(/first sync pending/);
     const failed = at(synced + 2 * PERIOD + 1, 'nft: Operation not permitted');
-    assert.equal(failed.ok, false);
-    assert.equal(
-      failed.detail,
+    expect(failed.ok).to.equal(false);
+    expect(failed.detail).to.equal(
       'no successful sync for 60s (limit: 2 x --sync-period = 60s): nft: Operation not permitted',
     );
   });
@@ -63,11 +62,11 @@ describe('liveness (/healthz)', () => {
     const last = T0 + 1000;
     const at = (now: number, lastSuccessfulSyncAt = last) =>
       judgeLiveness(inputs({ cachesSynced: true, lastSuccessfulSyncAt, lastError: 'disk full' }, api, now));
-    assert.equal(at(last + 2 * PERIOD).ok, true);
-    assert.deepEqual(at(last + 2 * PERIOD).warnings, ['last sync failed: disk full']);
-    assert.equal(at(last + 2 * PERIOD + 1).ok, false);
-    assert.match(at(last + 2 * PERIOD + 1).detail, /: disk full$/);
-    assert.equal(at(last + 5 * PERIOD, last + 5 * PERIOD - 10).ok, true);
+    expect(at(last + 2 * PERIOD).ok).to.equal(true);
+    expect(at(last + 2 * PERIOD).warnings).to.deep.equal(['last sync failed: disk full']);
+    expect(at(last + 2 * PERIOD + 1).ok).to.equal(false);
+    expect(at(last + 2 * PERIOD + 1).detail).to.match(/: disk full$/);
+    expect(at(last + 5 * PERIOD, last + 5 * PERIOD - 10).ok).to.equal(true);
   });
 });
 
@@ -75,24 +74,23 @@ describe('readiness (/readyz)', () => {
   it('waits for the caches, then for the first sync, then is ready', () => {
     const { api } = reachability();
     const notSynced = judgeReadiness(inputs({}, api, T0));
-    assert.equal(notSynced.ok, false);
-    assert.equal(notSynced.detail, 'waiting for the Service and Node caches to sync');
+    expect(notSynced.ok).to.equal(false);
+    expect(notSynced.detail).to.equal('waiting for the Service and Node caches to sync');
     api.onList('services');
     api.onList('nodes');
     const noSync = judgeReadiness(inputs({ cachesSynced: true, lastError: 'nft: x' }, api, T0 + 10));
-    assert.equal(noSync.ok, false);
-    assert.equal(noSync.detail, 'waiting for the first sync: nft: x');
+    expect(noSync.ok).to.equal(false);
+    expect(noSync.detail).to.equal('waiting for the first sync: nft: x');
     const ready = judgeReadiness(inputs({ cachesSynced: true, lastSuccessfulSyncAt: T0 + 20 }, api, T0 + 1020));
-    assert.equal(ready.ok, true);
-    assert.equal(ready.detail, 'last successful sync 1.0s ago');
+    expect(ready.ok).to.equal(true);
+    expect(ready.detail).to.equal('last successful sync 1.0s ago');
   });
 
   it('says why the caches are not synced when the API server cannot be reached', () => {
     const clock = reachability();
     clock.api.onError('nodes', new Error('forbidden: nodes is forbidden'));
     const j = judgeReadiness(inputs({}, clock.api, T0 + 4000));
-    assert.equal(
-      j.detail,
+    expect(j.detail).to.equal(
       'waiting for the Service and Node caches to sync: the API server has been unreachable for 4.0s (nodes: forbidden: nodes is forbidden)',
     );
   });
@@ -105,31 +103,28 @@ describe('readiness (/readyz)', () => {
     clock.at(T0 + 40_000);
     clock.api.onError('services', new Error('ECONNREFUSED')); // a retry: the outage still began at +1s
     const short = judgeReadiness(inputs({ ...status, lastSuccessfulSyncAt: T0 + 30_000 }, clock.api, T0 + 41_000));
-    assert.equal(short.ok, true);
-    assert.deepEqual(short.warnings, ['the API server has been unreachable for 40s (services: ECONNREFUSED)']);
+    expect(short.ok).to.equal(true);
+    expect(short.warnings).to.deep.equal(['the API server has been unreachable for 40s (services: ECONNREFUSED)']);
     const long = judgeReadiness(inputs({ ...status, lastSuccessfulSyncAt: T0 + 60_000 }, clock.api, T0 + 61_001));
-    assert.equal(long.ok, false);
-    assert.equal(
-      long.detail,
+    expect(long.ok).to.equal(false);
+    expect(long.detail).to.equal(
       'the API server has been unreachable for 60s (services: ECONNREFUSED); the last programmed rules are kept',
     );
     // Liveness is not affected: the resyncs from the cache go on.
-    assert.equal(
-      judgeLiveness(inputs({ ...status, lastSuccessfulSyncAt: T0 + 60_000 }, clock.api, T0 + 61_001)).ok,
+    expect(judgeLiveness(inputs({ ...status, lastSuccessfulSyncAt: T0 + 60_000 }, clock.api, T0 + 61_001)).ok).to.equal(
       true,
     );
     clock.api.onWatch('services');
-    assert.equal(
+    expect(
       judgeReadiness(inputs({ ...status, lastSuccessfulSyncAt: T0 + 60_000 }, clock.api, T0 + 61_002)).ok,
-      true,
-    );
+    ).to.equal(true);
   });
 
   it('is not ready while liveness fails, and reports missing local pod detection as a warning', () => {
     const { api } = reachability();
     const stale = judgeReadiness(inputs({ cachesSynced: true, lastSuccessfulSyncAt: T0 }, api, T0 + 2 * PERIOD + 1));
-    assert.equal(stale.ok, false);
-    assert.match(stale.detail, /^no successful sync for/);
+    expect(stale.ok).to.equal(false);
+    expect(stale.detail).to.match(/^no successful sync for/);
     const partial = judgeReadiness(
       inputs(
         { cachesSynced: true, lastSuccessfulSyncAt: T0, localPodMatchProblems: ['ipv6: the Node has no IPv6 podCIDR'] },
@@ -137,8 +132,8 @@ describe('readiness (/readyz)', () => {
         T0 + 5,
       ),
     );
-    assert.equal(partial.ok, true);
-    assert.deepEqual(partial.warnings, ['traffic from pods is not translated: ipv6: the Node has no IPv6 podCIDR']);
+    expect(partial.ok).to.equal(true);
+    expect(partial.warnings).to.deep.equal(['traffic from pods is not translated: ipv6: the Node has no IPv6 podCIDR']);
   });
 });
 
@@ -188,18 +183,18 @@ describe('API reachability as the informers report it', function () {
     caches.node.start();
     await Promise.all([caches.services.waitForSync(), caches.node.waitForSync()]);
     await waitFor(() => api.lastFirstListAt() !== undefined, 'the first lists');
-    assert.equal(api.unreachable(), undefined);
+    expect(api.unreachable()).to.equal(undefined);
 
     server.setUnavailable(true);
     await waitFor(() => api.unreachable() !== undefined, 'the outage to be seen');
     const since = api.unreachable()!.since;
     // The informers retry (watch requests that fail): the outage keeps its beginning.
     await waitFor(() => errors.filter((r) => r === 'services').length >= 3, 'three failed attempts');
-    assert.equal(api.unreachable()!.since, since);
+    expect(api.unreachable()!.since).to.equal(since);
 
     server.setUnavailable(false);
     await waitFor(() => api.unreachable() === undefined, 'the watches to be re-established');
-    assert.deepEqual(recovered.sort(), ['nodes', 'services']);
+    expect(recovered.sort()).to.deep.equal(['nodes', 'services']);
   });
 });
 
@@ -214,24 +209,24 @@ describe('health endpoint', () => {
     const base = `http://127.0.0.1:${endpoint.address.port}`;
     const get = async (path: string) => {
       const a = await httpGet(base + path);
-      assert.equal(a.contentType, 'application/json');
+      expect(a.contentType).to.equal('application/json');
       return { status: a.status, body: JSON.parse(a.body) as Record<string, unknown> };
     };
-    assert.equal((await get('/healthz')).status, 200);
+    expect((await get('/healthz')).status).to.equal(200);
     const notReady = await get('/readyz');
-    assert.equal(notReady.status, 503);
-    assert.equal(notReady.body.status, 'fail');
-    assert.equal(notReady.body.lastSuccessfulSync, null);
+    expect(notReady.status).to.equal(503);
+    expect(notReady.body.status).to.equal('fail');
+    expect(notReady.body.lastSuccessfulSync).to.equal(null);
 
     current = inputs({ cachesSynced: true, lastSuccessfulSyncAt: T0 }, api, T0 + 1);
     const ready = await get('/readyz');
-    assert.equal(ready.status, 200);
-    assert.equal(ready.body.lastSuccessfulSync, new Date(T0).toISOString());
+    expect(ready.status).to.equal(200);
+    expect(ready.body.lastSuccessfulSync).to.equal(new Date(T0).toISOString());
 
     current = inputs({ cachesSynced: true, lastSuccessfulSyncAt: T0, lastError: 'x' }, api, T0 + 3 * PERIOD);
     const dead = await get('/healthz');
-    assert.equal(dead.status, 503);
-    assert.match(String(dead.body.detail), /no successful sync for 90s/);
-    assert.equal((await httpGet(`${base}/metrics`)).status, 404);
+    expect(dead.status).to.equal(503);
+    expect(String(dead.body.detail)).to.match(/no successful sync for 90s/);
+    expect((await httpGet(`${base}/metrics`)).status).to.equal(404);
   });
 });

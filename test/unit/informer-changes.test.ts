@@ -3,7 +3,7 @@
 // protocol), through adds, updates, deletes and a relist after 410 Gone, the model fed this way
 // must give what a model given the whole list gives.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { KubeConfig } from '@kubernetes/client-node';
 import { createClusterCaches, type ClusterCaches } from '../../src/kube/cluster.js';
 import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
@@ -37,7 +37,7 @@ const describeService = (s: ServiceInfo) => `${s.namespace}/${s.name} ${s.ingres
 
 async function waitFor(cond: () => boolean, what: string): Promise<void> {
   for (let i = 0; i < 2000 && !cond(); i++) await new Promise((resolve) => setTimeout(resolve, 5));
-  assert.ok(cond(), `timed out waiting for ${what}`);
+  expect(cond(), `timed out waiting for ${what}`).to.equal(true);
 }
 
 describe('Service informer change tracking', function () {
@@ -97,21 +97,19 @@ describe('Service informer change tracking', function () {
       await waitFor(converged, `the informer to converge (step ${step})`);
 
       const changes = caches.services.changesSince(mark);
-      assert.ok(changes, 'the informer knows what changed');
+      if (!changes) expect.fail('the informer knows what changed');
       const after = new Set(before);
-      for (const s of changes.removed) assert.ok(after.delete(s), 'a removed object was there before');
+      for (const s of changes.removed) expect(after.delete(s), 'a removed object was there before').to.equal(true);
       for (const s of changes.added) after.add(s);
-      assert.deepEqual(after, new Set(caches.services.list()), `step ${step}`);
+      expect([...after], `step ${step}`).to.have.deep.members([...new Set(caches.services.list())]);
 
-      assert.deepEqual(
-        withoutChanges(model.update(caches.services, NODE)),
+      expect(withoutChanges(model.update(caches.services, NODE)), `step ${step}`).to.deep.equal(
         buildDesiredState(caches.services.list(), NODE, CONFIG),
-        `step ${step}`,
       );
       rounds++;
     }
-    assert.equal(rounds, 12);
-    assert.ok((server.stats.lists.services ?? 0) >= 2, 'the informer listed again after 410 Gone');
+    expect(rounds).to.equal(12);
+    expect(server.stats.lists.services ?? 0, 'the informer listed again after 410 Gone').to.be.at.least(2);
   });
 
   it('cannot answer for a mark from before a restart of the informer', async () => {
@@ -125,6 +123,6 @@ describe('Service informer change tracking', function () {
     await caches.services.stop();
     caches.services.start();
     await waitFor(() => caches.services.list().length === 1, 'the list after the restart');
-    assert.equal(caches.services.changesSince(mark), undefined);
+    expect(caches.services.changesSince(mark)).to.equal(undefined);
   });
 });

@@ -2,7 +2,7 @@
 // repairs, cleanup input and render-time validation. Pure: no iptables is run here.
 // UPDATE_GOLDEN=1 rewrites the golden files from the current renderer (review the diff).
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import {
   KUBE_MARK_MASQ,
   emptyNatTable,
@@ -72,8 +72,8 @@ describe('iptables renderer', () => {
     it("renders the original listing's Services with KUBE-MARK-MASQ (seed shape)", () => {
       const desired = seedDesired();
       const r = renderFamilyRestore('ipv4', desired.ipv4, desired.masqueradeMark, withKubeMarkMasq());
-      assert.deepEqual(r.rejected, []);
-      assert.equal(r.programmed, 4);
+      expect(r.rejected).to.deep.equal([]);
+      expect(r.programmed).to.equal(4);
       assertGolden('iptables-seed-shape.txt', r.text);
     });
 
@@ -88,7 +88,7 @@ describe('iptables renderer', () => {
         localPodMatch: { kind: 'cidrs', cidrs: ['10.244.0.0/16', '10.245.0.0/16'] },
       };
       const r = renderFamilyRestore('ipv4', state, 1 << 14, emptyNatTable());
-      assert.deepEqual(r.rejected, []);
+      expect(r.rejected).to.deep.equal([]);
       assertGolden('iptables-shared-ip-mark.txt', r.text);
     });
 
@@ -114,9 +114,9 @@ describe('iptables renderer', () => {
         localPodMatch: { kind: 'none', reason: 'node has no podCIDRs' },
       };
       const r = renderFamilyRestore('ipv4', state, 0x4000, emptyNatTable());
-      assert.ok(!r.text.includes('-A IPVS_PREROUTING'));
-      assert.ok(r.text.includes(':IPVS_PREROUTING - [0:0]'));
-      assert.ok(r.text.includes('-I PREROUTING 1 -j IPVS_PREROUTING'));
+      expect(r.text).to.not.include('-A IPVS_PREROUTING');
+      expect(r.text).to.include(':IPVS_PREROUTING - [0:0]');
+      expect(r.text).to.include('-I PREROUTING 1 -j IPVS_PREROUTING');
       assertGolden('iptables-no-local-pod-match.txt', r.text);
     });
 
@@ -148,15 +148,15 @@ describe('iptables renderer', () => {
         const listed = rules.map(asListingRow).filter((v) => v.chain === chain);
         // Each port adds a pair; seen without protocol and port, the pairs collapse to the seed's rows.
         const rows = listed.map((v) => v.row).filter((row, i, all) => i < 2 || all[i - 2]!.join() !== row.join());
-        assert.deepEqual(rows, SEED[chain]);
+        expect(rows).to.deep.equal(SEED[chain]);
       }
     });
 
     it('matches protocol and port on every rule, so that other ports of the IP are left alone', () => {
       const desired = seedDesired();
       const { rules } = renderChainRules('ipv4', desired.ipv4, desired.masqueradeMark, true);
-      assert.equal(rules.length, 16);
-      for (const rule of rules) assert.match(rule, / -p tcp .* -m tcp --dport (80|443) /);
+      expect(rules).to.have.lengthOf(16);
+      for (const rule of rules) expect(rule).to.match(/ -p tcp .* -m tcp --dport (80|443) /);
     });
 
     it('sends each Service sharing an IP to its own ClusterIP', () => {
@@ -166,13 +166,10 @@ describe('iptables renderer', () => {
       };
       const { rules } = renderChainRules('ipv4', state, 0x4000, false);
       const dnat = rules.filter((r) => r.includes('-j DNAT'));
-      assert.deepEqual(
-        dnat.map((r) => [/--dport (\d+)/.exec(r)![1], /--to-destination (\S+)/.exec(r)![1]]),
-        [
-          ['80', '10.96.0.10'],
-          ['8080', '10.96.0.11'],
-        ],
-      );
+      expect(dnat.map((r) => [/--dport (\d+)/.exec(r)![1], /--to-destination (\S+)/.exec(r)![1]])).to.deep.equal([
+        ['80', '10.96.0.10'],
+        ['8080', '10.96.0.11'],
+      ]);
     });
   });
 
@@ -181,17 +178,17 @@ describe('iptables renderer', () => {
       const state: FamilyState = { entries: [entry({})], localPodMatch: { kind: 'none', reason: 'x' } };
       const withChain = renderChainRules('ipv4', state, 0x4000, true).rules;
       const without = renderChainRules('ipv4', state, 0x4000, false).rules;
-      assert.match(withChain[0]!, / -j KUBE-MARK-MASQ$/);
-      assert.match(without[0]!, / -j MARK --or-mark 0x4000$/);
+      expect(withChain[0]!).to.match(/ -j KUBE-MARK-MASQ$/);
+      expect(without[0]!).to.match(/ -j MARK --or-mark 0x4000$/);
     });
 
     it('formats every single-bit mark, including bit 31', () => {
-      assert.equal(formatMark(1 << 14), '0x4000');
-      assert.equal(formatMark(1 << 0), '0x1');
-      assert.equal(formatMark(1 << 31), '0x80000000');
-      assert.throws(() => formatMark(0), RangeError);
-      assert.throws(() => formatMark(3), RangeError);
-      assert.throws(() => formatMark(0.5), RangeError);
+      expect(formatMark(1 << 14)).to.equal('0x4000');
+      expect(formatMark(1 << 0)).to.equal('0x1');
+      expect(formatMark(1 << 31)).to.equal('0x80000000');
+      expect(() => formatMark(0)).to.throw(RangeError);
+      expect(() => formatMark(3)).to.throw(RangeError);
+      expect(() => formatMark(0.5)).to.throw(RangeError);
     });
   });
 
@@ -200,7 +197,7 @@ describe('iptables renderer', () => {
       parseNatSave(`*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n${save}COMMIT\n`);
 
     it('inserts both jumps at position 1 when they are missing', () => {
-      assert.deepEqual(renderJumpRepairs(view('')), [
+      expect(renderJumpRepairs(view(''))).to.deep.equal([
         '-I PREROUTING 1 -j IPVS_PREROUTING',
         '-I OUTPUT 1 -j IPVS_OUTPUT',
       ]);
@@ -212,7 +209,7 @@ describe('iptables renderer', () => {
           '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES\n' +
           '-A OUTPUT -j IPVS_OUTPUT\n',
       );
-      assert.deepEqual(renderJumpRepairs(v), []);
+      expect(renderJumpRepairs(v)).to.deep.equal([]);
     });
 
     it('moves a jump that is not first, and removes duplicates, by their exact specs', () => {
@@ -222,7 +219,7 @@ describe('iptables renderer', () => {
           '-A PREROUTING -i eth0 -j IPVS_PREROUTING\n' +
           '-A OUTPUT -j IPVS_OUTPUT\n-A OUTPUT -j IPVS_OUTPUT\n',
       );
-      assert.deepEqual(renderJumpRepairs(v), [
+      expect(renderJumpRepairs(v)).to.deep.equal([
         '-D PREROUTING -j IPVS_PREROUTING',
         '-D PREROUTING -i eth0 -j IPVS_PREROUTING',
         '-I PREROUTING 1 -j IPVS_PREROUTING',
@@ -264,27 +261,27 @@ describe('iptables renderer', () => {
 
     it('parses the nat section only', () => {
       const v = parseNatSave(SAVE);
-      assert.deepEqual([...v.chains], ['PREROUTING', 'OUTPUT', 'IPVS_OUTPUT', 'IPVS_PREROUTING', 'KUBE-MARK-MASQ']);
-      assert.equal(v.rules.get('PREROUTING')!.length, 2);
-      assert.deepEqual(v.rules.get('IPVS_PREROUTING'), []);
-      assert.ok(hasOurObjects(v));
+      expect([...v.chains]).to.deep.equal(['PREROUTING', 'OUTPUT', 'IPVS_OUTPUT', 'IPVS_PREROUTING', 'KUBE-MARK-MASQ']);
+      expect(v.rules.get('PREROUTING')!).to.have.lengthOf(2);
+      expect(v.rules.get('IPVS_PREROUTING')).to.deep.equal([]);
+      expect(hasOurObjects(v)).to.equal(true);
       const others = parseNatSave('*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n');
-      assert.ok(!hasOurObjects(others));
+      expect(hasOurObjects(others)).to.equal(false);
     });
 
     it('tells our rules from others, and counts the others and the kubelet hint chains', () => {
-      assert.ok(isOurRule('-A IPVS_OUTPUT -d 192.0.2.10/32 -j KUBE-MARK-MASQ'));
-      assert.ok(isOurRule('-A PREROUTING -j IPVS_PREROUTING'));
-      assert.ok(!isOurRule('-A PREROUTING -j IPVS_PREROUTING_OTHER'));
-      assert.ok(!isOurRule('-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000'));
-      assert.equal(countForeignRules(SAVE), 3);
-      assert.equal(countHintChains(SAVE), 1);
+      expect(isOurRule('-A IPVS_OUTPUT -d 192.0.2.10/32 -j KUBE-MARK-MASQ')).to.equal(true);
+      expect(isOurRule('-A PREROUTING -j IPVS_PREROUTING')).to.equal(true);
+      expect(isOurRule('-A PREROUTING -j IPVS_PREROUTING_OTHER')).to.equal(false);
+      expect(isOurRule('-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000')).to.equal(false);
+      expect(countForeignRules(SAVE)).to.equal(3);
+      expect(countHintChains(SAVE)).to.equal(1);
     });
 
     it('renders a cleanup that removes jumps, then flushes and deletes our chains', () => {
       assertGolden('iptables-cleanup.txt', renderCleanupRestore(parseNatSave(SAVE))!);
       const others = parseNatSave('*nat\n:OUTPUT ACCEPT [0:0]\n-A OUTPUT -j KUBE-SERVICES\nCOMMIT\n');
-      assert.equal(renderCleanupRestore(others), undefined);
+      expect(renderCleanupRestore(others)).to.equal(undefined);
     });
   });
 
@@ -309,12 +306,12 @@ describe('iptables renderer', () => {
       const good = entry({ port: 443, service: 'default/good' });
       const state: FamilyState = { entries: [...bad.map(([p]) => entry(p)), good], localPodMatch: cidrs };
       const r = renderFamilyRestore('ipv4', state, 0x4000, emptyNatTable());
-      assert.equal(r.programmed, 1);
-      assert.equal(r.rejected.length, bad.length);
-      bad.forEach(([, reason], i) => assert.match(r.rejected[i]!.reason, reason));
-      assert.ok(!r.text.includes('INPUT'), 'nothing of a bad value reaches the restore input');
-      assert.equal(r.text.split('\n').filter((l) => l.startsWith('-A ')).length, 4);
-      assert.ok(r.text.includes('--comment "default/good"'));
+      expect(r.programmed).to.equal(1);
+      expect(r.rejected).to.have.lengthOf(bad.length);
+      bad.forEach(([, reason], i) => expect(r.rejected[i]!.reason).to.match(reason));
+      expect(r.text, 'nothing of a bad value reaches the restore input').to.not.include('INPUT');
+      expect(r.text.split('\n').filter((l) => l.startsWith('-A '))).to.have.lengthOf(4);
+      expect(r.text).to.include('--comment "default/good"');
     });
 
     it('writes addresses and CIDRs canonically and refuses CIDRs of the other family', () => {
@@ -323,11 +320,8 @@ describe('iptables renderer', () => {
         localPodMatch: { kind: 'cidrs', cidrs: ['10.244.1.7/24', 'fd01::/64', 'nonsense'] },
       };
       const r = renderChainRules('ipv4', state, 0x4000, false);
-      assert.ok(r.rules.some((l) => l.startsWith('-A IPVS_PREROUTING -s 10.244.1.0/24 ')));
-      assert.deepEqual(
-        r.rejected.map((x) => x.item),
-        ['local pod CIDR "fd01::/64"', 'local pod CIDR "nonsense"'],
-      );
+      expect(r.rules.some((l) => l.startsWith('-A IPVS_PREROUTING -s 10.244.1.0/24 '))).to.equal(true);
+      expect(r.rejected.map((x) => x.item)).to.deep.equal(['local pod CIDR "fd01::/64"', 'local pod CIDR "nonsense"']);
       const v6 = renderChainRules(
         'ipv6',
         {
@@ -337,34 +331,34 @@ describe('iptables renderer', () => {
         0x4000,
         false,
       );
-      assert.equal(v6.programmed, 0);
-      assert.match(v6.rejected[0]!.reason, /canonical form/);
+      expect(v6.programmed).to.equal(0);
+      expect(v6.rejected[0]!.reason).to.match(/canonical form/);
     });
 
     it('checks interface names by Linux rules and what iptables-restore reads literally', () => {
-      assert.equal(interfaceNameProblem('cni0', false), undefined);
-      assert.equal(interfaceNameProblem('flannel.1', false), undefined);
-      assert.equal(interfaceNameProblem('a'.repeat(15), false), undefined);
-      assert.equal(interfaceNameProblem('veth', true), undefined);
-      assert.match(interfaceNameProblem('a'.repeat(16), false)!, /1 to 15/);
-      assert.match(interfaceNameProblem('a'.repeat(15), true)!, /1 to 14/);
-      assert.match(interfaceNameProblem('', true)!, /1 to 14/);
-      assert.match(interfaceNameProblem('..', false)!, /not allowed/);
+      expect(interfaceNameProblem('cni0', false)).to.equal(undefined);
+      expect(interfaceNameProblem('flannel.1', false)).to.equal(undefined);
+      expect(interfaceNameProblem('a'.repeat(15), false)).to.equal(undefined);
+      expect(interfaceNameProblem('veth', true)).to.equal(undefined);
+      expect(interfaceNameProblem('a'.repeat(16), false)!).to.match(/1 to 15/);
+      expect(interfaceNameProblem('a'.repeat(15), true)!).to.match(/1 to 14/);
+      expect(interfaceNameProblem('', true)!).to.match(/1 to 14/);
+      expect(interfaceNameProblem('..', false)!).to.match(/not allowed/);
       for (const name of ['eth 0', 'eth/0', 'eth:0', 'eth\n0', 'caf\u00e9']) {
-        assert.match(interfaceNameProblem(name, false)!, /Linux does not allow/);
+        expect(interfaceNameProblem(name, false)!).to.match(/Linux does not allow/);
       }
       for (const name of ['eth"0', 'veth+', '!eth0', '-eth0', "it's"]) {
-        assert.match(interfaceNameProblem(name, false)!, /would not read literally/);
+        expect(interfaceNameProblem(name, false)!).to.match(/would not read literally/);
       }
     });
 
     it('leaves prerouting out, and reports it, when the interface is not a valid name', () => {
       const state: FamilyState = { entries: [entry({})], localPodMatch: { kind: 'interface', name: 'cni0 -j DROP' } };
       const r = renderFamilyRestore('ipv4', state, 0x4000, emptyNatTable());
-      assert.ok(!r.text.includes('-A IPVS_PREROUTING'));
-      assert.ok(!r.text.includes('DROP'));
-      assert.equal(r.rejected[0]!.item, 'pod bridge interface');
-      assert.equal(r.programmed, 1, 'output rules are still programmed');
+      expect(r.text).to.not.include('-A IPVS_PREROUTING');
+      expect(r.text).to.not.include('DROP');
+      expect(r.rejected[0]!.item).to.equal('pod bridge interface');
+      expect(r.programmed, 'output rules are still programmed').to.equal(1);
     });
   });
 });

@@ -1,6 +1,6 @@
 // The metrics registry as the controller feeds it, its HTTP endpoint, and promtool's verdict.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { ControllerMetrics, METRIC_PREFIX } from '../../src/metrics/controller-metrics.js';
 import { startMetricsEndpoint } from '../../src/metrics/metrics-server.js';
 import { allControllerObservers, allInformerObservers } from '../../src/metrics/observers.js';
@@ -12,16 +12,11 @@ import { NftCliExecutor } from '../../src/backends/nft/executor.js';
 import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
 import { pino } from 'pino';
 import { buildDesiredState } from '../../src/model/desired-state.js';
-import { SKIP_REASONS, type ModelConfig, type ServiceInfo } from '../../src/model/types.js';
+import { SKIP_REASONS, type ServiceInfo } from '../../src/model/types.js';
 import type { SyncReport } from '../../src/controller.js';
 import { Exposition, httpGet, promtoolCheckMetrics } from '../support/scrape.js';
-
-const CONFIG: ModelConfig = {
-  detectLocalMode: 'NodeCIDR',
-  clusterCidrs: [],
-  masqueradeBit: 14,
-  localTrafficPolicyOnly: false,
-};
+import { rejectionOf } from '../support/assertions.js';
+import { CONFIG } from '../support/fixtures.js';
 
 const SERVICES: ServiceInfo[] = [
   {
@@ -64,14 +59,13 @@ describe('controller metrics', () => {
     metrics.describeBackend({ backend: 'nft', nftExecutor: 'addon' });
     const e = await exposition(metrics);
     const ours = e.families().filter((n) => n.startsWith(METRIC_PREFIX));
-    assert.ok(ours.length >= 14, `only ${ours.length} metrics of ours`);
-    for (const name of ours) assert.ok((e.help.get(name) ?? '').length > 20, `${name} has no useful HELP`);
-    assert.ok(e.families().includes('process_resident_memory_bytes'));
-    assert.ok(e.families().includes('nodejs_eventloop_lag_seconds'));
-    assert.equal(
+    expect(ours.length, `only ${ours.length} metrics of ours`).to.be.at.least(14);
+    for (const name of ours) expect((e.help.get(name) ?? '').length, `${name} has no useful HELP`).to.be.above(20);
+    expect(e.families()).to.include('process_resident_memory_bytes');
+    expect(e.families()).to.include('nodejs_eventloop_lag_seconds');
+    expect(
       e.value(`${METRIC_PREFIX}backend_info`, { backend: 'nft', nft_executor: 'addon', iptables_variant: 'none' }),
-      1,
-    );
+    ).to.equal(1);
   });
 
   it('count current skips and conflicts from the desired state, every reason present', async () => {
@@ -82,25 +76,25 @@ describe('controller metrics', () => {
     metrics.onNewConflicts(desired.conflicts);
     const e = await exposition(metrics);
     const skipped = (reason: string) => e.value(`${METRIC_PREFIX}skipped_addresses`, { reason });
-    assert.equal(skipped('ipModeProxy'), 1);
-    assert.equal(skipped('hostnameOnly'), 1);
+    expect(skipped('ipModeProxy')).to.equal(1);
+    expect(skipped('hostnameOnly')).to.equal(1);
     for (const r of SKIP_REASONS.filter((r) => r !== 'ipModeProxy' && r !== 'hostnameOnly'))
-      assert.equal(skipped(r), 0, r);
-    assert.equal(e.value(`${METRIC_PREFIX}skip_events_total`, { reason: 'ipModeProxy' }), 1);
-    assert.equal(e.value(`${METRIC_PREFIX}conflicts`, { family: 'ipv4' }), 1);
-    assert.equal(e.value(`${METRIC_PREFIX}conflicts`, { family: 'ipv6' }), 0);
-    assert.equal(e.value(`${METRIC_PREFIX}conflict_events_total`), 1);
+      expect(skipped(r), r).to.equal(0);
+    expect(e.value(`${METRIC_PREFIX}skip_events_total`, { reason: 'ipModeProxy' })).to.equal(1);
+    expect(e.value(`${METRIC_PREFIX}conflicts`, { family: 'ipv4' })).to.equal(1);
+    expect(e.value(`${METRIC_PREFIX}conflicts`, { family: 'ipv6' })).to.equal(0);
+    expect(e.value(`${METRIC_PREFIX}conflict_events_total`)).to.equal(1);
     // The Node has no IPv6 podCIDR while there is an IPv6 entry: pods are not matched for IPv6.
-    assert.equal(e.value(`${METRIC_PREFIX}local_pod_detection_missing`, { family: 'ipv6' }), 1);
-    assert.equal(e.value(`${METRIC_PREFIX}local_pod_detection_missing`, { family: 'ipv4' }), 0);
+    expect(e.value(`${METRIC_PREFIX}local_pod_detection_missing`, { family: 'ipv6' })).to.equal(1);
+    expect(e.value(`${METRIC_PREFIX}local_pod_detection_missing`, { family: 'ipv4' })).to.equal(0);
 
     // The next desired state without the Proxy address: the gauge follows, the counter stays.
     const fixed = buildDesiredState(SERVICES.slice(1), { name: 'n', podCIDRs: ['10.244.0.0/24'] }, CONFIG);
     metrics.onDesiredState(fixed);
     const after = await exposition(metrics);
-    assert.equal(after.value(`${METRIC_PREFIX}skipped_addresses`, { reason: 'ipModeProxy' }), 0);
-    assert.equal(after.value(`${METRIC_PREFIX}skip_events_total`, { reason: 'ipModeProxy' }), 1);
-    assert.equal(after.value(`${METRIC_PREFIX}conflicts`, { family: 'ipv4' }), 0);
+    expect(after.value(`${METRIC_PREFIX}skipped_addresses`, { reason: 'ipModeProxy' })).to.equal(0);
+    expect(after.value(`${METRIC_PREFIX}skip_events_total`, { reason: 'ipModeProxy' })).to.equal(1);
+    expect(after.value(`${METRIC_PREFIX}conflicts`, { family: 'ipv4' })).to.equal(0);
   });
 
   it('observe syncs by backend and performed mode, entries, latency, errors and the last success', async () => {
@@ -118,30 +112,30 @@ describe('controller metrics', () => {
     metrics.onSync(report({ requested: 'partial', result: { mode: 'noop', entries: { ipv4: 5, ipv6: 1 } } }));
     let e = await exposition(metrics);
     const count = (mode: string) => e.value(`${METRIC_PREFIX}sync_duration_seconds_count`, { backend: 'nft', mode });
-    assert.equal(count('full'), 2);
-    assert.equal(count('partial'), 1);
-    assert.equal(count('noop'), 1);
-    assert.equal(e.value(`${METRIC_PREFIX}sync_duration_seconds_sum`, { backend: 'nft', mode: 'full' }), 0.024);
-    assert.equal(e.value(`${METRIC_PREFIX}network_programming_duration_seconds_count`, { backend: 'nft' }), 2);
-    assert.equal(e.value(`${METRIC_PREFIX}network_programming_duration_seconds_sum`, { backend: 'nft' }), 0.045);
-    assert.equal(
+    expect(count('full')).to.equal(2);
+    expect(count('partial')).to.equal(1);
+    expect(count('noop')).to.equal(1);
+    expect(e.value(`${METRIC_PREFIX}sync_duration_seconds_sum`, { backend: 'nft', mode: 'full' })).to.equal(0.024);
+    expect(e.value(`${METRIC_PREFIX}network_programming_duration_seconds_count`, { backend: 'nft' })).to.equal(2);
+    expect(e.value(`${METRIC_PREFIX}network_programming_duration_seconds_sum`, { backend: 'nft' })).to.equal(0.045);
+    expect(
       e.value(`${METRIC_PREFIX}network_programming_duration_seconds_bucket`, { backend: 'nft', le: '0.005' }),
-      1,
-    );
-    assert.equal(e.value(`${METRIC_PREFIX}programmed_entries`, { backend: 'nft', family: 'ipv4' }), 5);
-    assert.equal(e.value(`${METRIC_PREFIX}programmed_entries`, { backend: 'nft', family: 'ipv6' }), 1);
-    assert.equal(e.value(`${METRIC_PREFIX}sync_errors_total`, { backend: 'nft' }), 0);
+    ).to.equal(1);
+    expect(e.value(`${METRIC_PREFIX}programmed_entries`, { backend: 'nft', family: 'ipv4' })).to.equal(5);
+    expect(e.value(`${METRIC_PREFIX}programmed_entries`, { backend: 'nft', family: 'ipv6' })).to.equal(1);
+    expect(e.value(`${METRIC_PREFIX}sync_errors_total`, { backend: 'nft' })).to.equal(0);
     const last = e.value(`${METRIC_PREFIX}last_successful_sync_timestamp_seconds`)!;
-    assert.ok(last >= before && last <= Date.now() / 1000);
+    expect(last).to.be.at.least(before);
+    expect(last).to.be.at.most(Date.now() / 1000);
 
     // A failure counts, is timed under the requested mode, and leaves entries and timestamp alone.
     metrics.onSync(report({ requested: 'full', error: new Error('nft: no'), changeLatencyMs: 9 }));
     e = await exposition(metrics);
-    assert.equal(e.value(`${METRIC_PREFIX}sync_errors_total`, { backend: 'nft' }), 1);
-    assert.equal(count('full'), 3);
-    assert.equal(e.value(`${METRIC_PREFIX}network_programming_duration_seconds_count`, { backend: 'nft' }), 2);
-    assert.equal(e.value(`${METRIC_PREFIX}programmed_entries`, { backend: 'nft', family: 'ipv4' }), 5);
-    assert.equal(e.value(`${METRIC_PREFIX}last_successful_sync_timestamp_seconds`), last);
+    expect(e.value(`${METRIC_PREFIX}sync_errors_total`, { backend: 'nft' })).to.equal(1);
+    expect(count('full')).to.equal(3);
+    expect(e.value(`${METRIC_PREFIX}network_programming_duration_seconds_count`, { backend: 'nft' })).to.equal(2);
+    expect(e.value(`${METRIC_PREFIX}programmed_entries`, { backend: 'nft', family: 'ipv4' })).to.equal(5);
+    expect(e.value(`${METRIC_PREFIX}last_successful_sync_timestamp_seconds`)).to.equal(last);
   });
 
   it('count informer lists, watches and errors per resource through a fan-out observer', async () => {
@@ -153,10 +147,10 @@ describe('controller metrics', () => {
     observer.onWatch!('services');
     observer.onError!('nodes', new Error('gone'), 500);
     const e = await exposition(metrics);
-    assert.equal(e.value(`${METRIC_PREFIX}informer_lists_total`, { resource: 'services' }), 1);
-    assert.equal(e.value(`${METRIC_PREFIX}informer_watches_total`, { resource: 'services' }), 2);
-    assert.equal(e.value(`${METRIC_PREFIX}informer_errors_total`, { resource: 'nodes' }), 1);
-    assert.deepEqual(seen, ['nodes']);
+    expect(e.value(`${METRIC_PREFIX}informer_lists_total`, { resource: 'services' })).to.equal(1);
+    expect(e.value(`${METRIC_PREFIX}informer_watches_total`, { resource: 'services' })).to.equal(2);
+    expect(e.value(`${METRIC_PREFIX}informer_errors_total`, { resource: 'nodes' })).to.equal(1);
+    expect(seen).to.deep.equal(['nodes']);
 
     const calls: string[] = [];
     const both = allControllerObservers(metrics, {
@@ -165,7 +159,7 @@ describe('controller metrics', () => {
     });
     both.onSync!(report({ result: { mode: 'full', entries: { ipv4: 0, ipv6: 0 } } }));
     both.onNewSkips!([]);
-    assert.deepEqual(calls, ['sync', 'skips']);
+    expect(calls).to.deep.equal(['sync', 'skips']);
   });
 
   it('pass promtool check metrics, process metrics included', async function () {
@@ -178,8 +172,8 @@ describe('controller metrics', () => {
     metrics.onList('services');
     const { text } = await metrics.exposition();
     const verdict = await promtoolCheckMetrics(text);
-    assert.equal(verdict.code, 0, verdict.output);
-    assert.equal(verdict.output.trim(), '', `promtool has remarks:\n${verdict.output}`);
+    expect(verdict.code, verdict.output).to.equal(0);
+    expect(verdict.output.trim(), `promtool has remarks:\n${verdict.output}`).to.equal('');
   });
 });
 
@@ -193,11 +187,11 @@ describe('backend info from the backend objects', () => {
         return [...e.samples].filter(([k]) => k.startsWith(`${METRIC_PREFIX}backend_info{`));
       };
       ops.describeBackend(new NftBackend(new NftCliExecutor()));
-      assert.deepEqual(await info(), [
+      expect(await info()).to.deep.equal([
         [`${METRIC_PREFIX}backend_info{backend="nft",iptables_variant="none",nft_executor="cli"}`, 1],
       ]);
       ops.describeBackend(new IptablesBackend('legacy'));
-      assert.deepEqual(await info(), [
+      expect(await info()).to.deep.equal([
         [`${METRIC_PREFIX}backend_info{backend="iptables",iptables_variant="legacy",nft_executor="none"}`, 1],
       ]);
     } finally {
@@ -219,28 +213,24 @@ describe('metrics endpoint', () => {
     endpoint = await startMetricsEndpoint({ host: '127.0.0.1', port: 0 }, metrics);
     const base = `http://127.0.0.1:${endpoint.address.port}`;
     const ok = await httpGet(`${base}/metrics`);
-    assert.equal(ok.status, 200);
-    assert.match(ok.contentType, /^text\/plain; version=0\.0\.4/);
-    assert.equal(new Exposition(ok.body).value(`${METRIC_PREFIX}informer_lists_total`, { resource: 'nodes' }), 1);
-    assert.equal((await httpGet(`${base}/metrics?x=1`)).status, 200);
-    assert.equal((await httpGet(`${base}/`)).status, 404);
-    assert.equal((await httpGet(`${base}/metrics`, 'POST')).status, 405);
+    expect(ok.status).to.equal(200);
+    expect(ok.contentType).to.match(/^text\/plain; version=0\.0\.4/);
+    expect(new Exposition(ok.body).value(`${METRIC_PREFIX}informer_lists_total`, { resource: 'nodes' })).to.equal(1);
+    expect((await httpGet(`${base}/metrics?x=1`)).status).to.equal(200);
+    expect((await httpGet(`${base}/`)).status).to.equal(404);
+    expect((await httpGet(`${base}/metrics`, 'POST')).status).to.equal(405);
     const head = await httpGet(`${base}/metrics`, 'HEAD');
-    assert.equal(head.status, 200);
-    assert.equal(head.body, '');
+    expect(head.status).to.equal(200);
+    expect(head.body).to.equal('');
   });
 
   it('fails to start with one line naming the flag when the port is taken', async () => {
     const metrics = new ControllerMetrics({ defaultMetrics: false });
     endpoint = await startMetricsEndpoint({ host: '127.0.0.1', port: 0 }, metrics);
     const taken = { host: '127.0.0.1', port: endpoint.address.port };
-    await assert.rejects(
-      HttpEndpoint.start(taken, '--metrics-bind-address', {}),
-      (err: Error) =>
-        !err.message.includes('\n') &&
-        err.message ===
-          `cannot listen on --metrics-bind-address 127.0.0.1:${taken.port}: the port is in use by another process; ` +
-            'choose another with --metrics-bind-address',
+    expect((await rejectionOf(HttpEndpoint.start(taken, '--metrics-bind-address', {}))).message).to.equal(
+      `cannot listen on --metrics-bind-address 127.0.0.1:${taken.port}: the port is in use by another process; ` +
+        'choose another with --metrics-bind-address',
     );
   });
 });
@@ -252,11 +242,11 @@ describe('docs/operations.md', () => {
     const docs = await readFile(fileURLToPath(new URL('../../../docs/operations.md', import.meta.url)), 'utf8');
     const metrics = new ControllerMetrics({ defaultMetrics: false });
     const names = new Exposition((await metrics.exposition()).text).families();
-    assert.ok(names.length >= 14);
-    for (const name of names) assert.ok(docs.includes(`| \`${name}\` |`), `${name} is not in the metrics reference`);
+    expect(names.length).to.be.at.least(14);
+    for (const name of names) expect(docs, `${name} is not in the metrics reference`).to.include(`| \`${name}\` |`);
     for (const reason of SKIP_REASONS)
-      assert.ok(docs.includes(`| \`${reason}\` |`), `${reason} is not in the troubleshooting table`);
+      expect(docs, `${reason} is not in the troubleshooting table`).to.include(`| \`${reason}\` |`);
     for (const flag of ['--metrics-bind-address', '--healthz-bind-address', '--emit-events'])
-      assert.ok(docs.includes(`| \`${flag}\` |`), flag);
+      expect(docs, flag).to.include(`| \`${flag}\` |`);
   });
 });

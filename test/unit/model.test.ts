@@ -1,6 +1,6 @@
 // The model against every row of semantics.md.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 
@@ -50,16 +50,16 @@ describe('model: which addresses are translated', () => {
         ],
       }),
     ]);
-    assert.deepEqual(entries(d), [
+    expect(entries(d)).to.deep.equal([
       '192.0.2.10 SCTP/9 -> 10.96.0.10 (default/a)',
       '192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)',
       '192.0.2.10 UDP/53 -> 10.96.0.10 (default/a)',
     ]);
-    assert.deepEqual(d.skips, []);
+    expect(d.skips).to.deep.equal([]);
   });
 
   it('defaults a port without protocol to TCP', () => {
-    assert.deepEqual(entries(build([lb('a', { ports: [{ port: 80 }] })])), [
+    expect(entries(build([lb('a', { ports: [{ port: 80 }] })]))).to.deep.equal([
       '192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)',
     ]);
   });
@@ -73,24 +73,24 @@ describe('model: which addresses are translated', () => {
         ],
       }),
     ]);
-    assert.deepEqual(entries(d), ['192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)']);
-    assert.deepEqual(reasons(d), ['default/a: ipModeProxy']);
+    expect(entries(d)).to.deep.equal(['192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)']);
+    expect(reasons(d)).to.deep.equal(['default/a: ipModeProxy']);
   });
 
   it('skips an unknown ipMode rather than guessing', () => {
     const d = build([lb('a', { ingress: [{ ip: '192.0.2.10', ipMode: 'Tunnel' }] })]);
-    assert.deepEqual(entries(d), []);
-    assert.deepEqual(reasons(d), ['default/a: unknownIpMode']);
+    expect(entries(d)).to.deep.equal([]);
+    expect(reasons(d)).to.deep.equal(['default/a: unknownIpMode']);
   });
 
   it('skips hostname-only ingress entries', () => {
     const d = build([lb('a', { ingress: [{ hostname: 'lb.example.com' }] })]);
-    assert.deepEqual(entries(d), []);
-    assert.deepEqual(reasons(d), ['default/a: hostnameOnly']);
+    expect(entries(d)).to.deep.equal([]);
+    expect(reasons(d)).to.deep.equal(['default/a: hostnameOnly']);
   });
 
   it('ignores ingress of a Service that is not type LoadBalancer (stale status)', () => {
-    assert.deepEqual(entries(build([lb('a', { type: 'NodePort' })])), []);
+    expect(entries(build([lb('a', { type: 'NodePort' })]))).to.deep.equal([]);
   });
 
   it('takes spec.externalIPs of any type with a ClusterIP', () => {
@@ -98,7 +98,7 @@ describe('model: which addresses are translated', () => {
       lb('c', { type: 'ClusterIP', ingress: undefined, externalIPs: ['198.51.100.7'] }),
       lb('n', { type: 'NodePort', ingress: undefined, externalIPs: ['198.51.100.8'], clusterIP: '10.96.0.11' }),
     ]);
-    assert.deepEqual(entries(d), [
+    expect(entries(d)).to.deep.equal([
       '198.51.100.7 TCP/80 -> 10.96.0.10 (default/c)',
       '198.51.100.8 TCP/80 -> 10.96.0.11 (default/n)',
     ]);
@@ -110,8 +110,8 @@ describe('model: which addresses are translated', () => {
       lb('empty', { clusterIP: '', clusterIPs: undefined }),
       lb('extname', { type: 'ExternalName', clusterIP: undefined, ingress: undefined, externalIPs: ['198.51.100.9'] }),
     ]);
-    assert.deepEqual(entries(d), []);
-    assert.deepEqual(reasons(d), [
+    expect(entries(d)).to.deep.equal([]);
+    expect(reasons(d)).to.deep.equal([
       'default/empty: noClusterIP',
       'default/extname: externalName',
       'default/headless: headless',
@@ -123,13 +123,13 @@ describe('model: which addresses are translated', () => {
       lb('plain', { type: 'ClusterIP', ingress: undefined }),
       lb('hl', { clusterIP: 'None', ingress: [] }),
     ]);
-    assert.deepEqual(d.skips, []);
+    expect(d.skips).to.deep.equal([]);
   });
 
   it('skips an external address whose family has no ClusterIP', () => {
     const d = build([lb('a', { ingress: [{ ip: '192.0.2.10' }, { ip: '2001:db8::10' }] })]);
-    assert.deepEqual(entries(d), ['192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)']);
-    assert.deepEqual(reasons(d), ['default/a: familyWithoutClusterIP']);
+    expect(entries(d)).to.deep.equal(['192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)']);
+    expect(reasons(d)).to.deep.equal(['default/a: familyWithoutClusterIP']);
   });
 
   it('maps each family to its own ClusterIP (dual-stack), clusterIPs before clusterIP', () => {
@@ -140,7 +140,7 @@ describe('model: which addresses are translated', () => {
         ingress: [{ ip: '192.0.2.10' }, { ip: '2001:DB8:0:0::10' }],
       }),
     ]);
-    assert.deepEqual(entries(d), [
+    expect(entries(d)).to.deep.equal([
       '192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)',
       '2001:db8::10 TCP/80 -> fd00::10 (default/a)',
     ]);
@@ -160,8 +160,8 @@ describe('model: which addresses are translated', () => {
         ],
       }),
     ]);
-    assert.deepEqual(entries(d), ['192.0.2.12 TCP/443 -> 10.96.0.10 (default/a)']);
-    assert.deepEqual(d.skips.map((s) => s.reason).sort(), [
+    expect(entries(d)).to.deep.equal(['192.0.2.12 TCP/443 -> 10.96.0.10 (default/a)']);
+    expect(d.skips.map((s) => s.reason).sort()).to.deep.equal([
       'invalidAddress',
       'invalidAddress',
       'invalidAddress',
@@ -176,17 +176,14 @@ describe('model: which addresses are translated', () => {
 
   it('skips a Service whose name could not come from a real API server', () => {
     const d = build([lb('a" comment "x'), lb('ok', { clusterIP: '10.96.0.11', ingress: [{ ip: '192.0.2.11' }] })]);
-    assert.deepEqual(entries(d), ['192.0.2.11 TCP/80 -> 10.96.0.11 (default/ok)']);
-    assert.deepEqual(
-      d.skips.map((s) => s.reason),
-      ['invalidName'],
-    );
+    expect(entries(d)).to.deep.equal(['192.0.2.11 TCP/80 -> 10.96.0.11 (default/ok)']);
+    expect(d.skips.map((s) => s.reason)).to.deep.equal(['invalidName']);
   });
 
   it('skips an unparsable ClusterIP and keeps the Service out', () => {
     const d = build([lb('a', { clusterIP: 'ten' })]);
-    assert.deepEqual(entries(d), []);
-    assert.deepEqual(reasons(d), ['default/a: invalidAddress']);
+    expect(entries(d)).to.deep.equal([]);
+    expect(reasons(d)).to.deep.equal(['default/a: invalidAddress']);
   });
 
   it('--local-traffic-policy-only keeps only externalTrafficPolicy: Local', () => {
@@ -194,15 +191,15 @@ describe('model: which addresses are translated', () => {
       lb('local', { externalTrafficPolicy: 'Local' }),
       lb('cluster', { externalTrafficPolicy: 'Cluster', clusterIP: '10.96.0.11', ingress: [{ ip: '192.0.2.11' }] }),
     ];
-    assert.equal(entries(build(services)).length, 2);
+    expect(entries(build(services))).to.have.lengthOf(2);
     const d = build(services, { localTrafficPolicyOnly: true });
-    assert.deepEqual(entries(d), ['192.0.2.10 TCP/80 -> 10.96.0.10 (default/local)']);
-    assert.deepEqual(reasons(d), ['default/cluster: notLocalTrafficPolicy']);
+    expect(entries(d)).to.deep.equal(['192.0.2.10 TCP/80 -> 10.96.0.10 (default/local)']);
+    expect(reasons(d)).to.deep.equal(['default/cluster: notLocalTrafficPolicy']);
   });
 
   it('lists an address given twice (ingress and externalIPs) once', () => {
     const d = build([lb('a', { externalIPs: ['192.0.2.10'] })]);
-    assert.deepEqual(entries(d), ['192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)']);
+    expect(entries(d)).to.deep.equal(['192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)']);
   });
 });
 
@@ -212,11 +209,11 @@ describe('model: Services sharing an address', () => {
       lb('web', { ports: [{ port: 80 }] }),
       lb('metrics', { clusterIP: '10.96.0.11', ports: [{ port: 9100 }] }),
     ]);
-    assert.deepEqual(entries(d), [
+    expect(entries(d)).to.deep.equal([
       '192.0.2.10 TCP/80 -> 10.96.0.10 (default/web)',
       '192.0.2.10 TCP/9100 -> 10.96.0.11 (default/metrics)',
     ]);
-    assert.deepEqual(d.conflicts, []);
+    expect(d.conflicts).to.deep.equal([]);
   });
 
   it('gives a claimed (ip, protocol, port) to the older Service and reports the loser', () => {
@@ -227,11 +224,8 @@ describe('model: Services sharing an address', () => {
       [newer, older],
     ]) {
       const d = build(order);
-      assert.deepEqual(entries(d), ['192.0.2.10 TCP/80 -> 10.96.0.10 (default/older)']);
-      assert.deepEqual(
-        d.conflicts.map((c) => `${c.winner} > ${c.loser}`),
-        ['default/older > default/newer'],
-      );
+      expect(entries(d)).to.deep.equal(['192.0.2.10 TCP/80 -> 10.96.0.10 (default/older)']);
+      expect(d.conflicts.map((c) => `${c.winner} > ${c.loser}`)).to.deep.equal(['default/older > default/newer']);
     }
   });
 
@@ -246,17 +240,17 @@ describe('model: Services sharing an address', () => {
       [c, a, b],
     ].map((order) => build(order));
     for (const d of results) {
-      assert.deepEqual(entries(d), ['192.0.2.10 TCP/80 -> 10.96.0.12 (alpha/b)']);
-      assert.deepEqual(
-        d.conflicts.map((x) => `${x.winner} > ${x.loser}`),
-        ['alpha/b > alpha/c', 'alpha/b > zeta/a'],
-      );
+      expect(entries(d)).to.deep.equal(['192.0.2.10 TCP/80 -> 10.96.0.12 (alpha/b)']);
+      expect(d.conflicts.map((x) => `${x.winner} > ${x.loser}`)).to.deep.equal([
+        'alpha/b > alpha/c',
+        'alpha/b > zeta/a',
+      ]);
     }
   });
 
   it('sorts a Service without creationTimestamp after every dated one', () => {
     const d = build([lb('undated', { creationTimestamp: undefined }), lb('dated', { clusterIP: '10.96.0.11' })]);
-    assert.deepEqual(entries(d), ['192.0.2.10 TCP/80 -> 10.96.0.11 (default/dated)']);
+    expect(entries(d)).to.deep.equal(['192.0.2.10 TCP/80 -> 10.96.0.11 (default/dated)']);
   });
 
   it('produces the same state whatever the order of the input', () => {
@@ -270,54 +264,57 @@ describe('model: Services sharing an address', () => {
     );
     const forward = build(services);
     const backward = build([...services].reverse());
-    assert.deepEqual(backward, forward);
-    assert.equal(forward.conflicts.length, 40 - 21);
+    expect(backward).to.deep.equal(forward);
+    expect(forward.conflicts).to.have.lengthOf(40 - 21);
   });
 });
 
 describe('model: local pod detection', () => {
   it('NodeCIDR uses the node podCIDRs per family, falling back to podCIDR', () => {
     const d = build([lb('a')]);
-    assert.deepEqual(d.ipv4.localPodMatch, { kind: 'cidrs', cidrs: ['10.244.1.0/24'] });
-    assert.deepEqual(d.ipv6.localPodMatch, { kind: 'cidrs', cidrs: ['fd01::/64'] });
+    expect(d.ipv4.localPodMatch).to.deep.equal({ kind: 'cidrs', cidrs: ['10.244.1.0/24'] });
+    expect(d.ipv6.localPodMatch).to.deep.equal({ kind: 'cidrs', cidrs: ['fd01::/64'] });
     const single = build([lb('a')], {}, { name: 'n1', podCIDR: '10.244.2.0/24' });
-    assert.deepEqual(single.ipv4.localPodMatch, { kind: 'cidrs', cidrs: ['10.244.2.0/24'] });
-    assert.equal(single.ipv6.localPodMatch.kind, 'none');
+    expect(single.ipv4.localPodMatch).to.deep.equal({ kind: 'cidrs', cidrs: ['10.244.2.0/24'] });
+    expect(single.ipv6.localPodMatch.kind).to.equal('none');
   });
 
   it('NodeCIDR without podCIDRs or without the Node says why there is no prerouting match', () => {
     const noCidr = build([lb('a')], {}, { name: 'n1' });
-    assert.deepEqual(noCidr.ipv4.localPodMatch, { kind: 'none', reason: 'NodeCIDR mode: node n1 has no ipv4 podCIDR' });
+    expect(noCidr.ipv4.localPodMatch).to.deep.equal({
+      kind: 'none',
+      reason: 'NodeCIDR mode: node n1 has no ipv4 podCIDR',
+    });
     const noNode = buildDesiredState([lb('a')], undefined, CONFIG);
-    assert.deepEqual(noNode.ipv4.localPodMatch, {
+    expect(noNode.ipv4.localPodMatch).to.deep.equal({
       kind: 'none',
       reason: 'NodeCIDR mode: the Node object was not found',
     });
-    assert.equal(noNode.ipv4.entries.length, 1, 'output entries are still programmed');
+    expect(noNode.ipv4.entries, 'output entries are still programmed').to.have.lengthOf(1);
   });
 
   it('NodeCIDR ignores a malformed podCIDR and clears host bits of a sloppy one', () => {
     const d = build([lb('a')], {}, { name: 'n1', podCIDRs: ['banana', '10.244.1.7/24'] });
-    assert.deepEqual(d.ipv4.localPodMatch, { kind: 'cidrs', cidrs: ['10.244.1.0/24'] });
+    expect(d.ipv4.localPodMatch).to.deep.equal({ kind: 'cidrs', cidrs: ['10.244.1.0/24'] });
   });
 
   it('ClusterCIDR uses --cluster-cidr per family', () => {
     const d = build([lb('a')], { detectLocalMode: 'ClusterCIDR', clusterCidrs: ['10.244.0.0/16'] });
-    assert.deepEqual(d.ipv4.localPodMatch, { kind: 'cidrs', cidrs: ['10.244.0.0/16'] });
-    assert.deepEqual(d.ipv6.localPodMatch, { kind: 'none', reason: 'ClusterCIDR mode: no ipv6 --cluster-cidr' });
+    expect(d.ipv4.localPodMatch).to.deep.equal({ kind: 'cidrs', cidrs: ['10.244.0.0/16'] });
+    expect(d.ipv6.localPodMatch).to.deep.equal({ kind: 'none', reason: 'ClusterCIDR mode: no ipv6 --cluster-cidr' });
   });
 
   it('BridgeInterface and InterfaceNamePrefix match on the input interface', () => {
     const bridge = build([lb('a')], { detectLocalMode: 'BridgeInterface', podBridgeInterface: 'cni0' });
-    assert.deepEqual(bridge.ipv4.localPodMatch, { kind: 'interface', name: 'cni0' });
-    assert.deepEqual(bridge.ipv6.localPodMatch, { kind: 'interface', name: 'cni0' });
+    expect(bridge.ipv4.localPodMatch).to.deep.equal({ kind: 'interface', name: 'cni0' });
+    expect(bridge.ipv6.localPodMatch).to.deep.equal({ kind: 'interface', name: 'cni0' });
     const prefix = build([lb('a')], { detectLocalMode: 'InterfaceNamePrefix', podInterfaceNamePrefix: 'cali' });
-    assert.deepEqual(prefix.ipv4.localPodMatch, { kind: 'interfacePrefix', prefix: 'cali' });
+    expect(prefix.ipv4.localPodMatch).to.deep.equal({ kind: 'interfacePrefix', prefix: 'cali' });
   });
 
   it('computes the mark from --masquerade-bit', () => {
-    assert.equal(build([]).masqueradeMark, 0x4000);
-    assert.equal(build([], { masqueradeBit: 0 }).masqueradeMark, 1);
-    assert.equal(build([], { masqueradeBit: 31 }).masqueradeMark, 0x80000000);
+    expect(build([]).masqueradeMark).to.equal(0x4000);
+    expect(build([], { masqueradeBit: 0 }).masqueradeMark).to.equal(1);
+    expect(build([], { masqueradeBit: 31 }).masqueradeMark).to.equal(0x80000000);
   });
 });

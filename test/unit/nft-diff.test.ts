@@ -1,7 +1,7 @@
 // diffProgrammed finds a partial sync's element changes by walking the programmed entries and the
 // new ones side by side; whatever the input, applying its changes must give the new entries.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { diffByKey, diffProgrammed } from '../../src/backends/element-storage.js';
 import { entryKey, type Entry } from '../../src/model/types.js';
 
@@ -49,22 +49,22 @@ describe('nft partial sync: diffProgrammed', () => {
       if (!changes.renewed) walked++;
       const kernel = new Map(programmed.map((e) => [entryKey(e), e]));
       for (const e of changes.removed)
-        assert.ok(kernel.delete(entryKey(e)), `round ${round}: removes an absent element`);
+        expect(kernel.delete(entryKey(e)), `round ${round}: removes an absent element`).to.equal(true);
       for (const e of changes.added) {
-        assert.ok(!kernel.has(entryKey(e)), `round ${round}: adds a present element`);
+        expect(kernel.has(entryKey(e)), `round ${round}: adds a present element`).to.equal(false);
         kernel.set(entryKey(e), e);
       }
-      assert.deepEqual(contents([...kernel.values()]), contents(next), `round ${round}`);
+      expect(contents([...kernel.values()]), `round ${round}`).to.deep.equal(contents(next));
 
       const byKey = diffByKey(programmed, next);
-      assert.deepEqual(contents(changes.removed), contents(byKey.removed), `round ${round}: removed`);
-      assert.deepEqual(contents(changes.added), contents(byKey.added), `round ${round}: added`);
+      expect(contents(changes.removed), `round ${round}: removed`).to.deep.equal(contents(byKey.removed));
+      expect(contents(changes.added), `round ${round}: added`).to.deep.equal(contents(byKey.added));
       for (const [old, current] of changes.replaced) {
-        assert.equal(entryKey(old), entryKey(current));
-        assert.notEqual(old, current);
+        expect(entryKey(old)).to.equal(entryKey(current));
+        expect(old).to.not.equal(current);
       }
     }
-    assert.ok(walked > 2500, 'most rounds are found by walking');
+    expect(walked, 'most rounds are found by walking').to.be.above(2500);
   });
 
   it('finds nothing to write when the same entries come back as new objects', () => {
@@ -73,7 +73,7 @@ describe('nft partial sync: diffProgrammed', () => {
       { entries: programmed, objects: new Set(programmed) },
       programmed.map((e) => ({ ...e })),
     );
-    assert.deepEqual([changes.removed, changes.added], [[], []]);
-    assert.equal(changes.replaced.length, 2);
+    expect([changes.removed, changes.added]).to.deep.equal([[], []]);
+    expect(changes.replaced).to.have.lengthOf(2);
   });
 });

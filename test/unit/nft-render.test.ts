@@ -1,6 +1,6 @@
 // The nft renderer: golden files for the JSON that is applied and the text --dry-run prints.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { readFileSync } from 'node:fs';
 import { parseObjects } from '../../src/cli/objects-file.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
@@ -46,14 +46,14 @@ describe('nft renderer', () => {
       podInterfaceNamePrefix: 'veth',
     });
     const text = renderDesiredStateText(prefix);
-    assert.match(text, /iifname "veth\*" ip daddr \. meta l4proto \. th dport @external-ip-to-cluster-ip jump/);
-    assert.doesNotMatch(text, /local-pod-cidrs/);
+    expect(text).to.match(/iifname "veth\*" ip daddr \. meta l4proto \. th dport @external-ip-to-cluster-ip jump/);
+    expect(text).to.not.match(/local-pod-cidrs/);
     const commands = renderFullSyncJson('ipv4', prefix.ipv4, 0x4000);
-    assert.match(JSON.stringify(commands), /"right":"veth\*"/);
+    expect(JSON.stringify(commands)).to.match(/"right":"veth\*"/);
     // A pod set left by an earlier state goes; no rule names it.
     const rules = JSON.stringify(commands.filter((c) => (c.add as { rule?: unknown } | undefined)?.rule));
-    assert.doesNotMatch(rules, /local-pod-cidrs/);
-    assert.deepEqual(commands.at(-1), {
+    expect(rules).to.not.match(/local-pod-cidrs/);
+    expect(commands.at(-1)).to.deep.equal({
       delete: { set: { family: 'ip', table: 'ipvs-node-controller', name: 'local-pod-cidrs' } },
     });
   });
@@ -61,23 +61,21 @@ describe('nft renderer', () => {
   it('leaves out the prerouting chain, with the reason, when pods cannot be recognised', () => {
     const noNode = buildDesiredState(objects.services, undefined, CONFIG);
     const text = renderDesiredStateText(noNode);
-    assert.match(text, /# no prerouting chain: NodeCIDR mode: the Node object was not found/);
-    assert.doesNotMatch(text, /prerouting-from-local-pods/);
+    expect(text).to.match(/# no prerouting chain: NodeCIDR mode: the Node object was not found/);
+    expect(text).to.not.match(/prerouting-from-local-pods/);
     const commands = renderFullSyncJson('ipv4', noNode.ipv4, 0x4000);
-    assert.doesNotMatch(
-      JSON.stringify(commands.filter((c) => (c.add as { rule?: unknown } | undefined)?.rule)),
+    expect(JSON.stringify(commands.filter((c) => (c.add as { rule?: unknown } | undefined)?.rule))).to.not.match(
       /prerouting/,
     );
-    assert.deepEqual(commands.at(-2), {
+    expect(commands.at(-2)).to.deep.equal({
       delete: { chain: { family: 'ip', table: 'ipvs-node-controller', name: 'prerouting-from-local-pods' } },
     });
   });
 
   it('writes the mark of --masquerade-bit', () => {
     const d = buildDesiredState(objects.services, objects.nodes[0], { ...CONFIG, masqueradeBit: 0 });
-    assert.match(renderDesiredStateText(d), /meta mark set meta mark \| 0x00000001/);
-    assert.match(
-      JSON.stringify(renderFullSyncJson('ipv4', d.ipv4, d.masqueradeMark)),
+    expect(renderDesiredStateText(d)).to.match(/meta mark set meta mark \| 0x00000001/);
+    expect(JSON.stringify(renderFullSyncJson('ipv4', d.ipv4, d.masqueradeMark))).to.match(
       /"\|":\[\{"meta":\{"key":"mark"\}\},1\]/,
     );
   });
@@ -89,13 +87,13 @@ describe('nft renderer', () => {
       desired.ipv4.entries,
       desired.ipv4.entries.filter((e) => e !== first && e !== second).concat(changed),
     );
-    assert.deepEqual(removed.map(entryKey).sort(), [entryKey(first), entryKey(second)].sort());
-    assert.deepEqual(added, [changed]);
+    expect(removed.map(entryKey).sort()).to.deep.equal([entryKey(first), entryKey(second)].sort());
+    expect(added).to.deep.equal([changed]);
     assertGolden('nft-partial.json', pretty(renderMapChangesJson('ipv4', removed, added)));
   });
 
   it('deletes both tables on cleanup, without failing when they are absent', () => {
-    assert.deepEqual(renderDeleteTablesJson(['ipv4', 'ipv6']), [
+    expect(renderDeleteTablesJson(['ipv4', 'ipv6'])).to.deep.equal([
       { add: { table: { family: 'ip', name: 'ipvs-node-controller' } } },
       { delete: { table: { family: 'ip', name: 'ipvs-node-controller' } } },
       { add: { table: { family: 'ip6', name: 'ipvs-node-controller' } } },

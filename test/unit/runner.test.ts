@@ -1,7 +1,7 @@
 // The sync runner's ordering guarantees, driven with real (short) timers. Nothing here asserts a
 // duration: only which syncs happen, in what order, full or partial.
 
-import assert from 'node:assert/strict';
+import { expect } from 'chai';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { SyncRunner, type SyncRequestInfo } from '../../src/sync/runner.js';
 
@@ -33,7 +33,7 @@ async function until(cond: () => boolean, what: string): Promise<void> {
     if (cond()) return;
     await sleep(5);
   }
-  assert.fail(`timed out waiting for ${what}`);
+  expect.fail(`timed out waiting for ${what}`);
 }
 
 describe('sync runner', () => {
@@ -45,12 +45,9 @@ describe('sync runner', () => {
     runner.request();
     await until(() => r.calls.length === 2, 'second sync');
     await runner.stop();
-    assert.deepEqual(
-      r.calls.map((c) => c.full),
-      [true, false],
-    );
-    assert.equal(r.calls[0]!.changedAt, undefined);
-    assert.equal(typeof r.calls[1]!.changedAt, 'number');
+    expect(r.calls.map((c) => c.full)).to.deep.equal([true, false]);
+    expect(r.calls[0]!.changedAt).to.equal(undefined);
+    expect(typeof r.calls[1]!.changedAt).to.equal('number');
   });
 
   it('coalesces a burst of changes during a sync into one more sync', async () => {
@@ -64,7 +61,7 @@ describe('sync runner', () => {
     await until(() => r.calls.length === 2, 'coalesced sync');
     await sleep(80);
     await runner.stop();
-    assert.equal(r.calls.length, 2, 'fifty requests made one sync');
+    expect(r.calls, 'fifty requests made one sync').to.have.lengthOf(2);
   });
 
   it('retries a failed sync as a full sync and reports the error', async () => {
@@ -81,12 +78,9 @@ describe('sync runner', () => {
     runner.request();
     await until(() => r.calls.length === 3, 'retry');
     await runner.stop();
-    assert.deepEqual(errors, ['sync 2 failed']);
-    assert.deepEqual(
-      r.calls.map((c) => c.full),
-      [true, false, true],
-    );
-    assert.equal(r.calls[2]!.changedAt, r.calls[1]!.changedAt, 'the retry still serves the failed change');
+    expect(errors).to.deep.equal(['sync 2 failed']);
+    expect(r.calls.map((c) => c.full)).to.deep.equal([true, false, true]);
+    expect(r.calls[2]!.changedAt, 'the retry still serves the failed change').to.equal(r.calls[1]!.changedAt);
   });
 
   it('runs a full resync every fullInterval', async () => {
@@ -95,7 +89,7 @@ describe('sync runner', () => {
     runner.start();
     await until(() => r.calls.length >= 3, 'periodic syncs');
     await runner.stop();
-    assert.ok(r.calls.every((c) => c.full));
+    expect(r.calls.every((c) => c.full)).to.equal(true);
   });
 
   it('does not sync after stop', async () => {
@@ -106,7 +100,7 @@ describe('sync runner', () => {
     await runner.stop();
     runner.request();
     await sleep(30);
-    assert.equal(r.calls.length, 1);
+    expect(r.calls).to.have.lengthOf(1);
   });
 
   it('with partialDuringFull, serves a change while a periodic full sync is under way', async () => {
@@ -126,10 +120,7 @@ describe('sync runner', () => {
     await until(() => r.calls.length === 3, 'a partial sync beside the full one');
     r.release();
     await runner.stop();
-    assert.deepEqual(
-      r.calls.map((c) => c.full),
-      [true, true, false],
-    );
+    expect(r.calls.map((c) => c.full)).to.deep.equal([true, true, false]);
   });
 
   it('without partialDuringFull, or before any sync succeeded, a change waits for the full sync', async () => {
@@ -146,14 +137,11 @@ describe('sync runner', () => {
       await until(() => r.calls.length === 1, 'the held first sync');
       runner.request();
       await sleep(30);
-      assert.equal(r.calls.length, 1, `partialDuringFull: ${partialDuringFull}`);
+      expect(r.calls, `partialDuringFull: ${partialDuringFull}`).to.have.lengthOf(1);
       r.release();
       await until(() => r.calls.length === 2, 'the change after the full sync');
       await runner.stop();
-      assert.deepEqual(
-        r.calls.map((c) => c.full),
-        [true, false],
-      );
+      expect(r.calls.map((c) => c.full)).to.deep.equal([true, false]);
     }
   });
 });

@@ -362,6 +362,8 @@ export class Informer<T> implements ChangeTracked<T> {
       this.interrupt = interrupted;
       const armIdle = () => {
         clearTimeout(idleTimer);
+        // An event can end the watch (an ERROR, say): no deadline may outlive it.
+        if (finished) return;
         idleTimer = setTimeout(
           () =>
             finish({

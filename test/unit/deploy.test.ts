@@ -76,7 +76,7 @@ function configOf(ds: Json): Config {
 
 function portNamed(ds: Json, name: string): number {
   const port = container(ds).ports.find((p: Json) => p.name === name);
-  expect(port, `no container port named ${name}`).to.be.a('number');
+  expect(port, `no container port named ${name}`).to.be.an('object');
   return port.containerPort;
 }
 

@@ -9,13 +9,27 @@ import { NftCliExecutor } from '../../src/backends/nft/executor.js';
 import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import { IptablesBackend, hasIptablesObjects } from '../../src/backends/iptables/iptables-backend.js';
 import type { IptablesVariant } from '../../src/backends/iptables/variant.js';
-import { cleanupAll, removeLeftovers, selectBackend, type LeftoverCleanup } from '../../src/backends/select.js';
+import {
+  BACKENDS,
+  cleanupAll,
+  removeLeftovers,
+  selectBackend,
+  type BackendRegistry,
+  type LeftoverCleanup,
+} from '../../src/backends/registry.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { probe } from '../support/node-network.js';
 import { CONFIG, LB_PATH, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
 
 const desired = () => buildDesiredState(SERVICES, NODE_INFO, CONFIG);
 const nftTablesExist = () => new NftBackend(new NftCliExecutor()).hasState();
+
+/** The registry with these cleanups standing in for the eBPF backend's. */
+function withEbpf(...ebpf: LeftoverCleanup[]): BackendRegistry {
+  return { ...BACKENDS, ebpf: { ...BACKENDS.ebpf, leftovers: (_settings, inUse) => (inUse ? [] : ebpf) } };
+}
+// These tests create no eBPF objects: the node's bpffs is not theirs to clean.
+const REGISTRY = withEbpf();
 
 async function where(): Promise<{ nft: boolean; legacy: boolean; iptablesNft: boolean }> {
   return {
@@ -35,7 +49,7 @@ describe('backend selection and migration', function () {
   });
   after(async () => {
     try {
-      await cleanupAll();
+      await cleanupAll({}, REGISTRY);
     } finally {
       await scenario.tearDown();
     }
@@ -50,7 +64,7 @@ describe('backend selection and migration', function () {
 
       let selected = await selectBackend('nft');
       assert.equal(selected.backend.name, 'nft');
-      await removeLeftovers('nft');
+      await removeLeftovers({ backend: 'nft' }, {}, REGISTRY);
       await selected.backend.sync(desired(), { full: true });
       assert.deepEqual(await where(), { nft: true, legacy: false, iptablesNft: false });
       assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
@@ -58,14 +72,14 @@ describe('backend selection and migration', function () {
       selected = await selectBackend('iptables', { iptablesVariant: variant });
       assert.ok(selected.backend instanceof IptablesBackend);
       assert.equal(selected.backend.variant, variant);
-      await removeLeftovers('iptables', { iptablesVariant: variant });
+      await removeLeftovers({ backend: 'iptables', iptablesVariant: variant }, {}, REGISTRY);
       await selected.backend.sync(desired(), { full: true });
       assert.deepEqual(await where(), { nft: false, legacy: variant === 'legacy', iptablesNft: variant === 'nft' });
       assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
       assert.equal(await probe(undefined, 'tcp', LB_V4, 8080), 'svc-b');
 
       selected = await selectBackend('nft');
-      await removeLeftovers('nft');
+      await removeLeftovers({ backend: 'nft' }, {}, REGISTRY);
       await selected.backend.sync(desired(), { full: true });
       assert.deepEqual(await where(), { nft: true, legacy: false, iptablesNft: false });
       assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
@@ -75,7 +89,7 @@ describe('backend selection and migration', function () {
   it("removes the other variant's leftovers when iptables stays the backend", async () => {
     await new IptablesBackend('legacy').sync(desired(), { full: true });
     await new IptablesBackend('nft').sync(desired(), { full: true });
-    await removeLeftovers('iptables', { iptablesVariant: 'nft' });
+    await removeLeftovers({ backend: 'iptables', iptablesVariant: 'nft' }, {}, REGISTRY);
     assert.deepEqual(await where(), { nft: false, legacy: false, iptablesNft: true });
     assert.equal(await probe(pod(), 'tcp', LB_V4, 80), 'svc-a');
   });
@@ -85,16 +99,16 @@ describe('backend selection and migration', function () {
     await new IptablesBackend('nft').sync(desired(), { full: true });
     const nft = (await selectBackend('nft')).backend;
     await nft.sync(desired(), { full: true });
-    const checked = await cleanupAll();
+    const checked = await cleanupAll({}, REGISTRY);
     assert.equal(checked.length, 3);
     assert.deepEqual(await where(), { nft: false, legacy: false, iptablesNft: false });
     assert.equal(await probe(pod(), 'tcp', LB_V4, 80), LB_PATH);
     assert.equal(await probe(undefined, 'tcp', LB_V4, 80), LB_PATH);
-    await cleanupAll();
+    await cleanupAll({}, REGISTRY);
     assert.deepEqual(await where(), { nft: false, legacy: false, iptablesNft: false });
   });
 
-  it("runs the extra cleanups passed in (the eBPF backend's), except for the active backend", async () => {
+  it("runs every backend's cleanups (the eBPF backend's too), except the active backend's", async () => {
     const calls: string[] = [];
     const ebpf: LeftoverCleanup = {
       backend: 'ebpf',
@@ -103,12 +117,12 @@ describe('backend selection and migration', function () {
         calls.push('ebpf');
       },
     };
-    await removeLeftovers('nft', { extraCleanups: [ebpf] });
-    await removeLeftovers('ebpf', { extraCleanups: [ebpf] });
-    await cleanupAll([ebpf]);
+    await removeLeftovers({ backend: 'nft' }, {}, withEbpf(ebpf));
+    await removeLeftovers({ backend: 'ebpf' }, {}, withEbpf(ebpf));
+    await cleanupAll({}, withEbpf(ebpf));
     assert.deepEqual(calls, ['ebpf', 'ebpf']);
     const failing: LeftoverCleanup = { ...ebpf, cleanup: () => Promise.reject(new Error('bpffs is not mounted')) };
-    await assert.rejects(cleanupAll([failing]), (err: Error) => {
+    await assert.rejects(cleanupAll({}, withEbpf(failing)), (err: Error) => {
       assert.ok(err instanceof BackendError);
       assert.equal(err.backend, 'ebpf');
       assert.match(err.message, /eBPF programs and maps: bpffs is not mounted/);
@@ -116,14 +130,15 @@ describe('backend selection and migration', function () {
     });
   });
 
-  it('auto chooses nft where the nft backend works; ebpf needs its factory', async () => {
+  it('auto chooses nft where the nft backend works; a named backend is built by its registry entry', async () => {
     const auto = await selectBackend('auto');
     assert.equal(auto.backend.name, 'nft');
     assert.match(auto.reason, /^--backend=auto chose nft/);
-    await assert.rejects(selectBackend('ebpf'), /ebpf backend is not part of this build/);
     const stand = new IptablesBackend('nft') as Backend;
-    const chosen = await selectBackend('ebpf', { ebpf: () => stand });
+    const registry = { ...BACKENDS, ebpf: { ...BACKENDS.ebpf, create: async () => ({ backend: stand, reason: '' }) } };
+    const chosen = await selectBackend('ebpf', {}, registry);
     assert.equal(chosen.backend, stand);
+    assert.equal(chosen.reason, 'ebpf backend, as configured');
   });
 
   it('iptables with variant auto follows the detected variant', async () => {

@@ -2,7 +2,7 @@
 // The version lives in package.json. This writes it everywhere else it appears: the Dockerfile's
 // VERSION default, the image tag (deploy/components/image) and the app.kubernetes.io/version label (deploy/base), and the
 // image tag in README.md's install commands. npm runs it on `npm version <new>` (the "version"
-// script); test/unit/deploy-version.test.ts fails while any copy is out of step.
+// script); test/build/deploy-version.test.ts fails while any copy is out of step.
 //
 //   node scripts/stamp-version.mjs           write
 //   node scripts/stamp-version.mjs --check   exit 1 and name the files that are out of step

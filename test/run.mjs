@@ -1,5 +1,7 @@
 #!/usr/bin/env node
-// Runs the unit tests, then the kernel tests and the container tests, each inside a network and mount namespace of their own,
+// Runs the unit tests, the build checks (what the build and install produced: addons, BPF object,
+// bundle, image layout, version), then the kernel tests and the container tests, each inside a
+// network and mount namespace of their own,
 // so that nothing they program can reach the machine's firewall, routes or /run/netns.
 // Kernel tests need root (CI runs as root); without it they are reported as not run and the run fails.
 
@@ -10,6 +12,8 @@ const mocha = ['node_modules/mocha/bin/mocha.js', '--reporter', process.env.MOCH
 const only = process.argv.slice(2);
 const suites = [
   { name: 'unit', glob: 'dist/test/unit/**/*.test.js', isolated: false },
+  // Checks of what `npm ci` and `npm run build` produced on this machine; no root.
+  { name: 'build', glob: 'dist/test/build/**/*.test.js', isolated: false },
   { name: 'kernel', glob: 'dist/test/kernel/**/*.test.js', isolated: true },
   // The built image under the DaemonSet of each overlay, run by podman as a kubelet would
   // (skipped when the image is not built: npm run image).

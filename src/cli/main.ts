@@ -9,11 +9,14 @@ import { accessSync, constants as fsConstants, existsSync, statSync } from 'node
 import { homedir } from 'node:os';
 import { delimiter, join } from 'node:path';
 import { createLogger, logFatal, writeStderr, type Logger } from '../log.js';
-import { renderDesiredStateText } from '../backends/nft/render.js';
-import { renderDesiredStateRestoreText } from '../backends/iptables/render.js';
-import { IptablesBackend } from '../backends/iptables/iptables-backend.js';
-import { EbpfBackend, defaultCgroupPath } from '../backends/ebpf/ebpf-backend.js';
-import { cleanupAll, removeLeftovers, selectBackend, type LeftoverCleanup } from '../backends/select.js';
+import {
+  cleanupAll,
+  describeBackend,
+  removeLeftovers,
+  renderDryRun,
+  selectBackend,
+  type BackendSettings,
+} from '../backends/registry.js';
 import type { Backend } from '../backends/backend.js';
 import { Controller } from '../controller.js';
 import { buildDesiredState } from '../model/desired-state.js';
@@ -22,7 +25,7 @@ import { parseConfig, UsageError, type Config } from '../config/options.js';
 import { formatDuration } from '../config/duration.js';
 import { readObjectsFile } from './objects-file.js';
 import { toNodeInfo, toServiceInfo } from '../kube/objects.js';
-import type { Operations } from '../metrics/operations.js';
+import type { Operations } from '../operations/operations.js';
 import { describeSettings, type EffectiveSettings } from '../kubeproxy/config.js';
 import { isNonIpvsMode, type ModeVerdict } from '../kubeproxy/mode.js';
 import { buildInfo } from '../build-info/version.js';
@@ -158,11 +161,8 @@ async function dryRun(config: Config): Promise<number> {
   const kubeProxy = await KubeProxyAwareness.lookOnce(config);
   const desired = buildDesiredState(services, node, kubeProxy.settings.model);
   // Wait for the write: stdout on a pipe is asynchronous and process.exit would cut it short.
-  // iptables-restore input for --backend=iptables; nft text otherwise (the eBPF maps hold the same entries).
-  const ruleset =
-    config.backend === 'iptables'
-      ? renderDesiredStateRestoreText(desired, { useKubeMarkMasq: true })
-      : renderDesiredStateText(desired);
+  // What the chosen backend would program: iptables-restore input, or nft text.
+  const ruleset = renderDryRun(config.backend, desired);
   const text =
     describeDesiredState(desired, services.length) +
     describeKubeProxy(config, kubeProxy) +
@@ -261,32 +261,15 @@ async function kubeConfigOrFail(config: Config) {
   }
 }
 
-function ebpfOptions(config: Config) {
-  return { cgroupPath: config.cgroupPath ?? defaultCgroupPath() ?? '/sys/fs/cgroup', bpffsPath: config.bpffsPath };
-}
-
-/** The eBPF backend's cleanup, for leftovers at start and for --cleanup. */
-function ebpfCleanup(config: Config): LeftoverCleanup {
-  return {
-    backend: 'ebpf',
-    description: `eBPF programs and maps pinned under ${config.bpffsPath}`,
-    cleanup: () => new EbpfBackend(ebpfOptions(config)).cleanup(),
-  };
+/** What the backends take from the configuration. */
+function backendSettings(config: Config, logger?: Logger): BackendSettings {
+  return { nftExecutor: config.nftExecutor, cgroupPath: config.cgroupPath, bpffsPath: config.bpffsPath, logger };
 }
 
 async function createBackend(config: Config, logger: Logger): Promise<Backend> {
   let selected;
   try {
-    selected = await selectBackend(config.backend, {
-      nftExecutor: config.nftExecutor,
-      logger,
-      ebpf: () => {
-        if (!config.cgroupPath && !defaultCgroupPath()) {
-          throw new FatalError('no cgroup v2 mount in /proc/mounts: mount cgroup2 or pass --cgroup-path');
-        }
-        return new EbpfBackend(ebpfOptions(config));
-      },
-    });
+    selected = await selectBackend(config.backend, backendSettings(config, logger));
   } catch (err) {
     throw new FatalError((err as Error).message);
   }
@@ -299,7 +282,7 @@ async function createBackend(config: Config, logger: Logger): Promise<Backend> {
 async function cleanup(config: Config, logger: Logger): Promise<number> {
   logVersion(logger);
   try {
-    const removed = await cleanupAll([ebpfCleanup(config)]);
+    const removed = await cleanupAll(backendSettings(config));
     logger.info({ checked: removed }, 'removed every object of ours');
   } catch (err) {
     throw new FatalError((err as Error).message);
@@ -310,10 +293,7 @@ async function cleanup(config: Config, logger: Logger): Promise<number> {
 /** After the first successful sync: remove what other backends left, so a node never carries two. */
 async function removeOtherBackends(config: Config, backend: Backend, logger: Logger): Promise<void> {
   try {
-    const checked = await removeLeftovers(backend.name, {
-      iptablesVariant: backend instanceof IptablesBackend ? backend.variant : undefined,
-      extraCleanups: [ebpfCleanup(config)],
-    });
+    const checked = await removeLeftovers(describeBackend(backend), backendSettings(config));
     logger.debug({ checked }, 'no leftovers of other backends remain');
   } catch (err) {
     logger.warn({ err }, 'could not remove leftovers of other backends');
@@ -336,8 +316,8 @@ async function run(config: Config, logger: Logger): Promise<number> {
   // event loop could empty while the API server is unreachable and the process end with 0.
   const keepAlive = setInterval(() => undefined, 2 ** 31 - 1);
   try {
-    // Metrics, health endpoints and Events (src/metrics/operations.ts).
-    const { Operations } = await import('../metrics/operations.js');
+    // Metrics, health endpoints and Events (src/operations/).
+    const { Operations } = await import('../operations/operations.js');
     const operations = await Operations.start(config, logger).catch((err: Error) => {
       throw new FatalError(err.message);
     });

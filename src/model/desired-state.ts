@@ -1,42 +1,30 @@
 // The model: Services + this Node + config -> DesiredState. No I/O.
-// The rules are those of design/semantics.md; test/unit/model.test.ts covers each row.
+// The rules for one Service are in service-rules.ts, local-pod detection in local-pods.ts.
 //
 // DesiredStateModel keeps the result between syncs so that a change costs what it touches, not
 // what the cluster holds: a Service's entries and skips are derived once per object (the caches
 // replace an object when it changes and never modify one), and only the map keys claimed by
 // changed Services are decided again. buildDesiredState is the same computation from nothing.
 
-import { ipSortKey, parseCidr, parseIp, formatCidr, type ParsedIp } from './ip.js';
+import { ipSortKey } from './ip.js';
+import { localPodMatch } from './local-pods.js';
 import { orderedChanges } from './ordered-changes.js';
-import {
-  PROTOCOLS,
-  SKIP_ANNOTATION,
-  type Conflict,
-  type ChangeTracked,
-  type DesiredState,
-  type Entry,
-  type EntryChanges,
-  type Family,
-  type FamilyState,
-  type LocalPodMatch,
-  type ModelConfig,
-  type NodeInfo,
-  type Protocol,
-  type ServiceInfo,
-  type Skip,
+import { creationTime, flat, precedes, serviceCandidates, serviceKey, type Precedence } from './service-rules.js';
+import { compareKeys, SortedEntries } from './sorted-entries.js';
+import type {
+  Conflict,
+  ChangeTracked,
+  DesiredState,
+  Entry,
+  Family,
+  FamilyState,
+  ModelConfig,
+  NodeInfo,
+  ServiceInfo,
+  Skip,
 } from './types.js';
 
-export function serviceKey(svc: Pick<ServiceInfo, 'namespace' | 'name'>): string {
-  return flat([svc.namespace, '/', svc.name]);
-}
-
-/**
- * A string kept for as long as its Service: joined, it is one flat string; a template literal
- * would be a tree of pieces, several times its size.
- */
-function flat(parts: unknown[]): string {
-  return parts.join('');
-}
+export { serviceKey };
 
 /** Shared by the many records, keys and claims that have none: an empty array is not free. */
 const NO_SKIPS: Skip[] = Object.freeze([]) as unknown as Skip[];
@@ -58,15 +46,11 @@ interface Claim {
   key: string;
   /** Orders entries by (externalIp numerically, protocol, port). */
   sortKey: string;
-  created: number;
   record: ServiceRecord;
 }
 
 /** What one Service object asks for. */
-interface ServiceRecord {
-  service: string;
-  /** Order of first sight: breaks ties between two objects of one name (possible in files only). */
-  seq: number;
+interface ServiceRecord extends Precedence {
   /** The update that last saw this object in the input. */
   seenIn: number;
   claims: Claim[];
@@ -253,7 +237,14 @@ export class DesiredStateModel {
   private deriveRecord(svc: ServiceInfo, generation: number): ServiceRecord {
     const skips: Skip[] = [];
     const claims: Claim[] = [];
-    const record: ServiceRecord = { service: serviceKey(svc), seq: this.nextSeq++, seenIn: generation, claims, skips };
+    const record: ServiceRecord = {
+      service: serviceKey(svc),
+      created: creationTime(svc),
+      seq: this.nextSeq++,
+      seenIn: generation,
+      claims,
+      skips,
+    };
     for (const c of serviceCandidates(svc, this.config, skips)) {
       const key = flat([c.family, '|', c.ip.address, '|', c.protocol, '|', c.port]);
       // A port listed twice asks for the same key twice: one claim.
@@ -269,7 +260,6 @@ export class DesiredStateModel {
         },
         key,
         sortKey: flat([c.ipSortKey, '|', c.protocol, '|', String(c.port).padStart(5, '0')]),
-        created: c.created,
         record,
       });
     }
@@ -283,7 +273,7 @@ export class DesiredStateModel {
   private decide(contest: Contest, placeEntry: boolean): boolean {
     const previous = contest.winner;
     let winner: Claim | undefined;
-    for (const claim of contest.claims) if (!winner || precedes(claim, winner)) winner = claim;
+    for (const claim of contest.claims) if (!winner || precedes(claim.record, winner.record)) winner = claim;
     contest.winner = winner;
     const sorted = this.entries[contest.family];
     if (!winner) {
@@ -314,7 +304,7 @@ export class DesiredStateModel {
     for (const record of this.withSkips) {
       for (const s of record.skips) keyed.push([`${s.service}|${s.reason}|${s.detail}`, s]);
     }
-    this.skips = keyed.sort(([a], [b]) => cmp(a, b)).map(([, s]) => s);
+    this.skips = keyed.sort(([a], [b]) => compareKeys(a, b)).map(([, s]) => s);
   }
 
   private collectConflicts(): void {
@@ -334,7 +324,7 @@ export class DesiredStateModel {
     }
     this.conflicts = conflicts
       .map((c) => [conflictSortKey(c), c] as const)
-      .sort(([a], [b]) => cmp(a, b))
+      .sort(([a], [b]) => compareKeys(a, b))
       .map(([, c]) => c);
   }
 }
@@ -344,253 +334,6 @@ function isChangeTracked(services: object): services is ChangeTracked<ServiceInf
   return typeof s.changesSince === 'function' && typeof s.list === 'function' && typeof s.mark === 'number';
 }
 
-/** The holder of a key: the oldest Service, ties broken by namespace/name (then by first sight). */
-function precedes(a: Claim, b: Claim): boolean {
-  if (a.created !== b.created) return a.created < b.created;
-  if (a.record.service !== b.record.service) return a.record.service < b.record.service;
-  return a.record.seq < b.record.seq;
-}
-
-/**
- * Entries of one family sorted by sort key. A copy is handed out until the next change, with the
- * entries removed and added since the copy handed out before (unless everything was re-sorted).
- */
-class SortedEntries {
-  private keys: string[] = [];
-  private entries: Entry[] = [];
-  private published: Entry[] | undefined;
-  /** What was handed out last; undefined when the changes since are not known. */
-  private lastPublished: Entry[] | undefined;
-  private readonly removed = new Set<Entry>();
-  private readonly added = new Set<Entry>();
-
-  publish(): { entries: Entry[]; changes?: EntryChanges } {
-    if (this.published) return { entries: this.published, changes: { since: this.published, removed: [], added: [] } };
-    const entries = this.entries.slice();
-    const since = this.lastPublished;
-    const changes = since && { since, removed: [...this.removed], added: [...this.added] };
-    this.published = entries;
-    this.lastPublished = entries;
-    this.removed.clear();
-    this.added.clear();
-    return changes ? { entries, changes } : { entries };
-  }
-
-  /** Inserts, or replaces the entry of the same key. */
-  set(sortKey: string, entry: Entry): void {
-    const i = this.search(sortKey);
-    if (this.keys[i] === sortKey) {
-      this.note(this.entries[i]!, entry);
-      this.entries[i] = entry;
-    } else {
-      this.keys.splice(i, 0, sortKey);
-      this.entries.splice(i, 0, entry);
-      this.note(undefined, entry);
-    }
-    this.published = undefined;
-  }
-
-  delete(sortKey: string): void {
-    const i = this.search(sortKey);
-    if (this.keys[i] !== sortKey) return;
-    this.note(this.entries[i]!, undefined);
-    this.keys.splice(i, 1);
-    this.entries.splice(i, 1);
-    this.published = undefined;
-  }
-
-  replaceAll(winners: Claim[]): void {
-    winners.sort((a, b) => cmp(a.sortKey, b.sortKey));
-    this.keys = winners.map((c) => c.sortKey);
-    this.entries = winners.map((c) => c.entry);
-    this.published = undefined;
-    this.lastPublished = undefined;
-    this.removed.clear();
-    this.added.clear();
-  }
-
-  /** Records a change since the last hand-out; an entry added and gone again in between nets out. */
-  private note(out: Entry | undefined, into: Entry | undefined): void {
-    if (out && !this.added.delete(out)) this.removed.add(out);
-    if (into && !this.removed.delete(into)) this.added.add(into);
-  }
-
-  /** The first index whose key is not below sortKey. */
-  private search(sortKey: string): number {
-    let low = 0;
-    let high = this.keys.length;
-    while (low < high) {
-      const mid = (low + high) >>> 1;
-      if (this.keys[mid]! < sortKey) low = mid + 1;
-      else high = mid;
-    }
-    return low;
-  }
-}
-
 function conflictSortKey(c: Conflict): string {
   return `${c.family}|${ipSortKey(c.externalIp)}|${c.protocol}|${c.port}|${c.loser}`;
-}
-
-function cmp(a: string, b: string): number {
-  return a < b ? -1 : a > b ? 1 : 0;
-}
-
-function creationTime(svc: ServiceInfo): number {
-  const t = svc.creationTimestamp ? Date.parse(svc.creationTimestamp) : NaN;
-  return Number.isFinite(t) ? t : Number.POSITIVE_INFINITY;
-}
-
-interface Candidate {
-  family: Family;
-  ip: ParsedIp;
-  ipSortKey: string;
-  protocol: Protocol;
-  port: number;
-  clusterIp: string;
-  created: number;
-}
-
-/** The entries one Service asks for, before conflicts between Services are resolved. */
-function serviceCandidates(svc: ServiceInfo, config: ModelConfig, skips: Skip[]): Candidate[] {
-  const service = serviceKey(svc);
-  const skip = (reason: Skip['reason'], detail: string) => skips.push({ service, reason, detail });
-
-  if (!isDnsName(svc.namespace, 63) || !isDnsName(svc.name, 63)) {
-    // The name becomes a rule comment; a real API server never serves such a name.
-    skip('invalidName', 'namespace or name is not a DNS label');
-    return [];
-  }
-  // Addresses the Service exposes, in the order they appear.
-  const requested: string[] = [];
-  if (svc.type === 'LoadBalancer') {
-    for (const ing of svc.ingress ?? []) {
-      if (ing.ip === undefined || ing.ip === '') {
-        if (ing.hostname) skip('hostnameOnly', `ingress hostname ${ing.hostname}`);
-        continue;
-      }
-      if (ing.ipMode === 'Proxy') {
-        skip('ipModeProxy', `ingress ${String(ing.ip)}`);
-        continue;
-      }
-      if (ing.ipMode !== undefined && ing.ipMode !== 'VIP') {
-        skip('unknownIpMode', `ingress ${String(ing.ip)} ipMode ${String(ing.ipMode)}`);
-        continue;
-      }
-      requested.push(ing.ip);
-    }
-  }
-  for (const ip of svc.externalIPs ?? []) requested.push(ip);
-  if (requested.length === 0) return [];
-
-  if (svc.skip === true) {
-    skip('optedOut', `annotation ${SKIP_ANNOTATION}: "true"`);
-    return [];
-  }
-  if (config.localTrafficPolicyOnly && svc.externalTrafficPolicy !== 'Local') {
-    skip('notLocalTrafficPolicy', `externalTrafficPolicy ${svc.externalTrafficPolicy ?? 'Cluster'}`);
-    return [];
-  }
-  if (svc.type === 'ExternalName') {
-    skip('externalName', 'type ExternalName');
-    return [];
-  }
-  const clusterIpTexts = svc.clusterIPs && svc.clusterIPs.length > 0 ? svc.clusterIPs : [svc.clusterIP ?? ''];
-  if (clusterIpTexts.includes('None')) {
-    skip('headless', 'clusterIP None');
-    return [];
-  }
-  const clusterIps: Partial<Record<Family, string>> = {};
-  for (const text of clusterIpTexts) {
-    if (text === '' || text === undefined) continue;
-    const ip = parseIp(text);
-    if (!ip) {
-      skip('invalidAddress', `clusterIP ${String(text)}`);
-      continue;
-    }
-    clusterIps[ip.family] ??= ip.address;
-  }
-  if (!clusterIps.ipv4 && !clusterIps.ipv6) {
-    if (clusterIpTexts.every((t) => !t)) skip('noClusterIP', 'empty clusterIP');
-    return [];
-  }
-
-  const ports: Array<{ protocol: Protocol; port: number }> = [];
-  for (const p of svc.ports ?? []) {
-    const protocol = (p.protocol ?? 'TCP') as Protocol;
-    if (!PROTOCOLS.includes(protocol)) {
-      skip('unsupportedProtocol', `port ${String(p.port)} protocol ${String(p.protocol)}`);
-      continue;
-    }
-    if (!Number.isInteger(p.port) || p.port! < 1 || p.port! > 65535) {
-      skip('invalidPort', `port ${String(p.port)}`);
-      continue;
-    }
-    ports.push({ protocol, port: p.port! });
-  }
-  if (ports.length === 0) return [];
-
-  const created = creationTime(svc);
-  const out: Candidate[] = [];
-  const seen = new Set<string>();
-  for (const text of requested) {
-    const ip = parseIp(text);
-    if (!ip) {
-      skip('invalidAddress', `external address ${String(text)}`);
-      continue;
-    }
-    if (seen.has(ip.address)) continue;
-    seen.add(ip.address);
-    const clusterIp = clusterIps[ip.family];
-    if (!clusterIp) {
-      skip('familyWithoutClusterIP', `${ip.address} has no ${ip.family} clusterIP`);
-      continue;
-    }
-    const sortKey = ipSortKey(ip.address);
-    for (const { protocol, port } of ports) {
-      out.push({ family: ip.family, ip, ipSortKey: sortKey, protocol, port, clusterIp, created });
-    }
-  }
-  return out;
-}
-
-function isDnsName(text: unknown, maxLength: number): boolean {
-  return typeof text === 'string' && text.length <= maxLength && /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/.test(text);
-}
-
-function localPodMatch(family: Family, node: NodeInfo | undefined, config: ModelConfig): LocalPodMatch {
-  switch (config.detectLocalMode) {
-    case 'NodeCIDR': {
-      if (!node) return { kind: 'none', reason: 'NodeCIDR mode: the Node object was not found' };
-      const texts = node.podCIDRs && node.podCIDRs.length > 0 ? node.podCIDRs : node.podCIDR ? [node.podCIDR] : [];
-      const cidrs = cidrsOfFamily(texts, family);
-      if (cidrs.length === 0) {
-        return { kind: 'none', reason: `NodeCIDR mode: node ${node.name} has no ${family} podCIDR` };
-      }
-      return { kind: 'cidrs', cidrs };
-    }
-    case 'ClusterCIDR': {
-      const cidrs = cidrsOfFamily(config.clusterCidrs, family);
-      if (cidrs.length === 0) return { kind: 'none', reason: `ClusterCIDR mode: no ${family} --cluster-cidr` };
-      return { kind: 'cidrs', cidrs };
-    }
-    case 'BridgeInterface':
-      if (!config.podBridgeInterface)
-        return { kind: 'none', reason: 'BridgeInterface mode: no --pod-bridge-interface' };
-      return { kind: 'interface', name: config.podBridgeInterface };
-    case 'InterfaceNamePrefix':
-      if (!config.podInterfaceNamePrefix) {
-        return { kind: 'none', reason: 'InterfaceNamePrefix mode: no --pod-interface-name-prefix' };
-      }
-      return { kind: 'interfacePrefix', prefix: config.podInterfaceNamePrefix };
-  }
-}
-
-function cidrsOfFamily(texts: string[], family: Family): string[] {
-  const out = new Set<string>();
-  for (const t of texts) {
-    const c = parseCidr(t);
-    if (c && c.family === family) out.add(formatCidr(c));
-  }
-  return [...out].sort();
 }

@@ -9,7 +9,14 @@ import { NftCliExecutor } from '../../src/backends/nft/executor.js';
 import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import { IptablesBackend, hasIptablesObjects } from '../../src/backends/iptables/iptables-backend.js';
 import type { IptablesVariant } from '../../src/backends/iptables/variant.js';
-import { cleanupAll, removeLeftovers, selectBackend, type LeftoverCleanup } from '../../src/backends/select.js';
+import {
+  BACKENDS,
+  cleanupAll,
+  removeLeftovers,
+  selectBackend,
+  type BackendRegistry,
+  type LeftoverCleanup,
+} from '../../src/backends/registry.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { probe } from '../support/node-network.js';
 import { CONFIG, LB_PATH, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
@@ -17,6 +24,13 @@ import { rejectionOf } from '../support/assertions.js';
 
 const desired = () => buildDesiredState(SERVICES, NODE_INFO, CONFIG);
 const nftTablesExist = () => new NftBackend(new NftCliExecutor()).hasState();
+
+/** The registry with these cleanups standing in for the eBPF backend's. */
+function withEbpf(...ebpf: LeftoverCleanup[]): BackendRegistry {
+  return { ...BACKENDS, ebpf: { ...BACKENDS.ebpf, leftovers: (_settings, inUse) => (inUse ? [] : ebpf) } };
+}
+// These tests create no eBPF objects: the node's bpffs is not theirs to clean.
+const REGISTRY = withEbpf();
 
 async function where(): Promise<{ nft: boolean; legacy: boolean; iptablesNft: boolean }> {
   return {
@@ -36,7 +50,7 @@ describe('backend selection and migration', function () {
   });
   after(async () => {
     try {
-      await cleanupAll();
+      await cleanupAll({}, REGISTRY);
     } finally {
       await scenario.tearDown();
     }
@@ -51,7 +65,7 @@ describe('backend selection and migration', function () {
 
       let selected = await selectBackend('nft');
       expect(selected.backend.name).to.equal('nft');
-      await removeLeftovers('nft');
+      await removeLeftovers({ backend: 'nft' }, {}, REGISTRY);
       await selected.backend.sync(desired(), { full: true });
       expect(await where()).to.deep.equal({ nft: true, legacy: false, iptablesNft: false });
       expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
@@ -60,14 +74,14 @@ describe('backend selection and migration', function () {
       if (!(selected.backend instanceof IptablesBackend))
         expect.fail('expected selected.backend instanceof IptablesBackend');
       expect(selected.backend.variant).to.equal(variant);
-      await removeLeftovers('iptables', { iptablesVariant: variant });
+      await removeLeftovers({ backend: 'iptables', iptablesVariant: variant }, {}, REGISTRY);
       await selected.backend.sync(desired(), { full: true });
       expect(await where()).to.deep.equal({ nft: false, legacy: variant === 'legacy', iptablesNft: variant === 'nft' });
       expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
       expect(await probe(undefined, 'tcp', LB_V4, 8080)).to.equal('svc-b');
 
       selected = await selectBackend('nft');
-      await removeLeftovers('nft');
+      await removeLeftovers({ backend: 'nft' }, {}, REGISTRY);
       await selected.backend.sync(desired(), { full: true });
       expect(await where()).to.deep.equal({ nft: true, legacy: false, iptablesNft: false });
       expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
@@ -77,7 +91,7 @@ describe('backend selection and migration', function () {
   it("removes the other variant's leftovers when iptables stays the backend", async () => {
     await new IptablesBackend('legacy').sync(desired(), { full: true });
     await new IptablesBackend('nft').sync(desired(), { full: true });
-    await removeLeftovers('iptables', { iptablesVariant: 'nft' });
+    await removeLeftovers({ backend: 'iptables', iptablesVariant: 'nft' }, {}, REGISTRY);
     expect(await where()).to.deep.equal({ nft: false, legacy: false, iptablesNft: true });
     expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
   });
@@ -87,16 +101,16 @@ describe('backend selection and migration', function () {
     await new IptablesBackend('nft').sync(desired(), { full: true });
     const nft = (await selectBackend('nft')).backend;
     await nft.sync(desired(), { full: true });
-    const checked = await cleanupAll();
+    const checked = await cleanupAll({}, REGISTRY);
     expect(checked).to.have.lengthOf(3);
     expect(await where()).to.deep.equal({ nft: false, legacy: false, iptablesNft: false });
     expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal(LB_PATH);
     expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal(LB_PATH);
-    await cleanupAll();
+    await cleanupAll({}, REGISTRY);
     expect(await where()).to.deep.equal({ nft: false, legacy: false, iptablesNft: false });
   });
 
-  it("runs the extra cleanups passed in (the eBPF backend's), except for the active backend", async () => {
+  it("runs every backend's cleanups (the eBPF backend's too), except the active backend's", async () => {
     const calls: string[] = [];
     const ebpf: LeftoverCleanup = {
       backend: 'ebpf',
@@ -105,24 +119,25 @@ describe('backend selection and migration', function () {
         calls.push('ebpf');
       },
     };
-    await removeLeftovers('nft', { extraCleanups: [ebpf] });
-    await removeLeftovers('ebpf', { extraCleanups: [ebpf] });
-    await cleanupAll([ebpf]);
+    await removeLeftovers({ backend: 'nft' }, {}, withEbpf(ebpf));
+    await removeLeftovers({ backend: 'ebpf' }, {}, withEbpf(ebpf));
+    await cleanupAll({}, withEbpf(ebpf));
     expect(calls).to.deep.equal(['ebpf', 'ebpf']);
     const failing: LeftoverCleanup = { ...ebpf, cleanup: () => Promise.reject(new Error('bpffs is not mounted')) };
-    const err = await rejectionOf(cleanupAll([failing]), BackendError);
+    const err = await rejectionOf(cleanupAll({}, withEbpf(failing)), BackendError);
     expect(err.backend).to.equal('ebpf');
     expect(err.message).to.match(/eBPF programs and maps: bpffs is not mounted/);
   });
 
-  it('auto chooses nft where the nft backend works; ebpf needs its factory', async () => {
+  it('auto chooses nft where the nft backend works; a named backend is built by its registry entry', async () => {
     const auto = await selectBackend('auto');
     expect(auto.backend.name).to.equal('nft');
     expect(auto.reason).to.match(/^--backend=auto chose nft/);
-    expect((await rejectionOf(selectBackend('ebpf'))).message).to.match(/ebpf backend is not part of this build/);
     const stand = new IptablesBackend('nft') as Backend;
-    const chosen = await selectBackend('ebpf', { ebpf: () => stand });
+    const registry = { ...BACKENDS, ebpf: { ...BACKENDS.ebpf, create: async () => ({ backend: stand, reason: '' }) } };
+    const chosen = await selectBackend('ebpf', {}, registry);
     expect(chosen.backend).to.equal(stand);
+    expect(chosen.reason).to.equal('ebpf backend, as configured');
   });
 
   it('iptables with variant auto follows the detected variant', async () => {

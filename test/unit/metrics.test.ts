@@ -5,7 +5,7 @@ import { ControllerMetrics, METRIC_PREFIX } from '../../src/metrics/controller-m
 import { startMetricsEndpoint } from '../../src/metrics/metrics-server.js';
 import { allControllerObservers, allInformerObservers } from '../../src/metrics/observers.js';
 import { HttpEndpoint } from '../../src/health/http-endpoint.js';
-import { Operations } from '../../src/metrics/operations.js';
+import { Operations } from '../../src/operations/operations.js';
 import { parseConfig } from '../../src/config/options.js';
 import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import { NftCliExecutor } from '../../src/backends/nft/executor.js';

@@ -1,0 +1,254 @@
+// Every backend by name (--backend=nft|iptables|ebpf): how it is built from the configuration,
+// how it is described in metrics, what its objects on a node are and how they are removed, and
+// what --dry-run prints for it. --backend=auto and the removal of leftovers, so that a node never
+// carries two translations at once, go through this table: callers know no backend class.
+
+import type { Logger } from 'pino';
+import { access, constants } from 'node:fs/promises';
+import { delimiter, join } from 'node:path';
+import { BackendError, type Backend, type BackendName } from './backend.js';
+import { DEFAULT_BPFFS_PATH, EbpfBackend, defaultCgroupPath } from './ebpf/ebpf-backend.js';
+import { selectNftExecutor, type NftExecutorPreference } from './nft/addon-executor.js';
+import { NftBackend } from './nft/nft-backend.js';
+import { renderDesiredStateText } from './nft/render.js';
+import { IptablesBackend, hasIptablesObjects, removeIptablesObjects } from './iptables/iptables-backend.js';
+import { renderDesiredStateRestoreText } from './iptables/render.js';
+import { IPTABLES_VARIANTS, detectIptablesVariant, type IptablesVariant } from './iptables/variant.js';
+import { FAMILIES, type DesiredState } from '../model/types.js';
+
+export type BackendChoice = 'auto' | BackendName;
+
+/** What building and cleaning up the backends takes from the configuration. */
+export interface BackendSettings {
+  /** How nft transactions are run (--nft-executor); 'auto' (default): the addon, else the CLI. */
+  nftExecutor?: NftExecutorPreference;
+  /** 'auto' (default): the variant kube-proxy uses, detected as its iptables-wrapper does. */
+  iptablesVariant?: 'auto' | IptablesVariant;
+  /** The ebpf backend's cgroup v2 directory (--cgroup-path); default: the cgroup v2 root. */
+  cgroupPath?: string;
+  /** The ebpf backend's bpffs directory for pins (--bpffs-path). */
+  bpffsPath?: string;
+  /** Where the iptables backend logs rejected entries and jump repairs. */
+  logger?: Logger;
+}
+
+/** A backend as metrics and logs show it: which executor or iptables variant programs the kernel. */
+export interface BackendDescription {
+  backend: BackendName;
+  nftExecutor?: string;
+  iptablesVariant?: IptablesVariant;
+}
+
+export interface SelectedBackend {
+  backend: Backend;
+  /** One line saying which backend and why, to log once. */
+  reason: string;
+}
+
+/** A cleanup of objects one backend owns. */
+export interface LeftoverCleanup {
+  backend: BackendName;
+  /** What it removes, for logs: "eBPF programs and maps". */
+  description: string;
+  /** Idempotent; succeeds when there is nothing to remove or the tools are missing. */
+  cleanup(): Promise<void>;
+}
+
+export interface BackendEntry {
+  /** Builds the backend; `reason` says which executor or variant and why ('' when nothing to say). */
+  create(settings: BackendSettings): Promise<SelectedBackend>;
+  /** What metrics show of a backend this entry built. */
+  describe(backend: Backend): BackendDescription;
+  /**
+   * The cleanups of this backend's objects. `inUse` is the running backend when it is this one:
+   * what it uses stays (all of it, or one iptables variant).
+   */
+  leftovers(settings: BackendSettings, inUse?: BackendDescription): LeftoverCleanup[];
+  /** What --dry-run prints: the rules this backend would program. */
+  renderDryRun(desired: DesiredState): string;
+}
+
+export type BackendRegistry = Readonly<Record<BackendName, BackendEntry>>;
+
+/** --backend=auto tries these in turn, kube-proxy's own order: nftables where it works, else iptables. */
+const AUTO_ORDER: readonly BackendName[] = ['nft', 'iptables'];
+
+export const BACKENDS: BackendRegistry = {
+  nft: {
+    async create(settings) {
+      const { executor, reason } = selectNftExecutor(settings.nftExecutor ?? 'auto');
+      return { backend: new NftBackend(executor), reason };
+    },
+    describe: (backend) => ({ backend: 'nft', nftExecutor: (backend as NftBackend).executor.kind }),
+    leftovers: (settings, inUse) => (inUse ? [] : [nftLeftovers(settings)]),
+    renderDryRun: (desired) => renderDesiredStateText(desired),
+  },
+  iptables: {
+    async create(settings) {
+      const wanted = settings.iptablesVariant ?? 'auto';
+      const options = { logger: settings.logger };
+      if (wanted !== 'auto')
+        return { backend: new IptablesBackend(wanted, options), reason: `iptables-${wanted}, as configured` };
+      const detected = await detectIptablesVariant();
+      return { backend: new IptablesBackend(detected.variant, options), reason: detected.reason };
+    },
+    describe: (backend) => ({ backend: 'iptables', iptablesVariant: (backend as IptablesBackend).variant }),
+    // Only the variant in use stays: the other one's chains are an earlier run's.
+    leftovers: (_settings, inUse) =>
+      IPTABLES_VARIANTS.filter((v) => !inUse || (inUse.iptablesVariant ?? v) !== v).map(iptablesLeftovers),
+    renderDryRun: (desired) => renderDesiredStateRestoreText(desired, { useKubeMarkMasq: true }),
+  },
+  ebpf: {
+    async create(settings) {
+      const cgroupPath = settings.cgroupPath ?? defaultCgroupPath();
+      if (!cgroupPath) {
+        throw new BackendError('no cgroup v2 mount in /proc/mounts: mount cgroup2 or pass --cgroup-path', 'ebpf');
+      }
+      return { backend: new EbpfBackend({ cgroupPath, bpffsPath: bpffsPath(settings) }), reason: '' };
+    },
+    describe: () => ({ backend: 'ebpf' }),
+    leftovers: (settings, inUse) => (inUse ? [] : [ebpfLeftovers(settings)]),
+    // The eBPF maps hold the same entries as the nft sets: their text shows them.
+    renderDryRun: (desired) => renderDesiredStateText(desired),
+  },
+};
+
+/** Builds the backend for --backend; for 'auto', the first of AUTO_ORDER whose probe passes. */
+export async function selectBackend(
+  choice: BackendChoice,
+  settings: BackendSettings = {},
+  backends: BackendRegistry = BACKENDS,
+): Promise<SelectedBackend> {
+  if (choice !== 'auto') {
+    const { backend, reason } = await backends[choice].create(settings);
+    return { backend, reason: `${choice} backend, as configured${reason ? `: ${reason}` : ''}` };
+  }
+  const failed: string[] = [];
+  for (const name of AUTO_ORDER) {
+    const { backend, reason } = await backends[name].create(settings);
+    const probe = await backend.probe();
+    if (probe.ok) {
+      return {
+        backend,
+        reason:
+          failed.length === 0
+            ? `--backend=auto chose ${name}: ${reason}`
+            : `--backend=auto chose ${name} (${reason}) because ${failed.join('; ')}`,
+      };
+    }
+    await backend.close?.();
+    failed.push(probe.detail);
+  }
+  throw new BackendError(`no backend can program this node: ${failed.join('; ')}`, AUTO_ORDER.at(-1)!);
+}
+
+/** What metrics show of a backend built by the registry. */
+export function describeBackend(backend: Backend, backends: BackendRegistry = BACKENDS): BackendDescription {
+  return backends[backend.name].describe(backend);
+}
+
+/** What --dry-run prints for --backend; 'auto' shows the nft text, as the eBPF backend does. */
+export function renderDryRun(choice: BackendChoice, desired: DesiredState, backends: BackendRegistry = BACKENDS) {
+  return backends[choice === 'auto' ? 'nft' : choice].renderDryRun(desired);
+}
+
+/**
+ * At start, removes what the backends not in use left behind: nft tables, our iptables chains
+ * and jumps in both variants (only the other variant when iptables is active), the eBPF
+ * programs and maps. Returns what was checked, for logs.
+ */
+export async function removeLeftovers(
+  active: BackendDescription,
+  settings: BackendSettings = {},
+  backends: BackendRegistry = BACKENDS,
+): Promise<string[]> {
+  return runCleanups(
+    entries(backends).flatMap(([name, entry]) =>
+      entry.leftovers(settings, name === active.backend ? active : undefined),
+    ),
+  );
+}
+
+/** --cleanup: removes every object of ours from every backend and both iptables variants. Idempotent. */
+export async function cleanupAll(
+  settings: BackendSettings = {},
+  backends: BackendRegistry = BACKENDS,
+): Promise<string[]> {
+  return runCleanups(entries(backends).flatMap(([, entry]) => entry.leftovers(settings)));
+}
+
+function entries(backends: BackendRegistry): Array<[BackendName, BackendEntry]> {
+  return Object.entries(backends) as Array<[BackendName, BackendEntry]>;
+}
+
+function bpffsPath(settings: BackendSettings): string {
+  return settings.bpffsPath ?? DEFAULT_BPFFS_PATH;
+}
+
+async function onPath(command: string): Promise<boolean> {
+  for (const dir of (process.env.PATH ?? '').split(delimiter)) {
+    if (dir === '') continue;
+    try {
+      await access(join(dir, command), constants.X_OK);
+      return true;
+    } catch {
+      // not in this directory
+    }
+  }
+  return false;
+}
+
+/** The nft backend's cleanup, or nothing to do when neither the addon nor the nft command is there. */
+function nftLeftovers(settings: BackendSettings): LeftoverCleanup {
+  return {
+    backend: 'nft',
+    description: 'nft tables ip/ip6 ipvs-node-controller',
+    async cleanup() {
+      const { backend } = await BACKENDS.nft.create({ ...settings, nftExecutor: 'auto' });
+      const nft = backend as NftBackend;
+      if (nft.executor.kind === 'cli' && !(await onPath('nft'))) return;
+      if (await nft.hasState()) await nft.cleanup();
+    },
+  };
+}
+
+function iptablesLeftovers(variant: IptablesVariant): LeftoverCleanup {
+  return {
+    backend: 'iptables',
+    description: `iptables-${variant} chains IPVS_PREROUTING, IPVS_OUTPUT and their jump rules`,
+    async cleanup() {
+      if (!(await hasIptablesObjects(variant))) return;
+      for (const family of FAMILIES) await removeIptablesObjects(variant, family);
+    },
+  };
+}
+
+/** The eBPF backend's cleanup: its pins under bpffs, and its programs' attachments. */
+function ebpfLeftovers(settings: BackendSettings): LeftoverCleanup {
+  return {
+    backend: 'ebpf',
+    description: `eBPF programs and maps pinned under ${bpffsPath(settings)}`,
+    cleanup: () =>
+      new EbpfBackend({
+        cgroupPath: settings.cgroupPath ?? defaultCgroupPath() ?? '/sys/fs/cgroup',
+        bpffsPath: bpffsPath(settings),
+      }).cleanup(),
+  };
+}
+
+async function runCleanups(cleanups: LeftoverCleanup[]): Promise<string[]> {
+  const done: string[] = [];
+  const failures: Array<{ backend: BackendName; line: string }> = [];
+  for (const c of cleanups) {
+    try {
+      await c.cleanup();
+      done.push(c.description);
+    } catch (err) {
+      failures.push({ backend: c.backend, line: `${c.description}: ${(err as Error).message}` });
+    }
+  }
+  if (failures.length > 0) {
+    throw new BackendError(`could not remove ${failures.map((f) => f.line).join('; ')}`, failures[0]!.backend);
+  }
+  return done;
+}

@@ -1,0 +1,86 @@
+// The entries of one family kept sorted between syncs, with what changed since the last hand-out:
+// the backends write only those changes when they can.
+
+import type { Entry, EntryChanges } from './types.js';
+
+/**
+ * Entries of one family sorted by sort key. A copy is handed out until the next change, with the
+ * entries removed and added since the copy handed out before (unless everything was re-sorted).
+ */
+export class SortedEntries {
+  private keys: string[] = [];
+  private entries: Entry[] = [];
+  private published: Entry[] | undefined;
+  /** What was handed out last; undefined when the changes since are not known. */
+  private lastPublished: Entry[] | undefined;
+  private readonly removed = new Set<Entry>();
+  private readonly added = new Set<Entry>();
+
+  publish(): { entries: Entry[]; changes?: EntryChanges } {
+    if (this.published) return { entries: this.published, changes: { since: this.published, removed: [], added: [] } };
+    const entries = this.entries.slice();
+    const since = this.lastPublished;
+    const changes = since && { since, removed: [...this.removed], added: [...this.added] };
+    this.published = entries;
+    this.lastPublished = entries;
+    this.removed.clear();
+    this.added.clear();
+    return changes ? { entries, changes } : { entries };
+  }
+
+  /** Inserts, or replaces the entry of the same key. */
+  set(sortKey: string, entry: Entry): void {
+    const i = this.search(sortKey);
+    if (this.keys[i] === sortKey) {
+      this.note(this.entries[i]!, entry);
+      this.entries[i] = entry;
+    } else {
+      this.keys.splice(i, 0, sortKey);
+      this.entries.splice(i, 0, entry);
+      this.note(undefined, entry);
+    }
+    this.published = undefined;
+  }
+
+  delete(sortKey: string): void {
+    const i = this.search(sortKey);
+    if (this.keys[i] !== sortKey) return;
+    this.note(this.entries[i]!, undefined);
+    this.keys.splice(i, 1);
+    this.entries.splice(i, 1);
+    this.published = undefined;
+  }
+
+  replaceAll(winners: Array<{ sortKey: string; entry: Entry }>): void {
+    winners.sort((a, b) => compareKeys(a.sortKey, b.sortKey));
+    this.keys = winners.map((c) => c.sortKey);
+    this.entries = winners.map((c) => c.entry);
+    this.published = undefined;
+    this.lastPublished = undefined;
+    this.removed.clear();
+    this.added.clear();
+  }
+
+  /** Records a change since the last hand-out; an entry added and gone again in between nets out. */
+  private note(out: Entry | undefined, into: Entry | undefined): void {
+    if (out && !this.added.delete(out)) this.removed.add(out);
+    if (into && !this.removed.delete(into)) this.added.add(into);
+  }
+
+  /** The first index whose key is not below sortKey. */
+  private search(sortKey: string): number {
+    let low = 0;
+    let high = this.keys.length;
+    while (low < high) {
+      const mid = (low + high) >>> 1;
+      if (this.keys[mid]! < sortKey) low = mid + 1;
+      else high = mid;
+    }
+    return low;
+  }
+}
+
+/** Sort keys compare by code unit, whatever the locale. */
+export function compareKeys(a: string, b: string): number {
+  return a < b ? -1 : a > b ? 1 : 0;
+}

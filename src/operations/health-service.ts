@@ -1,0 +1,47 @@
+// /healthz and /readyz: judged from the controller's status and whether the API server answers
+// the informers (--healthz-bind-address).
+
+import type { Logger } from 'pino';
+import type { Controller, ControllerStatus } from '../controller.js';
+import { ApiReachability, type HealthInputs } from '../health/health.js';
+import { startHealthEndpoint } from '../health/health-server.js';
+import type { BindAddress } from '../config/options.js';
+import type { HttpEndpoint } from '../health/http-endpoint.js';
+
+const NOT_STARTED: ControllerStatus = { cachesSynced: false, localPodMatchProblems: [] };
+
+export class HealthService {
+  /** An informer observer: how long the API server has failed each resource. */
+  readonly api: ApiReachability;
+  private readonly startedAt = Date.now();
+  private controller: Controller | undefined;
+
+  constructor(
+    private readonly syncPeriodMs: number,
+    logger: Logger,
+  ) {
+    this.api = new ApiReachability(Date.now, (resource, ms) =>
+      logger.info({ resource, failedForMs: ms }, `${resource} are listed and watched again`),
+    );
+  }
+
+  /** Serves /healthz and /readyz; rejects with one line when the address cannot be bound. */
+  serve(bind: BindAddress): Promise<HttpEndpoint> {
+    return startHealthEndpoint(bind, () => this.inputs());
+  }
+
+  /** Health is judged from this controller's status from now on. */
+  attach(controller: Controller): void {
+    this.controller = controller;
+  }
+
+  inputs(): HealthInputs {
+    return {
+      status: this.controller?.status ?? NOT_STARTED,
+      api: this.api,
+      syncPeriodMs: this.syncPeriodMs,
+      startedAt: this.startedAt,
+      now: Date.now(),
+    };
+  }
+}

@@ -1,0 +1,22 @@
+// /metrics: the controller's metrics and the endpoint that serves them (--metrics-bind-address).
+
+import type { Backend } from '../backends/backend.js';
+import { describeBackend } from '../backends/registry.js';
+import type { BindAddress } from '../config/options.js';
+import type { HttpEndpoint } from '../health/http-endpoint.js';
+import { ControllerMetrics } from '../metrics/controller-metrics.js';
+import { startMetricsEndpoint } from '../metrics/metrics-server.js';
+
+export class MetricsService {
+  readonly metrics = new ControllerMetrics();
+
+  /** Serves /metrics; rejects with one line when the address cannot be bound. */
+  serve(bind: BindAddress): Promise<HttpEndpoint> {
+    return startMetricsEndpoint(bind, this.metrics);
+  }
+
+  /** backend_info: which backend, nft executor and iptables variant program the kernel. */
+  describeBackend(backend: Backend): void {
+    this.metrics.describeBackend(describeBackend(backend));
+  }
+}

@@ -1,0 +1,77 @@
+// Everything an operator watches the controller through, started by the CLI's run command in
+// one piece: /metrics (metrics-service.ts), /healthz and /readyz (health-service.ts), and the
+// optional Service Events (event-service.ts).
+
+import type { KubeConfig } from '@kubernetes/client-node';
+import type { Logger } from 'pino';
+import type { Backend } from '../backends/backend.js';
+import type { Config } from '../config/options.js';
+import type { Controller, ControllerObserver } from '../controller.js';
+import type { ServiceEventRecorder } from '../events/service-events.js';
+import type { HealthInputs } from '../health/health.js';
+import { formatBindAddress, type HttpEndpoint } from '../health/http-endpoint.js';
+import type { InformerObserver } from '../kube/informer.js';
+import type { ServiceInfo } from '../model/types.js';
+import { allControllerObservers, allInformerObservers } from '../metrics/observers.js';
+import { serviceEvents } from './event-service.js';
+import { HealthService } from './health-service.js';
+import { MetricsService } from './metrics-service.js';
+
+export class Operations {
+  private readonly metricsService = new MetricsService();
+  readonly metrics = this.metricsService.metrics;
+  readonly health: HealthService;
+  private readonly endpoints: HttpEndpoint[] = [];
+  private events: ServiceEventRecorder | undefined;
+
+  private constructor(
+    private readonly config: Config,
+    private readonly logger: Logger,
+  ) {
+    this.health = new HealthService(config.syncPeriodMs, logger);
+  }
+
+  /** Starts the HTTP endpoints; rejects with one line when an address cannot be bound. */
+  static async start(config: Config, logger: Logger): Promise<Operations> {
+    const ops = new Operations(config, logger);
+    try {
+      if (config.metricsBindAddress) ops.endpoints.push(await ops.metricsService.serve(config.metricsBindAddress));
+      if (config.healthzBindAddress) ops.endpoints.push(await ops.health.serve(config.healthzBindAddress));
+    } catch (err) {
+      await ops.close();
+      throw err;
+    }
+    const addresses = ops.endpoints.map((e) => formatBindAddress(e.address));
+    if (addresses.length > 0) logger.info({ addresses }, 'serving /metrics, /healthz and /readyz');
+    return ops;
+  }
+
+  describeBackend(backend: Backend): void {
+    this.metricsService.describeBackend(backend);
+  }
+
+  /** The informers' observer: metrics and API reachability, plus the CLI's own (logging). */
+  informerObserver(own?: InformerObserver): InformerObserver {
+    return allInformerObservers(own, this.metrics, this.health.api);
+  }
+
+  /** The controller's observer: metrics, and Events when --emit-events is set. */
+  controllerObserver(kubeConfig: KubeConfig, services: { list(): ServiceInfo[] }): ControllerObserver {
+    this.events = serviceEvents(this.config, kubeConfig, services, this.logger);
+    return allControllerObservers(this.metrics, this.events);
+  }
+
+  /** Health is judged from this controller's status from now on. */
+  attach(controller: Controller): void {
+    this.health.attach(controller);
+  }
+
+  healthInputs(): HealthInputs {
+    return this.health.inputs();
+  }
+
+  async close(): Promise<void> {
+    await this.events?.flush();
+    await Promise.all(this.endpoints.splice(0).map((e) => e.close()));
+  }
+}

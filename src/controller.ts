@@ -308,5 +308,11 @@ export class Controller {
 
 /** The same state with nothing programmed: what the kernel holds while the controller steps aside. */
 function withoutEntries(state: DesiredState): DesiredState {
-  return { ...state, ipv4: { ...state.ipv4, entries: [] }, ipv6: { ...state.ipv6, entries: [] } };
+  // Without `changes`: they describe the model's step, not this state's difference from the last.
+  const empty = (family: DesiredState['ipv4']): DesiredState['ipv4'] => ({
+    ...family,
+    entries: [],
+    changes: undefined,
+  });
+  return { ...state, ipv4: empty(state.ipv4), ipv6: empty(state.ipv6) };
 }

@@ -270,6 +270,22 @@ for (const backendCase of CASES) {
       );
     });
 
+    it('the flows stop being translated when the controller steps aside for kube-proxy, and follow it back', async () => {
+      // kube-proxy's mode as its monitor reports it (test/kernel/kube-proxy-mode.test.ts covers
+      // the detection itself): our rules go, and so must the entries they made.
+      controller!.onKubeProxyMode({ mode: 'nftables', source: 'proxyMode', detail: '/proxyMode: nftables' });
+      await flowsArriveAt(
+        { 'pod-v4': 'lb-path-v4', 'node-v4': 'lb-path-v4', 'pod-v6': 'lb-path-v6' },
+        'after stepping aside',
+      );
+      expect(controller!.status.kubeProxy?.steppedAside).to.equal(true);
+      controller!.onKubeProxyMode({ mode: 'ipvs', source: 'proxyMode', detail: '/proxyMode: ipvs' });
+      await flowsArriveAt(
+        { 'pod-v4': 'second-v4', 'node-v4': 'second-v4', 'pod-v6': 'second-v6' },
+        'after kube-proxy is back in IPVS mode',
+      );
+    });
+
     it('the IPv4 flows stop being translated when the ingress turns to ipMode Proxy; IPv6 keeps its own', async () => {
       api.apply(dnsService(SECOND, 'Proxy'));
       await flowsArriveAt(

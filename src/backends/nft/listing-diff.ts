@@ -116,14 +116,27 @@ interface WorkerReply {
   failed?: { code?: string | number; killed: boolean; output: string };
 }
 
+/** The worker could not start or died: the caller may compare on the event loop instead. */
+export class ListingWorkerError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'ListingWorkerError';
+  }
+}
+
 /** One worker per comparison, ended after it: an idle worker would hold its own heap all the time. */
 async function inWorker(source: string, workerData: Record<string, unknown>): Promise<WorkerReply> {
-  const worker = new Worker(source, { eval: true, workerData });
+  let worker: Worker;
+  try {
+    worker = new Worker(source, { eval: true, workerData });
+  } catch (err) {
+    throw new ListingWorkerError(`the listing worker did not start: ${(err as Error).message}`);
+  }
   try {
     return await new Promise<WorkerReply>((resolve, reject) => {
       worker.once('message', resolve);
-      worker.once('error', reject);
-      worker.once('exit', (code) => reject(new Error(`the listing worker exited with code ${code}`)));
+      worker.once('error', (err) => reject(new ListingWorkerError(`the listing worker failed: ${err.message}`)));
+      worker.once('exit', (code) => reject(new ListingWorkerError(`the listing worker exited with code ${code}`)));
     });
   } finally {
     void worker.terminate();

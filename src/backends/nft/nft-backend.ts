@@ -17,7 +17,7 @@ import { BackendError, type Backend, type ProbeResult, type SyncOptions, type Sy
 import { ElementStorage, entryKey, isEmpty, type ElementChanges } from '../element-storage.js';
 import { NftCliExecutor, NftError, NftTimeoutError, type NftExecutor } from './executor.js';
 import { JsonWriter, Transaction, type MapElement, type RuleObject } from './objects.js';
-import { diffListing, expectedLines, listAndDiff, type ListingDiff } from './listing-diff.js';
+import { ListingWorkerError, diffListing, expectedLines, listAndDiff, type ListingDiff } from './listing-diff.js';
 import {
   MAP_NAME,
   NFT_FAMILY,
@@ -98,6 +98,8 @@ export class NftBackend implements Backend {
   private generation = 0;
   /** Lists without holding back our writes (the nft command); undefined: list between writes. */
   private lister: NftLister | undefined;
+  /** False once a worker thread could not be used: listings are then compared on the event loop. */
+  private workers = true;
   /** Verifications skipped in a row per family because the listing could not finish. */
   private readonly skippedVerifications = new Map<Family, number>();
 
@@ -364,10 +366,18 @@ export class NftBackend implements Backend {
     if (this.lister && skipped < MAX_SKIPPED_VERIFICATIONS) {
       const timeoutMs = Math.ceil(1_000 + entries / 10);
       try {
-        const diff =
-          this.lister instanceof NftCliExecutor
-            ? await listAndDiff(this.lister.binary, nf, TABLE_NAME, expected, MAP_NAME, timeoutMs)
-            : await this.diff(await this.lister.listTable(nf, TABLE_NAME, timeoutMs), expected);
+        let diff: ListingDiff | undefined;
+        try {
+          diff =
+            this.lister instanceof NftCliExecutor && this.workers
+              ? await listAndDiff(this.lister.binary, nf, TABLE_NAME, expected, MAP_NAME, timeoutMs)
+              : await this.diff(await this.lister.listTable(nf, TABLE_NAME, timeoutMs), expected);
+        } catch (err) {
+          if (!(err instanceof ListingWorkerError)) throw err;
+          // No worker threads here: compare on the event loop from now on.
+          this.workers = false;
+          diff = await this.diff(await this.lister.listTable(nf, TABLE_NAME, timeoutMs), expected);
+        }
         this.skippedVerifications.delete(family);
         return diff;
       } catch (err) {
@@ -385,7 +395,14 @@ export class NftBackend implements Backend {
   }
 
   private async diff(listing: string | undefined, expected: string): Promise<ListingDiff | undefined> {
-    return listing === undefined ? undefined : diffListing(listing, expected, MAP_NAME);
+    if (listing === undefined) return undefined;
+    try {
+      return await diffListing(listing, expected, MAP_NAME, this.workers ? undefined : Infinity);
+    } catch (err) {
+      if (!(err instanceof ListingWorkerError)) throw err;
+      this.workers = false;
+      return diffListing(listing, expected, MAP_NAME, Infinity);
+    }
   }
 
   async cleanup(): Promise<void> {

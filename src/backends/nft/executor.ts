@@ -48,7 +48,7 @@ export function isNoSuchObject(err: unknown): boolean {
 
 export class NftCliExecutor implements NftExecutor {
   readonly kind = 'cli' as const;
-  constructor(private readonly binary = 'nft') {}
+  constructor(readonly binary = 'nft') {}
 
   async run(json: string): Promise<void> {
     await this.execDocument([], json);

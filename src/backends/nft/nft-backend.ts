@@ -17,6 +17,7 @@ import { BackendError, type Backend, type ProbeResult, type SyncOptions, type Sy
 import { ElementStorage, entryKey, isEmpty, type ElementChanges } from '../element-storage.js';
 import { NftCliExecutor, NftError, NftTimeoutError, type NftExecutor } from './executor.js';
 import { JsonWriter, Transaction, type MapElement, type RuleObject } from './objects.js';
+import { ListingWorkerError, diffListing, expectedLines, listAndDiff, type ListingDiff } from './listing-diff.js';
 import {
   MAP_NAME,
   NFT_FAMILY,
@@ -57,7 +58,12 @@ export interface NftBackendOptions {
    * meanwhile (the addon runs one command at a time). Default: the nft command (the executor
    * itself when it is the nft command); for another executor, it lists between our writes.
    */
-  lister?: NftCliExecutor;
+  lister?: NftLister;
+}
+
+/** Lists a table as `nft -j list table` prints it; NftCliExecutor is one. */
+export interface NftLister {
+  listTable(family: 'ip' | 'ip6', name: string, timeoutMs?: number): Promise<string | undefined>;
 }
 
 /** An element read back from the kernel map. */
@@ -91,7 +97,9 @@ export class NftBackend implements Backend {
   /** Bumped whenever a family's table is written whole: a verification begun before is void. */
   private generation = 0;
   /** Lists without holding back our writes (the nft command); undefined: list between writes. */
-  private lister: NftCliExecutor | undefined;
+  private lister: NftLister | undefined;
+  /** False once a worker thread could not be used: listings are then compared on the event loop. */
+  private workers = true;
   /** Verifications skipped in a row per family because the listing could not finish. */
   private readonly skippedVerifications = new Map<Family, number>();
 
@@ -284,9 +292,13 @@ export class NftBackend implements Backend {
     const generation = this.generation;
     const written = new Set<string>();
     this.writtenDuringListing.set(family, written);
-    let listing: string | undefined | typeof SKIPPED;
+    // What partial syncs write from now on is in `written` and left out below, so the elements
+    // can be taken now; the comparison runs off the event loop, outside our write queue.
+    const snapshot = [...(this.programmed.get(family)?.elements.values() ?? [])];
+    const expected = await expectedLines(snapshot);
+    let diff: ListingDiff | undefined | typeof SKIPPED;
     try {
-      listing = await this.listTable(family, this.programmed.get(family)?.elements.size ?? 0);
+      diff = await this.listAndCompare(family, expected, snapshot.length);
     } catch (err) {
       this.writtenDuringListing.delete(family);
       throw err;
@@ -295,16 +307,16 @@ export class NftBackend implements Backend {
       // Every partial sync that may have committed after the listing has noted its keys by now.
       this.writtenDuringListing.delete(family);
       const programmed = this.programmed.get(family);
-      if (generation !== this.generation || !programmed || listing === SKIPPED) return 0;
-      if (listing === undefined) throw new NftError('the table is missing');
-      const { elements: listed, rules } = parseTableListing(family, listing);
+      if (generation !== this.generation || !programmed || diff === SKIPPED) return 0;
+      if (diff === undefined) throw new NftError('the table is missing');
+      const listed = parseListedElements(family, diff.residue);
       const tx = new Transaction();
       let repairs = 0;
       for (const chain of programmed.table.chains) {
         const want = programmed.table.rules
           .filter((r) => r.chain === chain.name)
           .map((r) => JSON.stringify(ruleExpressions(this.json, r)));
-        const have = (rules.get(chain.name) ?? []).map((expr) => JSON.stringify(expr));
+        const have = diff.rules[chain.name] ?? [];
         if (want.length !== have.length || want.some((w, i) => w !== have[i])) {
           rewriteRules(tx, programmed.table, chain);
           repairs++;
@@ -312,7 +324,8 @@ export class NftBackend implements Backend {
       }
       const removed: MapElement[] = [];
       const added: MapElement[] = [];
-      for (const e of programmed.elements.values()) {
+      for (const i of diff.unmatched) {
+        const e = snapshot[i]!;
         const key = entryKey(e);
         if (written.has(key)) continue;
         const kernel = listed.get(key);
@@ -336,20 +349,37 @@ export class NftBackend implements Backend {
   }
 
   /**
-   * The listing a verification compares with. Through the nft command (another process) when the
-   * addon programs, so that partial syncs go on meanwhile; but nft starts a listing again whenever
-   * the ruleset changes under it, so while changes flow it may not finish: then the verification
-   * is skipped, up to MAX_SKIPPED_VERIFICATIONS times in a row, after which the listing runs
-   * between our own writes (changes wait for it, once).
+   * The listing compared with `expected` (expectedLine per element). Through the nft command
+   * (another process, run from a worker) when the addon programs, so that partial syncs go on
+   * meanwhile; but nft starts a listing again whenever the ruleset changes under it, so while
+   * changes flow it may not finish: then the verification is skipped, up to
+   * MAX_SKIPPED_VERIFICATIONS times in a row, after which the listing runs between our own writes
+   * (changes wait for it, once). Undefined: the table does not exist.
    */
-  private async listTable(family: Family, entries: number): Promise<string | undefined | typeof SKIPPED> {
+  private async listAndCompare(
+    family: Family,
+    expected: string,
+    entries: number,
+  ): Promise<ListingDiff | undefined | typeof SKIPPED> {
     const nf = NFT_FAMILY[family];
     const skipped = this.skippedVerifications.get(family) ?? 0;
     if (this.lister && skipped < MAX_SKIPPED_VERIFICATIONS) {
+      const timeoutMs = Math.ceil(1_000 + entries / 10);
       try {
-        const listing = await this.lister.listTable(nf, TABLE_NAME, 1_000 + entries / 10);
+        let diff: ListingDiff | undefined;
+        try {
+          diff =
+            this.lister instanceof NftCliExecutor && this.workers
+              ? await listAndDiff(this.lister.binary, nf, TABLE_NAME, expected, MAP_NAME, timeoutMs)
+              : await this.diff(await this.lister.listTable(nf, TABLE_NAME, timeoutMs), expected);
+        } catch (err) {
+          if (!(err instanceof ListingWorkerError)) throw err;
+          // No worker threads here: compare on the event loop from now on.
+          this.workers = false;
+          diff = await this.diff(await this.lister.listTable(nf, TABLE_NAME, timeoutMs), expected);
+        }
         this.skippedVerifications.delete(family);
-        return listing;
+        return diff;
       } catch (err) {
         if (err instanceof NftTimeoutError) {
           this.skippedVerifications.set(family, skipped + 1);
@@ -361,7 +391,18 @@ export class NftBackend implements Backend {
       }
     }
     this.skippedVerifications.delete(family);
-    return this.exclusive(() => this.executor.listTable(nf, TABLE_NAME));
+    return this.diff(await this.exclusive(() => this.executor.listTable(nf, TABLE_NAME)), expected);
+  }
+
+  private async diff(listing: string | undefined, expected: string): Promise<ListingDiff | undefined> {
+    if (listing === undefined) return undefined;
+    try {
+      return await diffListing(listing, expected, MAP_NAME, this.workers ? undefined : Infinity);
+    } catch (err) {
+      if (!(err instanceof ListingWorkerError)) throw err;
+      this.workers = false;
+      return diffListing(listing, expected, MAP_NAME, Infinity);
+    }
   }
 
   async cleanup(): Promise<void> {
@@ -396,7 +437,7 @@ export function parseTableListing(
   family: Family,
   listing: string,
 ): { elements: Map<string, ListedElement>; rules: Map<string, unknown[]> } {
-  const elements = new Map<string, ListedElement>();
+  let elements = new Map<string, ListedElement>();
   const rules = new Map<string, unknown[]>();
   const doc = JSON.parse(listing) as { nftables?: Array<Record<string, Json>> };
   for (const item of doc.nftables ?? []) {
@@ -407,30 +448,35 @@ export function parseTableListing(
       rules.set(rule.chain, list);
     }
     const map = item.map as { name?: string; elem?: Json[] } | undefined;
-    if (map?.name !== MAP_NAME) continue;
-    for (const pair of map.elem ?? []) {
-      if (!Array.isArray(pair) || pair.length !== 2)
-        throw new NftError(`unexpected map element ${JSON.stringify(pair)}`);
-      const [k, value] = pair as [Json, Json];
-      const wrapped = (k as { elem?: { val: Json; comment?: string } }).elem;
-      const val = wrapped ? wrapped.val : k;
-      const parts = (val as { concat?: Json[] }).concat;
-      if (!Array.isArray(parts) || parts.length !== 3 || typeof value !== 'string') {
-        throw new NftError(`unexpected map element ${JSON.stringify(pair)}`);
-      }
-      const [ip, proto, port] = parts as [string, string | number, number | string];
-      // nft prints addresses as the model writes them (RFC 5952 for IPv6); parse only what differs.
-      const address = family === 'ipv6' ? (parseIp(ip)?.address ?? ip) : ip;
-      const protocol = typeof proto === 'string' ? proto.toUpperCase() : proto;
-      const key = entryKey({ family, externalIp: address, protocol: protocol as never, port: Number(port) });
-      elements.set(key, {
-        key,
-        value: family === 'ipv6' ? (parseIp(value)?.address ?? value) : value,
-        comment: wrapped?.comment,
-        // Deleted by key: written back as it was read.
-        element: { key: [ip, proto, port], value },
-      });
-    }
+    if (map?.name === MAP_NAME) elements = parseListedElements(family, map.elem ?? []);
   }
   return { elements, rules };
+}
+
+/** Map elements as a listing shows them (`[key, value]` pairs), by entry key. */
+function parseListedElements(family: Family, pairs: readonly Json[]): Map<string, ListedElement> {
+  const elements = new Map<string, ListedElement>();
+  for (const pair of pairs) {
+    if (!Array.isArray(pair) || pair.length !== 2) throw new NftError(`unexpected map element ${JSON.stringify(pair)}`);
+    const [k, value] = pair as [Json, Json];
+    const wrapped = (k as { elem?: { val: Json; comment?: string } }).elem;
+    const val = wrapped ? wrapped.val : k;
+    const parts = (val as { concat?: Json[] }).concat;
+    if (!Array.isArray(parts) || parts.length !== 3 || typeof value !== 'string') {
+      throw new NftError(`unexpected map element ${JSON.stringify(pair)}`);
+    }
+    const [ip, proto, port] = parts as [string, string | number, number | string];
+    // nft prints addresses as the model writes them (RFC 5952 for IPv6); parse only what differs.
+    const address = family === 'ipv6' ? (parseIp(ip)?.address ?? ip) : ip;
+    const protocol = typeof proto === 'string' ? proto.toUpperCase() : proto;
+    const key = entryKey({ family, externalIp: address, protocol: protocol as never, port: Number(port) });
+    elements.set(key, {
+      key,
+      value: family === 'ipv6' ? (parseIp(value)?.address ?? value) : value,
+      comment: wrapped?.comment,
+      // Deleted by key: written back as it was read.
+      element: { key: [ip, proto, port], value },
+    });
+  }
+  return elements;
 }

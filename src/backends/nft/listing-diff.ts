@@ -1,0 +1,193 @@
+// Compares a table listing (`nft -j list table`) with the map elements we programmed, off the
+// event loop: at 50,000 elements parsing and comparing the listing takes 200 ms, and changes must
+// not wait for it. The worker matches elements by their printed form (address, protocol, port,
+// value, comment); what does not match exactly (drift, or an address printed otherwise) comes
+// back as a small residue for the backend to judge with the model's own parsing.
+//
+// The worker's code is a string so that it survives bundling (one file, renamed identifiers).
+
+import { Worker } from 'node:worker_threads';
+import type { Entry } from '../../model/types.js';
+import { NftError, NftTimeoutError, isNoSuchObject, nftErrorMessage } from './executor.js';
+
+/** What the comparison found; `unmatched` are indices into the expected lines. */
+export interface ListingDiff {
+  /** Rule expressions (JSON) by chain, in listing order. */
+  rules: Record<string, string[]>;
+  /** Expected elements not found with the same value and comment. */
+  unmatched: number[];
+  /** Listed map elements (`[key, value]` as in the listing) that matched no expected line. */
+  residue: unknown[];
+}
+
+/**
+ * The line an entry's element is expected as: `ip|proto|port\tvalue\tcomment`, as the worker
+ * writes a listed element (the protocol as nft prints it, in lower case).
+ */
+export function expectedLine(e: Entry): string {
+  return `${e.externalIp}|${e.protocol.toLowerCase()}|${e.port}\t${e.clusterIp}\t${e.service}`;
+}
+
+/** Entries per turn of the event loop while their lines are written. */
+const LINES_PER_TURN = 2_000;
+
+/** The expected lines of `entries`, one per line, written a slice per turn of the event loop. */
+export async function expectedLines(entries: readonly Entry[]): Promise<string> {
+  const lines: string[] = [];
+  for (let i = 0; i < entries.length; i++) {
+    if (i > 0 && i % LINES_PER_TURN === 0) await new Promise((resolve) => setImmediate(resolve));
+    lines.push(expectedLine(entries[i]!));
+  }
+  return lines.join('\n');
+}
+
+/** function(listing, expected, mapName) -> ListingDiff; throws on an unexpected element. */
+const DIFF_BODY = `
+  const doc = JSON.parse(listing);
+  const rules = {};
+  const lines = expected === '' ? [] : expected.split('\\n');
+  const byKey = new Map();
+  for (let i = 0; i < lines.length; i++) {
+    const line = lines[i];
+    byKey.set(line.slice(0, line.indexOf('\\t')), i);
+  }
+  const matched = new Uint8Array(lines.length);
+  const residue = [];
+  for (const item of doc.nftables || []) {
+    const rule = item.rule;
+    if (rule && rule.chain !== undefined) (rules[rule.chain] || (rules[rule.chain] = [])).push(JSON.stringify(rule.expr));
+    const map = item.map;
+    if (!map || map.name !== mapName) continue;
+    for (const pair of map.elem || []) {
+      if (!Array.isArray(pair) || pair.length !== 2) throw new Error('unexpected map element ' + JSON.stringify(pair));
+      const k = pair[0];
+      const wrapped = k && k.elem;
+      const parts = (wrapped ? wrapped.val : k).concat;
+      if (!Array.isArray(parts) || parts.length !== 3 || typeof pair[1] !== 'string') {
+        throw new Error('unexpected map element ' + JSON.stringify(pair));
+      }
+      const key = parts.join('|');
+      const line = key + '\\t' + pair[1] + '\\t' + ((wrapped && wrapped.comment) || '');
+      const i = byKey.get(key);
+      if (i !== undefined && lines[i] === line && matched[i] === 0) matched[i] = 1;
+      else residue.push(pair);
+    }
+  }
+  const unmatched = [];
+  for (let i = 0; i < lines.length; i++) if (matched[i] === 0) unmatched.push(i);
+  return { rules, unmatched, residue };
+`;
+
+const DIFF_WORKER = `
+const { parentPort, workerData } = require('node:worker_threads');
+function diff(listing, expected, mapName) {${DIFF_BODY}}
+try {
+  parentPort.postMessage({ ok: diff(workerData.listing, workerData.expected, workerData.mapName) });
+} catch (err) {
+  parentPort.postMessage({ error: String((err && err.message) || err) });
+}
+`;
+
+/** Runs `nft -j list table` itself: the listing's megabytes never reach the event loop. */
+const LIST_AND_DIFF_WORKER = `
+const { parentPort, workerData } = require('node:worker_threads');
+const { execFile } = require('node:child_process');
+function diff(listing, expected, mapName) {${DIFF_BODY}}
+const w = workerData;
+const options = { maxBuffer: 1 << 30, ...(w.timeoutMs !== undefined ? { timeout: w.timeoutMs } : {}) };
+execFile(w.binary, ['-j', 'list', 'table', w.family, w.table], options, (err, stdout, stderr) => {
+  if (err) {
+    parentPort.postMessage({
+      failed: { code: err.code, killed: err.killed === true, output: String(stderr) + '\\n' + String(stdout) },
+    });
+    return;
+  }
+  try {
+    parentPort.postMessage({ ok: diff(stdout, w.expected, w.mapName) });
+  } catch (e) {
+    parentPort.postMessage({ error: String((e && e.message) || e) });
+  }
+});
+`;
+
+interface WorkerReply {
+  ok?: ListingDiff;
+  error?: string;
+  failed?: { code?: string | number; killed: boolean; output: string };
+}
+
+/** The worker could not start or died: the caller may compare on the event loop instead. */
+export class ListingWorkerError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'ListingWorkerError';
+  }
+}
+
+/** One worker per comparison, ended after it: an idle worker would hold its own heap all the time. */
+async function inWorker(source: string, workerData: Record<string, unknown>): Promise<WorkerReply> {
+  let worker: Worker;
+  try {
+    worker = new Worker(source, { eval: true, workerData });
+  } catch (err) {
+    throw new ListingWorkerError(`the listing worker did not start: ${(err as Error).message}`);
+  }
+  try {
+    return await new Promise<WorkerReply>((resolve, reject) => {
+      worker.once('message', resolve);
+      worker.once('error', (err) => reject(new ListingWorkerError(`the listing worker failed: ${err.message}`)));
+      worker.once('exit', (code) => reject(new ListingWorkerError(`the listing worker exited with code ${code}`)));
+    });
+  } finally {
+    void worker.terminate();
+  }
+}
+
+// eslint-disable-next-line @typescript-eslint/no-implied-eval
+const diffInline = new Function('listing', 'expected', 'mapName', DIFF_BODY) as (
+  listing: string,
+  expected: string,
+  mapName: string,
+) => ListingDiff;
+
+/** Listings shorter than this are compared on the event loop: a worker's start costs more. */
+export const OFF_THREAD_ABOVE_BYTES = 256 * 1024;
+
+export async function diffListing(
+  listing: string,
+  expected: string,
+  mapName: string,
+  offThreadAboveBytes = OFF_THREAD_ABOVE_BYTES,
+): Promise<ListingDiff> {
+  if (listing.length < offThreadAboveBytes) return diffInline(listing, expected, mapName);
+  const reply = await inWorker(DIFF_WORKER, { listing, expected, mapName });
+  if (reply.error !== undefined) throw new NftError(reply.error);
+  return reply.ok!;
+}
+
+/**
+ * `nft -j list table <family> <table>` compared with `expected`, both in a worker; undefined
+ * when the table does not exist. Errors as NftCliExecutor.listTable's.
+ */
+export async function listAndDiff(
+  binary: string,
+  family: 'ip' | 'ip6',
+  table: string,
+  expected: string,
+  mapName: string,
+  timeoutMs?: number,
+): Promise<ListingDiff | undefined> {
+  const reply = await inWorker(LIST_AND_DIFF_WORKER, { binary, family, table, expected, mapName, timeoutMs });
+  if (reply.failed) {
+    const { code, killed, output } = reply.failed;
+    const command = `nft -j list table ${family} ${table}`;
+    if (code === 'ENOENT') throw new NftError(`the '${binary}' command was not found: install the nftables package`);
+    if (killed && timeoutMs !== undefined)
+      throw new NftTimeoutError(`${command} did not finish within ${timeoutMs} ms`);
+    const error = new NftError(nftErrorMessage(output));
+    if (isNoSuchObject(error)) return undefined;
+    throw error;
+  }
+  if (reply.error !== undefined) throw new NftError(reply.error);
+  return reply.ok!;
+}

@@ -13,8 +13,8 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import YAML from 'yaml';
 import { MAP_NAME, TABLE_NAME } from '../src/backends/nft/render.js';
-import { ApiStandIn } from '../test/support/api-server.js';
-import { assertIsolatedNetns, sh } from '../test/support/node-network.js';
+import { ApiStandIn } from '../testbed/api-server.js';
+import { assertIsolatedNetns, sh } from '../testbed/node-network.js';
 import { DemoNode, IpvsStandIn, NODE_NAME, assignLoadBalancerIps, type VirtualService } from './cluster.js';
 import { relayUnixToTcp } from './relay.js';
 

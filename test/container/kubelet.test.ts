@@ -18,9 +18,9 @@ import { tmpdir } from 'node:os';
 import { dirname, join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import YAML from 'yaml';
-import { ApiStandIn } from '../support/api-server.js';
+import { ApiStandIn } from '../../testbed/api-server.js';
 import { httpGet } from '../support/scrape.js';
-import { NODE } from '../support/node-network.js';
+import { NODE } from '../../testbed/node-network.js';
 import { Scenario, LB_V4, LB_PATH } from '../kernel/scenario.js';
 import { defaultCgroupPath } from '../../src/backends/ebpf/ebpf-backend.js';
 

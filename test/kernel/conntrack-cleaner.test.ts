@@ -9,7 +9,7 @@ import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import { ConntrackCleaner } from '../../src/conntrack/conntrack-cleaner.js';
 import type { StaleTuple } from '../../src/conntrack/stale-tuples.js';
-import { NodeNetwork, requireTools, sh } from '../support/node-network.js';
+import { NodeNetwork, requireTools, sh } from '../../testbed/node-network.js';
 
 const A = '192.0.2.60';
 const B = '192.0.2.61';

@@ -18,8 +18,8 @@ import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import { Controller } from '../../src/controller.js';
 import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
 import type { ModelConfig } from '../../src/model/types.js';
-import { ApiStandIn } from '../support/api-server.js';
-import { NODE, NodeNetwork, requireTools, sh } from '../support/node-network.js';
+import { ApiStandIn } from '../../testbed/api-server.js';
+import { NODE, NodeNetwork, requireTools, sh } from '../../testbed/node-network.js';
 import { CountingUdpServer, UdpFlow } from '../support/udp-flow.js';
 
 const LB4 = '192.0.2.50';

@@ -7,7 +7,7 @@ import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
 import { DesiredStateModel } from '../../src/model/desired-state.js';
-import { assertIsolatedNetns, sh } from '../support/node-network.js';
+import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
 import { CONFIG, NODE_INFO, SERVICES } from './scenario.js';
 
 for (const variant of ['legacy', 'nft'] as const) {

@@ -14,7 +14,7 @@ import {
 } from '../../src/backends/nft/render.js';
 import { DesiredStateModel } from '../../src/model/desired-state.js';
 import type { DesiredState, Family, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
-import { assertIsolatedNetns } from '../support/node-network.js';
+import { assertIsolatedNetns } from '../../testbed/node-network.js';
 
 const CONFIG: ModelConfig = {
   detectLocalMode: 'NodeCIDR',

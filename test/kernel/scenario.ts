@@ -1,7 +1,7 @@
 // The Services, addresses and servers shared by the packet tests of every backend.
 
 import type { ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
-import { NamedServer, NodeNetwork, NODE } from '../support/node-network.js';
+import { NamedServer, NodeNetwork, NODE } from '../../testbed/node-network.js';
 
 export const LB_V4 = '192.0.2.10';
 export const LB_V6 = '2001:db8::10';

@@ -14,7 +14,7 @@ import { ServiceEventRecorder, SKIP_EXPLANATIONS } from '../../src/events/servic
 import { toServiceInfo } from '../../src/kube/objects.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { SKIP_REASONS, type DesiredState, type ServiceInfo } from '../../src/model/types.js';
-import { ApiStandIn } from '../support/api-server.js';
+import { ApiStandIn } from '../../testbed/api-server.js';
 
 const run = promisify(execFile);
 

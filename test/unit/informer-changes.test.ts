@@ -8,7 +8,7 @@ import { KubeConfig } from '@kubernetes/client-node';
 import { createClusterCaches, type ClusterCaches } from '../../src/kube/cluster.js';
 import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, FamilyState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
-import { ApiStandIn } from '../support/api-server.js';
+import { ApiStandIn } from '../../testbed/api-server.js';
 
 const CONFIG: ModelConfig = {
   detectLocalMode: 'NodeCIDR',

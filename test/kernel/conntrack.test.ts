@@ -17,23 +17,16 @@ import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
 import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import { Controller } from '../../src/controller.js';
 import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
-import type { ModelConfig } from '../../src/model/types.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { NODE, NodeNetwork, requireTools, sh } from '../../testbed/node-network.js';
 import { CountingUdpServer, UdpFlow } from '../support/udp-flow.js';
+import { CONFIG } from '../support/fixtures.js';
 
 const LB4 = '192.0.2.50';
 const LB6 = '2001:db8::50';
 const PORT = 5353;
 const FIRST = { v4: '10.96.5.1', v6: 'fd00::5:1' };
 const SECOND = { v4: '10.96.5.2', v6: 'fd00::5:2' };
-
-const CONFIG: ModelConfig = {
-  detectLocalMode: 'NodeCIDR',
-  clusterCidrs: [],
-  masqueradeBit: 14,
-  localTrafficPolicyOnly: false,
-};
 
 const NODE_OBJECT = {
   apiVersion: 'v1',

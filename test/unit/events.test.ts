@@ -15,6 +15,7 @@ import { toServiceInfo } from '../../src/kube/objects.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { SKIP_REASONS, type DesiredState, type ServiceInfo } from '../../src/model/types.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
+import { CONFIG } from '../support/fixtures.js';
 
 const run = promisify(execFile);
 
@@ -89,12 +90,7 @@ describe('Service Events', function () {
           .map(toServiceInfo)
           .filter((s): s is ServiceInfo => s !== undefined),
     };
-    desired = buildDesiredState(services.list(), undefined, {
-      detectLocalMode: 'NodeCIDR',
-      clusterCidrs: [],
-      masqueradeBit: 14,
-      localTrafficPolicyOnly: false,
-    });
+    desired = buildDesiredState(services.list(), undefined, CONFIG);
   });
   afterEach(async () => server.stop());
 

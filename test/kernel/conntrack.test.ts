@@ -8,9 +8,7 @@ import { expect } from 'chai';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Writable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { pino } from 'pino';
 import type { Backend } from '../../src/backends/backend.js';
 import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
 import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
@@ -21,6 +19,7 @@ import { ApiStandIn } from '../../testbed/api-server.js';
 import { NODE, NodeNetwork, requireTools, sh } from '../../testbed/node-network.js';
 import { CountingUdpServer, UdpFlow } from '../support/udp-flow.js';
 import { CONFIG } from '../support/fixtures.js';
+import { linesLogger } from '../support/log-lines.js';
 
 const LB4 = '192.0.2.50';
 const LB6 = '2001:db8::50';
@@ -153,15 +152,7 @@ for (const backendCase of CASES) {
     });
 
     async function startController(): Promise<void> {
-      const logger = pino(
-        { level: 'debug' },
-        new Writable({
-          write(chunk: Buffer, _enc, done) {
-            logLines.push(chunk.toString());
-            done();
-          },
-        }),
-      );
+      const logger = linesLogger(logLines, 'debug');
       const caches = createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), 'node-1', () =>
         controller?.onCacheChange(),
       );

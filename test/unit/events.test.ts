@@ -6,16 +6,15 @@ import { execFile } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Writable } from 'node:stream';
 import { promisify } from 'node:util';
 import { KubeConfig } from '@kubernetes/client-node';
-import { pino } from 'pino';
 import { ServiceEventRecorder, SKIP_EXPLANATIONS } from '../../src/events/service-events.js';
 import { toServiceInfo } from '../../src/kube/objects.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { SKIP_REASONS, type DesiredState, type ServiceInfo } from '../../src/model/types.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { CONFIG } from '../support/fixtures.js';
+import { linesLogger } from '../support/log-lines.js';
 
 const run = promisify(execFile);
 
@@ -67,15 +66,7 @@ describe('Service Events', function () {
   let services: { list(): ServiceInfo[] };
   let desired: DesiredState;
   const logLines: string[] = [];
-  const logger = pino(
-    { level: 'info' },
-    new Writable({
-      write(chunk: Buffer, _enc, done) {
-        logLines.push(chunk.toString());
-        done();
-      },
-    }),
-  );
+  const logger = linesLogger(logLines);
 
   beforeEach(async () => {
     logLines.length = 0;

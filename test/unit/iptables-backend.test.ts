@@ -4,8 +4,6 @@
 // tests (test/kernel/iptables*.test.ts) stay the proof with packets.
 
 import { expect } from 'chai';
-import { Writable } from 'node:stream';
-import { pino, type Logger } from 'pino';
 import { IptablesCommands } from '../../src/backends/iptables/apply.js';
 import { FakeIptables } from '../../src/backends/iptables/fake-runner.js';
 import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
@@ -14,6 +12,7 @@ import { BackendError } from '../../src/backends/backend.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, Family, ModelConfig, ServiceInfo } from '../../src/model/types.js';
 import { CONFIG } from '../support/fixtures.js';
+import { linesLogger } from '../support/log-lines.js';
 
 const NODE = { name: 'node-1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
 
@@ -32,17 +31,6 @@ function service(i: number): ServiceInfo {
 
 const state = (services: ServiceInfo[], config: Partial<ModelConfig> = {}): DesiredState =>
   buildDesiredState(services, NODE, { ...CONFIG, ...config });
-
-function logged(): { logger: Logger; lines: string[] } {
-  const lines: string[] = [];
-  const stream = new Writable({
-    write(chunk: Buffer, _enc, done) {
-      lines.push(chunk.toString());
-      done();
-    },
-  });
-  return { logger: pino({ level: 'info' }, stream), lines };
-}
 
 /** Our rules as `-save` prints them, for one family's nat table. */
 function ourChains(fake: FakeIptables, variant: 'legacy' | 'nft', family: Family) {
@@ -233,7 +221,8 @@ for (const variant of ['legacy', 'nft'] as const) {
     });
 
     it('leaves out and reports entries that fail validation, logging each once per change', async () => {
-      const { logger, lines } = logged();
+      const lines: string[] = [];
+      const logger = linesLogger(lines);
       backend = new IptablesBackend(variant, { runner: fake, jumpCheckIntervalMs: 0, logger });
       const desired = state([service(1), service(2)], {
         detectLocalMode: 'BridgeInterface',

@@ -20,7 +20,7 @@ import { relayUnixToTcp } from './relay.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const CLI = join(here, '..', 'src', 'cli', 'main.js');
-const PROBE_CLIENT = join(here, '..', 'test', 'support', 'probe-client.js');
+const PROBE_CLIENT = join(here, '..', 'testbed', 'probe-client.js');
 /** demo/ of the source tree, beside dist/. */
 export const DEMO_SOURCES = join(here, '..', '..', 'demo');
 const LB_POOL = Array.from({ length: 240 }, (_, i) => `203.0.113.${10 + i}`);

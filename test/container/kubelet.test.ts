@@ -29,7 +29,7 @@ const VERSION = (JSON.parse(readFileSync(join(repoRoot, 'package.json'), 'utf8')
 const IMAGE = `localhost/ipvs-node-controller:${VERSION}`;
 /** The rolling update's new image: a second tag, as a new release would be. */
 const IMAGE_UPDATE = `localhost/ipvs-node-controller:${VERSION}-update`;
-const PROBE_CLIENT = join(repoRoot, 'dist', 'test', 'support', 'probe-client.js');
+const PROBE_CLIENT = join(repoRoot, 'dist', 'testbed', 'probe-client.js');
 const PODMAN_ENV = { ...process.env, CONTAINERS_CONF: join(repoRoot, 'scripts', 'containers.conf') };
 const TAG = `inc-test-${process.pid}`;
 /** The node's address the kubelet probes a host-network pod on. */

@@ -48,7 +48,7 @@ export default tseslint.config(
   },
   {
     // Tests and the demo type Kubernetes JSON loosely on purpose; the product code does not.
-    files: ['test/**/*.ts', 'demo/**/*.ts', 'bench/**/*.ts'],
+    files: ['test/**/*.ts', 'testbed/**/*.ts', 'demo/**/*.ts', 'bench/**/*.ts'],
     rules: { '@typescript-eslint/no-explicit-any': 'off' },
   },
   {

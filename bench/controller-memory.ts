@@ -10,7 +10,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { ApiStandIn } from '../test/support/api-server.js';
+import { ApiStandIn } from '../testbed/api-server.js';
 import { httpGet, scrapeMetrics } from '../test/support/scrape.js';
 
 const CLI = fileURLToPath(new URL('../src/cli/main.js', import.meta.url));

@@ -23,7 +23,7 @@ import { nftDocument, renderFullSyncJson, renderMapChangesJson } from '../src/ba
 import { toNodeInfo, toServiceInfo } from '../src/kube/objects.js';
 import { buildDesiredState } from '../src/model/desired-state.js';
 import { FAMILIES, type Entry, type ModelConfig } from '../src/model/types.js';
-import { ApiStandIn } from '../test/support/api-server.js';
+import { ApiStandIn } from '../testbed/api-server.js';
 import { ControllerProcess, type ControllerFlags } from './controller-process.js';
 import { measureFirstPacket, originalIptablesRules, type FirstPacketScenario } from './first-packet.js';
 import { compilePrograms } from './first-packet-programs.js';

@@ -8,7 +8,7 @@
 // Local and no local endpoint: new connections to it are dropped (`ct state new`, so that replies
 // of translated connections still pass).
 
-import { NamedServer, sh } from '../test/support/node-network.js';
+import { NamedServer, sh } from '../testbed/node-network.js';
 
 export const NODE_NAME = 'demo-node';
 export const POD_CIDR = '10.244.1.0/24';

@@ -13,14 +13,14 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import YAML from 'yaml';
 import { MAP_NAME, TABLE_NAME } from '../src/backends/nft/render.js';
-import { ApiStandIn } from '../test/support/api-server.js';
-import { assertIsolatedNetns, sh } from '../test/support/node-network.js';
+import { ApiStandIn } from '../testbed/api-server.js';
+import { assertIsolatedNetns, sh } from '../testbed/node-network.js';
 import { DemoNode, IpvsStandIn, NODE_NAME, assignLoadBalancerIps, type VirtualService } from './cluster.js';
 import { relayUnixToTcp } from './relay.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const CLI = join(here, '..', 'src', 'cli', 'main.js');
-const PROBE_CLIENT = join(here, '..', 'test', 'support', 'probe-client.js');
+const PROBE_CLIENT = join(here, '..', 'testbed', 'probe-client.js');
 /** demo/ of the source tree, beside dist/. */
 export const DEMO_SOURCES = join(here, '..', '..', 'demo');
 const LB_POOL = Array.from({ length: 240 }, (_, i) => `203.0.113.${10 + i}`);

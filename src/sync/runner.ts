@@ -6,6 +6,8 @@
 // - with partialDuringFull, a change is served by a partial sync while a periodic full sync is
 //   under way (the backend orders its own writes), so a long resync never holds a change back.
 
+import { systemClock, type Clock } from './clock.js';
+
 export interface SyncRequestInfo {
   full: boolean;
   /** When the oldest change served by this sync was requested (performance.now() ms), if any. */
@@ -19,6 +21,8 @@ export interface SyncRunnerOptions {
   onError?(err: Error, retryInMs: number): void;
   /** Partial syncs may run while a full sync runs (once a sync has succeeded). */
   partialDuringFull?: boolean;
+  /** Time and timers; the real ones by default. */
+  clock?: Clock;
 }
 
 export class SyncRunner {
@@ -32,14 +36,18 @@ export class SyncRunner {
   private succeeded = false;
   /** Cancels the scheduled run; set while one is scheduled. */
   private cancelScheduled: (() => void) | undefined;
-  private fullTimer: NodeJS.Timeout | undefined;
+  private fullTimer: unknown;
   private lastRunAt = Number.NEGATIVE_INFINITY;
   private failures = 0;
   /** performance.now() before which a retry after a failure does not start. */
   private retryNotBefore = 0;
   private stopped = true;
 
-  constructor(private readonly options: SyncRunnerOptions) {}
+  private readonly clock: Clock;
+
+  constructor(private readonly options: SyncRunnerOptions) {
+    this.clock = options.clock ?? systemClock;
+  }
 
   /** Starts with a full sync now, then full syncs every fullInterval. */
   start(): void {
@@ -49,7 +57,7 @@ export class SyncRunner {
 
   /** Something changed: sync soon (at once after a quiet period). */
   request(): void {
-    this.changedAt ??= performance.now();
+    this.changedAt ??= this.clock.now();
     this.pending = true;
     this.schedule(0);
   }
@@ -65,7 +73,7 @@ export class SyncRunner {
     this.stopped = true;
     this.cancelScheduled?.();
     this.cancelScheduled = undefined;
-    clearTimeout(this.fullTimer);
+    this.clock.clearTimeout(this.fullTimer);
     await Promise.all(this.running);
   }
 
@@ -80,11 +88,11 @@ export class SyncRunner {
 
   private schedule(extraDelayMs: number): void {
     if (this.stopped || this.cancelScheduled || !this.startable()) return;
-    const sinceLast = performance.now() - this.lastRunAt;
+    const sinceLast = this.clock.now() - this.lastRunAt;
     const delay = Math.max(
       extraDelayMs,
       this.options.minIntervalMs - sinceLast,
-      this.pendingFull ? this.retryNotBefore - performance.now() : 0,
+      this.pendingFull ? this.retryNotBefore - this.clock.now() : 0,
       0,
     );
     const fire = () => {
@@ -93,8 +101,8 @@ export class SyncRunner {
     };
     // setTimeout waits at least 1 ms even when asked for 0: a sync due now runs on the next turn.
     if (delay > 0) {
-      const timer = setTimeout(fire, delay);
-      this.cancelScheduled = () => clearTimeout(timer);
+      const timer = this.clock.setTimeout(fire, delay);
+      this.cancelScheduled = () => this.clock.clearTimeout(timer);
     } else {
       const immediate = setImmediate(fire);
       this.cancelScheduled = () => clearImmediate(immediate);
@@ -108,7 +116,7 @@ export class SyncRunner {
     this.pending = false;
     this.pendingFull = false;
     this.changedAt = undefined;
-    this.lastRunAt = performance.now();
+    this.lastRunAt = this.clock.now();
     if (info.full) this.fullRunning = true;
     else this.partialRunning = true;
     let retryDelay = 0;
@@ -135,7 +143,7 @@ export class SyncRunner {
       this.pendingFull = true;
       this.changedAt =
         info.changedAt !== undefined ? Math.min(info.changedAt, this.changedAt ?? Infinity) : this.changedAt;
-      this.retryNotBefore = performance.now() + retryDelay;
+      this.retryNotBefore = this.clock.now() + retryDelay;
       this.options.onError?.(err instanceof Error ? err : new Error(String(err)), retryDelay);
       // A retry is due later: a run scheduled sooner (for a change) waits for it.
       this.cancelScheduled?.();
@@ -149,8 +157,8 @@ export class SyncRunner {
   }
 
   private armFullTimer(): void {
-    clearTimeout(this.fullTimer);
+    this.clock.clearTimeout(this.fullTimer);
     if (this.stopped) return;
-    this.fullTimer = setTimeout(() => this.requestFull(), this.options.fullIntervalMs);
+    this.fullTimer = this.clock.setTimeout(() => this.requestFull(), this.options.fullIntervalMs);
   }
 }

@@ -18,9 +18,9 @@ import { tmpdir } from 'node:os';
 import { dirname, join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import YAML from 'yaml';
-import { ApiStandIn } from '../support/api-server.js';
+import { ApiStandIn } from '../../testbed/api-server.js';
 import { httpGet } from '../support/scrape.js';
-import { NODE } from '../support/node-network.js';
+import { NODE } from '../../testbed/node-network.js';
 import { Scenario, LB_V4, LB_PATH } from '../kernel/scenario.js';
 import { defaultCgroupPath } from '../../src/backends/ebpf/ebpf-backend.js';
 
@@ -29,7 +29,7 @@ const VERSION = (JSON.parse(readFileSync(join(repoRoot, 'package.json'), 'utf8')
 const IMAGE = `localhost/ipvs-node-controller:${VERSION}`;
 /** The rolling update's new image: a second tag, as a new release would be. */
 const IMAGE_UPDATE = `localhost/ipvs-node-controller:${VERSION}-update`;
-const PROBE_CLIENT = join(repoRoot, 'dist', 'test', 'support', 'probe-client.js');
+const PROBE_CLIENT = join(repoRoot, 'dist', 'testbed', 'probe-client.js');
 const PODMAN_ENV = { ...process.env, CONTAINERS_CONF: join(repoRoot, 'scripts', 'containers.conf') };
 const TAG = `inc-test-${process.pid}`;
 /** The node's address the kubelet probes a host-network pod on. */

@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
 import { execa, execaSync } from 'execa';
-import { assertIsolatedNetns } from '../support/node-network.js';
+import { assertIsolatedNetns } from '../../testbed/node-network.js';
 
 const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
 const REPO = fileURLToPath(new URL('../../../', import.meta.url));

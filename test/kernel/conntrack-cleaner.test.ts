@@ -5,11 +5,10 @@
 import { expect } from 'chai';
 import * as dgram from 'node:dgram';
 import { once } from 'node:events';
-import { Writable } from 'node:stream';
-import { pino } from 'pino';
 import { ConntrackCleaner } from '../../src/conntrack/conntrack-cleaner.js';
 import type { StaleTuple } from '../../src/conntrack/stale-tuples.js';
-import { NodeNetwork, requireTools, sh } from '../support/node-network.js';
+import { NodeNetwork, requireTools, sh } from '../../testbed/node-network.js';
+import { linesLogger } from '../support/log-lines.js';
 
 const A = '192.0.2.60';
 const B = '192.0.2.61';
@@ -53,15 +52,7 @@ describe('conntrack clean-up on the kernel', function () {
   this.timeout(30_000);
   const network = new NodeNetwork();
   const logLines: string[] = [];
-  const logger = pino(
-    { level: 'debug' },
-    new Writable({
-      write(chunk: Buffer, _enc, done) {
-        logLines.push(chunk.toString());
-        done();
-      },
-    }),
-  );
+  const logger = linesLogger(logLines, 'debug');
 
   before(() => {
     requireTools('conntrack');

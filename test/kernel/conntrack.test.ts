@@ -8,32 +8,24 @@ import { expect } from 'chai';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Writable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { pino } from 'pino';
 import type { Backend } from '../../src/backends/backend.js';
 import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
 import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
 import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import { Controller } from '../../src/controller.js';
 import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
-import type { ModelConfig } from '../../src/model/types.js';
-import { ApiStandIn } from '../support/api-server.js';
-import { NODE, NodeNetwork, requireTools, sh } from '../support/node-network.js';
+import { ApiStandIn } from '../../testbed/api-server.js';
+import { NODE, NodeNetwork, requireTools, sh } from '../../testbed/node-network.js';
 import { CountingUdpServer, UdpFlow } from '../support/udp-flow.js';
+import { CONFIG } from '../support/fixtures.js';
+import { linesLogger } from '../support/log-lines.js';
 
 const LB4 = '192.0.2.50';
 const LB6 = '2001:db8::50';
 const PORT = 5353;
 const FIRST = { v4: '10.96.5.1', v6: 'fd00::5:1' };
 const SECOND = { v4: '10.96.5.2', v6: 'fd00::5:2' };
-
-const CONFIG: ModelConfig = {
-  detectLocalMode: 'NodeCIDR',
-  clusterCidrs: [],
-  masqueradeBit: 14,
-  localTrafficPolicyOnly: false,
-};
 
 const NODE_OBJECT = {
   apiVersion: 'v1',
@@ -160,15 +152,7 @@ for (const backendCase of CASES) {
     });
 
     async function startController(): Promise<void> {
-      const logger = pino(
-        { level: 'debug' },
-        new Writable({
-          write(chunk: Buffer, _enc, done) {
-            logLines.push(chunk.toString());
-            done();
-          },
-        }),
-      );
+      const logger = linesLogger(logLines, 'debug');
       const caches = createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), 'node-1', () =>
         controller?.onCacheChange(),
       );

@@ -10,8 +10,8 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
-import { ApiStandIn } from '../support/api-server.js';
-import { NamedServer, probe, sh } from '../support/node-network.js';
+import { ApiStandIn } from '../../testbed/api-server.js';
+import { NamedServer, probe, sh } from '../../testbed/node-network.js';
 import { LB_PATH, LB_V4, Scenario } from './scenario.js';
 
 const CLI = fileURLToPath(new URL('../../bundle/ipvs-node-controller.mjs', import.meta.url));

@@ -11,7 +11,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { expect } from 'chai';
-import { assertIsolatedNetns, requireTools } from '../support/node-network.js';
+import { assertIsolatedNetns, requireTools } from '../../testbed/node-network.js';
 import { httpGet, scrapeMetrics } from '../support/scrape.js';
 import { rejectionOf } from '../support/assertions.js';
 

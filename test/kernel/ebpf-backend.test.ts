@@ -19,7 +19,7 @@ import { EbpfBackend, defaultCgroupPath } from '../../src/backends/ebpf/ebpf-bac
 import { KEY_SIZE, VALUE_SIZE, decodeElements, encodeKeys, encodeValues } from '../../src/backends/ebpf/map-codec.js';
 import { loadEbpfAddon, type PinnedMap } from '../../src/backends/ebpf/native.js';
 import type { DesiredState, Entry, Family } from '../../src/model/types.js';
-import { assertIsolatedNetns } from '../support/node-network.js';
+import { assertIsolatedNetns } from '../../testbed/node-network.js';
 import { rejectionOf } from '../support/assertions.js';
 
 const PEER = fileURLToPath(new URL('./ebpf-peer.js', import.meta.url));

@@ -14,8 +14,8 @@ import { pino } from 'pino';
 import { Controller } from '../../src/controller.js';
 import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
-import { ApiStandIn } from '../support/api-server.js';
-import { probe, sh } from '../support/node-network.js';
+import { ApiStandIn } from '../../testbed/api-server.js';
+import { probe, sh } from '../../testbed/node-network.js';
 import { CONFIG, LB_PATH, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
 
 const WRITER_CHAIN = 'KUBE-SERVICES';

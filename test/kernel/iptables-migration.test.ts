@@ -18,7 +18,7 @@ import {
   type LeftoverCleanup,
 } from '../../src/backends/registry.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
-import { probe } from '../support/node-network.js';
+import { probe } from '../../testbed/node-network.js';
 import { CONFIG, LB_PATH, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
 import { rejectionOf } from '../support/assertions.js';
 

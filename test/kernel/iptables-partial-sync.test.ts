@@ -3,26 +3,17 @@
 // out once per change of them. Both variants, on the kernel.
 
 import { expect } from 'chai';
-import { Writable } from 'node:stream';
-import { pino } from 'pino';
 import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
 import { DesiredStateModel } from '../../src/model/desired-state.js';
-import { assertIsolatedNetns, sh } from '../support/node-network.js';
+import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
 import { CONFIG, NODE_INFO, SERVICES } from './scenario.js';
+import { linesLogger } from '../support/log-lines.js';
 
 for (const variant of ['legacy', 'nft'] as const) {
   describe(`iptables-${variant}: partial syncs and rejected entries`, function () {
     this.timeout(30_000);
     const logLines: string[] = [];
-    const logger = pino(
-      { level: 'info' },
-      new Writable({
-        write(chunk: Buffer, _enc, done) {
-          logLines.push(chunk.toString());
-          done();
-        },
-      }),
-    );
+    const logger = linesLogger(logLines);
     let backend: IptablesBackend;
 
     before(() => {

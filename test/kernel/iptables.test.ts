@@ -15,7 +15,7 @@ import { detectIptablesVariant, type IptablesVariant } from '../../src/backends/
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { Family } from '../../src/model/types.js';
 import { assertGolden } from '../support/golden.js';
-import { assertIsolatedNetns, sh } from '../support/node-network.js';
+import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
 import { CONFIG, NODE_INFO, SERVICES } from './scenario.js';
 import { SEED, seedDesired, type ListingRow } from '../support/seed-listing.js';
 import { rejectionOf } from '../support/assertions.js';

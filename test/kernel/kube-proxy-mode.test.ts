@@ -11,8 +11,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
-import { ApiStandIn } from '../support/api-server.js';
-import { NodeNetwork, probe, sh } from '../support/node-network.js';
+import { ApiStandIn } from '../../testbed/api-server.js';
+import { NodeNetwork, probe, sh } from '../../testbed/node-network.js';
 import { ENDPOINT, KubeProxyStandIn, type StandInMode } from '../support/kube-proxy-stand-in.js';
 
 const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));

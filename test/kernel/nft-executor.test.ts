@@ -9,7 +9,7 @@ import { NftCliExecutor, NftError, type NftExecutor } from '../../src/backends/n
 import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import { MAP_NAME, TABLE_NAME, nftDocument, type NftCommand } from '../../src/backends/nft/render.js';
 import type { DesiredState, Entry, Family } from '../../src/model/types.js';
-import { assertIsolatedNetns } from '../support/node-network.js';
+import { assertIsolatedNetns } from '../../testbed/node-network.js';
 import { rejectionOf } from '../support/assertions.js';
 
 const TEST_TABLE = 'nft-executor-test';

@@ -16,7 +16,7 @@ import {
 } from '../../src/backends/nft/render.js';
 import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import type { DesiredState, Entry, Family, FamilyState, LocalPodMatch } from '../../src/model/types.js';
-import { assertIsolatedNetns } from '../support/node-network.js';
+import { assertIsolatedNetns } from '../../testbed/node-network.js';
 import { rejectionOf } from '../support/assertions.js';
 
 const EXECUTORS: Array<{ kind: string; create: () => NftExecutor }> = [

@@ -13,24 +13,11 @@ import {
   renderDeleteTablesJson,
 } from '../../src/backends/nft/render.js';
 import { DesiredStateModel } from '../../src/model/desired-state.js';
-import type { DesiredState, Family, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
-import { assertIsolatedNetns } from '../support/node-network.js';
+import type { DesiredState, Family, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import { assertIsolatedNetns } from '../../testbed/node-network.js';
+import { CONFIG, seededRandom } from '../support/fixtures.js';
 
-const CONFIG: ModelConfig = {
-  detectLocalMode: 'NodeCIDR',
-  clusterCidrs: [],
-  masqueradeBit: 14,
-  localTrafficPolicyOnly: false,
-};
 const NODE: NodeInfo = { name: 'n1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
-
-function random(seed: number): () => number {
-  let state = seed;
-  return () => {
-    state = (state * 1103515245 + 12345) % 2147483648;
-    return state / 2147483648;
-  };
-}
 
 type Listed = {
   nftables: Array<{ map?: { name: string; elem?: Array<[{ elem: { val: { concat: unknown[] } } }, string]> } }>;
@@ -56,7 +43,7 @@ describe('nft partial syncs driven by the model', function () {
     const load = loadNftAddon();
     if (!load.executor) throw new Error(load.reason);
     const backend = new NftBackend(load.executor);
-    const rnd = random(5);
+    const rnd = seededRandom(5);
     let serial = 0;
     const makeService = (): ServiceInfo => {
       const i = serial++;

@@ -11,7 +11,7 @@ import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import { MAP_NAME, OUTPUT_CHAIN, TABLE_NAME } from '../../src/backends/nft/render.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, ModelConfig, ServiceInfo } from '../../src/model/types.js';
-import { sh } from '../support/node-network.js';
+import { sh } from '../../testbed/node-network.js';
 import { CONFIG, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
 
 const CONNECT_LOOP = fileURLToPath(new URL('./nft-connect-loop.js', import.meta.url));

@@ -10,7 +10,7 @@ import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js
 import type { IptablesVariant } from '../../src/backends/iptables/variant.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, ModelConfig, NodeInfo } from '../../src/model/types.js';
-import { probe, readJsonCounters, sh } from '../support/node-network.js';
+import { probe, readJsonCounters, sh } from '../../testbed/node-network.js';
 import { CONFIG, EXTERNAL_IP, LB_PATH, LB_PROXY, LB_V4, LB_V6, NODE_INFO, SERVICES, Scenario } from './scenario.js';
 
 export interface BackendUnderTest {

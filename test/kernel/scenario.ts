@@ -1,7 +1,7 @@
 // The Services, addresses and servers shared by the packet tests of every backend.
 
-import type { ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
-import { NamedServer, NodeNetwork, NODE } from '../support/node-network.js';
+import type { NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import { NamedServer, NodeNetwork, NODE } from '../../testbed/node-network.js';
 
 export const LB_V4 = '192.0.2.10';
 export const LB_V6 = '2001:db8::10';
@@ -58,12 +58,7 @@ export const SERVICES: ServiceInfo[] = [
 
 export const NODE_INFO: NodeInfo = { name: 'node-1', podCIDRs: [NODE.podCidr4, NODE.podCidr6] };
 
-export const CONFIG: ModelConfig = {
-  detectLocalMode: 'NodeCIDR',
-  clusterCidrs: [],
-  masqueradeBit: 14,
-  localTrafficPolicyOnly: false,
-};
+export { CONFIG } from '../support/fixtures.js';
 
 /** Servers: each ClusterIP answers with its Service name; each external address with LB_PATH. */
 const SERVERS: Array<[string, number, string]> = [

@@ -12,8 +12,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
 import { MAP_NAME, TABLE_NAME } from '../../src/backends/nft/render.js';
-import { ApiStandIn } from '../support/api-server.js';
-import { assertIsolatedNetns, sh } from '../support/node-network.js';
+import { ApiStandIn } from '../../testbed/api-server.js';
+import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
 import { scrapeMetrics } from '../support/scrape.js';
 
 const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));

@@ -14,7 +14,7 @@ import { once } from 'node:events';
 import http from 'node:http';
 import { randomBytes } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { NamedServer, sh } from './node-network.js';
+import { NamedServer, sh } from '../../testbed/node-network.js';
 
 export type StandInMode = 'ipvs' | 'nftables' | 'iptables';
 

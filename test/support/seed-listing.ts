@@ -4,6 +4,7 @@
 import { readFileSync } from 'node:fs';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, ModelConfig, ServiceInfo } from '../../src/model/types.js';
+import { CONFIG as SEED_CONFIG } from './fixtures.js';
 
 export type ListingRow = [target: string, source: string, destination: string, extras: string];
 
@@ -18,12 +19,8 @@ export const SEED = JSON.parse(
   readFileSync(new URL('../../../test/golden/iptables-seed-listing.json', import.meta.url), 'utf8'),
 ) as SeedListing;
 
-export const SEED_CONFIG: ModelConfig = {
-  detectLocalMode: 'NodeCIDR',
-  clusterCidrs: [],
-  masqueradeBit: 14,
-  localTrafficPolicyOnly: false,
-};
+/** The shared CONFIG (fixtures.ts), under the name the listing's tests know it by. */
+export { SEED_CONFIG };
 
 export function seedServices(): ServiceInfo[] {
   return SEED.services.map((s) => ({

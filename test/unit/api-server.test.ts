@@ -19,7 +19,7 @@ import {
   type V1Service,
 } from '@kubernetes/client-node';
 import { expect } from 'chai';
-import { ApiStandIn } from '../support/api-server.js';
+import { ApiStandIn } from '../../testbed/api-server.js';
 import { rejectionOf } from '../support/assertions.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -891,7 +891,7 @@ ${ports}
       const child = spawn(
         process.execPath,
         [
-          join(repoRoot, 'dist/test/support/api-server-main.js'),
+          join(repoRoot, 'dist/testbed/api-server-main.js'),
           '--port',
           '0',
           '--kubeconfig-out',

@@ -6,14 +6,8 @@ import { readFileSync } from 'node:fs';
 import { BACKENDS, describeBackend, renderDryRun, type LeftoverCleanup } from '../../src/backends/registry.js';
 import { parseObjects } from '../../src/cli/objects-file.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
-import type { ModelConfig } from '../../src/model/types.js';
+import { CONFIG } from '../support/fixtures.js';
 
-const CONFIG: ModelConfig = {
-  detectLocalMode: 'NodeCIDR',
-  clusterCidrs: [],
-  masqueradeBit: 14,
-  localTrafficPolicyOnly: false,
-};
 const objects = parseObjects(readFileSync('examples/services.yaml', 'utf8'), 'examples/services.yaml');
 const desired = buildDesiredState(objects.services, objects.nodes[0], CONFIG);
 const descriptions = (cleanups: LeftoverCleanup[]) => cleanups.map((c) => c.description);

@@ -4,14 +4,9 @@
 import { expect } from 'chai';
 import { staleTuples, type StaleTuple } from '../../src/conntrack/stale-tuples.js';
 import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
-import type { DesiredState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import type { DesiredState, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import { CONFIG } from '../support/fixtures.js';
 
-const CONFIG: ModelConfig = {
-  detectLocalMode: 'NodeCIDR',
-  clusterCidrs: [],
-  masqueradeBit: 14,
-  localTrafficPolicyOnly: false,
-};
 const NODE: NodeInfo = { name: 'node-1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
 
 function service(overrides: Partial<ServiceInfo> = {}): ServiceInfo {

@@ -3,24 +3,10 @@
 
 import { expect } from 'chai';
 import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
-import type { DesiredState, Entry, FamilyState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import type { DesiredState, Entry, FamilyState, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import { CONFIG, seededRandom } from '../support/fixtures.js';
 
-const CONFIG: ModelConfig = {
-  detectLocalMode: 'NodeCIDR',
-  clusterCidrs: [],
-  masqueradeBit: 14,
-  localTrafficPolicyOnly: false,
-};
 const NODE: NodeInfo = { name: 'n1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
-
-/** A seeded generator, so that a failure can be replayed. */
-function random(seed: number): () => number {
-  let state = seed;
-  return () => {
-    state = (state * 1103515245 + 12345) % 2147483648;
-    return state / 2147483648;
-  };
-}
 
 /**
  * Services drawn from small pools so that they share addresses, collide on keys, repeat
@@ -79,7 +65,7 @@ function applied(since: Entry[], removed: Entry[], added: Entry[]): Set<Entry> {
 /** Returns how many change hints it checked. */
 function check(seed: number, size: number, addresses: number, steps: number, changesPerStep: () => number): number {
   let hints = 0;
-  const rnd = random(seed);
+  const rnd = seededRandom(seed);
   const makeService = serviceMaker(rnd, addresses);
   const config = { ...CONFIG, localTrafficPolicyOnly: rnd() < 0.3 };
   let services = Array.from({ length: size }, makeService);

@@ -6,15 +6,15 @@ import { execFile } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Writable } from 'node:stream';
 import { promisify } from 'node:util';
 import { KubeConfig } from '@kubernetes/client-node';
-import { pino } from 'pino';
 import { ServiceEventRecorder, SKIP_EXPLANATIONS } from '../../src/events/service-events.js';
 import { toServiceInfo } from '../../src/kube/objects.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { SKIP_REASONS, type DesiredState, type ServiceInfo } from '../../src/model/types.js';
-import { ApiStandIn } from '../support/api-server.js';
+import { ApiStandIn } from '../../testbed/api-server.js';
+import { CONFIG } from '../support/fixtures.js';
+import { linesLogger } from '../support/log-lines.js';
 
 const run = promisify(execFile);
 
@@ -66,15 +66,7 @@ describe('Service Events', function () {
   let services: { list(): ServiceInfo[] };
   let desired: DesiredState;
   const logLines: string[] = [];
-  const logger = pino(
-    { level: 'info' },
-    new Writable({
-      write(chunk: Buffer, _enc, done) {
-        logLines.push(chunk.toString());
-        done();
-      },
-    }),
-  );
+  const logger = linesLogger(logLines);
 
   beforeEach(async () => {
     logLines.length = 0;
@@ -89,12 +81,7 @@ describe('Service Events', function () {
           .map(toServiceInfo)
           .filter((s): s is ServiceInfo => s !== undefined),
     };
-    desired = buildDesiredState(services.list(), undefined, {
-      detectLocalMode: 'NodeCIDR',
-      clusterCidrs: [],
-      masqueradeBit: 14,
-      localTrafficPolicyOnly: false,
-    });
+    desired = buildDesiredState(services.list(), undefined, CONFIG);
   });
   afterEach(async () => server.stop());
 

@@ -8,7 +8,7 @@ import { ApiReachability, judgeLiveness, judgeReadiness, type HealthInputs } fro
 import { startHealthEndpoint } from '../../src/health/health-server.js';
 import type { HttpEndpoint } from '../../src/health/http-endpoint.js';
 import { createClusterCaches, type ClusterCaches } from '../../src/kube/cluster.js';
-import { ApiStandIn } from '../support/api-server.js';
+import { ApiStandIn } from '../../testbed/api-server.js';
 import { httpGet } from '../support/scrape.js';
 
 const PERIOD = 30_000;

@@ -7,15 +7,10 @@ import { expect } from 'chai';
 import { KubeConfig } from '@kubernetes/client-node';
 import { createClusterCaches, type ClusterCaches } from '../../src/kube/cluster.js';
 import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
-import type { DesiredState, FamilyState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
-import { ApiStandIn } from '../support/api-server.js';
+import type { DesiredState, FamilyState, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import { ApiStandIn } from '../../testbed/api-server.js';
+import { CONFIG } from '../support/fixtures.js';
 
-const CONFIG: ModelConfig = {
-  detectLocalMode: 'NodeCIDR',
-  clusterCidrs: [],
-  masqueradeBit: 14,
-  localTrafficPolicyOnly: false,
-};
 const NODE: NodeInfo = { name: 'node-1', podCIDRs: ['10.244.1.0/24'] };
 
 function service(name: string, ingressIp: string, clusterIp: string): Record<string, unknown> {

@@ -18,7 +18,7 @@ import {
 } from '../../src/kube/informer.js';
 import { toNodeInfo, toServiceInfo } from '../../src/kube/objects.js';
 import type { NodeInfo, ServiceInfo } from '../../src/model/types.js';
-import { ApiStandIn } from '../support/api-server.js';
+import { ApiStandIn } from '../../testbed/api-server.js';
 
 /** The nine lines that are valid JSON but no watch event. */
 export const MALFORMED_LINES = [

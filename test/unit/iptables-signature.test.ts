@@ -8,14 +8,9 @@ import {
   type ProgrammedFamily,
 } from '../../src/backends/iptables/iptables-backend.js';
 import { DesiredStateModel } from '../../src/model/desired-state.js';
-import type { DesiredState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import type { DesiredState, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import { CONFIG } from '../support/fixtures.js';
 
-const CONFIG: ModelConfig = {
-  detectLocalMode: 'NodeCIDR',
-  clusterCidrs: [],
-  masqueradeBit: 14,
-  localTrafficPolicyOnly: false,
-};
 const NODE: NodeInfo = { name: 'node-1', podCIDRs: ['10.244.1.0/24'] };
 
 function service(name: string, ip: string, clusterIP: string): ServiceInfo {

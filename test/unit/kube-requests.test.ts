@@ -13,7 +13,7 @@ import { expect } from 'chai';
 import { listAllJson } from '../../src/kube/cluster.js';
 import { toServiceInfo } from '../../src/kube/objects.js';
 import { apiRequest } from '../../src/kube/request.js';
-import { ApiStandIn } from '../support/api-server.js';
+import { ApiStandIn } from '../../testbed/api-server.js';
 
 const run = promisify(execFile);
 const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));

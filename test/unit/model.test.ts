@@ -3,13 +3,8 @@
 import { expect } from 'chai';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import { CONFIG } from '../support/fixtures.js';
 
-const CONFIG: ModelConfig = {
-  detectLocalMode: 'NodeCIDR',
-  clusterCidrs: [],
-  masqueradeBit: 14,
-  localTrafficPolicyOnly: false,
-};
 const NODE: NodeInfo = { name: 'n1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
 
 function lb(name: string, over: Partial<ServiceInfo> = {}): ServiceInfo {

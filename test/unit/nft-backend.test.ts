@@ -8,13 +8,8 @@ import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import { MAP_NAME, OUTPUT_CHAIN, TABLE_NAME } from '../../src/backends/nft/render.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, ModelConfig, ServiceInfo } from '../../src/model/types.js';
+import { CONFIG } from '../support/fixtures.js';
 
-const CONFIG: ModelConfig = {
-  detectLocalMode: 'NodeCIDR',
-  clusterCidrs: [],
-  masqueradeBit: 14,
-  localTrafficPolicyOnly: false,
-};
 const NODE = { name: 'node-1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
 
 function service(i: number, clusterIp = `10.96.0.${i}`): ServiceInfo {

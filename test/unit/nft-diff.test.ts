@@ -4,14 +4,7 @@
 import { expect } from 'chai';
 import { diffByKey, diffProgrammed } from '../../src/backends/element-storage.js';
 import { entryKey, type Entry } from '../../src/model/types.js';
-
-function random(seed: number): () => number {
-  let state = seed;
-  return () => {
-    state = (state * 1103515245 + 12345) % 2147483648;
-    return state / 2147483648;
-  };
-}
+import { seededRandom } from '../support/fixtures.js';
 
 function entry(host: number, cluster: number): Entry {
   return {
@@ -29,7 +22,7 @@ const contents = (entries: Entry[]) => entries.map((e) => `${entryKey(e)} ${e.cl
 
 describe('nft partial sync: diffProgrammed', () => {
   it('turns the programmed entries into the new ones, and agrees with the diff by key', () => {
-    const rnd = random(7);
+    const rnd = seededRandom(7);
     let walked = 0;
     for (let round = 0; round < 5000; round++) {
       const hosts = [...new Set(Array.from({ length: Math.floor(rnd() * 12) }, () => Math.floor(rnd() * 20)))];

@@ -4,7 +4,7 @@ import { expect } from 'chai';
 import { readFileSync } from 'node:fs';
 import { parseObjects } from '../../src/cli/objects-file.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
-import type { Entry, ModelConfig } from '../../src/model/types.js';
+import type { Entry } from '../../src/model/types.js';
 import {
   nftDocument,
   renderDeleteTablesJson,
@@ -15,13 +15,8 @@ import {
 import { diffByKey } from '../../src/backends/element-storage.js';
 import { entryKey } from '../../src/model/types.js';
 import { assertGolden } from '../support/golden.js';
+import { CONFIG } from '../support/fixtures.js';
 
-const CONFIG: ModelConfig = {
-  detectLocalMode: 'NodeCIDR',
-  clusterCidrs: [],
-  masqueradeBit: 14,
-  localTrafficPolicyOnly: false,
-};
 const objects = parseObjects(readFileSync('examples/services.yaml', 'utf8'), 'examples/services.yaml');
 const desired = buildDesiredState(objects.services, objects.nodes[0], CONFIG);
 

@@ -4,15 +4,9 @@
 import { expect } from 'chai';
 import { toServiceInfo } from '../../src/kube/objects.js';
 import { buildDesiredState, DesiredStateModel } from '../../src/model/desired-state.js';
-import { SKIP_REASONS, type ModelConfig, type ServiceInfo } from '../../src/model/types.js';
+import { SKIP_REASONS, type ServiceInfo } from '../../src/model/types.js';
 import { ControllerMetrics } from '../../src/metrics/controller-metrics.js';
-
-const CONFIG: ModelConfig = {
-  detectLocalMode: 'NodeCIDR',
-  clusterCidrs: [],
-  masqueradeBit: 14,
-  localTrafficPolicyOnly: false,
-};
+import { CONFIG } from '../support/fixtures.js';
 
 function service(annotations?: Record<string, unknown>) {
   return {

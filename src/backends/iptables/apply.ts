@@ -1,6 +1,7 @@
 // How iptables-restore input reaches the kernel: one `*-restore --noflush -w` process per family
 // and transaction, and `*-save` to read what is there. Nothing here knows about our rules.
 
+import { readFile } from 'node:fs/promises';
 import { execa } from 'execa';
 import type { Family } from '../../model/types.js';
 
@@ -45,10 +46,53 @@ export function iptablesErrorMessage(stderr: string): string {
   return lines.slice(0, 3).join('; ') || 'iptables failed without a message';
 }
 
+/** What one iptables command did: its exit status and output, or that it is not installed. */
+export interface IptablesOutcome {
+  /** 0 on success; undefined when it ended without one (killed, timed out). */
+  exitCode: number | undefined;
+  stdout: string;
+  stderr: string;
+  /** The command was not found. */
+  missing?: boolean;
+}
+
+/**
+ * How the iptables commands are run and the legacy tables are found: the real commands and
+ * /proc by default; tests give a stand-in that keeps a nat table in memory.
+ */
+export interface IptablesRunner {
+  run(command: string, args: readonly string[], input?: string): Promise<IptablesOutcome>;
+  /** The legacy tables that exist in this network namespace (see variant.ts legacyTables). */
+  legacyTables(family: Family): Promise<Set<string> | undefined>;
+}
+
+export const systemIptablesRunner: IptablesRunner = {
+  async run(command, args, input) {
+    const result = await execa(command, [...args], {
+      ...(input === undefined ? { stdin: 'ignore' as const } : { input }),
+      reject: false,
+      stripFinalNewline: false,
+      timeout: (XTABLES_LOCK_WAIT_SECONDS + 30) * 1000,
+    });
+    const missing = result.failed && (result as { code?: string }).code === 'ENOENT';
+    const exitCode = result.failed ? result.exitCode : 0;
+    return { exitCode, stdout: result.stdout, stderr: result.stderr, ...(missing ? { missing } : {}) };
+  },
+  async legacyTables(family) {
+    const path = family === 'ipv4' ? '/proc/net/ip_tables_names' : '/proc/net/ip6_tables_names';
+    try {
+      return new Set((await readFile(path, 'utf8')).split('\n').filter((t) => t.length > 0));
+    } catch {
+      return undefined; // no ip_tables support in this kernel: no legacy tables
+    }
+  },
+};
+
 export class IptablesCommands {
   constructor(
     readonly variant: IptablesVariant,
     readonly family: Family,
+    readonly runner: IptablesRunner = systemIptablesRunner,
   ) {}
 
   /** `-save` of one table, or of every table that exists when `table` is omitted. */
@@ -98,16 +142,11 @@ export class IptablesCommands {
   }
 
   private async exec(command: string, args: string[], input?: string): Promise<string> {
-    const result = await execa(command, args, {
-      ...(input === undefined ? { stdin: 'ignore' as const } : { input }),
-      reject: false,
-      stripFinalNewline: false,
-      timeout: (XTABLES_LOCK_WAIT_SECONDS + 30) * 1000,
-    });
-    if (result.failed) {
-      if ((result as { code?: string }).code === 'ENOENT') {
-        throw new IptablesToolMissing(`the '${command}' command was not found: install the iptables package`);
-      }
+    const result = await this.runner.run(command, args, input);
+    if (result.missing) {
+      throw new IptablesToolMissing(`the '${command}' command was not found: install the iptables package`);
+    }
+    if (result.exitCode !== 0) {
       const message = iptablesErrorMessage(`${result.stderr}\n${result.stdout}`);
       // The legacy variant talks to the kernel over a raw socket: without CAP_NET_RAW even a read fails.
       const hint =

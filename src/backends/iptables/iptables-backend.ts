@@ -11,10 +11,15 @@
 import type { Logger } from 'pino';
 import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
 import { BackendError, type Backend, type ProbeResult, type SyncOptions, type SyncResult } from '../backend.js';
-import { IptablesCommands, IptablesToolMissing, type IptablesVariant } from './apply.js';
+import {
+  IptablesCommands,
+  IptablesToolMissing,
+  systemIptablesRunner,
+  type IptablesRunner,
+  type IptablesVariant,
+} from './apply.js';
 import { JUMPS, KUBE_MARK_MASQ, emptyNatTable, hasOurObjects, parseNatSave, type NatTableView } from './parse.js';
 import { renderCleanupRestore, renderFamilyRestore, type Rejection } from './render.js';
-import { legacyTables } from './variant.js';
 import { JumpGuard } from './jump-guard.js';
 
 /** A restore can lose a race with another writer between our read and our write: read again. */
@@ -44,7 +49,7 @@ async function withRetries<T>(work: () => Promise<T>): Promise<T> {
  */
 export async function readNatTable(commands: IptablesCommands): Promise<NatTableView | undefined> {
   if (commands.variant === 'legacy') {
-    const tables = await legacyTables(commands.family);
+    const tables = await commands.runner.legacyTables(commands.family);
     if (!tables?.has('nat')) return undefined;
   }
   try {
@@ -77,8 +82,12 @@ export async function readJumpView(commands: IptablesCommands): Promise<NatTable
 }
 
 /** Removes our chains and jumps from one variant and family. Idempotent; nothing to do without the tools. */
-export async function removeIptablesObjects(variant: IptablesVariant, family: Family): Promise<void> {
-  const commands = new IptablesCommands(variant, family);
+export async function removeIptablesObjects(
+  variant: IptablesVariant,
+  family: Family,
+  runner: IptablesRunner = systemIptablesRunner,
+): Promise<void> {
+  const commands = new IptablesCommands(variant, family, runner);
   await withRetries(async () => {
     const current = await readNatTable(commands);
     const input = current && renderCleanupRestore(current);
@@ -133,6 +142,8 @@ export interface IptablesBackendOptions {
   logger?: Logger;
   /** How often rule 1 of nat PREROUTING/OUTPUT is checked between syncs; 0: never. Default 1 s. */
   jumpCheckIntervalMs?: number;
+  /** Runs the iptables commands; the real ones by default. */
+  runner?: IptablesRunner;
 }
 
 export class IptablesBackend implements Backend {
@@ -156,6 +167,7 @@ export class IptablesBackend implements Backend {
         logger: options.logger,
         exclusive: (work) => this.exclusive(work),
         families: () => this.programmed.keys(),
+        runner: options.runner,
       });
     }
   }
@@ -172,7 +184,7 @@ export class IptablesBackend implements Backend {
   }
 
   private commands(family: Family): IptablesCommands {
-    return new IptablesCommands(this.variant, family);
+    return new IptablesCommands(this.variant, family, this.options.runner);
   }
 
   async probe(): Promise<ProbeResult> {
@@ -264,7 +276,7 @@ export class IptablesBackend implements Backend {
     await this.exclusive(async () => {
       this.programmed.clear();
       try {
-        for (const family of FAMILIES) await removeIptablesObjects(this.variant, family);
+        for (const family of FAMILIES) await removeIptablesObjects(this.variant, family, this.options.runner);
       } catch (err) {
         throw new BackendError(`iptables-${this.variant} cleanup failed: ${(err as Error).message}`, 'iptables');
       }

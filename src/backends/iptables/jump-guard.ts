@@ -7,7 +7,7 @@
 
 import type { Logger } from 'pino';
 import type { Family } from '../../model/types.js';
-import { IptablesCommands, type IptablesVariant } from './apply.js';
+import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './apply.js';
 import { JUMPS } from './parse.js';
 import { renderJumpRepairs } from './render.js';
 import { readJumpView } from './iptables-backend.js';
@@ -28,6 +28,8 @@ export interface JumpGuardOptions {
   exclusive<T>(work: () => Promise<T>): Promise<T>;
   /** Families whose jumps a sync has put in place. */
   families(): Iterable<Family>;
+  /** Runs the iptables commands; the real ones by default. */
+  runner?: IptablesRunner | undefined;
   /** Called after each repair, for metrics and tests. */
   onRepair?(family: Family): void;
 }
@@ -97,7 +99,7 @@ export class JumpGuard {
   }
 
   private async check(family: Family): Promise<void> {
-    const commands = new IptablesCommands(this.options.variant, family);
+    const commands = new IptablesCommands(this.options.variant, family, this.options.runner);
     let displaced = false;
     const started = performance.now();
     for (const { from, to } of JUMPS) {

@@ -2,10 +2,9 @@
 // and which one the node already uses. Detection follows kube-proxy's iptables-wrapper: the
 // kubelet's hint chains first, then whichever variant holds more rules, ties going to nft.
 
-import { readFile } from 'node:fs/promises';
 import type { Family } from '../../model/types.js';
 import { isOurRule } from './parse.js';
-import { IptablesCommands, IptablesToolMissing, type IptablesVariant } from './apply.js';
+import { IptablesCommands, IptablesToolMissing, systemIptablesRunner, type IptablesVariant } from './apply.js';
 
 export { IPTABLES_VARIANTS, variantCommand, type IptablesVariant } from './apply.js';
 
@@ -17,12 +16,7 @@ const KUBELET_HINT_CHAINS = ['KUBE-IPTABLES-HINT', 'KUBE-KUBELET-CANARY'];
  * through iptables creates it, so cleanup and detection look here first and leave absent tables absent.
  */
 export async function legacyTables(family: Family): Promise<Set<string> | undefined> {
-  const path = family === 'ipv4' ? '/proc/net/ip_tables_names' : '/proc/net/ip6_tables_names';
-  try {
-    return new Set((await readFile(path, 'utf8')).split('\n').filter((t) => t.length > 0));
-  } catch {
-    return undefined; // no ip_tables support in this kernel: no legacy tables
-  }
+  return systemIptablesRunner.legacyTables(family);
 }
 
 export interface VariantChoice {

@@ -1,5 +1,5 @@
 // Runs the Kubernetes API stand-in on its own, for the demo and for trying kubectl by hand:
-//   node dist/test/support/api-server-main.js --port 6443 --kubeconfig-out PATH [--objects FILE.yaml|json]
+//   node dist/testbed/api-server-main.js --port 6443 --kubeconfig-out PATH [--objects FILE.yaml|json]
 
 import { readFile } from 'node:fs/promises';
 import { parseArgs } from 'node:util';

@@ -1,0 +1,319 @@
+// Every branch of IptablesBackend.sync, its cleanup and the jump guard, without root: the
+// backend runs its commands against a stand-in that keeps each nat table in memory and applies
+// or refuses restores as the kernel does (src/backends/iptables/fake-runner.ts). The kernel
+// tests (test/kernel/iptables*.test.ts) stay the proof with packets.
+
+import { expect } from 'chai';
+import { IptablesCommands } from '../../src/backends/iptables/apply.js';
+import { FakeIptables } from '../../src/backends/iptables/fake-runner.js';
+import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
+import { JumpGuard } from '../../src/backends/iptables/jump-guard.js';
+import { BackendError } from '../../src/backends/backend.js';
+import { buildDesiredState } from '../../src/model/desired-state.js';
+import type { DesiredState, Family, ModelConfig, ServiceInfo } from '../../src/model/types.js';
+import { CONFIG } from '../support/fixtures.js';
+import { linesLogger } from '../support/log-lines.js';
+
+const NODE = { name: 'node-1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
+
+function service(i: number): ServiceInfo {
+  return {
+    namespace: 'default',
+    name: `svc-${i}`,
+    type: 'LoadBalancer',
+    creationTimestamp: '2024-01-01T00:00:00Z',
+    clusterIP: `10.96.0.${i}`,
+    clusterIPs: [`10.96.0.${i}`, `fd00::${i}`],
+    ports: [{ port: 80, protocol: 'TCP' }],
+    ingress: [{ ip: `192.0.2.${i}` }, { ip: `2001:db8::${i}` }],
+  };
+}
+
+const state = (services: ServiceInfo[], config: Partial<ModelConfig> = {}): DesiredState =>
+  buildDesiredState(services, NODE, { ...CONFIG, ...config });
+
+/** Our rules as `-save` prints them, for one family's nat table. */
+function ourChains(fake: FakeIptables, variant: 'legacy' | 'nft', family: Family) {
+  const nat = fake.nat(variant, family);
+  return {
+    prerouting: nat.rules('IPVS_PREROUTING'),
+    output: nat.rules('IPVS_OUTPUT'),
+    jumps: {
+      PREROUTING: nat.rules('PREROUTING')?.filter((r) => r.includes('IPVS_')),
+      OUTPUT: nat.rules('OUTPUT')?.filter((r) => r.includes('IPVS_')),
+    },
+  };
+}
+
+for (const variant of ['legacy', 'nft'] as const) {
+  describe(`IptablesBackend (iptables-${variant}) against a stand-in nat table`, () => {
+    let fake: FakeIptables;
+    let backend: IptablesBackend;
+    beforeEach(() => {
+      fake = new FakeIptables();
+      backend = new IptablesBackend(variant, { runner: fake, jumpCheckIntervalMs: 0 });
+    });
+
+    it('the first sync writes both families: our chains, a jump at rule 1, the masquerade mark', async () => {
+      const result = await backend.sync(state([service(1), service(2)]), { full: false });
+      expect(result.mode).to.equal('full');
+      expect(result.entries).to.deep.equal({ ipv4: 2, ipv6: 2 });
+      expect(result.rejected).to.deep.equal([]);
+      expect(fake.restores(variant).map((c) => c.command)).to.deep.equal([
+        `iptables-${variant}-restore`,
+        `ip6tables-${variant}-restore`,
+      ]);
+      for (const call of fake.restores()) expect(call.args).to.include.members(['--noflush', '-w']);
+      for (const family of ['ipv4', 'ipv6'] as const) {
+        const chains = ourChains(fake, variant, family);
+        expect(fake.nat(variant, family).rules('PREROUTING')?.[0]).to.equal('-j IPVS_PREROUTING');
+        expect(fake.nat(variant, family).rules('OUTPUT')?.[0]).to.equal('-j IPVS_OUTPUT');
+        // A mark rule and a DNAT rule per entry, per chain.
+        expect(chains.prerouting).to.have.length(4);
+        expect(chains.output).to.have.length(4);
+      }
+      const v4 = ourChains(fake, variant, 'ipv4');
+      expect(v4.output?.[0]).to.equal(
+        '-d 192.0.2.1/32 -p tcp -m comment --comment "default/svc-1" -m addrtype --src-type LOCAL -m tcp --dport 80 -j MARK --set-xmark 0x4000/0x4000',
+      );
+      expect(v4.prerouting?.[1]).to.equal(
+        '-s 10.244.1.0/24 -d 192.0.2.1/32 -p tcp -m comment --comment "default/svc-1" -m tcp --dport 80 -j DNAT --to-destination 10.96.0.1',
+      );
+    });
+
+    it('a partial sync writes only the family that changed, and exactly its new rules', async () => {
+      await backend.sync(state([service(1)]), { full: true });
+      const before = fake.restores().length;
+      // Service 2 only has an IPv4 address: the IPv6 rules stay as they are.
+      const v4only: ServiceInfo = { ...service(2), clusterIPs: ['10.96.0.2'], ingress: [{ ip: '192.0.2.2' }] };
+      const result = await backend.sync(state([service(1), v4only]), { full: false });
+      expect(result.mode).to.equal('full');
+      expect(result.entries).to.deep.equal({ ipv4: 2, ipv6: 1 });
+      const written = fake.restores().slice(before);
+      expect(written.map((c) => c.command)).to.deep.equal([`iptables-${variant}-restore`]);
+      expect(ourChains(fake, variant, 'ipv4').output).to.have.length(4);
+      expect(ourChains(fake, variant, 'ipv6').output).to.have.length(2);
+    });
+
+    it('a partial sync of the state written last writes nothing and repeats the counts', async () => {
+      const desired = state([service(1), service(2)]);
+      await backend.sync(desired, { full: true });
+      const calls = fake.calls.length;
+      const result = await backend.sync(state([service(1), service(2)]), { full: false });
+      expect(result).to.deep.equal({ mode: 'noop', entries: { ipv4: 2, ipv6: 2 }, rejected: [] });
+      // Not even a read: the state decides.
+      expect(fake.calls.length).to.equal(calls);
+    });
+
+    it('a full resync of an untouched table reads it and writes only what the variant cannot compare', async () => {
+      await backend.sync(state([service(1)]), { full: true });
+      const saved = fake.nat(variant, 'ipv4').save();
+      const before = fake.restores().length;
+      const result = await backend.sync(state([service(1)]), { full: true });
+      if (variant === 'legacy') {
+        // The whole table is read anyway: it already holds our rules, so nothing is written.
+        expect(result.mode).to.equal('noop');
+        expect(fake.restores().length).to.equal(before);
+      } else {
+        // Only PREROUTING, OUTPUT and KUBE-MARK-MASQ are listed: our chains are rewritten.
+        expect(result.mode).to.equal('full');
+        expect(fake.restores().length).to.equal(before + 2);
+      }
+      expect(fake.nat(variant, 'ipv4').save()).to.equal(saved);
+    });
+
+    it('a full resync repairs our chain flushed by someone else', async () => {
+      await backend.sync(state([service(1)]), { full: true });
+      const rules = ourChains(fake, variant, 'ipv4').output;
+      fake.write(variant, 'ipv4', '*nat\n-F IPVS_OUTPUT\nCOMMIT\n');
+      expect(ourChains(fake, variant, 'ipv4').output).to.deep.equal([]);
+      const result = await backend.sync(state([service(1)]), { full: true });
+      expect(result.mode).to.equal('full');
+      expect(ourChains(fake, variant, 'ipv4').output).to.deep.equal(rules);
+    });
+
+    it('a full resync puts back our jump when someone removed it', async () => {
+      await backend.sync(state([service(1)]), { full: true });
+      fake.write(variant, 'ipv6', '*nat\n-D PREROUTING -j IPVS_PREROUTING\nCOMMIT\n');
+      expect(ourChains(fake, variant, 'ipv6').jumps.PREROUTING).to.deep.equal([]);
+      await backend.sync(state([service(1)]), { full: true });
+      expect(fake.nat(variant, 'ipv6').rules('PREROUTING')).to.deep.equal(['-j IPVS_PREROUTING']);
+    });
+
+    it('a full resync moves our jump back to rule 1 above another writer, once, keeping its rule', async () => {
+      fake.write(variant, 'ipv4', '*nat\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n');
+      await backend.sync(state([service(1)]), { full: true });
+      expect(fake.nat(variant, 'ipv4').rules('PREROUTING')).to.deep.equal(['-j IPVS_PREROUTING', '-j KUBE-SERVICES']);
+      fake.write(variant, 'ipv4', '*nat\n-I OUTPUT 1 -j KUBE-SERVICES\nCOMMIT\n');
+      await backend.sync(state([service(1)]), { full: true });
+      expect(fake.nat(variant, 'ipv4').rules('OUTPUT')).to.deep.equal(['-j IPVS_OUTPUT', '-j KUBE-SERVICES']);
+      expect(fake.nat(variant, 'ipv4').rules('PREROUTING')).to.deep.equal(['-j IPVS_PREROUTING', '-j KUBE-SERVICES']);
+    });
+
+    it("jumps to kube-proxy's KUBE-MARK-MASQ when the table has it, else sets the mark itself", async () => {
+      fake.write(
+        variant,
+        'ipv4',
+        '*nat\n:KUBE-MARK-MASQ - [0:0]\n-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\nCOMMIT\n',
+      );
+      await backend.sync(state([service(1)]), { full: true });
+      const withChain = ourChains(fake, variant, 'ipv4').output ?? [];
+      const without = ourChains(fake, variant, 'ipv6').output ?? [];
+      expect(withChain[0]).to.match(/ -j KUBE-MARK-MASQ$/);
+      expect(without[0]).to.match(/ -j MARK --set-xmark 0x4000\/0x4000$/);
+      // The DNAT rules do not depend on it.
+      expect(withChain[1]).to.match(/ -j DNAT --to-destination 10\.96\.0\.1$/);
+    });
+
+    it('retries a restore that lost a race and programs the rules', async () => {
+      fake.failNextRestores(2);
+      const result = await backend.sync(state([service(1)]), { full: true });
+      expect(result.mode).to.equal('full');
+      expect(ourChains(fake, variant, 'ipv4').output).to.have.length(2);
+    });
+
+    it('reports a restore the kernel rejects, keeps the other family, and syncs it in full next time', async () => {
+      await backend.sync(state([service(1)]), { full: true });
+      const saved = fake.nat(variant, 'ipv4').save();
+      fake.failNextRestores(3, 'line 5 failed: Cannot allocate memory');
+      const error = await backend.sync(state([service(1), service(2)]), { full: false }).then(
+        () => undefined,
+        (err: unknown) => err,
+      );
+      expect(error).to.be.instanceOf(BackendError);
+      expect((error as Error).message).to.equal(
+        `iptables-${variant} sync failed: ipv4: iptables-${variant}-restore: iptables-${variant}-restore: line 5 failed: Cannot allocate memory`,
+      );
+      // Rejected whole: the IPv4 table is as it was; IPv6 got the new Service.
+      expect(fake.nat(variant, 'ipv4').save()).to.equal(saved);
+      expect(ourChains(fake, variant, 'ipv6').output).to.have.length(4);
+      // The same state again: IPv4 is written although the state did not change since; IPv6 is not.
+      const before = fake.restores().length;
+      const result = await backend.sync(state([service(1), service(2)]), { full: false });
+      expect(result.mode).to.equal('full');
+      expect(
+        fake
+          .restores()
+          .slice(before)
+          .map((c) => c.command),
+      ).to.deep.equal([`iptables-${variant}-restore`]);
+      expect(ourChains(fake, variant, 'ipv4').output).to.have.length(4);
+    });
+
+    it('restore input the kernel would refuse is rejected whole, and the table stays as it was', () => {
+      fake.write(variant, 'ipv4', '*nat\n:A - [0:0]\nCOMMIT\n');
+      const saved = fake.nat(variant, 'ipv4').save();
+      expect(() => fake.write(variant, 'ipv4', '*nat\n-A A -j ACCEPT\n-A A -j NO-SUCH-CHAIN\nCOMMIT\n')).to.throw(
+        /line 3 failed/,
+      );
+      expect(fake.nat(variant, 'ipv4').save()).to.equal(saved);
+    });
+
+    it('fails at once, without retries, when the commands are not installed', async () => {
+      fake.missing.add(variant);
+      const error = await backend.sync(state([service(1)]), { full: true }).then(
+        () => undefined,
+        (err: unknown) => err,
+      );
+      expect(error).to.be.instanceOf(BackendError);
+      expect((error as Error).message).to.include(`the 'iptables-${variant}`);
+      expect((error as Error).message).to.include('install the iptables package');
+    });
+
+    it('leaves out and reports entries that fail validation, logging each once per change', async () => {
+      const lines: string[] = [];
+      const logger = linesLogger(lines);
+      backend = new IptablesBackend(variant, { runner: fake, jumpCheckIntervalMs: 0, logger });
+      const desired = state([service(1), service(2)], {
+        detectLocalMode: 'BridgeInterface',
+        podBridgeInterface: 'cni"0',
+      });
+      const first = await backend.sync(desired, { full: true });
+      expect(first.rejected.map((r) => `${r.family} ${r.item}`)).to.deep.equal([
+        'ipv4 pod bridge interface',
+        'ipv6 pod bridge interface',
+      ]);
+      // The rest is programmed: the OUTPUT rules, no PREROUTING rules.
+      expect(ourChains(fake, variant, 'ipv4').output).to.have.length(4);
+      expect(ourChains(fake, variant, 'ipv4').prerouting).to.deep.equal([]);
+      // A skipped partial sync reports the same rejections; the log has each once.
+      const again = await backend.sync(desired, { full: false });
+      expect(again.mode).to.equal('noop');
+      expect(again.rejected).to.deep.equal(first.rejected);
+      expect(lines.filter((l) => l.includes('left out pod bridge interface'))).to.have.length(2);
+    });
+
+    it('a bad entry costs only its own rules', async () => {
+      const desired = state([service(1), service(2)]);
+      desired.ipv4.entries = [...desired.ipv4.entries, { ...desired.ipv4.entries[0]!, port: 70000 }];
+      const result = await backend.sync(desired, { full: true });
+      expect(result.rejected).to.have.length(1);
+      expect(result.rejected[0]?.reason).to.equal('port 70000 is not in 1..65535');
+      expect(result.entries.ipv4).to.equal(2);
+      expect(ourChains(fake, variant, 'ipv4').output).to.have.length(4);
+    });
+
+    it('cleanup removes our chains and jumps, keeps the rest, and is idempotent', async () => {
+      fake.write(variant, 'ipv4', '*nat\n:KUBE-SERVICES - [0:0]\n-A OUTPUT -j KUBE-SERVICES\nCOMMIT\n');
+      await backend.sync(state([service(1)]), { full: true });
+      await backend.cleanup();
+      for (const family of ['ipv4', 'ipv6'] as const) {
+        const nat = fake.nat(variant, family);
+        expect([...nat.chains.keys()].filter((c) => c.startsWith('IPVS_'))).to.deep.equal([]);
+        expect(nat.save()).to.not.include('IPVS_');
+      }
+      expect(fake.nat(variant, 'ipv4').rules('OUTPUT')).to.deep.equal(['-j KUBE-SERVICES']);
+      const restores = fake.restores().length;
+      await backend.cleanup();
+      expect(fake.restores().length).to.equal(restores);
+      // After a cleanup the next sync starts over in full.
+      expect((await backend.sync(state([service(1)]), { full: false })).mode).to.equal('full');
+    });
+
+    it('probes with a test restore that commits nothing', async () => {
+      expect(await backend.probe()).to.deep.equal({ ok: true, detail: `iptables via iptables-${variant}` });
+      expect(fake.calls.map((c) => c.args.includes('--test'))).to.deep.equal([true, true]);
+      expect(fake.nat(variant, 'ipv4').save()).to.not.include('IPVS_');
+      fake.missing.add(variant);
+      expect((await backend.probe()).ok).to.equal(false);
+    });
+
+    it('the jump guard moves our jump back to rule 1 between syncs, and does nothing when it is there', async () => {
+      await backend.sync(state([service(1)]), { full: true });
+      const repaired: Family[] = [];
+      const guard = new JumpGuard({
+        variant,
+        intervalMs: 1000,
+        runner: fake,
+        exclusive: (work) => work(),
+        families: () => ['ipv4', 'ipv6'],
+        onRepair: (family) => repaired.push(family),
+      });
+      const restores = fake.restores().length;
+      await guard.checkAll();
+      expect(fake.restores().length).to.equal(restores);
+      fake.write(variant, 'ipv6', '*nat\n:KUBE-SERVICES - [0:0]\n-I PREROUTING 1 -j KUBE-SERVICES\nCOMMIT\n');
+      await guard.checkAll();
+      expect(repaired).to.deep.equal(['ipv6']);
+      expect(fake.nat(variant, 'ipv6').rules('PREROUTING')).to.deep.equal(['-j IPVS_PREROUTING', '-j KUBE-SERVICES']);
+      // It asked for rule 1 only, holding the lock.
+      const listings = fake.calls.filter((c) => c.command === `ip6tables-${variant}`).map((c) => c.args.join(' '));
+      expect(listings).to.include('-w 30 -t nat -S PREROUTING 1');
+    });
+  });
+}
+
+describe('the iptables stand-in refuses what the real commands refuse', () => {
+  it('a restore without the lock wait, a deleted rule that is not there, a chain still jumped to', async () => {
+    const fake = new FakeIptables();
+    expect((await fake.run('iptables-nft-restore', ['--noflush'], '*nat\nCOMMIT\n')).exitCode).to.equal(2);
+    expect(() => fake.write('nft', 'ipv4', '*nat\n-D OUTPUT -j ACCEPT\nCOMMIT\n')).to.throw(/line 2 failed/);
+    fake.write('nft', 'ipv4', '*nat\n:A - [0:0]\n-A OUTPUT -j A\nCOMMIT\n');
+    expect(() => fake.write('nft', 'ipv4', '*nat\n-X A\nCOMMIT\n')).to.throw(/Too many links/);
+    expect(() => fake.write('nft', 'ipv4', '*nat\n-A OUTPUT -j ACCEPT\n')).to.throw(/COMMIT expected/);
+    const commands = new IptablesCommands('nft', 'ipv4', fake);
+    expect(await commands.listRules('nat', 'NOPE')).to.equal(undefined);
+    expect(await commands.firstRule('nat', 'OUTPUT')).to.equal('-j A');
+    expect(await commands.firstRule('nat', 'A')).to.equal('');
+  });
+});

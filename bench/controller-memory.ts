@@ -13,7 +13,8 @@ import { fileURLToPath } from 'node:url';
 import { ApiStandIn } from '../testbed/api-server.js';
 import { httpGet, scrapeMetrics } from '../test/support/scrape.js';
 
-const CLI = fileURLToPath(new URL('../src/cli/main.js', import.meta.url));
+// The bundle, as the image ships it (npm run build makes it).
+const CLI = fileURLToPath(new URL('../bundle/ipvs-node-controller.mjs', import.meta.url));
 const ISOLATED = 'IPVS_NODE_CONTROLLER_BENCH_ISOLATED';
 
 if (process.env[ISOLATED] !== '1') {

@@ -1,4 +1,4 @@
-// The controller as users run it: dist/src/cli/main.js in a process of its own, fed by the API
+// The controller as users run it: dist/bundle/ipvs-node-controller.mjs (the bundle the image ships) in a process of its own, fed by the API
 // stand-in, programming the kernel of the benchmark's network namespace. Its debug log gives
 // the duration of each backend sync ('synced', ms); /proc gives its resident memory.
 
@@ -8,7 +8,8 @@ import { readFileSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
-const CLI = fileURLToPath(new URL('../src/cli/main.js', import.meta.url));
+// The bundle, as the image ships it (npm run build makes it).
+const CLI = fileURLToPath(new URL('../bundle/ipvs-node-controller.mjs', import.meta.url));
 const GC_HOOK = pathToFileURL(fileURLToPath(new URL('./gc-on-signal.js', import.meta.url))).href;
 
 export interface SyncLine {

@@ -111,7 +111,7 @@ export function formatReport(r: BenchResults): string {
       `load average ${r.machine.loadAverageAtStart.join(' ')} at start, ${(r.machine.loadAverageAtEnd ?? []).join(' ')} at end`,
   );
   out.push(
-    'setup: the controller (dist/src/cli/main.js --backend nft) in a network namespace of the benchmark, fed by',
+    'setup: the controller (dist/bundle/ipvs-node-controller.mjs --backend nft, as shipped) in a network namespace of the benchmark, fed by',
     '  the API stand-in over HTTPS; LoadBalancer Services with one TCP port and one ingress IP each (one map element).',
   );
 

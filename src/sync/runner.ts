@@ -23,6 +23,8 @@ export interface SyncRunnerOptions {
   partialDuringFull?: boolean;
   /** Time and timers; the real ones by default. */
   clock?: Clock;
+  /** Jitter source for retry delays, in [0, 1); Math.random by default. */
+  random?: () => number;
 }
 
 export class SyncRunner {
@@ -134,10 +136,10 @@ export class SyncRunner {
       if (info.full) this.armFullTimer();
     } catch (err) {
       this.failures++;
-      retryDelay = Math.min(
-        this.options.fullIntervalMs,
-        Math.max(this.options.minIntervalMs, 1000) * 2 ** (this.failures - 1),
-      );
+      // Up to a quarter longer at random: nodes that failed together (an API or kernel hiccup
+      // across a fleet) do not retry in lockstep. Never shorter than the backoff step itself.
+      const step = Math.max(this.options.minIntervalMs, 1000) * 2 ** (this.failures - 1);
+      retryDelay = Math.min(this.options.fullIntervalMs, step * (1 + 0.25 * (this.options.random ?? Math.random)()));
       // Retry as a full sync: the kernel state after a failure is unknown.
       this.pending = true;
       this.pendingFull = true;

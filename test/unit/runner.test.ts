@@ -52,6 +52,7 @@ function runnerWith(
     fullIntervalMs: 60_000,
     sync: (i) => r.sync(i),
     clock,
+    random: () => 0,
     ...options,
   });
   return { runner, clock };
@@ -109,6 +110,22 @@ describe('sync runner', () => {
     expect(errors).to.deep.equal(['sync 2 failed, retry in 1000']);
     expect(r.calls.map((c) => c.full)).to.deep.equal([true, false, true]);
     expect(r.calls[2]!.changedAt, 'the retry still serves the failed change').to.equal(r.calls[1]!.changedAt);
+  });
+
+  it('spreads retries: up to a quarter longer than the backoff step, never shorter', async () => {
+    const r = recorder((n) => n === 2);
+    const errors: number[] = [];
+    const { runner, clock } = runnerWith(r, { random: () => 0.8, onError: (_err, retryIn) => errors.push(retryIn) });
+    runner.start();
+    await until(() => r.calls.length === 1, 'first sync');
+    runner.request();
+    await until(() => errors.length === 1, 'the failure');
+    expect(errors).to.deep.equal([1200]);
+    await clock.advance(1199);
+    expect(r.calls, 'not before the jittered delay').to.have.lengthOf(2);
+    await clock.advance(1);
+    await until(() => r.calls.length === 3, 'retry');
+    await runner.stop();
   });
 
   it('runs a full resync every fullInterval', async () => {

@@ -4,6 +4,7 @@
 // changes target, disappears or appears, the entries whose original destination is that tuple
 // must go (semantics.md, "Connection tracking"). TCP is left alone, as kube-proxy does. Pure.
 
+import { diffByKey } from '../backends/element-storage.js';
 import { FAMILIES, entryKey, type DesiredState, type Entry, type Family, type Protocol } from '../model/types.js';
 
 export type ConntrackProtocol = Extract<Protocol, 'UDP' | 'SCTP'>;
@@ -36,21 +37,19 @@ function tuple(
   return { family: e.family, externalIp: e.externalIp, protocol: e.protocol, port: e.port, untranslatedOnly, why };
 }
 
-/** Entries of one family that differ between two entry lists, as stale tuples. */
+/** Entries of one family that differ between two entry lists, as stale tuples (one diff: element-storage's). */
 function diffEntries(before: readonly Entry[], after: readonly Entry[]): StaleTuple[] {
-  const old = new Map<string, Entry>();
-  for (const e of before) if (tracked(e)) old.set(entryKey(e), e);
+  // Only the target matters to a flow: a comment (the owning Service) change keeps its path.
+  const { removed, added } = diffByKey(
+    before.filter(tracked),
+    after.filter(tracked),
+    (a, b) => a.clusterIp === b.clusterIp,
+  );
+  const removedKeys = new Set(removed.map(entryKey));
+  const addedKeys = new Set(added.map(entryKey));
   const out: StaleTuple[] = [];
-  const seen = new Set<string>();
-  for (const e of after) {
-    if (!tracked(e)) continue;
-    const key = entryKey(e);
-    seen.add(key);
-    const was = old.get(key);
-    if (!was) out.push(tuple(e, 'appeared'));
-    else if (was.clusterIp !== e.clusterIp) out.push(tuple(e, 'retargeted'));
-  }
-  for (const [key, e] of old) if (!seen.has(key) && tracked(e)) out.push(tuple(e, 'removed'));
+  for (const e of added) if (tracked(e)) out.push(tuple(e, removedKeys.has(entryKey(e)) ? 'retargeted' : 'appeared'));
+  for (const e of removed) if (tracked(e) && !addedKeys.has(entryKey(e))) out.push(tuple(e, 'removed'));
   return out;
 }
 

@@ -11,6 +11,7 @@ import { localPodMatch } from './local-pods.js';
 import { orderedChanges } from './ordered-changes.js';
 import { creationTime, flat, precedes, serviceCandidates, serviceKey, type Precedence } from './service-rules.js';
 import { compareKeys, SortedEntries } from './sorted-entries.js';
+import { entryKey } from './types.js';
 import type {
   Conflict,
   ChangeTracked,
@@ -246,18 +247,19 @@ export class DesiredStateModel {
       skips,
     };
     for (const c of serviceCandidates(svc, this.config, skips)) {
-      const key = flat([c.family, '|', c.ip.address, '|', c.protocol, '|', c.port]);
+      const entry: Entry = {
+        family: c.family,
+        externalIp: c.ip.address,
+        protocol: c.protocol,
+        port: c.port,
+        clusterIp: c.clusterIp,
+        service: record.service,
+      };
+      const key = entryKey(entry);
       // A port listed twice asks for the same key twice: one claim.
       if (claims.some((claim) => claim.key === key)) continue;
       claims.push({
-        entry: {
-          family: c.family,
-          externalIp: c.ip.address,
-          protocol: c.protocol,
-          port: c.port,
-          clusterIp: c.clusterIp,
-          service: record.service,
-        },
+        entry,
         key,
         sortKey: flat([c.ipSortKey, '|', c.protocol, '|', String(c.port).padStart(5, '0')]),
         record,

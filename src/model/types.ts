@@ -172,5 +172,6 @@ export type EntryKeyFields = Pick<Entry, 'family' | 'externalIp' | 'port'> & { p
 
 /** A stable identity of an entry's match: one kernel map key. */
 export function entryKey(e: EntryKeyFields): string {
-  return `${e.family}|${e.externalIp}|${e.protocol}|${e.port}`;
+  // join() builds one flat string: the model keeps a key per claim for as long as a Service lives.
+  return [e.family, e.externalIp, e.protocol, e.port].join('|');
 }

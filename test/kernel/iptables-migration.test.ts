@@ -40,6 +40,15 @@ async function where(): Promise<{ nft: boolean; legacy: boolean; iptablesNft: bo
   };
 }
 
+/** Leaves a backend's objects as an earlier run would, without its jump guard outliving the step. */
+async function syncAndClose(backend: IptablesBackend): Promise<void> {
+  try {
+    await backend.sync(desired(), { full: true });
+  } finally {
+    await backend.close();
+  }
+}
+
 describe('backend selection and migration', function () {
   this.timeout(60_000);
   const scenario = new Scenario();
@@ -61,7 +70,7 @@ describe('backend selection and migration', function () {
 
     it(`nft -> iptables-${variant} -> nft leaves no leftovers and translates at every step`, async () => {
       // An earlier run with the other variant left its chains behind.
-      await new IptablesBackend(other).sync(desired(), { full: true });
+      await syncAndClose(new IptablesBackend(other));
 
       let selected = await selectBackend('nft');
       expect(selected.backend.name).to.equal('nft');
@@ -79,6 +88,8 @@ describe('backend selection and migration', function () {
       expect(await where()).to.deep.equal({ nft: false, legacy: variant === 'legacy', iptablesNft: variant === 'nft' });
       expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
       expect(await probe(undefined, 'tcp', LB_V4, 8080)).to.equal('svc-b');
+      // One backend per process, as in the controller: its jump guard ends with it.
+      await selected.backend.close?.();
 
       selected = await selectBackend('nft');
       await removeLeftovers({ backend: 'nft' }, {}, REGISTRY);
@@ -89,16 +100,16 @@ describe('backend selection and migration', function () {
   }
 
   it("removes the other variant's leftovers when iptables stays the backend", async () => {
-    await new IptablesBackend('legacy').sync(desired(), { full: true });
-    await new IptablesBackend('nft').sync(desired(), { full: true });
+    await syncAndClose(new IptablesBackend('legacy'));
+    await syncAndClose(new IptablesBackend('nft'));
     await removeLeftovers({ backend: 'iptables', iptablesVariant: 'nft' }, {}, REGISTRY);
     expect(await where()).to.deep.equal({ nft: false, legacy: false, iptablesNft: true });
     expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
   });
 
   it('cleanupAll removes ours from every backend and both variants, and a second run succeeds', async () => {
-    await new IptablesBackend('legacy').sync(desired(), { full: true });
-    await new IptablesBackend('nft').sync(desired(), { full: true });
+    await syncAndClose(new IptablesBackend('legacy'));
+    await syncAndClose(new IptablesBackend('nft'));
     const nft = (await selectBackend('nft')).backend;
     await nft.sync(desired(), { full: true });
     const checked = await cleanupAll({}, REGISTRY);

@@ -275,6 +275,7 @@ describe('iptables variant detection (kube-proxy iptables-wrapper rules)', funct
       expect(choice.reason).to.match(/ties go to nft/);
     } finally {
       await ours.cleanup();
+      await ours.close();
     }
   });
 

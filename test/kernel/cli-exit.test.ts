@@ -4,13 +4,14 @@
 
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { chmodSync, cpSync, mkdtempSync, rmSync, symlinkSync, utimesSync, writeFileSync } from 'node:fs';
+import { chmodSync, cpSync, mkdtempSync, rmSync, symlinkSync, utimesSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
 import { execa, execaSync } from 'execa';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
+import { writeUnreachableKubeconfig } from '../support/fixtures.js';
 
 const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
 const REPO = fileURLToPath(new URL('../../../', import.meta.url));
@@ -28,18 +29,7 @@ describe('command line exits', function () {
 
   it('keeps retrying an unreachable API server with both HTTP endpoints off; SIGTERM ends it with 0', async () => {
     const kubeconfig = join(dir, 'kubeconfig');
-    writeFileSync(
-      kubeconfig,
-      [
-        'apiVersion: v1',
-        'kind: Config',
-        // Nothing listens on port 1 of loopback: every list is refused at once.
-        'clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]',
-        'users: [{name: u, user: {token: t}}]',
-        'contexts: [{name: x, context: {cluster: c, user: u}}]',
-        'current-context: x',
-      ].join('\n'),
-    );
+    writeUnreachableKubeconfig(kubeconfig);
     const child = spawn(
       process.execPath,
       [

@@ -15,23 +15,11 @@ import { MAP_NAME, TABLE_NAME } from '../../src/backends/nft/render.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
 import { scrapeMetrics } from '../support/scrape.js';
+import { MALFORMED_WATCH_LINES } from '../support/fixtures.js';
 
 const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
 const METRICS = '127.0.0.1:19477';
 const DECODE_ERRORS = 'ipvs_node_controller_watch_decode_errors_total';
-
-/** The nine lines that made the controller exit before: valid JSON, but no watch event. */
-const MALFORMED_LINES = [
-  '42',
-  '"a string"',
-  '[1, 2]',
-  'true',
-  '{}',
-  '{"type": 42}',
-  '{"type":"BOOKMARK","object":null}',
-  '{"type":"ERROR","object":null}',
-  '{"type":"ERROR"}',
-];
 
 function service(name: string, ingressIp: string, clusterIp: string) {
   return {
@@ -159,7 +147,7 @@ describe('controller against hostile and silent watch streams (CLI + API stand-i
   it('survives each of the nine malformed lines with its rules intact, and programs the change after it', async () => {
     controller = startController();
     await waitFor(() => kernelMap().join() === expectedMap(api).join(), 'the first sync');
-    for (const [n, line] of MALFORMED_LINES.entries()) {
+    for (const [n, line] of MALFORMED_WATCH_LINES.entries()) {
       await waitFor(() => api.openWatchCount('Service') === 1, `an open Service watch before line ${n + 1}`);
       const watches = api.stats.watches.services ?? 0;
       expect(api.injectWatchLine('Service', line)).to.equal(1);

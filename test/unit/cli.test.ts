@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
 import { execa } from 'execa';
+import { writeUnreachableKubeconfig } from '../support/fixtures.js';
 
 const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
 /** The clone: where `npx ipvs-node-controller` resolves to its own build. */
@@ -29,20 +30,6 @@ function outsideCluster(home: string): NodeJS.ProcessEnv {
   delete env.KUBERNETES_SERVICE_HOST;
   delete env.KUBERNETES_SERVICE_PORT;
   return env;
-}
-
-function writeKubeconfig(path: string): void {
-  writeFileSync(
-    path,
-    [
-      'apiVersion: v1',
-      'kind: Config',
-      'clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]',
-      'users: [{name: u, user: {token: t}}]',
-      'contexts: [{name: x, context: {cluster: c, user: u}}]',
-      'current-context: x',
-    ].join('\n'),
-  );
 }
 
 /** A loopback port held by the test: a controller that binds it first fails differently. */
@@ -131,17 +118,7 @@ describe('command line', function () {
 
   it('an unreachable API server is one clear line and exit code 1', async () => {
     const kubeconfig = join(dir, 'kubeconfig');
-    writeFileSync(
-      kubeconfig,
-      [
-        'apiVersion: v1',
-        'kind: Config',
-        'clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]',
-        'users: [{name: u, user: {token: t}}]',
-        'contexts: [{name: x, context: {cluster: c, user: u}}]',
-        'current-context: x',
-      ].join('\n'),
-    );
+    writeUnreachableKubeconfig(kubeconfig);
     const r = await cli(['--dry-run', '--kubeconfig', kubeconfig]);
     expect(r.exitCode).to.equal(1);
     expect(r.stderr).to.match(/^ipvs-node-controller: cannot list Services from the API server: .*ECONNREFUSED/);
@@ -194,7 +171,7 @@ describe('command line', function () {
 
   it('a fatal error of a run is a JSON log line on stdout and one plain line on stderr, exit 1', async () => {
     const kubeconfig = join(dir, 'kubeconfig-fatal');
-    writeKubeconfig(kubeconfig);
+    writeUnreachableKubeconfig(kubeconfig);
     const held = await heldPort();
     try {
       const r = await cli([

@@ -19,19 +19,7 @@ import {
 import { toNodeInfo, toServiceInfo } from '../../src/kube/objects.js';
 import type { NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
-
-/** The nine lines that are valid JSON but no watch event. */
-export const MALFORMED_LINES = [
-  '42',
-  '"a string"',
-  '[1, 2]',
-  'true',
-  '{}',
-  '{"type": 42}',
-  '{"type":"BOOKMARK","object":null}',
-  '{"type":"ERROR","object":null}',
-  '{"type":"ERROR"}',
-];
+import { MALFORMED_WATCH_LINES } from '../support/fixtures.js';
 
 function service(name: string, ip: string, extra: { labels?: Record<string, string> } = {}) {
   return {
@@ -111,7 +99,7 @@ describe('informer list+watch loop', function () {
     informer.start();
     await informer.waitForSync();
     expect(informer.list()).to.have.length(5);
-    for (const [n, line] of MALFORMED_LINES.entries()) {
+    for (const [n, line] of MALFORMED_WATCH_LINES.entries()) {
       await waitFor(() => server.openWatchCount('Service') === 1, 'an open watch');
       const watches = server.stats.watches.services ?? 0;
       expect(server.injectWatchLine('Service', line)).to.equal(1);

@@ -1,17 +1,29 @@
 // Child process of nft-resync.test.ts, run inside a pod namespace: starts a TCP connection every
-// INTERVAL_MS until its stdin closes, then prints, as one JSON line, how many connected within
-// BOUND_MS and were answered by EXPECTED. A first SYN lost to a table change waits for the 1 s
-// retransmit: its connect takes over the bound. The answer itself may take longer (the server
-// runs in the test process, which is busy syncing). Prints `started` once one was answered.
-// Usage: nft-connect-loop.js ADDRESS PORT EXPECTED INTERVAL_MS BOUND_MS
+// INTERVAL_MS until its stdin closes, then prints, as one JSON line, how many were answered by
+// EXPECTED and how many SYNs the kernel of this namespace retransmitted meanwhile. A first SYN
+// lost to a table change is retransmitted: the kernel's own counter says so, no clock does.
+// Prints `started` once one was answered.
+// Usage: nft-connect-loop.js ADDRESS PORT EXPECTED INTERVAL_MS
 
+import { readFileSync } from 'node:fs';
 import * as net from 'node:net';
 
-const [address, portText, expected, intervalText, boundText] = process.argv.slice(2);
+const [address, portText, expected, intervalText] = process.argv.slice(2);
 const port = Number(portText);
 const intervalMs = Number(intervalText);
-const boundMs = Number(boundText);
 let stopping = false;
+
+/** TcpExt TCPSynRetrans of this network namespace (/proc/net/netstat: a header line, then values). */
+function synRetransmits(): number {
+  const lines = readFileSync('/proc/net/netstat', 'utf8').split('\n');
+  const header = lines.findIndex((l) => l.startsWith('TcpExt:'));
+  const names = lines[header]!.split(/\s+/);
+  const values = lines[header + 1]!.split(/\s+/);
+  const at = names.indexOf('TCPSynRetrans');
+  if (at < 0) throw new Error('no TCPSynRetrans in /proc/net/netstat');
+  return Number(values[at]);
+}
+const synRetransmitsAtStart = synRetransmits();
 
 /** How long an answer may take once connected. */
 const ANSWER_TIMEOUT_MS = 10_000;
@@ -44,7 +56,7 @@ function connectOnce(): void {
     open--;
     clearTimeout(timer);
     sock.destroy();
-    if (answer === expected && connectMs !== undefined && connectMs <= boundMs) {
+    if (answer === expected) {
       if (answered++ === 0) process.stdout.write('started\n');
     } else {
       failures.push({ startedMs: Math.round(t0 - started), answer, connectMs: connectMs && Math.round(connectMs) });
@@ -59,7 +71,13 @@ function connectOnce(): void {
 
 function report(): void {
   process.stdout.write(
-    `${JSON.stringify({ total, answered, failures: failures.slice(0, 20), failed: failures.length })}\n`,
+    `${JSON.stringify({
+      total,
+      answered,
+      failures: failures.slice(0, 20),
+      failed: failures.length,
+      synRetransmits: synRetransmits() - synRetransmitsAtStart,
+    })}\n`,
   );
   process.exit(0);
 }

@@ -82,6 +82,8 @@ async function main() {
     },
   });
   writeFileSync(join(outdir, 'THIRD_PARTY_LICENSES.txt'), thirdPartyLicenses(result.metafile));
+  // Beside the bundle, not in it (the image ships dist/bundle): which modules went into which chunk.
+  writeFileSync(join(packageRoot, 'dist', 'bundle-meta.json'), JSON.stringify(result.metafile));
   const bytes = Object.values(result.metafile.outputs).reduce((n, o) => n + o.bytes, 0);
   const entry = join(outdir, 'ipvs-node-controller.mjs');
   if (!existsSync(entry)) throw new Error(`esbuild wrote no ${entry}`);

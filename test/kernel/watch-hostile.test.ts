@@ -1,7 +1,7 @@
 // Hostile and silent watch streams against the whole controller (the real CLI, nft backend)
 // through the API stand-in: lines that are valid JSON but no watch event, lines that are not
-// JSON at all, a half-open watch that delivers nothing, an API server that cannot be reached. The controller keeps running,
-// keeps its rules, and programs the changes that come after.
+// JSON at all, a half-open watch that delivers nothing, an API server that cannot be reached.
+// The controller keeps running, keeps its rules, and programs the changes that come after.
 
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';

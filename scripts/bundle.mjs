@@ -18,6 +18,7 @@ import { spawnSync } from 'node:child_process';
 import { existsSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { kubeConfigOnly } from './bundle-kubeconfig.mjs';
 
 const packageRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const outdir = join(packageRoot, 'dist', 'bundle');
@@ -71,6 +72,7 @@ async function main() {
     keepNames: true,
     legalComments: 'none',
     metafile: true,
+    plugins: [kubeConfigOnly],
     logLevel: 'warning',
     // CommonJS dependencies call require(): give the ESM bundle a real one.
     banner: {

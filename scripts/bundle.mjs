@@ -18,6 +18,7 @@ import { spawnSync } from 'node:child_process';
 import { existsSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { kubeConfigOnly } from './bundle-kubeconfig.mjs';
 
 const packageRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const outdir = join(packageRoot, 'dist', 'bundle');
@@ -71,6 +72,7 @@ async function main() {
     keepNames: true,
     legalComments: 'none',
     metafile: true,
+    plugins: [kubeConfigOnly],
     logLevel: 'warning',
     // CommonJS dependencies call require(): give the ESM bundle a real one.
     banner: {
@@ -82,6 +84,8 @@ async function main() {
     },
   });
   writeFileSync(join(outdir, 'THIRD_PARTY_LICENSES.txt'), thirdPartyLicenses(result.metafile));
+  // Beside the bundle, not in it (the image ships dist/bundle): which modules went into which chunk.
+  writeFileSync(join(packageRoot, 'dist', 'bundle-meta.json'), JSON.stringify(result.metafile));
   const bytes = Object.values(result.metafile.outputs).reduce((n, o) => n + o.bytes, 0);
   const entry = join(outdir, 'ipvs-node-controller.mjs');
   if (!existsSync(entry)) throw new Error(`esbuild wrote no ${entry}`);

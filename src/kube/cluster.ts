@@ -1,6 +1,8 @@
 // The two caches the controller reads: every Service, and this node's Node object.
 
-import { KubeConfig } from '@kubernetes/client-node';
+// The one part of client-node the controller runs, imported from its module: the package's index
+// would load all of client-node (its generated API, Watch, node-fetch, ...).
+import { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import type { NodeInfo, ServiceInfo } from '../model/types.js';
 import { Informer, type InformerObserver } from './informer.js';
 import { toNodeInfo, toServiceInfo } from './objects.js';

@@ -1,5 +1,5 @@
-// List+watch caches holding stripped objects only: our own loop over client-node's Watch, so
-// that the only copy of each object is the stripped one in `objects`.
+// List+watch caches holding stripped objects only: our own loop over our own streaming watch
+// (watch.ts), so that the only copy of each object is the stripped one in `objects`.
 // - The list is paginated and each page stripped as it arrives (memory stays flat).
 // - Watches resume from the last resourceVersion seen (events and bookmarks), ask for bookmarks
 //   and for a server-side timeout randomised in [min, 2*min) as client-go does, so that a fleet
@@ -8,16 +8,18 @@
 //   is aborted and replaced.
 // - 410 Gone (as an HTTP status or an ERROR event) relists; the relist replaces only what
 //   differs, so readers of changesSince() see a relist as a few changes.
-// - A line that is not a watch event is skipped and counted; many in a row make the stream
-//   unusable and it is replaced. Nothing a stream says can throw out of this loop.
+// - A line that is not a watch event (not JSON, or JSON of the wrong shape) is skipped and
+//   counted; many in a row make the stream unusable and it is replaced, and so does a line too
+//   long to buffer. Nothing a stream says can throw out of this loop.
 // - Failures retry forever with jittered exponential backoff. The cache keeps its content
 //   meanwhile, so an unreachable API server never empties the desired state, and the retry
 //   timer keeps the process alive.
 // - An update whose stripped form equals the cached one is dropped: no change is recorded and
 //   onChange is not called (a Node's heartbeat status updates never cause a sync).
 
-import { Watch, type KubeConfig } from '@kubernetes/client-node';
+import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import type { ChangeTracked } from '../model/types.js';
+import { startWatch } from './watch.js';
 
 export interface InformerObserver {
   /** A full list was fetched (first sync or relist). */
@@ -346,7 +348,7 @@ export class Informer<T> implements ChangeTracked<T> {
     let decodeErrors = 0;
     let decodeErrorsInARow = 0;
     let finished = false;
-    let abort: AbortController | undefined;
+    let abort: (() => void) | undefined;
     let idleTimer: NodeJS.Timeout | undefined;
 
     return new Promise((resolve) => {
@@ -355,7 +357,7 @@ export class Informer<T> implements ChangeTracked<T> {
         finished = true;
         clearTimeout(idleTimer);
         if (this.interrupt === interrupted) this.interrupt = undefined;
-        abort?.abort();
+        abort?.();
         resolve({ end, resourceVersion, delivered });
       };
       const interrupted = () => finish({ kind: 'closed' });
@@ -388,7 +390,7 @@ export class Informer<T> implements ChangeTracked<T> {
           });
         }
       };
-      const onLine = (_type: unknown, _object: unknown, line: unknown) => {
+      const onLine = (line: unknown) => {
         if (finished || !this.current(generation)) return;
         try {
           const problem = this.handleEvent(line, (rv) => (resourceVersion = rv), finish);
@@ -419,23 +421,23 @@ export class Informer<T> implements ChangeTracked<T> {
       };
       if (from !== '') query.resourceVersion = from;
       if (this.options.fieldSelector) query.fieldSelector = this.options.fieldSelector;
-      new Watch(this.kubeConfig).watch(this.options.path, query, onLine, onDone).then(
-        (controller) => {
-          abort = controller;
-          if (finished) {
-            controller.abort();
-            return;
-          }
-          // Reported only once the server answered, so that an observer can tell a connected
-          // watch from a retry that is about to fail.
+      abort = startWatch(this.kubeConfig, this.options.path, query, {
+        // Reported only once the server answered, so that an observer can tell a connected
+        // watch from a retry that is about to fail.
+        onOpen: () => {
+          if (finished) return;
           try {
             this.options.observer?.onWatch?.(resource);
           } catch {
             // an observer's failure must not stop the informer
           }
         },
-        (err: unknown) => onDone(err ?? new Error('the watch request failed')),
-      );
+        onValue: onLine,
+        onUndecodable: (problem) => {
+          if (!finished && this.current(generation)) decodeError(problem);
+        },
+        onEnd: onDone,
+      });
     });
   }
 

@@ -5,7 +5,7 @@
 
 import http from 'node:http';
 import https from 'node:https';
-import type { KubeConfig } from '@kubernetes/client-node';
+import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 
 export interface ApiResponse {
   status: number;

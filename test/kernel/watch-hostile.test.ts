@@ -1,7 +1,7 @@
 // Hostile and silent watch streams against the whole controller (the real CLI, nft backend)
-// through the API stand-in: lines that are valid JSON but no watch event, a half-open watch
-// that delivers nothing, an API server that cannot be reached. The controller keeps running,
-// keeps its rules, and programs the changes that come after.
+// through the API stand-in: lines that are valid JSON but no watch event, lines that are not
+// JSON at all, a half-open watch that delivers nothing, an API server that cannot be reached.
+// The controller keeps running, keeps its rules, and programs the changes that come after.
 
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
@@ -164,6 +164,26 @@ describe('controller against hostile and silent watch streams (CLI + API stand-i
     // Logged once per watch stream, not once per line: the ERROR without a status ended the
     // first stream, so the ninth line was the first of the next one.
     expect(output.match(/skipped a watch line that is not a watch event/g) ?? []).to.have.length(2);
+  });
+
+  it('counts watch lines that are not JSON in watch_decode_errors_total, and programs the change after them', async () => {
+    controller = startController();
+    await waitFor(() => kernelMap().join() === expectedMap(api).join(), 'the first sync');
+    await waitFor(() => api.openWatchCount('Service') === 1, 'an open Service watch');
+    const watches = api.stats.watches.services ?? 0;
+    for (const line of ['<html>502 Bad Gateway</html>', '{"type":"ADDED","object":{"metadata":']) {
+      expect(api.injectWatchLine('Service', line)).to.equal(1);
+    }
+    await waitFor(async () => (await decodeErrors()) === 2, 'both lines to be counted');
+    expect(running()).to.equal(true);
+    expect(kernelMap()).to.deep.equal(expectedMap(api));
+    api.apply(service('web-1', '198.18.2.1', '10.96.0.11'));
+    await waitFor(() => kernelMap().join() === expectedMap(api).join(), 'the change after them');
+    expect(kernelMap()).to.include('198.18.2.1 tcp 80 10.96.0.11');
+    // Skipped on the same stream, logged once for it.
+    expect(api.stats.watches.services ?? 0).to.equal(watches);
+    expect(output.match(/skipped a watch line that is not a watch event/g) ?? []).to.have.length(1);
+    expect(output).to.include('not JSON: \\"<html>502 Bad Gateway</html>\\"');
   });
 
   it('replaces a watch that stays open but delivers nothing, and programs what changed meanwhile', async () => {

@@ -1,6 +1,7 @@
 // The informer's list+watch loop against the API stand-in (real HTTPS, real client library):
-// hostile watch lines, 410 Gone, silent and bounded watches, quiet updates, jittered backoff,
-// and a retry that keeps the process alive.
+// hostile watch lines (not JSON, oversized), 410 Gone, resets, silent and bounded watches, quiet
+// updates, jittered backoff, and a retry that keeps the process alive; and against a raw HTTPS
+// server for what the stand-in never answers to a watch (HTTP 410, 401, 403, 500).
 
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
@@ -20,6 +21,7 @@ import { toNodeInfo, toServiceInfo } from '../../src/kube/objects.js';
 import type { NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { MALFORMED_WATCH_LINES } from '../support/fixtures.js';
+import { makeTlsFixture, RawApiServer, type TlsFixture } from '../support/raw-api.js';
 
 function service(name: string, ip: string, extra: { labels?: Record<string, string> } = {}) {
   return {
@@ -125,6 +127,64 @@ describe('informer list+watch loop', function () {
     // The two ERROR events without a status made the informer replace the stream.
     expect(rec.errors.filter((e) => /ERROR event without a status/.test(e.message))).to.have.length(2);
     expect(informer.list()).to.have.length(5);
+  });
+
+  it('counts lines that are not JSON as decode errors, and loses nothing around them', async () => {
+    server.apply(service('a', '198.18.0.1'));
+    const rec = fresh();
+    const informer = serviceInformer(rec);
+    informer.start();
+    await informer.waitForSync();
+    await waitFor(() => server.openWatchCount('Service') === 1, 'an open watch');
+    const watches = server.stats.watches.services ?? 0;
+    for (const line of ['this is not JSON', '{"type":"MODIFIED","object":', '\u00ff\u00fe']) {
+      expect(server.injectWatchLine('Service', line)).to.equal(1);
+    }
+    await waitFor(() => rec.decodeErrors.length === 3, 'three decode errors');
+    expect(rec.decodeErrors.map((d) => d.problem)).to.deep.equal([
+      'not JSON: "this is not JSON"',
+      'not JSON: "{\\"type\\":\\"MODIFIED\\",\\"object\\":"',
+      'not JSON: "\u00ff\u00fe"',
+    ]);
+    expect(rec.decodeErrors.map((d) => d.first)).to.deep.equal([true, false, false]);
+    server.apply(service('a', '198.18.0.2'));
+    await waitFor(() => ipOf(informer, 'a') === '198.18.0.2', 'the change after them');
+    expect(server.stats.watches.services ?? 0, 'the same stream').to.equal(watches);
+    expect(rec.errors).to.deep.equal([]);
+  });
+
+  it('replaces a stream whose line grows past 16 MiB, and resumes where it was without a relist', async () => {
+    server.apply(service('a', '198.18.0.1'));
+    const rec = fresh();
+    const informer = serviceInformer(rec, { backoff: { initialMs: 10, maxMs: 50 } });
+    informer.start();
+    await informer.waitForSync();
+    await waitFor(() => server.openWatchCount('Service') === 1, 'an open watch');
+    const lists = server.stats.lists.services ?? 0;
+    const watches = server.stats.watches.services ?? 0;
+    expect(server.injectWatchLine('Service', '"' + 'x'.repeat(16 << 20) + '"')).to.equal(1);
+    await waitFor(() => (server.stats.watches.services ?? 0) > watches, 'a new watch');
+    expect(rec.errors.map((e) => e.message)).to.deep.equal(['a watch line longer than 16 MiB: the stream is broken']);
+    server.apply(service('a', '198.18.0.2'));
+    await waitFor(() => ipOf(informer, 'a') === '198.18.0.2', 'a change on the new watch');
+    expect(server.stats.lists.services ?? 0).to.equal(lists);
+    expect(rec.decodeErrors).to.deep.equal([]);
+  });
+
+  it('resumes from its resourceVersion after the connection is reset, without a relist', async () => {
+    server.apply(service('a', '198.18.0.1'));
+    const rec = fresh();
+    const informer = serviceInformer(rec, { backoff: { initialMs: 10, maxMs: 50 } });
+    informer.start();
+    await informer.waitForSync();
+    await waitFor(() => server.openWatchCount('Service') === 1, 'an open watch');
+    const lists = server.stats.lists.services ?? 0;
+    server.setUnavailable(true);
+    server.apply(service('a', '198.18.0.2'));
+    await waitFor(() => rec.errors.length > 0, 'the reset to be seen');
+    server.setUnavailable(false);
+    await waitFor(() => ipOf(informer, 'a') === '198.18.0.2', 'the change made during the outage');
+    expect(server.stats.lists.services ?? 0).to.equal(lists);
   });
 
   it('reports the first bad line of a stream as first, the others only for counting', async () => {
@@ -290,6 +350,141 @@ describe('informer list+watch loop', function () {
     server.setUnavailable(false);
     expect(informer.hasSynced()).to.equal(false);
   });
+});
+
+describe('informer against watch answers the API stand-in never gives', function () {
+  this.timeout(60_000);
+  let tls: TlsFixture;
+  let raw: RawApiServer;
+  let informer: Informer<ServiceInfo> | undefined;
+  const fresh = (): Recorded => ({ decodeErrors: [], errors: [], changes: 0 });
+
+  before(async () => {
+    tls = await makeTlsFixture();
+  });
+  beforeEach(async () => {
+    raw = await RawApiServer.start(tls);
+  });
+  afterEach(async () => {
+    await informer?.stop();
+    informer = undefined;
+    await raw.stop();
+  });
+
+  /** Lists answer with the Services `items()` returns; each watch is answered by `watch(n)`. */
+  function serve(
+    items: () => unknown[],
+    watch: (n: number, res: import('node:http').ServerResponse, url: URL) => void,
+  ): { lists: () => number; watches: () => number } {
+    let lists = 0;
+    let watches = 0;
+    raw.handler = (_req, res, url) => {
+      if (url.searchParams.get('watch') === 'true') {
+        watch(++watches, res, url);
+        return;
+      }
+      lists++;
+      res.writeHead(200, { 'Content-Type': 'application/json' });
+      res.end(JSON.stringify({ kind: 'ServiceList', metadata: { resourceVersion: '10' }, items: items() }));
+    };
+    return { lists: () => lists, watches: () => watches };
+  }
+
+  function start(rec: Recorded): Informer<ServiceInfo> {
+    const kc = new KubeConfig();
+    kc.loadFromOptions(raw.kubeconfigOptions({ token: 'raw-token' }));
+    informer = new Informer<ServiceInfo>(kc, {
+      resource: 'services',
+      path: '/api/v1/services',
+      listPage: (token) => listPageJson(kc, '/api/v1/services', { continue: token }),
+      strip: toServiceInfo,
+      onChange: () => rec.changes++,
+      backoff: { initialMs: 20, maxMs: 80 },
+      observer: {
+        onDecodeError: (_r, problem, first) => rec.decodeErrors.push({ problem, first }),
+        onError: (_r, err, retryInMs) => rec.errors.push({ message: err.message, retryInMs }),
+      },
+    });
+    informer.start();
+    return informer;
+  }
+
+  const status = (code: number, reason: string, message: string) =>
+    JSON.stringify({ kind: 'Status', apiVersion: 'v1', status: 'Failure', code, reason, message });
+  const open = (res: import('node:http').ServerResponse) => {
+    res.writeHead(200, { 'Content-Type': 'application/json' });
+    res.flushHeaders();
+  };
+
+  it('relists at once when a watch is answered with HTTP 410 Gone', async () => {
+    let ip = '198.18.0.1';
+    const from: string[] = [];
+    const counts = serve(
+      () => [service('a', ip)],
+      (n, res, url) => {
+        from.push(url.searchParams.get('resourceVersion') ?? '');
+        // The first watch delivers an event and ends; resuming from it is answered 410.
+        if (n === 1) {
+          const object = service('a', '198.18.0.5');
+          const event = {
+            type: 'MODIFIED',
+            object: { ...object, metadata: { ...object.metadata, resourceVersion: '11' } },
+          };
+          res.writeHead(200, { 'Content-Type': 'application/json' });
+          res.end(JSON.stringify(event) + '\n');
+        } else if (n === 2) {
+          res.writeHead(410, { 'Content-Type': 'application/json' });
+          res.end(status(410, 'Expired', 'too old resource version: 11 (12)'));
+        } else open(res);
+      },
+    );
+    const rec = fresh();
+    const inf = start(rec);
+    await inf.waitForSync();
+    ip = '198.18.0.9';
+    await waitFor(() => counts.lists() === 2 && counts.watches() >= 3, 'a relist and a new watch');
+    await waitFor(() => inf.list()[0]?.ingress?.[0]?.ip === '198.18.0.9', 'the relisted state');
+    expect(from.slice(0, 3)).to.deep.equal(['10', '11', '10']);
+    expect(rec.errors, 'a relist, not a failure').to.deep.equal([]);
+  });
+
+  for (const [code, body, message] of [
+    [
+      403,
+      status(
+        403,
+        'Forbidden',
+        'services is forbidden: User "system:serviceaccount:x:y" cannot watch resource "services"',
+      ),
+      'watching /api/v1/services: services is forbidden: User "system:serviceaccount:x:y" cannot watch resource "services"',
+    ],
+    [401, status(401, 'Unauthorized', 'Unauthorized'), 'watching /api/v1/services: Unauthorized'],
+    [500, 'upstream connect error', 'watching /api/v1/services: HTTP 500'],
+  ] as const) {
+    it(`retries a watch answered with HTTP ${code} with growing delays, the server's message in the error`, async () => {
+      const counts = serve(
+        () => [service('a', '198.18.0.1')],
+        (n, res) => {
+          if (n <= 3) res.writeHead(code, { 'Content-Type': 'application/json' }).end(body);
+          else open(res);
+        },
+      );
+      const rec = fresh();
+      const inf = start(rec);
+      await waitFor(() => counts.watches() >= 4, 'the fourth watch');
+      expect(rec.errors.map((e) => e.message)).to.deep.equal([message, message, message]);
+      for (const [i, e] of rec.errors.entries()) {
+        const d = Math.min(80, 20 * 2 ** i);
+        expect(e.retryInMs, `retry ${i + 1}`)
+          .to.be.at.least(d / 2)
+          .and.below(d);
+      }
+      // Resumed from the list's resourceVersion each time: the cache was kept, no relist.
+      expect(counts.lists()).to.equal(1);
+      expect(inf.list()).to.have.length(1);
+      expect(raw.requests.every((r) => r.headers.authorization === 'Bearer raw-token')).to.equal(true);
+    });
+  }
 });
 
 describe('informer helpers', () => {

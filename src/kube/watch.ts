@@ -1,0 +1,236 @@
+// One watch request to the API server, streamed over node:https with the credentials and TLS
+// settings of a kubeconfig (client-node's applyToHTTPSOptions, as request.ts). The body is
+// newline-delimited JSON: each complete line is parsed and handed over, a line that is not JSON
+// is reported (not dropped unseen), and a line longer than a cap ends the stream as broken, so
+// that a server or proxy gone mad cannot make the process buffer without bound.
+//
+// client-node's own Watch is not used: it streams through node-fetch, whose URL parser
+// (whatwg-url, with tr46's Unicode tables) costs megabytes of memory for one streaming GET, and
+// it dropped lines that are not JSON without a word. The bundle leaves node-fetch out altogether
+// (scripts/bundle-kubeconfig.mjs).
+
+import http from 'node:http';
+import https from 'node:https';
+import { StringDecoder } from 'node:string_decoder';
+import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
+
+/** Longest line accepted (bytes): far above any object the API server stores (etcd caps at 1.5 MiB). */
+export const MAX_WATCH_LINE_BYTES = 16 << 20;
+/** Most of an error response's body read for its message. */
+const MAX_ERROR_BODY_BYTES = 64 << 10;
+/** TCP keepalive on the watch connection: a dead peer is noticed even while the stream is quiet. */
+const TCP_KEEPALIVE_MS = 30_000;
+
+export interface WatchStreamHandlers {
+  /** The API server accepted the watch (HTTP 200): events follow. */
+  onOpen?(): void;
+  /** One line of the stream, parsed as JSON. */
+  onValue(value: unknown): void;
+  /** One line that is not JSON (blank lines are skipped, not reported). */
+  onUndecodable(problem: string): void;
+  /**
+   * The stream is over: `err` undefined when the server ended it (its timeout), else why, with
+   * `statusCode` when the server answered with an HTTP error status. Called once, and never after
+   * the returned abort function was called.
+   */
+  onEnd(err?: WatchStreamError): void;
+}
+
+export class WatchStreamError extends Error {
+  constructor(
+    message: string,
+    readonly statusCode?: number,
+  ) {
+    super(message);
+  }
+}
+
+/**
+ * Starts a watch of `path` (e.g. /api/v1/services) with `query` (resourceVersion,
+ * timeoutSeconds, ...; watch=true is added). Returns a function that ends it at once: the socket
+ * is destroyed and no handler is called any more.
+ */
+export function startWatch(
+  kc: KubeConfig,
+  path: string,
+  query: Record<string, string | number | boolean | undefined>,
+  handlers: WatchStreamHandlers,
+): () => void {
+  let over = false;
+  let request: http.ClientRequest | undefined;
+  const end = (err?: WatchStreamError) => {
+    if (over) return;
+    over = true;
+    request?.destroy();
+    handlers.onEnd(err);
+  };
+  const abort = () => {
+    if (over) return;
+    over = true;
+    request?.destroy();
+  };
+
+  open(kc, path, query).then(
+    ({ url, options }) => {
+      if (over) return;
+      const client = url.protocol === 'http:' ? http : https;
+      const req = client.request(url, options, (response) => {
+        if (over) return;
+        if (response.statusCode !== 200) {
+          readError(response, url.pathname).then(end, () =>
+            end(new WatchStreamError(`watching ${url.pathname}: HTTP ${response.statusCode}`, response.statusCode)),
+          );
+          return;
+        }
+        try {
+          handlers.onOpen?.();
+        } catch {
+          // an observer's failure must not end the watch
+        }
+        readLines(response, handlers, end, () => over);
+      });
+      request = req;
+      req.on('socket', (socket) => socket.setKeepAlive(true, TCP_KEEPALIVE_MS));
+      req.on('error', (err) => end(new WatchStreamError(`watching ${url.pathname}: ${err.message}`)));
+      req.end();
+    },
+    (err: unknown) =>
+      end(new WatchStreamError(`watching ${path}: ${err instanceof Error ? err.message : String(err)}`)),
+  );
+  return abort;
+}
+
+/** The URL and request options: credentials, TLS and agent as client-node applies them. */
+async function open(
+  kc: KubeConfig,
+  path: string,
+  query: Record<string, string | number | boolean | undefined>,
+): Promise<{ url: URL; options: https.RequestOptions }> {
+  const cluster = kc.getCurrentCluster();
+  if (!cluster) throw new Error('the kubeconfig has no current cluster');
+  const url = new URL(cluster.server.replace(/\/+$/, '') + path);
+  url.searchParams.set('watch', 'true');
+  for (const [key, value] of Object.entries(query)) {
+    if (value !== undefined) url.searchParams.set(key, String(value));
+  }
+  const options: https.RequestOptions = { headers: {} };
+  await kc.applyToHTTPSOptions(options);
+  options.method = 'GET';
+  options.headers = { ...options.headers, Accept: 'application/json' };
+  return { url, options };
+}
+
+/** An error status as an error carrying the server's message (a metav1.Status body) and code. */
+async function readError(response: http.IncomingMessage, path: string): Promise<WatchStreamError> {
+  const status = response.statusCode ?? 0;
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of response as AsyncIterable<Buffer>) {
+    chunks.push(chunk);
+    size += chunk.length;
+    // A Status is small: the rest of a longer body is not waited for.
+    if (size >= MAX_ERROR_BODY_BYTES) break;
+  }
+  let message: unknown;
+  try {
+    message = (JSON.parse(Buffer.concat(chunks).toString('utf8')) as { message?: unknown } | null)?.message;
+  } catch {
+    // not a Status: the HTTP status says it all
+  }
+  const text = typeof message === 'string' && message !== '' ? message : `HTTP ${status}`;
+  return new WatchStreamError(`watching ${path}: ${text}`, status);
+}
+
+/**
+ * Newline-delimited text from chunks split anywhere. Lines are cut at the newline byte, which
+ * never occurs inside a multi-byte UTF-8 character; a character split across chunks is joined by
+ * the decoder. A line may hold at most `maxLineBytes` bytes (its newline not counted).
+ */
+export class LineSplitter {
+  private readonly decoder = new StringDecoder('utf8');
+  private line = '';
+  private lineBytes = 0;
+
+  constructor(private readonly maxLineBytes: number = MAX_WATCH_LINE_BYTES) {}
+
+  /**
+   * Feeds one chunk; `onLine` gets each line it completes, and may return false to stop early
+   * (the rest of the chunk is dropped). Returns false when a line grew past the cap: the
+   * stream is broken, and nothing more may be fed.
+   */
+  push(chunk: Buffer, onLine: (line: string) => boolean | void): boolean {
+    let start = 0;
+    for (let nl = chunk.indexOf(10); nl !== -1; nl = chunk.indexOf(10, start)) {
+      if (!this.append(chunk.subarray(start, nl))) return false;
+      const line = this.line + this.decoder.end();
+      this.line = '';
+      this.lineBytes = 0;
+      start = nl + 1;
+      if (onLine(line) === false) return true;
+    }
+    return start === chunk.length || this.append(chunk.subarray(start));
+  }
+
+  /** What is left after the last newline (the stream ended without one). */
+  end(): string {
+    const rest = this.line + this.decoder.end();
+    this.line = '';
+    this.lineBytes = 0;
+    return rest;
+  }
+
+  private append(part: Buffer): boolean {
+    this.lineBytes += part.length;
+    if (this.lineBytes > this.maxLineBytes) return false;
+    this.line += this.decoder.write(part);
+    return true;
+  }
+}
+
+/** Hands each line of a 200 response over as it completes, then the end of the stream. */
+function readLines(
+  response: http.IncomingMessage,
+  handlers: WatchStreamHandlers,
+  end: (err?: WatchStreamError) => void,
+  over: () => boolean,
+): void {
+  const lines = new LineSplitter();
+  const emit = (text: string) => {
+    if (over()) return false;
+    // Blank lines carry nothing (a proxy's keep-alive, a stray CRLF): skipped, not counted.
+    if (/^\s*$/.test(text)) return true;
+    let value: unknown;
+    let parsed = true;
+    try {
+      value = JSON.parse(text);
+    } catch {
+      parsed = false;
+    }
+    try {
+      if (parsed) handlers.onValue(value);
+      else handlers.onUndecodable(`not JSON: ${JSON.stringify(text.slice(0, 40))}${text.length > 40 ? '...' : ''}`);
+    } catch (err) {
+      // Nothing may throw out of a stream's event handler: a handler's failure ends the watch.
+      end(new WatchStreamError(`handling a watch line: ${err instanceof Error ? err.message : String(err)}`));
+    }
+    return !over();
+  };
+
+  response.on('data', (chunk: Buffer) => {
+    if (over()) return;
+    if (!lines.push(chunk, emit)) {
+      end(new WatchStreamError(`a watch line longer than ${MAX_WATCH_LINE_BYTES >> 20} MiB: the stream is broken`));
+    }
+  });
+  response.on('end', () => {
+    if (over()) return;
+    // The API server ends every line; a last one without its newline is still a line.
+    emit(lines.end());
+    end();
+  });
+  // A reset, or a connection closed in the middle of the stream: 'close' without 'end'.
+  response.on('close', () => {
+    if (!response.complete) end(new WatchStreamError('the watch connection was closed before the stream ended'));
+  });
+  response.on('error', (err) => end(new WatchStreamError(`the watch stream failed: ${err.message}`)));
+}

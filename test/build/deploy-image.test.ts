@@ -138,9 +138,9 @@ describe('Dockerfile', function () {
     const pkg = JSON.parse(await readFile(join(repoRoot, 'package.json'), 'utf8')) as {
       scripts: Record<string, string>;
     };
-    const scripts = await readdir(join(repoRoot, 'scripts'));
+    const scripts = await readdir(join(repoRoot, 'scripts'), { recursive: true, withFileTypes: true });
     const texts = [text, ...Object.values(pkg.scripts)];
-    for (const f of scripts) texts.push(await readFile(join(repoRoot, 'scripts', f), 'utf8'));
+    for (const f of scripts) if (f.isFile()) texts.push(await readFile(join(f.parentPath, f.name), 'utf8'));
     texts.push(await readFile(join(repoRoot, '.ci', 'run'), 'utf8'));
     for (const t of texts) {
       for (const m of t.matchAll(/\bnpx\s+(\S+)/g)) expect(m[1], `npx ${m[1]} may download`).to.equal('--no-install');

@@ -11,10 +11,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ApiStandIn } from '../testbed/api-server.js';
+import { shippedArgs } from '../testbed/shipped-controller.js';
 import { httpGet, scrapeMetrics } from '../test/support/scrape.js';
 
-// The bundle, as the image ships it (npm run build makes it).
-const CLI = fileURLToPath(new URL('../bundle/ipvs-node-controller.mjs', import.meta.url));
 const ISOLATED = 'IPVS_NODE_CONTROLLER_BENCH_ISOLATED';
 
 if (process.env[ISOLATED] !== '1') {
@@ -87,15 +86,14 @@ async function measure(n: number, dir: string): Promise<string> {
   await api.writeKubeconfig(kubeconfig);
   const child = spawn(
     process.execPath,
-    [
-      CLI,
+    shippedArgs([
       `--kubeconfig=${kubeconfig}`,
       '--node-name=bench-node',
       '--sync-period=2s',
       '--metrics-bind-address=127.0.0.1:9477',
       '--healthz-bind-address=127.0.0.1:9478',
       ...(process.env.BENCH_ARGS?.split(' ').filter(Boolean) ?? []),
-    ],
+    ]),
     { stdio: ['ignore', 'ignore', 'inherit'] },
   );
   try {
@@ -113,7 +111,7 @@ async function measure(n: number, dir: string): Promise<string> {
   } finally {
     child.kill('SIGTERM');
     await once(child, 'exit');
-    spawnSync(process.execPath, [CLI, '--cleanup'], { stdio: 'ignore' });
+    spawnSync(process.execPath, shippedArgs(['--cleanup']), { stdio: 'ignore' });
     await api.stop();
   }
 }

@@ -17,9 +17,10 @@ import { ApiStandIn } from '../testbed/api-server.js';
 import { assertIsolatedNetns, sh } from '../testbed/node-network.js';
 import { DemoNode, IpvsStandIn, NODE_NAME, assignLoadBalancerIps, type VirtualService } from './cluster.js';
 import { relayUnixToTcp } from './relay.js';
+import { BUNDLE, NODE_FLAGS } from '../testbed/shipped-controller.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
-const CLI = join(here, '..', 'src', 'cli', 'main.js');
+const CLI = BUNDLE;
 const PROBE_CLIENT = join(here, '..', 'testbed', 'probe-client.js');
 /** demo/ of the source tree, beside dist/. */
 export const DEMO_SOURCES = join(here, '..', '..', 'demo');
@@ -219,6 +220,7 @@ async function main(): Promise<void> {
     controller = spawn(
       process.execPath,
       [
+        ...NODE_FLAGS,
         CLI,
         `--kubeconfig=${kubeconfig}`,
         `--node-name=${NODE_NAME}`,

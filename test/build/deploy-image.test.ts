@@ -11,6 +11,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
+import { NODE_FLAGS } from '../../testbed/shipped-controller.js';
 
 const run = promisify(execFile);
 const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
@@ -114,7 +115,11 @@ describe('Dockerfile', function () {
       /node_modules/,
     );
     const entrypoint = JSON.parse(runtime.instructions.find((i) => i.op === 'ENTRYPOINT')!.args) as string[];
-    expect(entrypoint).to.deep.equal(['node', '/opt/ipvs-node-controller/dist/bundle/ipvs-node-controller.mjs']);
+    expect(entrypoint, "package.json's ipvsNodeController.nodeFlags, then the bundle").to.deep.equal([
+      'node',
+      ...NODE_FLAGS,
+      '/opt/ipvs-node-controller/dist/bundle/ipvs-node-controller.mjs',
+    ]);
   });
 
   it('labels the image (OCI version, revision, source, licenses) with the version of package.json', async () => {
@@ -133,9 +138,9 @@ describe('Dockerfile', function () {
     const pkg = JSON.parse(await readFile(join(repoRoot, 'package.json'), 'utf8')) as {
       scripts: Record<string, string>;
     };
-    const scripts = await readdir(join(repoRoot, 'scripts'));
+    const scripts = await readdir(join(repoRoot, 'scripts'), { recursive: true, withFileTypes: true });
     const texts = [text, ...Object.values(pkg.scripts)];
-    for (const f of scripts) texts.push(await readFile(join(repoRoot, 'scripts', f), 'utf8'));
+    for (const f of scripts) if (f.isFile()) texts.push(await readFile(join(f.parentPath, f.name), 'utf8'));
     texts.push(await readFile(join(repoRoot, '.ci', 'run'), 'utf8'));
     for (const t of texts) {
       for (const m of t.matchAll(/\bnpx\s+(\S+)/g)) expect(m[1], `npx ${m[1]} may download`).to.equal('--no-install');

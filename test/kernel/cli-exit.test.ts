@@ -12,8 +12,9 @@ import { expect } from 'chai';
 import { execa, execaSync } from 'execa';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
 import { writeUnreachableKubeconfig } from '../support/fixtures.js';
+import { BUNDLE, NODE_FLAGS } from '../../testbed/shipped-controller.js';
 
-const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
+const CLI = BUNDLE;
 const REPO = fileURLToPath(new URL('../../../', import.meta.url));
 const NOBODY = ['--reuid=65534', '--regid=65534', '--clear-groups'];
 
@@ -33,6 +34,7 @@ describe('command line exits', function () {
     const child = spawn(
       process.execPath,
       [
+        ...NODE_FLAGS,
         CLI,
         `--kubeconfig=${kubeconfig}`,
         '--node-name=n',

@@ -8,13 +8,13 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { NamedServer, probe, sh } from '../../testbed/node-network.js';
 import { LB_PATH, LB_V4, Scenario } from './scenario.js';
+import { BUNDLE, NODE_FLAGS } from '../../testbed/shipped-controller.js';
 
-const CLI = fileURLToPath(new URL('../../bundle/ipvs-node-controller.mjs', import.meta.url));
+const CLI = BUNDLE;
 const NEW_LB = '192.0.2.30';
 
 function serviceObject(ingressIp: string) {
@@ -75,6 +75,7 @@ for (const backendName of ['nft', 'iptables'] as const)
       const child = spawn(
         process.execPath,
         [
+          ...NODE_FLAGS,
           CLI,
           `--backend=${backendName}`,
           ...[
@@ -202,6 +203,7 @@ for (const backendName of ['nft', 'iptables'] as const)
       api.apply(serviceObject(LB_V4));
       // Asynchronously: the API stand-in runs in this process and must keep answering.
       const { stdout: text } = await execa(process.execPath, [
+        ...NODE_FLAGS,
         CLI,
         `--backend=${backendName}`,
         ...['--dry-run', '--kubeconfig', kubeconfig, '--node-name', 'node-1'],

@@ -9,8 +9,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { MAP_NAME, TABLE_NAME } from '../../src/backends/nft/render.js';
 import type { ServiceInfo } from '../../src/model/types.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
@@ -18,9 +17,9 @@ import { NODE, probe, requireTools, sh } from '../../testbed/node-network.js';
 import { Exposition, httpGet, promtoolCheckMetrics, scrapeMetrics } from '../support/scrape.js';
 import { LB_PATH, LB_V4, SERVICES, Scenario } from './scenario.js';
 import { rejectionOf } from '../support/assertions.js';
+import { BUNDLE, NODE_FLAGS } from '../../testbed/shipped-controller.js';
 
-const here = dirname(fileURLToPath(import.meta.url));
-const CLI = join(here, '..', '..', 'bundle', 'ipvs-node-controller.mjs');
+const CLI = BUNDLE;
 const METRICS = 'http://127.0.0.1:9477';
 const HEALTH = 'http://127.0.0.1:9478';
 const P = 'ipvs_node_controller_';
@@ -130,6 +129,7 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
     controller = spawn(
       process.execPath,
       [
+        ...NODE_FLAGS,
         CLI,
         `--kubeconfig=${join(dir, 'kubeconfig')}`,
         '--node-name=node-1',

@@ -10,12 +10,12 @@ import http from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { fileURLToPath } from 'node:url';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { NodeNetwork, probe, sh } from '../../testbed/node-network.js';
 import { ENDPOINT, KubeProxyStandIn, type StandInMode } from '../support/kube-proxy-stand-in.js';
+import { BUNDLE, NODE_FLAGS } from '../../testbed/shipped-controller.js';
 
-const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
+const CLI = BUNDLE;
 const CLUSTER_IP = '10.96.0.10';
 const LB = '192.0.2.10';
 const PORT = 80;
@@ -124,6 +124,7 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
     controller = spawn(
       process.execPath,
       [
+        ...NODE_FLAGS,
         CLI,
         '--backend=nft',
         ...['--kubeconfig', kubeconfig, '--node-name', 'node-1', '--min-sync-period', '0', '--sync-period', '5s'],

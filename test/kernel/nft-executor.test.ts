@@ -235,3 +235,59 @@ for (const { kind, create } of EXECUTORS) {
     });
   });
 }
+
+describe('the nftables addon and the ruleset generation (kernel)', () => {
+  before(function () {
+    assertIsolatedNetns();
+  });
+  afterEach(async () => {
+    await execa('nft', ['delete', 'table', 'ip', TEST_TABLE]).catch(() => undefined);
+  });
+
+  it('reports the generation around each commit; another writer moves it, a listing or check does not', async () => {
+    const executor = addonExecutor();
+    const first = await executor.run(testTableDocument(3));
+    const g = first && first.generations;
+    expect(g, 'generations of a commit').to.not.equal(undefined);
+    expect(g!.after).to.equal(g!.before + 1);
+    expect(await executor.generation!()).to.equal(g!.after);
+    await executor.listTable('ip', TEST_TABLE);
+    await executor.check(addElementsDocument([7]));
+    expect(await executor.generation!(), 'after a listing and a check').to.equal(g!.after);
+    await execa('nft', ['add', 'table', 'ip', 'another-writer']);
+    await execa('nft', ['delete', 'table', 'ip', 'another-writer']);
+    expect(await executor.generation!(), 'after two commits of another process').to.equal(g!.after + 2);
+    const next = await executor.run(addElementsDocument([8]));
+    expect(next && next.generations).to.deep.equal({ before: g!.after + 2, after: g!.after + 3 });
+  });
+
+  it('NftBackend: a resync after another process changed our map lists and repairs; one with no other writer lists nothing', async () => {
+    const executor = addonExecutor();
+    let listings = 0;
+    const backend = new NftBackend(executor, {
+      lister: {
+        listTable: (family, name) => {
+          listings++;
+          return new NftCliExecutor().listTable(family, name);
+        },
+      },
+    });
+    const web4 = entry('ipv4', '192.0.2.10', 'TCP', 80, '10.96.0.10');
+    const api4 = entry('ipv4', '192.0.2.21', 'TCP', 8080, '10.96.0.21');
+    const state = desiredState([web4, api4], []);
+    try {
+      await backend.sync(state, { full: true });
+      await backend.sync(state, { full: true });
+      expect(listings, 'nobody else wrote').to.equal(0);
+      await execa('nft', ['delete', 'element', 'ip', TABLE_NAME, MAP_NAME, '{ 192.0.2.21 . tcp . 8080 }']);
+      const repaired = await backend.sync(state, { full: true });
+      expect(listings, 'another process wrote').to.equal(2);
+      expect(repaired.repairedElements).to.equal(1);
+      expect(await kernelElements(executor, 'ip')).to.deep.equal(expectedElements([web4, api4]));
+      await backend.sync(state, { full: true });
+      expect(listings, 'the repair left the map exact').to.equal(2);
+    } finally {
+      await backend.cleanup();
+    }
+  });
+});

@@ -147,10 +147,113 @@ describe('NftBackend.sync on the fake executor', () => {
     expect(fake.tables.get(`ip ${TABLE_NAME}`)!.chains.get(OUTPUT_CHAIN)!.rules).to.have.length(1);
     // Never a table deleted on the way.
     for (const doc of fake.documents.slice(documents)) expect(doc).not.to.match(/"delete":\{"table"/);
-    // Nothing drifted: the resync verifies and writes no rule and no element.
+    // Nothing drifted since the repair, and nobody else wrote: the next resync writes nothing.
+    const repaired = fake.documents.length;
     const quiet = await backend.sync(desired, { full: true });
     expect(quiet.repairedElements).to.equal(undefined);
-    for (const doc of fake.documents.slice(-2)) expect(doc).not.to.match(/"rule"|"external-ip-to-cluster-ip"/);
+    expect(fake.documents).to.have.length(repaired);
+  });
+
+  describe('resyncs answered by the ruleset generation', () => {
+    function counted(fake: FakeNftExecutor): { listings: () => number } {
+      let listings = 0;
+      const list = fake.listTable.bind(fake);
+      fake.listTable = (family, name) => {
+        listings++;
+        return list(family, name);
+      };
+      return { listings: () => listings };
+    }
+    const foreignTable = (name: string) => JSON.stringify({ nftables: [{ add: { table: { family: 'ip', name } } }] });
+
+    it('a resync of tables nobody else wrote to lists nothing and commits nothing', async () => {
+      const { fake, backend } = setUp();
+      const { listings } = counted(fake);
+      const desired = state([service(1), service(2)]);
+      await backend.sync(desired, { full: true });
+      await backend.sync(state([service(1), service(3)]), { full: false });
+      const documents = fake.documents.length;
+      const result = await backend.sync(state([service(1), service(3)]), { full: true });
+      expect(result.mode).to.equal('full');
+      expect(listings()).to.equal(0);
+      expect(fake.documents).to.have.length(documents);
+      expect(backend.verificationsSkipped).to.equal(2);
+    });
+
+    it('a resync carries the element changes it finds, and still lists nothing', async () => {
+      const { fake, backend } = setUp();
+      const { listings } = counted(fake);
+      await backend.sync(state([service(1)]), { full: true });
+      await backend.sync(state([service(1), service(2)]), { full: true });
+      expect(listings()).to.equal(0);
+      expect(elements(fake)).to.have.length(2);
+    });
+
+    it('any commit of another writer, even to another table, makes the next resync list; then trust is back', async () => {
+      const { fake, backend } = setUp();
+      const { listings } = counted(fake);
+      const desired = state([service(1), service(2)]);
+      await backend.sync(desired, { full: true });
+      await fake.run(foreignTable('someone-else'));
+      await backend.sync(desired, { full: true });
+      expect(listings()).to.equal(2);
+      await backend.sync(desired, { full: true });
+      expect(listings()).to.equal(2);
+    });
+
+    it('another writer between two partial syncs is noticed, though each partial commit was ours alone', async () => {
+      const { fake, backend } = setUp();
+      const { listings } = counted(fake);
+      await backend.sync(state([service(1)]), { full: true });
+      await fake.run(
+        JSON.stringify({
+          nftables: [
+            {
+              delete: {
+                element: {
+                  family: 'ip',
+                  table: TABLE_NAME,
+                  name: MAP_NAME,
+                  elem: [{ concat: ['192.0.2.1', 'tcp', 80] }],
+                },
+              },
+            },
+          ],
+        }),
+      );
+      await backend.sync(state([service(1), service(2)]), { full: false });
+      const result = await backend.sync(state([service(1), service(2)]), { full: true });
+      expect(listings()).to.equal(2);
+      expect(result.repairedElements).to.equal(1);
+      expect(elements(fake)).to.have.length(2);
+    });
+
+    it('an executor that cannot read generations (the nft command) lists at every resync', async () => {
+      const { fake, backend } = setUp();
+      fake.readsGenerations = false;
+      const { listings } = counted(fake);
+      const desired = state([service(1)]);
+      await backend.sync(desired, { full: true });
+      await backend.sync(desired, { full: true });
+      await backend.sync(desired, { full: true });
+      expect(listings()).to.equal(4);
+      expect(backend.verificationsSkipped).to.equal(0);
+    });
+
+    it('after a failed transaction the table is written whole, which the next resyncs trust', async () => {
+      const { fake, backend } = setUp();
+      const { listings } = counted(fake);
+      await backend.sync(state([service(1)]), { full: true });
+      fake.refuse = () => 'Error: Could not process rule: No such file or directory';
+      await backend.sync(state([service(1), service(2)]), { full: false }).catch(() => undefined);
+      fake.refuse = undefined;
+      const documents = fake.documents.length;
+      await backend.sync(state([service(1), service(2)]), { full: true });
+      expect(fake.documents.slice(documents).join('')).to.match(/"flush":\{"map"/);
+      await backend.sync(state([service(1), service(2)]), { full: true });
+      expect(listings()).to.equal(0);
+      expect(elements(fake)).to.have.length(2);
+    });
   });
 
   it('a base chain changed by someone else makes the resync replace the table', async () => {
@@ -159,6 +262,7 @@ describe('NftBackend.sync on the fake executor', () => {
     await backend.sync(desired, { full: true });
     const table = fake.tables.get(`ip ${TABLE_NAME}`)!;
     table.chains.get(OUTPUT_CHAIN)!.base!.prio = 0;
+    fake.committedElsewhere();
     const result = await backend.sync(desired, { full: true });
     expect(result.mode).to.equal('full');
     expect(fake.documents.at(-1)).to.match(/"delete":\{"table"/);

@@ -3,16 +3,20 @@
 // to the CLI when the addon is not built or does not load, and says why once.
 
 import { addonPath, hasFunctions, loadNativeAddon } from '../native-addon.js';
-import { NftCliExecutor, NftError, nftErrorMessage, type NftExecutor } from './executor.js';
+import { NftCliExecutor, NftError, nftErrorMessage, type NftCommit, type NftExecutor } from './executor.js';
 
 /** What native/nftables_addon.cc exports. */
 export interface NftablesAddon {
   /** Runs one JSON document as one transaction, off the event loop. */
-  run(json: string): Promise<{ output: string }>;
+  run(json: string): Promise<{ output: string; generationBefore: number; generationAfter: number }>;
   /** The same in check mode: validated by the kernel, nothing is committed. */
   check(json: string): Promise<{ output: string }>;
   /** JSON listing of one table, or null when it does not exist. */
   list(family: string, table: string): Promise<string | null>;
+  /** The ruleset generation, or -1 when it cannot be read. */
+  generation(): Promise<number>;
+  /** Returns memory freed by large work to the kernel (malloc_trim). */
+  releaseMemory(): Promise<void>;
   /** The libnftables version the addon was built against. */
   readonly version: string;
 }
@@ -23,7 +27,10 @@ export function defaultAddonPath(): string {
 }
 
 function isNftablesAddon(value: unknown): value is NftablesAddon {
-  return hasFunctions(value, ['run', 'check', 'list']) && typeof (value as NftablesAddon).version === 'string';
+  return (
+    hasFunctions(value, ['run', 'check', 'list', 'generation', 'releaseMemory']) &&
+    typeof (value as NftablesAddon).version === 'string'
+  );
 }
 
 function asNftError(err: unknown): NftError {
@@ -38,12 +45,24 @@ export class NftAddonExecutor implements NftExecutor {
     return this.addon.version;
   }
 
-  async run(json: string): Promise<void> {
+  async run(json: string): Promise<NftCommit> {
+    let result;
     try {
-      await this.addon.run(json);
+      result = await this.addon.run(json);
     } catch (err) {
       throw asNftError(err);
     }
+    const { generationBefore: before, generationAfter: after } = result;
+    return before >= 0 && after >= 0 ? { generations: { before, after } } : {};
+  }
+
+  async generation(): Promise<number | undefined> {
+    const generation = await this.addon.generation();
+    return generation >= 0 ? generation : undefined;
+  }
+
+  async releaseMemory(): Promise<void> {
+    await this.addon.releaseMemory();
   }
 
   async check(json: string): Promise<void> {

@@ -6,11 +6,26 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
 
+/**
+ * What a committed transaction tells of the ruleset generation (nf_tables' NFT_MSG_GETGEN), read
+ * just before and just after it: `after === before + 1` means the commit between was ours alone.
+ */
+export interface NftCommit {
+  generations?: { before: number; after: number };
+}
+
 export interface NftExecutor {
   /** `addon` (in-process libnftables) or `cli` (`nft -j -f FILE`). */
   readonly kind: 'addon' | 'cli';
   /** Runs one JSON document as one transaction; rejects with nft's own message. */
-  run(json: string): Promise<void>;
+  run(json: string): Promise<NftCommit | void>;
+  /**
+   * The ruleset generation now, when this executor can read it (undefined: it cannot). Nothing
+   * committed since a generation was read <=> the generation is the same.
+   */
+  generation?(): Promise<number | undefined>;
+  /** Hands memory freed by large work (a long listing, say) back to the kernel, if it can. */
+  releaseMemory?(): Promise<void>;
   /** Runs a JSON document in check mode: validated by the kernel, nothing is committed. */
   check(json: string): Promise<void>;
   /** `nft -j list table <family> <name>` output, or undefined when the table does not exist. */

@@ -4,7 +4,7 @@
 // value, a set still named by a rule), atomically. Unit tests drive NftBackend through it
 // without root; the kernel tests stay the proof with packets.
 
-import { NftError, type NftExecutor } from './executor.js';
+import { NftError, type NftCommit, type NftExecutor } from './executor.js';
 
 interface FakeChain {
   base?: { type: unknown; hook: unknown; prio: unknown };
@@ -39,10 +39,25 @@ export class FakeNftExecutor implements NftExecutor {
   /** Makes matching documents fail as the kernel would, with this message. */
   refuse: ((document: string) => string | undefined) | undefined;
   private handle = 1;
+  /** The ruleset generation: bumped by every commit, ours or (through `commitElsewhere`) another's. */
+  private generationId = 1;
+  /** Whether this executor reads generations (the addon does, the nft command does not). */
+  readsGenerations = true;
 
-  async run(json: string): Promise<void> {
+  async run(json: string): Promise<NftCommit> {
     this.documents.push(json);
     this.tables = this.apply(json);
+    const before = this.generationId++;
+    return this.readsGenerations ? { generations: { before, after: this.generationId } } : {};
+  }
+
+  async generation(): Promise<number | undefined> {
+    return this.readsGenerations ? this.generationId : undefined;
+  }
+
+  /** Another writer's commit, made by editing `tables` directly: the generation moves. */
+  committedElsewhere(): void {
+    this.generationId++;
   }
 
   async check(json: string): Promise<void> {

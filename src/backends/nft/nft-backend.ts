@@ -8,6 +8,11 @@
 //   transaction without touching the map's elements, then verifies the elements: it lists the map
 //   (through the nft command when the addon programs: another process, so changes are never
 //   queued behind the listing), and repairs only what drifted. Partial syncs may run meanwhile.
+// - The verification is skipped when nothing but this process has committed since the kernel was
+//   last known to hold exactly what was programmed: the executor reads the ruleset generation
+//   (nf_tables' NFT_MSG_GETGEN) around each commit, and a commit that moved it by exactly one was
+//   ours alone. Any other writer (nft, iptables-nft, another agent) moves it, and the next resync
+//   lists and repairs. The nft command cannot tell, so through it every resync verifies.
 // - When a partial transaction or a resync fails (someone removed or changed the table, say),
 //   the family falls back to a full sync; when that fails too, the table is replaced.
 
@@ -15,7 +20,7 @@ import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState 
 import { parseIp } from '../../model/ip.js';
 import { BackendError, type Backend, type ProbeResult, type SyncOptions, type SyncResult } from '../backend.js';
 import { ElementStorage, entryKey, isEmpty, type ElementChanges } from '../element-storage.js';
-import { NftCliExecutor, NftError, NftTimeoutError, type NftExecutor } from './executor.js';
+import { NftCliExecutor, NftError, NftTimeoutError, type NftCommit, type NftExecutor } from './executor.js';
 import { JsonWriter, Transaction, type MapElement, type RuleObject } from './objects.js';
 import { ListingWorkerError, diffListing, expectedLines, listAndDiff, type ListingDiff } from './listing-diff.js';
 import {
@@ -44,6 +49,8 @@ interface Programmed {
 /** Verifications skipped in a row (the listing could not finish) before one holds back our writes. */
 const MAX_SKIPPED_VERIFICATIONS = 10;
 const SKIPPED = Symbol('skipped');
+/** Verifications of at least this many elements are followed by a release of freed memory. */
+const RELEASE_MEMORY_ABOVE_ENTRIES = 1_000;
 
 function shapeOf(state: FamilyState, mark: number): string {
   return JSON.stringify([state.localPodMatch, mark]);
@@ -102,6 +109,13 @@ export class NftBackend implements Backend {
   private workers = true;
   /** Verifications skipped in a row per family because the listing could not finish. */
   private readonly skippedVerifications = new Map<Family, number>();
+  /**
+   * Per family, a ruleset generation at which the kernel held exactly what `programmed` says,
+   * carried forward through commits that were ours alone; absent: unknown, verify.
+   */
+  private readonly trustedAt = new Map<Family, number>();
+  /** Resyncs answered by the generation alone, without listing (for tests and logs). */
+  verificationsSkipped = 0;
 
   constructor(
     readonly executor: NftExecutor,
@@ -152,7 +166,9 @@ export class NftBackend implements Backend {
     }
     const verify: Family[] = [];
     for (const family of resync) {
-      if (await this.exclusive(() => this.resync(family, desired[family], mark))) verify.push(family);
+      const outcome = await this.exclusive(() => this.resync(family, desired[family], mark));
+      if (outcome === 'verify') verify.push(family);
+      else if (outcome === 'untouched') modes.push('full');
       else rewrite.push(family);
     }
     if (rewrite.length > 0) {
@@ -185,8 +201,38 @@ export class NftBackend implements Backend {
     return run;
   }
 
-  private async apply(tx: Transaction): Promise<void> {
-    if (tx.size > 0) await this.executor.run(this.json.document(tx));
+  /**
+   * Commits `tx`. `exact`: families whose table the commit leaves exactly as programmed whatever
+   * they held before (a whole write), or, with `since`, provided the ruleset was at that
+   * generation just before (a repair computed from a listing taken there).
+   */
+  private async apply(
+    tx: Transaction,
+    exact: { families: Family[]; since?: number } = { families: [] },
+  ): Promise<void> {
+    if (tx.size === 0) return;
+    let commit: NftCommit | void;
+    try {
+      commit = await this.executor.run(this.json.document(tx));
+    } catch (err) {
+      this.trustedAt.clear();
+      throw err;
+    }
+    const g = commit?.generations;
+    const oursAlone = g !== undefined && g.after === g.before + 1;
+    for (const family of FAMILIES) {
+      const carried = this.trustedAt.get(family) === g?.before;
+      const madeExact = exact.families.includes(family) && (exact.since === undefined || exact.since === g?.before);
+      if (oursAlone && (carried || madeExact)) this.trustedAt.set(family, g.after);
+      else this.trustedAt.delete(family);
+    }
+  }
+
+  /** True when the kernel still holds exactly what was programmed for `family` (nobody else wrote). */
+  private async untouched(family: Family): Promise<boolean> {
+    const trusted = this.trustedAt.get(family);
+    if (trusted === undefined || !this.executor.generation) return false;
+    return (await this.executor.generation()) === trusted;
   }
 
   private noteWritten(family: Family, changes: Pick<ElementChanges, 'removed' | 'added'>): void {
@@ -220,15 +266,20 @@ export class NftBackend implements Backend {
   }
 
   /**
-   * The periodic resync of one family whose table has the right shape: chains, rules and the pod
-   * set rewritten, and the element changes since the last sync, in one transaction; the map's
-   * other elements are verified afterwards. False when the kernel refused it.
+   * The periodic resync of one family whose table has the right shape. When nobody else has
+   * committed since the kernel last held exactly what was programmed, only the element changes
+   * since the last sync are written ('untouched'). Otherwise chains, rules and the pod set are
+   * rewritten with those changes in one transaction, and the map's other elements are verified
+   * afterwards ('verify'). False when the kernel refused it.
    */
-  private async resync(family: Family, state: FamilyState, mark: number): Promise<boolean> {
+  private async resync(family: Family, state: FamilyState, mark: number): Promise<'verify' | 'untouched' | false> {
     const before = this.programmed.get(family);
     if (!before) return false;
     const changes = before.elements.changesTo(state);
-    const tx = resyncTable(new Transaction(), desiredTable(family, { ...state, entries: [] }, mark));
+    const untouched = await this.untouched(family);
+    const tx = untouched
+      ? new Transaction()
+      : resyncTable(new Transaction(), desiredTable(family, { ...state, entries: [] }, mark));
     mapChanges(tx, family, changes.removed.map(this.elementOf), changes.added.map(this.elementOf));
     try {
       await this.apply(tx);
@@ -238,7 +289,9 @@ export class NftBackend implements Backend {
     }
     this.noteWritten(family, changes);
     before.elements.commit(state, changes);
-    return true;
+    if (!untouched) return 'verify';
+    this.verificationsSkipped++;
+    return 'untouched';
   }
 
   /**
@@ -261,7 +314,7 @@ export class NftBackend implements Backend {
     const together = new Transaction();
     for (const family of families) writeTable(together, table(family));
     try {
-      await this.apply(together);
+      await this.apply(together, { families });
       families.forEach(record);
       return [];
     } catch {
@@ -271,9 +324,9 @@ export class NftBackend implements Backend {
     for (const family of families) {
       try {
         try {
-          await this.apply(writeTable(new Transaction(), table(family)));
+          await this.apply(writeTable(new Transaction(), table(family)), { families: [family] });
         } catch {
-          await this.apply(replaceTable(new Transaction(), table(family)));
+          await this.apply(replaceTable(new Transaction(), table(family)), { families: [family] });
         }
         record(family);
       } catch (err) {
@@ -296,12 +349,18 @@ export class NftBackend implements Backend {
     // can be taken now; the comparison runs off the event loop, outside our write queue.
     const snapshot = [...(this.programmed.get(family)?.elements.values() ?? [])];
     const expected = await expectedLines(snapshot);
+    // The generation the listing will see, if nothing commits meanwhile: then the repair below
+    // leaves the kernel exactly as programmed, and later resyncs need not list.
+    const listedAt = await this.executor.generation?.();
     let diff: ListingDiff | undefined | typeof SKIPPED;
     try {
       diff = await this.listAndCompare(family, expected, snapshot.length);
     } catch (err) {
       this.writtenDuringListing.delete(family);
       throw err;
+    } finally {
+      // The listing's megabytes were freed (in a worker, or here): give them back.
+      if (snapshot.length >= RELEASE_MEMORY_ABOVE_ENTRIES) await this.executor.releaseMemory?.().catch(() => undefined);
     }
     return this.exclusive(async () => {
       // Every partial sync that may have committed after the listing has noted its keys by now.
@@ -337,9 +396,14 @@ export class NftBackend implements Backend {
       for (const [key, kernel] of listed) if (!written.has(key)) removed.push(kernel.element);
       mapChanges(tx, family, removed, added);
       repairs += removed.length + added.length;
-      if (tx.size === 0) return 0;
+      const exact = listedAt !== undefined ? { families: [family], since: listedAt } : undefined;
+      if (tx.size === 0) {
+        if (exact && listedAt !== undefined && (await this.executor.generation?.()) === listedAt)
+          this.trustedAt.set(family, listedAt);
+        return 0;
+      }
       try {
-        await this.apply(tx);
+        await this.apply(tx, exact);
       } catch (err) {
         this.programmed.delete(family);
         throw err;
@@ -407,6 +471,7 @@ export class NftBackend implements Backend {
 
   async cleanup(): Promise<void> {
     this.programmed.clear();
+    this.trustedAt.clear();
     this.generation++;
     try {
       await this.exclusive(() => this.apply(deleteTables(new Transaction(), FAMILIES)));

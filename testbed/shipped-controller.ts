@@ -1,0 +1,22 @@
+// The controller as the image runs it (the Dockerfile's ENTRYPOINT): Node with the flags of
+// package.json's `ipvsNodeController.nodeFlags`, on the bundle (dist/bundle, made by
+// `npm run build`). The kernel tests, the demo and the benchmark start it this way, so what they
+// show is what ships; test/build/deploy-image.test.ts keeps the ENTRYPOINT in step.
+
+import { readFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+
+const packageJson = fileURLToPath(new URL('../../package.json', import.meta.url));
+
+/** dist/bundle/ipvs-node-controller.mjs. */
+export const BUNDLE = fileURLToPath(new URL('../bundle/ipvs-node-controller.mjs', import.meta.url));
+
+/** The Node flags the image runs the controller with. */
+export const NODE_FLAGS: readonly string[] = (
+  JSON.parse(readFileSync(packageJson, 'utf8')) as { ipvsNodeController: { nodeFlags: string[] } }
+).ipvsNodeController.nodeFlags;
+
+/** `process.execPath` arguments that run the shipped controller with `args`. */
+export function shippedArgs(args: readonly string[], extraNodeFlags: readonly string[] = []): string[] {
+  return [...NODE_FLAGS, ...extraNodeFlags, BUNDLE, ...args];
+}

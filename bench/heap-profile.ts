@@ -2,7 +2,8 @@
 // stand-in with 0 and then N bench Services, writes a heap snapshot after its first sync and a
 // few periodic resyncs, and this module parses the snapshot, computes the dominator tree and
 // prints, per structure, (bytes at N - bytes at 0) / N beside V8's heap used and the RSS.
-// Usage (root): node dist/bench/heap-profile.js [--sizes 0,10000] [--resyncs 2]
+// Usage (root): node dist/bench/heap-profile.js [--sizes 0,10000] [--resyncs 2] [--rows 25]
+//   [--nft-executor addon|cli]
 // Run alone it re-executes itself in a private network and mount namespace (unshare): the
 // machine's firewall is never touched. heapProfile() expects its caller to be isolated already.
 
@@ -498,11 +499,15 @@ export interface HeapProfileOptions {
   resyncs?: number;
   /** Rows in each table. Default 25. */
   rows?: number;
+  /** How the controller programs nftables: in process (addon, the default) or by the nft command. */
+  nftExecutor?: 'addon' | 'cli';
 }
 
 export interface HeapProfileRun {
   services: number;
+  /** Before the snapshot's full GC, then after it. */
   rssBytes: number;
+  rssAfterGcBytes: number;
   heapUsedBytes: number;
   heapTotalBytes: number;
   externalBytes: number;
@@ -566,6 +571,7 @@ async function profileOnce(
   services: number,
   resyncs: number,
   workDir: string,
+  nftExecutor: 'addon' | 'cli',
 ): Promise<HeapProfileRun> {
   const dir = mkdtempSync(join(workDir, `run-${services}-`));
   const hook = join(dir, 'hook.mjs');
@@ -573,7 +579,7 @@ async function profileOnce(
   const c = ControllerProcess.start({
     kubeconfig,
     nodeName: NODE_NAME,
-    nftExecutor: 'addon',
+    nftExecutor,
     minSyncPeriod: '1s',
     syncPeriod: '2s',
     nodeFlags: ['--import', pathToFileURL(hook).href],
@@ -586,6 +592,7 @@ async function profileOnce(
     process.kill(c.pid, 'SIGWINCH');
     const file = await waitForFile(dir, '.heapsnapshot', 300_000, () => alive);
     const memory = JSON.parse(readFileSync(file.replace(/\.heapsnapshot$/, '.memory.json'), 'utf8')) as {
+      rss: number;
       heapUsed: number;
       heapTotal: number;
       external: number;
@@ -598,6 +605,7 @@ async function profileOnce(
     return {
       services,
       rssBytes: rss,
+      rssAfterGcBytes: memory.rss,
       heapUsedBytes: memory.heapUsed,
       heapTotalBytes: memory.heapTotal,
       externalBytes: memory.external,
@@ -625,7 +633,7 @@ export async function heapProfile(options: HeapProfileOptions = {}): Promise<Hea
     let served = 0;
     for (const n of sizes) {
       for (; served < n; served++) api.apply(benchService(served));
-      runs.push(await profileOnce(kubeconfig, n, resyncs, workDir));
+      runs.push(await profileOnce(kubeconfig, n, resyncs, workDir, options.nftExecutor ?? 'addon'));
     }
   } finally {
     await api.stop();
@@ -703,19 +711,19 @@ export function formatHeapProfile(r: HeapProfileResult): string {
   const n = services - baseline;
   out.push('### Controller heap (snapshot after the first sync and periodic resyncs, after a full GC)', '');
   out.push(
-    '| Services | RSS (MiB) | V8 heap used (MiB) | heap total (MiB) | external (MiB) | snapshot nodes | snapshot self sizes (MiB) | reachable (MiB) |',
+    '| Services | RSS (MiB) | RSS after GC (MiB) | V8 heap used (MiB) | heap total (MiB) | external (MiB) | snapshot nodes | snapshot self sizes (MiB) | reachable (MiB) |',
   );
-  out.push('| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |');
+  out.push('| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |');
   for (const run of r.runs)
     out.push(
-      `| ${fmt(run.services)} | ${fmt(run.rssBytes / MiB, 1)} | ${fmt(run.heapUsedBytes / MiB, 1)} | ${fmt(run.heapTotalBytes / MiB, 1)} | ${fmt(run.externalBytes / MiB, 1)} | ${fmt(run.summary.nodes)} | ${fmt(run.summary.totalBytes / MiB, 1)} | ${fmt(run.summary.reachableBytes / MiB, 1)} |`,
+      `| ${fmt(run.services)} | ${fmt(run.rssBytes / MiB, 1)} | ${fmt(run.rssAfterGcBytes / MiB, 1)} | ${fmt(run.heapUsedBytes / MiB, 1)} | ${fmt(run.heapTotalBytes / MiB, 1)} | ${fmt(run.externalBytes / MiB, 1)} | ${fmt(run.summary.nodes)} | ${fmt(run.summary.totalBytes / MiB, 1)} | ${fmt(run.summary.reachableBytes / MiB, 1)} |`,
     );
   const first = r.runs[0]!;
   const last = r.runs[r.runs.length - 1]!;
   const per = (a: number, b: number) => fmt((a - b) / n);
   out.push(
     '',
-    `Per Service (${fmt(services)} minus ${fmt(baseline)}, divided by ${fmt(n)}): RSS ${per(last.rssBytes, first.rssBytes)} B, V8 heap used ${per(last.heapUsedBytes, first.heapUsedBytes)} B, reachable in the snapshot ${per(last.summary.reachableBytes, first.summary.reachableBytes)} B, external ${per(last.externalBytes, first.externalBytes)} B.`,
+    `Per Service (${fmt(services)} minus ${fmt(baseline)}, divided by ${fmt(n)}): RSS ${per(last.rssBytes, first.rssBytes)} B (after GC ${per(last.rssAfterGcBytes, first.rssAfterGcBytes)} B), V8 heap total ${per(last.heapTotalBytes, first.heapTotalBytes)} B, V8 heap used ${per(last.heapUsedBytes, first.heapUsedBytes)} B, reachable in the snapshot ${per(last.summary.reachableBytes, first.summary.reachableBytes)} B, external ${per(last.externalBytes, first.externalBytes)} B.`,
     '',
   );
   out.push(`#### Self bytes per Service by class (${fmt(services)} minus ${fmt(baseline)})`, '');
@@ -784,7 +792,15 @@ function parseArgs(argv: string[]): HeapProfileOptions {
         throw new Error(`--sizes: whole numbers from 0 to 131000, comma-separated, not '${argv[i]}'`);
     } else if (flag === '--resyncs') options.resyncs = Number(value());
     else if (flag === '--rows') options.rows = Number(value());
-    else throw new Error(`unknown argument '${argv[i]}' (use --sizes 0,10000 --resyncs 2 --rows 25)`);
+    else if (flag === '--nft-executor') {
+      const executor = value();
+      if (executor !== 'addon' && executor !== 'cli')
+        throw new Error(`--nft-executor: addon or cli, not '${executor}'`);
+      options.nftExecutor = executor;
+    } else
+      throw new Error(
+        `unknown argument '${argv[i]}' (use --sizes 0,10000 --resyncs 2 --rows 25 --nft-executor addon|cli)`,
+      );
   }
   return options;
 }

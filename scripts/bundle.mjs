@@ -53,37 +53,6 @@ function thirdPartyLicenses(metafile) {
   return parts.join('\n' + '-'.repeat(78) + '\n\n');
 }
 
-/**
- * @kubernetes/client-node's index re-exports its whole generated API, websocket, exec and cp
- * clients; its package.json does not say it is free of side effects, so esbuild would keep every
- * module of it. None of its modules runs anything at load that another needs, so they are marked
- * side-effect free: only what KubeConfig and the informer use stays (9 MiB less resident memory).
- */
-const SIDE_EFFECT_FREE = /[\\/]node_modules[\\/]@kubernetes[\\/]client-node[\\/]/;
-
-/** Packages replaced by a shim of scripts/bundle-shims (each says why). */
-const SHIMS = { 'whatwg-url': join(packageRoot, 'scripts', 'bundle-shims', 'whatwg-url.cjs') };
-
-const trimDependencies = {
-  name: 'trim-dependencies',
-  setup(b) {
-    b.onResolve({ filter: /.*/ }, async (args) => {
-      if (args.pluginData === 'trim-dependencies') return undefined;
-      if (Object.hasOwn(SHIMS, args.path)) return { path: SHIMS[args.path] };
-      const intoClient = args.path.startsWith('@kubernetes/client-node') || SIDE_EFFECT_FREE.test(args.importer);
-      if (!intoClient) return undefined;
-      const resolved = await b.resolve(args.path, {
-        kind: args.kind,
-        importer: args.importer,
-        resolveDir: args.resolveDir,
-        pluginData: 'trim-dependencies',
-      });
-      if (resolved.errors.length > 0 || resolved.external || !SIDE_EFFECT_FREE.test(resolved.path)) return undefined;
-      return { path: resolved.path, sideEffects: false };
-    });
-  },
-};
-
 async function main() {
   rmSync(outdir, { recursive: true, force: true });
   const rev = revision();
@@ -103,9 +72,8 @@ async function main() {
     keepNames: true,
     legalComments: 'none',
     metafile: true,
-    plugins: [kubeConfigOnly],
     logLevel: 'warning',
-    plugins: [trimDependencies],
+    plugins: [kubeConfigOnly],
     // CommonJS dependencies call require(): give the ESM bundle a real one.
     banner: {
       js: "import { createRequire as __createRequire } from 'node:module'; const require = __createRequire(import.meta.url);",

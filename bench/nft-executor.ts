@@ -1,13 +1,20 @@
-// Addon vs CLI: one full transaction of the controller's table with 10,000 map elements, and
-// 200 single-element transactions (add, delete, add, ...) as partial syncs write them.
-// Prints figures; asserts nothing. Re-runs itself inside `unshare --net` so the machine's own
-// firewall is never touched.
+// The controller's full-sync transaction on its own: the document the controller writes for N
+// LoadBalancer Services of the main benchmark (same Services, same model, both families), run
+// through the addon and through the CLI, each size in a network namespace of its own.
+// - first: the first run of the process, on no table (what a controller's first sync pays:
+//   libnftables' memory is new to the process, every page of it faulted in);
+// - again: the same document over the table it made (median and min of the following runs).
+// Wall time moves with the machine's load; CPU time (the process's user + system, libnftables'
+// worker thread included; the CLI's own process is not counted) moves much less. Then 200
+// single-element transactions (add, delete, add, ...) as partial syncs write them.
+// Prints figures; asserts nothing.
 //
-//   node dist/bench/nft-executor.js
+//   node dist/bench/nft-executor.js [--sizes 10000,50000] [--repeats 5] [--executors addon,cli]
 
 import { spawnSync } from 'node:child_process';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
 import { loadNftAddon } from '../src/backends/nft/addon-executor.js';
 import { NftCliExecutor, type NftExecutor } from '../src/backends/nft/executor.js';
 import {
@@ -16,83 +23,136 @@ import {
   renderFullSyncJson,
   renderMapChangesJson,
 } from '../src/backends/nft/render.js';
-import type { Entry, FamilyState } from '../src/model/types.js';
+import { toNodeInfo, toServiceInfo } from '../src/kube/objects.js';
+import { buildDesiredState } from '../src/model/desired-state.js';
+import { FAMILIES, type Entry, type ModelConfig } from '../src/model/types.js';
+import { benchNode, benchService } from './services.js';
 
 const IN_NAMESPACE_FLAG = '--in-private-network-namespace';
-const FULL_ELEMENTS = 10_000;
-const FULL_REPEATS = 5;
 const SINGLE_TRANSACTIONS = 200;
+/** The main benchmark's model settings (bench/run.ts). */
+const MODEL: ModelConfig = {
+  detectLocalMode: 'NodeCIDR',
+  clusterCidrs: [],
+  masqueradeBit: 14,
+  localTrafficPolicyOnly: false,
+};
 
-function entry(i: number): Entry {
-  return {
-    family: 'ipv4',
-    externalIp: `198.${18 + ((i >> 16) & 1)}.${(i >> 8) & 255}.${i & 255}`,
-    protocol: 'TCP',
-    port: 443,
-    clusterIp: `10.96.${(i >> 8) & 255}.${i & 255}`,
-    service: `bench/service-${i}`,
-  };
-}
+const { values } = parseArgs({
+  options: {
+    sizes: { type: 'string', default: '10000,50000' },
+    repeats: { type: 'string', default: '5' },
+    executors: { type: 'string', default: 'addon,cli' },
+    [IN_NAMESPACE_FLAG.slice(2)]: { type: 'boolean', default: false },
+  },
+});
 
 function median(values: number[]): number {
   const sorted = [...values].sort((a, b) => a - b);
   return sorted[Math.floor(sorted.length / 2)] ?? NaN;
 }
 
-async function timed(work: () => Promise<unknown>): Promise<number> {
-  const start = performance.now();
-  await work();
-  return performance.now() - start;
+interface Run {
+  wallMs: number;
+  cpuMs: number;
 }
 
-async function measure(executor: NftExecutor): Promise<{ fullMs: number[]; singleMs: number }> {
-  const state: FamilyState = {
-    entries: Array.from({ length: FULL_ELEMENTS }, (_, i) => entry(i)),
-    localPodMatch: { kind: 'cidrs', cidrs: ['10.244.1.0/24'] },
-  };
-  const full = nftDocument(renderFullSyncJson('ipv4', state, 0x4000));
-  const fullMs: number[] = [];
-  for (let i = 0; i < FULL_REPEATS; i++) fullMs.push(await timed(() => executor.run(full)));
+async function timed(work: () => Promise<unknown>): Promise<Run> {
+  const cpu = process.cpuUsage();
+  const start = performance.now();
+  await work();
+  const wallMs = performance.now() - start;
+  const used = process.cpuUsage(cpu);
+  return { wallMs, cpuMs: (used.user + used.system) / 1000 };
+}
 
-  // Rendered beforehand: only the transactions are timed.
-  const extra = entry(FULL_ELEMENTS);
+/** The full-sync document of the controller for `services` Services, and one extra entry. */
+function documents(services: number): { full: string; bytes: number; extra: Entry } {
+  const infos = Array.from({ length: services + 1 }, (_, i) => toServiceInfo(benchService(i))).filter(
+    (s) => s !== undefined,
+  );
+  const desired = buildDesiredState(infos.slice(0, services), toNodeInfo(benchNode()), MODEL);
+  const full = nftDocument(FAMILIES.flatMap((f) => renderFullSyncJson(f, desired[f], desired.masqueradeMark)));
+  const extra = buildDesiredState(infos.slice(services), toNodeInfo(benchNode()), MODEL).ipv4.entries[0]!;
+  return { full, bytes: Buffer.byteLength(full), extra };
+}
+
+async function measure(kind: string, services: number, repeats: number): Promise<string> {
+  const executor: NftExecutor | undefined = kind === 'addon' ? loadNftAddon().executor : new NftCliExecutor();
+  if (!executor) throw new Error(`the nftables addon does not load: ${JSON.stringify(loadNftAddon())}`);
+  const { full, bytes, extra } = documents(services);
+  const first = await timed(() => executor.run(full));
+  const again: Run[] = [];
+  for (let i = 1; i < repeats; i++) again.push(await timed(() => executor.run(full)));
   const add = nftDocument(renderMapChangesJson('ipv4', [], [extra]));
   const remove = nftDocument(renderMapChangesJson('ipv4', [extra], []));
-  const singleMs = await timed(async () => {
+  const single = await timed(async () => {
     for (let i = 0; i < SINGLE_TRANSACTIONS; i++) await executor.run(i % 2 === 0 ? add : remove);
   });
-  await executor.run(nftDocument(renderDeleteTablesJson(['ipv4'])));
-  return { fullMs, singleMs };
+  await executor.run(nftDocument(renderDeleteTablesJson(FAMILIES)));
+  const ms = (v: number, width = 8) => `${v.toFixed(1)} ms`.padStart(width + 3);
+  const wall = again.map((r) => r.wallMs);
+  const cpu = again.map((r) => r.cpuMs);
+  return [
+    kind.padEnd(6),
+    services.toLocaleString('en-US').padStart(8),
+    `${(bytes / 1024).toFixed(0)} KiB`.padStart(10),
+    ms(first.wallMs),
+    ms(first.cpuMs),
+    ms(median(wall)),
+    ms(Math.min(...wall)),
+    ms(median(cpu)),
+    ms(single.wallMs / SINGLE_TRANSACTIONS, 5),
+  ].join('  ');
 }
 
 async function benchmark(): Promise<void> {
-  const load = loadNftAddon();
-  if (!load.executor) throw new Error(load.reason);
-  const executors: NftExecutor[] = [load.executor, new NftCliExecutor()];
+  const sizes = values.sizes.split(',').map(Number);
+  const repeats = Math.max(2, Number(values.repeats));
   console.log(
-    `full: one transaction of the whole table with ${FULL_ELEMENTS} map elements (median and min of ${FULL_REPEATS})`,
+    `load average at start: ${(await import('node:os'))
+      .loadavg()
+      .map((l) => l.toFixed(2))
+      .join(' ')}`,
   );
-  console.log(`single: ${SINGLE_TRANSACTIONS} transactions of one element each (add, delete, add, ...)`);
-  console.log('executor  full median  full min  single total  single each');
-  const ms = (value: number, digits: number, width: number) => `${value.toFixed(digits)} ms`.padStart(width);
-  for (const executor of executors) {
-    const { fullMs, singleMs } = await measure(executor);
-    const columns = [
-      executor.kind.padEnd(8),
-      ms(median(fullMs), 1, 11),
-      ms(Math.min(...fullMs), 1, 8),
-      ms(singleMs, 0, 12),
-      ms(singleMs / SINGLE_TRANSACTIONS, 2, 11),
-    ];
-    console.log(columns.join('  '));
+  console.log(
+    `full: the controller's first-sync document, both families; first run, then ${repeats - 1} over its own table`,
+  );
+  console.log(`single: ${SINGLE_TRANSACTIONS} transactions of one element each (add, delete, add, ...), mean`);
+  console.log(
+    'executor  Services    document   first wall    first CPU   again median   again min  again CPU med  single each',
+  );
+  for (const kind of values.executors.split(',')) {
+    for (const services of sizes) {
+      // A process per size and executor: the first run is the process's first, as in a controller.
+      const run = spawnSync(
+        'unshare',
+        [
+          '--net',
+          '--',
+          process.execPath,
+          fileURLToPath(import.meta.url),
+          IN_NAMESPACE_FLAG,
+          '--sizes',
+          String(services),
+          '--repeats',
+          String(repeats),
+          '--executors',
+          kind,
+        ],
+        { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] },
+      );
+      if (run.error)
+        throw new Error(`cannot start the benchmark in a network namespace (unshare): ${run.error.message}`);
+      if (run.status !== 0) throw new Error(`the ${kind} measure at ${services} failed (exit ${run.status})`);
+      process.stdout.write(run.stdout);
+    }
   }
 }
 
-if (process.argv.includes(IN_NAMESPACE_FLAG)) {
-  await benchmark();
+if (values[IN_NAMESPACE_FLAG.slice(2)]) {
+  const [services] = values.sizes.split(',').map(Number);
+  console.log(await measure(values.executors, services!, Math.max(2, Number(values.repeats))));
 } else {
-  const self = fileURLToPath(import.meta.url);
-  const run = spawnSync('unshare', ['--net', '--', process.execPath, self, IN_NAMESPACE_FLAG], { stdio: 'inherit' });
-  if (run.error) throw new Error(`cannot start the benchmark in a network namespace (unshare): ${run.error.message}`);
-  process.exitCode = run.status ?? 1;
+  await benchmark();
 }

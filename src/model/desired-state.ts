@@ -246,7 +246,7 @@ export class DesiredStateModel {
       claims,
       skips,
     };
-    for (const c of serviceCandidates(svc, this.config, skips)) {
+    for (const c of serviceCandidates(svc, this.config, skips, record.service)) {
       const entry: Entry = {
         family: c.family,
         externalIp: c.ip.address,
@@ -285,9 +285,13 @@ export class DesiredStateModel {
       sorted.set(winner.sortKey, winner.entry);
     }
 
-    const losers = [...new Set(contest.claims.map((c) => c.record.service))]
-      .filter((service) => service !== winner?.record.service)
-      .sort();
+    // Most keys have one claim, and no losers: no arrays to make for them.
+    const losers =
+      contest.claims.length <= 1
+        ? NO_LOSERS
+        : [...new Set(contest.claims.map((c) => c.record.service))]
+            .filter((service) => service !== winner?.record.service)
+            .sort();
     if (losers.length === contest.losers.length && losers.every((l, i) => l === contest.losers[i])) return false;
     contest.losers = losers.length > 0 ? losers.slice() : NO_LOSERS;
     if (losers.length > 0) this.contested.add(contest);

@@ -107,7 +107,27 @@ function formatBytes(family: Family, bytes: number[]): string {
 /** A key that sorts canonical addresses of one family numerically (fixed-width hex of the bytes). */
 export function ipSortKey(address: string): string {
   const ip = parseIp(address);
-  if (!ip) return address;
+  return ip ? parsedIpSortKey(ip) : address;
+}
+
+/** ipSortKey of an address parsed already (one per Service address at start-up). */
+export function parsedIpSortKey(ip: ParsedIp): string {
+  if (ip.family === 'ipv4') {
+    // The dotted quad as one number, read in place: no arrays for 10,000 addresses.
+    const text = ip.address;
+    let value = 0;
+    let part = 0;
+    for (let i = 0; i < text.length; i++) {
+      const c = text.charCodeAt(i);
+      if (c === 0x2e) {
+        value = value * 256 + part;
+        part = 0;
+      } else {
+        part = part * 10 + c - 0x30;
+      }
+    }
+    return (value * 256 + part).toString(16).padStart(8, '0');
+  }
   return ipBytes(ip)
     .map((b) => b.toString(16).padStart(2, '0'))
     .join('');

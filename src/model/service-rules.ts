@@ -2,7 +2,7 @@
 // translated, to which ClusterIP, which are skipped and why, and which Service holds an address
 // that several claim. test/unit/model.test.ts covers each row.
 
-import { ipSortKey, parseIp, type ParsedIp } from './ip.js';
+import { parsedIpSortKey, parseIp, type ParsedIp } from './ip.js';
 import {
   PROTOCOLS,
   SKIP_ANNOTATION,
@@ -57,8 +57,12 @@ export interface Candidate {
 }
 
 /** The entries one Service asks for, before conflicts between Services are resolved. */
-export function serviceCandidates(svc: ServiceInfo, config: ModelConfig, skips: Skip[]): Candidate[] {
-  const service = serviceKey(svc);
+export function serviceCandidates(
+  svc: ServiceInfo,
+  config: ModelConfig,
+  skips: Skip[],
+  service = serviceKey(svc),
+): Candidate[] {
   const skip = (reason: Skip['reason'], detail: string) => skips.push({ service, reason, detail });
 
   if (!isDnsName(svc.namespace, 63) || !isDnsName(svc.name, 63)) {
@@ -150,7 +154,7 @@ export function serviceCandidates(svc: ServiceInfo, config: ModelConfig, skips: 
       skip('familyWithoutClusterIP', `${ip.address} has no ${ip.family} clusterIP`);
       continue;
     }
-    const sortKey = ipSortKey(ip.address);
+    const sortKey = parsedIpSortKey(ip);
     for (const { protocol, port } of ports) {
       out.push({ family: ip.family, ip, ipSortKey: sortKey, protocol, port, clusterIp });
     }

@@ -248,6 +248,20 @@ describe('model: Services sharing an address', () => {
     expect(entries(d)).to.deep.equal(['192.0.2.10 TCP/80 -> 10.96.0.11 (default/dated)']);
   });
 
+  it('orders the entries by address as numbers, not as text', () => {
+    const ips = ['255.255.255.255', '10.0.0.10', '9.255.255.255', '10.0.0.9', '0.0.0.1', '128.0.0.0', '10.0.1.0'];
+    const d = build(ips.map((ip, i) => lb(`s${i}`, { ingress: [{ ip }] })));
+    expect(d.ipv4.entries.map((e) => e.externalIp)).to.deep.equal([
+      '0.0.0.1',
+      '9.255.255.255',
+      '10.0.0.9',
+      '10.0.0.10',
+      '10.0.1.0',
+      '128.0.0.0',
+      '255.255.255.255',
+    ]);
+  });
+
   it('produces the same state whatever the order of the input', () => {
     const services = Array.from({ length: 40 }, (_, i) =>
       lb(`s${i}`, {

@@ -11,7 +11,11 @@ import {
   renderDesiredStateText,
   renderFullSyncJson,
   renderMapChangesJson,
+  desiredTable,
+  replaceTable,
+  writeTable,
 } from '../../src/backends/nft/render.js';
+import { Transaction } from '../../src/backends/nft/objects.js';
 import { diffByKey } from '../../src/backends/element-storage.js';
 import { entryKey } from '../../src/model/types.js';
 import { assertGolden } from '../support/golden.js';
@@ -65,6 +69,18 @@ describe('nft renderer', () => {
     expect(commands.at(-2)).to.deep.equal({
       delete: { chain: { family: 'ip', table: 'ipvs-node-controller', name: 'prerouting-from-local-pods' } },
     });
+  });
+
+  it('adds the rules before the map elements, in a rewrite and in a replacement', () => {
+    // The kernel checks every element of a map when a rule reading data from it is added: the
+    // map must still be empty then.
+    const t = desiredTable('ipv4', desired.ipv4, desired.masqueradeMark);
+    for (const tx of [writeTable(new Transaction(), t), replaceTable(new Transaction(), t)]) {
+      const kinds = tx.operations.map((op) => `${op.verb} ${op.object.kind}`);
+      const mapElements = tx.operations.findIndex((op) => op.object === t.mapElements);
+      expect(mapElements).to.be.greaterThan(kinds.lastIndexOf('add rule'));
+      expect(kinds.indexOf('add rule')).to.be.greaterThan(kinds.lastIndexOf('flush chain'));
+    }
   });
 
   it('writes the mark of --masquerade-bit', () => {

@@ -87,16 +87,7 @@ export class NftBackend implements Backend {
   /** What this process last programmed, per family; absent until a full sync succeeded. */
   private readonly programmed = new Map<Family, Programmed>();
   private readonly json = new JsonWriter();
-  /** Map element by entry: the model hands unchanged entries back as the same objects. */
-  private readonly elementsByEntry = new WeakMap<Entry, MapElement>();
-  private readonly elementOf = (e: Entry): MapElement => {
-    let element = this.elementsByEntry.get(e);
-    if (element === undefined) {
-      element = mapElement(e);
-      this.elementsByEntry.set(e, element);
-    }
-    return element;
-  };
+  private readonly elementOf = (e: Entry): MapElement => mapElement(e);
   /** Transactions run one at a time, in the order they were asked for. */
   private queue: Promise<unknown> = Promise.resolve();
   /** Keys written per family while a verification listing was under way: not judged by it. */

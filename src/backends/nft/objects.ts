@@ -163,12 +163,11 @@ function statementJson(family: NftFamily, s: Statement): unknown {
 }
 
 /**
- * Writes transactions as nft JSON. Map elements are kept written per element object: a periodic
- * rewrite of tens of thousands of unchanged elements reuses what it wrote before.
+ * Writes transactions as nft JSON. Nothing is kept between documents: only a first sync or a
+ * change of table shape writes the map whole (a resync verifies it instead), and V8's
+ * JSON.stringify of plain objects is as fast as writing the text by hand.
  */
 export class JsonWriter {
-  private readonly elements = new WeakMap<MapElement, unknown>();
-
   document(tx: Transaction): string {
     return JSON.stringify({ nftables: this.commands(tx) });
   }
@@ -177,14 +176,9 @@ export class JsonWriter {
     return tx.operations.map((op) => ({ [op.verb]: this.objectJson(op.verb, op.object) }));
   }
 
-  mapElement(e: MapElement): unknown {
-    let json = this.elements.get(e);
-    if (json === undefined) {
-      const val = { concat: e.key };
-      json = [e.comment === undefined ? val : { elem: { val, comment: e.comment } }, e.value];
-      this.elements.set(e, json);
-    }
-    return json;
+  private mapElement(e: MapElement): unknown {
+    const val = { concat: e.key };
+    return [e.comment === undefined ? val : { elem: { val, comment: e.comment } }, e.value];
   }
 
   private objectJson(verb: Verb, o: NftObject): Record<string, unknown> {

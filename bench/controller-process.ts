@@ -2,7 +2,7 @@
 // stand-in, programming the kernel of the benchmark's network namespace. Its debug log gives
 // the duration of each backend sync ('synced', ms); /proc gives its resident memory.
 
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { readFileSync } from 'node:fs';
 import { createInterface } from 'node:readline';
@@ -23,11 +23,34 @@ export interface SyncLine {
 export interface ControllerFlags {
   kubeconfig: string;
   nodeName: string;
+  /** nft by default. */
+  backend?: BenchBackend;
   nftExecutor: 'addon' | 'cli';
   minSyncPeriod: string;
   syncPeriod: string;
   /** Extra V8/Node flags, e.g. --optimize-for-size. */
   nodeFlags?: string[];
+  /** Extra controller flags (the ebpf backend's --cgroup-path and --bpffs-path, say). */
+  extraArgs?: string[];
+}
+
+export type BenchBackend = 'nft' | 'iptables' | 'ebpf';
+
+/** Controller flags that select a backend, as `start` passes them. */
+export function backendArgs(flags: Pick<ControllerFlags, 'backend' | 'nftExecutor' | 'extraArgs'>): string[] {
+  const backend = flags.backend ?? 'nft';
+  return [
+    '--backend',
+    backend,
+    ...(backend === 'nft' ? ['--nft-executor', flags.nftExecutor] : []),
+    ...(flags.extraArgs ?? []),
+  ];
+}
+
+/** Runs the bundle with --cleanup (every object of ours, every backend) and waits for it. */
+export function cleanupRules(flags: Pick<ControllerFlags, 'backend' | 'nftExecutor' | 'extraArgs'>): void {
+  const r = spawnSync(process.execPath, [CLI, '--cleanup', ...backendArgs(flags)], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`--cleanup exited with ${r.status}: ${r.stderr.trim().split('\n').pop()}`);
 }
 
 export interface MemoryFigures {
@@ -46,8 +69,14 @@ export class ControllerProcess {
   readonly startedAt = performance.now();
   /** performance.now() when the controller said its caches synced. */
   cachesSyncedAt: number | undefined;
+  /** performance.now() of its first log line (the process is up and its code loaded). */
+  firstLineAt: number | undefined;
 
-  private constructor(private readonly child: ChildProcess) {
+  private constructor(
+    private readonly child: ChildProcess,
+    /** process.hrtime.bigint() right before the spawn (the packet prober's clock). */
+    readonly spawnedAtNs: bigint,
+  ) {
     createInterface({ input: child.stdout! }).on('line', (line) => this.onLogLine(line));
     createInterface({ input: child.stderr! }).on('line', (line) => this.onErrorLine(line));
     child.on('exit', () => {
@@ -67,10 +96,7 @@ export class ControllerProcess {
       flags.kubeconfig,
       '--node-name',
       flags.nodeName,
-      '--backend',
-      'nft',
-      '--nft-executor',
-      flags.nftExecutor,
+      ...backendArgs(flags),
       '--min-sync-period',
       flags.minSyncPeriod,
       '--sync-period',
@@ -78,8 +104,9 @@ export class ControllerProcess {
       '--log-level',
       'debug',
     ];
+    const spawnedAtNs = process.hrtime.bigint();
     const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    return new ControllerProcess(child);
+    return new ControllerProcess(child, spawnedAtNs);
   }
 
   get pid(): number {
@@ -93,6 +120,7 @@ export class ControllerProcess {
     } catch {
       return;
     }
+    this.firstLineAt ??= performance.now();
     if (record.msg === 'synced' && typeof record.ms === 'number') {
       const entries = record.entries as { ipv4: number; ipv6: number };
       this.syncs.push({

@@ -47,6 +47,9 @@ export interface PacketLatencyResult {
   p90Ms: number;
   p99Ms: number;
   maxMs: number;
+  /** Per change: the attempt before the first that connected started this much earlier (ms). */
+  resolutionMs: number[];
+  resolutionP99Ms: number;
   /** API write -> `nft monitor` shows the element (nft only). */
   monitorMs?: number[];
   monitorP50Ms?: number;
@@ -160,6 +163,8 @@ export interface EndToEndOptions {
   startupRuns: number;
   changes: number;
   syncPeriod: string;
+  /** Changes for the iptables backends (each rewrites all rules: seconds at 10,000). */
+  iptablesChanges: number;
   memory: boolean;
   startup: boolean;
   packetLatency: boolean;
@@ -231,6 +236,8 @@ export async function measureBackend(
 
     const steady = async (services: number, latency: boolean) => {
       ctx.ensureServices(services);
+      // Rules left by the startup runs would make the first sync a no-op, which logs nothing.
+      cleanup();
       const c = ControllerProcess.start(
         flags({ minSyncPeriod: '0s', ...(latency ? { syncPeriod: options.syncPeriod } : {}) }),
       );
@@ -312,24 +319,29 @@ async function packetLatency(
   backend: E2eBackend,
   options: EndToEndOptions,
 ): Promise<PacketLatencyResult> {
-  ctx.log(`${backend}: API write -> first packet through the new address, ${options.changes} changes`);
+  const changes = backend.startsWith('iptables') ? Math.min(options.changes, options.iptablesChanges) : options.changes;
+  ctx.log(`${backend}: API write -> first packet through the new address, ${changes} changes`);
   const monitor = backend === 'nft' ? await ElementMonitor.start() : undefined;
   const samplesMs: number[] = [];
   const monitorMs: number[] = [];
+  const resolutionMs: number[] = [];
   let lost = 0;
   const syncsBefore = c.syncs.length;
   try {
-    for (let k = 0; k < options.changes; k++) {
+    for (let k = 0; k < changes; k++) {
       const i = Math.floor(ctx.random() * (options.services - 1));
       const address = ctx.freshAddress();
-      const probing = await probe.begin(address, BENCH_PORT, 2_000);
+      // Up to 10 s (a full iptables rewrite takes seconds), resolution 150 us or 1 % of the wait.
+      const probing = await probe.begin(address, BENCH_PORT, 10_000, 150, 100);
       const seen = monitor?.elementAdded(address, 10_000);
       const writtenNs = process.hrtime.bigint();
       const writtenAt = performance.now();
       ctx.moveService(i, address);
       const outcome = await probing.outcome;
-      if (outcome.ok) samplesMs.push(msSince(writtenNs, outcome));
-      else lost++;
+      if (outcome.ok) {
+        samplesMs.push(msSince(writtenNs, outcome));
+        if (outcome.beforeOkNs > 0n) resolutionMs.push(Number(outcome.firstOkNs - outcome.beforeOkNs) / 1e6);
+      } else lost++;
       if (seen) monitorMs.push((await seen) - writtenAt);
       await sleep(10 + Math.floor(ctx.random() * 20));
     }
@@ -340,13 +352,15 @@ async function packetLatency(
   const during = c.syncs.slice(syncsBefore);
   const partial = during.filter((s) => s.mode === 'partial').map((s) => s.ms);
   return {
-    changes: options.changes,
+    changes,
     syncPeriod: options.syncPeriod,
     samplesMs,
     p50Ms: percentile(samplesMs, 50),
     p90Ms: percentile(samplesMs, 90),
     p99Ms: percentile(samplesMs, 99),
     maxMs: Math.max(...samplesMs),
+    resolutionMs,
+    resolutionP99Ms: percentile(resolutionMs, 99),
     ...(monitor ? { monitorMs, monitorP50Ms: percentile(monitorMs, 50), monitorP99Ms: percentile(monitorMs, 99) } : {}),
     fullSyncs: during.filter((s) => s.mode === 'full').length,
     partialSyncP50Ms: percentile(partial, 50),

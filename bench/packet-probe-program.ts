@@ -3,7 +3,7 @@
 // Node's process.hrtime.bigint() reads (CLOCK_MONOTONIC), which an event loop cannot do.
 //
 // One process, one poll loop, driven by lines on stdin:
-//   probe ADDRESS PORT TIMEOUT_MS INTERVAL_US
+//   probe ADDRESS PORT TIMEOUT_MS INTERVAL_US SPREAD
 // prints `started NS` once the first attempt is on its way, then, every INTERVAL_US, starts a
 // non-blocking connect() to ADDRESS:PORT from a new socket (so a new ephemeral port: the conntrack
 // entry of an attempt that went out untranslated never decides a later one), until one
@@ -11,7 +11,9 @@
 // was seen, when the last attempt before it started (so the translation appeared between the
 // two), how many attempts ran, and the first error other than "no answer yet".
 // An attempt that has no answer after ATTEMPT_LIFE_MS is closed (its SYN went out untranslated
-// and vanished: it will never connect).
+// and vanished: it will never connect). SPREAD > 0 lets the interval grow to 1/SPREAD of the
+// time probed so far (a relative resolution), so that a wait of seconds costs thousands of
+// attempts, not tens of thousands; 0 keeps it fixed.
 //
 // It also listens on 0.0.0.0:PORT (LISTEN_PORT env var, default 443) and accepts and resets
 // every connection (an attempt that reads ECONNRESET had thus connected): the ClusterIPs are local addresses of the bench's node, so an attempt that
@@ -64,7 +66,7 @@ struct attempt {
   long long started;
 };
 
-static void probe(const char *address, int port, long timeout_ms, long interval_us) {
+static void probe(const char *address, int port, long timeout_ms, long interval_us, long spread) {
   struct sockaddr_in to = {0};
   to.sin_family = AF_INET;
   to.sin_port = htons((unsigned short)port);
@@ -118,8 +120,10 @@ static void probe(const char *address, int port, long timeout_ms, long interval_
         fflush(stdout);
         announced = 1;
       }
-      next += interval;
-      if (next < t) next = t + interval;
+      long long step = interval;
+      if (spread > 0 && (t - begin) / spread > step) step = (t - begin) / spread;
+      next += step;
+      if (next < t) next = t + step;
     }
     for (int i = 0; i < n; i++) {
       fds[i].fd = open_[i].fd;
@@ -209,9 +213,9 @@ int main(void) {
     if (!fgets(line, sizeof line, stdin)) return 0;
     char address[64];
     int port;
-    long timeout_ms, interval_us;
-    if (sscanf(line, "probe %63s %d %ld %ld", address, &port, &timeout_ms, &interval_us) == 4) {
-      probe(address, port, timeout_ms, interval_us);
+    long timeout_ms, interval_us, spread;
+    if (sscanf(line, "probe %63s %d %ld %ld %ld", address, &port, &timeout_ms, &interval_us, &spread) == 5) {
+      probe(address, port, timeout_ms, interval_us, spread);
     } else {
       printf("{\"error\":\"bad command\"}\n");
       fflush(stdout);

@@ -132,13 +132,14 @@ export class PacketProbe {
   }
 
   /**
-   * Starts probing `address:port` every `intervalUs`; resolves once the first attempt is out, so
-   * that what the caller does next happens while probing runs.
+   * Starts probing `address:port` every `intervalUs` (with `spread` > 0, every 1/spread of the
+   * time probed so far once that is longer); resolves once the first attempt is out, so that
+   * what the caller does next happens while probing runs.
    */
-  async begin(address: string, port: number, timeoutMs: number, intervalUs = 150): Promise<ProbeRun> {
+  async begin(address: string, port: number, timeoutMs: number, intervalUs = 150, spread = 0): Promise<ProbeRun> {
     if (this.busy) throw new Error('the packet prober is already probing');
     this.busy = true;
-    this.child.stdin!.write(`probe ${address} ${port} ${timeoutMs} ${intervalUs}\n`);
+    this.child.stdin!.write(`probe ${address} ${port} ${timeoutMs} ${intervalUs} ${spread}\n`);
     const started = await this.nextLine(5_000);
     if (!started.startsWith('started ')) throw new Error(`packet prober: ${started}`);
     const outcome = this.nextLine(timeoutMs + 5_000).then((line) => {

@@ -12,7 +12,8 @@
 //
 //   npm run bench [-- --sizes 1000,10000,50000 --changes 500 --rounds 5
 //                    --only full,latency,memory,first-packet,startup,packet-latency
-//                    --backends nft,iptables-nft,iptables-legacy,ebpf --startup-runs 3 --latency-sync-period 3s]
+//                    --backends nft,iptables-nft,iptables-legacy,ebpf --startup-runs 3 --iptables-changes 50
+//                    --latency-sync-period 3s]
 // The latency measure runs the controller with --sync-period from --latency-sync-period (3s by
 // default: changes then meet periodic resyncs, as the target says).
 
@@ -96,6 +97,7 @@ interface Options {
   latencySyncPeriod: string;
   backends: E2eBackend[];
   startupRuns: number;
+  iptablesChanges: number;
 }
 
 function parseOptions(argv: string[]): Options {
@@ -111,6 +113,7 @@ function parseOptions(argv: string[]): Options {
       'latency-sync-period': { type: 'string', default: '3s' },
       backends: { type: 'string', default: 'nft' },
       'startup-runs': { type: 'string', default: '3' },
+      'iptables-changes': { type: 'string', default: '50' },
     },
   });
   const count = (flag: string, text: string) => {
@@ -135,6 +138,7 @@ function parseOptions(argv: string[]): Options {
   return {
     backends,
     startupRuns: count('startup-runs', values['startup-runs']),
+    iptablesChanges: count('iptables-changes', values['iptables-changes']),
     sizes: values.sizes
       .split(',')
       .map((s) => count('sizes', s))
@@ -519,6 +523,7 @@ async function benchmark(argv: string[]): Promise<void> {
         services: LATENCY_SERVICES,
         startupRuns: options.startupRuns,
         changes: options.changes,
+        iptablesChanges: options.iptablesChanges,
         syncPeriod: options.latencySyncPeriod,
         memory,
         startup: options.only.has('startup'),

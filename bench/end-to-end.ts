@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import { defaultCgroupPath } from '../src/backends/ebpf/ebpf-backend.js';
 import { ControllerProcess, cleanupRules, type BenchBackend, type ControllerFlags } from './controller-process.js';
 import { ElementMonitor } from './kernel-monitor.js';
-import { PacketProbe, msSince } from './packet-probe.js';
+import { PacketProbe, POD_NETNS, msSince } from './packet-probe.js';
 import { BENCH_PORT } from './services.js';
 import { percentile } from './stats.js';
 
@@ -84,6 +84,8 @@ export interface EndToEndContext {
   /** A fresh address, never used before in this run. */
   freshAddress: () => string;
   lastIngress: (services: number) => string;
+  /** Where the connections start: the node itself, or the pod namespace (POD_NETNS). */
+  probeFrom: 'node' | 'pod';
   random: () => number;
 }
 
@@ -185,6 +187,7 @@ export async function measureBackend(
   };
   let env: BackendEnvironment | undefined;
   let probe: PacketProbe | undefined;
+  let listener: PacketProbe | undefined;
   try {
     env = new BackendEnvironment(backend, ctx.workDir);
     const flags = (more: Partial<ControllerFlags>): ControllerFlags => ({
@@ -199,7 +202,17 @@ export async function measureBackend(
     });
     const cleanup = () => cleanupRules(flags({ extraArgs: env!.cleanupArgs }));
     cleanup();
-    probe = await PacketProbe.start(ctx.probeBinary, { port: BENCH_PORT, cgroupProcs: env.cgroupProcs });
+    if (ctx.probeFrom === 'pod') {
+      // The ClusterIPs are the node's: its prober instance only listens; the pod's connects.
+      listener = await PacketProbe.start(ctx.probeBinary, { port: BENCH_PORT });
+      probe = await PacketProbe.start(ctx.probeBinary, {
+        port: BENCH_PORT,
+        cgroupProcs: env.cgroupProcs,
+        netns: POD_NETNS,
+      });
+    } else {
+      probe = await PacketProbe.start(ctx.probeBinary, { port: BENCH_PORT, cgroupProcs: env.cgroupProcs });
+    }
     const timeout = 60_000 + options.services * 4;
 
     if (options.startup) {
@@ -264,6 +277,7 @@ export async function measureBackend(
     return result;
   } finally {
     await probe?.stop();
+    await listener?.stop();
     if (env) {
       try {
         cleanupRules({ backend: env.controllerBackend, nftExecutor: 'addon', extraArgs: env.cleanupArgs });

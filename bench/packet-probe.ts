@@ -44,7 +44,15 @@ export interface ProbeNodeLayout {
   clusterRange: string;
   /** The node's address (the source of the probes), put on the sink bridge. */
   nodeAddress: string;
+  /**
+   * Also a pod: a network namespace joined to the node by a veth, with this address (in the
+   * node's pod CIDR, so the prerouting rule takes its traffic) and the gateway on the node side.
+   */
+  pod?: { address: string; gateway: string };
 }
+
+/** Where the pod namespace of `probeNode` is (bench/run.ts mounts its own tmpfs on /run/netns). */
+export const POD_NETNS = '/run/netns/bench-pod';
 
 const SINK = 'lb-sink';
 
@@ -59,6 +67,20 @@ export function probeNode(layout: ProbeNodeLayout): void {
   ip('addr', 'replace', layout.nodeAddress, 'dev', SINK);
   for (const range of layout.sinkRanges) ip('route', 'replace', range, 'dev', SINK);
   ip('route', 'replace', 'local', layout.clusterRange, 'dev', 'lo');
+  if (layout.pod && spawnSync('ip', ['netns', 'pid', 'bench-pod'], { stdio: 'ignore' }).status !== 0) {
+    // A tmpfs of this mount namespace only: the netns name never appears on the machine.
+    execFileSync('mkdir', ['-p', '/run/netns']);
+    execFileSync('mount', ['-t', 'tmpfs', 'bench-netns', '/run/netns']);
+    ip('netns', 'add', 'bench-pod');
+    ip('link', 'add', 'bench-vpod', 'type', 'veth', 'peer', 'name', 'eth0', 'netns', 'bench-pod');
+    ip('addr', 'add', layout.pod.gateway, 'dev', 'bench-vpod');
+    ip('link', 'set', 'bench-vpod', 'up');
+    const inPod = (...args: string[]) => ip('-n', 'bench-pod', ...args);
+    inPod('link', 'set', 'lo', 'up');
+    inPod('addr', 'add', layout.pod.address, 'dev', 'eth0');
+    inPod('link', 'set', 'eth0', 'up');
+    inPod('route', 'add', 'default', 'via', layout.pod.gateway.split('/')[0]!);
+  }
   // Untranslated attempts leave a SYN_SENT conntrack entry each; do not keep them for 2 min.
   try {
     execFileSync('sysctl', ['-qw', 'net.netfilter.nf_conntrack_tcp_timeout_syn_sent=5']);
@@ -99,14 +121,19 @@ export class PacketProbe {
    * Starts the prober. `cgroupProcs`: a cgroup.procs file it joins before exec (the ebpf backend
    * translates only sockets of processes below its cgroup).
    */
-  static async start(binary: string, options: { port: number; cgroupProcs?: string }): Promise<PacketProbe> {
+  static async start(
+    binary: string,
+    options: { port: number; cgroupProcs?: string; netns?: string },
+  ): Promise<PacketProbe> {
     const env = { ...process.env, LISTEN_PORT: String(options.port) };
+    // nsenter, not `ip netns exec`: that remounts /sys, which would hide the cgroup tree.
+    const command = options.netns ? ['nsenter', `--net=${options.netns}`, binary] : [binary];
     const child = options.cgroupProcs
-      ? spawn('sh', ['-c', 'echo $$ > "$0" && exec "$1"', options.cgroupProcs, binary], {
+      ? spawn('sh', ['-c', 'echo $$ > "$0" && exec "$@"', options.cgroupProcs, ...command], {
           stdio: ['pipe', 'pipe', 'inherit'],
           env,
         })
-      : spawn(binary, [], { stdio: ['pipe', 'pipe', 'inherit'], env });
+      : spawn(command[0]!, command.slice(1), { stdio: ['pipe', 'pipe', 'inherit'], env });
     const probe = new PacketProbe(child);
     const ready = await probe.nextLine(5_000);
     if (ready !== 'ready') throw new Error(`the packet prober did not start: ${ready}`);

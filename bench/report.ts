@@ -76,6 +76,8 @@ export interface BenchResults {
   firstPacket: FirstPacketResult[];
   /** End to end with real packets, per backend. */
   backends?: BackendResult[];
+  /** Where the end-to-end connections start. */
+  probeFrom?: 'node' | 'pod';
 }
 
 const FULL_SYNC_TARGETS: Record<number, number> = { 10_000: 150, 50_000: 800 };
@@ -290,7 +292,9 @@ function formatEndToEnd(r: BenchResults): string[] {
   out.push(
     '',
     `5. End to end with real packets, ${n(services)} Services, per backend (the bundle as shipped, --backend X).`,
-    '   A C prober on the node (source: the node address) opens a new TCP connection every 150 us to an',
+    r.probeFrom === 'pod'
+      ? '   A C prober in a pod namespace (source: the pod address) opens a new TCP connection every 150 us to an'
+      : '   A C prober on the node (source: the node address) opens a new TCP connection every 150 us to an',
     '   address; a connection succeeds only if translated (ClusterIPs are local and answered, LB and moved',
     '   addresses are routed to a device where packets vanish). Figures are the start of the first attempt',
     '   that connected, so they include up to 150 us of probing resolution.',

@@ -13,7 +13,7 @@
 //   npm run bench [-- --sizes 1000,10000,50000 --changes 500 --rounds 5
 //                    --only full,latency,memory,first-packet,startup,packet-latency
 //                    --backends nft,iptables-nft,iptables-legacy,ebpf --startup-runs 3 --iptables-changes 50
-//                    --latency-sync-period 3s]
+//                    --latency-sync-period 3s --probe-from node|pod]
 // The latency measure runs the controller with --sync-period from --latency-sync-period (3s by
 // default: changes then meet periodic resyncs, as the target says).
 
@@ -50,6 +50,8 @@ import {
   MOVED_RANGE,
   NODE_ADDRESS,
   NODE_NAME,
+  POD_ADDRESS,
+  POD_GATEWAY,
   benchNode,
   benchService,
   ingressIp,
@@ -98,6 +100,12 @@ interface Options {
   backends: E2eBackend[];
   startupRuns: number;
   iptablesChanges: number;
+  probeFrom: 'node' | 'pod';
+}
+
+function probeFrom(text: string): 'node' | 'pod' {
+  if (text !== 'node' && text !== 'pod') throw new Error(`--probe-from: '${text}' is not node or pod`);
+  return text;
 }
 
 function parseOptions(argv: string[]): Options {
@@ -114,6 +122,7 @@ function parseOptions(argv: string[]): Options {
       backends: { type: 'string', default: 'nft' },
       'startup-runs': { type: 'string', default: '3' },
       'iptables-changes': { type: 'string', default: '50' },
+      'probe-from': { type: 'string', default: 'node' },
     },
   });
   const count = (flag: string, text: string) => {
@@ -139,6 +148,7 @@ function parseOptions(argv: string[]): Options {
     backends,
     startupRuns: count('startup-runs', values['startup-runs']),
     iptablesChanges: count('iptables-changes', values['iptables-changes']),
+    probeFrom: probeFrom(values['probe-from']),
     sizes: values.sizes
       .split(',')
       .map((s) => count('sizes', s))
@@ -387,7 +397,7 @@ class Bench {
   }
 
   /** What the end-to-end measures (bench/end-to-end.ts) need of the benchmark. */
-  endToEndContext(probeBinary: string): EndToEndContext {
+  endToEndContext(probeBinary: string, probeFrom: 'node' | 'pod'): EndToEndContext {
     const random = seededRandom(10);
     return {
       kubeconfig: this.kubeconfig,
@@ -399,6 +409,7 @@ class Bench {
       moveService: (i, ingress) => this.standIn.apply(benchService(i, ingress)),
       freshAddress: () => movedIp(this.moved++),
       lastIngress: (n) => ingressIp(n - 1),
+      probeFrom,
       random,
     };
   }
@@ -472,6 +483,7 @@ async function benchmark(argv: string[]): Promise<void> {
     memory: [],
     firstPacket: [],
     backends: [],
+    probeFrom: options.probeFrom,
   };
   const bench = await Bench.start(options);
   try {
@@ -483,8 +495,9 @@ async function benchmark(argv: string[]): Promise<void> {
         sinkRanges: [INGRESS_RANGE, MOVED_RANGE],
         clusterRange: CLUSTER_RANGE,
         nodeAddress: `${NODE_ADDRESS}/24`,
+        ...(options.probeFrom === 'pod' ? { pod: { address: POD_ADDRESS, gateway: POD_GATEWAY } } : {}),
       });
-      context = bench.endToEndContext(compilePacketProbe(bench.scratch));
+      context = bench.endToEndContext(compilePacketProbe(bench.scratch), options.probeFrom);
     }
     const idle = new Map<E2eBackend, Awaited<ReturnType<typeof idleMemory>>>();
     // Before any Service is served: the stand-in never removes them.

@@ -8,6 +8,9 @@ export const NODE_NAME = 'bench-node';
 /** The node's InternalIP (also the source address of the packet prober's connections). */
 export const NODE_ADDRESS = '192.168.50.1';
 export const POD_CIDR = '10.244.1.0/24';
+/** A pod of this node (the packet prober's --probe-from pod) and its gateway on the node side. */
+export const POD_ADDRESS = '10.244.1.2/24';
+export const POD_GATEWAY = '10.244.1.1/24';
 const NAMESPACES = 50;
 const CREATED_BASE_MS = Date.parse('2024-01-01T00:00:00Z');
 

@@ -4,7 +4,7 @@
 
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { readFileSync } from 'node:fs';
+import { readFileSync, readdirSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
@@ -196,6 +196,26 @@ export class ControllerProcess {
     const status = readFileSync(`/proc/${this.pid}/status`, 'utf8');
     const kib = (field: string) => Number(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? NaN) * 1024;
     return { rssBytes: kib('VmRSS'), peakRssBytes: kib('VmHWM') };
+  }
+
+  /**
+   * From the scheduler (/proc/PID/task/TID/schedstat): CPU time of all the controller's threads so
+   * far, and how long its main thread waited for a CPU while runnable. On a loaded machine the
+   * second says how much of a wall-clock figure was waiting, not working.
+   */
+  schedStats(): { cpuMs: number; mainThreadWaitMs: number } {
+    let cpuNs = 0;
+    let mainWaitNs = 0;
+    for (const tid of readdirSync(`/proc/${this.pid}/task`)) {
+      try {
+        const [onCpu, waiting] = readFileSync(`/proc/${this.pid}/task/${tid}/schedstat`, 'utf8').split(' ').map(Number);
+        cpuNs += onCpu!;
+        if (Number(tid) === this.pid) mainWaitNs = waiting!;
+      } catch {
+        // a thread that just ended
+      }
+    }
+    return { cpuMs: cpuNs / 1e6, mainThreadWaitMs: mainWaitNs / 1e6 };
   }
 
   /** Asks the controller for a full garbage collection and its memory figures afterwards. */

@@ -35,6 +35,10 @@ export interface StartupRun {
   firstSyncLineMs: number;
   /** The first full sync's own duration (its 'synced' line). */
   firstSyncMs: number;
+  /** CPU time of the controller (all threads) when the first packet was seen. */
+  cpuMs: number;
+  /** How long its main thread had waited for a CPU by then (load of the machine). */
+  mainThreadWaitMs: number;
   attempts: number;
 }
 
@@ -225,6 +229,7 @@ export async function measureBackend(
         const c = ControllerProcess.start(flags({}));
         try {
           const outcome = await probing.outcome;
+          const sched = c.schedStats();
           if (!outcome.ok)
             throw new Error(
               `${target} never answered (${outcome.attempts} attempts, ${outcome.firstError || 'no error'})`,
@@ -239,6 +244,7 @@ export async function measureBackend(
             cachesSyncedMs: (c.cachesSyncedAt ?? NaN) - c.startedAt,
             firstSyncLineMs: first.seenAt - c.startedAt,
             firstSyncMs: first.ms,
+            ...sched,
             attempts: outcome.attempts,
           });
         } finally {

@@ -302,7 +302,8 @@ function formatEndToEnd(r: BenchResults): string[] {
     "   the columns after it say where the time went: spawn -> first log line (process up), -> 'caches synced'",
     "   (lists done), -> first 'synced' line read, and the first full sync's own duration (ms). Ranges over the runs.",
     '   resolution: how long before the first attempt that connected the previous one started (ms; more than',
-    '   150 us when the prober waits for a CPU).',
+    '   150 us when the prober waits for a CPU). CPU: CPU time of the controller (all threads) by the first',
+    "   answer; waited: how long its main thread, runnable, waited for a CPU by then (the machine's load).",
   );
   const startupRows = backends.map((b) => {
     const s = b.startup;
@@ -319,6 +320,8 @@ function formatEndToEnd(r: BenchResults): string[] {
         s.map((x) => x.resolutionMs),
         2,
       ),
+      range(s.map((x) => x.cpuMs)),
+      range(s.map((x) => x.mainThreadWaitMs)),
       s.length > 0 ? `<= ${STARTUP_TARGET_MS} ms: ${verdict(median(firsts) <= STARTUP_TARGET_MS)}` : '',
     ];
   });
@@ -333,6 +336,8 @@ function formatEndToEnd(r: BenchResults): string[] {
         "1st 'synced'",
         'first full sync',
         'resolution',
+        'CPU',
+        'waited',
         'target (median)',
       ],
       startupRows,

@@ -71,6 +71,9 @@ export class ControllerProcess {
   cachesSyncedAt: number | undefined;
   /** performance.now() of its first log line (the process is up and its code loaded). */
   firstLineAt: number | undefined;
+  /** Its CPU time (all threads, ms) when the first log line and 'caches synced' were read. */
+  cpuAtFirstLineMs: number | undefined;
+  cpuAtCachesSyncedMs: number | undefined;
 
   private constructor(
     private readonly child: ChildProcess,
@@ -120,7 +123,10 @@ export class ControllerProcess {
     } catch {
       return;
     }
-    this.firstLineAt ??= performance.now();
+    if (this.firstLineAt === undefined) {
+      this.firstLineAt = performance.now();
+      this.cpuAtFirstLineMs = this.schedStats().cpuMs;
+    }
     if (record.msg === 'synced' && typeof record.ms === 'number') {
       const entries = record.entries as { ipv4: number; ipv6: number };
       this.syncs.push({
@@ -131,6 +137,7 @@ export class ControllerProcess {
       });
     } else if (record.msg === 'caches synced') {
       this.cachesSyncedAt = performance.now();
+      this.cpuAtCachesSyncedMs = this.schedStats().cpuMs;
     } else if (record.level === 'error' || record.level === 'fatal') {
       this.stderrLines.push(`controller: ${String(record.msg)}`);
     }

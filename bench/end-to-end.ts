@@ -37,6 +37,9 @@ export interface StartupRun {
   firstSyncMs: number;
   /** CPU time of the controller (all threads) when the first packet was seen. */
   cpuMs: number;
+  /** ... when its first log line was read (process start, code loaded) and at 'caches synced'. */
+  cpuAtFirstLogMs: number;
+  cpuAtCachesSyncedMs: number;
   /** How long its main thread had waited for a CPU by then (load of the machine). */
   mainThreadWaitMs: number;
   attempts: number;
@@ -245,6 +248,8 @@ export async function measureBackend(
             firstSyncLineMs: first.seenAt - c.startedAt,
             firstSyncMs: first.ms,
             ...sched,
+            cpuAtFirstLogMs: c.cpuAtFirstLineMs ?? NaN,
+            cpuAtCachesSyncedMs: c.cpuAtCachesSyncedMs ?? NaN,
             attempts: outcome.attempts,
           });
         } finally {

@@ -302,8 +302,9 @@ function formatEndToEnd(r: BenchResults): string[] {
     "   the columns after it say where the time went: spawn -> first log line (process up), -> 'caches synced'",
     "   (lists done), -> first 'synced' line read, and the first full sync's own duration (ms). Ranges over the runs.",
     '   resolution: how long before the first attempt that connected the previous one started (ms; more than',
-    '   150 us when the prober waits for a CPU). CPU: CPU time of the controller (all threads) by the first',
-    "   answer; waited: how long its main thread, runnable, waited for a CPU by then (the machine's load).",
+    '   150 us when the prober waits for a CPU). CPU: CPU time of the controller (all threads, ms) when its first',
+    "   log line and 'caches synced' were read and at the first answer; waited: how long its main thread, runnable,",
+    "   waited for a CPU by the first answer (the machine's load).",
   );
   const startupRows = backends.map((b) => {
     const s = b.startup;
@@ -320,7 +321,7 @@ function formatEndToEnd(r: BenchResults): string[] {
         s.map((x) => x.resolutionMs),
         2,
       ),
-      range(s.map((x) => x.cpuMs)),
+      `${range(s.map((x) => x.cpuAtFirstLogMs))} / ${range(s.map((x) => x.cpuAtCachesSyncedMs))} / ${range(s.map((x) => x.cpuMs))}`,
       range(s.map((x) => x.mainThreadWaitMs)),
       s.length > 0 ? `<= ${STARTUP_TARGET_MS} ms: ${verdict(median(firsts) <= STARTUP_TARGET_MS)}` : '',
     ];
@@ -336,7 +337,7 @@ function formatEndToEnd(r: BenchResults): string[] {
         "1st 'synced'",
         'first full sync',
         'resolution',
-        'CPU',
+        'CPU at first log / caches synced / answered',
         'waited',
         'target (median)',
       ],

@@ -2,9 +2,9 @@
 // stand-in, programming the kernel of the benchmark's network namespace. Its debug log gives
 // the duration of each backend sync ('synced', ms); /proc gives its resident memory.
 
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { readFileSync } from 'node:fs';
+import { readFileSync, readdirSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
@@ -23,11 +23,34 @@ export interface SyncLine {
 export interface ControllerFlags {
   kubeconfig: string;
   nodeName: string;
+  /** nft by default. */
+  backend?: BenchBackend;
   nftExecutor: 'addon' | 'cli';
   minSyncPeriod: string;
   syncPeriod: string;
   /** Extra V8/Node flags, e.g. --optimize-for-size. */
   nodeFlags?: string[];
+  /** Extra controller flags (the ebpf backend's --cgroup-path and --bpffs-path, say). */
+  extraArgs?: string[];
+}
+
+export type BenchBackend = 'nft' | 'iptables' | 'ebpf';
+
+/** Controller flags that select a backend, as `start` passes them. */
+export function backendArgs(flags: Pick<ControllerFlags, 'backend' | 'nftExecutor' | 'extraArgs'>): string[] {
+  const backend = flags.backend ?? 'nft';
+  return [
+    '--backend',
+    backend,
+    ...(backend === 'nft' ? ['--nft-executor', flags.nftExecutor] : []),
+    ...(flags.extraArgs ?? []),
+  ];
+}
+
+/** Runs the bundle with --cleanup (every object of ours, every backend) and waits for it. */
+export function cleanupRules(flags: Pick<ControllerFlags, 'backend' | 'nftExecutor' | 'extraArgs'>): void {
+  const r = spawnSync(process.execPath, [CLI, '--cleanup', ...backendArgs(flags)], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`--cleanup exited with ${r.status}: ${r.stderr.trim().split('\n').pop()}`);
 }
 
 export interface MemoryFigures {
@@ -46,8 +69,17 @@ export class ControllerProcess {
   readonly startedAt = performance.now();
   /** performance.now() when the controller said its caches synced. */
   cachesSyncedAt: number | undefined;
+  /** performance.now() of its first log line (the process is up and its code loaded). */
+  firstLineAt: number | undefined;
+  /** Its CPU time (all threads, ms) when the first log line and 'caches synced' were read. */
+  cpuAtFirstLineMs: number | undefined;
+  cpuAtCachesSyncedMs: number | undefined;
 
-  private constructor(private readonly child: ChildProcess) {
+  private constructor(
+    private readonly child: ChildProcess,
+    /** process.hrtime.bigint() right before the spawn (the packet prober's clock). */
+    readonly spawnedAtNs: bigint,
+  ) {
     createInterface({ input: child.stdout! }).on('line', (line) => this.onLogLine(line));
     createInterface({ input: child.stderr! }).on('line', (line) => this.onErrorLine(line));
     child.on('exit', () => {
@@ -67,10 +99,7 @@ export class ControllerProcess {
       flags.kubeconfig,
       '--node-name',
       flags.nodeName,
-      '--backend',
-      'nft',
-      '--nft-executor',
-      flags.nftExecutor,
+      ...backendArgs(flags),
       '--min-sync-period',
       flags.minSyncPeriod,
       '--sync-period',
@@ -78,8 +107,9 @@ export class ControllerProcess {
       '--log-level',
       'debug',
     ];
+    const spawnedAtNs = process.hrtime.bigint();
     const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    return new ControllerProcess(child);
+    return new ControllerProcess(child, spawnedAtNs);
   }
 
   get pid(): number {
@@ -93,6 +123,10 @@ export class ControllerProcess {
     } catch {
       return;
     }
+    if (this.firstLineAt === undefined) {
+      this.firstLineAt = performance.now();
+      this.cpuAtFirstLineMs = this.schedStats().cpuMs;
+    }
     if (record.msg === 'synced' && typeof record.ms === 'number') {
       const entries = record.entries as { ipv4: number; ipv6: number };
       this.syncs.push({
@@ -103,6 +137,7 @@ export class ControllerProcess {
       });
     } else if (record.msg === 'caches synced') {
       this.cachesSyncedAt = performance.now();
+      this.cpuAtCachesSyncedMs = this.schedStats().cpuMs;
     } else if (record.level === 'error' || record.level === 'fatal') {
       this.stderrLines.push(`controller: ${String(record.msg)}`);
     }
@@ -168,6 +203,26 @@ export class ControllerProcess {
     const status = readFileSync(`/proc/${this.pid}/status`, 'utf8');
     const kib = (field: string) => Number(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? NaN) * 1024;
     return { rssBytes: kib('VmRSS'), peakRssBytes: kib('VmHWM') };
+  }
+
+  /**
+   * From the scheduler (/proc/PID/task/TID/schedstat): CPU time of all the controller's threads so
+   * far, and how long its main thread waited for a CPU while runnable. On a loaded machine the
+   * second says how much of a wall-clock figure was waiting, not working.
+   */
+  schedStats(): { cpuMs: number; mainThreadWaitMs: number } {
+    let cpuNs = 0;
+    let mainWaitNs = 0;
+    for (const tid of readdirSync(`/proc/${this.pid}/task`)) {
+      try {
+        const [onCpu, waiting] = readFileSync(`/proc/${this.pid}/task/${tid}/schedstat`, 'utf8').split(' ').map(Number);
+        cpuNs += onCpu!;
+        if (Number(tid) === this.pid) mainWaitNs = waiting!;
+      } catch {
+        // a thread that just ended
+      }
+    }
+    return { cpuMs: cpuNs / 1e6, mainThreadWaitMs: mainWaitNs / 1e6 };
   }
 
   /** Asks the controller for a full garbage collection and its memory figures afterwards. */

@@ -3,11 +3,17 @@
 //   1. full sync time of the running controller for N LoadBalancer Services, addon and CLI;
 //   2. change-to-kernel latency of partial syncs (one Service's ingress IP changes);
 //   3. resident memory of the controller with N Services cached;
-//   4. first-packet cost (TCP set-up) through the nft map, and through the original's rules.
+//   4. first-packet cost (TCP set-up) through the nft map, and through the original's rules;
+//   5. end to end with real packets, per backend (--backends): start -> last Service answered
+//      through its LB IP (startup), API write -> first packet through a moved address
+//      (packet-latency), first full sync, and (with memory) resident memory with 0 and 10,000
+//      Services for the backends other than nft (nft's are in 3).
 // Prints a table and writes bench/results/<timestamp>.json. Asserts nothing.
 //
-//   npm run bench [-- --sizes 1000,10000,50000 --changes 500 --rounds 5 --only full,latency,memory,first-packet
-//                    --latency-sync-period 3s]
+//   npm run bench [-- --sizes 1000,10000,50000 --changes 500 --rounds 5
+//                    --only full,latency,memory,first-packet,startup,packet-latency
+//                    --backends nft,iptables-nft,iptables-legacy,ebpf --startup-runs 3 --iptables-changes 50
+//                    --latency-sync-period 3s --probe-from node|pod]
 // The latency measure runs the controller with --sync-period from --latency-sync-period (3s by
 // default: changes then meet periodic resyncs, as the target says).
 
@@ -27,7 +33,9 @@ import { ApiStandIn } from '../testbed/api-server.js';
 import { ControllerProcess, type ControllerFlags } from './controller-process.js';
 import { measureFirstPacket, originalIptablesRules, type FirstPacketScenario } from './first-packet.js';
 import { compilePrograms } from './first-packet-programs.js';
+import { E2E_BACKENDS, idleMemory, measureBackend, type E2eBackend, type EndToEndContext } from './end-to-end.js';
 import { ElementMonitor } from './kernel-monitor.js';
+import { compilePacketProbe, probeNode } from './packet-probe.js';
 import { isolatedFromMachine } from './namespace.js';
 import {
   formatReport,
@@ -36,12 +44,24 @@ import {
   type LatencyResult,
   type MemoryResult,
 } from './report.js';
-import { NODE_NAME, benchNode, benchService, movedIp } from './services.js';
+import {
+  CLUSTER_RANGE,
+  INGRESS_RANGE,
+  MOVED_RANGE,
+  NODE_ADDRESS,
+  NODE_NAME,
+  POD_ADDRESS,
+  POD_GATEWAY,
+  benchNode,
+  benchService,
+  ingressIp,
+  movedIp,
+} from './services.js';
 import { median, percentile, seededRandom } from './stats.js';
 
 const SELF = fileURLToPath(import.meta.url);
 const RESULTS_DIR = join(dirname(SELF), '..', '..', 'bench', 'results');
-const MEASURES = ['full', 'latency', 'memory', 'first-packet'] as const;
+const MEASURES = ['full', 'latency', 'memory', 'first-packet', 'startup', 'packet-latency'] as const;
 type Measure = (typeof MEASURES)[number];
 const TABLE = 'ipvs-node-controller';
 /** The change-latency and the nft first-packet measures run at this size, as the targets say. */
@@ -77,6 +97,15 @@ interface Options {
   connects: number;
   only: Set<Measure>;
   latencySyncPeriod: string;
+  backends: E2eBackend[];
+  startupRuns: number;
+  iptablesChanges: number;
+  probeFrom: 'node' | 'pod';
+}
+
+function probeFrom(text: string): 'node' | 'pod' {
+  if (text !== 'node' && text !== 'pod') throw new Error(`--probe-from: '${text}' is not node or pod`);
+  return text;
 }
 
 function parseOptions(argv: string[]): Options {
@@ -90,6 +119,10 @@ function parseOptions(argv: string[]): Options {
       connects: { type: 'string', default: '10000' },
       only: { type: 'string', default: MEASURES.join(',') },
       'latency-sync-period': { type: 'string', default: '3s' },
+      backends: { type: 'string', default: 'nft' },
+      'startup-runs': { type: 'string', default: '3' },
+      'iptables-changes': { type: 'string', default: '50' },
+      'probe-from': { type: 'string', default: 'node' },
     },
   });
   const count = (flag: string, text: string) => {
@@ -103,7 +136,19 @@ function parseOptions(argv: string[]): Options {
       throw new Error(`--only: '${m}' is not one of ${MEASURES.join(', ')}`);
     only.add(m as Measure);
   }
+  const backends: E2eBackend[] = [];
+  for (const b of values.backends.split(',')) {
+    // `iptables` alone: the variant a node without other rules gets (nft).
+    const name = b === 'iptables' ? 'iptables-nft' : b;
+    if (!(E2E_BACKENDS as readonly string[]).includes(name))
+      throw new Error(`--backends: '${b}' is not one of iptables, ${E2E_BACKENDS.join(', ')}`);
+    backends.push(name as E2eBackend);
+  }
   return {
+    backends,
+    startupRuns: count('startup-runs', values['startup-runs']),
+    iptablesChanges: count('iptables-changes', values['iptables-changes']),
+    probeFrom: probeFrom(values['probe-from']),
     sizes: values.sizes
       .split(',')
       .map((s) => count('sizes', s))
@@ -127,6 +172,8 @@ class Bench {
   private readonly workDir = mkdtempSync(join(tmpdir(), 'ipvs-node-controller-bench-'));
   private readonly kubeconfig = join(this.workDir, 'kubeconfig');
   private services = 0;
+  /** Fresh addresses handed out so far (bench/services.ts movedIp). */
+  private moved = 0;
   /** `nft list table` of what the controller programmed, by number of Services. */
   private readonly tables = new Map<number, string>();
 
@@ -289,8 +336,9 @@ class Bench {
     try {
       for (let k = 0; k < this.options.changes; k++) {
         const i = Math.floor(random() * (services - 1));
-        const next = benchService(i, movedIp(k));
-        const seen = monitor.elementAdded(movedIp(k), 10_000);
+        const address = movedIp(this.moved++);
+        const next = benchService(i, address);
+        const seen = monitor.elementAdded(address, 10_000);
         const changedAt = performance.now();
         this.standIn.apply(next);
         samplesMs.push((await seen) - changedAt);
@@ -346,6 +394,28 @@ class Bench {
       floorP50Ms: percentile(floorMs, 50),
       floorP99Ms: percentile(floorMs, 99),
     };
+  }
+
+  /** What the end-to-end measures (bench/end-to-end.ts) need of the benchmark. */
+  endToEndContext(probeBinary: string, probeFrom: 'node' | 'pod'): EndToEndContext {
+    const random = seededRandom(10);
+    return {
+      kubeconfig: this.kubeconfig,
+      nodeName: NODE_NAME,
+      workDir: this.workDir,
+      probeBinary,
+      log,
+      ensureServices: (n) => this.ensureServices(n),
+      moveService: (i, ingress) => this.standIn.apply(benchService(i, ingress)),
+      freshAddress: () => movedIp(this.moved++),
+      lastIngress: (n) => ingressIp(n - 1),
+      probeFrom,
+      random,
+    };
+  }
+
+  get scratch(): string {
+    return this.workDir;
   }
 
   async firstPacket(): Promise<BenchResults['firstPacket']> {
@@ -412,9 +482,26 @@ async function benchmark(argv: string[]): Promise<void> {
     fullSync: [],
     memory: [],
     firstPacket: [],
+    backends: [],
+    probeFrom: options.probeFrom,
   };
   const bench = await Bench.start(options);
   try {
+    const endToEnd = options.only.has('startup') || options.only.has('packet-latency');
+    const otherBackends: E2eBackend[] = options.only.has('memory') ? options.backends.filter((b) => b !== 'nft') : [];
+    let context: EndToEndContext | undefined;
+    if (endToEnd || otherBackends.length > 0) {
+      probeNode({
+        sinkRanges: [INGRESS_RANGE, MOVED_RANGE],
+        clusterRange: CLUSTER_RANGE,
+        nodeAddress: `${NODE_ADDRESS}/24`,
+        ...(options.probeFrom === 'pod' ? { pod: { address: POD_ADDRESS, gateway: POD_GATEWAY } } : {}),
+      });
+      context = bench.endToEndContext(compilePacketProbe(bench.scratch), options.probeFrom);
+    }
+    const idle = new Map<E2eBackend, Awaited<ReturnType<typeof idleMemory>>>();
+    // Before any Service is served: the stand-in never removes them.
+    for (const backend of otherBackends) idle.set(backend, await idleMemory(context!, backend));
     const needFirstPacket = options.only.has('first-packet');
     const memoryAt = (services: number) => options.only.has('memory') && MEMORY_SIZES.includes(services);
     const steady = async (services: number, latency: boolean) => {
@@ -442,6 +529,27 @@ async function benchmark(argv: string[]): Promise<void> {
         await steady(services, latency);
     }
     if (needFirstPacket) results.firstPacket = await bench.firstPacket();
+    for (const backend of options.backends) {
+      const memory = otherBackends.includes(backend);
+      if (!endToEnd && !memory) continue;
+      const r = await measureBackend(context!, backend, {
+        services: LATENCY_SERVICES,
+        startupRuns: options.startupRuns,
+        changes: options.changes,
+        iptablesChanges: options.iptablesChanges,
+        syncPeriod: options.latencySyncPeriod,
+        memory,
+        startup: options.only.has('startup'),
+        packetLatency: options.only.has('packet-latency'),
+      });
+      const zero = idle.get(backend);
+      if (zero && 'error' in zero) r.error = `${r.error ? `${r.error}; ` : ''}no Service: ${zero.error}`;
+      else if (zero) {
+        r.rssIdleMiB[0] = zero.rssIdleMiB;
+        r.rssAfterGcMiB[0] = zero.rssAfterGcMiB;
+      }
+      results.backends!.push(r);
+    }
   } finally {
     await bench.close();
   }

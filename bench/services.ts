@@ -5,7 +5,12 @@
 
 export const BENCH_PORT = 443;
 export const NODE_NAME = 'bench-node';
+/** The node's InternalIP (also the source address of the packet prober's connections). */
+export const NODE_ADDRESS = '192.168.50.1';
 export const POD_CIDR = '10.244.1.0/24';
+/** A pod of this node (the packet prober's --probe-from pod) and its gateway on the node side. */
+export const POD_ADDRESS = '10.244.1.2/24';
+export const POD_GATEWAY = '10.244.1.1/24';
 const NAMESPACES = 50;
 const CREATED_BASE_MS = Date.parse('2024-01-01T00:00:00Z');
 
@@ -19,6 +24,11 @@ function ipv4(base: number, offset: number): string {
 const INGRESS_BASE = (198 << 24) | (18 << 16); // 198.18.0.0/15, the benchmarking range
 const CLUSTER_BASE = (10 << 24) | (96 << 16); // 10.96.0.0/12
 const MOVED_BASE = (100 << 24) | (64 << 16); // 100.64.0.0/10: addresses a Service moves to
+
+/** The ranges the addresses below come from (the packet prober routes them). */
+export const INGRESS_RANGE = '198.18.0.0/15';
+export const CLUSTER_RANGE = '10.96.0.0/12';
+export const MOVED_RANGE = '100.64.0.0/10';
 
 /** Ingress IP of Service i (i < 131,000); .0 and .255 of the first /24 are never used. */
 export function ingressIp(i: number): string {
@@ -136,6 +146,6 @@ export function benchNode(): Json {
     kind: 'Node',
     metadata: { name: NODE_NAME, labels: { 'kubernetes.io/hostname': NODE_NAME } },
     spec: { podCIDR: POD_CIDR, podCIDRs: [POD_CIDR] },
-    status: { addresses: [{ type: 'InternalIP', address: '192.168.50.1' }] },
+    status: { addresses: [{ type: 'InternalIP', address: NODE_ADDRESS }] },
   };
 }

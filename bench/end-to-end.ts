@@ -1,0 +1,395 @@
+// The end-to-end figures, per backend, with real packets (bench/packet-probe.ts):
+//   startup: from spawning the controller (all Services already served) to the first connection
+//     from the node that succeeds through the LoadBalancer IP of the last Service;
+//   packet latency: from writing a Service's new ingress IP into the API stand-in to the first
+//     connection that succeeds through the new address (with the nft backend, also to the moment
+//     `nft monitor` shows the element);
+//   the first full sync ('synced' debug line) and resident memory with 0 and N Services.
+// The backend's environment (ebpf: a cgroup v2 subtree and a bpffs mount; iptables-legacy: the
+// kubelet's hint chain) is made here and removed afterwards, also on failure.
+
+import { execFileSync, spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, rmdirSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { defaultCgroupPath } from '../src/backends/ebpf/ebpf-backend.js';
+import { ControllerProcess, cleanupRules, type BenchBackend, type ControllerFlags } from './controller-process.js';
+import { ElementMonitor } from './kernel-monitor.js';
+import { PacketProbe, POD_NETNS, msSince } from './packet-probe.js';
+import { BENCH_PORT } from './services.js';
+import { percentile } from './stats.js';
+
+/** A backend as the benchmark runs it: iptables in either variant. */
+export const E2E_BACKENDS = ['nft', 'iptables-nft', 'iptables-legacy', 'ebpf'] as const;
+export type E2eBackend = (typeof E2E_BACKENDS)[number];
+
+export interface StartupRun {
+  /** spawn -> first connection through the last Service's LB IP (start of that attempt). */
+  firstPacketMs: number;
+  /** The attempt before it started this much earlier (the resolution of the figure). */
+  resolutionMs: number;
+  /** spawn -> first log line (process up, code loaded). */
+  firstLogMs: number;
+  /** spawn -> 'caches synced' (lists done). */
+  cachesSyncedMs: number;
+  /** spawn -> first 'synced' line read by the benchmark. */
+  firstSyncLineMs: number;
+  /** The first full sync's own duration (its 'synced' line). */
+  firstSyncMs: number;
+  /** CPU time of the controller (all threads) when the first packet was seen. */
+  cpuMs: number;
+  /** ... when its first log line was read (process start, code loaded) and at 'caches synced'. */
+  cpuAtFirstLogMs: number;
+  cpuAtCachesSyncedMs: number;
+  /** How long its main thread had waited for a CPU by then (load of the machine). */
+  mainThreadWaitMs: number;
+  attempts: number;
+}
+
+export interface PacketLatencyResult {
+  changes: number;
+  syncPeriod: string;
+  /** API write -> start of the first attempt that connected through the new address. */
+  samplesMs: number[];
+  p50Ms: number;
+  p90Ms: number;
+  p99Ms: number;
+  maxMs: number;
+  /** Per change: the attempt before the first that connected started this much earlier (ms). */
+  resolutionMs: number[];
+  resolutionP99Ms: number;
+  /** API write -> `nft monitor` shows the element (nft only). */
+  monitorMs?: number[];
+  monitorP50Ms?: number;
+  monitorP99Ms?: number;
+  fullSyncs: number;
+  partialSyncP50Ms: number;
+  partialSyncP99Ms: number;
+  /** Changes whose new address never answered within the timeout. */
+  lost: number;
+}
+
+export interface BackendResult {
+  backend: E2eBackend;
+  services: number;
+  startup: StartupRun[];
+  rssIdleMiB: Record<string, number>;
+  rssAfterGcMiB: Record<string, number>;
+  packetLatency?: PacketLatencyResult;
+  error?: string;
+}
+
+export interface EndToEndContext {
+  kubeconfig: string;
+  nodeName: string;
+  workDir: string;
+  probeBinary: string;
+  log: (message: string) => void;
+  /** Serves n Services (never removes). */
+  ensureServices: (n: number) => void;
+  /** Writes Service i with the given ingress IP into the stand-in. */
+  moveService: (i: number, ingress: string) => void;
+  /** A fresh address, never used before in this run. */
+  freshAddress: () => string;
+  lastIngress: (services: number) => string;
+  /** Where the connections start: the node itself, or the pod namespace (POD_NETNS). */
+  probeFrom: 'node' | 'pod';
+  random: () => number;
+}
+
+const MiB = 1024 * 1024;
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+const run = (cmd: string, args: string[]) => execFileSync(cmd, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+
+/** What a backend needs around the controller: flags, where the prober lives, and its removal. */
+class BackendEnvironment {
+  readonly extraArgs: string[] = [];
+  /** --cleanup visits every backend: it needs a bpffs to look at, even for nft and iptables. */
+  readonly cleanupArgs: string[] = [];
+  cgroupProcs: string | undefined;
+  private readonly undo: Array<() => void> = [];
+
+  constructor(
+    readonly backend: E2eBackend,
+    workDir: string,
+  ) {
+    try {
+      const bpffs = mkdtempSync(join(workDir, 'bpffs-'));
+      run('mount', ['-t', 'bpf', 'bpf', bpffs]);
+      this.undo.push(() => {
+        spawnSync('umount', [bpffs]);
+        rmSync(bpffs, { recursive: true, force: true });
+      });
+      const pins = ['--bpffs-path', join(bpffs, 'ipvs-node-controller')];
+      this.cleanupArgs.push(...pins);
+      if (backend === 'ebpf') {
+        const root = defaultCgroupPath();
+        if (!root) throw new Error('no cgroup2 mount in /proc/mounts');
+        const cgroup = join(root, `ipvs-node-controller-bench-${process.pid}`);
+        mkdirSync(cgroup);
+        this.undo.push(() => removeCgroup(cgroup));
+        this.cgroupProcs = join(cgroup, 'cgroup.procs');
+        this.extraArgs.push('--cgroup-path', cgroup, ...pins);
+        this.cleanupArgs.push('--cgroup-path', cgroup);
+      } else if (backend === 'iptables-legacy') {
+        // kube-proxy's iptables-wrapper rule, which the controller follows: the kubelet's hint chain.
+        run('iptables-legacy', ['-t', 'mangle', '-N', 'KUBE-IPTABLES-HINT']);
+        this.undo.push(() => spawnSync('iptables-legacy', ['-t', 'mangle', '-X', 'KUBE-IPTABLES-HINT']));
+      }
+    } catch (err) {
+      this.close();
+      throw err;
+    }
+  }
+
+  get controllerBackend(): BenchBackend {
+    return this.backend.startsWith('iptables') ? 'iptables' : (this.backend as BenchBackend);
+  }
+
+  close(): void {
+    for (const step of this.undo.splice(0).reverse()) {
+      try {
+        step();
+      } catch {
+        // best effort: the next step still runs
+      }
+    }
+  }
+}
+
+function removeCgroup(path: string): void {
+  for (let i = 0; i < 100 && existsSync(path); i++) {
+    try {
+      rmdirSync(path);
+    } catch {
+      // a process that was in it is still leaving
+      execFileSync('sleep', ['0.05']);
+    }
+  }
+}
+
+export interface EndToEndOptions {
+  services: number;
+  startupRuns: number;
+  changes: number;
+  syncPeriod: string;
+  /** Changes for the iptables backends (each rewrites all rules: seconds at 10,000). */
+  iptablesChanges: number;
+  memory: boolean;
+  startup: boolean;
+  packetLatency: boolean;
+}
+
+/** Measures one backend. Never throws for a backend failure: the result says what failed. */
+export async function measureBackend(
+  ctx: EndToEndContext,
+  backend: E2eBackend,
+  options: EndToEndOptions,
+): Promise<BackendResult> {
+  const result: BackendResult = {
+    backend,
+    services: options.services,
+    startup: [],
+    rssIdleMiB: {},
+    rssAfterGcMiB: {},
+  };
+  let env: BackendEnvironment | undefined;
+  let probe: PacketProbe | undefined;
+  let listener: PacketProbe | undefined;
+  try {
+    env = new BackendEnvironment(backend, ctx.workDir);
+    const flags = (more: Partial<ControllerFlags>): ControllerFlags => ({
+      kubeconfig: ctx.kubeconfig,
+      nodeName: ctx.nodeName,
+      backend: env!.controllerBackend,
+      nftExecutor: 'addon',
+      minSyncPeriod: '1s',
+      syncPeriod: '1h',
+      extraArgs: env!.extraArgs,
+      ...more,
+    });
+    const cleanup = () => cleanupRules(flags({ extraArgs: env!.cleanupArgs }));
+    cleanup();
+    if (ctx.probeFrom === 'pod') {
+      // The ClusterIPs are the node's: its prober instance only listens; the pod's connects.
+      listener = await PacketProbe.start(ctx.probeBinary, { port: BENCH_PORT });
+      probe = await PacketProbe.start(ctx.probeBinary, {
+        port: BENCH_PORT,
+        cgroupProcs: env.cgroupProcs,
+        netns: POD_NETNS,
+      });
+    } else {
+      probe = await PacketProbe.start(ctx.probeBinary, { port: BENCH_PORT, cgroupProcs: env.cgroupProcs });
+    }
+    const timeout = 60_000 + options.services * 4;
+
+    if (options.startup) {
+      ctx.ensureServices(options.services);
+      const target = ctx.lastIngress(options.services);
+      for (let r = 0; r < options.startupRuns; r++) {
+        cleanup();
+        ctx.log(`${backend}: start -> last Service answered, run ${r + 1} of ${options.startupRuns}`);
+        const probing = await probe.begin(target, BENCH_PORT, timeout);
+        const c = ControllerProcess.start(flags({}));
+        try {
+          const outcome = await probing.outcome;
+          const sched = c.schedStats();
+          if (!outcome.ok)
+            throw new Error(
+              `${target} never answered (${outcome.attempts} attempts, ${outcome.firstError || 'no error'})`,
+            );
+          if (outcome.firstOkNs < c.spawnedAtNs)
+            throw new Error(`${target} answered before the controller started: rules were left in place`);
+          const first = (await c.waitForSyncs('full', 1, timeout))[0]!;
+          result.startup.push({
+            firstPacketMs: msSince(c.spawnedAtNs, outcome),
+            resolutionMs: outcome.beforeOkNs > 0n ? Number(outcome.firstOkNs - outcome.beforeOkNs) / 1e6 : NaN,
+            firstLogMs: (c.firstLineAt ?? NaN) - c.startedAt,
+            cachesSyncedMs: (c.cachesSyncedAt ?? NaN) - c.startedAt,
+            firstSyncLineMs: first.seenAt - c.startedAt,
+            firstSyncMs: first.ms,
+            ...sched,
+            cpuAtFirstLogMs: c.cpuAtFirstLineMs ?? NaN,
+            cpuAtCachesSyncedMs: c.cpuAtCachesSyncedMs ?? NaN,
+            attempts: outcome.attempts,
+          });
+        } finally {
+          await c.stop();
+        }
+      }
+    }
+
+    const steady = async (services: number, latency: boolean) => {
+      ctx.ensureServices(services);
+      // Rules left by the startup runs would make the first sync a no-op, which logs nothing.
+      cleanup();
+      const c = ControllerProcess.start(
+        flags({ minSyncPeriod: '0s', ...(latency ? { syncPeriod: options.syncPeriod } : {}) }),
+      );
+      try {
+        await c.waitForSyncs('full', 1, timeout);
+        if (options.memory) {
+          ctx.log(`${backend}: memory, ${services.toLocaleString('en-US')} Services`);
+          await sleep(5_000);
+          result.rssIdleMiB[services] = c.residentMemory().rssBytes / MiB;
+          await c.collectGarbage();
+          await sleep(2_000);
+          result.rssAfterGcMiB[services] = c.residentMemory().rssBytes / MiB;
+        }
+        if (latency) result.packetLatency = await packetLatency(ctx, c, probe!, backend, options);
+      } finally {
+        await c.stop();
+      }
+    };
+    if (options.memory || options.packetLatency) await steady(options.services, options.packetLatency);
+    return result;
+  } catch (err) {
+    result.error = (err as Error).message;
+    ctx.log(`${backend}: ${result.error}`);
+    return result;
+  } finally {
+    await probe?.stop();
+    await listener?.stop();
+    if (env) {
+      try {
+        cleanupRules({ backend: env.controllerBackend, nftExecutor: 'addon', extraArgs: env.cleanupArgs });
+      } catch (err) {
+        ctx.log(`${backend}: cleanup: ${(err as Error).message}`);
+      }
+      env.close();
+    }
+  }
+}
+
+/** Memory of the controller with no Service at all (measured before any Service is served). */
+export async function idleMemory(
+  ctx: EndToEndContext,
+  backend: E2eBackend,
+): Promise<{ rssIdleMiB: number; rssAfterGcMiB: number } | { error: string }> {
+  let env: BackendEnvironment | undefined;
+  try {
+    env = new BackendEnvironment(backend, ctx.workDir);
+    const flags: ControllerFlags = {
+      kubeconfig: ctx.kubeconfig,
+      nodeName: ctx.nodeName,
+      backend: env.controllerBackend,
+      nftExecutor: 'addon',
+      minSyncPeriod: '0s',
+      syncPeriod: '1h',
+      extraArgs: env.extraArgs,
+    };
+    ctx.log(`${backend}: memory, no Service`);
+    const c = ControllerProcess.start(flags);
+    try {
+      await c.waitForSyncs('full', 1, 60_000);
+      await sleep(5_000);
+      const rssIdleMiB = c.residentMemory().rssBytes / MiB;
+      await c.collectGarbage();
+      await sleep(2_000);
+      return { rssIdleMiB, rssAfterGcMiB: c.residentMemory().rssBytes / MiB };
+    } finally {
+      await c.stop();
+      cleanupRules({ ...flags, extraArgs: env.cleanupArgs });
+    }
+  } catch (err) {
+    return { error: (err as Error).message };
+  } finally {
+    env?.close();
+  }
+}
+
+async function packetLatency(
+  ctx: EndToEndContext,
+  c: ControllerProcess,
+  probe: PacketProbe,
+  backend: E2eBackend,
+  options: EndToEndOptions,
+): Promise<PacketLatencyResult> {
+  const changes = backend.startsWith('iptables') ? Math.min(options.changes, options.iptablesChanges) : options.changes;
+  ctx.log(`${backend}: API write -> first packet through the new address, ${changes} changes`);
+  const monitor = backend === 'nft' ? await ElementMonitor.start() : undefined;
+  const samplesMs: number[] = [];
+  const monitorMs: number[] = [];
+  const resolutionMs: number[] = [];
+  let lost = 0;
+  const syncsBefore = c.syncs.length;
+  try {
+    for (let k = 0; k < changes; k++) {
+      const i = Math.floor(ctx.random() * (options.services - 1));
+      const address = ctx.freshAddress();
+      // Up to 10 s (a full iptables rewrite takes seconds), resolution 150 us or 1 % of the wait.
+      const probing = await probe.begin(address, BENCH_PORT, 10_000, 150, 100);
+      const seen = monitor?.elementAdded(address, 10_000);
+      const writtenNs = process.hrtime.bigint();
+      const writtenAt = performance.now();
+      ctx.moveService(i, address);
+      const outcome = await probing.outcome;
+      if (outcome.ok) {
+        samplesMs.push(msSince(writtenNs, outcome));
+        if (outcome.beforeOkNs > 0n) resolutionMs.push(Number(outcome.firstOkNs - outcome.beforeOkNs) / 1e6);
+      } else lost++;
+      if (seen) monitorMs.push((await seen) - writtenAt);
+      await sleep(10 + Math.floor(ctx.random() * 20));
+    }
+  } finally {
+    await monitor?.stop();
+  }
+  await sleep(200);
+  const during = c.syncs.slice(syncsBefore);
+  const partial = during.filter((s) => s.mode === 'partial').map((s) => s.ms);
+  return {
+    changes,
+    syncPeriod: options.syncPeriod,
+    samplesMs,
+    p50Ms: percentile(samplesMs, 50),
+    p90Ms: percentile(samplesMs, 90),
+    p99Ms: percentile(samplesMs, 99),
+    maxMs: Math.max(...samplesMs),
+    resolutionMs,
+    resolutionP99Ms: percentile(resolutionMs, 99),
+    ...(monitor ? { monitorMs, monitorP50Ms: percentile(monitorMs, 50), monitorP99Ms: percentile(monitorMs, 99) } : {}),
+    fullSyncs: during.filter((s) => s.mode === 'full').length,
+    partialSyncP50Ms: percentile(partial, 50),
+    partialSyncP99Ms: percentile(partial, 99),
+    lost,
+  };
+}

@@ -7,9 +7,10 @@ import { once } from 'node:events';
 import { readFileSync, readdirSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { fileURLToPath, pathToFileURL } from 'node:url';
+import { BUNDLE, NODE_FLAGS } from '../testbed/shipped-controller.js';
 
 // The bundle, as the image ships it (npm run build makes it).
-const CLI = fileURLToPath(new URL('../bundle/ipvs-node-controller.mjs', import.meta.url));
+const CLI = BUNDLE;
 const GC_HOOK = pathToFileURL(fileURLToPath(new URL('./gc-on-signal.js', import.meta.url))).href;
 
 export interface SyncLine {
@@ -90,6 +91,7 @@ export class ControllerProcess {
 
   static start(flags: ControllerFlags): ControllerProcess {
     const args = [
+      ...NODE_FLAGS,
       ...(flags.nodeFlags ?? []),
       '--expose-gc',
       '--import',

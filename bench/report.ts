@@ -78,12 +78,15 @@ export interface BenchResults {
   backends?: BackendResult[];
   /** Where the end-to-end connections start. */
   probeFrom?: 'node' | 'pod';
+  /** The heap profile per Service (bench/heap-profile.ts), already formatted. */
+  heapProfile?: string;
 }
 
 const FULL_SYNC_TARGETS: Record<number, number> = { 10_000: 150, 50_000: 800 };
 /** p50 and p99 of change -> kernel with --sync-period 3s --min-sync-period 0s. */
 const LATENCY_TARGET_MS = { p50: 5, p99: 20 };
 const MEMORY_TARGET_MIB = 100;
+const IDLE_MEMORY_TARGET_MIB = 60;
 /** start -> last Service answered through its LB IP. */
 const STARTUP_TARGET_MS = 1500;
 
@@ -109,6 +112,79 @@ function verdict(ok: boolean): string {
   return ok ? 'met' : 'MISSED';
 }
 
+/**
+ * The figures of the footprint and tail-latency targets, as measured on this machine with the
+ * controller of 0.2.0 before the work on them (the bundle of that time, nft backend through the
+ * addon, 10,000 Services unless said), for the before/after table.
+ */
+const BEFORE = {
+  rss10k: '197 MiB',
+  rss0: '126-130 MiB',
+  startup: '1.9 s',
+  packet: '10 / 175 ms',
+  fullSync: '194 ms / ~1 s',
+};
+
+/** The before/after table of the targets: every figure this run measured, '-' for the others. */
+function summary(r: BenchResults): string[] {
+  const mem = (services: number) => r.memory.find((m) => m.services === services && m.nodeFlags === '');
+  const nft = r.backends?.find((b) => b.backend === 'nft');
+  const full = (services: number) => r.fullSync.find((f) => f.services === services && f.executor === 'addon');
+  const rss = (m: MemoryResult | undefined) =>
+    m ? `${m.rssAfterGcMiB.toFixed(0)} MiB (${m.rssIdleMiB.toFixed(0)} before a GC)` : '-';
+  const rssMet = (m: MemoryResult | undefined, target: number) => (m ? verdict(m.rssAfterGcMiB <= target) : '');
+  const startups = (nft?.startup ?? []).map((s) => s.firstPacketMs).filter(Number.isFinite);
+  const startup = startups.length > 0 ? median(startups) : NaN;
+  const packet = nft?.packetLatency;
+  const [f10, f50] = [full(10_000), full(50_000)];
+  const rows = [
+    [
+      'resident memory, 10,000 Services',
+      BEFORE.rss10k,
+      rss(mem(10_000)),
+      `<= ${MEMORY_TARGET_MIB} MiB`,
+      rssMet(mem(10_000), MEMORY_TARGET_MIB),
+    ],
+    [
+      'resident memory, no Service',
+      BEFORE.rss0,
+      rss(mem(0)),
+      `<= ${IDLE_MEMORY_TARGET_MIB} MiB`,
+      rssMet(mem(0), IDLE_MEMORY_TARGET_MIB),
+    ],
+    [
+      'start -> last Service answered through its LB IP (median)',
+      BEFORE.startup,
+      Number.isFinite(startup) ? `${(startup / 1000).toFixed(2)} s (${startups.length} runs)` : '-',
+      `<= ${STARTUP_TARGET_MS / 1000} s`,
+      Number.isFinite(startup) ? verdict(startup <= STARTUP_TARGET_MS) : '',
+    ],
+    [
+      `API write -> first packet through the new address, p50 / p99 (--sync-period=${packet?.syncPeriod ?? '3s'})`,
+      BEFORE.packet,
+      packet ? `${packet.p50Ms.toFixed(1)} / ${packet.p99Ms.toFixed(1)} ms (${packet.changes} changes)` : '-',
+      `<= ${LATENCY_TARGET_MS.p50} / ${LATENCY_TARGET_MS.p99} ms`,
+      packet ? verdict(packet.p50Ms <= LATENCY_TARGET_MS.p50 && packet.p99Ms <= LATENCY_TARGET_MS.p99) : '',
+    ],
+    [
+      'full sync (first, whole table), 10,000 / 50,000',
+      BEFORE.fullSync,
+      `${f10 ? `${f10.firstMs} ms` : '-'} / ${f50 ? `${f50.firstMs} ms` : '-'}`,
+      `<= ${FULL_SYNC_TARGETS[10_000]} ms / <= ${FULL_SYNC_TARGETS[50_000]} ms`,
+      f10 || f50
+        ? verdict(
+            (!f10 || f10.firstMs <= FULL_SYNC_TARGETS[10_000]!) && (!f50 || f50.firstMs <= FULL_SYNC_TARGETS[50_000]!),
+          )
+        : '',
+    ],
+  ];
+  return [
+    '',
+    'Targets: before (0.2.0, as first measured) and now (this run). nft backend through the addon.',
+    ...table(['figure', 'before', 'now', 'target', ''], rows).map((l) => `   ${l}`),
+  ];
+}
+
 export function formatReport(r: BenchResults): string {
   const out: string[] = [];
   out.push(`ipvs-node-controller benchmark, ${r.startedAt}`);
@@ -121,6 +197,7 @@ export function formatReport(r: BenchResults): string {
     'setup: the controller (dist/bundle/ipvs-node-controller.mjs --backend nft, as shipped) in a network namespace of the benchmark, fed by',
     '  the API stand-in over HTTPS; LoadBalancer Services with one TCP port and one ingress IP each (one map element).',
   );
+  out.push(...summary(r));
 
   if (r.fullSync.length > 0) {
     out.push('', "1. Full sync: duration of the backend sync from the controller's debug line 'synced' (ms);");
@@ -273,6 +350,7 @@ export function formatReport(r: BenchResults): string {
     }
   }
   if (r.backends && r.backends.length > 0) out.push(...formatEndToEnd(r));
+  if (r.heapProfile) out.push('', '6. Heap profile per Service (bench/heap-profile.ts)', '', r.heapProfile);
   return out.join('\n') + '\n';
 }
 

@@ -7,11 +7,13 @@
 //   5. end to end with real packets, per backend (--backends): start -> last Service answered
 //      through its LB IP (startup), API write -> first packet through a moved address
 //      (packet-latency), first full sync, and (with memory) resident memory with 0 and 10,000
-//      Services for the backends other than nft (nft's are in 3).
+//      Services for the backends other than nft (nft's are in 3);
+//   6. a heap profile per Service at 10,000 (heap): which structures hold the bytes.
+// It opens with the targets' table: each figure before the footprint work and now.
 // Prints a table and writes bench/results/<timestamp>.json. Asserts nothing.
 //
 //   npm run bench [-- --sizes 1000,10000,50000 --changes 500 --rounds 5
-//                    --only full,latency,memory,first-packet,startup,packet-latency
+//                    --only full,latency,memory,first-packet,startup,packet-latency,heap
 //                    --backends nft,iptables-nft,iptables-legacy,ebpf --startup-runs 3 --iptables-changes 50
 //                    --latency-sync-period 3s --probe-from node|pod]
 // The latency measure runs the controller with --sync-period from --latency-sync-period (3s by
@@ -33,6 +35,7 @@ import { ApiStandIn } from '../testbed/api-server.js';
 import { ControllerProcess, type ControllerFlags } from './controller-process.js';
 import { measureFirstPacket, originalIptablesRules, type FirstPacketScenario } from './first-packet.js';
 import { compilePrograms } from './first-packet-programs.js';
+import { formatHeapProfile, heapProfile } from './heap-profile.js';
 import { E2E_BACKENDS, idleMemory, measureBackend, type E2eBackend, type EndToEndContext } from './end-to-end.js';
 import { ElementMonitor } from './kernel-monitor.js';
 import { compilePacketProbe, probeNode } from './packet-probe.js';
@@ -61,7 +64,7 @@ import { median, percentile, seededRandom } from './stats.js';
 
 const SELF = fileURLToPath(import.meta.url);
 const RESULTS_DIR = join(dirname(SELF), '..', '..', 'bench', 'results');
-const MEASURES = ['full', 'latency', 'memory', 'first-packet', 'startup', 'packet-latency'] as const;
+const MEASURES = ['full', 'latency', 'memory', 'first-packet', 'startup', 'packet-latency', 'heap'] as const;
 type Measure = (typeof MEASURES)[number];
 const TABLE = 'ipvs-node-controller';
 /** The change-latency and the nft first-packet measures run at this size, as the targets say. */
@@ -549,6 +552,10 @@ async function benchmark(argv: string[]): Promise<void> {
         r.rssAfterGcMiB[0] = zero.rssAfterGcMiB;
       }
       results.backends!.push(r);
+    }
+    if (options.only.has('heap')) {
+      log('heap profile, 0 and 10,000 Services');
+      results.heapProfile = formatHeapProfile(await heapProfile({ sizes: [0, LATENCY_SERVICES] }));
     }
   } finally {
     await bench.close();

@@ -84,7 +84,7 @@ export interface EndToEndContext {
   workDir: string;
   probeBinary: string;
   log: (message: string) => void;
-  /** Serves n Services (never removes). */
+  /** Serves exactly Services 0..n-1. */
   ensureServices: (n: number) => void;
   /** Writes Service i with the given ingress IP into the stand-in. */
   moveService: (i: number, ingress: string) => void;

@@ -59,6 +59,7 @@ import {
   benchService,
   ingressIp,
   movedIp,
+  serviceName,
 } from './services.js';
 import { median, percentile, seededRandom } from './stats.js';
 
@@ -198,10 +199,14 @@ class Bench {
     rmSync(this.workDir, { recursive: true, force: true });
   }
 
-  /** Adds Services until the stand-in serves n (never removes). */
+  /** Makes the stand-in serve exactly Services 0..n-1: a measure at 10,000 after one at 50,000 lists 10,000. */
   private ensureServices(n: number): void {
-    if (n > this.services) log(`serving ${n.toLocaleString('en-US')} Services`);
+    if (n !== this.services) log(`serving ${n.toLocaleString('en-US')} Services`);
     for (; this.services < n; this.services++) this.standIn.apply(benchService(this.services));
+    for (; this.services > n; this.services--) {
+      const { namespace, name } = serviceName(this.services - 1);
+      this.standIn.remove('Service', namespace, name);
+    }
   }
 
   private controller(flags: Partial<ControllerFlags>): ControllerProcess {

@@ -18,6 +18,22 @@ function strList(v: unknown): string[] | undefined {
   return Array.isArray(v) ? v.map((x) => (typeof x === 'string' ? x : String(x))) : undefined;
 }
 
+/**
+ * Values that repeat across Services (type, policies, protocols, port names, ipMode) shared as
+ * one string each: JSON.parse makes a fresh copy per object, 30-odd bytes each, kept per Service.
+ * Bounded, so that values that do not repeat cannot grow it without limit.
+ */
+const COMMON_VALUES = new Map<string, string>();
+const MAX_COMMON_VALUES = 1024;
+
+function common(v: unknown): string | undefined {
+  if (typeof v !== 'string') return undefined;
+  const known = COMMON_VALUES.get(v);
+  if (known !== undefined) return known;
+  if (COMMON_VALUES.size < MAX_COMMON_VALUES && v.length <= 64) COMMON_VALUES.set(v, v);
+  return v;
+}
+
 function timestamp(v: unknown): string | undefined {
   if (v instanceof Date) return Number.isNaN(v.getTime()) ? undefined : v.toISOString();
   return str(v);
@@ -33,24 +49,27 @@ export function toServiceInfo(raw: unknown): ServiceInfo | undefined {
   const status = obj(o.status) ?? {};
   const ingress = obj(status.loadBalancer)?.ingress;
   const ports = Array.isArray(spec.ports) ? spec.ports : undefined;
+  const clusterIP = str(spec.clusterIP);
+  // The primary ClusterIP is also clusterIPs[0]: one string for both.
+  const clusterIPs = strList(spec.clusterIPs)?.map((ip) => (ip === clusterIP ? clusterIP : ip));
   return {
     namespace,
     name,
     uid: str(meta?.uid),
     creationTimestamp: timestamp(meta?.creationTimestamp),
-    type: str(spec.type),
-    clusterIP: str(spec.clusterIP),
-    clusterIPs: strList(spec.clusterIPs),
+    type: common(spec.type),
+    clusterIP,
+    clusterIPs,
     externalIPs: strList(spec.externalIPs),
-    externalTrafficPolicy: str(spec.externalTrafficPolicy),
+    externalTrafficPolicy: common(spec.externalTrafficPolicy),
     ports: ports?.map((p) => {
       const port = obj(p) ?? {};
-      return { name: str(port.name), protocol: str(port.protocol), port: port.port as number | undefined };
+      return { name: common(port.name), protocol: common(port.protocol), port: port.port as number | undefined };
     }),
     ingress: Array.isArray(ingress)
       ? ingress.map((i) => {
           const entry = obj(i) ?? {};
-          return { ip: str(entry.ip), hostname: str(entry.hostname), ipMode: str(entry.ipMode) };
+          return { ip: str(entry.ip), hostname: str(entry.hostname), ipMode: common(entry.ipMode) };
         })
       : undefined,
     // Annotations are not kept (memory): only the one boolean the model reads.

@@ -154,6 +154,15 @@ describe('NftBackend.sync on the fake executor', () => {
     expect(fake.documents).to.have.length(repaired);
   });
 
+  it('hands freed memory back after every full sync, never after a partial one', async () => {
+    const { fake, backend } = setUp();
+    await backend.sync(state([service(1)]), { full: true });
+    await backend.sync(state([service(1), service(2)]), { full: false });
+    expect(fake.memoryReleases).to.equal(1);
+    await backend.sync(state([service(1), service(2)]), { full: true });
+    expect(fake.memoryReleases).to.equal(2);
+  });
+
   describe('resyncs answered by the ruleset generation', () => {
     function counted(fake: FakeNftExecutor): { listings: () => number } {
       let listings = 0;

@@ -55,6 +55,13 @@ export class FakeNftExecutor implements NftExecutor {
     return this.readsGenerations ? this.generationId : undefined;
   }
 
+  /** Calls of releaseMemory. */
+  memoryReleases = 0;
+
+  async releaseMemory(): Promise<void> {
+    this.memoryReleases++;
+  }
+
   /** Another writer's commit, made by editing `tables` directly: the generation moves. */
   committedElsewhere(): void {
     this.generationId++;

@@ -175,6 +175,9 @@ export class NftBackend implements Backend {
         failures.push(`${NFT_FAMILY[family]}: verifying the map: ${(err as Error).message}`);
       }
     }
+    // A full sync is rare (the start, every --sync-period) and follows the large frees of a list
+    // or a rewrite; glibc keeps freed memory of its arenas until told: give it back now.
+    if (options.full) await this.executor.releaseMemory?.().catch(() => undefined);
     if (failures.length > 0) throw new BackendError(`nft sync failed: ${failures.join('; ')}`, 'nft');
     const result: SyncResult = {
       mode: modes.includes('full') ? 'full' : modes.includes('partial') ? 'partial' : 'noop',

@@ -5,14 +5,17 @@
 // controller process carries on with the same maps.
 //
 // A sync writes map elements only: upserts first, then deletes, so an entry present before and
-// after never disappears. Each element changes atomically; a sync as a whole does not (a
+// after never disappears. A partial sync writes the elements that changed and nothing else, found
+// at the cost of the changes (ElementStorage, as the nft backend); a full sync compares with a
+// dump of the map. Each element changes atomically; a sync as a whole does not (a
 // concurrent connect sees some of a sync's changes and not others), unlike an nft transaction.
 
 import { existsSync, readdirSync, rmdirSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';
 
-import { FAMILIES, type DesiredState, type Entry, type Family } from '../../model/types.js';
+import { FAMILIES, type DesiredState, type Family, type FamilyState } from '../../model/types.js';
 import { BackendError, type Backend, type ProbeResult, type SyncOptions, type SyncResult } from '../backend.js';
+import { ElementStorage } from '../element-storage.js';
 import {
   BPF_FS_MAGIC,
   CGROUP2_SUPER_MAGIC,
@@ -28,12 +31,11 @@ import {
 import {
   ENTRY_MAP_CAPACITY,
   decodeElements,
+  elementWrites,
   encodeKeys,
   encodeValues,
   mapChanges,
-  mapEntryKey,
-  toMapEntry,
-  type MapEntry,
+  type MapChanges,
 } from './map-codec.js';
 import {
   defaultObjectPath,
@@ -73,8 +75,13 @@ export class EbpfBackend implements Backend {
   private addonLoad: AddonLoad | undefined;
   private maps: Record<Family, PinnedMap> | undefined;
   /** What this process last wrote, per family; absent until a full sync of that family succeeded. */
-  private readonly programmed = new Map<Family, Map<string, MapEntry>>();
+  private readonly programmed = new Map<Family, ElementStorage>();
   private attachment: LoadReport | undefined;
+  /** Map elements written since this backend was made, per family (for tests and logs). */
+  readonly written: Record<Family, { upserted: number; deleted: number }> = {
+    ipv4: { upserted: 0, deleted: 0 },
+    ipv6: { upserted: 0, deleted: 0 },
+  };
 
   constructor(options: EbpfBackendOptions) {
     this.cgroupPath = options.cgroupPath;
@@ -174,7 +181,7 @@ export class EbpfBackend implements Backend {
     const failures: string[] = [];
     for (const family of FAMILIES) {
       try {
-        modes.push(await this.syncFamily(family, desired[family].entries, options.full));
+        modes.push(await this.syncFamily(family, desired[family], options.full));
       } catch (err) {
         this.programmed.delete(family);
         failures.push(`${family}: ${(err as Error).message}`);
@@ -206,36 +213,36 @@ export class EbpfBackend implements Backend {
     this.programmed.clear();
   }
 
-  private async syncFamily(family: Family, entries: readonly Entry[], full: boolean): Promise<SyncResult['mode']> {
+  private async syncFamily(family: Family, state: FamilyState, full: boolean): Promise<SyncResult['mode']> {
     const map = this.maps![family];
     const before = this.programmed.get(family);
     if (!full && before) {
       try {
-        const changed = await this.applyChanges(family, map, before.values(), entries);
-        if (!changed) return 'noop';
-        this.programmed.set(family, new Map(entries.map((e) => [mapEntryKey(e), toMapEntry(e)])));
-        return 'partial';
+        const changes = before.changesTo(state);
+        const wrote = await this.write(family, map, elementWrites(changes));
+        before.commit(state, changes);
+        return wrote ? 'partial' : 'noop';
       } catch {
         // What we wrote may not be what the map holds now: compare with the map itself.
         this.programmed.delete(family);
       }
     }
     const dump = await map.dump();
-    await this.applyChanges(family, map, decodeElements(family, dump.keys, dump.values), entries);
-    this.programmed.set(family, new Map(entries.map((e) => [mapEntryKey(e), toMapEntry(e)])));
+    await this.write(family, map, mapChanges(decodeElements(family, dump.keys, dump.values), state.entries));
+    this.programmed.set(family, new ElementStorage(state));
     return 'full';
   }
 
-  /** Writes the difference; returns whether anything was written. */
-  private async applyChanges(
-    family: Family,
-    map: PinnedMap,
-    current: Iterable<MapEntry>,
-    entries: readonly Entry[],
-  ): Promise<boolean> {
-    const { upserts, deletes } = mapChanges(current, entries);
-    if (upserts.length > 0) await map.update(encodeKeys(family, upserts), encodeValues(family, upserts));
-    if (deletes.length > 0) await map.delete(encodeKeys(family, deletes));
+  /** Upserts, then deletes; returns whether anything was written. */
+  private async write(family: Family, map: PinnedMap, { upserts, deletes }: MapChanges): Promise<boolean> {
+    if (upserts.length > 0) {
+      await map.update(encodeKeys(family, upserts), encodeValues(family, upserts));
+      this.written[family].upserted += upserts.length;
+    }
+    if (deletes.length > 0) {
+      await map.delete(encodeKeys(family, deletes));
+      this.written[family].deleted += deletes.length;
+    }
     return upserts.length > 0 || deletes.length > 0;
   }
 

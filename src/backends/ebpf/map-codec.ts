@@ -130,6 +130,28 @@ export function mapChanges(current: Iterable<MapEntry>, desired: readonly Entry[
   return { upserts: added, deletes: removed.filter((e) => !upserted.has(entryKey(e))) };
 }
 
+/**
+ * What to write for changes found without reading the map (ElementStorage.changesTo, which
+ * compares entries as the nft backend's elements: ClusterIP and Service). An entry removed and
+ * added under one key is an overwrite, or nothing at all when only its Service changed: a map
+ * element holds no name. The cost is that of the changes.
+ */
+export function elementWrites(changes: { removed: readonly Entry[]; added: readonly Entry[] }): MapChanges {
+  const removedByKey = new Map<string, Entry>();
+  for (const e of changes.removed) removedByKey.set(entryKey(e), e);
+  const upserts: Entry[] = [];
+  for (const e of changes.added) {
+    const key = entryKey(e);
+    const old = removedByKey.get(key);
+    if (old) {
+      removedByKey.delete(key);
+      if (old.clusterIp === e.clusterIp) continue;
+    }
+    upserts.push(e);
+  }
+  return { upserts, deletes: [...removedByKey.values()] };
+}
+
 /** The map element an entry becomes. */
 export function toMapEntry(e: Entry): MapEntry {
   return {

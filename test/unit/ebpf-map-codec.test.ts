@@ -8,6 +8,7 @@ import {
   VALUE_SIZE,
   addressBytes,
   decodeElements,
+  elementWrites,
   encodeKeys,
   encodeValues,
   mapChanges,
@@ -100,6 +101,55 @@ describe('ebpf map codec', () => {
   it('changes: nothing to do when the map already holds the desired entries', () => {
     const desired = [entry(), V6];
     expect(mapChanges(desired.map(toMapEntry), desired)).to.deep.equal({ upserts: [], deletes: [] });
+  });
+
+  it('element writes: an added key is upserted, a removed key deleted', () => {
+    const gone = entry({ port: 22 });
+    const fresh = entry({ port: 80 });
+    expect(elementWrites({ removed: [gone], added: [fresh] })).to.deep.equal({ upserts: [fresh], deletes: [gone] });
+  });
+
+  it('element writes: a key removed and added with another ClusterIP is overwritten, never deleted', () => {
+    const old = entry();
+    const changed = entry({ clusterIp: '10.96.0.99' });
+    expect(elementWrites({ removed: [old], added: [changed] })).to.deep.equal({ upserts: [changed], deletes: [] });
+    // In either order: deleting after the upsert would remove the new element.
+    expect(elementWrites({ removed: [old, entry({ port: 1 })], added: [entry({ port: 2 }), changed] })).to.deep.equal({
+      upserts: [entry({ port: 2 }), changed],
+      deletes: [entry({ port: 1 })],
+    });
+  });
+
+  it('element writes: a key that only changed Service writes nothing (no element holds the name)', () => {
+    const renamed = entry({ service: 'default/other' });
+    expect(elementWrites({ removed: [entry()], added: [renamed] })).to.deep.equal({ upserts: [], deletes: [] });
+    expect(elementWrites({ removed: [], added: [] })).to.deep.equal({ upserts: [], deletes: [] });
+  });
+
+  it('element writes agree with comparing the whole map, for random changes', () => {
+    let seed = 7;
+    const rnd = () => (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648;
+    const pick = (): Entry =>
+      entry({
+        port: 1 + Math.floor(rnd() * 40),
+        protocol: rnd() < 0.5 ? 'TCP' : 'UDP',
+        clusterIp: `10.96.0.${Math.floor(rnd() * 3)}`,
+        service: `default/s${Math.floor(rnd() * 3)}`,
+      });
+    const byKey = (list: Entry[]) => [...new Map(list.map((e) => [`${e.protocol} ${e.port}`, e])).values()];
+    for (let round = 0; round < 200; round++) {
+      const before = byKey(Array.from({ length: 30 }, pick));
+      const after = byKey([...before.filter(() => rnd() < 0.7), ...Array.from({ length: 10 }, pick)]);
+      const removed = before.filter((e) => !after.includes(e));
+      const added = after.filter((e) => !before.includes(e));
+      const sort = (w: { upserts: Entry[]; deletes: Array<Pick<MapEntry, 'protocol' | 'port'>> }) => ({
+        upserts: w.upserts.map((e) => `${e.protocol} ${e.port} ${e.clusterIp}`).sort(),
+        deletes: w.deletes.map((e) => `${e.protocol} ${e.port}`).sort(),
+      });
+      expect(sort(elementWrites({ removed, added })), `round ${round}`).to.deep.equal(
+        sort(mapChanges(before.map(toMapEntry), after)),
+      );
+    }
   });
 
   it('map capacity matches the BPF source', () => {

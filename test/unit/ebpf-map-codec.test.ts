@@ -8,6 +8,7 @@ import {
   VALUE_SIZE,
   addressBytes,
   decodeElements,
+  dumpChanges,
   elementWrites,
   encodeKeys,
   encodeValues,
@@ -150,6 +151,57 @@ describe('ebpf map codec', () => {
         sort(mapChanges(before.map(toMapEntry), after)),
       );
     }
+  });
+
+  it('dump changes: agree with comparing decoded elements, for random maps', () => {
+    let seed = 3;
+    const rnd = () => (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648;
+    for (const family of ['ipv4', 'ipv6'] as const) {
+      const pick = (): Entry =>
+        family === 'ipv4'
+          ? entry({ port: 1 + Math.floor(rnd() * 40), clusterIp: `10.96.0.${Math.floor(rnd() * 3)}` })
+          : { ...V6, port: 1 + Math.floor(rnd() * 40), clusterIp: `fd00:96::${Math.floor(rnd() * 3)}` };
+      const byKey = (list: Entry[]) => [...new Map(list.map((e) => [e.port, e])).values()];
+      for (let round = 0; round < 100; round++) {
+        const held = byKey(Array.from({ length: 25 }, pick));
+        const desired = byKey(Array.from({ length: 25 }, pick));
+        const { upserts, deleteKeys } = dumpChanges(
+          family,
+          { keys: encodeKeys(family, held), values: encodeValues(family, held) },
+          desired,
+        );
+        const expected = mapChanges(held.map(toMapEntry), desired);
+        expect(upserts, `${family} round ${round}`).to.have.members(expected.upserts);
+        const deleted = decodeElements(
+          family,
+          deleteKeys,
+          Buffer.alloc((deleteKeys.length / KEY_SIZE[family]) * VALUE_SIZE[family]),
+        );
+        expect(deleted.map((e) => e.port).sort(), `${family} round ${round}`).to.deep.equal(
+          expected.deletes.map((e) => e.port).sort(),
+        );
+      }
+    }
+  });
+
+  it('dump changes: a dumped key that differs from ours only in padding is deleted as dumped, ours written', () => {
+    const ours = entry();
+    const keys = encodeKeys('ipv4', [ours]);
+    keys.writeUInt8(1, 7);
+    const { upserts, deleteKeys } = dumpChanges('ipv4', { keys, values: encodeValues('ipv4', [ours]) }, [ours]);
+    expect(upserts).to.deep.equal([ours]);
+    expect(deleteKeys.toString('hex')).to.equal(keys.toString('hex'));
+  });
+
+  it('dump changes: nothing to write for a map that holds the entries, and a malformed dump is refused', () => {
+    const held = [entry(), entry({ protocol: 'UDP' }), entry({ port: 80, clusterIp: '10.96.0.11' })];
+    const dump = { keys: encodeKeys('ipv4', held), values: encodeValues('ipv4', held) };
+    const { upserts, deleteKeys } = dumpChanges('ipv4', dump, [...held].reverse());
+    expect(upserts).to.deep.equal([]);
+    expect(deleteKeys.length).to.equal(0);
+    expect(() => dumpChanges('ipv4', { keys: Buffer.alloc(8), values: Buffer.alloc(16) }, held)).to.throw(
+      /malformed ipv4 map dump/,
+    );
   });
 
   it('map capacity matches the BPF source', () => {

@@ -13,7 +13,7 @@
 import { existsSync, readdirSync, rmdirSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';
 
-import { FAMILIES, type DesiredState, type Family, type FamilyState } from '../../model/types.js';
+import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
 import { BackendError, type Backend, type ProbeResult, type SyncOptions, type SyncResult } from '../backend.js';
 import { ElementStorage } from '../element-storage.js';
 import {
@@ -28,15 +28,7 @@ import {
   readEffectiveCapabilities,
   runningKernel,
 } from './host-support.js';
-import {
-  ENTRY_MAP_CAPACITY,
-  decodeElements,
-  elementWrites,
-  encodeKeys,
-  encodeValues,
-  mapChanges,
-  type MapChanges,
-} from './map-codec.js';
+import { ENTRY_MAP_CAPACITY, dumpChanges, elementWrites, encodeKeys, encodeValues, KEY_SIZE } from './map-codec.js';
 import {
   defaultObjectPath,
   loadEbpfAddon,
@@ -219,7 +211,8 @@ export class EbpfBackend implements Backend {
     if (!full && before) {
       try {
         const changes = before.changesTo(state);
-        const wrote = await this.write(family, map, elementWrites(changes));
+        const { upserts, deletes } = elementWrites(changes);
+        const wrote = await this.write(family, map, upserts, encodeKeys(family, deletes));
         before.commit(state, changes);
         return wrote ? 'partial' : 'noop';
       } catch {
@@ -228,22 +221,23 @@ export class EbpfBackend implements Backend {
       }
     }
     const dump = await map.dump();
-    await this.write(family, map, mapChanges(decodeElements(family, dump.keys, dump.values), state.entries));
+    const { upserts, deleteKeys } = dumpChanges(family, dump, state.entries);
+    await this.write(family, map, upserts, deleteKeys);
     this.programmed.set(family, new ElementStorage(state));
     return 'full';
   }
 
-  /** Upserts, then deletes; returns whether anything was written. */
-  private async write(family: Family, map: PinnedMap, { upserts, deletes }: MapChanges): Promise<boolean> {
+  /** Upserts, then deletes (packed keys); returns whether anything was written. */
+  private async write(family: Family, map: PinnedMap, upserts: readonly Entry[], deleteKeys: Buffer): Promise<boolean> {
     if (upserts.length > 0) {
       await map.update(encodeKeys(family, upserts), encodeValues(family, upserts));
       this.written[family].upserted += upserts.length;
     }
-    if (deletes.length > 0) {
-      await map.delete(encodeKeys(family, deletes));
-      this.written[family].deleted += deletes.length;
+    if (deleteKeys.length > 0) {
+      await map.delete(deleteKeys);
+      this.written[family].deleted += deleteKeys.length / KEY_SIZE[family];
     }
-    return upserts.length > 0 || deletes.length > 0;
+    return upserts.length > 0 || deleteKeys.length > 0;
   }
 
   async cleanup(): Promise<void> {

@@ -18,9 +18,11 @@ import { fileURLToPath } from 'node:url';
 import { EbpfBackend, defaultCgroupPath } from '../../src/backends/ebpf/ebpf-backend.js';
 import { KEY_SIZE, VALUE_SIZE, decodeElements, encodeKeys, encodeValues } from '../../src/backends/ebpf/map-codec.js';
 import { loadEbpfAddon, type PinnedMap } from '../../src/backends/ebpf/native.js';
-import type { DesiredState, Entry, Family } from '../../src/model/types.js';
+import { DesiredStateModel } from '../../src/model/desired-state.js';
+import type { DesiredState, Entry, Family, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
 import { rejectionOf } from '../support/assertions.js';
+import { CONFIG, seededRandom } from '../support/fixtures.js';
 
 const PEER = fileURLToPath(new URL('./ebpf-peer.js', import.meta.url));
 const TAG = `inc${process.pid}`;
@@ -54,6 +56,28 @@ function desiredOf(entries: Entry[]): DesiredState {
     skips: [],
     conflicts: [],
   };
+}
+
+const NODE: NodeInfo = { name: 'n1', podCIDRs: ['10.244.0.0/24', 'fd00:244::/64'] };
+
+/** A map's elements as `externalIp protocol port -> clusterIp clusterPort`, sorted. */
+async function mapElements(bpffsPath: string, family: Family): Promise<string[]> {
+  const load = loadEbpfAddon();
+  if (!load.ok) expect.fail(load.reason);
+  const map = new load.addon.PinnedMap(join(bpffsPath, 'maps', family === 'ipv4' ? 'entries_v4' : 'entries_v6'));
+  try {
+    const dump = await map.dump();
+    return decodeElements(family, dump.keys, dump.values)
+      .map((e) => `${e.externalIp} ${e.protocol} ${e.port} -> ${e.clusterIp} ${e.clusterPort}`)
+      .sort();
+  } finally {
+    map.close();
+  }
+}
+
+/** What a map holding exactly `entries` dumps as (see mapElements). */
+function elementsOf(entries: readonly Entry[]): string[] {
+  return entries.map((e) => `${e.externalIp} ${e.protocol} ${e.port} -> ${e.clusterIp} ${e.port}`).sort();
 }
 
 const ALL_ENTRIES: Entry[] = [entry('ipv4', 'TCP'), entry('ipv4', 'UDP'), entry('ipv6', 'TCP'), entry('ipv6', 'UDP')];
@@ -389,6 +413,120 @@ describe('ebpf backend on the kernel', function () {
       ]);
     } finally {
       map.close();
+    }
+  });
+
+  it('a partial sync at 10,000 Services writes the changed elements and no other', async function () {
+    const filler = (i: number, over: Partial<ServiceInfo> = {}): ServiceInfo => ({
+      namespace: 'fill',
+      name: `svc-${i}`,
+      creationTimestamp: '2024-01-01T00:00:00Z',
+      type: 'LoadBalancer',
+      clusterIPs: [`10.97.${i >> 8}.${i & 255}`],
+      ports: [{ port: 443, protocol: 'TCP' }],
+      ingress: [{ ip: `198.18.${i >> 8}.${i & 255}` }],
+      ...over,
+    });
+    const model = new DesiredStateModel(CONFIG);
+    const services = Array.from({ length: 10_000 }, (_, i) => filler(i));
+    const first = model.update(services, NODE);
+    expect(first.ipv4.entries).to.have.lengthOf(10_000);
+    expect((await backend.sync(first, { full: true })).mode).to.equal('full');
+
+    // Someone else rewrites an element that no change below touches: a partial sync that wrote
+    // every element would put it back.
+    const load = loadEbpfAddon();
+    if (!load.ok) expect.fail(load.reason);
+    const map: PinnedMap = new load.addon.PinnedMap(join(lab.bpffsPath, 'maps', 'entries_v4'));
+    const untouched = first.ipv4.entries.find((e) => e.service === 'fill/svc-5')!;
+    const hijacked = { ...untouched, clusterIp: '10.96.0.99' };
+    try {
+      await map.update(encodeKeys('ipv4', [hijacked]), encodeValues('ipv4', [hijacked]));
+    } finally {
+      map.close();
+    }
+
+    const written = { ...backend.written.ipv4 };
+    const next = services.filter((_, i) => i !== 3); // svc-3 goes
+    next[1] = filler(1, { clusterIPs: ['10.98.0.1'] }); // svc-1 changes its ClusterIP
+    next[2] = filler(2, { name: 'renamed-2' }); // same element, another Service: nothing to write
+    next.push(filler(20_000)); // a new one
+    const desired = model.update(next, NODE);
+    expect((await backend.sync(desired, { full: false })).mode).to.equal('partial');
+    expect(backend.written.ipv4).to.deep.equal({ upserted: written.upserted + 2, deleted: written.deleted + 1 });
+    const withHijack = elementsOf(desired.ipv4.entries.map((e) => (e.service === 'fill/svc-5' ? hijacked : e)));
+    expect(await mapElements(lab.bpffsPath, 'ipv4')).to.deep.equal(withHijack);
+
+    // A Service renamed, nothing else: no element changes.
+    next[next.findIndex((svc) => svc.name === 'svc-4')] = filler(4, { name: 'renamed-4' });
+    expect((await backend.sync(model.update(next, NODE), { full: false })).mode).to.equal('noop');
+    expect(backend.written.ipv4).to.deep.equal({ upserted: written.upserted + 2, deleted: written.deleted + 1 });
+
+    // A full sync compares with the map and repairs the one element, writing nothing else.
+    const repaired = model.update(next, NODE);
+    expect((await backend.sync(repaired, { full: true })).mode).to.equal('full');
+    expect(backend.written.ipv4).to.deep.equal({ upserted: written.upserted + 3, deleted: written.deleted + 1 });
+    expect(await mapElements(lab.bpffsPath, 'ipv4')).to.deep.equal(elementsOf(repaired.ipv4.entries));
+
+    // Back to the lab's entries, from a desired state the model did not make (no change hints).
+    expect((await backend.sync(desiredOf(ALL_ENTRIES), { full: false })).mode).to.equal('partial');
+    expect(backend.written.ipv4.deleted).to.equal(written.deleted + 1 + 10_000);
+    expect(await mapElements(lab.bpffsPath, 'ipv4')).to.deep.equal(
+      elementsOf(ALL_ENTRIES.filter((e) => e.family === 'ipv4')),
+    );
+    const r = await lab.client(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, String(PORT)]);
+    expect(String(r.reply)).to.match(/^cluster /);
+  });
+
+  it('partial syncs driven by the model keep the maps equal to the desired entries through random changes', async function () {
+    const rnd = seededRandom(11);
+    let serial = 0;
+    const makeService = (): ServiceInfo => {
+      const i = serial++;
+      const v6 = rnd() < 0.3;
+      return {
+        namespace: `ns-${i % 3}`,
+        name: `svc-${i}`,
+        creationTimestamp: `2024-01-0${1 + Math.floor(rnd() * 5)}T00:00:00Z`,
+        type: 'LoadBalancer',
+        clusterIPs: [`10.97.${i >> 8}.${i & 255}`, `fd00:97::${i.toString(16)}`],
+        ports: [{ port: 80 + Math.floor(rnd() * 3), protocol: rnd() < 0.8 ? 'TCP' : 'UDP' }],
+        // A small pool of addresses: Services collide and take keys over from each other.
+        ingress: [
+          { ip: v6 ? `2001:db8:1::${Math.floor(rnd() * 60).toString(16)}` : `198.18.0.${Math.floor(rnd() * 150)}` },
+        ],
+      };
+    };
+    const model = new DesiredStateModel(CONFIG);
+    let services = Array.from({ length: 200 }, makeService);
+    let partial = 0;
+    for (let step = 0; step < 60; step++) {
+      const desired = model.update(services, NODE);
+      const result = await backend.sync(desired, { full: step === 0 });
+      if (result.mode === 'partial') partial++;
+      for (const family of ['ipv4', 'ipv6'] as const) {
+        expect(await mapElements(lab.bpffsPath, family), `step ${step}, ${family}`).to.deep.equal(
+          elementsOf(desired[family].entries),
+        );
+      }
+      services = [...services];
+      for (let k = 1 + Math.floor(rnd() * 4); k > 0; k--) {
+        const at = Math.floor(rnd() * services.length);
+        const r = rnd();
+        if (r < 0.5) services[at] = makeService();
+        else if (r < 0.7)
+          services[at] = { ...services[at]! }; // the same content as a new object
+        else if (r < 0.85) services.splice(at, 1);
+        else services.push(makeService());
+      }
+      if (step % 20 === 19) services.reverse(); // the cache order is not a promise
+    }
+    expect(partial, `most syncs were partial (${partial})`).to.be.above(40);
+    expect((await backend.sync(desiredOf(ALL_ENTRIES), { full: false })).mode).to.equal('partial');
+    for (const family of ['ipv4', 'ipv6'] as const) {
+      expect(await mapElements(lab.bpffsPath, family)).to.deep.equal(
+        elementsOf(ALL_ENTRIES.filter((e) => e.family === family)),
+      );
     }
   });
 

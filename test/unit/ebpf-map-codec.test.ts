@@ -8,6 +8,8 @@ import {
   VALUE_SIZE,
   addressBytes,
   decodeElements,
+  dumpChanges,
+  elementWrites,
   encodeKeys,
   encodeValues,
   mapChanges,
@@ -100,6 +102,106 @@ describe('ebpf map codec', () => {
   it('changes: nothing to do when the map already holds the desired entries', () => {
     const desired = [entry(), V6];
     expect(mapChanges(desired.map(toMapEntry), desired)).to.deep.equal({ upserts: [], deletes: [] });
+  });
+
+  it('element writes: an added key is upserted, a removed key deleted', () => {
+    const gone = entry({ port: 22 });
+    const fresh = entry({ port: 80 });
+    expect(elementWrites({ removed: [gone], added: [fresh] })).to.deep.equal({ upserts: [fresh], deletes: [gone] });
+  });
+
+  it('element writes: a key removed and added with another ClusterIP is overwritten, never deleted', () => {
+    const old = entry();
+    const changed = entry({ clusterIp: '10.96.0.99' });
+    expect(elementWrites({ removed: [old], added: [changed] })).to.deep.equal({ upserts: [changed], deletes: [] });
+    // In either order: deleting after the upsert would remove the new element.
+    expect(elementWrites({ removed: [old, entry({ port: 1 })], added: [entry({ port: 2 }), changed] })).to.deep.equal({
+      upserts: [entry({ port: 2 }), changed],
+      deletes: [entry({ port: 1 })],
+    });
+  });
+
+  it('element writes: a key that only changed Service writes nothing (no element holds the name)', () => {
+    const renamed = entry({ service: 'default/other' });
+    expect(elementWrites({ removed: [entry()], added: [renamed] })).to.deep.equal({ upserts: [], deletes: [] });
+    expect(elementWrites({ removed: [], added: [] })).to.deep.equal({ upserts: [], deletes: [] });
+  });
+
+  it('element writes agree with comparing the whole map, for random changes', () => {
+    let seed = 7;
+    const rnd = () => (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648;
+    const pick = (): Entry =>
+      entry({
+        port: 1 + Math.floor(rnd() * 40),
+        protocol: rnd() < 0.5 ? 'TCP' : 'UDP',
+        clusterIp: `10.96.0.${Math.floor(rnd() * 3)}`,
+        service: `default/s${Math.floor(rnd() * 3)}`,
+      });
+    const byKey = (list: Entry[]) => [...new Map(list.map((e) => [`${e.protocol} ${e.port}`, e])).values()];
+    for (let round = 0; round < 200; round++) {
+      const before = byKey(Array.from({ length: 30 }, pick));
+      const after = byKey([...before.filter(() => rnd() < 0.7), ...Array.from({ length: 10 }, pick)]);
+      const removed = before.filter((e) => !after.includes(e));
+      const added = after.filter((e) => !before.includes(e));
+      const sort = (w: { upserts: Entry[]; deletes: Array<Pick<MapEntry, 'protocol' | 'port'>> }) => ({
+        upserts: w.upserts.map((e) => `${e.protocol} ${e.port} ${e.clusterIp}`).sort(),
+        deletes: w.deletes.map((e) => `${e.protocol} ${e.port}`).sort(),
+      });
+      expect(sort(elementWrites({ removed, added })), `round ${round}`).to.deep.equal(
+        sort(mapChanges(before.map(toMapEntry), after)),
+      );
+    }
+  });
+
+  it('dump changes: agree with comparing decoded elements, for random maps', () => {
+    let seed = 3;
+    const rnd = () => (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648;
+    for (const family of ['ipv4', 'ipv6'] as const) {
+      const pick = (): Entry =>
+        family === 'ipv4'
+          ? entry({ port: 1 + Math.floor(rnd() * 40), clusterIp: `10.96.0.${Math.floor(rnd() * 3)}` })
+          : { ...V6, port: 1 + Math.floor(rnd() * 40), clusterIp: `fd00:96::${Math.floor(rnd() * 3)}` };
+      const byKey = (list: Entry[]) => [...new Map(list.map((e) => [e.port, e])).values()];
+      for (let round = 0; round < 100; round++) {
+        const held = byKey(Array.from({ length: 25 }, pick));
+        const desired = byKey(Array.from({ length: 25 }, pick));
+        const { upserts, deleteKeys } = dumpChanges(
+          family,
+          { keys: encodeKeys(family, held), values: encodeValues(family, held) },
+          desired,
+        );
+        const expected = mapChanges(held.map(toMapEntry), desired);
+        expect(upserts, `${family} round ${round}`).to.have.members(expected.upserts);
+        const deleted = decodeElements(
+          family,
+          deleteKeys,
+          Buffer.alloc((deleteKeys.length / KEY_SIZE[family]) * VALUE_SIZE[family]),
+        );
+        expect(deleted.map((e) => e.port).sort(), `${family} round ${round}`).to.deep.equal(
+          expected.deletes.map((e) => e.port).sort(),
+        );
+      }
+    }
+  });
+
+  it('dump changes: a dumped key that differs from ours only in padding is deleted as dumped, ours written', () => {
+    const ours = entry();
+    const keys = encodeKeys('ipv4', [ours]);
+    keys.writeUInt8(1, 7);
+    const { upserts, deleteKeys } = dumpChanges('ipv4', { keys, values: encodeValues('ipv4', [ours]) }, [ours]);
+    expect(upserts).to.deep.equal([ours]);
+    expect(deleteKeys.toString('hex')).to.equal(keys.toString('hex'));
+  });
+
+  it('dump changes: nothing to write for a map that holds the entries, and a malformed dump is refused', () => {
+    const held = [entry(), entry({ protocol: 'UDP' }), entry({ port: 80, clusterIp: '10.96.0.11' })];
+    const dump = { keys: encodeKeys('ipv4', held), values: encodeValues('ipv4', held) };
+    const { upserts, deleteKeys } = dumpChanges('ipv4', dump, [...held].reverse());
+    expect(upserts).to.deep.equal([]);
+    expect(deleteKeys.length).to.equal(0);
+    expect(() => dumpChanges('ipv4', { keys: Buffer.alloc(8), values: Buffer.alloc(16) }, held)).to.throw(
+      /malformed ipv4 map dump/,
+    );
   });
 
   it('map capacity matches the BPF source', () => {

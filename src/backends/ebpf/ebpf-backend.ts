@@ -5,14 +5,17 @@
 // controller process carries on with the same maps.
 //
 // A sync writes map elements only: upserts first, then deletes, so an entry present before and
-// after never disappears. Each element changes atomically; a sync as a whole does not (a
+// after never disappears. A partial sync writes the elements that changed and nothing else, found
+// at the cost of the changes (ElementStorage, as the nft backend); a full sync compares with a
+// dump of the map. Each element changes atomically; a sync as a whole does not (a
 // concurrent connect sees some of a sync's changes and not others), unlike an nft transaction.
 
 import { existsSync, readdirSync, rmdirSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';
 
-import { FAMILIES, type DesiredState, type Entry, type Family } from '../../model/types.js';
+import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
 import { BackendError, type Backend, type ProbeResult, type SyncOptions, type SyncResult } from '../backend.js';
+import { ElementStorage } from '../element-storage.js';
 import {
   BPF_FS_MAGIC,
   CGROUP2_SUPER_MAGIC,
@@ -25,16 +28,7 @@ import {
   readEffectiveCapabilities,
   runningKernel,
 } from './host-support.js';
-import {
-  ENTRY_MAP_CAPACITY,
-  decodeElements,
-  encodeKeys,
-  encodeValues,
-  mapChanges,
-  mapEntryKey,
-  toMapEntry,
-  type MapEntry,
-} from './map-codec.js';
+import { ENTRY_MAP_CAPACITY, dumpChanges, elementWrites, encodeKeys, encodeValues, KEY_SIZE } from './map-codec.js';
 import {
   defaultObjectPath,
   loadEbpfAddon,
@@ -73,8 +67,13 @@ export class EbpfBackend implements Backend {
   private addonLoad: AddonLoad | undefined;
   private maps: Record<Family, PinnedMap> | undefined;
   /** What this process last wrote, per family; absent until a full sync of that family succeeded. */
-  private readonly programmed = new Map<Family, Map<string, MapEntry>>();
+  private readonly programmed = new Map<Family, ElementStorage>();
   private attachment: LoadReport | undefined;
+  /** Map elements written since this backend was made, per family (for tests and logs). */
+  readonly written: Record<Family, { upserted: number; deleted: number }> = {
+    ipv4: { upserted: 0, deleted: 0 },
+    ipv6: { upserted: 0, deleted: 0 },
+  };
 
   constructor(options: EbpfBackendOptions) {
     this.cgroupPath = options.cgroupPath;
@@ -174,7 +173,7 @@ export class EbpfBackend implements Backend {
     const failures: string[] = [];
     for (const family of FAMILIES) {
       try {
-        modes.push(await this.syncFamily(family, desired[family].entries, options.full));
+        modes.push(await this.syncFamily(family, desired[family], options.full));
       } catch (err) {
         this.programmed.delete(family);
         failures.push(`${family}: ${(err as Error).message}`);
@@ -206,37 +205,39 @@ export class EbpfBackend implements Backend {
     this.programmed.clear();
   }
 
-  private async syncFamily(family: Family, entries: readonly Entry[], full: boolean): Promise<SyncResult['mode']> {
+  private async syncFamily(family: Family, state: FamilyState, full: boolean): Promise<SyncResult['mode']> {
     const map = this.maps![family];
     const before = this.programmed.get(family);
     if (!full && before) {
       try {
-        const changed = await this.applyChanges(family, map, before.values(), entries);
-        if (!changed) return 'noop';
-        this.programmed.set(family, new Map(entries.map((e) => [mapEntryKey(e), toMapEntry(e)])));
-        return 'partial';
+        const changes = before.changesTo(state);
+        const { upserts, deletes } = elementWrites(changes);
+        const wrote = await this.write(family, map, upserts, encodeKeys(family, deletes));
+        before.commit(state, changes);
+        return wrote ? 'partial' : 'noop';
       } catch {
         // What we wrote may not be what the map holds now: compare with the map itself.
         this.programmed.delete(family);
       }
     }
     const dump = await map.dump();
-    await this.applyChanges(family, map, decodeElements(family, dump.keys, dump.values), entries);
-    this.programmed.set(family, new Map(entries.map((e) => [mapEntryKey(e), toMapEntry(e)])));
+    const { upserts, deleteKeys } = dumpChanges(family, dump, state.entries);
+    await this.write(family, map, upserts, deleteKeys);
+    this.programmed.set(family, new ElementStorage(state));
     return 'full';
   }
 
-  /** Writes the difference; returns whether anything was written. */
-  private async applyChanges(
-    family: Family,
-    map: PinnedMap,
-    current: Iterable<MapEntry>,
-    entries: readonly Entry[],
-  ): Promise<boolean> {
-    const { upserts, deletes } = mapChanges(current, entries);
-    if (upserts.length > 0) await map.update(encodeKeys(family, upserts), encodeValues(family, upserts));
-    if (deletes.length > 0) await map.delete(encodeKeys(family, deletes));
-    return upserts.length > 0 || deletes.length > 0;
+  /** Upserts, then deletes (packed keys); returns whether anything was written. */
+  private async write(family: Family, map: PinnedMap, upserts: readonly Entry[], deleteKeys: Buffer): Promise<boolean> {
+    if (upserts.length > 0) {
+      await map.update(encodeKeys(family, upserts), encodeValues(family, upserts));
+      this.written[family].upserted += upserts.length;
+    }
+    if (deleteKeys.length > 0) {
+      await map.delete(deleteKeys);
+      this.written[family].deleted += deleteKeys.length / KEY_SIZE[family];
+    }
+    return upserts.length > 0 || deleteKeys.length > 0;
   }
 
   async cleanup(): Promise<void> {

@@ -3,7 +3,7 @@
 # the BPF object beside it, and the userspace the fallbacks and backends call: nft, iptables
 # (legacy and nft), conntrack. Deploy it with deploy/ (kubectl apply -k deploy/overlays/nft).
 #
-#   docker build -t ipvs-node-controller:0.2.0 .           (or: npm run image)
+#   docker build -t ipvs-node-controller:0.3.0 .           (or: npm run image)
 #
 # The base images are build arguments so that a machine without a registry can pass bases it
 # made itself (scripts/local-base-images.sh, which `npm run image` runs when docker is absent):
@@ -59,7 +59,7 @@ COPY --from=build /out/ /opt/ipvs-node-controller/
 RUN node /opt/ipvs-node-controller/dist/bundle/ipvs-node-controller.mjs --version
 # VERSION is package.json's (scripts/stamp-version.mjs keeps this default in step); SOURCE is the
 # repository URL (npm run image passes the git remote's).
-ARG VERSION=0.2.0
+ARG VERSION=0.3.0
 ARG REVISION=unknown
 ARG SOURCE=unknown
 LABEL org.opencontainers.image.title="ipvs-node-controller" \

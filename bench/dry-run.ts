@@ -6,9 +6,8 @@ import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { shippedArgs } from '../testbed/shipped-controller.js';
 
-const CLI = fileURLToPath(new URL('../src/cli/main.js', import.meta.url));
 const RUNS = 5;
 
 function servicesList(n: number): string {
@@ -47,7 +46,7 @@ try {
     let entries = 0;
     for (let r = 0; r < RUNS; r++) {
       const start = performance.now();
-      const out = execFileSync(process.execPath, [CLI, '--dry-run', '--from-file', file], { maxBuffer: 1 << 30 });
+      const out = execFileSync(process.execPath, shippedArgs(['--dry-run', '--from-file', file]), { maxBuffer: 1 << 30 });
       times.push(performance.now() - start);
       entries = (out.toString().match(/ comment "/g) ?? []).length;
     }

@@ -17,7 +17,10 @@ const V = '\\d+\\.\\d+\\.\\d+(?:-[0-9A-Za-z.-]+)?';
 
 /** Each file with the patterns whose version group is replaced. */
 export const STAMPS = [
-  { file: 'Dockerfile', patterns: [new RegExp(`^(ARG VERSION=)(${V})$`, 'm')] },
+  {
+    file: 'Dockerfile',
+    patterns: [new RegExp(`^(ARG VERSION=)(${V})$`, 'm'), new RegExp(`(ipvs-node-controller:)(${V})`, 'g')],
+  },
   {
     file: 'deploy/base/kustomization.yaml',
     patterns: [new RegExp(`^(\\s+app.kubernetes.io/version: ')(${V})(?=')`, 'm')],
@@ -27,6 +30,7 @@ export const STAMPS = [
     patterns: [new RegExp(`^(\\s+newTag: )(${V})$`, 'm'), new RegExp(`(ipvs-node-controller:)(${V})`, 'g')],
   },
   { file: 'README.md', patterns: [new RegExp(`(ipvs-node-controller:)(${V})`, 'g')] },
+  { file: 'docs/operations.md', patterns: [new RegExp(`(ipvs-node-controller:)(${V})`, 'g')] },
 ];
 
 export function stamp(text, patterns, to) {

@@ -9,15 +9,15 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
 import { MAP_NAME, TABLE_NAME } from '../../src/backends/nft/render.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
 import { scrapeMetrics } from '../support/scrape.js';
 import { MALFORMED_WATCH_LINES } from '../support/fixtures.js';
+import { BUNDLE, NODE_FLAGS } from '../../testbed/shipped-controller.js';
 
-const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
+const CLI = BUNDLE;
 const METRICS = '127.0.0.1:19477';
 const DECODE_ERRORS = 'ipvs_node_controller_watch_decode_errors_total';
 
@@ -88,6 +88,7 @@ describe('controller against hostile and silent watch streams (CLI + API stand-i
     const child = spawn(
       process.execPath,
       [
+        ...NODE_FLAGS,
         CLI,
         '--backend=nft',
         '--kubeconfig',
@@ -210,6 +211,7 @@ describe('controller against hostile and silent watch streams (CLI + API stand-i
     controller = spawn(
       process.execPath,
       [
+        ...NODE_FLAGS,
         CLI,
         '--backend=nft',
         '--kubeconfig',

@@ -46,6 +46,8 @@ export interface Backend {
   cleanup(): Promise<void>;
   /** Releases resources (native handles); leaves kernel state in place. */
   close?(): Promise<void>;
+  /** Hands memory its native work freed back to the kernel, where the backend can (malloc_trim). */
+  releaseMemory?(): Promise<void>;
 }
 
 /** An error a user can meet, carrying one line that says what to do. */

@@ -49,8 +49,6 @@ interface Programmed {
 /** Verifications skipped in a row (the listing could not finish) before one holds back our writes. */
 const MAX_SKIPPED_VERIFICATIONS = 10;
 const SKIPPED = Symbol('skipped');
-/** Verifications of at least this many elements are followed by a release of freed memory. */
-const RELEASE_MEMORY_ABOVE_ENTRIES = 1_000;
 
 function shapeOf(state: FamilyState, mark: number): string {
   return JSON.stringify([state.localPodMatch, mark]);
@@ -105,7 +103,7 @@ export class NftBackend implements Backend {
    * carried forward through commits that were ours alone; absent: unknown, verify.
    */
   private readonly trustedAt = new Map<Family, number>();
-  /** Resyncs answered by the generation alone, without listing (for tests and logs). */
+  /** Resyncs answered by the generation alone, without listing (the tests read it). */
   verificationsSkipped = 0;
 
   constructor(
@@ -175,9 +173,9 @@ export class NftBackend implements Backend {
         failures.push(`${NFT_FAMILY[family]}: verifying the map: ${(err as Error).message}`);
       }
     }
-    // A full sync is rare (the start, every --sync-period) and follows the large frees of a list
-    // or a rewrite; glibc keeps freed memory of its arenas until told: give it back now.
-    if (options.full) await this.executor.releaseMemory?.().catch(() => undefined);
+    // A full sync is rare (the start, every --sync-period) and follows the large frees of a list,
+    // a rewrite or a verification's listing; glibc keeps freed memory of its arenas until told.
+    if (options.full) await this.releaseMemory().catch(() => undefined);
     if (failures.length > 0) throw new BackendError(`nft sync failed: ${failures.join('; ')}`, 'nft');
     const result: SyncResult = {
       mode: modes.includes('full') ? 'full' : modes.includes('partial') ? 'partial' : 'noop',
@@ -352,9 +350,6 @@ export class NftBackend implements Backend {
     } catch (err) {
       this.writtenDuringListing.delete(family);
       throw err;
-    } finally {
-      // The listing's megabytes were freed (in a worker, or here): give them back.
-      if (snapshot.length >= RELEASE_MEMORY_ABOVE_ENTRIES) await this.executor.releaseMemory?.().catch(() => undefined);
     }
     return this.exclusive(async () => {
       // Every partial sync that may have committed after the listing has noted its keys by now.
@@ -461,6 +456,10 @@ export class NftBackend implements Backend {
       this.workers = false;
       return diffListing(listing, expected, MAP_NAME, Infinity);
     }
+  }
+
+  async releaseMemory(): Promise<void> {
+    await this.executor.releaseMemory?.();
   }
 
   async cleanup(): Promise<void> {

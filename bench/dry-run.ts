@@ -46,7 +46,9 @@ try {
     let entries = 0;
     for (let r = 0; r < RUNS; r++) {
       const start = performance.now();
-      const out = execFileSync(process.execPath, shippedArgs(['--dry-run', '--from-file', file]), { maxBuffer: 1 << 30 });
+      const out = execFileSync(process.execPath, shippedArgs(['--dry-run', '--from-file', file]), {
+        maxBuffer: 1 << 30,
+      });
       times.push(performance.now() - start);
       entries = (out.toString().match(/ comment "/g) ?? []).length;
     }

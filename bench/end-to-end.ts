@@ -12,7 +12,13 @@ import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, rmdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { defaultCgroupPath } from '../src/backends/ebpf/ebpf-backend.js';
-import { ControllerProcess, cleanupRules, type BenchBackend, type ControllerFlags } from './controller-process.js';
+import {
+  ControllerProcess,
+  SETTLE_MS,
+  cleanupRules,
+  type BenchBackend,
+  type ControllerFlags,
+} from './controller-process.js';
 import { ElementMonitor } from './kernel-monitor.js';
 import { PacketProbe, POD_NETNS, msSince } from './packet-probe.js';
 import { BENCH_PORT } from './services.js';
@@ -269,7 +275,7 @@ export async function measureBackend(
         await c.waitForSyncs('full', 1, timeout);
         if (options.memory) {
           ctx.log(`${backend}: memory, ${services.toLocaleString('en-US')} Services`);
-          await sleep(5_000);
+          await sleep(SETTLE_MS);
           result.rssIdleMiB[services] = c.residentMemory().rssBytes / MiB;
           await c.collectGarbage();
           await sleep(2_000);
@@ -321,7 +327,7 @@ export async function idleMemory(
     const c = ControllerProcess.start(flags);
     try {
       await c.waitForSyncs('full', 1, 60_000);
-      await sleep(5_000);
+      await sleep(SETTLE_MS);
       const rssIdleMiB = c.residentMemory().rssBytes / MiB;
       await c.collectGarbage();
       await sleep(2_000);

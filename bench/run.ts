@@ -32,7 +32,7 @@ import { toNodeInfo, toServiceInfo } from '../src/kube/objects.js';
 import { buildDesiredState } from '../src/model/desired-state.js';
 import { FAMILIES, type Entry, type ModelConfig } from '../src/model/types.js';
 import { ApiStandIn } from '../testbed/api-server.js';
-import { ControllerProcess, type ControllerFlags } from './controller-process.js';
+import { ControllerProcess, SETTLE_MS, type ControllerFlags } from './controller-process.js';
 import { measureFirstPacket, originalIptablesRules, type FirstPacketScenario } from './first-packet.js';
 import { compilePrograms } from './first-packet-programs.js';
 import { formatHeapProfile, heapProfile } from './heap-profile.js';
@@ -301,7 +301,7 @@ class Bench {
         log(
           `memory, ${services.toLocaleString('en-US')} Services${nodeFlags.length > 0 ? `, node ${nodeFlags.join(' ')}` : ''}`,
         );
-        await sleep(5_000);
+        await sleep(SETTLE_MS);
         const idle = c.residentMemory();
         const heap = await c.collectGarbage();
         await sleep(2_000);

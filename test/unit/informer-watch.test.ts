@@ -90,6 +90,18 @@ describe('informer list+watch loop', function () {
     return informer;
   }
 
+  /** A started informer, synced, with its watch open on the stand-in. */
+  async function watchingInformer(
+    rec: Recorded,
+    extra: Partial<InformerOptions<ServiceInfo>> = {},
+  ): Promise<Informer<ServiceInfo>> {
+    const informer = serviceInformer(rec, extra);
+    informer.start();
+    await informer.waitForSync();
+    await waitFor(() => server.openWatchCount('Service') === 1, 'an open watch');
+    return informer;
+  }
+
   const fresh = (): Recorded => ({ decodeErrors: [], errors: [], changes: 0 });
   const ipOf = (informer: Informer<ServiceInfo>, name: string) =>
     informer.list().find((s) => s.name === name)?.ingress?.[0]?.ip;
@@ -132,10 +144,7 @@ describe('informer list+watch loop', function () {
   it('counts lines that are not JSON as decode errors, and loses nothing around them', async () => {
     server.apply(service('a', '198.18.0.1'));
     const rec = fresh();
-    const informer = serviceInformer(rec);
-    informer.start();
-    await informer.waitForSync();
-    await waitFor(() => server.openWatchCount('Service') === 1, 'an open watch');
+    const informer = await watchingInformer(rec);
     const watches = server.stats.watches.services ?? 0;
     for (const line of ['this is not JSON', '{"type":"MODIFIED","object":', '\u00ff\u00fe']) {
       expect(server.injectWatchLine('Service', line)).to.equal(1);
@@ -156,10 +165,7 @@ describe('informer list+watch loop', function () {
   it('replaces a stream whose line grows past 16 MiB, and resumes where it was without a relist', async () => {
     server.apply(service('a', '198.18.0.1'));
     const rec = fresh();
-    const informer = serviceInformer(rec, { backoff: { initialMs: 10, maxMs: 50 } });
-    informer.start();
-    await informer.waitForSync();
-    await waitFor(() => server.openWatchCount('Service') === 1, 'an open watch');
+    const informer = await watchingInformer(rec, { backoff: { initialMs: 10, maxMs: 50 } });
     const lists = server.stats.lists.services ?? 0;
     const watches = server.stats.watches.services ?? 0;
     expect(server.injectWatchLine('Service', '"' + 'x'.repeat(16 << 20) + '"')).to.equal(1);
@@ -174,10 +180,7 @@ describe('informer list+watch loop', function () {
   it('resumes from its resourceVersion after the connection is reset, without a relist', async () => {
     server.apply(service('a', '198.18.0.1'));
     const rec = fresh();
-    const informer = serviceInformer(rec, { backoff: { initialMs: 10, maxMs: 50 } });
-    informer.start();
-    await informer.waitForSync();
-    await waitFor(() => server.openWatchCount('Service') === 1, 'an open watch');
+    const informer = await watchingInformer(rec, { backoff: { initialMs: 10, maxMs: 50 } });
     const lists = server.stats.lists.services ?? 0;
     server.setUnavailable(true);
     server.apply(service('a', '198.18.0.2'));
@@ -189,10 +192,7 @@ describe('informer list+watch loop', function () {
 
   it('reports the first bad line of a stream as first, the others only for counting', async () => {
     const rec = fresh();
-    const informer = serviceInformer(rec);
-    informer.start();
-    await informer.waitForSync();
-    await waitFor(() => server.openWatchCount('Service') === 1, 'an open watch');
+    await watchingInformer(rec);
     for (const line of ['42', '{}', '[1, 2]']) server.injectWatchLine('Service', line);
     await waitFor(() => rec.decodeErrors.length === 3, 'three decode errors');
     expect(rec.decodeErrors.map((d) => d.first)).to.deep.equal([true, false, false]);
@@ -201,10 +201,7 @@ describe('informer list+watch loop', function () {
 
   it('replaces a stream that sends nothing but garbage', async () => {
     const rec = fresh();
-    const informer = serviceInformer(rec, { backoff: { initialMs: 10, maxMs: 50 } });
-    informer.start();
-    await informer.waitForSync();
-    await waitFor(() => server.openWatchCount('Service') === 1, 'an open watch');
+    const informer = await watchingInformer(rec, { backoff: { initialMs: 10, maxMs: 50 } });
     const watches = server.stats.watches.services ?? 0;
     for (let i = 0; i < 150; i++) server.injectWatchLine('Service', String(i));
     await waitFor(() => (server.stats.watches.services ?? 0) > watches, 'a new watch');
@@ -243,10 +240,7 @@ describe('informer list+watch loop', function () {
   it('relists on an ERROR event with code 410 inside a stream', async () => {
     server.apply(service('a', '198.18.0.1'));
     const rec = fresh();
-    const informer = serviceInformer(rec);
-    informer.start();
-    await informer.waitForSync();
-    await waitFor(() => server.openWatchCount('Service') === 1, 'an open watch');
+    const informer = await watchingInformer(rec);
     const lists = server.stats.lists.services ?? 0;
     server.injectWatchLine(
       'Service',
@@ -265,10 +259,7 @@ describe('informer list+watch loop', function () {
     server.apply(service('a', '198.18.0.1'));
     const rec = fresh();
     // Bookmarks every 200 ms keep a live watch busy; the deadline is far above that.
-    const informer = serviceInformer(rec, { watchIdleTimeoutMs: 1500, backoff: { initialMs: 10, maxMs: 50 } });
-    informer.start();
-    await informer.waitForSync();
-    await waitFor(() => server.openWatchCount('Service') === 1, 'an open watch');
+    const informer = await watchingInformer(rec, { watchIdleTimeoutMs: 1500, backoff: { initialMs: 10, maxMs: 50 } });
     const lists = server.stats.lists.services ?? 0;
     expect(server.silenceOpenWatches('Service')).to.equal(1);
     server.apply(service('a', '198.18.0.2'));

@@ -89,8 +89,8 @@ async function main() {
   const bytes = Object.values(result.metafile.outputs).reduce((n, o) => n + o.bytes, 0);
   const entry = join(outdir, 'ipvs-node-controller.mjs');
   if (!existsSync(entry)) throw new Error(`esbuild wrote no ${entry}`);
-  // package.json's bin: executable whether or not npm linked it (tsc writes files 0644; npx runs
-  // it through the shell, and npm makes a bin executable only when it links it the first time).
+  // package.json's bin must be executable whether or not npm linked it: tsc writes files 0644,
+  // and npm makes a bin executable only when it links it the first time.
   const bin = join(packageRoot, pkg.bin['ipvs-node-controller']);
   if (existsSync(bin)) chmodSync(bin, 0o755);
   console.log(

@@ -17,8 +17,8 @@
 // Each transaction also reports the ruleset generation (NFT_MSG_GETGEN) read just before and
 // just after it: when the two differ by exactly one, the commit between them was ours, so the
 // caller can tell later whether anyone else has written since (a resync then need not list).
-// After a large command the freed memory of libnftables' parse is handed back to the kernel
-// (malloc_trim): glibc keeps it otherwise, tens of MiB at 10,000 elements.
+// releaseMemory() hands memory freed by large work back to the kernel (malloc_trim): glibc keeps
+// the freed arenas of libnftables' parse otherwise. The caller decides when (after full syncs).
 
 #include <napi.h>
 #include <nftables/libnftables.h>
@@ -51,9 +51,6 @@ std::mutex& LibnftablesLock() {
   static std::mutex lock;
   return lock;
 }
-
-// Documents or outputs at least this large are followed by a malloc_trim.
-constexpr size_t kTrimAboveBytes = 256 * 1024;
 
 void ReleaseFreedMemory() {
 #ifdef __GLIBC__
@@ -183,7 +180,6 @@ class NftSession {
     // Reading a buffer also empties it for the next call.
     result.output = TrimTrailingNewlines(nft_ctx_get_output_buffer(ctx_));
     result.error = TrimTrailingNewlines(nft_ctx_get_error_buffer(ctx_));
-    if (document.size() >= kTrimAboveBytes || result.output.size() >= kTrimAboveBytes) ReleaseFreedMemory();
     return result;
   }
 

@@ -173,9 +173,9 @@ export class NftBackend implements Backend {
         failures.push(`${NFT_FAMILY[family]}: verifying the map: ${(err as Error).message}`);
       }
     }
-    // A full sync is rare (the start, every --sync-period) and follows the large frees of a list,
-    // a rewrite or a verification's listing; glibc keeps freed memory of its arenas until told.
-    if (options.full) await this.releaseMemory().catch(() => undefined);
+    // A table written whole or verified (the start, every --sync-period, a fallback) follows large
+    // frees: a list, a rewrite, a listing. glibc keeps freed memory of its arenas until told.
+    if (modes.includes('full')) await this.releaseMemory().catch(() => undefined);
     if (failures.length > 0) throw new BackendError(`nft sync failed: ${failures.join('; ')}`, 'nft');
     const result: SyncResult = {
       mode: modes.includes('full') ? 'full' : modes.includes('partial') ? 'partial' : 'noop',
@@ -387,7 +387,7 @@ export class NftBackend implements Backend {
       repairs += removed.length + added.length;
       const exact = listedAt !== undefined ? { families: [family], since: listedAt } : undefined;
       if (tx.size === 0) {
-        if (exact && listedAt !== undefined && (await this.executor.generation?.()) === listedAt)
+        if (listedAt !== undefined && (await this.executor.generation?.()) === listedAt)
           this.trustedAt.set(family, listedAt);
         return 0;
       }

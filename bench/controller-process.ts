@@ -207,11 +207,14 @@ export class ControllerProcess {
     return this.stderrLines.slice(-5).join(' | ') || 'no error output';
   }
 
-  /** VmRSS and VmHWM (peak) of the controller process, in bytes. */
-  residentMemory(): { rssBytes: number; peakRssBytes: number } {
+  /**
+   * VmRSS and VmHWM (peak) of the controller process, and the part of VmRSS that is pages of
+   * files (the node binary, shared libraries: shared and reclaimable), in bytes.
+   */
+  residentMemory(): { rssBytes: number; peakRssBytes: number; fileRssBytes: number } {
     const status = readFileSync(`/proc/${this.pid}/status`, 'utf8');
     const kib = (field: string) => Number(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? NaN) * 1024;
-    return { rssBytes: kib('VmRSS'), peakRssBytes: kib('VmHWM') };
+    return { rssBytes: kib('VmRSS'), peakRssBytes: kib('VmHWM'), fileRssBytes: kib('RssFile') };
   }
 
   /**

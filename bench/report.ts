@@ -53,6 +53,8 @@ export interface MemoryResult {
   rssAfterGcMiB: number;
   /** VmHWM: the peak, reached while listing. */
   peakRssMiB: number;
+  /** Of the settled RSS, the pages of files (node binary, shared libraries). */
+  fileRssMiB: number;
   heapUsedMiB: number;
   heapTotalMiB: number;
   externalMiB: number;
@@ -292,16 +294,18 @@ export function formatReport(r: BenchResults): string {
   if (r.memory.length > 0) {
     out.push('', '3. Resident memory of the controller process with the Services cached (addon):');
     out.push(
-      '   RSS 15 s after the first sync (settled); RSS after a forced full GC; peak RSS (while listing); V8 heap used after GC.',
+      '   RSS 15 s after the first sync (settled), and how much of it is pages of files (node binary, shared libraries: shared,\n' +
+        '   reclaimable); RSS after a forced full GC; peak RSS (while listing); V8 heap used after GC.',
     );
     out.push('   The rows with node flags are a contrast: how the process is started is a deployment choice.');
     out.push(
       ...table(
-        ['Services', 'node flags', 'RSS idle', 'RSS after GC', 'peak RSS', 'heap used', 'target'],
+        ['Services', 'node flags', 'RSS idle', 'of it files', 'RSS after GC', 'peak RSS', 'heap used', 'target'],
         r.memory.map((m) => [
           n(m.services),
           m.nodeFlags || '-',
           `${m.rssIdleMiB.toFixed(1)} MiB`,
+          `${m.fileRssMiB.toFixed(1)} MiB`,
           `${m.rssAfterGcMiB.toFixed(1)} MiB`,
           `${m.peakRssMiB.toFixed(1)} MiB`,
           `${m.heapUsedMiB.toFixed(1)} MiB`,

@@ -312,6 +312,7 @@ class Bench {
           rssIdleMiB: idle.rssBytes / MiB,
           rssAfterGcMiB: afterGc.rssBytes / MiB,
           peakRssMiB: afterGc.peakRssBytes / MiB,
+          fileRssMiB: idle.fileRssBytes / MiB,
           heapUsedMiB: heap.heapUsedBytes / MiB,
           heapTotalMiB: heap.heapTotalBytes / MiB,
           externalMiB: heap.externalBytes / MiB,

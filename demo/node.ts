@@ -17,10 +17,9 @@ import { ApiStandIn } from '../testbed/api-server.js';
 import { assertIsolatedNetns, sh } from '../testbed/node-network.js';
 import { DemoNode, IpvsStandIn, NODE_NAME, assignLoadBalancerIps, type VirtualService } from './cluster.js';
 import { relayUnixToTcp } from './relay.js';
-import { BUNDLE, NODE_FLAGS } from '../testbed/shipped-controller.js';
+import { shippedArgs } from '../testbed/shipped-controller.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
-const CLI = BUNDLE;
 const PROBE_CLIENT = join(here, '..', 'testbed', 'probe-client.js');
 /** demo/ of the source tree, beside dist/. */
 export const DEMO_SOURCES = join(here, '..', '..', 'demo');
@@ -219,15 +218,13 @@ async function main(): Promise<void> {
     const log = openSync(join(opts.workdir, 'controller.log'), 'a');
     controller = spawn(
       process.execPath,
-      [
-        ...NODE_FLAGS,
-        CLI,
+      shippedArgs([
         `--kubeconfig=${kubeconfig}`,
         `--node-name=${NODE_NAME}`,
         '--min-sync-period=250ms',
         `--metrics-bind-address=127.0.0.1:${opts.metricsPort}`,
         `--healthz-bind-address=127.0.0.1:${opts.healthzPort}`,
-      ],
+      ]),
       { stdio: ['ignore', log, log] },
     );
     closeSync(log);

@@ -12,9 +12,8 @@ import { expect } from 'chai';
 import { execa, execaSync } from 'execa';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
 import { writeUnreachableKubeconfig } from '../support/fixtures.js';
-import { BUNDLE, NODE_FLAGS } from '../../testbed/shipped-controller.js';
+import { shippedArgs } from '../../testbed/shipped-controller.js';
 
-const CLI = BUNDLE;
 const REPO = fileURLToPath(new URL('../../../', import.meta.url));
 const NOBODY = ['--reuid=65534', '--regid=65534', '--clear-groups'];
 
@@ -33,15 +32,13 @@ describe('command line exits', function () {
     writeUnreachableKubeconfig(kubeconfig);
     const child = spawn(
       process.execPath,
-      [
-        ...NODE_FLAGS,
-        CLI,
+      shippedArgs([
         `--kubeconfig=${kubeconfig}`,
         '--node-name=n',
         '--backend=nft',
         '--metrics-bind-address=',
         '--healthz-bind-address=',
-      ],
+      ]),
       { stdio: ['ignore', 'pipe', 'pipe'] },
     );
     let stdout = '';

@@ -12,9 +12,8 @@ import { execa } from 'execa';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { NamedServer, probe, sh } from '../../testbed/node-network.js';
 import { LB_PATH, LB_V4, Scenario } from './scenario.js';
-import { BUNDLE, NODE_FLAGS } from '../../testbed/shipped-controller.js';
+import { shippedArgs } from '../../testbed/shipped-controller.js';
 
-const CLI = BUNDLE;
 const NEW_LB = '192.0.2.30';
 
 function serviceObject(ingressIp: string) {
@@ -74,9 +73,7 @@ for (const backendName of ['nft', 'iptables'] as const)
     function startController(): ChildProcess {
       const child = spawn(
         process.execPath,
-        [
-          ...NODE_FLAGS,
-          CLI,
+        shippedArgs([
           `--backend=${backendName}`,
           ...[
             '--kubeconfig',
@@ -90,7 +87,7 @@ for (const backendName of ['nft', 'iptables'] as const)
             '--log-level',
             'debug',
           ],
-        ],
+        ]),
         { stdio: ['ignore', 'pipe', 'pipe'] },
       );
       child.stdout!.on('data', (d: Buffer) => (output += d.toString()));
@@ -122,7 +119,7 @@ for (const backendName of ['nft', 'iptables'] as const)
       await api?.stop();
       await extraServer?.stop();
       try {
-        sh(process.execPath, [CLI, '--cleanup']);
+        sh(process.execPath, shippedArgs(['--cleanup']));
       } finally {
         rmSync(dir, { recursive: true, force: true });
         await scenario.tearDown();
@@ -193,21 +190,22 @@ for (const backendName of ['nft', 'iptables'] as const)
     it('--cleanup removes our objects and exits 0, twice', async () => {
       expect(await stopController()).to.equal(0);
       expect(KERNEL_OBJECTS[backendName]!(), 'SIGTERM left the rules in place').to.equal(true);
-      sh(process.execPath, [CLI, '--cleanup']);
+      sh(process.execPath, shippedArgs(['--cleanup']));
       expect(KERNEL_OBJECTS.nft!()).to.equal(false);
       expect(KERNEL_OBJECTS.iptables!()).to.equal(false);
-      sh(process.execPath, [CLI, '--cleanup']);
+      sh(process.execPath, shippedArgs(['--cleanup']));
     });
 
     it('prints a --dry-run ruleset that the kernel tools accept', async () => {
       api.apply(serviceObject(LB_V4));
       // Asynchronously: the API stand-in runs in this process and must keep answering.
-      const { stdout: text } = await execa(process.execPath, [
-        ...NODE_FLAGS,
-        CLI,
-        `--backend=${backendName}`,
-        ...['--dry-run', '--kubeconfig', kubeconfig, '--node-name', 'node-1'],
-      ]);
+      const { stdout: text } = await execa(
+        process.execPath,
+        shippedArgs([
+          `--backend=${backendName}`,
+          ...['--dry-run', '--kubeconfig', kubeconfig, '--node-name', 'node-1'],
+        ]),
+      );
       if (backendName === 'nft') {
         expect(text).to.match(/192\.0\.2\.10 \. tcp \. 80 comment "default\/web" : 10\.96\.0\.10/);
         sh('nft', ['-c', '-f', '-'], text);

@@ -17,9 +17,8 @@ import { NODE, probe, requireTools, sh } from '../../testbed/node-network.js';
 import { Exposition, httpGet, promtoolCheckMetrics, scrapeMetrics } from '../support/scrape.js';
 import { LB_PATH, LB_V4, SERVICES, Scenario } from './scenario.js';
 import { rejectionOf } from '../support/assertions.js';
-import { BUNDLE, NODE_FLAGS } from '../../testbed/shipped-controller.js';
+import { shippedArgs } from '../../testbed/shipped-controller.js';
 
-const CLI = BUNDLE;
 const METRICS = 'http://127.0.0.1:9477';
 const HEALTH = 'http://127.0.0.1:9478';
 const P = 'ipvs_node_controller_';
@@ -116,7 +115,7 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
       }
     }
     try {
-      sh(process.execPath, [CLI, '--cleanup']);
+      sh(process.execPath, shippedArgs(['--cleanup']));
       await api?.stop();
     } finally {
       await scenario.tearDown();
@@ -128,9 +127,7 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
     api.setUnavailable(true);
     controller = spawn(
       process.execPath,
-      [
-        ...NODE_FLAGS,
-        CLI,
+      shippedArgs([
         `--kubeconfig=${join(dir, 'kubeconfig')}`,
         '--node-name=node-1',
         '--sync-period=1s',
@@ -138,7 +135,7 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
         '--metrics-bind-address=127.0.0.1:9477',
         '--healthz-bind-address=127.0.0.1:9478',
         '--emit-events',
-      ],
+      ]),
       { stdio: ['ignore', 'pipe', 'inherit'] },
     );
     let partial = '';

@@ -13,9 +13,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { NodeNetwork, probe, sh } from '../../testbed/node-network.js';
 import { ENDPOINT, KubeProxyStandIn, type StandInMode } from '../support/kube-proxy-stand-in.js';
-import { BUNDLE, NODE_FLAGS } from '../../testbed/shipped-controller.js';
+import { shippedArgs } from '../../testbed/shipped-controller.js';
 
-const CLI = BUNDLE;
 const CLUSTER_IP = '10.96.0.10';
 const LB = '192.0.2.10';
 const PORT = 80;
@@ -123,15 +122,13 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
     output = '';
     controller = spawn(
       process.execPath,
-      [
-        ...NODE_FLAGS,
-        CLI,
+      shippedArgs([
         '--backend=nft',
         ...['--kubeconfig', kubeconfig, '--node-name', 'node-1', '--min-sync-period', '0', '--sync-period', '5s'],
         ...[`--healthz-bind-address=127.0.0.1:${HEALTH_PORT}`, `--metrics-bind-address=127.0.0.1:${METRICS_PORT}`],
         ...[`--kube-proxy-config=${kubeProxyConfig}`, `--kube-proxy-mode-poll-interval=${POLL}`],
         ...extra,
-      ],
+      ]),
       { stdio: ['ignore', 'pipe', 'pipe'] },
     );
     controller.stdout!.on('data', (d: Buffer) => (output += d.toString()));
@@ -167,7 +164,7 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
       if (controller && controller.exitCode === null) controller.kill('SIGKILL');
       await kubeProxy.stop();
       await api?.stop();
-      sh(process.execPath, [CLI, '--cleanup']);
+      sh(process.execPath, shippedArgs(['--cleanup']));
     } finally {
       rmSync(dir, { recursive: true, force: true });
       network.tearDown();
@@ -207,7 +204,7 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
 
   for (const mode of ['nftables', 'iptables'] as const) {
     it(`${mode} mode: with stepping aside off, our translation breaks pod -> LB IP (proved with packets)`, async () => {
-      sh(process.execPath, [CLI, '--cleanup']); // whatever an earlier test left
+      sh(process.execPath, shippedArgs(['--cleanup'])); // whatever an earlier test left
       await kubeProxy.enter(mode);
       writeKubeProxyConfig(mode);
       // kube-proxy alone serves the LoadBalancer IP from the pod and from the node.
@@ -362,7 +359,7 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
       expect(ourNftTables().filter((t) => t === 'table ip ipvs-node-controller')).to.have.lengthOf(1);
       expect(sh('nft', ['list', 'table', 'ip', 'ipvs-node-controller'])).to.match(/192\.0\.2\.10 \. tcp \. 80/);
       await stopController();
-      sh(process.execPath, [CLI, '--cleanup']);
+      sh(process.execPath, shippedArgs(['--cleanup']));
       expect(ourNftTables()).to.deep.equal([]);
       expect(ourIptablesChains()).to.deep.equal([]);
       await kubeProxy.leave('ipvs');

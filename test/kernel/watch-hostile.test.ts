@@ -15,9 +15,8 @@ import { ApiStandIn } from '../../testbed/api-server.js';
 import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
 import { scrapeMetrics } from '../support/scrape.js';
 import { MALFORMED_WATCH_LINES } from '../support/fixtures.js';
-import { BUNDLE, NODE_FLAGS } from '../../testbed/shipped-controller.js';
+import { shippedArgs } from '../../testbed/shipped-controller.js';
 
-const CLI = BUNDLE;
 const METRICS = '127.0.0.1:19477';
 const DECODE_ERRORS = 'ipvs_node_controller_watch_decode_errors_total';
 
@@ -87,9 +86,7 @@ describe('controller against hostile and silent watch streams (CLI + API stand-i
     output = '';
     const child = spawn(
       process.execPath,
-      [
-        ...NODE_FLAGS,
-        CLI,
+      shippedArgs([
         '--backend=nft',
         '--kubeconfig',
         kubeconfig,
@@ -102,7 +99,7 @@ describe('controller against hostile and silent watch streams (CLI + API stand-i
         `--metrics-bind-address=${METRICS}`,
         '--healthz-bind-address=',
         ...extra,
-      ],
+      ]),
       { stdio: ['ignore', 'pipe', 'pipe'] },
     );
     child.stdout!.on('data', (d: Buffer) => (output += d.toString()));
@@ -140,7 +137,7 @@ describe('controller against hostile and silent watch streams (CLI + API stand-i
     if (this.currentTest?.state === 'failed') console.log(`controller output:\n${output}`);
     await stopController();
     await api.stop();
-    sh(process.execPath, [CLI, '--cleanup']);
+    sh(process.execPath, shippedArgs(['--cleanup']));
   });
 
   after(() => rmSync(dir, { recursive: true, force: true }));
@@ -210,9 +207,7 @@ describe('controller against hostile and silent watch streams (CLI + API stand-i
     await api.stop(); // its port now refuses connections
     controller = spawn(
       process.execPath,
-      [
-        ...NODE_FLAGS,
-        CLI,
+      shippedArgs([
         '--backend=nft',
         '--kubeconfig',
         kubeconfig,
@@ -220,7 +215,7 @@ describe('controller against hostile and silent watch streams (CLI + API stand-i
         'node-1',
         '--metrics-bind-address=',
         '--healthz-bind-address=',
-      ],
+      ]),
       { stdio: ['ignore', 'pipe', 'pipe'] },
     );
     output = '';

@@ -304,13 +304,24 @@ async function run(config: Config, logger: Logger): Promise<number> {
   const kc = await kubeConfigOrFail(config);
   logVersion(logger);
   // From here on a stop request is logged and honoured wherever the start has got to.
+  // The listeners stay for the whole run. execa listens to these signals too while a child
+  // runs (iptables-save, conntrack), to end its children with the process, and re-raises the
+  // signal when it finds itself the only listener: with a listener that removed itself, a stop
+  // that arrived during an iptables command killed the process instead of ending it with 0.
   const stopped = new Promise<void>((resolve) => {
-    const onSignal = (signal: string) => {
+    let stopping = false;
+    const onSignal = (signal: NodeJS.Signals) => {
+      if (stopping) {
+        // Only a person sends a second one (the kubelet follows SIGTERM with SIGKILL): stop now.
+        logger.warn({ signal }, 'second stop request: exiting at once; the programmed rules stay in place');
+        process.exit(1);
+      }
+      stopping = true;
       logger.info({ signal }, 'stopping; the programmed rules stay in place');
       resolve();
     };
-    process.once('SIGTERM', onSignal);
-    process.once('SIGINT', onSignal);
+    process.on('SIGTERM', onSignal);
+    process.on('SIGINT', onSignal);
   });
   // The informers wait for their retries on unref'd timers: without a handle of our own the
   // event loop could empty while the API server is unreachable and the process end with 0.

@@ -2,9 +2,19 @@
 // exit 0, with a log line), never because nothing is left to wait for; and the documented
 // no-root preview works for a normal user after a root build (`sudo npm start`).
 
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { chmodSync, cpSync, mkdtempSync, rmSync, symlinkSync, utimesSync } from 'node:fs';
+import {
+  chmodSync,
+  cpSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  rmSync,
+  symlinkSync,
+  utimesSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -27,7 +37,8 @@ describe('command line exits', function () {
   });
   after(() => rmSync(dir, { recursive: true, force: true }));
 
-  it('keeps retrying an unreachable API server with both HTTP endpoints off; SIGTERM ends it with 0', async () => {
+  /** The controller against an unreachable API server, its output kept, its exit awaited. */
+  function startUnreachable(args: readonly string[], env: NodeJS.ProcessEnv = process.env) {
     const kubeconfig = join(dir, 'kubeconfig');
     writeUnreachableKubeconfig(kubeconfig);
     const child = spawn(
@@ -35,45 +46,121 @@ describe('command line exits', function () {
       shippedArgs([
         `--kubeconfig=${kubeconfig}`,
         '--node-name=n',
-        '--backend=nft',
         '--metrics-bind-address=',
         '--healthz-bind-address=',
+        ...args,
       ]),
-      { stdio: ['ignore', 'pipe', 'pipe'] },
+      { stdio: ['ignore', 'pipe', 'pipe'], env },
     );
-    let stdout = '';
-    let stderr = '';
-    child.stdout!.on('data', (d: Buffer) => (stdout += d.toString()));
-    child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+    const run = { child, stdout: '', stderr: '' };
+    child.stdout!.on('data', (d: Buffer) => (run.stdout += d.toString()));
+    child.stderr!.on('data', (d: Buffer) => (run.stderr += d.toString()));
     const exited = once(child, 'exit') as Promise<[number | null, NodeJS.Signals | null]>;
     const lines = () =>
-      stdout
+      run.stdout
         .split('\n')
         .filter((l) => l !== '')
         .map((l) => JSON.parse(l) as Record<string, any>);
+    /** SIGTERM: exit 0, after the stop's log line, with nothing on stderr. */
+    async function stopsCleanly(): Promise<void> {
+      child.kill('SIGTERM');
+      const [code, signal] = await exited;
+      expect({ code, signal }, `${run.stdout}\n${run.stderr}`).to.deep.equal({ code: 0, signal: null });
+      expect(
+        lines().some((l) => l.msg === 'stopping; the programmed rules stay in place' && l.signal === 'SIGTERM'),
+      ).to.equal(true);
+      expect(run.stderr).to.equal('');
+    }
+    return { run, lines, stopsCleanly };
+  }
+
+  it('keeps retrying an unreachable API server with both HTTP endpoints off; SIGTERM ends it with 0', async () => {
+    const { run, lines, stopsCleanly } = startUnreachable(['--backend=nft']);
     try {
       // Four failed lists of Services: past the point where the event loop used to empty.
       const deadline = Date.now() + 60_000;
       while (lines().filter((l) => l.msg === 'cannot list/watch services, keeping the last rules').length < 4) {
-        expect(child.exitCode, `exited while retrying:\n${stdout}\n${stderr}`).to.equal(null);
-        expect(Date.now(), `too few retries:\n${stdout}`).to.be.below(deadline);
+        expect(run.child.exitCode, `exited while retrying:\n${run.stdout}\n${run.stderr}`).to.equal(null);
+        expect(Date.now(), `too few retries:\n${run.stdout}`).to.be.below(deadline);
         await new Promise((r) => setTimeout(r, 100));
       }
       const retry = lines().find((l) => l.msg === 'cannot list/watch services, keeping the last rules')!;
       expect(retry).to.include({ level: 'warn', resource: 'services' });
       expect(retry.err.message).to.match(/ECONNREFUSED/);
-      expect(child.exitCode).to.equal(null);
-      child.kill('SIGTERM');
-      const [code] = await exited;
-      expect(code, `${stdout}\n${stderr}`).to.equal(0);
-      expect(lines().at(-1)).to.include({
-        level: 'info',
-        signal: 'SIGTERM',
-        msg: 'stopping; the programmed rules stay in place',
-      });
-      expect(stderr).to.equal('');
+      expect(run.child.exitCode).to.equal(null);
+      await stopsCleanly();
+      expect(lines().at(-1)).to.include({ level: 'info', signal: 'SIGTERM' });
     } finally {
-      if (child.exitCode === null) child.kill('SIGKILL');
+      if (run.child.exitCode === null) run.child.kill('SIGKILL');
+    }
+  });
+
+  // The iptables backend runs iptables-save/-restore as child processes. While one runs, the
+  // library that runs them listens to SIGTERM too (to end its children with the process), and
+  // re-raised the signal when it found itself the only listener: the controller died of its
+  // SIGTERM instead of stopping with 0. Each iptables command here waits until the test has
+  // sent the signal, so the signal always arrives while one runs.
+  /** PATH entries whose iptables commands mark that one started, then wait a second before running. */
+  function slowIptables(): { env: NodeJS.ProcessEnv; started: string } {
+    const shims = join(dir, 'shims');
+    const started = join(dir, 'iptables-started');
+    rmSync(started, { force: true });
+    mkdirSync(shims, { recursive: true });
+    for (const variant of ['nft', 'legacy'])
+      for (const tool of ['', '-save', '-restore'])
+        for (const base of ['iptables', 'ip6tables']) {
+          const name = `${base}-${variant}${tool}`;
+          const real = execaSync('sh', ['-c', `command -v ${name}`]).stdout.trim();
+          writeFileSync(join(shims, name), `#!/bin/sh\ntouch '${started}'\nsleep 1\nexec '${real}' "$@"\n`, {
+            mode: 0o755,
+          });
+        }
+    return { env: { ...process.env, PATH: `${shims}:${process.env.PATH}` }, started };
+  }
+
+  async function untilExists(path: string, child: ChildProcess): Promise<void> {
+    const deadline = Date.now() + 30_000;
+    while (!existsSync(path)) {
+      expect(child.exitCode, 'exited before an iptables command ran').to.equal(null);
+      expect(Date.now(), 'no iptables command ran').to.be.below(deadline);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  }
+
+  // The iptables backend runs iptables-save/-restore as child processes. While one runs, the
+  // library that runs them listens to SIGTERM too (to end its children with the process), and
+  // re-raised the signal when it found itself the only listener: the controller died of its
+  // SIGTERM instead of stopping with 0. Each iptables command here waits a second after it
+  // started, and the signal is sent in that second.
+  it('a SIGTERM that arrives while an iptables command runs still ends it with 0', async () => {
+    const { env, started } = slowIptables();
+    const { run, stopsCleanly } = startUnreachable(['--backend=iptables'], env);
+    try {
+      await untilExists(started, run.child);
+      await stopsCleanly();
+    } finally {
+      if (run.child.exitCode === null) run.child.kill('SIGKILL');
+    }
+  });
+
+  it('a second SIGTERM during the stop ends it at once with 1, and says so', async () => {
+    const { env, started } = slowIptables();
+    const { run, lines } = startUnreachable(['--backend=iptables'], env);
+    try {
+      await untilExists(started, run.child);
+      const exited = once(run.child, 'exit') as Promise<[number | null, NodeJS.Signals | null]>;
+      run.child.kill('SIGTERM');
+      await new Promise((r) => setTimeout(r, 100));
+      run.child.kill('SIGTERM');
+      const [code, signal] = await exited;
+      expect({ code, signal }, run.stdout).to.deep.equal({ code: 1, signal: null });
+      expect(lines().at(-1)).to.include({
+        level: 'warn',
+        signal: 'SIGTERM',
+        msg: 'second stop request: exiting at once; the programmed rules stay in place',
+      });
+    } finally {
+      if (run.child.exitCode === null) run.child.kill('SIGKILL');
     }
   });
 

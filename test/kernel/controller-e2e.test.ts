@@ -95,12 +95,13 @@ for (const backendName of ['nft', 'iptables'] as const)
       return child;
     }
 
-    async function stopController(): Promise<number | null> {
+    /** SIGTERM, then the exit code, or the signal that ended the process. */
+    async function stopController(): Promise<number | string | null> {
       if (!controller || controller.exitCode !== null) return controller?.exitCode ?? null;
       controller.kill('SIGTERM');
-      const [code] = (await once(controller, 'exit')) as [number | null];
+      const [code, signal] = (await once(controller, 'exit')) as [number | null, NodeJS.Signals | null];
       controller = undefined;
-      return code;
+      return code ?? signal;
     }
 
     before(async () => {

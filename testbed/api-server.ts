@@ -912,12 +912,14 @@ export interface ApiStandInStats {
   watches: Record<string, number>;
   /** Every HTTP request that reached the server. */
   requests: number;
+  /** TCP connections accepted (a keep-alive client reuses one for many requests). */
+  connections: number;
 }
 
 export class ApiStandIn {
   readonly url: string;
   readonly caPem: string;
-  readonly stats: ApiStandInStats = { lists: {}, watches: {}, requests: 0 };
+  readonly stats: ApiStandInStats = { lists: {}, watches: {}, requests: 0, connections: 0 };
 
   private readonly store: ObjectStore;
   private readonly sockets = new Set<Socket>();
@@ -1152,6 +1154,7 @@ export class ApiStandIn {
         socket.resetAndDestroy();
         return;
       }
+      this.stats.connections++;
       this.sockets.add(socket);
       socket.on('close', () => this.sockets.delete(socket));
     });

@@ -13,6 +13,7 @@ import http from 'node:http';
 import https from 'node:https';
 import { StringDecoder } from 'node:string_decoder';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
+import { requestOptions } from './request.js';
 
 /** Longest line accepted (bytes): far above any object the API server stores (etcd caps at 1.5 MiB). */
 export const MAX_WATCH_LINE_BYTES = 16 << 20;
@@ -100,7 +101,7 @@ export function startWatch(
   return abort;
 }
 
-/** The URL and request options: credentials, TLS and agent as client-node applies them. */
+/** The URL and request options: credentials and TLS of the kubeconfig, on a keep-alive agent (request.ts). */
 async function open(
   kc: KubeConfig,
   path: string,
@@ -113,8 +114,7 @@ async function open(
   for (const [key, value] of Object.entries(query)) {
     if (value !== undefined) url.searchParams.set(key, String(value));
   }
-  const options: https.RequestOptions = { headers: {} };
-  await kc.applyToHTTPSOptions(options);
+  const options = await requestOptions(kc, url);
   options.method = 'GET';
   options.headers = { ...options.headers, Accept: 'application/json' };
   return { url, options };

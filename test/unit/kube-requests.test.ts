@@ -64,6 +64,43 @@ describe('narrow requests to the API server', function () {
     expect((server.stats.lists.services ?? 0) - lists, 'pages of 500').to.equal(3);
   });
 
+  it('keeps one connection for the pages of a list and the requests after it', async () => {
+    // A server of its own: no connection to it is kept from an earlier test.
+    const own = await ApiStandIn.start();
+    try {
+      for (let i = 0; i < 1203; i++) own.apply(service(i));
+      const kc = new KubeConfig();
+      kc.loadFromString(own.kubeconfig());
+      await listAllJson(kc, '/api/v1/services', {}, toServiceInfo);
+      expect((await apiRequest(kc, '/api/v1/namespaces/default')).status).to.equal(200);
+      expect(own.stats.requests, 'three pages and a GET').to.equal(4);
+      expect(own.stats.connections, 'TLS connections opened').to.equal(1);
+    } finally {
+      await own.stop();
+    }
+  });
+
+  it('never lets a kept connection stand in for TLS settings it was not verified with', async () => {
+    const other = await ApiStandIn.start();
+    try {
+      const trusted = new KubeConfig();
+      trusted.loadFromString(server.kubeconfig());
+      expect((await apiRequest(trusted, '/api/v1/nodes/node-a')).status).to.equal(200);
+      // The same server, with the CA of another one: the kept connection must not serve it.
+      const wrongCa = new KubeConfig();
+      wrongCa.loadFromString(
+        server
+          .kubeconfig()
+          .replace(Buffer.from(server.caPem).toString('base64'), Buffer.from(other.caPem).toString('base64')),
+      );
+      let error: Error | undefined;
+      await apiRequest(wrongCa, '/api/v1/nodes/node-a').catch((err: Error) => (error = err));
+      expect(error?.message).to.match(/self[- ]signed|unable to verify|certificate/i);
+    } finally {
+      await other.stop();
+    }
+  });
+
   it('reports an API error as its status and message', async () => {
     const kc = new KubeConfig();
     kc.loadFromString(server.kubeconfig());

@@ -49,6 +49,8 @@ export interface StartupRun {
   /** How long its main thread had waited for a CPU by then (load of the machine). */
   mainThreadWaitMs: number;
   attempts: number;
+  /** TCP connections the controller opened to the API server from spawn to the first full sync. */
+  apiConnections: number;
 }
 
 export interface PacketLatencyResult {
@@ -97,6 +99,8 @@ export interface EndToEndContext {
   /** A fresh address, never used before in this run. */
   freshAddress: () => string;
   lastIngress: (services: number) => string;
+  /** Connections the API stand-in has accepted so far. */
+  apiConnections: () => number;
   /** Where the connections start: the node itself, or the pod namespace (POD_NETNS). */
   probeFrom: 'node' | 'pod';
   random: () => number;
@@ -235,6 +239,7 @@ export async function measureBackend(
         cleanup();
         ctx.log(`${backend}: start -> last Service answered, run ${r + 1} of ${options.startupRuns}`);
         const probing = await probe.begin(target, BENCH_PORT, timeout);
+        const connectionsBefore = ctx.apiConnections();
         const c = ControllerProcess.start(flags({}));
         try {
           const outcome = await probing.outcome;
@@ -257,6 +262,7 @@ export async function measureBackend(
             cpuAtFirstLogMs: c.cpuAtFirstLineMs ?? NaN,
             cpuAtCachesSyncedMs: c.cpuAtCachesSyncedMs ?? NaN,
             attempts: outcome.attempts,
+            apiConnections: ctx.apiConnections() - connectionsBefore,
           });
         } finally {
           await c.stop();

@@ -388,7 +388,8 @@ function formatEndToEnd(r: BenchResults): string[] {
     '   resolution: how long before the first attempt that connected the previous one started (ms; more than',
     '   150 us when the prober waits for a CPU). CPU: CPU time of the controller (all threads, ms) when its first',
     "   log line and 'caches synced' were read and at the first answer; waited: how long its main thread, runnable,",
-    "   waited for a CPU by the first answer (the machine's load).",
+    "   waited for a CPU by the first answer (the machine's load). API conns: TCP connections the controller opened",
+    '   to the API server by its first full sync.',
   );
   const startupRows = backends.map((b) => {
     const s = b.startup;
@@ -407,6 +408,7 @@ function formatEndToEnd(r: BenchResults): string[] {
       ),
       `${range(s.map((x) => x.cpuAtFirstLogMs))} / ${range(s.map((x) => x.cpuAtCachesSyncedMs))} / ${range(s.map((x) => x.cpuMs))}`,
       range(s.map((x) => x.mainThreadWaitMs)),
+      range(s.map((x) => x.apiConnections)),
       s.length > 0 ? `<= ${STARTUP_TARGET_MS} ms: ${verdict(median(firsts) <= STARTUP_TARGET_MS)}` : '',
     ];
   });
@@ -423,6 +425,7 @@ function formatEndToEnd(r: BenchResults): string[] {
         'resolution',
         'CPU at first log / caches synced / answered',
         'waited',
+        'API conns',
         'target (median)',
       ],
       startupRows,

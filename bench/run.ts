@@ -418,6 +418,7 @@ class Bench {
       moveService: (i, ingress) => this.standIn.apply(benchService(i, ingress)),
       freshAddress: () => movedIp(this.moved++),
       lastIngress: (n) => ingressIp(n - 1),
+      apiConnections: () => this.standIn.stats.connections,
       probeFrom,
       random,
     };

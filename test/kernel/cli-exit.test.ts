@@ -95,11 +95,6 @@ describe('command line exits', function () {
     }
   });
 
-  // The iptables backend runs iptables-save/-restore as child processes. While one runs, the
-  // library that runs them listens to SIGTERM too (to end its children with the process), and
-  // re-raised the signal when it found itself the only listener: the controller died of its
-  // SIGTERM instead of stopping with 0. Each iptables command here waits until the test has
-  // sent the signal, so the signal always arrives while one runs.
   /** PATH entries whose iptables commands mark that one started, then wait a second before running. */
   function slowIptables(): { env: NodeJS.ProcessEnv; started: string } {
     const shims = join(dir, 'shims');

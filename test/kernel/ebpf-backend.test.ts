@@ -22,7 +22,7 @@ import { DesiredStateModel } from '../../src/model/desired-state.js';
 import type { DesiredState, Entry, Family, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
 import { rejectionOf } from '../support/assertions.js';
-import { CONFIG, seededRandom } from '../support/fixtures.js';
+import { CONFIG, churnServices, seededRandom } from '../support/fixtures.js';
 
 const PEER = fileURLToPath(new URL('./ebpf-peer.js', import.meta.url));
 const TAG = `inc${process.pid}`;
@@ -509,17 +509,7 @@ describe('ebpf backend on the kernel', function () {
           elementsOf(desired[family].entries),
         );
       }
-      services = [...services];
-      for (let k = 1 + Math.floor(rnd() * 4); k > 0; k--) {
-        const at = Math.floor(rnd() * services.length);
-        const r = rnd();
-        if (r < 0.5) services[at] = makeService();
-        else if (r < 0.7)
-          services[at] = { ...services[at]! }; // the same content as a new object
-        else if (r < 0.85) services.splice(at, 1);
-        else services.push(makeService());
-      }
-      if (step % 20 === 19) services.reverse(); // the cache order is not a promise
+      services = churnServices(services, step, rnd, makeService);
     }
     expect(partial, `most syncs were partial (${partial})`).to.be.above(40);
     expect((await backend.sync(desiredOf(ALL_ENTRIES), { full: false })).mode).to.equal('partial');

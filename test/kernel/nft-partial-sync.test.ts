@@ -15,7 +15,7 @@ import {
 import { DesiredStateModel } from '../../src/model/desired-state.js';
 import type { DesiredState, Family, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
-import { CONFIG, seededRandom } from '../support/fixtures.js';
+import { CONFIG, churnServices, seededRandom } from '../support/fixtures.js';
 
 const NODE: NodeInfo = { name: 'n1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
 
@@ -74,17 +74,7 @@ describe('nft partial syncs driven by the model', function () {
             desiredElements(desired, family),
           );
         }
-        services = [...services];
-        for (let k = 1 + Math.floor(rnd() * 4); k > 0; k--) {
-          const at = Math.floor(rnd() * services.length);
-          const r = rnd();
-          if (r < 0.5) services[at] = makeService();
-          else if (r < 0.7)
-            services[at] = { ...services[at]! }; // the same content as a new object
-          else if (r < 0.85) services.splice(at, 1);
-          else services.push(makeService());
-        }
-        if (step % 20 === 19) services.reverse(); // the cache order is not a promise
+        services = churnServices(services, step, rnd, makeService);
       }
       expect(partial, `most syncs were partial (${partial})`).to.be.above(40);
     } finally {

@@ -25,6 +25,31 @@ export function seededRandom(seed: number): () => number {
 }
 
 /** The nine watch lines that are valid JSON but no watch event (each once ended the process). */
+/**
+ * One step of random churn in a Service cache (after a sync of step `step`): one to four
+ * replacements, copies with the same content, deletions or additions, and now and then the
+ * whole order reversed (a cache's order is not a promise). Returns a new array.
+ */
+export function churnServices<T extends object>(
+  services: readonly T[],
+  step: number,
+  rnd: () => number,
+  make: () => T,
+): T[] {
+  const out = [...services];
+  for (let k = 1 + Math.floor(rnd() * 4); k > 0; k--) {
+    const at = Math.floor(rnd() * out.length);
+    const r = rnd();
+    if (r < 0.5) out[at] = make();
+    else if (r < 0.7)
+      out[at] = { ...out[at]! }; // the same content as a new object
+    else if (r < 0.85) out.splice(at, 1);
+    else out.push(make());
+  }
+  if (step % 20 === 19) out.reverse();
+  return out;
+}
+
 export const MALFORMED_WATCH_LINES: readonly string[] = [
   '42',
   '"a string"',

@@ -12,11 +12,27 @@ import {
   elementWrites,
   encodeKeys,
   encodeValues,
-  mapChanges,
   toMapEntry,
+  type MapChanges,
   type MapEntry,
 } from '../../src/backends/ebpf/map-codec.js';
+import { diffByKey, entryKey } from '../../src/backends/element-storage.js';
 import type { Entry } from '../../src/model/types.js';
+
+/**
+ * The reference the fast paths (dumpChanges on bytes, elementWrites from the model's changes)
+ * are checked against: decode the map, compare by key, upsert what is missing or differs,
+ * delete only keys no longer wanted (an upsert overwrites in place).
+ */
+function mapChanges(current: Iterable<MapEntry>, desired: readonly Entry[]): MapChanges {
+  const { removed, added } = diffByKey(
+    current,
+    desired,
+    (old, e) => old.clusterIp === e.clusterIp && old.clusterPort === e.port,
+  );
+  const upserted = new Set(added.map(entryKey));
+  return { upserts: added, deletes: removed.filter((e) => !upserted.has(entryKey(e))) };
+}
 
 function entry(over: Partial<Entry> = {}): Entry {
   return {
@@ -84,7 +100,7 @@ describe('ebpf map codec', () => {
     expect(() => decodeElements('ipv4', Buffer.alloc(16), Buffer.alloc(8))).to.throw(/malformed/);
   });
 
-  it('changes: adds missing, rewrites changed, deletes extra, leaves equal alone', () => {
+  it('reference changes: adds missing, rewrites changed, deletes extra, leaves equal alone', () => {
     const keep = entry();
     const change = entry({ protocol: 'UDP' });
     const add = entry({ port: 80 });
@@ -99,7 +115,7 @@ describe('ebpf map codec', () => {
     expect(deletes.map((d) => `${d.protocol}/${d.port}`)).to.deep.equal(['TCP/22', '99/23']);
   });
 
-  it('changes: nothing to do when the map already holds the desired entries', () => {
+  it('reference changes: nothing to do when the map already holds the desired entries', () => {
     const desired = [entry(), V6];
     expect(mapChanges(desired.map(toMapEntry), desired)).to.deep.equal({ upserts: [], deletes: [] });
   });

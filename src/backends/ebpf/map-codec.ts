@@ -7,7 +7,7 @@
 //   IPv6 value (20): address[16] port[2]  pad[2]
 
 import { ipBytes, parseIp } from '../../model/ip.js';
-import { diffByKey, entryKey } from '../element-storage.js';
+import { entryKey } from '../element-storage.js';
 import type { Entry, Family, Protocol } from '../../model/types.js';
 
 /** Must equal MAX_ENTRIES in the BPF source: the size the entry maps are created with. */
@@ -132,7 +132,7 @@ function encodedElement(family: Family, e: Entry): string {
 }
 
 /**
- * mapChanges for a dump, compared as bytes rather than decoded (a fraction of the time at
+ * What to write so that a dumped map holds exactly `desired`, compared as bytes rather than decoded (a fraction of the time at
  * 10,000 elements, all of it on the event loop). Elements are exactly what the kernel matches:
  * a key that differs from ours only in its padding is someone else's, and is deleted as dumped.
  */
@@ -176,29 +176,11 @@ function checkDump(family: Family, keys: Buffer, values: Buffer): number {
   return keys.length / ks;
 }
 
-/** The kernel-side identity of an element: the model's entry key. */
-export const mapEntryKey = entryKey;
-
 export interface MapChanges {
   /** Elements to insert or overwrite. */
   upserts: Entry[];
   /** Keys to delete. */
   deletes: KeyFields[];
-}
-
-/**
- * What to write so that a map holding `current` holds exactly `desired`. Upserts go first and
- * deletes second when applied, so an entry present before and after never disappears.
- */
-export function mapChanges(current: Iterable<MapEntry>, desired: readonly Entry[]): MapChanges {
-  const { removed, added } = diffByKey(
-    current,
-    desired,
-    (old, e) => old.clusterIp === e.clusterIp && old.clusterPort === e.port,
-  );
-  // An upsert overwrites a changed element in place: only keys no longer wanted are deleted.
-  const upserted = new Set(added.map(entryKey));
-  return { upserts: added, deletes: removed.filter((e) => !upserted.has(entryKey(e))) };
 }
 
 /**

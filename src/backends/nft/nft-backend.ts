@@ -16,7 +16,7 @@
 // - When a partial transaction or a resync fails (someone removed or changed the table, say),
 //   the family falls back to a full sync; when that fails too, the table is replaced.
 
-import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
+import { FAMILIES, type DesiredState, type Family, type FamilyState } from '../../model/types.js';
 import { parseIp } from '../../model/ip.js';
 import { BackendError, type Backend, type ProbeResult, type SyncOptions, type SyncResult } from '../backend.js';
 import { ElementStorage, entryKey, isEmpty, type ElementChanges } from '../element-storage.js';
@@ -85,7 +85,6 @@ export class NftBackend implements Backend {
   /** What this process last programmed, per family; absent until a full sync succeeded. */
   private readonly programmed = new Map<Family, Programmed>();
   private readonly json = new JsonWriter();
-  private readonly elementOf = (e: Entry): MapElement => mapElement(e);
   /** Transactions run one at a time, in the order they were asked for. */
   private queue: Promise<unknown> = Promise.resolve();
   /** Keys written per family while a verification listing was under way: not judged by it. */
@@ -245,7 +244,7 @@ export class NftBackend implements Backend {
     if (!isEmpty(changes)) {
       try {
         await this.apply(
-          mapChanges(new Transaction(), family, changes.removed.map(this.elementOf), changes.added.map(this.elementOf)),
+          mapChanges(new Transaction(), family, changes.removed.map(mapElement), changes.added.map(mapElement)),
         );
       } catch {
         this.programmed.delete(family);
@@ -272,7 +271,7 @@ export class NftBackend implements Backend {
     const tx = untouched
       ? new Transaction()
       : resyncTable(new Transaction(), desiredTable(family, { ...state, entries: [] }, mark));
-    mapChanges(tx, family, changes.removed.map(this.elementOf), changes.added.map(this.elementOf));
+    mapChanges(tx, family, changes.removed.map(mapElement), changes.added.map(mapElement));
     try {
       await this.apply(tx);
     } catch {
@@ -296,7 +295,7 @@ export class NftBackend implements Backend {
     this.generation++;
     for (const family of families) this.programmed.delete(family);
     const mark = desired.masqueradeMark;
-    const table = (family: Family) => desiredTable(family, desired[family], mark, this.elementOf);
+    const table = (family: Family) => desiredTable(family, desired[family], mark);
     const record = (family: Family) =>
       this.programmed.set(family, {
         elements: new ElementStorage(desired[family]),
@@ -380,7 +379,7 @@ export class NftBackend implements Backend {
         listed.delete(key);
         if (kernel && kernel.value === e.clusterIp && kernel.comment === e.service) continue;
         if (kernel) removed.push(kernel.element);
-        added.push(this.elementOf(e));
+        added.push(mapElement(e));
       }
       for (const [key, kernel] of listed) if (!written.has(key)) removed.push(kernel.element);
       mapChanges(tx, family, removed, added);

@@ -86,12 +86,7 @@ export interface DesiredTable extends TableContents {
   unwanted: Array<ChainObject | SetObject>;
 }
 
-export function desiredTable(
-  family: Family,
-  state: FamilyState,
-  masqueradeMark: number,
-  elementOf: (e: Entry) => MapElement = mapElement,
-): DesiredTable {
+export function desiredTable(family: Family, state: FamilyState, masqueradeMark: number): DesiredTable {
   const o = tableObjects(family);
   const match = state.localPodMatch;
   const rule = (chain: ChainObject, statements: Statement[]): RuleObject => ({
@@ -103,7 +98,7 @@ export function desiredTable(
   });
   const lookup: Statement = { kind: 'destinationInMap', map: MAP_NAME };
   const jump: Statement = { kind: 'jump', chain: TRANSLATE_CHAIN };
-  const mapElems = mapElements(family, state.entries.map(elementOf));
+  const mapElems = mapElements(family, state.entries.map(mapElement));
   const t: DesiredTable = {
     table: o.table,
     sets: [],

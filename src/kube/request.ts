@@ -6,6 +6,7 @@
 import http from 'node:http';
 import https from 'node:https';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
+import { formatSize } from '../bytes.js';
 
 export interface ApiResponse {
   status: number;
@@ -46,13 +47,9 @@ export class ResponseTooLargeError extends Error {
     readonly path: string,
     readonly limitBytes: number,
   ) {
-    super(`the response to ${path} is larger than ${formatBytes(limitBytes)}, the most this controller reads`);
+    super(`the response to ${path} is larger than ${formatSize(limitBytes)}, the most this controller reads`);
     this.name = 'ResponseTooLargeError';
   }
-}
-
-export function formatBytes(bytes: number): string {
-  return bytes % (1 << 20) === 0 ? `${bytes >> 20} MiB` : bytes % 1024 === 0 ? `${bytes >> 10} KiB` : `${bytes} bytes`;
 }
 
 // client-node's applyToHTTPSOptions makes a new agent, without keep-alive, on every call: each

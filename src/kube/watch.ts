@@ -13,7 +13,8 @@ import http from 'node:http';
 import https from 'node:https';
 import { StringDecoder } from 'node:string_decoder';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
-import { formatBytes, MAX_RESPONSE_BYTES, requestOptions } from './request.js';
+import { formatSize } from '../bytes.js';
+import { MAX_RESPONSE_BYTES, requestOptions } from './request.js';
 
 /** Longest line accepted (bytes): one event holds one object, as large as a response may be (request.ts). */
 export const MAX_WATCH_LINE_BYTES = MAX_RESPONSE_BYTES;
@@ -49,7 +50,7 @@ export class WatchStreamError extends Error {
 /** A line grew past MAX_WATCH_LINE_BYTES: it was not read further, and the stream is over. */
 export class WatchLineTooLongError extends WatchStreamError {
   constructor(path: string) {
-    super(`watching ${path}: a watch line longer than ${formatBytes(MAX_WATCH_LINE_BYTES)}: the stream is broken`);
+    super(`watching ${path}: a watch line longer than ${formatSize(MAX_WATCH_LINE_BYTES)}: the stream is broken`);
     this.name = 'WatchLineTooLongError';
   }
 }

@@ -273,22 +273,32 @@ class TransactionWorker : public Napi::AsyncWorker {
   CommandResult result_;
 };
 
-// list(): the JSON listing of one table, or null when the table does not exist.
+// list(): the JSON listing of one table, or null when the table does not exist. A listing longer
+// than maxBytes rejects with code ERR_LISTING_TOO_LARGE, and no JavaScript string is made of it.
 class ListTableWorker : public Napi::AsyncWorker {
  public:
-  ListTableWorker(Napi::Env env, const std::string& family, const std::string& table)
+  ListTableWorker(Napi::Env env, const std::string& family, const std::string& table, size_t maxBytes)
       : Napi::AsyncWorker(env, "nftables.list"),
         session_(SessionOf(env)),
         deferred_(Napi::Promise::Deferred::New(env)),
         document_("{\"nftables\":[{\"list\":{\"table\":{\"family\":" + JsonString(family) +
-                  ",\"name\":" + JsonString(table) + "}}}]}") {}
+                  ",\"name\":" + JsonString(table) + "}}}]}"),
+        maxBytes_(maxBytes) {}
 
   Napi::Promise Promise() const { return deferred_.Promise(); }
 
  protected:
   void Execute() override {
     result_ = session_->Run(document_, false);
-    if (result_.rc == 0) return;
+    if (result_.rc == 0) {
+      if (result_.output.size() <= maxBytes_) return;
+      tooLarge_ = true;
+      const size_t bytes = result_.output.size();
+      std::string().swap(result_.output);
+      SetError("the listing is " + std::to_string(bytes) + " bytes, more than the " + std::to_string(maxBytes_) +
+               " asked for");
+      return;
+    }
     // nft reports a missing table as ENOENT; any other failure is an error.
     missing_ = result_.error.find(std::strerror(ENOENT)) != std::string::npos;
     if (!missing_) SetError(FailureMessage(result_));
@@ -302,14 +312,19 @@ class ListTableWorker : public Napi::AsyncWorker {
     }
   }
 
-  void OnError(const Napi::Error& error) override { deferred_.Reject(error.Value()); }
+  void OnError(const Napi::Error& error) override {
+    if (tooLarge_) error.Value().Set("code", Napi::String::New(Env(), "ERR_LISTING_TOO_LARGE"));
+    deferred_.Reject(error.Value());
+  }
 
  private:
   SharedSession session_;
   Napi::Promise::Deferred deferred_;
   std::string document_;
+  size_t maxBytes_;
   CommandResult result_;
   bool missing_ = false;
+  bool tooLarge_ = false;
 };
 
 // generation(): the ruleset generation now, or -1 when it cannot be read.
@@ -369,10 +384,20 @@ Napi::Value Check(const Napi::CallbackInfo& info) {
   return worker->Promise();
 }
 
+// The optional maxBytes argument of list(): at least 1; absent, no bound.
+size_t MaxBytesArgument(const Napi::CallbackInfo& info, size_t index) {
+  if (info.Length() <= index || info[index].IsUndefined()) return SIZE_MAX;
+  if (!info[index].IsNumber()) throw Napi::TypeError::New(info.Env(), "maxBytes must be a number");
+  const double value = info[index].As<Napi::Number>().DoubleValue();
+  if (!(value >= 1)) throw Napi::RangeError::New(info.Env(), "maxBytes must be at least 1");
+  return value >= static_cast<double>(SIZE_MAX) ? SIZE_MAX : static_cast<size_t>(value);
+}
+
 Napi::Value List(const Napi::CallbackInfo& info) {
   std::string family = StringArgument(info, 0, "family");
   std::string table = StringArgument(info, 1, "table");
-  auto* worker = new ListTableWorker(info.Env(), family, table);
+  size_t maxBytes = MaxBytesArgument(info, 2);
+  auto* worker = new ListTableWorker(info.Env(), family, table, maxBytes);
   worker->Queue();
   return worker->Promise();
 }

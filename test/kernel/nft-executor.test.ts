@@ -4,8 +4,16 @@
 
 import { expect } from 'chai';
 import { execa } from 'execa';
-import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
-import { NftCliExecutor, NftError, type NftExecutor } from '../../src/backends/nft/executor.js';
+import { NftAddonExecutor, loadNftAddon, type NftablesAddon } from '../../src/backends/nft/addon-executor.js';
+import {
+  LISTED_ELEMENT_BYTES,
+  MAX_LISTED_ELEMENTS,
+  MAX_LISTING_BYTES,
+  NftCliExecutor,
+  NftError,
+  type NftExecutor,
+} from '../../src/backends/nft/executor.js';
+import { expectedLines, listAndDiff } from '../../src/backends/nft/listing-diff.js';
 import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import { MAP_NAME, TABLE_NAME, nftDocument, type NftCommand } from '../../src/backends/nft/render.js';
 import type { DesiredState, Entry, Family } from '../../src/model/types.js';
@@ -289,5 +297,81 @@ describe('the nftables addon and the ruleset generation (kernel)', () => {
     } finally {
       await backend.cleanup();
     }
+  });
+});
+
+describe('the listing bound, on the kernel', function () {
+  this.timeout(60_000);
+  const cli = new NftCliExecutor();
+  const widest = (i: number): Entry => ({
+    family: 'ipv6',
+    externalIp: `2001:db8:ffff:ffff:ffff:ffff:${(0x1000 + (i >> 12)).toString(16)}:${(0x1000 + (i & 0xfff)).toString(16)}`,
+    protocol: 'SCTP',
+    port: 65535,
+    clusterIp: `fd00:96:ffff:ffff:ffff:ffff:ffff:${(0x1000 + (i & 0xfff)).toString(16)}`,
+    // The longest a Service's namespace/name can be: two DNS labels of 63 characters.
+    service: `${'n'.repeat(63)}/${'s'.repeat(63)}`,
+  });
+  const entries = Array.from({ length: 2000 }, (_, i) => widest(i));
+  let backend: NftBackend;
+  let listingBytes: number;
+  /** What nft prints: the listing and its newline. */
+  const printed = () => listingBytes + 1;
+
+  before(async () => {
+    // Our own table, as the backend writes it, with 2,000 of the widest elements nft can print.
+    backend = new NftBackend(cli);
+    await backend.sync(desiredState([], entries), { full: true });
+    listingBytes = Buffer.byteLength((await cli.listTable('ip6', TABLE_NAME))!);
+    expect(listingBytes).to.be.above(256 << 10);
+  });
+  after(() => backend.cleanup());
+
+  it(`covers ${MAX_LISTED_ELEMENTS} of the widest elements, at the bytes nft prints per element`, async () => {
+    await backend.sync(desiredState([], []), { full: true });
+    const empty = Buffer.byteLength((await cli.listTable('ip6', TABLE_NAME))!);
+    await backend.sync(desiredState([], entries), { full: true });
+    const perElement = (listingBytes - empty) / entries.length;
+    expect(perElement, 'bytes per listed element').to.be.at.most(LISTED_ELEMENT_BYTES);
+    expect(perElement).to.be.above(LISTED_ELEMENT_BYTES * 0.9);
+    expect(MAX_LISTING_BYTES).to.be.at.least(MAX_LISTED_ELEMENTS * perElement * 1.2 + empty);
+    // A table the controller can program is read whole by every path.
+    expect(await cli.listTable('ip6', TABLE_NAME)).to.have.length(listingBytes);
+    expect(await addonExecutor().listTable('ip6', TABLE_NAME)).to.have.length(listingBytes);
+  });
+
+  const tooLarge =
+    /^nft -j list table ip6 ipvs-node-controller: the listing is larger than 256 KiB, more than this controller programs \(300,000 elements\); it was not read$/;
+
+  it('the nft command: a longer listing is an error, not read', async () => {
+    const error = await new NftCliExecutor('nft', 256 << 10).listTable('ip6', TABLE_NAME).catch((err: unknown) => err);
+    expect(error).to.be.instanceOf(NftError);
+    expect((error as Error).message).to.match(tooLarge);
+    expect(await new NftCliExecutor('nft', printed()).listTable('ip6', TABLE_NAME)).to.have.length(listingBytes);
+  });
+
+  it('the nft command from the comparing worker: a longer listing is an error, not read', async () => {
+    const expected = await expectedLines(entries);
+    const error = await listAndDiff('nft', 'ip6', TABLE_NAME, expected, MAP_NAME, 10_000, 256 << 10).catch(
+      (err: unknown) => err,
+    );
+    expect(error).to.be.instanceOf(NftError);
+    expect((error as Error).message).to.match(tooLarge);
+    const diff = await listAndDiff('nft', 'ip6', TABLE_NAME, expected, MAP_NAME, 10_000, printed());
+    expect(diff?.unmatched).to.deep.equal([]);
+    expect(diff?.residue).to.deep.equal([]);
+  });
+
+  it('the addon: a longer listing is an error, and no string is made of it', async () => {
+    const addon = (addonExecutor() as unknown as { addon: NftablesAddon }).addon;
+    const error = await new NftAddonExecutor(addon, 256 << 10)
+      .listTable('ip6', TABLE_NAME)
+      .catch((err: unknown) => err);
+    expect(error).to.be.instanceOf(NftError);
+    expect((error as Error).message).to.match(tooLarge);
+    const raw = await addon.list('ip6', TABLE_NAME, 256 << 10).catch((err: unknown) => err);
+    expect(raw).to.include({ code: 'ERR_LISTING_TOO_LARGE' });
+    expect(await new NftAddonExecutor(addon, printed()).listTable('ip6', TABLE_NAME)).to.have.length(listingBytes);
+    expect(() => addon.list('ip6', TABLE_NAME, 0)).to.throw(RangeError, 'maxBytes must be at least 1');
   });
 });

@@ -2,9 +2,18 @@
 // Runs as root inside a network namespace of its own (test/run.mjs wraps mocha in
 // `unshare --net --mount`); it refuses to run in the machine's own namespace.
 
+import { spawn } from 'node:child_process';
+import { readlinkSync } from 'node:fs';
+import { readdir, readFile } from 'node:fs/promises';
+import { createInterface } from 'node:readline';
 import { expect } from 'chai';
 import { execa } from 'execa';
-import { NftAddonExecutor, loadNftAddon, type NftablesAddon } from '../../src/backends/nft/addon-executor.js';
+import {
+  NftAddonExecutor,
+  defaultAddonPath,
+  loadNftAddon,
+  type NftablesAddon,
+} from '../../src/backends/nft/addon-executor.js';
 import {
   LISTED_ELEMENT_BYTES,
   MAX_LISTED_ELEMENTS,
@@ -267,6 +276,57 @@ describe('the nftables addon and the ruleset generation (kernel)', () => {
     expect(await executor.generation!(), 'after two commits of another process').to.equal(g!.after + 2);
     const next = await executor.run(addElementsDocument([8]));
     expect(next && next.generations).to.deep.equal({ before: g!.after + 2, after: g!.after + 3 });
+  });
+
+  it('takes the generation from the kernel only: an answer forged by another netlink socket is ignored', async () => {
+    // A process of its own: its addon's socket has read one generation (sequence 1) when the
+    // forged answer to the next request (sequence 2) is queued on it, ahead of the kernel's.
+    const child = spawn(
+      process.execPath,
+      [
+        '-e',
+        `const addon = require(${JSON.stringify(defaultAddonPath())});
+         const lines = require('node:readline').createInterface({ input: process.stdin });
+         addon.generation().then((g) => {
+           console.log(g);
+           lines.once('line', () => addon.generation().then((h) => { console.log(h); process.exit(0); }));
+         });`,
+      ],
+      { stdio: ['pipe', 'pipe', 'inherit'] },
+    );
+    const out = createInterface({ input: child.stdout! })[Symbol.asyncIterator]();
+    try {
+      const real = Number((await out.next()).value);
+      expect(real).to.be.at.least(0);
+      // The port of the child's one NETLINK_NETFILTER socket, from /proc/net/netlink by inode.
+      const inodes = new Set(
+        (await readdir(`/proc/${child.pid}/fd`))
+          .map((fd) => readlinkSync(`/proc/${child.pid}/fd/${fd}`, { encoding: 'utf8' }))
+          .flatMap((target) => /^socket:\[(\d+)\]$/.exec(target)?.[1] ?? []),
+      );
+      const ports = (await readFile('/proc/net/netlink', 'utf8'))
+        .split('\n')
+        .map((line) => line.trim().split(/\s+/))
+        .filter((f) => f[1] === '12' && inodes.has(f[9] ?? ''))
+        .map((f) => Number(f[2]));
+      expect(ports, 'the addon socket of the child').to.have.length(1);
+      // NFT_MSG_NEWGEN (subsystem 10, message 15), sequence 2, NFTA_GEN_ID = 0x7a7a7a7a.
+      const forge = [
+        'import socket, struct',
+        'attr = struct.pack("=HH", 8, 1) + struct.pack("!I", 0x7a7a7a7a)',
+        'body = struct.pack("=BBH", 0, 0, 0) + attr',
+        'msg = struct.pack("=IHHII", 16 + len(body), (10 << 8) | 15, 0, 2, 0) + body',
+        's = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12)',
+        `s.sendto(msg, (${ports[0]}, 0))`,
+      ].join('\n');
+      await execa('python3', ['-c', forge]);
+      child.stdin!.write('next\n');
+      const second = Number((await out.next()).value);
+      expect(second, 'the forged generation').to.not.equal(0x7a7a7a7a);
+      expect(second, "the kernel's, unchanged").to.equal(real);
+    } finally {
+      child.kill();
+    }
   });
 
   it('NftBackend: a resync after another process changed our map lists and repairs; one with no other writer lists nothing', async () => {

@@ -298,12 +298,20 @@ describe('the nftables addon and the ruleset generation (kernel)', () => {
     try {
       const real = Number((await out.next()).value);
       expect(real).to.be.at.least(0);
-      // The port of the child's one NETLINK_NETFILTER socket, from /proc/net/netlink by inode.
-      const inodes = new Set(
-        (await readdir(`/proc/${child.pid}/fd`))
-          .map((fd) => readlinkSync(`/proc/${child.pid}/fd/${fd}`, { encoding: 'utf8' }))
-          .flatMap((target) => /^socket:\[(\d+)\]$/.exec(target)?.[1] ?? []),
-      );
+      // The port of the child's own NETLINK_NETFILTER socket, from /proc/net/netlink by inode: not
+      // one it inherited from this process (libmnl opens libnftables' socket without CLOEXEC).
+      const socketInodes = async (pid: number) =>
+        (await readdir(`/proc/${pid}/fd`))
+          .map((fd) => {
+            try {
+              return readlinkSync(`/proc/${pid}/fd/${fd}`, { encoding: 'utf8' });
+            } catch {
+              return '';
+            }
+          })
+          .flatMap((target) => /^socket:\[(\d+)\]$/.exec(target)?.[1] ?? []);
+      const inherited = new Set(await socketInodes(process.pid));
+      const inodes = new Set((await socketInodes(child.pid!)).filter((inode) => !inherited.has(inode)));
       const ports = (await readFile('/proc/net/netlink', 'utf8'))
         .split('\n')
         .map((line) => line.trim().split(/\s+/))

@@ -27,7 +27,14 @@ import {
   type SyncResult,
 } from '../backend.js';
 import { ElementStorage, entryKey, isEmpty, type ElementChanges } from '../element-storage.js';
-import { NftCliExecutor, NftError, NftTimeoutError, type NftCommit, type NftExecutor } from './executor.js';
+import {
+  MAX_LISTED_ELEMENTS,
+  NftCliExecutor,
+  NftError,
+  NftTimeoutError,
+  type NftCommit,
+  type NftExecutor,
+} from './executor.js';
 import { JsonWriter, Transaction, type MapElement, type RuleObject } from './objects.js';
 import { ListingWorkerError, diffListing, expectedLines, listAndDiff, type ListingDiff } from './listing-diff.js';
 import {
@@ -89,9 +96,14 @@ interface ListedElement {
   element: MapElement;
 }
 
-/** Map lookups cost the same at any size: the bound is the memory a sync takes (docs/operations.md, Limits). */
+/**
+ * Map lookups cost the same at any size: the bound is the memory a sync takes (libnftables parses
+ * the document at about 4 KiB per element: docs/operations.md, Limits), and at most what a
+ * resync's listing is read for.
+ */
 export const NFT_CAPACITY: EntryCapacity = {
   defaultEntries: 65_536,
+  maxEntries: MAX_LISTED_ELEMENTS,
   why: 'the memory of a full sync within the 512 Mi limit',
 };
 

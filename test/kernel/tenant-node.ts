@@ -171,6 +171,15 @@ export class TenantNode {
     return expect.fail(`${address}:${port}: expected '${expected}', last answer '${last}'\n${this.tail()}`);
   }
 
+  /** Waits (generously) until the controller has logged a line that matches. */
+  async waitForOutput(pattern: RegExp, timeoutMs = 30_000): Promise<void> {
+    const started = performance.now();
+    while (!pattern.test(this.output)) {
+      if (performance.now() - started > timeoutMs) expect.fail(`no log line matches ${pattern}\n${this.tail()}`);
+      await sleep(50);
+    }
+  }
+
   /** A connection every `intervalMs` from the node until stop() says how they went. */
   async connectLoop(address: string, port: number, expected: string, intervalMs: number): Promise<ConnectLoop> {
     const child = this.spawnOnNode([CONNECT_LOOP, address, String(port), expected, String(intervalMs)]);

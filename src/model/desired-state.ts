@@ -323,7 +323,11 @@ export class DesiredStateModel {
       this.byPrecedence = undefined;
       return { enter, leave, capacityChanged };
     }
-    // Sorted last time and changed little since: TimSort takes a nearly sorted array in one pass.
+    // Records that ask for nothing always fit (most Services have no external address): only the
+    // others are ordered. Sorted last time and changed little since: TimSort takes a nearly
+    // sorted array in one pass.
+    const enter: ServiceRecord[] = [];
+    const asks = (r: ServiceRecord) => r.request.counts.ipv4 + r.request.counts.ipv6 > 0;
     let order: ServiceRecord[];
     if (this.byPrecedence) {
       const gone = new Set(removed);
@@ -332,9 +336,16 @@ export class DesiredStateModel {
     } else {
       order = [...this.records.values()];
     }
+    order = order.filter((r) => {
+      if (asks(r)) return true;
+      if (!r.admitted) {
+        r.admitted = true;
+        enter.push(r);
+      }
+      return false;
+    });
     order.sort((a, b) => (precedes(a, b) ? -1 : precedes(b, a) ? 1 : 0));
     this.byPrecedence = order;
-    const enter: ServiceRecord[] = [];
     const used: Record<Family, number> = { ipv4: 0, ipv6: 0 };
     for (const r of order) {
       const { ipv4, ipv6 } = r.request.counts;

@@ -514,6 +514,40 @@ describe('the image under the DaemonSet, as a kubelet runs it (podman)', functio
     if (this.currentTest?.state === 'failed' && current) console.log(kubelet.logs(current.name));
   });
 
+  it('the image carries what the controller runs and nothing more: no shell, apt or dpkg', () => {
+    // Node.js is the one program of the image that can look at its files.
+    const look = (paths: string[]) =>
+      JSON.parse(
+        podman([
+          'run',
+          '--rm',
+          '--pull',
+          'never',
+          '--network',
+          'none',
+          '--entrypoint',
+          'node',
+          IMAGE,
+          '-e',
+          'const fs = require("fs"); console.log(JSON.stringify(process.argv.slice(1).map((p) => fs.existsSync(p))))',
+          ...paths,
+        ]).out,
+      ) as boolean[];
+    const present = ['/usr/sbin/nft', '/usr/sbin/iptables', '/usr/sbin/iptables-legacy', '/usr/sbin/ip6tables-nft'];
+    present.push(
+      '/usr/sbin/conntrack',
+      '/usr/local/bin/ipvs-node-controller',
+      '/var/lib/dpkg/status',
+      '/etc/os-release',
+    );
+    expect(look(present), present.join(' ')).to.deep.equal(present.map(() => true));
+    const absent = ['/bin/sh', '/usr/bin/bash', '/usr/bin/apt', '/usr/bin/apt-get', '/usr/bin/dpkg', '/usr/bin/ls'];
+    absent.push('/usr/bin/perl', '/usr/local/bin/npm', '/usr/lib/node_modules', '/usr/local/lib/node_modules');
+    expect(look(absent), absent.join(' ')).to.deep.equal(absent.map(() => false));
+    const size = Number(podman(['image', 'inspect', '--format', '{{.Size}}', IMAGE]).out);
+    figures.push(`image ${IMAGE}: ${(size / 1e6).toFixed(1)} MB uncompressed`);
+  });
+
   it('before any controller: the LoadBalancer IP is not translated (the load balancer path answers)', async () => {
     expect(await connect('pod', node, scenario.network.pod.ns)).to.equal(LB_PATH);
     expect(await connect('node', node, scenario.network.pod.ns)).to.equal(LB_PATH);

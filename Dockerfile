@@ -67,6 +67,7 @@ COPY scripts/runtime-rootfs.sh /usr/local/sbin/runtime-rootfs.sh
 # zlib1g, libjansson4, ...).
 RUN sh /usr/local/sbin/runtime-rootfs.sh /rootfs \
       nftables iptables libnftables1 libbpf1 conntrack libstdc++6 netbase \
+ && mkdir -p /rootfs/usr/local/bin \
  && ln -s /opt/ipvs-node-controller/dist/bundle/ipvs-node-controller.mjs /rootfs/usr/local/bin/ipvs-node-controller
 
 # --- runtime: no compiler, no npm, no apt or dpkg, no shell ---------------------------------------

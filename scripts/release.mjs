@@ -134,19 +134,8 @@ try {
     ]);
   }
   const layout = join(work, 'layout');
-  // gzip layers, as registries serve them; --all: the index and every platform's image.
-  run('buildah', [
-    'manifest',
-    'push',
-    '--all',
-    '--format',
-    'oci',
-    '--compression-format',
-    'gzip',
-    '--quiet',
-    list,
-    `oci:${layout}:${version}`,
-  ]);
+  // --all: the index and every platform's image (an OCI layout compresses the layers with gzip).
+  run('buildah', ['manifest', 'push', '--all', '--format', 'oci', '--quiet', list, `oci:${layout}:${version}`]);
   spawnSync('buildah', ['manifest', 'rm', list], { env, stdio: 'ignore' });
 
   const blob = (digest) => readFileSync(join(layout, 'blobs', ...digest.split(':')));
@@ -172,11 +161,12 @@ try {
 
   // --- the SBOM, read from each image ------------------------------------------------------------
   const fileInImage = (arch, path) => {
-    // The last layer that holds the file wins (no layer of this image deletes one).
+    // The last layer that holds the file wins (no layer of this image deletes one); tar finds the
+    // compression by itself.
     let found;
     for (const layer of platforms[arch].layers) {
       const blobPath = join(layout, 'blobs', ...layer.split(':'));
-      const r = spawnSync('tar', ['-xzOf', blobPath, '--wildcards', `*${path}`], {
+      const r = spawnSync('tar', ['-xOf', blobPath, '--wildcards', `*${path}`], {
         encoding: 'utf8',
         maxBuffer: 64 * 1024 * 1024,
       });

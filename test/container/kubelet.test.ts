@@ -434,6 +434,12 @@ function rssOf(name: string): { rssMiB: number; cgroupMiB?: number } {
 
 const imageBuilt = () => podman(['image', 'exists', IMAGE], true).code === 0;
 
+/** The names (repository:tag) of an image, by its ID; none when it does not exist. */
+function imageTags(id: string): string[] {
+  const r = podman(['image', 'inspect', '--format', '{{json .RepoTags}}', id.replace(/^sha256:/, '')], true);
+  return r.code === 0 ? ((JSON.parse(r.out) as string[] | null) ?? []) : [];
+}
+
 describe('the image under the DaemonSet, as a kubelet runs it (podman)', function () {
   this.timeout(180_000);
   let scenario: Scenario;
@@ -442,6 +448,7 @@ describe('the image under the DaemonSet, as a kubelet runs it (podman)', functio
   let kubelet: Kubelet;
   let current: Started | undefined;
   const names: string[] = [];
+  const pulledNames: string[] = [];
   const figures: string[] = [];
 
   const startOverlay = async (overlay: string, image?: string): Promise<{ started: Started; readyMs: number }> => {
@@ -502,8 +509,8 @@ describe('the image under the DaemonSet, as a kubelet runs it (podman)', functio
   after(async function () {
     for (const name of names) kubelet?.remove(name);
     if (imageBuilt()) podman(['rmi', IMAGE_UPDATE], true);
-    // The image pulled from the release archive, unless it is also tagged otherwise (the same build).
-    for (const pulled of kubelet?.pulled.values() ?? []) podman(['rmi', pulled], true);
+    // The names the pull from the release archive added; the image itself is the one built here.
+    for (const name of pulledNames) podman(['untag', IMAGE, name], true);
     if (figures.length > 0) console.log(`\n    figures:\n${figures.map((f) => `      ${f}`).join('\n')}`);
     await api?.stop();
     node?.tearDown();
@@ -679,12 +686,21 @@ describe('the image under the DaemonSet, as a kubelet runs it (podman)', functio
     const reference = ds.spec.template.spec.containers[0].image as string;
     expect(reference).to.equal(`${release.repository}:${VERSION}@${top!.digest}`);
 
-    // The node pulls this node's platform out of the index, as a runtime does from a registry.
+    // The node pulls this node's platform out of the index, as a runtime does from a registry: the
+    // image whose config the amd64 manifest names, reached through the index's digest.
+    const amd64 = JSON.parse(
+      inArchive(`./blobs/sha256/${String(byArch.amd64).slice('sha256:'.length)}`).toString('utf8'),
+    ) as { config: { digest: string } };
+    const tagsBefore = new Set(imageTags(amd64.config.digest));
     const pulled = podman(['pull', '--quiet', `oci-archive:${archive}:${VERSION}`])
       .out.split('\n')
       .at(-1)!;
-    const pulledDigest = podman(['image', 'inspect', '--format', '{{.Digest}}', pulled]).out;
-    expect(pulledDigest, 'the amd64 image of the index').to.equal(byArch.amd64);
+    expect(`sha256:${podman(['image', 'inspect', '--format', '{{.Id}}', pulled]).out}`).to.equal(amd64.config.digest);
+    // Names the pull added (from the archive's reference name): removed after, the image stays.
+    pulledNames.push(...imageTags(amd64.config.digest).filter((t) => !tagsBefore.has(t)));
+    const repoDigests = podman(['image', 'inspect', '--format', '{{json .RepoDigests}}', pulled]).out;
+    expect(repoDigests, 'pulled by the index digest, as the amd64 manifest').to.include(`@${top!.digest}"`);
+    expect(repoDigests).to.include(`@${byArch.amd64}"`);
     kubelet.pulled.set(reference, pulled);
 
     kubelet.stop(current!);

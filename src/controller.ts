@@ -4,12 +4,18 @@
 // steps aside because kube-proxy is not in IPVS mode (design/semantics.md, "kube-proxy's mode").
 
 import type { Logger } from 'pino';
-import type { Backend, SyncResult } from './backends/backend.js';
+import { entryLimit, type Backend, type SyncResult } from './backends/backend.js';
 import type { ClusterCaches } from './kube/cluster.js';
 import { ConntrackCleaner, type ConntrackCleanupReport } from './conntrack/conntrack-cleaner.js';
 import { staleTuples } from './conntrack/stale-tuples.js';
 import { DesiredStateModel } from './model/desired-state.js';
-import type { Conflict, DesiredState, ModelConfig, Skip } from './model/types.js';
+import {
+  DEFAULT_MAX_ENTRIES_PER_SERVICE,
+  type Conflict,
+  type DesiredState,
+  type ModelConfig,
+  type Skip,
+} from './model/types.js';
 import { isNonIpvsMode, type ModeVerdict } from './kubeproxy/mode.js';
 import { SyncRunner, type SyncRequestInfo } from './sync/runner.js';
 
@@ -50,6 +56,14 @@ export interface ControllerStatus {
   cachesSynced: boolean;
   /** Date.now() of the last successful sync. */
   lastSuccessfulSyncAt?: number;
+  /** Date.now() when the last sync ended, successful or not: the loop is alive. */
+  lastSyncEndedAt?: number;
+  /** Date.now() when the sync under way started, if one is. */
+  syncStartedAt?: number;
+  /** Services not translated because of a limit, per reason (tooManyEntries, overCapacity). */
+  servicesOverLimits?: Partial<Record<'tooManyEntries' | 'overCapacity', number>>;
+  /** The limits in force: entries per Service, and per family in all. */
+  limits?: { maxEntriesPerService: number; maxEntries: number };
   lastError?: string;
   /** Why prerouting rules are missing for a family, when they are. */
   localPodMatchProblems: string[];
@@ -73,6 +87,13 @@ export interface ControllerOptions {
   kubeProxyMode?: ModeVerdict;
   /** Effective kube-proxy-related settings at start, for status. */
   kubeProxySettings?: string[];
+  /** --max-entries: entries per family programmed at most; default and ceiling: the backend's capacity. */
+  maxEntries?: number;
+  /**
+   * The addresses of the node's interfaces, read at every sync (src/node/interface-addresses.ts);
+   * none by default.
+   */
+  interfaceAddresses?: () => readonly string[];
   /**
    * Deletes conntrack entries made stale by a change of the programmed translations. Default: the
    * conntrack command, except for the ebpf backend (it translates sockets, not conntrack
@@ -98,7 +119,7 @@ export class Controller {
   readonly status: ControllerStatus = { cachesSynced: false, localPodMatchProblems: [] };
 
   constructor(private readonly options: ControllerOptions) {
-    this.model = new DesiredStateModel(options.model);
+    this.model = this.newModel(options.model);
     this.kubeProxyMode = options.kubeProxyMode ?? { mode: 'unknown', source: 'none', detail: 'not looked at' };
     this.status.kubeProxy = {
       mode: this.kubeProxyMode,
@@ -159,9 +180,20 @@ export class Controller {
     await this.runner.stop();
   }
 
+  /** A model with the limits in force: the backend's capacity, lowered by --max-entries. */
+  private newModel(model: ModelConfig): DesiredStateModel {
+    const maxEntries = entryLimit(this.options.backend.capacity, this.options.maxEntries);
+    const config = { ...model, maxEntries };
+    this.status.limits = {
+      maxEntriesPerService: config.maxEntriesPerService ?? DEFAULT_MAX_ENTRIES_PER_SERVICE,
+      maxEntries,
+    };
+    return new DesiredStateModel(config);
+  }
+
   /** kube-proxy's configuration changed the model settings: everything is derived and programmed anew. */
   setModelConfig(model: ModelConfig, settings: string[]): void {
-    this.model = new DesiredStateModel(model);
+    this.model = this.newModel(model);
     this.status.kubeProxy = { ...this.status.kubeProxy!, settings };
     if (this.started) this.runner.requestFull();
   }
@@ -187,20 +219,22 @@ export class Controller {
     return undefined;
   }
 
-  desiredState(): DesiredState {
+  /** What the caches ask for now; a large change is derived in slices, the event loop served between them. */
+  desiredState(): Promise<DesiredState> {
     const { caches, nodeName } = this.options;
     const node = caches.node.list().find((n) => n.name === nodeName);
-    return this.model.update(caches.services, node);
+    return this.model.updateCooperatively(caches.services, node, this.options.interfaceAddresses?.() ?? []);
   }
 
   private async sync(info: SyncRequestInfo): Promise<void> {
     const { backend, logger, observer } = this.options;
-    const desired = this.desiredState();
-    this.reportModelChanges(desired);
-    observer?.onDesiredState?.(desired);
+    this.status.syncStartedAt = Date.now();
     const started = performance.now();
     const report: SyncReport = { backend: backend.name, requested: info.full ? 'full' : 'partial', durationMs: 0 };
     try {
+      const desired = await this.desiredState();
+      this.reportModelChanges(desired);
+      observer?.onDesiredState?.(desired);
       const reason = this.stepAsideReason();
       if (reason && this.options.kubeProxyStepAside !== false) {
         report.result = await this.stepAside(reason);
@@ -248,6 +282,8 @@ export class Controller {
       report.error = err instanceof Error ? err : new Error(String(err));
       throw report.error;
     } finally {
+      this.status.syncStartedAt = undefined;
+      this.status.lastSyncEndedAt = Date.now();
       observer?.onSync?.(report);
     }
   }
@@ -292,14 +328,30 @@ export class Controller {
 
     const conflictKey = (c: Conflict) => `${c.family}|${c.externalIp}|${c.protocol}|${c.port}|${c.winner}|${c.loser}`;
     const newConflicts = desired.conflicts.filter((c) => !this.previousConflicts.has(conflictKey(c)));
+    // One line per losing Service and winner: two Services that collide on 10,000 keys are one story.
+    const byPair = new Map<string, Conflict[]>();
     for (const c of newConflicts) {
+      const pair = `${c.loser}|${c.winner}`;
+      const list = byPair.get(pair);
+      if (list) list.push(c);
+      else byPair.set(pair, [c]);
+    }
+    for (const [, [c, ...more]] of byPair) {
+      const also = more.length > 0 ? ` (and ${more.length} more of its entries)` : '';
       logger.warn(
-        { service: c.loser, winner: c.winner },
-        `conflict: ${c.externalIp} ${c.protocol}/${c.port} is claimed by the older Service ${c.winner}; ${c.loser} is not translated there`,
+        { service: c!.loser, winner: c!.winner, entries: more.length + 1 },
+        `conflict: ${c!.externalIp} ${c!.protocol}/${c!.port} is claimed by the older Service ${c!.winner}; ${c!.loser} is not translated there${also}`,
       );
     }
     this.previousConflicts = new Set(desired.conflicts.map(conflictKey));
     if (newConflicts.length > 0) observer?.onNewConflicts?.(newConflicts);
+
+    const overLimits: NonNullable<ControllerStatus['servicesOverLimits']> = {};
+    for (const s of desired.skips) {
+      if (s.reason === 'tooManyEntries' || s.reason === 'overCapacity')
+        overLimits[s.reason] = (overLimits[s.reason] ?? 0) + 1;
+    }
+    this.status.servicesOverLimits = overLimits;
 
     const problems = (['ipv4', 'ipv6'] as const).flatMap((f) => {
       // A family without entries needs no pod detection (an IPv4-only cluster has no IPv6 podCIDR).

@@ -27,8 +27,24 @@ export interface SyncResult {
   repairedElements?: number;
 }
 
+/** How many entries per family a backend is given: a default, and what it can hold at all. */
+export interface EntryCapacity {
+  /** Without --max-entries. */
+  defaultEntries: number;
+  /** The most it can hold (a map's fixed size); --max-entries above it is lowered to it. */
+  maxEntries?: number;
+  /** Why, in a few words, for logs and docs. */
+  why: string;
+}
+
+/** Entries per family a backend is given: --max-entries, or its default, never above what it holds. */
+export function entryLimit(capacity: EntryCapacity, maxEntriesFlag: number | undefined): number {
+  return Math.min(maxEntriesFlag ?? capacity.defaultEntries, capacity.maxEntries ?? Number.POSITIVE_INFINITY);
+}
+
 export interface Backend {
   readonly name: BackendName;
+  readonly capacity: EntryCapacity;
   /** Checks that the kernel and userspace can run this backend, without changing anything. */
   probe(): Promise<ProbeResult>;
   /**

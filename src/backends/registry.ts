@@ -6,12 +6,17 @@
 import type { Logger } from 'pino';
 import { access, constants } from 'node:fs/promises';
 import { delimiter, join } from 'node:path';
-import { BackendError, type Backend, type BackendName } from './backend.js';
-import { DEFAULT_BPFFS_PATH, EbpfBackend, defaultCgroupPath } from './ebpf/ebpf-backend.js';
+import { BackendError, type Backend, type BackendName, type EntryCapacity } from './backend.js';
+import { DEFAULT_BPFFS_PATH, EBPF_CAPACITY, EbpfBackend, defaultCgroupPath } from './ebpf/ebpf-backend.js';
 import { selectNftExecutor, type NftExecutorPreference } from './nft/addon-executor.js';
-import { NftBackend } from './nft/nft-backend.js';
+import { NFT_CAPACITY, NftBackend } from './nft/nft-backend.js';
 import { renderDesiredStateText } from './nft/render.js';
-import { IptablesBackend, hasIptablesObjects, removeIptablesObjects } from './iptables/iptables-backend.js';
+import {
+  IPTABLES_CAPACITY,
+  IptablesBackend,
+  hasIptablesObjects,
+  removeIptablesObjects,
+} from './iptables/iptables-backend.js';
 import { renderDesiredStateRestoreText } from './iptables/render.js';
 import { IPTABLES_VARIANTS, detectIptablesVariant, type IptablesVariant } from './iptables/variant.js';
 import { FAMILIES, type DesiredState } from '../model/types.js';
@@ -66,6 +71,8 @@ export interface BackendEntry {
   leftovers(settings: BackendSettings, inUse?: BackendDescription): LeftoverCleanup[];
   /** What --dry-run prints: the rules this backend would program. */
   renderDryRun(desired: DesiredState): string;
+  /** Entries per family it is given (the backends built by create() carry the same). */
+  capacity: EntryCapacity;
 }
 
 export type BackendRegistry = Readonly<Record<BackendName, BackendEntry>>;
@@ -82,6 +89,7 @@ export const BACKENDS: BackendRegistry = {
     describe: (backend) => ({ backend: 'nft', nftExecutor: (backend as NftBackend).executor.kind }),
     leftovers: (settings, inUse) => (inUse ? [] : [nftLeftovers(settings)]),
     renderDryRun: (desired) => renderDesiredStateText(desired),
+    capacity: NFT_CAPACITY,
   },
   iptables: {
     async create(settings) {
@@ -97,6 +105,7 @@ export const BACKENDS: BackendRegistry = {
     leftovers: (_settings, inUse) =>
       IPTABLES_VARIANTS.filter((v) => !inUse || (inUse.iptablesVariant ?? v) !== v).map(iptablesLeftovers),
     renderDryRun: (desired) => renderDesiredStateRestoreText(desired, { useKubeMarkMasq: true }),
+    capacity: IPTABLES_CAPACITY,
   },
   ebpf: {
     async create(settings) {
@@ -110,6 +119,7 @@ export const BACKENDS: BackendRegistry = {
     leftovers: (settings, inUse) => (inUse ? [] : [ebpfLeftovers(settings)]),
     // The eBPF maps hold the same entries as the nft sets: their text shows them.
     renderDryRun: (desired) => renderDesiredStateText(desired),
+    capacity: EBPF_CAPACITY,
   },
 };
 
@@ -149,7 +159,17 @@ export function describeBackend(backend: Backend, backends: BackendRegistry = BA
 
 /** What --dry-run prints for --backend; 'auto' shows the nft text, as the eBPF backend does. */
 export function renderDryRun(choice: BackendChoice, desired: DesiredState, backends: BackendRegistry = BACKENDS) {
-  return backends[choice === 'auto' ? 'nft' : choice].renderDryRun(desired);
+  return backends[dryRunBackend(choice)].renderDryRun(desired);
+}
+
+/** --dry-run shows what nft would program when the choice is left to the node. */
+function dryRunBackend(choice: BackendChoice): BackendName {
+  return choice === 'auto' ? 'nft' : choice;
+}
+
+/** The entries per family --dry-run assumes: those of the backend it renders for. */
+export function dryRunCapacity(choice: BackendChoice, backends: BackendRegistry = BACKENDS): EntryCapacity {
+  return backends[dryRunBackend(choice)].capacity;
 }
 
 /**

@@ -12,12 +12,13 @@ import { createLogger, logFatal, writeStderr, type Logger } from '../log.js';
 import {
   cleanupAll,
   describeBackend,
+  dryRunCapacity,
   removeLeftovers,
   renderDryRun,
   selectBackend,
   type BackendSettings,
 } from '../backends/registry.js';
-import type { Backend } from '../backends/backend.js';
+import { entryLimit, type Backend } from '../backends/backend.js';
 import { Controller } from '../controller.js';
 import { buildDesiredState } from '../model/desired-state.js';
 import type { DesiredState, NodeInfo, ServiceInfo } from '../model/types.js';
@@ -29,6 +30,7 @@ import type { Operations } from '../operations/operations.js';
 import { describeSettings, type EffectiveSettings } from '../kubeproxy/config.js';
 import { isNonIpvsMode, type ModeVerdict } from '../kubeproxy/mode.js';
 import { buildInfo } from '../build-info/version.js';
+import { interfaceAddresses } from '../node/interface-addresses.js';
 
 const PROGRAM = 'ipvs-node-controller';
 
@@ -159,7 +161,11 @@ async function dryRun(config: Config): Promise<number> {
   const { services, node } = await loadForDryRun(config);
   const { KubeProxyAwareness } = await import('../kubeproxy/awareness.js');
   const kubeProxy = await KubeProxyAwareness.lookOnce(config);
-  const desired = buildDesiredState(services, node, kubeProxy.settings.model);
+  const model = {
+    ...kubeProxy.settings.model,
+    maxEntries: entryLimit(dryRunCapacity(config.backend), config.maxEntries),
+  };
+  const desired = buildDesiredState(services, node, model);
   // Wait for the write: stdout on a pipe is asynchronous and process.exit would cut it short.
   // What the chosen backend would program: iptables-restore input, or nft text.
   const ruleset = renderDryRun(config.backend, desired);
@@ -385,6 +391,8 @@ async function runController(
     kubeProxyMode: kubeProxy.mode,
     kubeProxySettings: kubeProxy.describe(),
     nodeName: config.nodeName,
+    maxEntries: config.maxEntries,
+    interfaceAddresses,
     minSyncPeriodMs: config.minSyncPeriodMs,
     syncPeriodMs: config.syncPeriodMs,
     logger,
@@ -398,6 +406,8 @@ async function runController(
       kubeProxyMode: kubeProxy.mode.mode,
       minSyncPeriod: formatDuration(config.minSyncPeriodMs),
       syncPeriod: formatDuration(config.syncPeriodMs),
+      ...controller.status.limits,
+      serviceExternalIpRange: kubeProxy.settings.model.externalIpRanges?.join(',') ?? 'any',
     },
     'starting',
   );

@@ -5,7 +5,12 @@ import { Command, CommanderError, InvalidArgumentError, Option } from 'commander
 import { isIP } from 'node:net';
 import { hostname } from 'node:os';
 import { parseCidr, formatCidr } from '../model/ip.js';
-import { DETECT_LOCAL_MODES, type DetectLocalMode, type ModelConfig } from '../model/types.js';
+import {
+  DEFAULT_MAX_ENTRIES_PER_SERVICE,
+  DETECT_LOCAL_MODES,
+  type DetectLocalMode,
+  type ModelConfig,
+} from '../model/types.js';
 import { parseDuration } from './duration.js';
 import type { KubeProxyModelSetting, SettingSource } from '../kubeproxy/config.js';
 import { buildInfo } from '../build-info/version.js';
@@ -49,6 +54,8 @@ export interface Config {
   kubeProxyPollIntervalMs: number;
   /** Remove our rules while kube-proxy is positively in iptables or nftables mode. */
   kubeProxyStepAside: boolean;
+  /** --max-entries: entries per family this node programs at most; undefined: the backend's default. */
+  maxEntries?: number;
 }
 
 /** An IP address and TCP port to listen on. */
@@ -130,6 +137,21 @@ export function buildCommand(): Command {
     )
     .addOption(
       booleanOption('--local-traffic-policy-only', 'only translate Services with externalTrafficPolicy: Local', false),
+    )
+    .option(
+      '--max-entries-per-service <n>',
+      'a Service asking for more entries (external addresses x ports) is not translated at all',
+      String(DEFAULT_MAX_ENTRIES_PER_SERVICE),
+    )
+    .option(
+      '--max-entries <n>',
+      'entries per family this node programs at most; the youngest Services that do not fit are not translated ' +
+        '(default: nft 100000, iptables 20000, ebpf 65536, its map size and maximum)',
+    )
+    .option(
+      '--service-external-ip-range <cidrs>',
+      'only translate spec.externalIPs inside these CIDRs (comma-separated, repeatable; default: any)',
+      (value: string, previous: string[] | undefined) => [...(previous ?? []), value],
     )
     .addOption(
       booleanOption(
@@ -248,7 +270,7 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
     }
     throw err;
   }
-  const o = command.opts<Record<string, string | boolean | undefined>>();
+  const o = command.opts<Record<string, string | string[] | boolean | undefined>>();
   const str = (k: string) => (typeof o[k] === 'string' ? (o[k] as string) : undefined);
   const fromCli = (k: string) => command.getOptionValueSource(k) === 'cli';
   /** A flag and its kube-proxy alias: either may be given, both only with the same value. */
@@ -283,6 +305,7 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
     podBridgeInterface: given('podBridgeInterface'),
     podInterfaceNamePrefix: given('podInterfaceNamePrefix'),
     masqueradeBit: str('iptablesMasqueradeBit') !== undefined ? 'flag' : given('masqueradeBit'),
+    allowServiceExternalIPs: 'default',
   };
   // With kube-proxy's file, a mode's value may come from the file; the model reports it if it does not.
   if (kubeProxyConfig === undefined) checkDetectLocalValues(mode, cidrs, podBridgeInterface, podInterfaceNamePrefix);
@@ -309,6 +332,11 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
   );
   const kubeProxyPollIntervalMs = duration('--kube-proxy-mode-poll-interval', str('kubeProxyModePollInterval')!, 100);
 
+  const maxEntriesPerService = positiveCount('--max-entries-per-service', str('maxEntriesPerService')!);
+  const maxEntriesText = str('maxEntries');
+  const maxEntries = maxEntriesText === undefined ? undefined : positiveCount('--max-entries', maxEntriesText);
+  const externalIpRanges = serviceExternalIpRanges(o.serviceExternalIpRange as string[] | undefined);
+
   const nodeNameFlag = aliased('nodeName', 'hostnameOverride', '--node-name', '--hostname-override');
   const nodeName = nodeNameFlag ?? env.NODE_NAME ?? hostname();
   return {
@@ -324,7 +352,11 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
       podInterfaceNamePrefix,
       masqueradeBit: Number(bit),
       localTrafficPolicyOnly: o.localTrafficPolicyOnly === true,
+      maxEntriesPerService,
+      externalIpRanges,
+      allowServiceExternalIPs: true,
     },
+    maxEntries,
     minSyncPeriodMs,
     syncPeriodMs,
     minWatchTimeoutMs: duration('--min-watch-timeout', str('minWatchTimeout')!, 1000),
@@ -344,6 +376,31 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
     kubeProxyPollIntervalMs,
     kubeProxyStepAside: o.kubeProxyStepAside === true,
   };
+}
+
+/** An integer from 1 to 10,000,000. */
+function positiveCount(flag: string, text: string): number {
+  if (!/^\d{1,8}$/.test(text) || Number(text) < 1 || Number(text) > 10_000_000) {
+    throw new UsageError(`${flag}: '${text}' must be an integer from 1 to 10000000`);
+  }
+  return Number(text);
+}
+
+/** --service-external-ip-range, every value comma-separated; undefined when not given. */
+function serviceExternalIpRanges(values: string[] | undefined): string[] | undefined {
+  if (values === undefined) return undefined;
+  const out: string[] = [];
+  for (const raw of values.flatMap((v) => v.split(','))) {
+    const text = raw.trim();
+    const cidr = parseCidr(text);
+    if (!cidr) {
+      throw new UsageError(
+        `--service-external-ip-range: '${text}' is not a CIDR (e.g. 198.51.100.0/24,2001:db8:1::/64)`,
+      );
+    }
+    out.push(formatCidr(cidr));
+  }
+  return out;
 }
 
 function checkDetectLocalValues(

@@ -32,6 +32,15 @@ export const SKIP_EXPLANATIONS: Record<SkipReason, string> = {
   notLocalTrafficPolicy:
     'the Service does not have externalTrafficPolicy: Local and --local-traffic-policy-only is set',
   optedOut: 'the Service is annotated ipvs-node-controller/skip: "true"',
+  pointsAtNode:
+    'the address points at the node itself (loopback, unspecified, link-local, multicast, broadcast or one of its own addresses), which a Service may never claim',
+  externalIpNotAllowed: 'the external IP is outside the ranges the operator allows (--service-external-ip-range)',
+  externalIpsDisabled:
+    "kube-proxy's AllowServiceExternalIPs feature gate is off, so spec.externalIPs are not served on this cluster",
+  tooManyEntries:
+    'the Service asks for more entries (addresses x ports) than one Service may (--max-entries-per-service): none of them is translated',
+  overCapacity:
+    'the entries of all Services exceed what this node programs (--max-entries): older Services keep theirs, and this one is not translated until it fits',
 };
 
 /** Skips that are the intended behaviour rather than a problem: reported as Normal, not Warning. */

@@ -1,15 +1,19 @@
 // Liveness and readiness of the controller, as pure judgements over what it reports.
 //
-// /healthz (liveness) asks: is the sync loop keeping the kernel programmed? Once the caches have
-// synced, a sync is always due (a full resync runs every --sync-period), so no successful sync
-// for 2 x --sync-period means the loop is stuck or the kernel refuses our changes, and a restart
-// may help. Before the caches have synced nothing may be programmed yet (previous rules stay),
-// and a restart cannot make the API server reachable, so the controller counts as alive; this
-// is kube-proxy's rule too: unhealthy only when work it has queued is not done in time.
+// /healthz (liveness) asks: is the sync loop alive? Once the caches have synced, a sync is always
+// due (a full resync runs every --sync-period, a failed one is retried within it), so no sync
+// that ended, successfully or not, for 2 x --sync-period means the loop is stuck, and a restart
+// may help. What Services ask for never makes it fail: a Service over a limit is skipped, and a
+// sync that the kernel refuses is the loop working (readiness says so). Before the caches have
+// synced nothing may be programmed yet (previous rules stay), and a restart cannot make the API
+// server reachable, so the controller counts as alive; this is kube-proxy's rule too: unhealthy
+// only when work it has queued is not done in time.
 //
 // /readyz asks: is this node's translation current? Not before the caches have synced and the
-// first sync has succeeded, not while liveness fails, and not while the API server has been
-// unreachable for longer than 2 x --sync-period (the rules are kept, but may be stale).
+// first sync has succeeded, not while liveness fails, not when no sync has succeeded for
+// 2 x --sync-period, and not while the API server has been unreachable for longer than that (the
+// rules are kept, but may be stale). Services left out by a limit are warnings: the others are
+// translated, and one tenant's Service must not take every node out of service.
 
 import type { ControllerStatus } from '../controller.js';
 import type { InformerObserver } from '../kube/informer.js';
@@ -96,21 +100,47 @@ export function judgeLiveness(inputs: HealthInputs): Judgement {
     };
   }
   const limit = 2 * syncPeriodMs;
-  const reference = status.lastSuccessfulSyncAt ?? api.lastFirstListAt() ?? startedAt;
+  if (status.syncStartedAt !== undefined && now - status.syncStartedAt > limit) {
+    return {
+      ok: false,
+      detail: `a sync has been running for ${seconds(now - status.syncStartedAt)} (limit: 2 x --sync-period = ${seconds(limit)})`,
+      warnings: [],
+    };
+  }
+  const reference = status.lastSyncEndedAt ?? api.lastFirstListAt() ?? startedAt;
   const age = Math.max(0, now - reference);
-  if (age <= limit) {
+  if (age <= limit || status.syncStartedAt !== undefined) {
     const detail =
-      status.lastSuccessfulSyncAt !== undefined
-        ? `last successful sync ${seconds(age)} ago`
-        : `caches synced ${seconds(age)} ago; first sync pending`;
+      status.lastSyncEndedAt === undefined
+        ? `caches synced ${seconds(age)} ago; first sync pending`
+        : status.lastSuccessfulSyncAt === status.lastSyncEndedAt
+          ? `last successful sync ${seconds(age)} ago`
+          : `last sync ended ${seconds(age)} ago`;
     return { ok: true, detail, warnings };
   }
-  const why = status.lastError ?? 'no sync completed';
+  const why = status.lastError ? `: ${status.lastError}` : '';
   return {
     ok: false,
-    detail: `no successful sync for ${seconds(age)} (limit: 2 x --sync-period = ${seconds(limit)}): ${why}`,
+    detail: `no sync has ended for ${seconds(age)} (limit: 2 x --sync-period = ${seconds(limit)}): the sync loop is stuck${why}`,
     warnings: [],
   };
+}
+
+/** Warnings for Services that a limit leaves untranslated. */
+function limitWarnings(status: ControllerStatus): string[] {
+  const over = status.servicesOverLimits ?? {};
+  const out: string[] = [];
+  if (over.tooManyEntries) {
+    out.push(
+      `${over.tooManyEntries} Services are not translated: each asks for more than ${status.limits?.maxEntriesPerService ?? 'the limit of'} entries (tooManyEntries, --max-entries-per-service)`,
+    );
+  }
+  if (over.overCapacity) {
+    out.push(
+      `${over.overCapacity} Services are not translated: they do not fit in the ${status.limits?.maxEntries ?? 'limit of'} entries per family this node programs (overCapacity, --max-entries)`,
+    );
+  }
+  return out;
 }
 
 export function judgeReadiness(inputs: HealthInputs): Judgement {
@@ -129,7 +159,19 @@ export function judgeReadiness(inputs: HealthInputs): Judgement {
     const detail = 'waiting for the first sync' + (status.lastError ? `: ${status.lastError}` : '');
     return { ok: false, detail, warnings: [] };
   }
-  const warnings = [...status.localPodMatchProblems.map((p) => `traffic from pods is not translated: ${p}`)];
+  const sinceSuccess = now - status.lastSuccessfulSyncAt;
+  if (sinceSuccess > 2 * syncPeriodMs) {
+    const why = status.lastError ? `: ${status.lastError}` : '';
+    return {
+      ok: false,
+      detail: `no successful sync for ${seconds(sinceSuccess)} (limit: 2 x --sync-period = ${seconds(2 * syncPeriodMs)})${why}`,
+      warnings: [],
+    };
+  }
+  const warnings = [
+    ...status.localPodMatchProblems.map((p) => `traffic from pods is not translated: ${p}`),
+    ...limitWarnings(status),
+  ];
   if (outage && now - outage.since > 2 * syncPeriodMs) {
     return { ok: false, detail: `${outageLine}; the last programmed rules are kept`, warnings };
   }

@@ -82,5 +82,15 @@ export function toNodeInfo(raw: unknown): NodeInfo | undefined {
   const name = str(obj(o?.metadata)?.name);
   if (!o || !name) return undefined;
   const spec = obj(o.spec) ?? {};
-  return { name, podCIDR: str(spec.podCIDR), podCIDRs: strList(spec.podCIDRs) };
+  const addresses = (Array.isArray(obj(o.status)?.addresses) ? (obj(o.status)!.addresses as unknown[]) : [])
+    .map((a) => obj(a))
+    .filter((a) => a?.type === 'InternalIP' || a?.type === 'ExternalIP')
+    .map((a) => str(a!.address))
+    .filter((a): a is string => a !== undefined);
+  return {
+    name,
+    podCIDR: str(spec.podCIDR),
+    podCIDRs: strList(spec.podCIDRs),
+    ...(addresses.length > 0 ? { addresses } : {}),
+  };
 }

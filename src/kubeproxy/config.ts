@@ -25,6 +25,8 @@ export interface KubeProxySettings {
   podInterfaceNamePrefix?: string;
   /** `metricsBindAddress`, where /proxyMode is served (IP:port). */
   metricsBindAddress?: string;
+  /** `featureGates.AllowServiceExternalIPs` (KEP-5707): false, kube-proxy ignores spec.externalIPs. */
+  allowServiceExternalIPs?: boolean;
 }
 
 export class KubeProxyConfigError extends Error {
@@ -131,6 +133,16 @@ export function parseKubeProxyConfiguration(text: string): KubeProxySettings {
 
   const metrics = optionalString(o, 'metricsBindAddress', 'metricsBindAddress');
   if (metrics !== undefined) out.metricsBindAddress = metrics;
+
+  const gate = section(o, 'featureGates').AllowServiceExternalIPs;
+  if (gate !== undefined && gate !== null) {
+    if (typeof gate !== 'boolean') {
+      throw new KubeProxyConfigError(
+        `featureGates.AllowServiceExternalIPs: ${JSON.stringify(gate)} must be true or false`,
+      );
+    }
+    out.allowServiceExternalIPs = gate;
+  }
   return out;
 }
 
@@ -144,6 +156,7 @@ export const KUBE_PROXY_MODEL_SETTINGS = [
   'podBridgeInterface',
   'podInterfaceNamePrefix',
   'masqueradeBit',
+  'allowServiceExternalIPs',
 ] as const;
 export type KubeProxyModelSetting = (typeof KUBE_PROXY_MODEL_SETTINGS)[number];
 
@@ -175,6 +188,7 @@ export function mergeSettings(flags: FlagSettings, file: KubeProxySettings | und
     take('podBridgeInterface', file.podBridgeInterface);
     take('podInterfaceNamePrefix', file.podInterfaceNamePrefix);
     take('masqueradeBit', file.masqueradeBit);
+    take('allowServiceExternalIPs', file.allowServiceExternalIPs);
   }
   return { model, sources, configuredMode: file?.mode };
 }

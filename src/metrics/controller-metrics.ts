@@ -104,7 +104,9 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
     });
     this.skippedAddresses = new Gauge({
       name: name('skipped_addresses'),
-      help: 'External addresses (or their ports) of Services that are not translated, in the current desired state, by reason.',
+      help:
+        'External addresses (or their ports) of Services that are not translated, in the current desired state, by reason; ' +
+        'for tooManyEntries and overCapacity, Services (each skipped whole).',
       labelNames: ['reason'],
       registers,
     });
@@ -220,7 +222,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
 
   onDesiredState(desired: DesiredState): void {
     const perReason = new Map<string, number>(SKIP_REASONS.map((r) => [r, 0]));
-    for (const s of desired.skips) perReason.set(s.reason, (perReason.get(s.reason) ?? 0) + 1);
+    for (const s of desired.skips) perReason.set(s.reason, (perReason.get(s.reason) ?? 0) + (s.count ?? 1));
     for (const [reason, count] of perReason) this.skippedAddresses.set({ reason }, count);
     for (const family of FAMILIES) {
       this.conflicts.set({ family }, desired.conflicts.filter((c) => c.family === family).length);

@@ -2,14 +2,31 @@
 // The rules for one Service are in service-rules.ts, local-pod detection in local-pods.ts.
 //
 // DesiredStateModel keeps the result between syncs so that a change costs what it touches, not
-// what the cluster holds: a Service's entries and skips are derived once per object (the caches
+// what the cluster holds: a Service's request and skips are derived once per object (the caches
 // replace an object when it changes and never modify one), and only the map keys claimed by
 // changed Services are decided again. buildDesiredState is the same computation from nothing.
+//
+// Every step is linear (or n log n) in what one Service asks for, and what one Service may ask
+// for is bounded: past --max-entries-per-service it is skipped whole, and Services that do not fit
+// in the entries the backend is given (--max-entries) are skipped whole, the youngest first (the
+// order that settles conflicts). Entries are made only for Services that are programmed.
+// update() runs to the end at once; updateCooperatively() gives the event loop a turn every few
+// milliseconds, so that /healthz and the watches are served while a large change is derived.
 
 import { ipSortKey } from './ip.js';
 import { localPodMatch } from './local-pods.js';
 import { orderedChanges } from './ordered-changes.js';
-import { creationTime, flat, precedes, serviceCandidates, serviceKey, type Precedence } from './service-rules.js';
+import {
+  creationTime,
+  flat,
+  precedes,
+  requestContext,
+  serviceKey,
+  serviceRequest,
+  type Precedence,
+  type RequestContext,
+  type ServiceRequest,
+} from './service-rules.js';
 import { compareKeys, SortedEntries } from './sorted-entries.js';
 import { entryKey } from './types.js';
 import type {
@@ -54,8 +71,14 @@ interface Claim {
 interface ServiceRecord extends Precedence {
   /** The update that last saw this object in the input. */
   seenIn: number;
+  request: ServiceRequest;
+  /** Its claims while it is admitted (programmed but for conflicts); empty while it is not. */
   claims: Claim[];
+  /** Within the entries the backend is given; false until decided. */
+  admitted: boolean;
   skips: Skip[];
+  /** The overCapacity skip, while the record is not admitted. */
+  capacitySkip?: Skip;
 }
 
 /** Every claim on one map key, and who holds it. */
@@ -67,8 +90,17 @@ interface Contest {
   losers: string[];
 }
 
-/** Above this many changed keys, sorting everything anew beats inserting one by one. */
-const BULK_CHANGES = 1024;
+/** Above this many changed keys, merging them in one pass beats inserting one by one. */
+const BULK_CHANGES = 64;
+/** Units of work (claims, records, keys) between looks at the clock in a cooperative update. */
+const WORK_PER_LOOK = 2048;
+/** A cooperative update gives the event loop a turn after this much work. */
+const SLICE_MS = 10;
+
+const NO_CLAIMS: Claim[] = Object.freeze([]) as unknown as Claim[];
+
+/** A step of the computation: yields where it may pause, returns its result. */
+type Steps<T> = Generator<void, T, void>;
 
 /**
  * The desired state kept across syncs. update() gives exactly what buildDesiredState gives for
@@ -77,9 +109,19 @@ const BULK_CHANGES = 1024;
 export class DesiredStateModel {
   private readonly records = new Map<ServiceInfo, ServiceRecord>();
   private readonly contests = new Map<string, Contest>();
-  private readonly entries: Record<Family, SortedEntries> = { ipv4: new SortedEntries(), ipv6: new SortedEntries() };
+  private entries: Record<Family, SortedEntries> = { ipv4: new SortedEntries(), ipv6: new SortedEntries() };
   private readonly withSkips = new Set<ServiceRecord>();
   private readonly contested = new Set<Contest>();
+  /** Records left out because they do not fit in maxEntries. */
+  private readonly overCapacity = new Set<ServiceRecord>();
+  /** Entries asked for by all records, per family (admitted or not). */
+  private readonly requested: Record<Family, number> = { ipv4: 0, ipv6: 0 };
+  /** The records in order of precedence, as the last admission pass sorted them. */
+  private byPrecedence: ServiceRecord[] | undefined;
+  private readonly maxEntries: number;
+  private context: RequestContext;
+  /** The node's own addresses the records were derived with. */
+  private nodeAddressKey = '';
   private skips: Skip[] = [];
   private conflicts: Conflict[] = [];
   private generation = 0;
@@ -88,33 +130,106 @@ export class DesiredStateModel {
   /** The mark of a change-tracked input at the last update. */
   private trackedMark: number | undefined;
   private nextSeq = 0;
+  /** The cooperative update under way: updates never interleave. */
+  private running: Promise<unknown> = Promise.resolve();
+  private work = 0;
 
-  constructor(private readonly config: ModelConfig) {}
+  constructor(private readonly config: ModelConfig) {
+    this.maxEntries = config.maxEntries ?? Number.POSITIVE_INFINITY;
+    this.context = requestContext(config, undefined);
+  }
 
   /**
    * The desired state for these Services. Given a collection that tracks its changes (the
-   * informer), only what changed since the last update is read.
+   * informer), only what changed since the last update is read. `interfaceAddresses`: the
+   * addresses of the node's interfaces, its own as much as those of its Node object.
    */
-  update(services: Iterable<ServiceInfo> | ChangeTracked<ServiceInfo>, node: NodeInfo | undefined): DesiredState {
+  update(
+    services: Iterable<ServiceInfo> | ChangeTracked<ServiceInfo>,
+    node: NodeInfo | undefined,
+    interfaceAddresses: readonly string[] = [],
+  ): DesiredState {
+    const steps = this.steps(services, node, interfaceAddresses);
+    for (;;) {
+      const step = steps.next();
+      if (step.done) return step.value;
+    }
+  }
+
+  /**
+   * update(), giving the event loop a turn every SLICE_MS of work. Calls are served one after
+   * the other; the input is read when the call's turn comes.
+   */
+  updateCooperatively(
+    services: Iterable<ServiceInfo> | ChangeTracked<ServiceInfo>,
+    node: NodeInfo | undefined,
+    interfaceAddresses: readonly string[] = [],
+  ): Promise<DesiredState> {
+    const run = this.running.then(async () => {
+      const steps = this.steps(services, node, interfaceAddresses);
+      let sliceStart = performance.now();
+      for (;;) {
+        const step = steps.next();
+        if (step.done) return step.value;
+        if (performance.now() - sliceStart >= SLICE_MS) {
+          await new Promise((resolve) => setImmediate(resolve));
+          sliceStart = performance.now();
+        }
+      }
+    });
+    this.running = run.catch(() => undefined);
+    return run;
+  }
+
+  /** True every WORK_PER_LOOK units of work: the moment to yield. */
+  private worked(units = 1): boolean {
+    this.work += units;
+    if (this.work < WORK_PER_LOOK) return false;
+    this.work = 0;
+    return true;
+  }
+
+  private *steps(
+    services: Iterable<ServiceInfo> | ChangeTracked<ServiceInfo>,
+    node: NodeInfo | undefined,
+    interfaceAddresses: readonly string[],
+  ): Steps<DesiredState> {
+    this.followNode(node, interfaceAddresses);
     let changes: { added: ServiceRecord[]; removed: ServiceRecord[] };
-    if (isChangeTracked(services)) changes = this.trackedChanges(services);
+    if (isChangeTracked(services)) changes = yield* this.trackedChanges(services);
     else {
       this.trackedMark = undefined;
-      changes = this.listChanges(Array.isArray(services) ? (services as ServiceInfo[]) : [...services]);
+      changes = yield* this.listChanges(Array.isArray(services) ? (services as ServiceInfo[]) : [...services]);
     }
     const { added, removed } = changes;
 
-    const touched = new Set<Contest>();
     let skipsChanged = false;
     for (const record of removed) {
+      this.count(record, -1);
+      if (this.withSkips.delete(record)) skipsChanged = true;
+    }
+    for (const record of added) {
+      this.count(record, 1);
+      if (record.skips.length > 0) {
+        this.withSkips.add(record);
+        skipsChanged = true;
+      }
+    }
+    const admission = this.admit(added, removed);
+    if (admission.capacityChanged) skipsChanged = true;
+
+    const touched = new Set<Contest>();
+    for (const record of admission.leave) {
       for (const claim of record.claims) {
         const contest = this.contests.get(claim.key)!;
         contest.claims.splice(contest.claims.indexOf(claim), 1);
         touched.add(contest);
+        if (this.worked()) yield;
       }
-      if (this.withSkips.delete(record)) skipsChanged = true;
+      record.claims = NO_CLAIMS;
     }
-    for (const record of added) {
+    for (const record of admission.enter) {
+      record.claims = yield* this.claimsOf(record);
       for (const claim of record.claims) {
         let contest = this.contests.get(claim.key);
         if (!contest) {
@@ -124,19 +239,19 @@ export class DesiredStateModel {
           contest.claims.push(claim);
         }
         touched.add(contest);
-      }
-      if (record.skips.length > 0) {
-        this.withSkips.add(record);
-        skipsChanged = true;
+        if (this.worked()) yield;
       }
     }
 
     const bulk = touched.size > BULK_CHANGES;
+    const placed: Record<Family, Placements> = { ipv4: new Placements(), ipv6: new Placements() };
     let conflictsChanged = false;
     for (const contest of touched) {
-      if (this.decide(contest, !bulk)) conflictsChanged = true;
+      if (this.decide(contest, bulk ? placed[contest.family] : undefined)) conflictsChanged = true;
+      if (this.worked()) yield;
     }
-    if (bulk) this.resortEntries();
+    if (bulk) for (const family of ['ipv4', 'ipv6'] as const) placed[family].applyTo(this.entries[family]);
+    yield;
     if (skipsChanged) this.collectSkips();
     if (conflictsChanged) this.collectConflicts();
 
@@ -155,8 +270,106 @@ export class DesiredStateModel {
     };
   }
 
+  /**
+   * The node's own addresses decide which addresses are skipped: when they change (rarely: an
+   * address added to the node), every record is derived again.
+   */
+  private followNode(node: NodeInfo | undefined, interfaceAddresses: readonly string[]): void {
+    const context = requestContext(this.config, node, interfaceAddresses);
+    const key = [...context.nodeAddresses].sort().join(',');
+    if (key === this.nodeAddressKey) return;
+    this.nodeAddressKey = key;
+    this.context = context;
+    this.records.clear();
+    this.contests.clear();
+    this.entries = { ipv4: new SortedEntries(), ipv6: new SortedEntries() };
+    this.withSkips.clear();
+    this.contested.clear();
+    this.overCapacity.clear();
+    this.requested.ipv4 = 0;
+    this.requested.ipv6 = 0;
+    this.byPrecedence = undefined;
+    this.lastInput = undefined;
+    this.trackedMark = undefined;
+    this.skips = [];
+    this.conflicts = [];
+  }
+
+  private count(record: ServiceRecord, sign: 1 | -1): void {
+    this.requested.ipv4 += sign * record.request.counts.ipv4;
+    this.requested.ipv6 += sign * record.request.counts.ipv6;
+  }
+
+  /**
+   * Which records enter the contests and which leave them. While everything asked for fits, every
+   * record is admitted, at no cost beyond the changes. Otherwise records are admitted in order of
+   * precedence (oldest first), each whole or not at all, while they fit: one that does not fit is
+   * skipped, and younger, smaller ones may still fit after it.
+   */
+  private admit(
+    added: ServiceRecord[],
+    removed: ServiceRecord[],
+  ): { enter: ServiceRecord[]; leave: ServiceRecord[]; capacityChanged: boolean } {
+    const max = this.maxEntries;
+    const leave = removed.filter((r) => r.admitted);
+    let capacityChanged = false;
+    for (const r of removed) if (this.overCapacity.delete(r)) capacityChanged = true;
+    if (this.requested.ipv4 <= max && this.requested.ipv6 <= max) {
+      const enter = [...added, ...this.overCapacity];
+      if (this.overCapacity.size > 0) capacityChanged = true;
+      for (const r of this.overCapacity) r.capacitySkip = undefined;
+      this.overCapacity.clear();
+      for (const r of enter) r.admitted = true;
+      this.byPrecedence = undefined;
+      return { enter, leave, capacityChanged };
+    }
+    // Sorted last time and changed little since: TimSort takes a nearly sorted array in one pass.
+    let order: ServiceRecord[];
+    if (this.byPrecedence) {
+      const gone = new Set(removed);
+      order = this.byPrecedence.filter((r) => !gone.has(r));
+      for (const r of added) order.push(r);
+    } else {
+      order = [...this.records.values()];
+    }
+    order.sort((a, b) => (precedes(a, b) ? -1 : precedes(b, a) ? 1 : 0));
+    this.byPrecedence = order;
+    const enter: ServiceRecord[] = [];
+    const used: Record<Family, number> = { ipv4: 0, ipv6: 0 };
+    for (const r of order) {
+      const { ipv4, ipv6 } = r.request.counts;
+      const fits = used.ipv4 + ipv4 <= max && used.ipv6 + ipv6 <= max;
+      if (fits) {
+        used.ipv4 += ipv4;
+        used.ipv6 += ipv6;
+        if (!r.admitted) {
+          r.admitted = true;
+          enter.push(r);
+          if (this.overCapacity.delete(r)) {
+            r.capacitySkip = undefined;
+            capacityChanged = true;
+          }
+        }
+      } else if (!this.overCapacity.has(r)) {
+        if (r.admitted) leave.push(r);
+        r.admitted = false;
+        const asked = ipv4 + ipv6;
+        r.capacitySkip = {
+          service: r.service,
+          reason: 'overCapacity',
+          detail: `its ${asked} entries do not fit in the ${max} per family this node programs (--max-entries): older Services hold them`,
+        };
+        this.overCapacity.add(r);
+        capacityChanged = true;
+      }
+    }
+    return { enter, leave, capacityChanged };
+  }
+
   /** The changes the collection reports since the last update, or all of it anew. */
-  private trackedChanges(services: ChangeTracked<ServiceInfo>): { added: ServiceRecord[]; removed: ServiceRecord[] } {
+  private *trackedChanges(
+    services: ChangeTracked<ServiceInfo>,
+  ): Steps<{ added: ServiceRecord[]; removed: ServiceRecord[] }> {
     const since = this.trackedMark;
     const mark = services.mark;
     const changes = since === undefined ? undefined : services.changesSince(since);
@@ -167,34 +380,36 @@ export class DesiredStateModel {
       changes.removed.some((svc) => !this.records.has(svc)) ||
       changes.added.some((svc) => this.records.has(svc))
     ) {
-      return this.listChanges(services.list());
+      return yield* this.listChanges(services.list());
     }
     this.lastInput = undefined; // the last list no longer describes what the model holds
-    return this.replaceRecords(changes.removed, changes.added, ++this.generation);
+    return yield* this.replaceRecords(changes.removed, changes.added, ++this.generation);
   }
 
   /** Forgets the records of `gone` Services and derives those of `fresh` ones. */
-  private replaceRecords(
+  private *replaceRecords(
     gone: ServiceInfo[],
     fresh: ServiceInfo[],
     generation: number,
-  ): { added: ServiceRecord[]; removed: ServiceRecord[] } {
+  ): Steps<{ added: ServiceRecord[]; removed: ServiceRecord[] }> {
     const removed = gone.map((svc) => {
       const record = this.records.get(svc)!;
       this.records.delete(svc);
       return record;
     });
-    const added = fresh.map((svc) => {
+    const added: ServiceRecord[] = [];
+    for (const svc of fresh) {
       const record = this.deriveRecord(svc, generation);
       this.records.set(svc, record);
-      return record;
-    });
+      added.push(record);
+      if (this.worked(fieldsOf(svc))) yield;
+    }
     return { added, removed };
   }
 
   /** Which Service objects of the list are new, and which known ones it no longer holds. */
-  private listChanges(input: ServiceInfo[]): { added: ServiceRecord[]; removed: ServiceRecord[] } {
-    const changes = this.serviceChanges(input);
+  private *listChanges(input: ServiceInfo[]): Steps<{ added: ServiceRecord[]; removed: ServiceRecord[] }> {
+    const changes = yield* this.serviceChanges(input);
     // Compared by identity next time: kept as a copy, the caller may reuse its array.
     this.lastInput = this.records.size === input.length ? input.slice() : undefined;
     return changes;
@@ -205,11 +420,11 @@ export class DesiredStateModel {
    * their objects in a stable order, an object replaced where it stood: walking the last input
    * and this one side by side finds the changes without a lookup per Service.
    */
-  private serviceChanges(input: ServiceInfo[]): { added: ServiceRecord[]; removed: ServiceRecord[] } {
+  private *serviceChanges(input: ServiceInfo[]): Steps<{ added: ServiceRecord[]; removed: ServiceRecord[] }> {
     const generation = ++this.generation;
     const walked = this.lastInput && orderedChanges(this.lastInput, input, (svc) => this.records.has(svc));
     if (walked && new Set(walked.fresh).size === walked.fresh.length) {
-      return this.replaceRecords(walked.gone, walked.fresh, generation);
+      return yield* this.replaceRecords(walked.gone, walked.fresh, generation);
     }
     const added: ServiceRecord[] = [];
     let kept = 0;
@@ -218,11 +433,13 @@ export class DesiredStateModel {
       if (known) {
         if (known.seenIn !== generation) kept++;
         known.seenIn = generation;
+        if (this.worked()) yield;
         continue;
       }
       const record = this.deriveRecord(svc, generation);
       this.records.set(svc, record);
       added.push(record);
+      if (this.worked(fieldsOf(svc))) yield;
     }
     const removed: ServiceRecord[] = [];
     if (kept + added.length < this.records.size) {
@@ -237,42 +454,53 @@ export class DesiredStateModel {
 
   private deriveRecord(svc: ServiceInfo, generation: number): ServiceRecord {
     const skips: Skip[] = [];
-    const claims: Claim[] = [];
-    const record: ServiceRecord = {
-      service: serviceKey(svc),
+    const service = serviceKey(svc);
+    const request = serviceRequest(svc, this.context, skips, service);
+    return {
+      service,
       created: creationTime(svc),
       seq: this.nextSeq++,
       seenIn: generation,
-      claims,
-      skips,
+      request,
+      claims: NO_CLAIMS,
+      admitted: false,
+      // Arrays grown by push keep room for more; a record keeps exact copies.
+      skips: skips.length > 0 ? skips.slice() : NO_SKIPS,
     };
-    for (const c of serviceCandidates(svc, this.config, skips, record.service)) {
-      const entry: Entry = {
-        family: c.family,
-        externalIp: c.ip.address,
-        protocol: c.protocol,
-        port: c.port,
-        clusterIp: c.clusterIp,
-        service: record.service,
-      };
-      const key = entryKey(entry);
-      // A port listed twice asks for the same key twice: one claim.
-      if (claims.some((claim) => claim.key === key)) continue;
-      claims.push({
-        entry,
-        key,
-        sortKey: flat([c.ipSortKey, '|', c.protocol, '|', String(c.port).padStart(5, '0')]),
-        record,
-      });
-    }
-    // Arrays grown by push keep room for more; a record keeps exact copies.
-    record.claims = claims.slice();
-    record.skips = skips.length > 0 ? skips.slice() : NO_SKIPS;
-    return record;
   }
 
-  /** Decides who holds a key after its claims changed; true when its losers changed. */
-  private decide(contest: Contest, placeEntry: boolean): boolean {
+  /** The entries a record asks for, made when it is admitted: every address times every port. */
+  private *claimsOf(record: ServiceRecord): Steps<Claim[]> {
+    const { addresses, ports } = record.request;
+    const claims: Claim[] = [];
+    for (const address of addresses) {
+      for (const { protocol, port } of ports) {
+        const entry: Entry = {
+          family: address.ip.family,
+          externalIp: address.ip.address,
+          protocol,
+          port,
+          clusterIp: address.clusterIp,
+          service: record.service,
+        };
+        // Addresses and ports are distinct (service-rules.ts): every key is claimed once.
+        claims.push({
+          entry,
+          key: entryKey(entry),
+          sortKey: flat([address.sortKey, '|', protocol, '|', String(port).padStart(5, '0')]),
+          record,
+        });
+      }
+      if (this.worked(ports.length)) yield;
+    }
+    return claims;
+  }
+
+  /**
+   * Decides who holds a key after its claims changed; true when its losers changed. The entry is
+   * placed in the sorted entries at once, or, for a bulk change, noted in `bulk`.
+   */
+  private decide(contest: Contest, bulk: Placements | undefined): boolean {
     const previous = contest.winner;
     let winner: Claim | undefined;
     for (const claim of contest.claims) if (!winner || precedes(claim.record, winner.record)) winner = claim;
@@ -280,9 +508,11 @@ export class DesiredStateModel {
     const sorted = this.entries[contest.family];
     if (!winner) {
       this.contests.delete(previous!.key);
-      if (placeEntry) sorted.delete(previous!.sortKey);
-    } else if (placeEntry && winner !== previous) {
-      sorted.set(winner.sortKey, winner.entry);
+      if (bulk) bulk.deletes.push(previous!.sortKey);
+      else sorted.delete(previous!.sortKey);
+    } else if (winner !== previous) {
+      if (bulk) bulk.sets.push(winner);
+      else sorted.set(winner.sortKey, winner.entry);
     }
 
     // Most keys have one claim, and no losers: no arrays to make for them.
@@ -299,17 +529,11 @@ export class DesiredStateModel {
     return true;
   }
 
-  private resortEntries(): void {
-    const winners: Record<Family, Claim[]> = { ipv4: [], ipv6: [] };
-    for (const contest of this.contests.values()) winners[contest.family].push(contest.winner!);
-    for (const family of ['ipv4', 'ipv6'] as const) this.entries[family].replaceAll(winners[family]);
-  }
-
   private collectSkips(): void {
     const keyed: Array<[string, Skip]> = [];
-    for (const record of this.withSkips) {
-      for (const s of record.skips) keyed.push([`${s.service}|${s.reason}|${s.detail}`, s]);
-    }
+    const add = (s: Skip) => keyed.push([`${s.service}|${s.reason}|${s.detail}`, s]);
+    for (const record of this.withSkips) for (const s of record.skips) add(s);
+    for (const record of this.overCapacity) add(record.capacitySkip!);
     this.skips = keyed.sort(([a], [b]) => compareKeys(a, b)).map(([, s]) => s);
   }
 
@@ -333,6 +557,21 @@ export class DesiredStateModel {
       .sort(([a], [b]) => compareKeys(a, b))
       .map(([, c]) => c);
   }
+}
+
+/** Winners placed and keys emptied by a bulk change of one family, merged in one pass. */
+class Placements {
+  readonly sets: Array<{ sortKey: string; entry: Entry }> = [];
+  readonly deletes: string[] = [];
+
+  applyTo(sorted: SortedEntries): void {
+    if (this.sets.length > 0 || this.deletes.length > 0) sorted.merge(this.sets, this.deletes);
+  }
+}
+
+/** What reading a Service costs, in units of work: its addresses and ports. */
+function fieldsOf(svc: ServiceInfo): number {
+  return 1 + (svc.externalIPs?.length ?? 0) + (svc.ingress?.length ?? 0) + (svc.ports?.length ?? 0);
 }
 
 function isChangeTracked(services: object): services is ChangeTracked<ServiceInfo> {

@@ -132,3 +132,38 @@ export function parsedIpSortKey(ip: ParsedIp): string {
     .map((b) => b.toString(16).padStart(2, '0'))
     .join('');
 }
+
+/** Whether `ip` is inside `cidr` (same family, same leading prefixLength bits). */
+export function cidrContains(cidr: ParsedCidr, ip: ParsedIp): boolean {
+  if (cidr.family !== ip.family) return false;
+  const network = ipBytes(cidr);
+  const bytes = ipBytes(ip);
+  for (let i = 0; i < bytes.length; i++) {
+    const keep = Math.max(0, Math.min(8, cidr.prefixLength - i * 8));
+    const mask = (0xff << (8 - keep)) & 0xff;
+    if ((bytes[i]! & mask) !== network[i]) return false;
+  }
+  return true;
+}
+
+/**
+ * Why an address always means this node, whatever node it is on (semantics.md): loopback,
+ * unspecified ("this network"), link-local (169.254.169.254 is the cloud metadata address),
+ * multicast, limited broadcast. Undefined for any other address.
+ */
+export function nodeScopedKind(ip: ParsedIp): string | undefined {
+  const b = ipBytes(ip);
+  if (ip.family === 'ipv4') {
+    if (b[0] === 0) return 'unspecified';
+    if (b[0] === 127) return 'loopback';
+    if (b[0] === 169 && b[1] === 254) return 'link-local';
+    if (b[0]! >= 224 && b[0]! <= 239) return 'multicast';
+    if (b.every((x) => x === 255)) return 'broadcast';
+    return undefined;
+  }
+  if (b.every((x) => x === 0)) return 'unspecified';
+  if (b.slice(0, 15).every((x) => x === 0) && b[15] === 1) return 'loopback';
+  if (b[0] === 0xfe && (b[1]! & 0xc0) === 0x80) return 'link-local';
+  if (b[0] === 0xff) return 'multicast';
+  return undefined;
+}

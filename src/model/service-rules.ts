@@ -2,15 +2,26 @@
 // translated, to which ClusterIP, which are skipped and why, and which Service holds an address
 // that several claim. test/unit/model.test.ts covers each row.
 
-import { parsedIpSortKey, parseIp, type ParsedIp } from './ip.js';
 import {
+  cidrContains,
+  nodeScopedKind,
+  parseCidr,
+  parsedIpSortKey,
+  parseIp,
+  type ParsedCidr,
+  type ParsedIp,
+} from './ip.js';
+import {
+  DEFAULT_MAX_ENTRIES_PER_SERVICE,
   PROTOCOLS,
   SKIP_ANNOTATION,
   type Family,
   type ModelConfig,
+  type NodeInfo,
   type Protocol,
   type ServiceInfo,
   type Skip,
+  type SkipReason,
 } from './types.js';
 
 export function serviceKey(svc: Pick<ServiceInfo, 'namespace' | 'name'>): string {
@@ -46,32 +57,127 @@ export function creationTime(svc: ServiceInfo): number {
   return Number.isFinite(t) ? t : Number.POSITIVE_INFINITY;
 }
 
-/** One entry a Service asks for. */
-export interface Candidate {
-  family: Family;
+/** What the rules read beyond the Service itself, prepared once per model. */
+export interface RequestContext {
+  config: ModelConfig;
+  maxEntriesPerService: number;
+  /** The node's own addresses, canonical. */
+  nodeAddresses: ReadonlySet<string>;
+  /** --service-external-ip-range, parsed; undefined: any address. */
+  externalIpRanges: ParsedCidr[] | undefined;
+  /** kube-proxy's AllowServiceExternalIPs gate. */
+  allowServiceExternalIPs: boolean;
+}
+
+export function requestContext(
+  config: ModelConfig,
+  node: NodeInfo | undefined,
+  interfaceAddresses: readonly string[] = [],
+): RequestContext {
+  return {
+    config,
+    maxEntriesPerService: config.maxEntriesPerService ?? DEFAULT_MAX_ENTRIES_PER_SERVICE,
+    nodeAddresses: nodeAddresses([...(node?.addresses ?? []), ...interfaceAddresses]),
+    externalIpRanges: config.externalIpRanges?.map((text) => parseCidr(text)).filter((c) => c !== undefined),
+    allowServiceExternalIPs: config.allowServiceExternalIPs !== false,
+  };
+}
+
+/** The node's own addresses, canonical; what is not an address is ignored. */
+function nodeAddresses(texts: readonly string[]): Set<string> {
+  const out = new Set<string>();
+  for (const text of texts) {
+    const ip = parseIp(text);
+    if (ip) out.add(ip.address);
+  }
+  return out;
+}
+
+/** One external address a Service asks to have translated, with the ClusterIP of its family. */
+export interface RequestedAddress {
   ip: ParsedIp;
-  ipSortKey: string;
-  protocol: Protocol;
-  port: number;
+  /** Orders addresses numerically (ip.ts ipSortKey). */
+  sortKey: string;
   clusterIp: string;
 }
 
-/** The entries one Service asks for, before conflicts between Services are resolved. */
-export function serviceCandidates(
+/**
+ * What one Service asks for, before conflicts between Services are resolved: every address times
+ * every port is one entry. Kept in this form (its size is that of the Service's fields), the
+ * entries themselves are made only for a Service that is programmed.
+ */
+export interface ServiceRequest {
+  addresses: RequestedAddress[];
+  /** Distinct (protocol, port) pairs. */
+  ports: Array<{ protocol: Protocol; port: number }>;
+  /** Entries asked for, per family. */
+  counts: Record<Family, number>;
+}
+
+const NOTHING: ServiceRequest = Object.freeze({
+  addresses: [],
+  ports: [],
+  counts: Object.freeze({ ipv4: 0, ipv6: 0 }),
+}) as unknown as ServiceRequest;
+
+/** Skips of one reason a Service reports one by one; the rest are folded into one more. */
+export const MAX_SKIPS_PER_REASON = 8;
+
+/** Collects one Service's skips, folding those past MAX_SKIPS_PER_REASON of a reason. */
+class ServiceSkips {
+  private readonly perReason = new Map<SkipReason, number>();
+  private readonly folded = new Map<SkipReason, Skip>();
+
+  constructor(
+    private readonly out: Skip[],
+    private readonly service: string,
+  ) {}
+
+  add(reason: SkipReason, detail: string): void {
+    const n = (this.perReason.get(reason) ?? 0) + 1;
+    this.perReason.set(reason, n);
+    if (n <= MAX_SKIPS_PER_REASON) {
+      this.out.push({ service: this.service, reason, detail });
+      return;
+    }
+    const folded = this.folded.get(reason);
+    if (folded) folded.count! += 1;
+    else {
+      const skip: Skip = { service: this.service, reason, detail: '', count: 1 };
+      this.folded.set(reason, skip);
+      this.out.push(skip);
+    }
+  }
+
+  finish(): void {
+    for (const skip of this.folded.values()) skip.detail = `${skip.count} more of this reason`;
+  }
+}
+
+/** What one Service asks for, with its skips; the work is linear in its fields. */
+export function serviceRequest(
   svc: ServiceInfo,
-  config: ModelConfig,
+  context: RequestContext,
   skips: Skip[],
   service = serviceKey(svc),
-): Candidate[] {
-  const skip = (reason: Skip['reason'], detail: string) => skips.push({ service, reason, detail });
+): ServiceRequest {
+  const collector = new ServiceSkips(skips, service);
+  const request = readRequest(svc, context, collector);
+  collector.finish();
+  return request;
+}
+
+function readRequest(svc: ServiceInfo, context: RequestContext, skips: ServiceSkips): ServiceRequest {
+  const { config } = context;
+  const skip = (reason: SkipReason, detail: string) => skips.add(reason, detail);
 
   if (!isDnsName(svc.namespace, 63) || !isDnsName(svc.name, 63)) {
     // The name becomes a rule comment; a real API server never serves such a name.
     skip('invalidName', 'namespace or name is not a DNS label');
-    return [];
+    return NOTHING;
   }
-  // Addresses the Service exposes, in the order they appear.
-  const requested: string[] = [];
+  // Addresses the Service exposes, in the order they appear; `external`: from spec.externalIPs.
+  const requested: Array<{ text: string; external: boolean }> = [];
   if (svc.type === 'LoadBalancer') {
     for (const ing of svc.ingress ?? []) {
       if (ing.ip === undefined || ing.ip === '') {
@@ -86,28 +192,28 @@ export function serviceCandidates(
         skip('unknownIpMode', `ingress ${String(ing.ip)} ipMode ${String(ing.ipMode)}`);
         continue;
       }
-      requested.push(ing.ip);
+      requested.push({ text: ing.ip, external: false });
     }
   }
-  for (const ip of svc.externalIPs ?? []) requested.push(ip);
-  if (requested.length === 0) return [];
+  for (const ip of svc.externalIPs ?? []) requested.push({ text: ip, external: true });
+  if (requested.length === 0) return NOTHING;
 
   if (svc.skip === true) {
     skip('optedOut', `annotation ${SKIP_ANNOTATION}: "true"`);
-    return [];
+    return NOTHING;
   }
   if (config.localTrafficPolicyOnly && svc.externalTrafficPolicy !== 'Local') {
     skip('notLocalTrafficPolicy', `externalTrafficPolicy ${svc.externalTrafficPolicy ?? 'Cluster'}`);
-    return [];
+    return NOTHING;
   }
   if (svc.type === 'ExternalName') {
     skip('externalName', 'type ExternalName');
-    return [];
+    return NOTHING;
   }
   const clusterIpTexts = svc.clusterIPs && svc.clusterIPs.length > 0 ? svc.clusterIPs : [svc.clusterIP ?? ''];
   if (clusterIpTexts.includes('None')) {
     skip('headless', 'clusterIP None');
-    return [];
+    return NOTHING;
   }
   const clusterIps: Partial<Record<Family, string>> = {};
   for (const text of clusterIpTexts) {
@@ -121,10 +227,11 @@ export function serviceCandidates(
   }
   if (!clusterIps.ipv4 && !clusterIps.ipv6) {
     if (clusterIpTexts.every((t) => !t)) skip('noClusterIP', 'empty clusterIP');
-    return [];
+    return NOTHING;
   }
 
-  const ports: Array<{ protocol: Protocol; port: number }> = [];
+  const ports: ServiceRequest['ports'] = [];
+  const seenPorts = new Set<string>();
   for (const p of svc.ports ?? []) {
     const protocol = (p.protocol ?? 'TCP') as Protocol;
     if (!PROTOCOLS.includes(protocol)) {
@@ -135,13 +242,17 @@ export function serviceCandidates(
       skip('invalidPort', `port ${String(p.port)}`);
       continue;
     }
+    // A port listed twice asks for the same entries twice: once.
+    const key = `${protocol}/${p.port}`;
+    if (seenPorts.has(key)) continue;
+    seenPorts.add(key);
     ports.push({ protocol, port: p.port! });
   }
-  if (ports.length === 0) return [];
+  if (ports.length === 0) return NOTHING;
 
-  const out: Candidate[] = [];
+  const addresses: RequestedAddress[] = [];
   const seen = new Set<string>();
-  for (const text of requested) {
+  for (const { text, external } of requested) {
     const ip = parseIp(text);
     if (!ip) {
       skip('invalidAddress', `external address ${String(text)}`);
@@ -149,17 +260,42 @@ export function serviceCandidates(
     }
     if (seen.has(ip.address)) continue;
     seen.add(ip.address);
+    const scoped = nodeScopedKind(ip);
+    if (scoped || context.nodeAddresses.has(ip.address)) {
+      const what = scoped
+        ? `${/^[aeiou]/.test(scoped) ? 'an' : 'a'} ${scoped} address`
+        : "one of the node's own addresses";
+      skip('pointsAtNode', `${ip.address} is ${what}`);
+      continue;
+    }
+    if (external && !context.allowServiceExternalIPs) {
+      skip('externalIpsDisabled', `external IP ${ip.address}`);
+      continue;
+    }
+    if (external && context.externalIpRanges && !context.externalIpRanges.some((c) => cidrContains(c, ip))) {
+      skip('externalIpNotAllowed', `external IP ${ip.address}`);
+      continue;
+    }
     const clusterIp = clusterIps[ip.family];
     if (!clusterIp) {
       skip('familyWithoutClusterIP', `${ip.address} has no ${ip.family} clusterIP`);
       continue;
     }
-    const sortKey = parsedIpSortKey(ip);
-    for (const { protocol, port } of ports) {
-      out.push({ family: ip.family, ip, ipSortKey: sortKey, protocol, port, clusterIp });
-    }
+    addresses.push({ ip, sortKey: parsedIpSortKey(ip), clusterIp });
   }
-  return out;
+  if (addresses.length === 0) return NOTHING;
+
+  const counts: Record<Family, number> = { ipv4: 0, ipv6: 0 };
+  for (const a of addresses) counts[a.ip.family] += ports.length;
+  const total = counts.ipv4 + counts.ipv6;
+  if (total > context.maxEntriesPerService) {
+    skip(
+      'tooManyEntries',
+      `${addresses.length} addresses x ${ports.length} ports = ${total} entries, more than the ${context.maxEntriesPerService} one Service may ask for (--max-entries-per-service)`,
+    );
+    return NOTHING;
+  }
+  return { addresses, ports, counts };
 }
 
 function isDnsName(text: unknown, maxLength: number): boolean {

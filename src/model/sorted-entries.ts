@@ -5,7 +5,7 @@ import type { Entry, EntryChanges } from './types.js';
 
 /**
  * Entries of one family sorted by sort key. A copy is handed out until the next change, with the
- * entries removed and added since the copy handed out before (unless everything was re-sorted).
+ * entries removed and added since the copy handed out before.
  */
 export class SortedEntries {
   private keys: string[] = [];
@@ -51,14 +51,45 @@ export class SortedEntries {
     this.published = undefined;
   }
 
-  replaceAll(winners: Array<{ sortKey: string; entry: Entry }>): void {
-    winners.sort((a, b) => compareKeys(a.sortKey, b.sortKey));
-    this.keys = winners.map((c) => c.sortKey);
-    this.entries = winners.map((c) => c.entry);
+  /**
+   * Sets and deletes many keys in one pass over the entries: linear in the entries, plus sorting
+   * the changes (one insert at a time would move the array once per change).
+   */
+  merge(sets: Array<{ sortKey: string; entry: Entry }>, deletes: string[]): void {
+    sets.sort((a, b) => compareKeys(a.sortKey, b.sortKey));
+    deletes.sort(compareKeys);
+    const keys: string[] = [];
+    const entries: Entry[] = [];
+    let s = 0;
+    let d = 0;
+    for (let i = 0; i < this.keys.length; i++) {
+      const key = this.keys[i]!;
+      for (; s < sets.length && sets[s]!.sortKey < key; s++) {
+        keys.push(sets[s]!.sortKey);
+        entries.push(sets[s]!.entry);
+        this.note(undefined, sets[s]!.entry);
+      }
+      while (d < deletes.length && deletes[d]! < key) d++;
+      if (s < sets.length && sets[s]!.sortKey === key) {
+        this.note(this.entries[i]!, sets[s]!.entry);
+        keys.push(key);
+        entries.push(sets[s]!.entry);
+        s++;
+      } else if (d < deletes.length && deletes[d] === key) {
+        this.note(this.entries[i]!, undefined);
+      } else {
+        keys.push(key);
+        entries.push(this.entries[i]!);
+      }
+    }
+    for (; s < sets.length; s++) {
+      keys.push(sets[s]!.sortKey);
+      entries.push(sets[s]!.entry);
+      this.note(undefined, sets[s]!.entry);
+    }
+    this.keys = keys;
+    this.entries = entries;
     this.published = undefined;
-    this.lastPublished = undefined;
-    this.removed.clear();
-    this.added.clear();
   }
 
   /** Records a change since the last hand-out; an entry added and gone again in between nets out. */

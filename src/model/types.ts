@@ -33,6 +33,11 @@ export interface NodeInfo {
   name: string;
   podCIDR?: string;
   podCIDRs?: string[];
+  /**
+   * Addresses that are the node's own: `status.addresses` of type InternalIP and ExternalIP, and
+   * the controller adds those of the node's interfaces. Never translated (semantics.md).
+   */
+  addresses?: string[];
 }
 
 export type DetectLocalMode = 'NodeCIDR' | 'ClusterCIDR' | 'BridgeInterface' | 'InterfaceNamePrefix';
@@ -55,7 +60,35 @@ export interface ModelConfig {
   masqueradeBit: number;
   /** --local-traffic-policy-only */
   localTrafficPolicyOnly: boolean;
+  /**
+   * --max-entries-per-service: a Service asking for more entries is skipped whole
+   * (`tooManyEntries`). Default DEFAULT_MAX_ENTRIES_PER_SERVICE.
+   */
+  maxEntriesPerService?: number;
+  /**
+   * Entries per family the backend is given at most (--max-entries, capped by what the backend
+   * holds): Services that do not fit are skipped whole (`overCapacity`), the youngest first.
+   * Default: no limit.
+   */
+  maxEntries?: number;
+  /**
+   * --service-external-ip-range: canonical CIDRs `spec.externalIPs` must fall in; an address
+   * outside is skipped (`externalIpNotAllowed`). Undefined: any address.
+   */
+  externalIpRanges?: string[];
+  /**
+   * kube-proxy's AllowServiceExternalIPs feature gate, where its configuration is read: false
+   * skips every `spec.externalIPs` address (`externalIpsDisabled`). Default true.
+   */
+  allowServiceExternalIPs?: boolean;
 }
+
+/**
+ * Beyond any ordinary Service (a few addresses times a few ports; a port range of a media server
+ * is a few thousand), and small enough that one Service costs a node little: see
+ * docs/operations.md, "Limits".
+ */
+export const DEFAULT_MAX_ENTRIES_PER_SERVICE = 10_000;
 
 /** One translation: traffic to (externalIp, protocol, port) goes to (clusterIp, port). */
 export interface Entry {
@@ -89,7 +122,12 @@ export type SkipReason =
   | 'invalidPort'
   | 'unsupportedProtocol'
   | 'notLocalTrafficPolicy'
-  | 'optedOut';
+  | 'optedOut'
+  | 'pointsAtNode'
+  | 'externalIpNotAllowed'
+  | 'externalIpsDisabled'
+  | 'tooManyEntries'
+  | 'overCapacity';
 
 export const SKIP_REASONS: readonly SkipReason[] = [
   'ipModeProxy',
@@ -105,6 +143,11 @@ export const SKIP_REASONS: readonly SkipReason[] = [
   'unsupportedProtocol',
   'notLocalTrafficPolicy',
   'optedOut',
+  'pointsAtNode',
+  'externalIpNotAllowed',
+  'externalIpsDisabled',
+  'tooManyEntries',
+  'overCapacity',
 ];
 
 export interface Skip {
@@ -112,6 +155,12 @@ export interface Skip {
   reason: SkipReason;
   /** The address, port or field that was skipped, for logs. */
   detail: string;
+  /**
+   * How many addresses or ports this skip stands for (default 1): past a few of one reason, a
+   * Service's further ones are folded into one skip, so that what one Service writes cannot
+   * flood the logs, the Events or the metrics.
+   */
+  count?: number;
 }
 
 export interface Conflict {

@@ -42,6 +42,27 @@ describe('flags', () => {
     expect(c.model.localTrafficPolicyOnly).to.equal(false);
     expect(c.dryRun).to.equal(false);
     expect(c.cleanup).to.equal(false);
+    expect(c.model.maxEntriesPerService).to.equal(10_000);
+    expect(c.maxEntries, "the backend's default").to.equal(undefined);
+    expect(c.model.externalIpRanges, 'any external IP').to.equal(undefined);
+    expect(c.model.allowServiceExternalIPs).to.equal(true);
+  });
+
+  it('reads the limits and the allowed external IP ranges', () => {
+    const c = parseConfig(
+      [
+        '--max-entries-per-service=500',
+        '--max-entries',
+        '2000',
+        '--service-external-ip-range=198.51.100.0/24,2001:db8:1::/64',
+        '--service-external-ip-range',
+        '203.0.113.7/32',
+      ],
+      {},
+    );
+    expect(c.model.maxEntriesPerService).to.equal(500);
+    expect(c.maxEntries).to.equal(2000);
+    expect(c.model.externalIpRanges).to.deep.equal(['198.51.100.0/24', '2001:db8:1::/64', '203.0.113.7/32']);
   });
 
   it('prefers --node-name over NODE_NAME', () => {
@@ -68,6 +89,9 @@ describe('flags', () => {
     fails(['--cluster-cidr=10.0.0.0/33'], /--cluster-cidr: '10.0.0.0\/33' is not a CIDR/);
     fails(['--pod-bridge-interface=a/b'], /not an interface name/);
     fails(['--pod-interface-name-prefix=waytoolongforaninterface'], /not an interface name prefix/);
+    fails(['--max-entries-per-service=0'], /--max-entries-per-service: '0' must be an integer from 1 to 10000000/);
+    fails(['--max-entries=1e5'], /--max-entries: '1e5' must be an integer/);
+    fails(['--service-external-ip-range=198.51.100.0'], /--service-external-ip-range: '198.51.100.0' is not a CIDR/);
     fails(['--unknown-flag'], /unknown option '--unknown-flag'/);
     fails(['extra-argument'], /too many arguments|unknown command|excess/i);
   });

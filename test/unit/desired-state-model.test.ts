@@ -7,6 +7,8 @@ import type { DesiredState, Entry, FamilyState, NodeInfo, ServiceInfo } from '..
 import { CONFIG, seededRandom } from '../support/fixtures.js';
 
 const NODE: NodeInfo = { name: 'n1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
+/** The same node with addresses that Services of the pools below also claim. */
+const NODE_WITH_ADDRESSES: NodeInfo = { ...NODE, addresses: ['198.18.0.1', '198.18.0.2', '2001:db8::3'] };
 
 /**
  * Services drawn from small pools so that they share addresses, collide on keys, repeat
@@ -67,12 +69,21 @@ function check(seed: number, size: number, addresses: number, steps: number, cha
   let hints = 0;
   const rnd = seededRandom(seed);
   const makeService = serviceMaker(rnd, addresses);
-  const config = { ...CONFIG, localTrafficPolicyOnly: rnd() < 0.3 };
+  const pick = <T>(values: readonly T[]): T => values[Math.floor(rnd() * values.length)]!;
+  const config = {
+    ...CONFIG,
+    localTrafficPolicyOnly: rnd() < 0.3,
+    // Limits low enough that Services are over them, and in and out of the total as others change.
+    maxEntriesPerService: pick([undefined, 1, 2]),
+    maxEntries: pick([undefined, undefined, 4, Math.ceil(size / 4)]),
+    externalIpRanges: pick([undefined, ['198.18.0.0/28', '2001:db8::/124']]),
+    allowServiceExternalIPs: pick([undefined, false]),
+  };
   let services = Array.from({ length: size }, makeService);
   const model = new DesiredStateModel(config);
   let previous: DesiredState | undefined;
   for (let step = 0; step < steps; step++) {
-    const node = rnd() < 0.9 ? NODE : undefined;
+    const node = rnd() < 0.9 ? (rnd() < 0.8 ? NODE : NODE_WITH_ADDRESSES) : undefined;
     const desired = model.update(services, node);
     expect(withoutChanges(desired), `seed ${seed}, step ${step}`).to.deep.equal(
       buildDesiredState([...services].reverse(), node, config),
@@ -111,6 +122,22 @@ describe('DesiredStateModel', () => {
   it('also when many keys change at once (the state is sorted anew)', () => {
     check(101, 3000, 4000, 6, () => 1500);
     check(102, 3000, 400, 8, () => 20);
+  });
+
+  it('gives the same state through updateCooperatively, one call after the other', async () => {
+    const rnd = seededRandom(7);
+    const makeService = serviceMaker(rnd, 300);
+    const config = { ...CONFIG, maxEntries: 400 };
+    const model = new DesiredStateModel(config);
+    let services = Array.from({ length: 2000 }, makeService);
+    // Two calls at once are served in turn: the second sees the first's result as its past.
+    const first = model.updateCooperatively(services, NODE);
+    const later = [...services.slice(0, 1500), ...Array.from({ length: 600 }, makeService)];
+    const second = model.updateCooperatively(later, NODE);
+    expect(withoutChanges(await first)).to.deep.equal(buildDesiredState(services, NODE, config));
+    expect(withoutChanges(await second)).to.deep.equal(buildDesiredState(later, NODE, config));
+    services = later;
+    expect(model.update(services, NODE).ipv4.entries).to.equal((await second).ipv4.entries);
   });
 
   it('keeps an unchanged entry as the same object, and unchanged lists as the same arrays', () => {

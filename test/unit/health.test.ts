@@ -16,7 +16,8 @@ const T0 = 1_700_000_000_000;
 
 function inputs(status: Partial<ControllerStatus>, api: ApiReachability, now: number): HealthInputs {
   return {
-    status: { cachesSynced: false, localPodMatchProblems: [], ...status },
+    // A successful sync is also the last sync that ended, unless the test says otherwise.
+    status: { cachesSynced: false, localPodMatchProblems: [], lastSyncEndedAt: status.lastSuccessfulSyncAt, ...status },
     api,
     syncPeriodMs: PERIOD,
     startedAt: T0,
@@ -50,23 +51,40 @@ describe('liveness (/healthz)', () => {
       judgeLiveness(inputs({ cachesSynced: true, lastError }, clock.api, now));
     expect(at(synced + 2 * PERIOD).ok).to.equal(true);
     expect(at(synced + PERIOD).detail).to.match(/first sync pending/);
-    const failed = at(synced + 2 * PERIOD + 1, 'nft: Operation not permitted');
+    const failed = at(synced + 2 * PERIOD + 1);
     expect(failed.ok).to.equal(false);
     expect(failed.detail).to.equal(
-      'no successful sync for 60s (limit: 2 x --sync-period = 60s): nft: Operation not permitted',
+      'no sync has ended for 60s (limit: 2 x --sync-period = 60s): the sync loop is stuck',
     );
   });
 
-  it('fails once the last successful sync is older than 2 x sync-period, and recovers with the next', () => {
+  it('fails once no sync has ended for 2 x sync-period, and recovers with the next', () => {
     const { api } = reachability();
     const last = T0 + 1000;
-    const at = (now: number, lastSuccessfulSyncAt = last) =>
-      judgeLiveness(inputs({ cachesSynced: true, lastSuccessfulSyncAt, lastError: 'disk full' }, api, now));
+    const at = (now: number, lastSyncEndedAt = last) =>
+      judgeLiveness(inputs({ cachesSynced: true, lastSuccessfulSyncAt: last, lastSyncEndedAt }, api, now));
     expect(at(last + 2 * PERIOD).ok).to.equal(true);
-    expect(at(last + 2 * PERIOD).warnings).to.deep.equal(['last sync failed: disk full']);
     expect(at(last + 2 * PERIOD + 1).ok).to.equal(false);
-    expect(at(last + 2 * PERIOD + 1).detail).to.match(/: disk full$/);
+    expect(at(last + 2 * PERIOD + 1).detail).to.match(/the sync loop is stuck$/);
     expect(at(last + 5 * PERIOD, last + 5 * PERIOD - 10).ok).to.equal(true);
+  });
+
+  it('holds while syncs end in failure: the loop is alive (readiness says the rest)', () => {
+    const { api } = reachability();
+    const status = { cachesSynced: true, lastSuccessfulSyncAt: T0, lastError: 'nft: Operation not permitted' };
+    const j = judgeLiveness(inputs({ ...status, lastSyncEndedAt: T0 + 10 * PERIOD }, api, T0 + 10 * PERIOD + 5000));
+    expect(j.ok).to.equal(true);
+    expect(j.detail).to.equal('last sync ended 5.0s ago');
+    expect(j.warnings).to.deep.equal(['last sync failed: nft: Operation not permitted']);
+  });
+
+  it('fails when one sync runs for longer than 2 x sync-period', () => {
+    const { api } = reachability();
+    const status = { cachesSynced: true, lastSuccessfulSyncAt: T0, syncStartedAt: T0 + 1000 };
+    expect(judgeLiveness(inputs(status, api, T0 + 1000 + 2 * PERIOD)).ok).to.equal(true);
+    const stuck = judgeLiveness(inputs(status, api, T0 + 1001 + 2 * PERIOD));
+    expect(stuck.ok).to.equal(false);
+    expect(stuck.detail).to.equal('a sync has been running for 60s (limit: 2 x --sync-period = 60s)');
   });
 });
 
@@ -120,11 +138,45 @@ describe('readiness (/readyz)', () => {
     ).to.equal(true);
   });
 
-  it('is not ready while liveness fails, and reports missing local pod detection as a warning', () => {
+  it('is not ready while liveness fails, nor when no sync succeeded for 2 x sync-period', () => {
     const { api } = reachability();
-    const stale = judgeReadiness(inputs({ cachesSynced: true, lastSuccessfulSyncAt: T0 }, api, T0 + 2 * PERIOD + 1));
-    expect(stale.ok).to.equal(false);
-    expect(stale.detail).to.match(/^no successful sync for/);
+    const stuck = judgeReadiness(inputs({ cachesSynced: true, lastSuccessfulSyncAt: T0 }, api, T0 + 2 * PERIOD + 1));
+    expect(stuck.ok).to.equal(false);
+    expect(stuck.detail).to.match(/the sync loop is stuck$/);
+    const failing = judgeReadiness(
+      inputs(
+        { cachesSynced: true, lastSuccessfulSyncAt: T0, lastSyncEndedAt: T0 + 3 * PERIOD, lastError: 'disk full' },
+        api,
+        T0 + 3 * PERIOD + 1,
+      ),
+    );
+    expect(failing.ok).to.equal(false);
+    expect(failing.detail).to.equal('no successful sync for 90s (limit: 2 x --sync-period = 60s): disk full');
+  });
+
+  it('stays ready when Services are left out by a limit, and says how many', () => {
+    const { api } = reachability();
+    const j = judgeReadiness(
+      inputs(
+        {
+          cachesSynced: true,
+          lastSuccessfulSyncAt: T0,
+          servicesOverLimits: { tooManyEntries: 1, overCapacity: 3 },
+          limits: { maxEntriesPerService: 10_000, maxEntries: 100_000 },
+        },
+        api,
+        T0 + 5,
+      ),
+    );
+    expect(j.ok).to.equal(true);
+    expect(j.warnings).to.deep.equal([
+      '1 Services are not translated: each asks for more than 10000 entries (tooManyEntries, --max-entries-per-service)',
+      '3 Services are not translated: they do not fit in the 100000 entries per family this node programs (overCapacity, --max-entries)',
+    ]);
+  });
+
+  it('reports missing local pod detection as a warning', () => {
+    const { api } = reachability();
     const partial = judgeReadiness(
       inputs(
         { cachesSynced: true, lastSuccessfulSyncAt: T0, localPodMatchProblems: ['ipv6: the Node has no IPv6 podCIDR'] },
@@ -226,7 +278,7 @@ describe('health endpoint', () => {
     current = inputs({ cachesSynced: true, lastSuccessfulSyncAt: T0, lastError: 'x' }, api, T0 + 3 * PERIOD);
     const dead = await get('/healthz');
     expect(dead.status).to.equal(503);
-    expect(String(dead.body.detail)).to.match(/no successful sync for 90s/);
+    expect(String(dead.body.detail)).to.match(/no sync has ended for 90s/);
     expect((await httpGet(`${base}/metrics`)).status).to.equal(404);
   });
 });

@@ -204,6 +204,7 @@ describe('kube-proxy configuration: flags win over the file, the file over defau
       podBridgeInterface: 'default',
       podInterfaceNamePrefix: 'default',
       masqueradeBit: 'kube-proxy-config',
+      allowServiceExternalIPs: 'default',
     });
     expect(s.configuredMode).to.equal('ipvs');
     expect(describeSettings(s)).to.include('masqueradeBit=15 (kube-proxy-config)');
@@ -225,7 +226,22 @@ describe('kube-proxy configuration: flags win over the file, the file over defau
       'podBridgeInterface=(none) (default)',
       'podInterfaceNamePrefix=(none) (default)',
       'masqueradeBit=14 (flag)',
+      'allowServiceExternalIPs=true (default)',
     ]);
+  });
+
+  it("follows kube-proxy's AllowServiceExternalIPs feature gate when the file sets it", () => {
+    const off = parseKubeProxyConfiguration(`${KUBEADM_CONFIG}featureGates:\n  AllowServiceExternalIPs: false\n`);
+    expect(off.allowServiceExternalIPs).to.equal(false);
+    const s = mergeSettings({ model: NO_FLAGS.model, sources: NO_FLAGS.modelSources }, off);
+    expect(s.model.allowServiceExternalIPs).to.equal(false);
+    expect(describeSettings(s)).to.include('allowServiceExternalIPs=false (kube-proxy-config)');
+    const on = parseKubeProxyConfiguration('featureGates:\n  AllowServiceExternalIPs: true\n');
+    expect(on.allowServiceExternalIPs).to.equal(true);
+    expect(parseKubeProxyConfiguration('featureGates: {}\n').allowServiceExternalIPs).to.equal(undefined);
+    expect(() => parseKubeProxyConfiguration('featureGates:\n  AllowServiceExternalIPs: "no"\n')).to.throw(
+      /featureGates\.AllowServiceExternalIPs: "no" must be true or false/,
+    );
   });
 
   it('a flag equal to the default still counts as explicit; without a file the flags and defaults stand', () => {

@@ -1,7 +1,7 @@
 // The model against every row of semantics.md.
 
 import { expect } from 'chai';
-import { buildDesiredState } from '../../src/model/desired-state.js';
+import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { CONFIG } from '../support/fixtures.js';
 
@@ -249,16 +249,16 @@ describe('model: Services sharing an address', () => {
   });
 
   it('orders the entries by address as numbers, not as text', () => {
-    const ips = ['255.255.255.255', '10.0.0.10', '9.255.255.255', '10.0.0.9', '0.0.0.1', '128.0.0.0', '10.0.1.0'];
+    const ips = ['255.255.255.254', '10.0.0.10', '9.255.255.255', '10.0.0.9', '1.0.0.1', '128.0.0.0', '10.0.1.0'];
     const d = build(ips.map((ip, i) => lb(`s${i}`, { ingress: [{ ip }] })));
     expect(d.ipv4.entries.map((e) => e.externalIp)).to.deep.equal([
-      '0.0.0.1',
+      '1.0.0.1',
       '9.255.255.255',
       '10.0.0.9',
       '10.0.0.10',
       '10.0.1.0',
       '128.0.0.0',
-      '255.255.255.255',
+      '255.255.255.254',
     ]);
   });
 
@@ -325,5 +325,123 @@ describe('model: local pod detection', () => {
     expect(build([]).masqueradeMark).to.equal(0x4000);
     expect(build([], { masqueradeBit: 0 }).masqueradeMark).to.equal(1);
     expect(build([], { masqueradeBit: 31 }).masqueradeMark).to.equal(0x80000000);
+  });
+});
+
+describe('model: addresses that point at the node', () => {
+  const NODE_ADDRESSES: NodeInfo = { ...NODE, addresses: ['192.0.2.50', '2001:db8::50'] };
+  const pointing = [
+    ['127.0.0.1', 'a loopback address'],
+    ['127.8.9.10', 'a loopback address'],
+    ['::1', 'a loopback address'],
+    ['0.0.0.0', 'an unspecified address'],
+    ['::', 'an unspecified address'],
+    ['169.254.169.254', 'a link-local address'],
+    ['fe80::1', 'a link-local address'],
+    ['224.0.0.1', 'a multicast address'],
+    ['ff02::1', 'a multicast address'],
+    ['255.255.255.255', 'a broadcast address'],
+    ['192.0.2.50', "one of the node's own addresses"],
+    ['2001:db8::50', "one of the node's own addresses"],
+  ] as const;
+
+  for (const source of ['externalIPs', 'ingress'] as const) {
+    it(`never translates them, from ${source}`, () => {
+      const ips = pointing.map(([ip]) => ip);
+      const fields: Partial<ServiceInfo> =
+        source === 'externalIPs'
+          ? { ingress: [{ ip: '192.0.2.10' }], externalIPs: ips }
+          : { ingress: [{ ip: '192.0.2.10' }, ...ips.map((ip) => ({ ip }))] };
+      const d = build([lb('a', { ...fields, clusterIPs: ['10.96.0.10', 'fd00::10'] })], {}, NODE_ADDRESSES);
+      expect(entries(d)).to.deep.equal(['192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)']);
+      const details = d.skips.filter((s) => s.reason === 'pointsAtNode').map((s) => s.detail);
+      // Eight one by one, in the order the Service lists them, the rest folded into one.
+      expect(details).to.have.members([
+        ...pointing.slice(0, 8).map(([ip, what]) => `${ip} is ${what}`),
+        '4 more of this reason',
+      ]);
+      expect(d.skips.reduce((n, s) => n + (s.reason === 'pointsAtNode' ? (s.count ?? 1) : 0), 0)).to.equal(12);
+    });
+  }
+
+  it('translates an address once it is no longer the node own', () => {
+    const svc = lb('a', { ingress: [{ ip: '192.0.2.50' }] });
+    expect(entries(build([svc], {}, NODE_ADDRESSES))).to.deep.equal([]);
+    expect(entries(build([svc], {}, NODE))).to.deep.equal(['192.0.2.50 TCP/80 -> 10.96.0.10 (default/a)']);
+  });
+});
+
+describe('model: which external IPs the operator and kube-proxy allow', () => {
+  const svc = lb('a', { ingress: [{ ip: '192.0.2.10' }], externalIPs: ['198.51.100.7', '203.0.113.9'] });
+
+  it('takes every spec.externalIPs address by default', () => {
+    expect(entries(build([svc]))).to.have.length(3);
+  });
+
+  it('takes only those inside --service-external-ip-range; ingress addresses are not concerned', () => {
+    const d = build([svc], { externalIpRanges: ['198.51.100.0/24', '2001:db8::/64'] });
+    expect(entries(d)).to.deep.equal([
+      '192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)',
+      '198.51.100.7 TCP/80 -> 10.96.0.10 (default/a)',
+    ]);
+    expect(d.skips).to.deep.equal([
+      { service: 'default/a', reason: 'externalIpNotAllowed', detail: 'external IP 203.0.113.9' },
+    ]);
+  });
+
+  it("takes none when kube-proxy's AllowServiceExternalIPs gate is off", () => {
+    const d = build([svc], { allowServiceExternalIPs: false });
+    expect(entries(d)).to.deep.equal(['192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)']);
+    expect(reasons(d)).to.deep.equal(['default/a: externalIpsDisabled', 'default/a: externalIpsDisabled']);
+  });
+});
+
+describe('model: limits', () => {
+  const ports = (n: number) => Array.from({ length: n }, (_, i) => ({ port: 1000 + i }));
+  const addresses = (n: number, third = 0) => Array.from({ length: n }, (_, i) => ({ ip: `198.51.${third}.${i + 1}` }));
+
+  it('skips a Service over --max-entries-per-service whole, and programs it once a change brings it under', () => {
+    const big = lb('big', { ingress: addresses(10), ports: ports(11) });
+    const over = build([big, lb('small')], { maxEntriesPerService: 100 });
+    expect(entries(over)).to.deep.equal(['192.0.2.10 TCP/80 -> 10.96.0.10 (default/small)']);
+    expect(over.skips).to.deep.equal([
+      {
+        service: 'default/big',
+        reason: 'tooManyEntries',
+        detail:
+          '10 addresses x 11 ports = 110 entries, more than the 100 one Service may ask for (--max-entries-per-service)',
+      },
+    ]);
+    const model = new DesiredStateModel({ ...CONFIG, maxEntriesPerService: 100 });
+    expect(model.update([big], NODE).ipv4.entries).to.have.length(0);
+    const fitting = model.update([{ ...big, ports: ports(10) }], NODE);
+    expect(fitting.ipv4.entries).to.have.length(100);
+    expect(fitting.skips).to.deep.equal([]);
+  });
+
+  it('counts a port or an address listed twice once', () => {
+    const d = build([lb('a', { ingress: [...addresses(2), ...addresses(2)], ports: [...ports(2), ...ports(2)] })], {
+      maxEntriesPerService: 4,
+    });
+    expect(entries(d)).to.have.length(4);
+  });
+
+  it('keeps the oldest Services when the total is short, each whole, and lets the others in as room is made', () => {
+    const at = (day: number) => `2024-01-0${day}T00:00:00Z`;
+    const oldest = lb('oldest', { creationTimestamp: at(1), ingress: addresses(3, 1), ports: ports(2) }); // 6
+    const middle = lb('middle', { creationTimestamp: at(2), ingress: addresses(3, 2), ports: ports(2) }); // 6
+    const young = lb('young', { creationTimestamp: at(3), ingress: addresses(2, 3), ports: ports(1) }); // 2
+    const config = { ...CONFIG, maxEntries: 9 };
+    const d = build([young, middle, oldest], config);
+    const holders = (s: DesiredState) => [...new Set(s.ipv4.entries.map((e) => e.service))].sort();
+    // middle does not fit after oldest; young, smaller, still does.
+    expect(holders(d)).to.deep.equal(['default/oldest', 'default/young']);
+    expect(d.skips.map((s) => [s.service, s.reason])).to.deep.equal([['default/middle', 'overCapacity']]);
+
+    const model = new DesiredStateModel(config);
+    model.update([young, middle, oldest], NODE);
+    const after = model.update([young, middle], NODE);
+    expect(holders(after)).to.deep.equal(['default/middle', 'default/young']);
+    expect(after.skips).to.deep.equal([]);
   });
 });

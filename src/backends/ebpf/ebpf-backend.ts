@@ -14,7 +14,14 @@ import { existsSync, readdirSync, rmdirSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';
 
 import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
-import { BackendError, type Backend, type ProbeResult, type SyncOptions, type SyncResult } from '../backend.js';
+import {
+  BackendError,
+  type Backend,
+  type EntryCapacity,
+  type ProbeResult,
+  type SyncOptions,
+  type SyncResult,
+} from '../backend.js';
 import { ElementStorage } from '../element-storage.js';
 import {
   BPF_FS_MAGIC,
@@ -59,8 +66,16 @@ export function defaultCgroupPath(): string | undefined {
   return readCgroup2MountPoint();
 }
 
+/** The entry maps are created with a fixed size. */
+export const EBPF_CAPACITY: EntryCapacity = {
+  defaultEntries: ENTRY_MAP_CAPACITY,
+  maxEntries: ENTRY_MAP_CAPACITY,
+  why: `the entry maps hold ${ENTRY_MAP_CAPACITY}`,
+};
+
 export class EbpfBackend implements Backend {
   readonly name = 'ebpf' as const;
+  readonly capacity = EBPF_CAPACITY;
   readonly cgroupPath: string;
   readonly bpffsPath: string;
   readonly objectPath: string;

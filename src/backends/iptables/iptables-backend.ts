@@ -10,7 +10,14 @@
 
 import type { Logger } from 'pino';
 import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
-import { BackendError, type Backend, type ProbeResult, type SyncOptions, type SyncResult } from '../backend.js';
+import {
+  BackendError,
+  type Backend,
+  type EntryCapacity,
+  type ProbeResult,
+  type SyncOptions,
+  type SyncResult,
+} from '../backend.js';
 import {
   IptablesCommands,
   IptablesToolMissing,
@@ -146,8 +153,15 @@ export interface IptablesBackendOptions {
   runner?: IptablesRunner;
 }
 
+/** Two rules per entry, walked one by one by every new connection that leaves the node. */
+export const IPTABLES_CAPACITY: EntryCapacity = {
+  defaultEntries: 20_000,
+  why: 'every new connection walks two rules per entry',
+};
+
 export class IptablesBackend implements Backend {
   readonly name = 'iptables' as const;
+  readonly capacity = IPTABLES_CAPACITY;
   /** What was last programmed per family; a partial sync of the same desired state does nothing. */
   private readonly programmed = new Map<Family, ProgrammedFamily>();
   /** Syncs, cleanups and jump repairs write the same rules: one at a time. */

@@ -18,7 +18,14 @@
 
 import { FAMILIES, type DesiredState, type Family, type FamilyState } from '../../model/types.js';
 import { parseIp } from '../../model/ip.js';
-import { BackendError, type Backend, type ProbeResult, type SyncOptions, type SyncResult } from '../backend.js';
+import {
+  BackendError,
+  type Backend,
+  type EntryCapacity,
+  type ProbeResult,
+  type SyncOptions,
+  type SyncResult,
+} from '../backend.js';
 import { ElementStorage, entryKey, isEmpty, type ElementChanges } from '../element-storage.js';
 import { NftCliExecutor, NftError, NftTimeoutError, type NftCommit, type NftExecutor } from './executor.js';
 import { JsonWriter, Transaction, type MapElement, type RuleObject } from './objects.js';
@@ -79,8 +86,15 @@ interface ListedElement {
   element: MapElement;
 }
 
+/** Map lookups cost the same at any size: the bound is the memory a sync takes (docs/operations.md, Limits). */
+export const NFT_CAPACITY: EntryCapacity = {
+  defaultEntries: 100_000,
+  why: 'the memory of a full sync within the 512 Mi limit',
+};
+
 export class NftBackend implements Backend {
   readonly name = 'nft' as const;
+  readonly capacity = NFT_CAPACITY;
   readonly partialSyncsDuringFull = true;
   /** What this process last programmed, per family; absent until a full sync succeeded. */
   private readonly programmed = new Map<Family, Programmed>();

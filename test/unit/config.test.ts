@@ -118,10 +118,15 @@ describe("flags as kube-proxy's: booleans and aliases", () => {
     ['--cleanup', (c: ReturnType<typeof parseConfig>) => c.cleanup, false],
   ] as const;
 
-  it('lists every boolean flag of --help here, each with a [bool] value', () => {
+  it('lists every boolean flag of --help here, each with a [bool] value; no flag is a bare switch', () => {
     const help = buildCommand().helpInformation();
     const optional = [...help.matchAll(/^\s+(--[a-z-]+) \[bool\]/gm)].map((m) => m[1]);
     expect(optional.sort()).to.deep.equal(BOOLEANS.map(([flag]) => flag).sort());
+    // A switch without a value would refuse --flag=true (booleanOption makes one that takes it).
+    const switches = buildCommand()
+      .options.filter((o) => !o.required && !o.optional && !['--help', '--version'].includes(o.long!))
+      .map((o) => o.long);
+    expect(switches).to.deep.equal([]);
   });
 
   for (const [flag, read, byDefault] of BOOLEANS) {

@@ -14,8 +14,10 @@
 //   release.json                             version, repository, the index digest, each platform's digest and size
 //   SHA256SUMS                               of all the above (sha256sum -c SHA256SUMS)
 //
-//   npm run release [-- --registry REPO] [-- --arch amd64,arm64] [-- --no-build]
+//   npm run release [-- --registry REPO] [-- --runbooks URL] [-- --arch amd64,arm64] [-- --no-build]
 //
+// --runbooks points the alerts' runbook_url at a given copy of docs/alerts.md (the release
+//   workflow: the one of the tag), instead of the main branch's.
 // --registry names the repository the image is pushed to, e.g. ghcr.io/example/ipvs-node-controller
 //   (default: env IMAGE_REPOSITORY, else localhost/ipvs-node-controller). The archive's digest is
 //   the one a registry serves when the archive is copied there unchanged:
@@ -57,17 +59,23 @@ function run(command, args, options = {}) {
   return r.stdout ?? '';
 }
 
+/** Where the alerts' runbook_url point in deploy/monitoring: the docs on the main branch. */
+const RUNBOOKS = 'https://github.com/ipvs-node-controller/ipvs-node-controller/blob/main/docs/alerts.md';
 let registry = process.env.IMAGE_REPOSITORY ?? LOCAL;
+let runbooks;
 let arches = ['amd64', 'arm64'];
 let build = true;
 const argv = process.argv.slice(2);
 for (let i = 0; i < argv.length; i++) {
   if (argv[i] === '--registry' && argv[i + 1]) registry = argv[++i];
+  else if (argv[i] === '--runbooks' && argv[i + 1]) runbooks = argv[++i];
   else if (argv[i] === '--arch' && argv[i + 1]) arches = argv[++i].split(',');
   else if (argv[i] === '--no-build') build = false;
   else {
     console.error(`npm run release: unknown argument '${argv[i]}'`);
-    console.error('usage: npm run release [-- --registry REPO] [-- --arch amd64,arm64] [-- --no-build]');
+    console.error(
+      'usage: npm run release [-- --registry REPO] [-- --runbooks URL] [-- --arch amd64,arm64] [-- --no-build]',
+    );
     process.exit(2);
   }
 }
@@ -76,6 +84,11 @@ if (!/^[a-z0-9.-]+(?::\d+)?(?:\/[a-z0-9._-]+)+$/.test(registry)) {
   fail(`--registry '${registry}' is not a repository (e.g. ghcr.io/example/ipvs-node-controller; no tag)`);
 }
 for (const a of arches) if (!['amd64', 'arm64'].includes(a)) fail(`--arch: '${a}' is not amd64 or arm64`);
+if (runbooks !== undefined && !/^https:\/\/\S+\.md$/.test(runbooks)) {
+  fail(
+    `--runbooks '${runbooks}' is not the https URL of docs/alerts.md (the release's, e.g. .../blob/v${version}/docs/alerts.md)`,
+  );
+}
 
 /** This version's CHANGELOG section; its heading must carry the date: `## 0.4.0 (2026-11-25)`. */
 function changelogSection() {
@@ -216,7 +229,10 @@ try {
     ],
   };
   for (const [file, [dir, what, apply]] of Object.entries(rendered)) {
-    writeFileSync(join(out, file), header(what, apply) + kustomizePinned(dir, registry, digest));
+    let text = kustomizePinned(dir, registry, digest);
+    // The alerts' runbooks at the docs of this release rather than of the main branch.
+    if (runbooks !== undefined) text = text.replaceAll(`${RUNBOOKS}#`, `${runbooks}#`);
+    writeFileSync(join(out, file), header(what, apply) + text);
   }
 
   writeFileSync(join(out, 'CHANGELOG.md'), notes);

@@ -90,7 +90,7 @@ describe('the release workflow (.github/workflows/release.yml)', function () {
     const runs = steps.map((s) => s.run ?? '').join('\n');
     expect(runs).to.include('bash scripts/install-system-packages.sh');
     expect(runs).to.match(/npm ci && npm run build/);
-    expect(runs).to.match(/npm run release -- --registry "\$REPOSITORY"/);
+    expect(runs).to.match(/npm run release -- --registry "\$REPOSITORY" --runbooks "\$RUNBOOKS"/);
     expect(runs, 'the tag must be the version the manifests carry').to.include('test "$TAG" = "v$version"');
   });
 

@@ -167,6 +167,11 @@ describe('Dockerfile', function () {
       // iptables through its alternatives link, as on Debian: iptables -> /etc/alternatives/iptables -> xtables-*-multi.
       expect(await readlink(join(root, 'usr', 'sbin', 'iptables'))).to.equal('/etc/alternatives/iptables');
       expect(await readlink(join(root, 'etc', 'alternatives', 'iptables'))).to.match(/^\/usr\/sbin\/iptables-(nft|legacy)$/);
+      // libc6 without its iconv modules.
+      const multiarch = (await readdir(join(root, 'usr', 'lib'))).filter((d) => d.endsWith('-linux-gnu'));
+      expect(multiarch.length).to.equal(1);
+      expect(await exists(join(root, 'usr', 'lib', multiarch[0]!, 'libc.so.6'))).to.equal(true);
+      expect(await exists(join(root, 'usr', 'lib', multiarch[0]!, 'gconv'))).to.equal(false);
       for (const f of ['usr/bin/apt', 'usr/bin/dpkg', 'usr/bin/sh', 'usr/bin/bash', 'usr/bin/ls']) {
         expect(await exists(join(root, f)), `${f} in the runtime`).to.equal(false);
       }

@@ -7,7 +7,20 @@
 # Warnings: -Wall -Wextra (and unused parameters, which node's common.gypi turns off) build
 # without one warning; CI adds -Werror through CXXFLAGS (.ci/run), so that a compiler this
 # project has not seen (the image's gcc 14, a user's) only warns and never fails an install.
+# Hardening, for every build (CI's, the image's, a user's): stack protector, read-only
+# relocations resolved at load (full RELRO), and glibc's checked variants of memcpy, snprintf and
+# the like (_FORTIFY_SOURCE, which needs optimisation: Release only, where node's common.gypi
+# compiles with -O3; -U first, as some compilers define it already and a redefinition warns).
 {
+  'target_defaults': {
+    'cflags': ['-fstack-protector-strong'],
+    'ldflags': ['-Wl,-z,relro', '-Wl,-z,now'],
+    'configurations': {
+      'Release': {
+        'cflags': ['-U_FORTIFY_SOURCE', '-D_FORTIFY_SOURCE=2'],
+      },
+    },
+  },
   'variables': {
     'have_libnftables%': '<!(pkg-config --exists libnftables && echo 1 || echo 0)',
     'have_libbpf%': '<!(pkg-config --exists libbpf && echo 1 || echo 0)',

@@ -70,6 +70,8 @@ export interface MemoryFigures {
 
 export class ControllerProcess {
   readonly syncs: SyncLine[] = [];
+  /** 'skipped: ...' log lines, with when they were read. */
+  readonly skipLines: Array<Record<string, unknown> & { seenAt: number }> = [];
   private readonly waiters = new Set<() => void>();
   private readonly stderrLines: string[] = [];
   private memoryWaiter: ((m: MemoryFigures) => void) | undefined;
@@ -144,6 +146,8 @@ export class ControllerProcess {
         ms: record.ms,
         seenAt: performance.now(),
       });
+    } else if (typeof record.msg === 'string' && record.msg.startsWith('skipped')) {
+      this.skipLines.push({ ...record, seenAt: performance.now() });
     } else if (record.msg === 'caches synced') {
       this.cachesSyncedAt = performance.now();
       this.cpuAtCachesSyncedMs = this.schedStats().cpuMs;

@@ -111,7 +111,7 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 const run = (cmd: string, args: string[]) => execFileSync(cmd, args, { stdio: ['ignore', 'ignore', 'pipe'] });
 
 /** What a backend needs around the controller: flags, where the prober lives, and its removal. */
-class BackendEnvironment {
+export class BackendEnvironment {
   readonly extraArgs: string[] = [];
   /** --cleanup visits every backend: it needs a bpffs to look at, even for nft and iptables. */
   readonly cleanupArgs: string[] = [];

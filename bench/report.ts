@@ -1,6 +1,7 @@
 // The printed table and the JSON shape of a benchmark run.
 
 import type { BackendResult } from './end-to-end.js';
+import type { OneServiceRun } from './one-service.js';
 import type { FirstPacketResult } from './first-packet.js';
 import { median, percentile } from './stats.js';
 
@@ -78,6 +79,8 @@ export interface BenchResults {
   firstPacket: FirstPacketResult[];
   /** End to end with real packets, per backend. */
   backends?: BackendResult[];
+  /** One tenant's large Service, per backend (variant: iptables-nft or -legacy). */
+  oneService?: Array<OneServiceRun & { variant: string }>;
   /** Where the end-to-end connections start. */
   probeFrom?: 'node' | 'pod';
   /** The heap profile per Service (bench/heap-profile.ts), already formatted. */
@@ -357,6 +360,7 @@ export function formatReport(r: BenchResults): string {
   }
   if (r.backends && r.backends.length > 0) out.push(...formatEndToEnd(r));
   if (r.heapProfile) out.push('', '6. Heap profile per Service (bench/heap-profile.ts)', '', r.heapProfile);
+  if (r.oneService && r.oneService.length > 0) out.push(...formatOneService(r.oneService));
   return out.join('\n') + '\n';
 }
 
@@ -499,5 +503,51 @@ function formatEndToEnd(r: BenchResults): string[] {
     );
   }
   for (const b of backends) if (b.error) out.push(`   ${b.backend}: ${b.error}`);
+  return out;
+}
+
+function formatOneService(runs: Array<OneServiceRun & { variant: string }>): string[] {
+  const out = [
+    '',
+    "7. One tenant's Service of A external IPs x P ports beside one small Service (bench/one-service.ts), the",
+    '   bundle as shipped with --max-entries-per-service and --max-entries raised above it. answered: API write ->',
+    "   the 'synced' line that programmed it (or its skip line); sync: that sync's own duration; /healthz: polled",
+    '   every 100 ms with a 3 s timeout until the next Service was programmed, the slowest answer and the failed',
+    '   polls; next: API write of one more small Service -> programmed; RSS: peak from the write on (VmHWM), after,',
+    '   and after a full garbage collection; heap: the JS heap in use then.',
+  ];
+  const rows = runs.map((x) => [
+    x.variant,
+    `${x.addresses} x ${x.ports}`,
+    n(x.addresses * x.ports),
+    `${x.objectKiB.toFixed(0)} KiB`,
+    x.error ? `error: ${x.error}` : x.outcome + (x.reason ? ` (${x.reason})` : ''),
+    x.answeredMs !== undefined ? `${(x.answeredMs / 1000).toFixed(2)} s` : '-',
+    x.syncMs !== undefined ? ms(x.syncMs, 0) : '-',
+    `${x.healthzMaxMs.toFixed(0)} ms`,
+    `${x.healthzFailures} of ${x.healthzPolls}`,
+    x.nextServiceMs !== undefined ? `${x.nextServiceMs.toFixed(0)} ms` : '-',
+    `${x.peakRssMiB.toFixed(0)} / ${x.rssAfterMiB.toFixed(0)} / ${x.rssAfterGcMiB.toFixed(0)} MiB`,
+    `${x.heapUsedMiB.toFixed(0)} MiB`,
+  ]);
+  out.push(
+    ...table(
+      [
+        'backend',
+        'shape',
+        'entries',
+        'object',
+        'outcome',
+        'answered',
+        'sync ms',
+        '/healthz max',
+        'failed',
+        'next',
+        'RSS peak / after / GC',
+        'heap',
+      ],
+      rows,
+    ),
+  );
   return out;
 }

@@ -8,12 +8,14 @@
 //      through its LB IP (startup), API write -> first packet through a moved address
 //      (packet-latency), first full sync, and (with memory) resident memory with 0 and 10,000
 //      Services for the backends other than nft (nft's are in 3);
-//   6. a heap profile per Service at 10,000 (heap): which structures hold the bytes.
+//   6. a heap profile per Service at 10,000 (heap): which structures hold the bytes;
+//   7. one tenant's Service of 10,000, 50,000 and 100,000 entries (one-service), per backend
+//      (--backends): time to program it, /healthz meanwhile, the next Service, memory.
 // It opens with the targets' table: each figure before the footprint work and now.
 // Prints a table and writes bench/results/<timestamp>.json. Asserts nothing.
 //
 //   npm run bench [-- --sizes 1000,10000,50000 --changes 500 --rounds 5
-//                    --only full,latency,memory,first-packet,startup,packet-latency,heap
+//                    --only full,latency,memory,first-packet,startup,packet-latency,heap,one-service
 //                    --backends nft,iptables-nft,iptables-legacy,ebpf --startup-runs 3 --iptables-changes 50
 //                    --latency-sync-period 3s --probe-from node|pod]
 // The latency measure runs the controller with --sync-period from --latency-sync-period (3s by
@@ -36,7 +38,15 @@ import { ControllerProcess, SETTLE_MS, type ControllerFlags } from './controller
 import { measureFirstPacket, originalIptablesRules, type FirstPacketScenario } from './first-packet.js';
 import { compilePrograms } from './first-packet-programs.js';
 import { formatHeapProfile, heapProfile } from './heap-profile.js';
-import { E2E_BACKENDS, idleMemory, measureBackend, type E2eBackend, type EndToEndContext } from './end-to-end.js';
+import {
+  BackendEnvironment,
+  E2E_BACKENDS,
+  idleMemory,
+  measureBackend,
+  type E2eBackend,
+  type EndToEndContext,
+} from './end-to-end.js';
+import { measureOneService, type OneServiceContext } from './one-service.js';
 import { ElementMonitor } from './kernel-monitor.js';
 import { compilePacketProbe, probeNode } from './packet-probe.js';
 import { isolatedFromMachine } from './namespace.js';
@@ -65,7 +75,16 @@ import { median, percentile, seededRandom } from './stats.js';
 
 const SELF = fileURLToPath(import.meta.url);
 const RESULTS_DIR = join(dirname(SELF), '..', '..', 'bench', 'results');
-const MEASURES = ['full', 'latency', 'memory', 'first-packet', 'startup', 'packet-latency', 'heap'] as const;
+const MEASURES = [
+  'full',
+  'latency',
+  'memory',
+  'first-packet',
+  'startup',
+  'packet-latency',
+  'heap',
+  'one-service',
+] as const;
 type Measure = (typeof MEASURES)[number];
 const TABLE = 'ipvs-node-controller';
 /** The change-latency and the nft first-packet measures run at this size, as the targets say. */
@@ -424,6 +443,17 @@ class Bench {
     };
   }
 
+  oneServiceContext(): OneServiceContext {
+    return {
+      kubeconfig: this.kubeconfig,
+      nodeName: NODE_NAME,
+      log,
+      ensureServices: (n) => this.ensureServices(n),
+      apply: (object) => this.standIn.apply(object),
+      remove: (namespace, name) => this.standIn.remove('Service', namespace, name),
+    };
+  }
+
   get scratch(): string {
     return this.workDir;
   }
@@ -559,6 +589,24 @@ async function benchmark(argv: string[]): Promise<void> {
         r.rssAfterGcMiB[0] = zero.rssAfterGcMiB;
       }
       results.backends!.push(r);
+    }
+    if (options.only.has('one-service')) {
+      results.oneService = [];
+      for (const backend of options.backends) {
+        const env = new BackendEnvironment(backend, bench.scratch);
+        try {
+          for (const r of await measureOneService(
+            bench.oneServiceContext(),
+            env.controllerBackend,
+            env.extraArgs,
+            env.cleanupArgs,
+          )) {
+            results.oneService.push({ ...r, variant: backend });
+          }
+        } finally {
+          env.close();
+        }
+      }
     }
     if (options.only.has('heap')) {
       log('heap profile, 0 and 10,000 Services');

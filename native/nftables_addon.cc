@@ -113,34 +113,68 @@ class GenerationReader {
     if (sendto(fd_, &request, sizeof request, 0, reinterpret_cast<sockaddr*>(&kernel), sizeof kernel) < 0) {
       return Broken();
     }
-    alignas(nlmsghdr) char buffer[512];
-    for (;;) {
-      ssize_t n = recv(fd_, buffer, sizeof buffer, 0);
-      if (n < 0) return Broken();
-      for (auto* h = reinterpret_cast<nlmsghdr*>(buffer); NLMSG_OK(h, static_cast<unsigned>(n));
-           h = NLMSG_NEXT(h, n)) {
+    // 8192 bytes, as netlink(7) advises: no answer of the kernel is truncated on pages of 8 KiB.
+    alignas(nlmsghdr) char buffer[8192];
+    for (int datagram = 0; datagram < kMaxDatagramsPerRead; ++datagram) {
+      sockaddr_nl sender{};
+      iovec part{buffer, sizeof buffer};
+      msghdr message{};
+      message.msg_name = &sender;
+      message.msg_namelen = sizeof sender;
+      message.msg_iov = &part;
+      message.msg_iovlen = 1;
+      const ssize_t received = recvmsg(fd_, &message, 0);
+      if (received < 0) return Broken();
+      // Cut to the buffer: what was lost may have been our answer.
+      if ((message.msg_flags & MSG_TRUNC) != 0) return Broken();
+      // Only the kernel (port 0) answers GETGEN; a datagram from another socket is ignored.
+      if (message.msg_namelen != sizeof sender || sender.nl_family != AF_NETLINK || sender.nl_pid != 0) continue;
+      // Signed, as NLMSG_OK and NLMSG_NEXT expect (netlink(7)): NLMSG_NEXT may take it below zero
+      // after a last message whose length is not aligned, and NLMSG_OK then stops.
+      int left = static_cast<int>(received);
+      nlmsghdr* h = reinterpret_cast<nlmsghdr*>(buffer);
+      for (; NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
         if (h->nlmsg_seq != seq_) continue;  // a late answer to an earlier request
         if (h->nlmsg_type == NLMSG_ERROR) return -1;
         if (h->nlmsg_type != ((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN)) continue;
-        int length = static_cast<int>(h->nlmsg_len) - NLMSG_LENGTH(sizeof(nfgenmsg));
-        auto* attribute = reinterpret_cast<nlattr*>(static_cast<char*>(NLMSG_DATA(h)) + NLMSG_ALIGN(sizeof(nfgenmsg)));
-        while (length >= static_cast<int>(sizeof(nlattr)) && attribute->nla_len >= sizeof(nlattr) &&
-               attribute->nla_len <= length) {
-          if ((attribute->nla_type & NLA_TYPE_MASK) == NFTA_GEN_ID &&
-              attribute->nla_len >= NLA_HDRLEN + sizeof(uint32_t)) {
-            uint32_t id;
-            std::memcpy(&id, reinterpret_cast<char*>(attribute) + NLA_HDRLEN, sizeof id);
-            return ntohl(id);
-          }
-          length -= NLA_ALIGN(attribute->nla_len);
-          attribute = reinterpret_cast<nlattr*>(reinterpret_cast<char*>(attribute) + NLA_ALIGN(attribute->nla_len));
-        }
-        return -1;
+        return GenerationId(h);
       }
+      // Bytes left that make no whole message (a header cut short, or a length beyond what was
+      // received): the datagram is not what the kernel sends.
+      if (left > 0) return Broken();
     }
+    // Datagrams kept coming without our answer.
+    return Broken();
   }
 
  private:
+  // At most this many datagrams are read for one answer: late answers to earlier requests
+  // (after a timeout) are a few; more is a socket out of step.
+  static constexpr int kMaxDatagramsPerRead = 16;
+
+  // NFTA_GEN_ID of a NEWGEN message that NLMSG_OK accepted (its whole length was received).
+  static int64_t GenerationId(const nlmsghdr* h) {
+    // The attributes follow the header and the nfgenmsg, each aligned.
+    const int attributes = NLMSG_HDRLEN + static_cast<int>(NLMSG_ALIGN(sizeof(nfgenmsg)));
+    int length = static_cast<int>(h->nlmsg_len) - attributes;
+    if (length < 0) return -1;
+    const char* at = reinterpret_cast<const char*>(h) + attributes;
+    while (length >= static_cast<int>(sizeof(nlattr))) {
+      nlattr attribute;
+      std::memcpy(&attribute, at, sizeof attribute);
+      if (attribute.nla_len < sizeof(nlattr) || attribute.nla_len > length) return -1;
+      if ((attribute.nla_type & NLA_TYPE_MASK) == NFTA_GEN_ID && attribute.nla_len >= NLA_HDRLEN + sizeof(uint32_t)) {
+        uint32_t id;
+        std::memcpy(&id, at + NLA_HDRLEN, sizeof id);
+        return ntohl(id);
+      }
+      const int step = static_cast<int>(NLA_ALIGN(attribute.nla_len));
+      at += step;
+      length -= step;
+    }
+    return -1;
+  }
+
   // A socket that failed once is reopened at the next read: answers may be out of step.
   int64_t Broken() {
     close(fd_);
@@ -273,22 +307,32 @@ class TransactionWorker : public Napi::AsyncWorker {
   CommandResult result_;
 };
 
-// list(): the JSON listing of one table, or null when the table does not exist.
+// list(): the JSON listing of one table, or null when the table does not exist. A listing longer
+// than maxBytes rejects with code ERR_LISTING_TOO_LARGE, and no JavaScript string is made of it.
 class ListTableWorker : public Napi::AsyncWorker {
  public:
-  ListTableWorker(Napi::Env env, const std::string& family, const std::string& table)
+  ListTableWorker(Napi::Env env, const std::string& family, const std::string& table, size_t maxBytes)
       : Napi::AsyncWorker(env, "nftables.list"),
         session_(SessionOf(env)),
         deferred_(Napi::Promise::Deferred::New(env)),
         document_("{\"nftables\":[{\"list\":{\"table\":{\"family\":" + JsonString(family) +
-                  ",\"name\":" + JsonString(table) + "}}}]}") {}
+                  ",\"name\":" + JsonString(table) + "}}}]}"),
+        maxBytes_(maxBytes) {}
 
   Napi::Promise Promise() const { return deferred_.Promise(); }
 
  protected:
   void Execute() override {
     result_ = session_->Run(document_, false);
-    if (result_.rc == 0) return;
+    if (result_.rc == 0) {
+      if (result_.output.size() <= maxBytes_) return;
+      tooLarge_ = true;
+      const size_t bytes = result_.output.size();
+      std::string().swap(result_.output);
+      SetError("the listing is " + std::to_string(bytes) + " bytes, more than the " + std::to_string(maxBytes_) +
+               " asked for");
+      return;
+    }
     // nft reports a missing table as ENOENT; any other failure is an error.
     missing_ = result_.error.find(std::strerror(ENOENT)) != std::string::npos;
     if (!missing_) SetError(FailureMessage(result_));
@@ -302,14 +346,19 @@ class ListTableWorker : public Napi::AsyncWorker {
     }
   }
 
-  void OnError(const Napi::Error& error) override { deferred_.Reject(error.Value()); }
+  void OnError(const Napi::Error& error) override {
+    if (tooLarge_) error.Value().Set("code", Napi::String::New(Env(), "ERR_LISTING_TOO_LARGE"));
+    deferred_.Reject(error.Value());
+  }
 
  private:
   SharedSession session_;
   Napi::Promise::Deferred deferred_;
   std::string document_;
+  size_t maxBytes_;
   CommandResult result_;
   bool missing_ = false;
+  bool tooLarge_ = false;
 };
 
 // generation(): the ruleset generation now, or -1 when it cannot be read.
@@ -369,10 +418,20 @@ Napi::Value Check(const Napi::CallbackInfo& info) {
   return worker->Promise();
 }
 
+// The optional maxBytes argument of list(): at least 1; absent, no bound.
+size_t MaxBytesArgument(const Napi::CallbackInfo& info, size_t index) {
+  if (info.Length() <= index || info[index].IsUndefined()) return SIZE_MAX;
+  if (!info[index].IsNumber()) throw Napi::TypeError::New(info.Env(), "maxBytes must be a number");
+  const double value = info[index].As<Napi::Number>().DoubleValue();
+  if (!(value >= 1)) throw Napi::RangeError::New(info.Env(), "maxBytes must be at least 1");
+  return value >= static_cast<double>(SIZE_MAX) ? SIZE_MAX : static_cast<size_t>(value);
+}
+
 Napi::Value List(const Napi::CallbackInfo& info) {
   std::string family = StringArgument(info, 0, "family");
   std::string table = StringArgument(info, 1, "table");
-  auto* worker = new ListTableWorker(info.Env(), family, table);
+  size_t maxBytes = MaxBytesArgument(info, 2);
+  auto* worker = new ListTableWorker(info.Env(), family, table, maxBytes);
   worker->Queue();
   return worker->Promise();
 }

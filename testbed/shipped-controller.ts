@@ -8,8 +8,13 @@ import { fileURLToPath } from 'node:url';
 
 const packageJson = fileURLToPath(new URL('../../package.json', import.meta.url));
 
-/** dist/bundle/ipvs-node-controller.mjs. */
-export const BUNDLE = fileURLToPath(new URL('../bundle/ipvs-node-controller.mjs', import.meta.url));
+/**
+ * dist/bundle/ipvs-node-controller.mjs; the benchmark may be pointed at another build's bundle
+ * with IPVS_NODE_CONTROLLER_BUNDLE, to compare before and after.
+ */
+export const BUNDLE =
+  process.env.IPVS_NODE_CONTROLLER_BUNDLE ??
+  fileURLToPath(new URL('../bundle/ipvs-node-controller.mjs', import.meta.url));
 
 /** The Node flags the image runs the controller with. */
 export const NODE_FLAGS: readonly string[] = (

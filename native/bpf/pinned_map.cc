@@ -44,7 +44,8 @@ int OpenPinnedMap(const std::string& path, MapShape* shape) {
     close(fd);
     throw std::runtime_error(ErrnoMessage("read map info " + path, err));
   }
-  shape->name = info.name;
+  // The kernel ends the name with a NUL; never read past the field if it did not.
+  shape->name.assign(info.name, strnlen(info.name, sizeof info.name));
   shape->id = info.id;
   shape->type = info.type;
   shape->keySize = info.key_size;
@@ -108,6 +109,14 @@ uint32_t DeleteElements(int fd, const MapShape& shape, const uint8_t* keys, uint
 void DumpElements(int fd, const MapShape& shape, std::vector<uint8_t>* keys, std::vector<uint8_t>* values) {
   keys->clear();
   values->clear();
+  if (shape.keySize == 0) throw std::runtime_error("read map " + shape.name + ": its keys have no size");
+  // The map holds at most maxEntries: more read means it changed under the read (a hash map's
+  // walk restarts when the key it stands on is deleted); the caller reads again later.
+  const size_t most = shape.maxEntries;
+  const auto tooMany = [&shape]() {
+    return std::runtime_error("read map " + shape.name + ": more than its " + std::to_string(shape.maxEntries) +
+                              " entries came back (it changed during the read)");
+  };
   const uint32_t chunk = 4096;
   // The batch position is opaque to us; hash maps use a 4-byte bucket index.
   std::vector<uint8_t> in_batch(std::max<uint32_t>(shape.keySize, 8));
@@ -125,6 +134,10 @@ void DumpElements(int fd, const MapShape& shape, std::vector<uint8_t>* keys, std
       if (first && BatchUnsupported(err)) break;  // walk the keys one by one below
       throw std::runtime_error(ErrnoMessage("read map " + shape.name, err));
     }
+    // The count the kernel wrote back never exceeds what it was given room for; check anyway
+    // before it sizes a copy out of the chunk buffers.
+    if (n > chunk) throw std::runtime_error("read map " + shape.name + ": the kernel returned more than a batch");
+    if (keys->size() / shape.keySize + n > most) throw tooMany();
     keys->insert(keys->end(), chunk_keys.begin(), chunk_keys.begin() + size_t(n) * shape.keySize);
     values->insert(values->end(), chunk_values.begin(), chunk_values.begin() + size_t(n) * shape.valueSize);
     if (err == ENOENT) return;
@@ -136,7 +149,8 @@ void DumpElements(int fd, const MapShape& shape, std::vector<uint8_t>* keys, std
   std::vector<uint8_t> next(shape.keySize);
   std::vector<uint8_t> value(shape.valueSize);
   const void* prev = nullptr;
-  while (bpf_map_get_next_key(fd, prev, next.data()) == 0) {
+  for (size_t steps = 0; bpf_map_get_next_key(fd, prev, next.data()) == 0; ++steps) {
+    if (steps >= most) throw tooMany();
     if (bpf_map_lookup_elem(fd, next.data(), value.data()) == 0) {
       keys->insert(keys->end(), next.begin(), next.end());
       values->insert(values->end(), value.begin(), value.end());

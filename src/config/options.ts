@@ -146,7 +146,7 @@ export function buildCommand(): Command {
     .option(
       '--max-entries <n>',
       'entries per family this node programs at most; the youngest Services that do not fit are not translated ' +
-        '(default: nft 100000, iptables 20000, ebpf 65536, its map size and maximum)',
+        '(default: nft 65536, iptables 20000, ebpf 65536, the size of its maps and the most it takes)',
     )
     .option(
       '--service-external-ip-range <cidrs>',

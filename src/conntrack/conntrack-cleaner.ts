@@ -2,6 +2,11 @@
 // kernel holds the new rules: a flow's next packet then starts a new entry and meets the new
 // translation (or none). Failures are reported, never thrown: a stale UDP flow is a smaller harm
 // than a sync that does not finish.
+//
+// Memory does not grow with the conntrack table: a listing (millions of entries on a busy node
+// print hundreds of megabytes) is read line by line and only the tuples asked for are kept, and
+// it is stopped as soon as each of them is found; what a deletion prints of the entries it deleted
+// is not read. Time is bounded by the timeout of each command.
 
 import { execa } from 'execa';
 import type { Logger } from 'pino';
@@ -35,6 +40,14 @@ const DELETED = /(\d+) flow entries have been deleted/;
 
 /** In `conntrack -L` lines: the original direction's dst and dport, then the reply direction's src. */
 const LISTED = /\bdst=(\S+) .*?\bdport=(\d+)\b.*?\bsrc=(\S+) /;
+
+/**
+ * Longest `conntrack -L` line read. A line is a few hundred bytes (two IPv6 tuples, mark, zone,
+ * labels); a longer one is not a listing, and the listing fails.
+ */
+export const MAX_LISTED_LINE_BYTES = 64 << 10;
+/** What is read of a command's stderr: its message is one line. */
+const MAX_STDERR_BYTES = 64 << 10;
 
 /** conntrack prints IPv6 addresses in the canonical text form the model uses. */
 function key(ip: string, port: number): string {
@@ -109,16 +122,25 @@ export class ConntrackCleaner {
   /** The tuples of one family and protocol that have at least one matching entry now. */
   private async withEntries(group: StaleTuple[]): Promise<StaleTuple[]> {
     const first = group[0]!;
-    const output = await this.run(['-L', '-f', first.family, '-p', first.protocol.toLowerCase()], 'list');
+    // The keys asked for, with any entry or with an untranslated one; what was found of each.
+    const anyWanted = new Set(group.filter((t) => !t.untranslatedOnly).map((t) => key(t.externalIp, t.port)));
+    const untranslatedWanted = new Set(group.filter((t) => t.untranslatedOnly).map((t) => key(t.externalIp, t.port)));
     const present = new Set<string>();
     const untranslated = new Set<string>();
-    for (const line of output.split('\n')) {
+    let missing = anyWanted.size + untranslatedWanted.size;
+    await this.list(['-L', '-f', first.family, '-p', first.protocol.toLowerCase()], (line) => {
       const m = LISTED.exec(line);
-      if (!m) continue;
+      if (!m) return true;
       const k = key(m[1]!, Number(m[2]));
-      present.add(k);
-      if (m[3] === m[1]) untranslated.add(k);
-    }
+      if (anyWanted.has(k) && !present.has(k)) missing--;
+      if (m[3] === m[1] && untranslatedWanted.has(k) && !untranslated.has(k)) {
+        missing--;
+        untranslated.add(k);
+      }
+      if (anyWanted.has(k) || untranslatedWanted.has(k)) present.add(k);
+      // Every tuple found: the rest of the table cannot change the answer.
+      return missing > 0;
+    });
     return group.filter((t) => (t.untranslatedOnly ? untranslated : present).has(key(t.externalIp, t.port)));
   }
 
@@ -136,26 +158,91 @@ export class ConntrackCleaner {
       String(t.port),
       ...(t.untranslatedOnly ? ['--reply-src', t.externalIp] : []),
     ];
-    const stderr = await this.run(args, 'delete');
+    const stderr = await this.run(args);
     return Number(DELETED.exec(stderr)?.[1] ?? 0);
   }
 
-  /** stdout of a listing, stderr of a deletion. */
-  private async run(args: string[], what: 'list' | 'delete'): Promise<string> {
-    const result = await execa(this.command, args, { reject: false, timeout: this.timeoutMs, stdin: 'ignore' });
+  /** stderr of a deletion (its count); what it prints of the deleted entries is not read. */
+  private async run(args: string[]): Promise<string> {
+    const result = await execa(this.command, args, {
+      reject: false,
+      timeout: this.timeoutMs,
+      stdin: 'ignore',
+      stdout: 'ignore',
+      maxBuffer: MAX_STDERR_BYTES,
+    });
+    this.throwIfMissing(result);
+    // Exit 1 with "0 flow entries" is an empty match, not an error.
+    if (result.exitCode === 1 && /\b0 flow entries have been deleted/.test(result.stderr)) return result.stderr;
+    if (result.failed) throw this.failure(args, result);
+    return result.stderr;
+  }
+
+  /**
+   * Runs a listing and hands each line of its stdout to `onLine` as it comes, one line in memory
+   * at a time; `onLine` returns false when it has read enough, and the command is stopped.
+   */
+  private async list(args: string[], onLine: (line: string) => boolean): Promise<void> {
+    const subprocess = execa(this.command, args, {
+      reject: false,
+      timeout: this.timeoutMs,
+      stdin: 'ignore',
+      buffer: { stdout: false },
+      maxBuffer: { stderr: MAX_STDERR_BYTES },
+    });
+    let partial: Buffer[] = [];
+    let partialBytes = 0;
+    let enough = false;
+    let tooLong = false;
+    const stop = () => {
+      enough = true;
+      partial = [];
+      subprocess.kill();
+    };
+    subprocess.stdout.on('data', (chunk: Buffer) => {
+      if (enough) return;
+      let start = 0;
+      for (let nl = chunk.indexOf(10); nl !== -1; nl = chunk.indexOf(10, start)) {
+        const tail = chunk.subarray(start, nl);
+        const line = partialBytes > 0 ? Buffer.concat([...partial, tail]) : tail;
+        partial = [];
+        partialBytes = 0;
+        start = nl + 1;
+        if (line.length > MAX_LISTED_LINE_BYTES) {
+          tooLong = true;
+          return stop();
+        }
+        if (!onLine(line.toString('latin1'))) return stop();
+      }
+      partialBytes += chunk.length - start;
+      if (partialBytes > MAX_LISTED_LINE_BYTES) {
+        tooLong = true;
+        return stop();
+      }
+      if (start < chunk.length) partial.push(chunk.subarray(start));
+    });
+    const result = await subprocess;
+    this.throwIfMissing(result);
+    if (tooLong) {
+      throw new Error(
+        `${this.command} ${args.join(' ')}: printed a line longer than ${MAX_LISTED_LINE_BYTES >> 10} KiB, not a conntrack listing`,
+      );
+    }
+    if (enough) return;
+    if (result.failed) throw this.failure(args, result);
+    if (partialBytes > 0) onLine(Buffer.concat(partial).toString('latin1'));
+  }
+
+  private throwIfMissing(result: object): void {
     if ((result as { code?: string }).code === 'ENOENT') {
       throw new Error(`the '${this.command}' command was not found: install the conntrack package`);
     }
-    // Exit 1 with "0 flow entries" is an empty match, not an error.
-    if (what === 'delete' && result.exitCode === 1 && /\b0 flow entries have been deleted/.test(result.stderr)) {
-      return result.stderr;
-    }
-    if (result.failed) {
-      const why = result.timedOut
-        ? `timed out after ${this.timeoutMs} ms`
-        : result.stderr.trim().split('\n')[0] || `exit ${result.exitCode}`;
-      throw new Error(`${this.command} ${args.join(' ')}: ${why}`);
-    }
-    return what === 'list' ? result.stdout : result.stderr;
+  }
+
+  private failure(args: string[], result: { timedOut: boolean; stderr: string; exitCode?: number }): Error {
+    const why = result.timedOut
+      ? `timed out after ${this.timeoutMs} ms`
+      : result.stderr.trim().split('\n')[0] || `exit ${result.exitCode}`;
+    return new Error(`${this.command} ${args.join(' ')}: ${why}`);
   }
 }

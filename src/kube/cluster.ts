@@ -6,7 +6,8 @@ import { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import type { NodeInfo, ServiceInfo } from '../model/types.js';
 import { Informer, type InformerObserver } from './informer.js';
 import { toNodeInfo, toServiceInfo } from './objects.js';
-import { apiRequest, statusMessage } from './request.js';
+import { formatSize } from '../bytes.js';
+import { apiRequest, MAX_RESPONSE_BYTES, ResponseTooLargeError, statusMessage } from './request.js';
 
 export function loadKubeConfig(path: string | undefined): KubeConfig {
   const kc = new KubeConfig();
@@ -28,23 +29,46 @@ export interface ClusterCaches {
   node: Informer<NodeInfo>;
 }
 
-const PAGE_SIZE = 500;
+/** Objects asked for per list page: 500 Services of a few KiB each make a page of 1 to 2 MiB. */
+export const PAGE_SIZE = 500;
+/**
+ * The most bytes of one list page: as much as the largest object takes (request.ts), so that a
+ * page of one object always fits. A page of large objects is asked for again with a smaller
+ * limit (listPager), so that large objects never fail a list.
+ */
+export const MAX_LIST_PAGE_BYTES = MAX_RESPONSE_BYTES;
 const LIST_TIMEOUT_MS = 60_000;
 
-type ListPage = { items: unknown[]; resourceVersion?: string; continue?: string };
+type ListPage = { items: unknown[]; resourceVersion?: string; continue?: string; bytes: number };
+
+/** A list page larger than the bound even with limit=1: the list fails (the informer retries). */
+export class ListPageTooLargeError extends Error {
+  constructor(
+    readonly path: string,
+    readonly limitBytes: number,
+  ) {
+    super(
+      `listing ${path}: a page of one object (limit=1) is larger than ${formatSize(limitBytes)}, the most one page ` +
+        'may hold (an object cannot be that large in etcd: does something between here and the API server ignore limit?)',
+    );
+    this.name = 'ListPageTooLargeError';
+  }
+}
 
 /**
- * One page of a list as plain JSON. The typed list calls of client-node deserialize every field
- * of every object into model classes (dates included) before the informer strips them to the
- * few fields it keeps: with tens of thousands of Services that is most of the time and garbage
- * of a list.
+ * One page of a list as plain JSON, at most `maxBytes` long (a longer one is a
+ * ResponseTooLargeError, not read further). The typed list calls of client-node deserialize
+ * every field of every object into model classes (dates included) before the informer strips
+ * them to the few fields it keeps: with tens of thousands of Services that is most of the time
+ * and garbage of a list.
  */
 export async function listPageJson(
   kc: KubeConfig,
   path: string,
   query: Record<string, string | undefined>,
+  maxBytes = MAX_LIST_PAGE_BYTES,
 ): Promise<ListPage> {
-  const response = await apiRequest(kc, path, { query, timeoutMs: LIST_TIMEOUT_MS });
+  const response = await apiRequest(kc, path, { query, timeoutMs: LIST_TIMEOUT_MS, maxResponseBytes: maxBytes });
   if (response.status !== 200) {
     // statusCode as client-node's errors carry it: the informer relists on 410.
     throw Object.assign(new Error(`listing ${path}: ${statusMessage(response)}`), { statusCode: response.status });
@@ -58,6 +82,44 @@ export async function listPageJson(
     items: Array.isArray(parsed.items) ? parsed.items : [],
     resourceVersion: typeof meta.resourceVersion === 'string' ? meta.resourceVersion : undefined,
     continue: typeof meta.continue === 'string' && meta.continue !== '' ? meta.continue : undefined,
+    bytes: response.bytes,
+  };
+}
+
+/**
+ * Reads a list page by page (`listPage(undefined)` starts a list, then each page's continue
+ * token), each page at most `maxPageBytes`. A page over the bound is asked for again with half
+ * the limit, down to one object; a page under half the bound lets the next one double, up to
+ * PAGE_SIZE. Pages of ordinary Services stay at PAGE_SIZE; Services near etcd's 1.5 MiB make
+ * pages of a few objects, and the list goes on. Only a page of one object over the bound fails
+ * the list (ListPageTooLargeError). The limit may change between the pages of one list: the
+ * continue token carries where the list is, not its page size.
+ */
+export function listPager(
+  kc: KubeConfig,
+  path: string,
+  query: Record<string, string | undefined> = {},
+  maxPageBytes = MAX_LIST_PAGE_BYTES,
+): (continueToken: string | undefined) => Promise<ListPage> {
+  let limit = PAGE_SIZE;
+  return async (continueToken) => {
+    if (continueToken === undefined) limit = PAGE_SIZE;
+    for (;;) {
+      try {
+        const page = await listPageJson(
+          kc,
+          path,
+          { ...query, limit: String(limit), continue: continueToken },
+          maxPageBytes,
+        );
+        if (page.bytes < maxPageBytes / 2) limit = Math.min(PAGE_SIZE, limit * 2);
+        return page;
+      } catch (err) {
+        if (!(err instanceof ResponseTooLargeError)) throw err;
+        if (limit === 1) throw new ListPageTooLargeError(path, maxPageBytes);
+        limit = Math.max(1, Math.floor(limit / 2));
+      }
+    }
   };
 }
 
@@ -69,9 +131,10 @@ export async function listAllJson<T>(
   strip: (raw: unknown) => T | undefined,
 ): Promise<T[]> {
   const out: T[] = [];
+  const listPage = listPager(kc, path, query);
   let token: string | undefined;
   do {
-    const page = await listPageJson(kc, path, { ...query, limit: String(PAGE_SIZE), continue: token });
+    const page = await listPage(token);
     for (const raw of page.items) {
       const item = strip(raw);
       if (item !== undefined) out.push(item);
@@ -97,7 +160,7 @@ export function createClusterCaches(
   const services = new Informer<ServiceInfo>(kc, {
     resource: 'services',
     path: '/api/v1/services',
-    listPage: (token) => listPageJson(kc, '/api/v1/services', { limit: String(PAGE_SIZE), continue: token }),
+    listPage: listPager(kc, '/api/v1/services'),
     strip: toServiceInfo,
     onChange,
     observer,
@@ -108,8 +171,7 @@ export function createClusterCaches(
     resource: 'nodes',
     path: '/api/v1/nodes',
     fieldSelector,
-    listPage: (token) =>
-      listPageJson(kc, '/api/v1/nodes', { fieldSelector, limit: String(PAGE_SIZE), continue: token }),
+    listPage: listPager(kc, '/api/v1/nodes', { fieldSelector }),
     strip: toNodeInfo,
     onChange,
     observer,

@@ -10,7 +10,9 @@
 //   differs, so readers of changesSince() see a relist as a few changes.
 // - A line that is not a watch event (not JSON, or JSON of the wrong shape) is skipped and
 //   counted; many in a row make the stream unusable and it is replaced, and so does a line too
-//   long to buffer. Nothing a stream says can throw out of this loop.
+//   long to buffer (the same line again first thing on the stream that replaced it is an event
+//   of the watch history, which every resumption would replay: a relist reads past it). Nothing
+//   a stream says can throw out of this loop.
 // - Failures retry forever with jittered exponential backoff. The cache keeps its content
 //   meanwhile, so an unreachable API server never empties the desired state, and the retry
 //   timer keeps the process alive.
@@ -19,7 +21,7 @@
 
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import type { ChangeTracked } from '../model/types.js';
-import { startWatch } from './watch.js';
+import { startWatch, WatchLineTooLongError } from './watch.js';
 
 export interface InformerObserver {
   /** A full list was fetched (first sync or relist). */
@@ -208,6 +210,8 @@ export class Informer<T> implements ChangeTracked<T> {
     let resourceVersion: string | undefined;
     /** No watch has delivered anything since the last list. */
     let justListed = false;
+    /** The resourceVersion a watch resumed from and ended at a line too long, delivering nothing. */
+    let tooLongFrom: string | undefined;
     while (this.current(generation)) {
       try {
         if (resourceVersion === undefined) {
@@ -216,8 +220,16 @@ export class Informer<T> implements ChangeTracked<T> {
           justListed = true;
         }
         const started = Date.now();
-        const outcome = await this.watchOnce(generation, resourceVersion);
+        const from = resourceVersion;
+        const outcome = await this.watchOnce(generation, from);
         resourceVersion = outcome.resourceVersion;
+        const tooLong = outcome.end.kind === 'failed' && outcome.end.err instanceof WatchLineTooLongError;
+        const tooLongAgain = tooLong && !outcome.delivered && tooLongFrom === from;
+        tooLongFrom = tooLong && !outcome.delivered ? from : undefined;
+        if (tooLongAgain) {
+          tooLongFrom = undefined;
+          resourceVersion = undefined;
+        }
         if (outcome.delivered) justListed = false;
         if (!this.current(generation)) break;
         const end = outcome.end;

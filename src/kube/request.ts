@@ -6,11 +6,14 @@
 import http from 'node:http';
 import https from 'node:https';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
+import { formatSize } from '../bytes.js';
 
 export interface ApiResponse {
   status: number;
   /** The body parsed as JSON; undefined when it is not JSON. */
   json: unknown;
+  /** Bytes of the body. */
+  bytes: number;
 }
 
 export interface ApiRequest {
@@ -18,9 +21,36 @@ export interface ApiRequest {
   query?: Record<string, string | undefined>;
   body?: unknown;
   timeoutMs?: number;
+  /** The most bytes of body read; a longer one is a ResponseTooLargeError. Default MAX_RESPONSE_BYTES. */
+  maxResponseBytes?: number;
 }
 
 const DEFAULT_TIMEOUT_MS = 60_000;
+
+/**
+ * The most bytes of one response body (and of one watch line, watch.ts): what the largest object
+ * the API server can hand out takes in JSON, with a margin. etcd refuses an object of more than
+ * 1.5 MiB (--max-request-bytes); its JSON is longer than what etcd stores by at most the escaping
+ * of its strings, where `<`, `>`, `&` and control characters take 6 bytes (`\u003c`): 1.5 MiB x 6
+ * = 9 MiB. A list page is held to the same bound (cluster.ts shrinks a page of large objects),
+ * so that one object always fits and nothing larger is ever read.
+ *
+ * Memory, at the bound: the chunks and their concatenation (32 MiB, briefly), the text and the
+ * parsed objects (about twice the text for Service JSON): under 100 MiB for a moment, per
+ * informer, against the pod's 512 MiB and the controller's 75 MiB at 10,000 Services.
+ */
+export const MAX_RESPONSE_BYTES = 16 << 20;
+
+/** A response body longer than the bound: not read further, the connection is closed. */
+export class ResponseTooLargeError extends Error {
+  constructor(
+    readonly path: string,
+    readonly limitBytes: number,
+  ) {
+    super(`the response to ${path} is larger than ${formatSize(limitBytes)}, the most this controller reads`);
+    this.name = 'ResponseTooLargeError';
+  }
+}
 
 // client-node's applyToHTTPSOptions makes a new agent, without keep-alive, on every call: each
 // request opened a TLS connection of its own, a list of 10,000 Services (20 pages) twenty of them.
@@ -63,26 +93,41 @@ export async function apiRequest(kc: KubeConfig, path: string, request: ApiReque
   const timeoutMs = request.timeoutMs ?? DEFAULT_TIMEOUT_MS;
   options.timeout = timeoutMs;
   const client = url.protocol === 'http:' ? http : https;
-  const { status, text } = await new Promise<{ status: number; text: string }>((resolve, reject) => {
+  const maxBytes = request.maxResponseBytes ?? MAX_RESPONSE_BYTES;
+  const { status, body } = await new Promise<{ status: number; body: Buffer }>((resolve, reject) => {
     const req = client.request(url, options, (response) => {
+      const tooLarge = () => {
+        req.destroy();
+        reject(new ResponseTooLargeError(path, maxBytes));
+      };
+      // A body announced longer than the bound is not waited for.
+      if (Number(response.headers['content-length']) > maxBytes) return tooLarge();
       const chunks: Buffer[] = [];
-      response.on('data', (chunk: Buffer) => chunks.push(chunk));
-      response.on('end', () =>
-        resolve({ status: response.statusCode ?? 0, text: Buffer.concat(chunks).toString('utf8') }),
-      );
+      let size = 0;
+      response.on('data', (chunk: Buffer) => {
+        size += chunk.length;
+        if (size > maxBytes) return tooLarge();
+        chunks.push(chunk);
+      });
+      response.on('end', () => {
+        const body = Buffer.concat(chunks, size);
+        chunks.length = 0;
+        resolve({ status: response.statusCode ?? 0, body });
+      });
       response.on('error', reject);
     });
     req.on('timeout', () => req.destroy(new Error(`no answer from ${url.host} within ${timeoutMs / 1000} s`)));
     req.on('error', reject);
     req.end(payload);
   });
+  const text = body.toString('utf8');
   let json: unknown;
   try {
     json = JSON.parse(text);
   } catch {
     json = undefined;
   }
-  return { status, json };
+  return { status, json, bytes: body.length };
 }
 
 /** The message of a metav1.Status body, or the HTTP status. */

@@ -13,10 +13,11 @@ import http from 'node:http';
 import https from 'node:https';
 import { StringDecoder } from 'node:string_decoder';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
-import { requestOptions } from './request.js';
+import { formatSize } from '../bytes.js';
+import { MAX_RESPONSE_BYTES, requestOptions } from './request.js';
 
-/** Longest line accepted (bytes): far above any object the API server stores (etcd caps at 1.5 MiB). */
-export const MAX_WATCH_LINE_BYTES = 16 << 20;
+/** Longest line accepted (bytes): one event holds one object, as large as a response may be (request.ts). */
+export const MAX_WATCH_LINE_BYTES = MAX_RESPONSE_BYTES;
 /** Most of an error response's body read for its message. */
 const MAX_ERROR_BODY_BYTES = 64 << 10;
 /** TCP keepalive on the watch connection: a dead peer is noticed even while the stream is quiet. */
@@ -43,6 +44,14 @@ export class WatchStreamError extends Error {
     readonly statusCode?: number,
   ) {
     super(message);
+  }
+}
+
+/** A line grew past MAX_WATCH_LINE_BYTES: it was not read further, and the stream is over. */
+export class WatchLineTooLongError extends WatchStreamError {
+  constructor(path: string) {
+    super(`watching ${path}: a watch line longer than ${formatSize(MAX_WATCH_LINE_BYTES)}: the stream is broken`);
+    this.name = 'WatchLineTooLongError';
   }
 }
 
@@ -88,7 +97,7 @@ export function startWatch(
         } catch {
           // an observer's failure must not end the watch
         }
-        readLines(response, handlers, end, () => over);
+        readLines(response, url.pathname, handlers, end, () => over);
       });
       request = req;
       req.on('socket', (socket) => socket.setKeepAlive(true, TCP_KEEPALIVE_MS));
@@ -190,6 +199,7 @@ export class LineSplitter {
 /** Hands each line of a 200 response over as it completes, then the end of the stream. */
 function readLines(
   response: http.IncomingMessage,
+  path: string,
   handlers: WatchStreamHandlers,
   end: (err?: WatchStreamError) => void,
   over: () => boolean,
@@ -218,9 +228,7 @@ function readLines(
 
   response.on('data', (chunk: Buffer) => {
     if (over()) return;
-    if (!lines.push(chunk, emit)) {
-      end(new WatchStreamError(`a watch line longer than ${MAX_WATCH_LINE_BYTES >> 20} MiB: the stream is broken`));
-    }
+    if (!lines.push(chunk, emit)) end(new WatchLineTooLongError(path));
   });
   response.on('end', () => {
     if (over()) return;

@@ -1,6 +1,7 @@
 // The in-process nftables addon is built and is the path in use. This fails (never skips) when
 // build/Release/nftables_addon.node is absent: a build that quietly fell back to the CLI must
-// not pass. Nothing here talks to the kernel.
+// not pass. Both addons are built hardened (binding.gyp): full RELRO, stack protector,
+// _FORTIFY_SOURCE. Nothing here talks to the kernel.
 
 import { expect } from 'chai';
 import { spawnSync } from 'node:child_process';
@@ -16,6 +17,33 @@ import {
   type NftablesAddon,
 } from '../../src/backends/nft/addon-executor.js';
 import { NftCliExecutor, NftError } from '../../src/backends/nft/executor.js';
+import { defaultAddonPath as ebpfAddonPath } from '../../src/backends/ebpf/native.js';
+
+/** readelf's output (binutils, which g++ needs to build the addons at all). */
+function readelf(args: string[], file: string): string {
+  const run = spawnSync('readelf', ['-W', ...args, file], { encoding: 'utf8' });
+  if (run.error) expect.fail(`readelf did not run (${run.error.message}): install binutils`);
+  expect(run.status, run.stderr).to.equal(0);
+  return run.stdout;
+}
+
+/** The functions an addon takes from other libraries (undefined dynamic symbols), without versions. */
+function importedFunctions(file: string): Set<string> {
+  const names = new Set<string>();
+  for (const line of readelf(['--dyn-syms'], file).split('\n')) {
+    const f = line.trim().split(/\s+/);
+    // Num: Value Size Type Bind Vis Ndx Name
+    if (f.length >= 8 && f[6] === 'UND' && f[7]) names.add(f[7].replace(/@.*/, ''));
+  }
+  return names;
+}
+
+/**
+ * Format functions that glibc's _FORTIFY_SOURCE=2 always turns into their __*_chk variant (the
+ * format is checked for %n whatever is known of the buffer): importing one plain means a part of
+ * the addon was compiled without it.
+ */
+const ALWAYS_FORTIFIED = ['snprintf', 'vsnprintf', 'sprintf', 'vsprintf', 'printf', 'fprintf', 'vfprintf', 'vprintf'];
 
 describe('nftables addon build', () => {
   it('build/Release/nftables_addon.node exists', () => {
@@ -157,3 +185,33 @@ describe('scripts/build-native.mjs without the libraries', () => {
     );
   });
 });
+
+for (const [name, path] of [
+  ['nftables', defaultAddonPath],
+  ['eBPF', ebpfAddonPath],
+] as const) {
+  describe(`the ${name} addon is built hardened`, () => {
+    let file: string;
+    before(() => {
+      file = path();
+      expect(existsSync(file), `${file} is missing: run \`npm run build:native\``).to.equal(true);
+    });
+
+    it('with full RELRO: relocations resolved at load (BIND_NOW), then made read-only (GNU_RELRO)', () => {
+      const dynamic = readelf(['-d'], file);
+      expect(dynamic, 'BIND_NOW (-Wl,-z,now)').to.match(/\(FLAGS\)\s+.*\bBIND_NOW\b|\(FLAGS_1\)\s+Flags:.*\bNOW\b/);
+      expect(readelf(['-l'], file), 'a GNU_RELRO segment (-Wl,-z,relro)').to.match(/^\s*GNU_RELRO\s/m);
+    });
+
+    it('with a stack protector: functions with buffers check their canary (__stack_chk_fail)', () => {
+      expect([...importedFunctions(file)]).to.include('__stack_chk_fail');
+    });
+
+    it('with _FORTIFY_SOURCE: format functions are the checked ones, none the plain', () => {
+      const imported = importedFunctions(file);
+      const checked = [...imported].filter((f) => /^__\w+_chk$/.test(f) && f !== '__stack_chk_fail');
+      expect(checked, 'no __*_chk function: is the addon still compiled with _FORTIFY_SOURCE?').to.not.deep.equal([]);
+      expect(ALWAYS_FORTIFIED.filter((f) => imported.has(f)), 'plain format functions').to.deep.equal([]);
+    });
+  });
+}

@@ -1,11 +1,16 @@
 // The conntrack clean-up on the kernel: it deletes exactly the entries of the tuples it is given
 // (one tuple at a time, or after one listing when there are many), only untranslated ones when
-// asked, and reports a missing conntrack command without throwing.
+// asked, and reports a missing conntrack command without throwing. A listing is read as it comes,
+// never buffered: one that never ends (the real command's listing, again and again) is stopped
+// once every tuple is found, or at the timeout with memory flat; a line too long fails it.
 
 import { expect } from 'chai';
 import * as dgram from 'node:dgram';
 import { once } from 'node:events';
-import { ConntrackCleaner } from '../../src/conntrack/conntrack-cleaner.js';
+import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ConntrackCleaner, MAX_LISTED_LINE_BYTES } from '../../src/conntrack/conntrack-cleaner.js';
 import type { StaleTuple } from '../../src/conntrack/stale-tuples.js';
 import { NodeNetwork, requireTools, sh } from '../../testbed/node-network.js';
 import { linesLogger } from '../support/log-lines.js';
@@ -126,6 +131,90 @@ describe('conntrack clean-up on the kernel', function () {
       expect(report.failures).to.equal(0);
     }
     expect(entries(A, 53)).to.deep.equal([41012]);
+  });
+
+  describe('a listing larger than any buffer', () => {
+    let dir: string;
+    /** Tuples to A on ports 20000.., each with one entry; and many other entries beside them. */
+    const asked = Array.from({ length: 8 }, (_, i) => tuple(A, 20_000 + i));
+
+    /** A conntrack command whose listing is `prefix`, then the real listing again and again, without end. */
+    function endlessConntrack(prefix = ''): string {
+      const path = join(dir, 'conntrack');
+      writeFileSync(
+        path,
+        '#!/bin/sh\n' +
+          'if [ "$1" = -L ]; then\n' +
+          `  ${prefix}\n` +
+          '  while conntrack "$@"; do :; done\n' +
+          'else\n' +
+          '  exec conntrack "$@"\n' +
+          'fi\n',
+      );
+      chmodSync(path, 0o755);
+      return path;
+    }
+
+    before(async function () {
+      this.timeout(120_000);
+      dir = mkdtempSync(join(tmpdir(), 'conntrack-endless-'));
+      sh('conntrack', ['-F']);
+      // 20,000 entries (one socket, as many destination ports): a listing of a few MiB each time.
+      const sock = dgram.createSocket('udp4');
+      sock.on('error', () => undefined);
+      sock.bind(42000);
+      await once(sock, 'listening');
+      for (let port = 1; port <= 20_000; port++) {
+        await new Promise<void>((resolve) => sock.send('x', port, B, () => resolve()));
+      }
+      sock.close();
+    });
+    after(() => rmSync(dir, { recursive: true, force: true }));
+
+    beforeEach(async () => {
+      for (const [i, t] of asked.entries()) await flow(A, t.port, 43000 + i);
+    });
+
+    it('stops reading once every tuple asked for is found, and deletes their entries', async () => {
+      const cleaner = new ConntrackCleaner({ logger, listAbove: 0, command: endlessConntrack(), timeoutMs: 20_000 });
+      const report = await cleaner.clean(asked);
+      expect(report).to.include({ tuples: 8, deleted: 8, failures: 0 });
+      for (const t of asked) expect(entries(A, t.port), `port ${t.port}`).to.deep.equal([]);
+      expect(entries(B, 20_000)).to.have.length(1);
+    });
+
+    it('reads a listing that ends only at the timeout with memory flat, then deletes one tuple at a time', async () => {
+      // One tuple that has no entry: the listing is read to the timeout.
+      const cleaner = new ConntrackCleaner({ logger, listAbove: 0, command: endlessConntrack(), timeoutMs: 6000 });
+      global.gc?.();
+      const before = process.memoryUsage().rss;
+      let peak = before;
+      const sampler = setInterval(() => (peak = Math.max(peak, process.memoryUsage().rss)), 20);
+      let report;
+      try {
+        report = await cleaner.clean([...asked, tuple(A, 19_999)]);
+      } finally {
+        clearInterval(sampler);
+      }
+      expect(report.failures, 'the listing, timed out').to.equal(1);
+      expect(report.deleted).to.equal(8);
+      // About 150 MB went by (3 MB per listing, 25 MB/s); buffered, they showed as 470 MiB here.
+      expect(peak - before, 'RSS growth').to.be.below(64 << 20);
+    });
+
+    it('fails a listing with a line longer than the bound, and deletes one tuple at a time', async () => {
+      logLines.length = 0;
+      const longLine = `head -c ${MAX_LISTED_LINE_BYTES + 1} /dev/zero | tr '\\0' x; echo`;
+      const cleaner = new ConntrackCleaner({
+        logger,
+        listAbove: 0,
+        command: endlessConntrack(longLine),
+        timeoutMs: 20_000,
+      });
+      const report = await cleaner.clean(asked);
+      expect(report).to.include({ failures: 1, deleted: 8 });
+      expect(logLines.join('\n')).to.include('printed a line longer than 64 KiB, not a conntrack listing');
+    });
   });
 
   it('reports a missing conntrack command without throwing, and logs it once', async () => {

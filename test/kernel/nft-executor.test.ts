@@ -2,10 +2,27 @@
 // Runs as root inside a network namespace of its own (test/run.mjs wraps mocha in
 // `unshare --net --mount`); it refuses to run in the machine's own namespace.
 
+import { spawn } from 'node:child_process';
+import { readlinkSync } from 'node:fs';
+import { readdir, readFile } from 'node:fs/promises';
+import { createInterface } from 'node:readline';
 import { expect } from 'chai';
 import { execa } from 'execa';
-import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
-import { NftCliExecutor, NftError, type NftExecutor } from '../../src/backends/nft/executor.js';
+import {
+  NftAddonExecutor,
+  defaultAddonPath,
+  loadNftAddon,
+  type NftablesAddon,
+} from '../../src/backends/nft/addon-executor.js';
+import {
+  LISTED_ELEMENT_BYTES,
+  MAX_LISTED_ELEMENTS,
+  MAX_LISTING_BYTES,
+  NftCliExecutor,
+  NftError,
+  type NftExecutor,
+} from '../../src/backends/nft/executor.js';
+import { expectedLines, listAndDiff } from '../../src/backends/nft/listing-diff.js';
 import { NftBackend } from '../../src/backends/nft/nft-backend.js';
 import { MAP_NAME, TABLE_NAME, nftDocument, type NftCommand } from '../../src/backends/nft/render.js';
 import type { DesiredState, Entry, Family } from '../../src/model/types.js';
@@ -261,6 +278,65 @@ describe('the nftables addon and the ruleset generation (kernel)', () => {
     expect(next && next.generations).to.deep.equal({ before: g!.after + 2, after: g!.after + 3 });
   });
 
+  it('takes the generation from the kernel only: an answer forged by another netlink socket is ignored', async () => {
+    // A process of its own: its addon's socket has read one generation (sequence 1) when the
+    // forged answer to the next request (sequence 2) is queued on it, ahead of the kernel's.
+    const child = spawn(
+      process.execPath,
+      [
+        '-e',
+        `const addon = require(${JSON.stringify(defaultAddonPath())});
+         const lines = require('node:readline').createInterface({ input: process.stdin });
+         addon.generation().then((g) => {
+           console.log(g);
+           lines.once('line', () => addon.generation().then((h) => { console.log(h); process.exit(0); }));
+         });`,
+      ],
+      { stdio: ['pipe', 'pipe', 'inherit'] },
+    );
+    const out = createInterface({ input: child.stdout! })[Symbol.asyncIterator]();
+    try {
+      const real = Number((await out.next()).value);
+      expect(real).to.be.at.least(0);
+      // The port of the child's own NETLINK_NETFILTER socket, from /proc/net/netlink by inode: not
+      // one it inherited from this process (libmnl opens libnftables' socket without CLOEXEC).
+      const socketInodes = async (pid: number) =>
+        (await readdir(`/proc/${pid}/fd`))
+          .map((fd) => {
+            try {
+              return readlinkSync(`/proc/${pid}/fd/${fd}`, { encoding: 'utf8' });
+            } catch {
+              return '';
+            }
+          })
+          .flatMap((target) => /^socket:\[(\d+)\]$/.exec(target)?.[1] ?? []);
+      const inherited = new Set(await socketInodes(process.pid));
+      const inodes = new Set((await socketInodes(child.pid!)).filter((inode) => !inherited.has(inode)));
+      const ports = (await readFile('/proc/net/netlink', 'utf8'))
+        .split('\n')
+        .map((line) => line.trim().split(/\s+/))
+        .filter((f) => f[1] === '12' && inodes.has(f[9] ?? ''))
+        .map((f) => Number(f[2]));
+      expect(ports, 'the addon socket of the child').to.have.length(1);
+      // NFT_MSG_NEWGEN (subsystem 10, message 15), sequence 2, NFTA_GEN_ID = 0x7a7a7a7a.
+      const forge = [
+        'import socket, struct',
+        'attr = struct.pack("=HH", 8, 1) + struct.pack("!I", 0x7a7a7a7a)',
+        'body = struct.pack("=BBH", 0, 0, 0) + attr',
+        'msg = struct.pack("=IHHII", 16 + len(body), (10 << 8) | 15, 0, 2, 0) + body',
+        's = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12)',
+        `s.sendto(msg, (${ports[0]}, 0))`,
+      ].join('\n');
+      await execa('python3', ['-c', forge]);
+      child.stdin!.write('next\n');
+      const second = Number((await out.next()).value);
+      expect(second, 'the forged generation').to.not.equal(0x7a7a7a7a);
+      expect(second, "the kernel's, unchanged").to.equal(real);
+    } finally {
+      child.kill();
+    }
+  });
+
   it('NftBackend: a resync after another process changed our map lists and repairs; one with no other writer lists nothing', async () => {
     const executor = addonExecutor();
     let listings = 0;
@@ -289,5 +365,81 @@ describe('the nftables addon and the ruleset generation (kernel)', () => {
     } finally {
       await backend.cleanup();
     }
+  });
+});
+
+describe('the listing bound, on the kernel', function () {
+  this.timeout(60_000);
+  const cli = new NftCliExecutor();
+  const widest = (i: number): Entry => ({
+    family: 'ipv6',
+    externalIp: `2001:db8:ffff:ffff:ffff:ffff:${(0x1000 + (i >> 12)).toString(16)}:${(0x1000 + (i & 0xfff)).toString(16)}`,
+    protocol: 'SCTP',
+    port: 65535,
+    clusterIp: `fd00:96:ffff:ffff:ffff:ffff:ffff:${(0x1000 + (i & 0xfff)).toString(16)}`,
+    // The longest a Service's namespace/name can be: two DNS labels of 63 characters.
+    service: `${'n'.repeat(63)}/${'s'.repeat(63)}`,
+  });
+  const entries = Array.from({ length: 2000 }, (_, i) => widest(i));
+  let backend: NftBackend;
+  let listingBytes: number;
+  /** What nft prints: the listing and its newline. */
+  const printed = () => listingBytes + 1;
+
+  before(async () => {
+    // Our own table, as the backend writes it, with 2,000 of the widest elements nft can print.
+    backend = new NftBackend(cli);
+    await backend.sync(desiredState([], entries), { full: true });
+    listingBytes = Buffer.byteLength((await cli.listTable('ip6', TABLE_NAME))!);
+    expect(listingBytes).to.be.above(256 << 10);
+  });
+  after(() => backend.cleanup());
+
+  it(`covers ${MAX_LISTED_ELEMENTS} of the widest elements, at the bytes nft prints per element`, async () => {
+    await backend.sync(desiredState([], []), { full: true });
+    const empty = Buffer.byteLength((await cli.listTable('ip6', TABLE_NAME))!);
+    await backend.sync(desiredState([], entries), { full: true });
+    const perElement = (listingBytes - empty) / entries.length;
+    expect(perElement, 'bytes per listed element').to.be.at.most(LISTED_ELEMENT_BYTES);
+    expect(perElement).to.be.above(LISTED_ELEMENT_BYTES * 0.9);
+    expect(MAX_LISTING_BYTES).to.be.at.least(MAX_LISTED_ELEMENTS * perElement * 1.2 + empty);
+    // A table the controller can program is read whole by every path.
+    expect(await cli.listTable('ip6', TABLE_NAME)).to.have.length(listingBytes);
+    expect(await addonExecutor().listTable('ip6', TABLE_NAME)).to.have.length(listingBytes);
+  });
+
+  const tooLarge =
+    /^nft -j list table ip6 ipvs-node-controller: the listing is larger than 256 KiB, more than this controller programs \(300,000 elements\); it was not read$/;
+
+  it('the nft command: a longer listing is an error, not read', async () => {
+    const error = await new NftCliExecutor('nft', 256 << 10).listTable('ip6', TABLE_NAME).catch((err: unknown) => err);
+    expect(error).to.be.instanceOf(NftError);
+    expect((error as Error).message).to.match(tooLarge);
+    expect(await new NftCliExecutor('nft', printed()).listTable('ip6', TABLE_NAME)).to.have.length(listingBytes);
+  });
+
+  it('the nft command from the comparing worker: a longer listing is an error, not read', async () => {
+    const expected = await expectedLines(entries);
+    const error = await listAndDiff('nft', 'ip6', TABLE_NAME, expected, MAP_NAME, 10_000, 256 << 10).catch(
+      (err: unknown) => err,
+    );
+    expect(error).to.be.instanceOf(NftError);
+    expect((error as Error).message).to.match(tooLarge);
+    const diff = await listAndDiff('nft', 'ip6', TABLE_NAME, expected, MAP_NAME, 10_000, printed());
+    expect(diff?.unmatched).to.deep.equal([]);
+    expect(diff?.residue).to.deep.equal([]);
+  });
+
+  it('the addon: a longer listing is an error, and no string is made of it', async () => {
+    const addon = (addonExecutor() as unknown as { addon: NftablesAddon }).addon;
+    const error = await new NftAddonExecutor(addon, 256 << 10)
+      .listTable('ip6', TABLE_NAME)
+      .catch((err: unknown) => err);
+    expect(error).to.be.instanceOf(NftError);
+    expect((error as Error).message).to.match(tooLarge);
+    const raw = await addon.list('ip6', TABLE_NAME, 256 << 10).catch((err: unknown) => err);
+    expect(raw).to.include({ code: 'ERR_LISTING_TOO_LARGE' });
+    expect(await new NftAddonExecutor(addon, printed()).listTable('ip6', TABLE_NAME)).to.have.length(listingBytes);
+    expect(() => addon.list('ip6', TABLE_NAME, 0)).to.throw(RangeError, 'maxBytes must be at least 1');
   });
 });

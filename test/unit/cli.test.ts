@@ -92,6 +92,51 @@ describe('command line', function () {
     expect(r.stdout).to.match(/203\.0\.113\.5 \. tcp \. 443 comment "shop\/web" : 10\.96\.0\.1/);
   });
 
+  it("--from-file: addresses that point at the node, as the file's Node says, are skipped with a reason", async () => {
+    const list = {
+      apiVersion: 'v1',
+      kind: 'List',
+      items: [
+        {
+          kind: 'Node',
+          metadata: { name: 'n1' },
+          spec: { podCIDRs: ['10.1.0.0/24'] },
+          status: {
+            addresses: [
+              { type: 'InternalIP', address: '192.168.50.1' },
+              { type: 'Hostname', address: 'n1' },
+            ],
+          },
+        },
+        {
+          kind: 'Service',
+          metadata: { name: 'grabby', namespace: 'tenant' },
+          spec: {
+            type: 'LoadBalancer',
+            clusterIP: '10.96.0.1',
+            externalIPs: ['169.254.169.254', '192.168.50.1', '198.51.100.7', '203.0.113.9'],
+            ports: [{ port: 80 }],
+          },
+          status: { loadBalancer: { ingress: [{ ip: '127.0.0.1' }, { ip: '203.0.113.5' }] } },
+        },
+      ],
+    };
+    const r = await cli(
+      ['--dry-run', '--from-file', '-', '--node-name', 'n1', '--service-external-ip-range', '198.51.100.0/24'],
+      JSON.stringify(list),
+    );
+    expect(r.exitCode, r.stderr).to.equal(0);
+    expect(r.stdout).to.match(/^# 1 Services read; 2 IPv4 and 0 IPv6 entries/);
+    expect(r.stdout).to.include('# skipped tenant/grabby: pointsAtNode (127.0.0.1 is a loopback address)');
+    expect(r.stdout).to.include('# skipped tenant/grabby: pointsAtNode (169.254.169.254 is a link-local address)');
+    expect(r.stdout).to.include(
+      "# skipped tenant/grabby: pointsAtNode (192.168.50.1 is one of the node's own addresses)",
+    );
+    expect(r.stdout).to.include('# skipped tenant/grabby: externalIpNotAllowed (external IP 203.0.113.9)');
+    expect(r.stdout).to.match(/203\.0\.113\.5 \. tcp \. 80 comment "tenant\/grabby" : 10\.96\.0\.1/);
+    expect(r.stdout).to.match(/198\.51\.100\.7 \. tcp \. 80 comment "tenant\/grabby" : 10\.96\.0\.1/);
+  });
+
   it('writes a large ruleset to a pipe completely before it exits', async () => {
     const items = Array.from({ length: 5000 }, (_, i) => ({
       kind: 'Service',

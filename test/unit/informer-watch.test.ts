@@ -170,7 +170,9 @@ describe('informer list+watch loop', function () {
     const watches = server.stats.watches.services ?? 0;
     expect(server.injectWatchLine('Service', '"' + 'x'.repeat(16 << 20) + '"')).to.equal(1);
     await waitFor(() => (server.stats.watches.services ?? 0) > watches, 'a new watch');
-    expect(rec.errors.map((e) => e.message)).to.deep.equal(['a watch line longer than 16 MiB: the stream is broken']);
+    expect(rec.errors.map((e) => e.message)).to.deep.equal([
+      'watching /api/v1/services: a watch line longer than 16 MiB: the stream is broken',
+    ]);
     server.apply(service('a', '198.18.0.2'));
     await waitFor(() => ipOf(informer, 'a') === '198.18.0.2', 'a change on the new watch');
     expect(server.stats.lists.services ?? 0).to.equal(lists);

@@ -3,7 +3,15 @@
 // to the CLI when the addon is not built or does not load, and says why once.
 
 import { addonPath, hasFunctions, loadNativeAddon } from '../native-addon.js';
-import { NftCliExecutor, NftError, nftErrorMessage, type NftCommit, type NftExecutor } from './executor.js';
+import {
+  MAX_LISTING_BYTES,
+  NftCliExecutor,
+  NftError,
+  listingTooLarge,
+  nftErrorMessage,
+  type NftCommit,
+  type NftExecutor,
+} from './executor.js';
 
 /** What native/nftables_addon.cc exports. */
 export interface NftablesAddon {
@@ -11,8 +19,11 @@ export interface NftablesAddon {
   run(json: string): Promise<{ output: string; generationBefore: number; generationAfter: number }>;
   /** The same in check mode: validated by the kernel, nothing is committed. */
   check(json: string): Promise<{ output: string }>;
-  /** JSON listing of one table, or null when it does not exist. */
-  list(family: string, table: string): Promise<string | null>;
+  /**
+   * JSON listing of one table, or null when it does not exist. A listing longer than `maxBytes`
+   * rejects with code ERR_LISTING_TOO_LARGE.
+   */
+  list(family: string, table: string, maxBytes?: number): Promise<string | null>;
   /** The ruleset generation, or -1 when it cannot be read. */
   generation(): Promise<number>;
   /** Returns memory freed by large work to the kernel (malloc_trim). */
@@ -39,7 +50,11 @@ function asNftError(err: unknown): NftError {
 
 export class NftAddonExecutor implements NftExecutor {
   readonly kind = 'addon' as const;
-  constructor(private readonly addon: NftablesAddon) {}
+  constructor(
+    private readonly addon: NftablesAddon,
+    /** A longer listing is an error (listingTooLarge): no string is made of it. */
+    readonly maxListingBytes = MAX_LISTING_BYTES,
+  ) {}
 
   get libnftablesVersion(): string {
     return this.addon.version;
@@ -75,8 +90,11 @@ export class NftAddonExecutor implements NftExecutor {
 
   async listTable(family: 'ip' | 'ip6', name: string): Promise<string | undefined> {
     try {
-      return (await this.addon.list(family, name)) ?? undefined;
+      return (await this.addon.list(family, name, this.maxListingBytes)) ?? undefined;
     } catch (err) {
+      if ((err as { code?: unknown }).code === 'ERR_LISTING_TOO_LARGE') {
+        throw listingTooLarge(family, name, this.maxListingBytes);
+      }
       throw asNftError(err);
     }
   }

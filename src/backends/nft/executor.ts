@@ -5,6 +5,7 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
+import { formatSize } from '../../bytes.js';
 
 /**
  * What a committed transaction tells of the ruleset generation (nf_tables' NFT_MSG_GETGEN), read
@@ -30,6 +31,36 @@ export interface NftExecutor {
   check(json: string): Promise<void>;
   /** `nft -j list table <family> <name>` output, or undefined when the table does not exist. */
   listTable(family: 'ip' | 'ip6', name: string): Promise<string | undefined>;
+}
+
+/**
+ * Map elements per family the controller programs at most: the total-entries cap per family is
+ * to stay at or under it (a larger cap needs a larger MAX_LISTING_BYTES, and the memory for it).
+ */
+export const MAX_LISTED_ELEMENTS = 300_000;
+/**
+ * The most bytes `nft -j list table` prints for one map element, measured with nft 1.0.6 (a
+ * kernel test checks it): 278 for the widest, two 39-character IPv6 addresses, sctp, port 65535
+ * and a 127-character namespace/name comment; 225 for the widest IPv4 one.
+ */
+export const LISTED_ELEMENT_BYTES = 280;
+/**
+ * The most bytes of one table listing read, by every path (the nft command, from a worker or
+ * not, and the addon): 300,000 elements x 280 bytes = 84 MB, a fifth more for margin (100.8 MB),
+ * and 64 KiB for the chains, rules and pod CIDRs: 96.2 MiB. A longer listing is not read: the
+ * table holds more than the controller ever writes.
+ * Memory at the bound: the comparison holds the text and its parse, about 3.1 times the text
+ * (measured: 261 MiB for the 83 MB listing of 300,000 widest elements), beside the controller's
+ * 75 MiB at 10,000 Services: within the pod's 512 MiB. (It was 1 GiB, which no pod could hold.)
+ */
+export const MAX_LISTING_BYTES = Math.ceil(MAX_LISTED_ELEMENTS * LISTED_ELEMENT_BYTES * 1.2) + (64 << 10);
+
+/** The error for a listing over `maxBytes`. */
+export function listingTooLarge(family: 'ip' | 'ip6', table: string, maxBytes: number): NftError {
+  return new NftError(
+    `nft -j list table ${family} ${table}: the listing is larger than ${formatSize(maxBytes)}, more than this ` +
+      `controller programs (${MAX_LISTED_ELEMENTS.toLocaleString('en-US')} elements); it was not read`,
+  );
 }
 
 /** A listing that did not finish in time (see NftCliExecutor.listTable). */
@@ -61,9 +92,16 @@ export function isNoSuchObject(err: unknown): boolean {
   return err instanceof Error && /No such file or directory|does not exist/i.test(err.message);
 }
 
+/** The command printed more than it may: execa stopped it. */
+class ListingTooLarge extends Error {}
+
 export class NftCliExecutor implements NftExecutor {
   readonly kind = 'cli' as const;
-  constructor(readonly binary = 'nft') {}
+  constructor(
+    readonly binary = 'nft',
+    /** A longer listing is an error (listingTooLarge), not read further. */
+    readonly maxListingBytes = MAX_LISTING_BYTES,
+  ) {}
 
   async run(json: string): Promise<void> {
     await this.execDocument([], json);
@@ -80,8 +118,9 @@ export class NftCliExecutor implements NftExecutor {
    */
   async listTable(family: 'ip' | 'ip6', name: string, timeoutMs?: number): Promise<string | undefined> {
     try {
-      return await this.exec(['-j', 'list', 'table', family, name], timeoutMs);
+      return await this.exec(['-j', 'list', 'table', family, name], timeoutMs, this.maxListingBytes);
     } catch (err) {
+      if (err instanceof ListingTooLarge) throw listingTooLarge(family, name, this.maxListingBytes);
       if (isNoSuchObject(err)) return undefined;
       throw err;
     }
@@ -102,14 +141,16 @@ export class NftCliExecutor implements NftExecutor {
     }
   }
 
-  private async exec(args: string[], timeoutMs?: number): Promise<string> {
+  private async exec(args: string[], timeoutMs?: number, maxBytes = MAX_LISTING_BYTES): Promise<string> {
     const result = await execa(this.binary, args, {
       stdin: 'ignore',
       reject: false,
       stripFinalNewline: true,
+      maxBuffer: maxBytes,
       ...(timeoutMs !== undefined ? { timeout: timeoutMs } : {}),
     });
     if (result.failed) {
+      if (result.isMaxBuffer) throw new ListingTooLarge();
       if (result.timedOut) throw new NftTimeoutError(`nft ${args.join(' ')} did not finish within ${timeoutMs} ms`);
       if ((result as { code?: string }).code === 'ENOENT') {
         throw new NftError(`the '${this.binary}' command was not found: install the nftables package`);

@@ -8,7 +8,14 @@
 
 import { Worker } from 'node:worker_threads';
 import type { Entry } from '../../model/types.js';
-import { NftError, NftTimeoutError, isNoSuchObject, nftErrorMessage } from './executor.js';
+import {
+  MAX_LISTING_BYTES,
+  NftError,
+  NftTimeoutError,
+  isNoSuchObject,
+  listingTooLarge,
+  nftErrorMessage,
+} from './executor.js';
 
 /** What the comparison found; `unmatched` are indices into the expected lines. */
 export interface ListingDiff {
@@ -88,24 +95,64 @@ try {
 }
 `;
 
-/** Runs `nft -j list table` itself: the listing's megabytes never reach the event loop. */
+/**
+ * Runs `nft -j list table` itself: the listing's megabytes never reach the event loop. It reads at
+ * most maxBytes (nft is stopped beyond), and holds one copy at a time: the chunks, then their
+ * concatenation, then the text, then its parse.
+ */
 const LIST_AND_DIFF_WORKER = `
 const { parentPort, workerData } = require('node:worker_threads');
-const { execFile } = require('node:child_process');
+const { spawn } = require('node:child_process');
 function diff(listing, expected, mapName) {${DIFF_BODY}}
 const w = workerData;
-const options = { maxBuffer: 1 << 30, ...(w.timeoutMs !== undefined ? { timeout: w.timeoutMs } : {}) };
-execFile(w.binary, ['-j', 'list', 'table', w.family, w.table], options, (err, stdout, stderr) => {
-  if (err) {
-    parentPort.postMessage({
-      failed: { code: err.code, killed: err.killed === true, output: String(stderr) + '\\n' + String(stdout) },
-    });
+const MAX_STDERR = 64 * 1024;
+const child = spawn(w.binary, ['-j', 'list', 'table', w.family, w.table], { stdio: ['ignore', 'pipe', 'pipe'] });
+let chunks = [];
+let size = 0;
+let stderr = '';
+let tooLarge = false;
+let timedOut = false;
+let replied = false;
+const reply = (message) => {
+  if (replied) return;
+  replied = true;
+  clearTimeout(timer);
+  parentPort.postMessage(message);
+};
+const timer = w.timeoutMs === undefined ? undefined : setTimeout(() => {
+  timedOut = true;
+  child.kill('SIGKILL');
+}, w.timeoutMs);
+child.stdout.on('data', (chunk) => {
+  if (tooLarge) return;
+  size += chunk.length;
+  if (size > w.maxBytes) {
+    tooLarge = true;
+    chunks = [];
+    child.kill('SIGKILL');
     return;
   }
+  chunks.push(chunk);
+});
+child.stderr.on('data', (chunk) => {
+  if (stderr.length < MAX_STDERR) stderr += chunk.toString('utf8', 0, MAX_STDERR - stderr.length);
+});
+child.on('error', (err) => reply({ failed: { code: err.code, killed: false, output: String(err.message) } }));
+child.on('close', (code) => {
+  if (tooLarge) return reply({ tooLarge: true });
+  if (timedOut) return reply({ failed: { killed: true, output: stderr } });
+  if (code !== 0) {
+    const stdout = Buffer.concat(chunks).toString('utf8', 0, MAX_STDERR);
+    return reply({ failed: { code, killed: false, output: stderr + '\\n' + stdout } });
+  }
+  let listing = Buffer.concat(chunks, size);
+  chunks = [];
+  let text = listing.toString('utf8');
+  listing = undefined;
   try {
-    parentPort.postMessage({ ok: diff(stdout, w.expected, w.mapName) });
+    reply({ ok: diff(text, w.expected, w.mapName) });
   } catch (e) {
-    parentPort.postMessage({ error: String((e && e.message) || e) });
+    reply({ error: String((e && e.message) || e) });
   }
 });
 `;
@@ -113,6 +160,7 @@ execFile(w.binary, ['-j', 'list', 'table', w.family, w.table], options, (err, st
 interface WorkerReply {
   ok?: ListingDiff;
   error?: string;
+  tooLarge?: boolean;
   failed?: { code?: string | number; killed: boolean; output: string };
 }
 
@@ -167,7 +215,8 @@ export async function diffListing(
 
 /**
  * `nft -j list table <family> <table>` compared with `expected`, both in a worker; undefined
- * when the table does not exist. Errors as NftCliExecutor.listTable's.
+ * when the table does not exist. Errors as NftCliExecutor.listTable's: a listing longer than
+ * `maxBytes` is not read (listingTooLarge).
  */
 export async function listAndDiff(
   binary: string,
@@ -176,8 +225,18 @@ export async function listAndDiff(
   expected: string,
   mapName: string,
   timeoutMs?: number,
+  maxBytes = MAX_LISTING_BYTES,
 ): Promise<ListingDiff | undefined> {
-  const reply = await inWorker(LIST_AND_DIFF_WORKER, { binary, family, table, expected, mapName, timeoutMs });
+  const reply = await inWorker(LIST_AND_DIFF_WORKER, {
+    binary,
+    family,
+    table,
+    expected,
+    mapName,
+    timeoutMs,
+    maxBytes,
+  });
+  if (reply.tooLarge) throw listingTooLarge(family, table, maxBytes);
   if (reply.failed) {
     const { code, killed, output } = reply.failed;
     const command = `nft -j list table ${family} ${table}`;

@@ -27,7 +27,14 @@ import {
   type SyncResult,
 } from '../backend.js';
 import { ElementStorage, entryKey, isEmpty, type ElementChanges } from '../element-storage.js';
-import { NftCliExecutor, NftError, NftTimeoutError, type NftCommit, type NftExecutor } from './executor.js';
+import {
+  MAX_LISTED_ELEMENTS,
+  NftCliExecutor,
+  NftError,
+  NftTimeoutError,
+  type NftCommit,
+  type NftExecutor,
+} from './executor.js';
 import { JsonWriter, Transaction, type MapElement, type RuleObject } from './objects.js';
 import { ListingWorkerError, diffListing, expectedLines, listAndDiff, type ListingDiff } from './listing-diff.js';
 import {
@@ -52,6 +59,9 @@ interface Programmed {
   /** Everything but the map elements, compared to decide whether a partial sync is possible. */
   shape: string;
 }
+
+/** Elements written by partial syncs after which freed memory is handed back at once. */
+const RELEASE_AFTER_ELEMENTS = 5000;
 
 /** Verifications skipped in a row (the listing could not finish) before one holds back our writes. */
 const MAX_SKIPPED_VERIFICATIONS = 10;
@@ -86,9 +96,14 @@ interface ListedElement {
   element: MapElement;
 }
 
-/** Map lookups cost the same at any size: the bound is the memory a sync takes (docs/operations.md, Limits). */
+/**
+ * Map lookups cost the same at any size: the bound is the memory a sync takes (libnftables parses
+ * the document at about 4 KiB per element: docs/operations.md, Limits), and at most what a
+ * resync's listing is read for.
+ */
 export const NFT_CAPACITY: EntryCapacity = {
-  defaultEntries: 100_000,
+  defaultEntries: 65_536,
+  maxEntries: MAX_LISTED_ELEMENTS,
   why: 'the memory of a full sync within the 512 Mi limit',
 };
 
@@ -116,6 +131,8 @@ export class NftBackend implements Backend {
    * carried forward through commits that were ours alone; absent: unknown, verify.
    */
   private readonly trustedAt = new Map<Family, number>();
+  /** Elements partial syncs wrote since freed memory was last handed back. */
+  private writtenSinceRelease = 0;
   /** Resyncs answered by the generation alone, without listing (the tests read it). */
   verificationsSkipped = 0;
 
@@ -186,9 +203,15 @@ export class NftBackend implements Backend {
         failures.push(`${NFT_FAMILY[family]}: verifying the map: ${(err as Error).message}`);
       }
     }
-    // A table written whole or verified (the start, every --sync-period, a fallback) follows large
-    // frees: a list, a rewrite, a listing. glibc keeps freed memory of its arenas until told.
-    if (modes.includes('full')) await this.releaseMemory().catch(() => undefined);
+    // A table written whole or verified (the start, every --sync-period, a fallback), or many
+    // elements written (a large Service), follows large frees: a list, a rewrite, a listing,
+    // libnftables' parse of the document (about 4 KiB per element). glibc keeps freed memory of
+    // its arenas until told; kept, a 100,000-element change would hold about 250 MiB until the next
+    // resync.
+    if (modes.includes('full') || this.writtenSinceRelease >= RELEASE_AFTER_ELEMENTS) {
+      this.writtenSinceRelease = 0;
+      await this.releaseMemory().catch(() => undefined);
+    }
     if (failures.length > 0) throw new BackendError(`nft sync failed: ${failures.join('; ')}`, 'nft');
     const result: SyncResult = {
       mode: modes.includes('full') ? 'full' : modes.includes('partial') ? 'partial' : 'noop',
@@ -265,6 +288,7 @@ export class NftBackend implements Backend {
         return undefined;
       }
       this.noteWritten(family, changes);
+      this.writtenSinceRelease += changes.removed.length + changes.added.length;
     }
     before.elements.commit(state, changes);
     return isEmpty(changes) ? 'noop' : 'partial';

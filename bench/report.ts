@@ -510,11 +510,12 @@ function formatOneService(runs: Array<OneServiceRun & { variant: string }>): str
   const out = [
     '',
     "7. One tenant's Service of A external IPs x P ports beside one small Service (bench/one-service.ts), the",
-    '   bundle as shipped with --max-entries-per-service and --max-entries raised above it. answered: API write ->',
-    "   the 'synced' line that programmed it (or its skip line); sync: that sync's own duration; /healthz: polled",
-    '   every 100 ms with a 3 s timeout until the next Service was programmed, the slowest answer and the failed',
-    '   polls; next: API write of one more small Service -> programmed; RSS: peak from the write on (VmHWM), after,',
-    '   and after a full garbage collection; heap: the JS heap in use then.',
+    '   bundle as shipped with --max-entries-per-service raised above it, and for nft --max-entries too (iptables',
+    "   and ebpf keep the totals they hold: 20,000 and 65,536). answered: API write -> the 'synced' line that",
+    '   programmed it (or its skip line), up to 1 s of it --min-sync-period after the sync before; sync: that',
+    "   sync's own duration; /healthz: polled every 100 ms with a 3 s timeout until the next Service was programmed,",
+    '   the slowest answer and the failed polls; next: API write of one more small Service -> programmed; RSS: peak',
+    '   from the write on (VmHWM), after, and after a full garbage collection; heap: the JS heap in use then.',
   ];
   const rows = runs.map((x) => [
     x.variant,

@@ -66,17 +66,22 @@ export interface IptablesRunner {
   legacyTables(family: Family): Promise<Set<string> | undefined>;
 }
 
+/** Waiting for the xtables lock, then the command itself. */
+const COMMAND_TIMEOUT_MS = (XTABLES_LOCK_WAIT_SECONDS + 30) * 1000;
+
 export const systemIptablesRunner: IptablesRunner = {
   async run(command, args, input) {
     const result = await execa(command, [...args], {
       ...(input === undefined ? { stdin: 'ignore' as const } : { input }),
       reject: false,
       stripFinalNewline: false,
-      timeout: (XTABLES_LOCK_WAIT_SECONDS + 30) * 1000,
+      timeout: COMMAND_TIMEOUT_MS,
     });
     const missing = result.failed && (result as { code?: string }).code === 'ENOENT';
     const exitCode = result.failed ? result.exitCode : 0;
-    return { exitCode, stdout: result.stdout, stderr: result.stderr, ...(missing ? { missing } : {}) };
+    // Killed at the timeout, it wrote no message of its own.
+    const stderr = result.timedOut ? `${command} did not finish within ${COMMAND_TIMEOUT_MS / 1000} s` : result.stderr;
+    return { exitCode, stdout: result.stdout, stderr, ...(missing ? { missing } : {}) };
   },
   async legacyTables(family) {
     const path = family === 'ipv4' ? '/proc/net/ip_tables_names' : '/proc/net/ip6_tables_names';

@@ -3,18 +3,20 @@
 # the BPF object beside it, and the userspace the fallbacks and backends call: nft, iptables
 # (legacy and nft), conntrack. Deploy it with deploy/ (kubectl apply -k deploy/overlays/nft).
 #
-#   docker build -t ipvs-node-controller:0.3.0 .           (or: npm run image)
+#   docker build -t ipvs-node-controller:0.4.0 .           (or: npm run image)
+#   docker buildx build --platform linux/amd64,linux/arm64 .  (or: npm run release, both, under emulation)
 #
 # The base images are build arguments so that a machine without a registry can pass bases it
 # made itself (scripts/local-base-images.sh, which `npm run image` runs when docker is absent):
-#   BUILD_IMAGE    Node.js 24 LTS with npm on Debian trixie: compiles the addons, the BPF object
-#                  and the bundle. Any image laid out as the official node image works.
-#   RUNTIME_IMAGE  plain Debian trixie slim. Node.js is copied in from the build stage (one
-#                  binary): the official node runtime images carry npm, yarn and corepack, which
-#                  the controller never runs and which would be most of the image's size.
-# REVISION is the source revision stamped into the bundle and the labels (npm run image passes
-# `git rev-parse HEAD`).
-ARG BUILD_IMAGE=node:24-trixie
+#   BUILD_IMAGE    Node.js NODE_VERSION with npm on Debian trixie: compiles the addons, the BPF
+#                  object and the bundle. Any image laid out as the official node image works.
+#   RUNTIME_IMAGE  plain Debian trixie slim: the packages the controller runs are installed there,
+#                  and their files alone make the runtime image (FROM scratch), without apt,
+#                  dpkg or a shell (scripts/runtime-rootfs.sh).
+# NODE_VERSION is exact: the image runs what was tested. REVISION is the source revision stamped
+# into the bundle and the labels (npm run image passes `git rev-parse HEAD`).
+ARG NODE_VERSION=24.21.0
+ARG BUILD_IMAGE=node:${NODE_VERSION}-trixie
 ARG RUNTIME_IMAGE=debian:trixie-slim
 
 # --- build: native addons (node-gyp), BPF object (clang), bundle (esbuild) -----------------------
@@ -25,13 +27,16 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY package.json package-lock.json binding.gyp ./
-COPY scripts ./scripts
+# Only the scripts the install and the bundle run: a change to another script (release, image)
+# keeps the layer cache of npm ci, which is long under emulation.
+COPY scripts/build-native.mjs scripts/build-bpf.mjs ./scripts/
 COPY native ./native
 COPY bpf ./bpf
 # Dependencies from the lockfile only; the install script builds build/Release/*.node and
 # bpf/ipvs_node_controller.bpf.o.
 RUN npm ci --no-audit --no-fund
 COPY tsconfig.json ./
+COPY scripts/bundle.mjs scripts/bundle-kubeconfig.mjs ./scripts/
 COPY src ./src
 ARG REVISION=unknown
 # The local esbuild, never one fetched on the fly.
@@ -45,21 +50,39 @@ RUN test -f build/Release/nftables_addon.node \
  && cp -r dist/bundle /out/dist/ \
  && cp build/Release/nftables_addon.node build/Release/ebpf_addon.node /out/build/Release/ \
  && cp bpf/ipvs_node_controller.bpf.o /out/bpf/ \
+ && sed -i '1s|^#!/usr/bin/env node$|#!/usr/local/bin/node|' /out/dist/bundle/ipvs-node-controller.mjs \
+ && chmod 755 /out/dist/bundle/ipvs-node-controller.mjs \
  && node /out/dist/bundle/ipvs-node-controller.mjs --version
 
-# --- runtime: no compiler, no npm, no node-gyp -----------------------------------------------------
-FROM ${RUNTIME_IMAGE}
+# --- runtime root filesystem: the Debian packages the controller runs, and what they load ------
+FROM ${RUNTIME_IMAGE} AS runtime-root
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      nftables iptables libnftables1 libbpf1 conntrack \
+      nftables iptables libnftables1 libbpf1 conntrack libstdc++6 netbase \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log
+COPY scripts/runtime-rootfs.sh /usr/local/sbin/runtime-rootfs.sh
+# nft, iptables (legacy and nft, with their alternatives links), conntrack, libnftables and libbpf
+# for the addons, libstdc++ for node; netbase (/etc/protocols, /etc/services, which iptables
+# reads). Their dependencies come along (libc6, libmnl0, libnftnl11, libxtables12, libelf1t64,
+# zlib1g, libjansson4, ...).
+RUN sh /usr/local/sbin/runtime-rootfs.sh /rootfs \
+      nftables iptables libnftables1 libbpf1 conntrack libstdc++6 netbase \
+ && mkdir -p /rootfs/usr/local/bin \
+ && ln -s /opt/ipvs-node-controller/dist/bundle/ipvs-node-controller.mjs /rootfs/usr/local/bin/ipvs-node-controller
+
+# --- runtime: no compiler, no npm, no apt or dpkg, no shell ---------------------------------------
+FROM scratch
+COPY --from=runtime-root /rootfs/ /
 COPY --from=build /usr/local/bin/node /usr/local/bin/node
 COPY --from=build /out/ /opt/ipvs-node-controller/
-# The bundle starts on the runtime's libraries alone (no node_modules).
-RUN node /opt/ipvs-node-controller/dist/bundle/ipvs-node-controller.mjs --version
+ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# The bundle starts on the runtime's libraries alone (no node_modules), and `ipvs-node-controller`
+# is a command on PATH (kubectl exec POD -- ipvs-node-controller --dry-run).
+RUN ["node", "/opt/ipvs-node-controller/dist/bundle/ipvs-node-controller.mjs", "--version"]
+RUN ["ipvs-node-controller", "--version"]
 # VERSION is package.json's (scripts/stamp-version.mjs keeps this default in step); SOURCE is the
 # repository URL (npm run image passes the git remote's).
-ARG VERSION=0.3.0
+ARG VERSION=0.4.0
 ARG REVISION=unknown
 ARG SOURCE=unknown
 LABEL org.opencontainers.image.title="ipvs-node-controller" \

@@ -35,22 +35,44 @@ function revision() {
   return git.stdout.trim() + (dirty.status === 0 && dirty.stdout.trim() !== '' ? '-dirty' : '');
 }
 
-/** The license texts of every package that went into the bundle, for the image's notices. */
-function thirdPartyLicenses(metafile) {
-  const packages = new Map();
+/** The npm packages that went into the bundle (their directories under node_modules), sorted. */
+function bundledPackages(metafile) {
+  const dirs = new Set();
   for (const input of Object.keys(metafile.inputs)) {
     const m = /^(.*node_modules\/(?:@[^/]+\/)?[^/]+)\//.exec(input);
-    if (m) packages.set(m[1], true);
+    if (m) dirs.add(m[1]);
   }
-  const parts = [];
-  for (const dir of [...packages.keys()].sort()) {
+  return [...dirs].sort().map((dir) => {
     const abs = join(packageRoot, dir);
-    const manifest = JSON.parse(readFileSync(join(abs, 'package.json'), 'utf8'));
+    return { dir, abs, manifest: JSON.parse(readFileSync(join(abs, 'package.json'), 'utf8')) };
+  });
+}
+
+/** The license texts of every package that went into the bundle, for the image's notices. */
+function thirdPartyLicenses(packages) {
+  const parts = [];
+  for (const { abs, manifest } of packages) {
     const licenseFile = readdirSync(abs).find((f) => /^(licen[cs]e|copying)/i.test(f));
     const text = licenseFile ? readFileSync(join(abs, licenseFile), 'utf8').trim() : '(no license file in the package)';
     parts.push(`${manifest.name}@${manifest.version} (${manifest.license ?? 'see text'})\n\n${text}\n`);
   }
   return parts.join('\n' + '-'.repeat(78) + '\n\n');
+}
+
+/**
+ * The same packages as data, shipped beside the bundle: the release's SBOM lists them from the
+ * image itself (scripts/release.mjs). Packages that appear at two versions appear twice.
+ */
+function bundledPackagesJson(packages) {
+  const seen = new Set();
+  const list = [];
+  for (const { manifest } of packages) {
+    const key = `${manifest.name}@${manifest.version}`;
+    if (seen.has(key)) continue;
+    seen.add(key);
+    list.push({ name: manifest.name, version: manifest.version, license: manifest.license ?? null });
+  }
+  return JSON.stringify(list, null, 1) + '\n';
 }
 
 async function main() {
@@ -83,7 +105,9 @@ async function main() {
       IPVS_NODE_CONTROLLER_REVISION: JSON.stringify(rev),
     },
   });
-  writeFileSync(join(outdir, 'THIRD_PARTY_LICENSES.txt'), thirdPartyLicenses(result.metafile));
+  const packages = bundledPackages(result.metafile);
+  writeFileSync(join(outdir, 'THIRD_PARTY_LICENSES.txt'), thirdPartyLicenses(packages));
+  writeFileSync(join(outdir, 'bundled-packages.json'), bundledPackagesJson(packages));
   // Beside the bundle, not in it (the image ships dist/bundle): which modules went into which chunk.
   writeFileSync(join(packageRoot, 'dist', 'bundle-meta.json'), JSON.stringify(result.metafile));
   const bytes = Object.values(result.metafile.outputs).reduce((n, o) => n + o.bytes, 0);

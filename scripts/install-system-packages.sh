@@ -13,6 +13,7 @@ packages=(
   prometheus                    # promtool and a real scrape in the metrics tests
   podman buildah runc           # the image build (npm run image) and the container tests
   debootstrap curl              # the local base images (scripts/local-base-images.sh)
+  qemu-user-static binfmt-support # the arm64 image, built and run under emulation (scripts/with-arm64-emulation.sh)
 )
 missing=()
 for p in "${packages[@]}"; do

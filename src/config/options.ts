@@ -1,7 +1,7 @@
 // Command-line flags, kube-proxy style, validated up front into one Config.
 // A bad value is a UsageError: one line, exit code 2.
 
-import { Command, CommanderError, Option } from 'commander';
+import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 import { isIP } from 'node:net';
 import { hostname } from 'node:os';
 import { parseCidr, formatCidr } from '../model/ip.js';
@@ -80,6 +80,24 @@ export class UsageError extends Error {
 /** Linux interface names: 1-15 bytes, no '/', whitespace, ':' or NUL. */
 const INTERFACE_NAME = /^[A-Za-z0-9_.@+-]{1,15}$/;
 
+/** The values Go's strconv.ParseBool takes, as kube-proxy's boolean flags do. */
+const BOOLEAN_VALUES: Record<string, boolean> = Object.fromEntries([
+  ...['1', 't', 'T', 'TRUE', 'true', 'True'].map((v) => [v, true] as const),
+  ...['0', 'f', 'F', 'FALSE', 'false', 'False'].map((v) => [v, false] as const),
+]);
+
+/**
+ * A boolean flag as kube-proxy's: `--flag` alone is true, and `--flag=true` / `--flag=false`
+ * (any value strconv.ParseBool takes) set it.
+ */
+function booleanOption(flag: string, description: string, defaultValue: boolean): Option {
+  return new Option(`${flag} [bool]`, description).default(defaultValue).argParser((value: string) => {
+    const parsed = BOOLEAN_VALUES[value];
+    if (parsed === undefined) throw new InvalidArgumentError(`'${value}' is not true or false.`);
+    return parsed;
+  });
+}
+
 export function buildCommand(): Command {
   return new Command('ipvs-node-controller')
     .description(
@@ -88,6 +106,7 @@ export function buildCommand(): Command {
     )
     .option('--kubeconfig <path>', 'kubeconfig file; in-cluster configuration when absent')
     .option('--node-name <name>', 'name of this node (env NODE_NAME; default: hostname)')
+    .option('--hostname-override <name>', "kube-proxy's name for --node-name")
     .addOption(
       new Option('--backend <name>', 'kernel backend').choices(['auto', 'nft', 'iptables', 'ebpf']).default('auto'),
     )
@@ -108,6 +127,7 @@ export function buildCommand(): Command {
     .option('--pod-bridge-interface <name>', 'pod bridge interface, e.g. cni0 (BridgeInterface mode)')
     .option('--pod-interface-name-prefix <prefix>', 'pod interface prefix, e.g. veth (InterfaceNamePrefix mode)')
     .option('--masquerade-bit <bit>', 'bit of the packet mark kube-proxy masquerades on (0-31)', '14')
+    .option('--iptables-masquerade-bit <bit>', "kube-proxy's name for --masquerade-bit")
     .option('--min-sync-period <duration>', 'minimum interval between syncs; bursts of changes are coalesced', '1s')
     .option('--sync-period <duration>', 'interval of full resyncs that repair drift', '30s')
     .option(
@@ -115,7 +135,9 @@ export function buildCommand(): Command {
       'shortest server-side watch timeout (each is randomised up to twice this); a watch silent past its timeout is replaced',
       '5m',
     )
-    .option('--local-traffic-policy-only', 'only translate Services with externalTrafficPolicy: Local', false)
+    .addOption(
+      booleanOption('--local-traffic-policy-only', 'only translate Services with externalTrafficPolicy: Local', false),
+    )
     .option(
       '--max-entries-per-service <n>',
       'a Service asking for more entries (external addresses x ports) is not translated at all',
@@ -131,16 +153,18 @@ export function buildCommand(): Command {
       'only translate spec.externalIPs inside these CIDRs (comma-separated, repeatable; default: any)',
       (value: string, previous: string[] | undefined) => [...(previous ?? []), value],
     )
-    .option(
-      '--dry-run',
-      'print the ruleset that would be programmed and exit (nft text; iptables-restore input with --backend=iptables)',
-      false,
+    .addOption(
+      booleanOption(
+        '--dry-run',
+        'print the ruleset that would be programmed and exit (nft text; iptables-restore input with --backend=iptables)',
+        false,
+      ),
     )
     .option(
       '--from-file <path>',
       "with --dry-run: read Service and Node objects from a file (JSON or YAML, '-' for stdin)",
     )
-    .option('--cleanup', 'remove every object of ours from every backend and exit', false)
+    .addOption(booleanOption('--cleanup', 'remove every object of ours from every backend and exit', false))
     .option('--cgroup-path <path>', 'ebpf backend: cgroup v2 directory to attach to (default: the cgroup v2 root)')
     .option(
       '--bpffs-path <path>',
@@ -153,10 +177,12 @@ export function buildCommand(): Command {
       "where /healthz and /readyz are served ('' disables)",
       DEFAULT_HEALTHZ_BIND_ADDRESS,
     )
-    .option(
-      '--emit-events',
-      'record Kubernetes Events on Services whose addresses are skipped or lose a conflict',
-      false,
+    .addOption(
+      booleanOption(
+        '--emit-events',
+        'record Kubernetes Events on Services whose addresses are skipped or lose a conflict',
+        false,
+      ),
     )
     .option(
       '--kube-proxy-config <path>',
@@ -170,12 +196,11 @@ export function buildCommand(): Command {
     )
     .option('--kube-proxy-mode-poll-interval <duration>', "how often kube-proxy's mode is looked at", '2s')
     .addOption(
-      new Option(
-        '--kube-proxy-step-aside <bool>',
+      booleanOption(
+        '--kube-proxy-step-aside',
         'remove our rules and program nothing while kube-proxy is in iptables or nftables mode',
-      )
-        .choices(['true', 'false'])
-        .default('true'),
+        true,
+      ),
     )
     .addOption(
       new Option('--log-level <level>', 'log level').choices(['debug', 'info', 'warn', 'error']).default('info'),
@@ -193,14 +218,18 @@ function duration(flag: string, text: string, minMs: number): number {
   return ms;
 }
 
-/** `IP:port` (IPv6 in brackets) into a BindAddress; '' means disabled. Throws UsageError. */
+/**
+ * `IP:port` into a BindAddress; '' means disabled. Throws UsageError. IPv6 is written in brackets;
+ * an IPv4 address may be too, as Go's net.SplitHostPort allows: `[$(HOST_IP)]:9477` in a manifest
+ * then works for a node of either family.
+ */
 export function parseBindAddress(flag: string, text: string): BindAddress | undefined {
   if (text === '') return undefined;
   const m = /^(?:\[([^\]]+)\]|([^:[\]]+)):(\d{1,5})$/.exec(text);
   const host = m ? (m[1] ?? m[2])! : '';
   const family = isIP(host);
   const port = m ? Number(m[3]) : NaN;
-  if (!m || family === 0 || (family === 6) !== (m[1] !== undefined) || port > 65535) {
+  if (!m || family === 0 || (family === 6 && m[1] === undefined) || port > 65535) {
     throw new UsageError(
       `${flag}: '${text}' is not IP:port (e.g. 0.0.0.0:9477, 127.0.0.1:9477, [::]:9477; '' disables)`,
     );
@@ -243,10 +272,19 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
   }
   const o = command.opts<Record<string, string | string[] | boolean | undefined>>();
   const str = (k: string) => (typeof o[k] === 'string' ? (o[k] as string) : undefined);
+  const fromCli = (k: string) => command.getOptionValueSource(k) === 'cli';
+  /** A flag and its kube-proxy alias: either may be given, both only with the same value. */
+  const aliased = (key: string, alias: string, flag: string, aliasFlag: string): string | undefined => {
+    const a = str(alias);
+    if (a === undefined) return str(key);
+    if (fromCli(key) && str(key) !== a) throw new UsageError(`${flag} and ${aliasFlag} (its kube-proxy name) differ`);
+    return a;
+  };
 
-  const bit = str('masqueradeBit')!;
+  const bit = aliased('masqueradeBit', 'iptablesMasqueradeBit', '--masquerade-bit', '--iptables-masquerade-bit')!;
   if (!/^\d+$/.test(bit) || Number(bit) > 31) {
-    throw new UsageError(`--masquerade-bit: '${bit}' must be an integer from 0 to 31`);
+    const flag = str('iptablesMasqueradeBit') !== undefined ? '--iptables-masquerade-bit' : '--masquerade-bit';
+    throw new UsageError(`${flag}: '${bit}' must be an integer from 0 to 31`);
   }
   const mode = str('detectLocalMode') as DetectLocalMode;
   const podBridgeInterface = str('podBridgeInterface');
@@ -260,13 +298,13 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
   const cidrs = clusterCidrs(str('clusterCidr'), env);
   const kubeProxyConfig = str('kubeProxyConfig');
   if (kubeProxyConfig === '') throw new UsageError('--kube-proxy-config: give a file path');
-  const given = (key: string): SettingSource => (command.getOptionValueSource(key) === 'cli' ? 'flag' : 'default');
+  const given = (key: string): SettingSource => (fromCli(key) ? 'flag' : 'default');
   const modelSources: Record<KubeProxyModelSetting, SettingSource> = {
     detectLocalMode: given('detectLocalMode'),
     clusterCidrs: str('clusterCidr') !== undefined ? 'flag' : cidrs.length > 0 ? 'env' : 'default',
     podBridgeInterface: given('podBridgeInterface'),
     podInterfaceNamePrefix: given('podInterfaceNamePrefix'),
-    masqueradeBit: given('masqueradeBit'),
+    masqueradeBit: str('iptablesMasqueradeBit') !== undefined ? 'flag' : given('masqueradeBit'),
     allowServiceExternalIPs: 'default',
   };
   // With kube-proxy's file, a mode's value may come from the file; the model reports it if it does not.
@@ -299,11 +337,12 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
   const maxEntries = maxEntriesText === undefined ? undefined : positiveCount('--max-entries', maxEntriesText);
   const externalIpRanges = serviceExternalIpRanges(o.serviceExternalIpRange as string[] | undefined);
 
-  const nodeName = str('nodeName') ?? env.NODE_NAME ?? hostname();
+  const nodeNameFlag = aliased('nodeName', 'hostnameOverride', '--node-name', '--hostname-override');
+  const nodeName = nodeNameFlag ?? env.NODE_NAME ?? hostname();
   return {
     kubeconfig: str('kubeconfig'),
     nodeName,
-    nodeNameGiven: str('nodeName') !== undefined || env.NODE_NAME !== undefined,
+    nodeNameGiven: nodeNameFlag !== undefined || env.NODE_NAME !== undefined,
     backend: str('backend') as BackendChoice,
     nftExecutor: str('nftExecutor') as NftExecutorChoice,
     model: {
@@ -335,7 +374,7 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
     kubeProxyMetricsAddress,
     kubeProxyMetricsAddressExplicit: command.getOptionValueSource('kubeProxyMetricsAddress') === 'cli',
     kubeProxyPollIntervalMs,
-    kubeProxyStepAside: str('kubeProxyStepAside') === 'true',
+    kubeProxyStepAside: o.kubeProxyStepAside === true,
   };
 }
 

@@ -11,7 +11,10 @@ import { DETECT_LOCAL_MODES, type DetectLocalMode, type ModelConfig } from '../m
 export const KUBE_PROXY_API_GROUP = 'kubeproxy.config.k8s.io';
 export const KUBE_PROXY_API_VERSIONS = ['kubeproxy.config.k8s.io/v1alpha1'];
 
-/** The fields of a KubeProxyConfiguration we use; a field the file leaves empty is undefined. */
+/**
+ * The fields of a KubeProxyConfiguration we use; a field the file leaves empty is undefined,
+ * except detectLocalMode, which is kube-proxy's default then (ClusterCIDR).
+ */
 export interface KubeProxySettings {
   /** `mode`: ipvs, iptables, nftables, kernelspace ('' in the file: undefined). */
   mode?: string;
@@ -34,6 +37,8 @@ export class KubeProxyConfigError extends Error {
 }
 
 const INTERFACE_NAME = /^[A-Za-z0-9_.@+-]{1,15}$/;
+/** What kube-proxy runs with when its configuration leaves detectLocalMode empty. */
+export const KUBE_PROXY_DEFAULT_DETECT_LOCAL_MODE: DetectLocalMode = 'ClusterCIDR';
 const MODES = ['ipvs', 'iptables', 'nftables', 'kernelspace'];
 
 type Loose = Record<string, unknown>;
@@ -100,15 +105,16 @@ export function parseKubeProxyConfiguration(text: string): KubeProxySettings {
     out.masqueradeBit = bit;
   }
 
-  const detectLocalMode = optionalString(o, 'detectLocalMode', 'detectLocalMode');
-  if (detectLocalMode !== undefined) {
-    if (!(DETECT_LOCAL_MODES as readonly string[]).includes(detectLocalMode)) {
-      throw new KubeProxyConfigError(
-        `detectLocalMode: '${detectLocalMode}' is not one of ${DETECT_LOCAL_MODES.join(', ')}`,
-      );
-    }
-    out.detectLocalMode = detectLocalMode as DetectLocalMode;
+  // Empty or absent, kube-proxy takes ClusterCIDR (its platformApplyDefaults), and so do we: the
+  // file describes a kube-proxy that runs, and its pods are told apart by the cluster CIDR.
+  const detectLocalMode =
+    optionalString(o, 'detectLocalMode', 'detectLocalMode') ?? KUBE_PROXY_DEFAULT_DETECT_LOCAL_MODE;
+  if (!(DETECT_LOCAL_MODES as readonly string[]).includes(detectLocalMode)) {
+    throw new KubeProxyConfigError(
+      `detectLocalMode: '${detectLocalMode}' is not one of ${DETECT_LOCAL_MODES.join(', ')}`,
+    );
   }
+  out.detectLocalMode = detectLocalMode as DetectLocalMode;
   const detectLocal = section(o, 'detectLocal');
   const bridge = optionalString(detectLocal, 'bridgeInterface', 'detectLocal.bridgeInterface');
   if (bridge !== undefined) {

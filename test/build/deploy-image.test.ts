@@ -5,7 +5,7 @@
 
 import { expect } from 'chai';
 import { execFile } from 'node:child_process';
-import { cp, mkdir, mkdtemp, readFile, readdir, rm, stat } from 'node:fs/promises';
+import { access, cp, mkdir, mkdtemp, readFile, readdir, readlink, rm, stat } from 'node:fs/promises';
 import { isBuiltin } from 'node:module';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -14,6 +14,10 @@ import { promisify } from 'node:util';
 import { NODE_FLAGS } from '../../testbed/shipped-controller.js';
 
 const run = promisify(execFile);
+const exists = (path: string) => access(path).then(
+  () => true,
+  () => false,
+);
 const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 
 interface Stage {
@@ -88,29 +92,43 @@ describe('Dockerfile', function () {
       .filter((l) => l && !l.startsWith('#'));
   });
 
-  it('builds on BUILD_IMAGE (node:24-trixie) and runs on RUNTIME_IMAGE (debian:trixie-slim), both build arguments', () => {
-    expect(text).to.match(/^ARG BUILD_IMAGE=node:24-trixie$/m);
+  it('builds on BUILD_IMAGE (Node.js of the exact NODE_VERSION on trixie) and assembles the runtime from RUNTIME_IMAGE, both build arguments', () => {
+    const nodeVersion = /^ARG NODE_VERSION=(\S+)$/m.exec(text)?.[1];
+    expect(nodeVersion, 'Node.js pinned exactly: 24.x.y, not 24').to.match(/^24\.\d+\.\d+$/);
+    expect(text).to.match(/^ARG BUILD_IMAGE=node:\$\{NODE_VERSION\}-trixie$/m);
     expect(text).to.match(/^ARG RUNTIME_IMAGE=debian:trixie-slim$/m);
-    expect(stages).to.have.lengthOf(2);
-    const [build, runtime] = stages as [Stage, Stage];
-    expect(build.from).to.equal('${BUILD_IMAGE}');
-    expect(build.name).to.equal('build');
-    expect(runtime.from).to.equal('${RUNTIME_IMAGE}');
+    expect(stages.map((s) => [s.from, s.name])).to.deep.equal([
+      ['${BUILD_IMAGE}', 'build'],
+      ['${RUNTIME_IMAGE}', 'runtime-root'],
+      ['scratch', undefined],
+    ]);
     for (const p of ['libnftables-dev', 'libbpf-dev', 'clang', 'pkg-config', 'g++', 'make', 'python3'])
-      expect(aptPackages(build), p).to.include(p);
+      expect(aptPackages(stages[0]!), p).to.include(p);
   });
 
-  it('runtime: nft, iptables, conntrack and the two libraries; no compiler, npm or node-gyp', () => {
-    const runtime = stages[1]!;
-    const packages = aptPackages(runtime);
-    for (const p of ['nftables', 'iptables', 'libnftables1', 'libbpf1', 'conntrack']) expect(packages, p).to.include(p);
-    for (const p of ['gcc', 'g++', 'clang', 'make', 'npm', 'nodejs', 'python3', 'node-gyp'])
+  it('runtime: only the files of nft, iptables, conntrack, the libraries and node; no compiler, npm, apt, dpkg or shell', () => {
+    const [, root, runtime] = stages as [Stage, Stage, Stage];
+    const packages = aptPackages(root);
+    for (const p of ['nftables', 'iptables', 'libnftables1', 'libbpf1', 'conntrack', 'libstdc++6'])
+      expect(packages, p).to.include(p);
+    for (const p of ['gcc', 'g++', 'clang', 'make', 'npm', 'nodejs', 'python3', 'node-gyp', 'bash'])
       expect(packages, `${p} in the runtime`).to.not.include(p);
-    const fromBuild = copies(runtime, 'build').flatMap((c) => c.sources);
-    expect(fromBuild.sort(), 'only Node.js itself and the assembled files').to.deep.equal([
-      '/out/',
-      '/usr/local/bin/node',
-    ]);
+    // The root filesystem is exactly those packages and their dependencies (runtime-rootfs.sh).
+    const assemble = root.instructions.find((i) => i.op === 'RUN' && i.args.includes('runtime-rootfs.sh'));
+    const named = assemble!.args.split('/rootfs')[1]!.split('&&')[0]!.trim().split(/\s+/);
+    expect(named.sort()).to.deep.equal([...packages].sort());
+    // The final image: that root filesystem, Node.js and the assembled files, and nothing is installed in it.
+    expect(copies(runtime, 'runtime-root').flatMap((c) => c.sources)).to.deep.equal(['/rootfs/']);
+    expect(
+      copies(runtime, 'build')
+        .flatMap((c) => c.sources)
+        .sort(),
+      'only Node.js itself and the assembled files',
+    ).to.deep.equal(['/out/', '/usr/local/bin/node']);
+    for (const i of runtime.instructions.filter((i) => i.op === 'RUN')) {
+      expect(i.args, 'exec form: the image has no shell').to.match(/^\[/);
+      expect(i.args).to.not.match(/apt|dpkg/);
+    }
     expect(runtime.instructions.map((i) => i.args).join('\n'), 'no node_modules at run time').to.not.match(
       /node_modules/,
     );
@@ -120,6 +138,52 @@ describe('Dockerfile', function () {
       ...NODE_FLAGS,
       '/opt/ipvs-node-controller/dist/bundle/ipvs-node-controller.mjs',
     ]);
+  });
+
+  it('runtime-rootfs.sh: the dependency closure of the named packages, their files and alternatives links, and no apt, dpkg or shell', async function () {
+    // On this machine's own Debian packages (the image's are trixie's): what the script does is the same.
+    const dir = await mkdtemp(join(tmpdir(), 'runtime-rootfs-'));
+    try {
+      const root = join(dir, 'rootfs');
+      const { stdout } = await run('sh', [
+        join(repoRoot, 'scripts', 'runtime-rootfs.sh'),
+        root,
+        'nftables',
+        'iptables',
+        'libnftables1',
+        'libbpf1',
+        'conntrack',
+        'libstdc++6',
+        'netbase',
+      ]);
+      const packages = stdout.trim().split('\n');
+      for (const p of ['nftables', 'iptables', 'conntrack', 'libc6', 'libnftnl11', 'libmnl0', 'libstdc++6'])
+        expect(packages, p).to.include(p);
+      for (const p of ['apt', 'dpkg', 'bash', 'dash', 'coreutils', 'perl-base']) expect(packages).to.not.include(p);
+      const status = await readFile(join(root, 'var', 'lib', 'dpkg', 'status'), 'utf8');
+      expect([...status.matchAll(/^Package: (\S+)$/gm)].map((m) => m[1]).sort()).to.deep.equal([...packages].sort());
+      for (const f of ['usr/sbin/nft', 'usr/sbin/xtables-nft-multi', 'usr/sbin/conntrack', 'etc/protocols'])
+        await stat(join(root, f));
+      // iptables through its alternatives link, as on Debian: iptables -> /etc/alternatives/iptables -> xtables-*-multi.
+      expect(await readlink(join(root, 'usr', 'sbin', 'iptables'))).to.equal('/etc/alternatives/iptables');
+      expect(await readlink(join(root, 'etc', 'alternatives', 'iptables'))).to.match(/^\/usr\/sbin\/iptables-(nft|legacy)$/);
+      // libc6 without its iconv modules.
+      const multiarch = (await readdir(join(root, 'usr', 'lib'))).filter((d) => d.endsWith('-linux-gnu'));
+      expect(multiarch.length).to.equal(1);
+      expect(await exists(join(root, 'usr', 'lib', multiarch[0]!, 'libc.so.6'))).to.equal(true);
+      expect(await exists(join(root, 'usr', 'lib', multiarch[0]!, 'gconv'))).to.equal(false);
+      for (const f of ['usr/bin/apt', 'usr/bin/dpkg', 'usr/bin/sh', 'usr/bin/bash', 'usr/bin/ls']) {
+        expect(await exists(join(root, f)), `${f} in the runtime`).to.equal(false);
+      }
+      // A package whose closure holds dpkg is refused, naming it.
+      const refused = await run('sh', [join(repoRoot, 'scripts', 'runtime-rootfs.sh'), join(dir, 'x'), 'apt']).catch(
+        (err: { code: number; stderr: string }) => err,
+      );
+      expect((refused as { code: number }).code).to.equal(1);
+      expect((refused as { stderr: string }).stderr).to.match(/runtime-rootfs: (apt|dpkg|debconf|[a-z-]+) would enter the runtime image/);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 
   it('labels the image (OCI version, revision, source, licenses) with the version of package.json', async () => {

@@ -8,10 +8,13 @@
 // `unshare --net --mount`); the node's bpffs is one mounted for the test, its cgroup v2 root a
 // cgroup created for the test, its other hostPaths under a scratch directory. All removed after.
 // Needs the image: `npm run image` (CI builds it first; without it the suite is skipped, except
-// when IPVS_NODE_CONTROLLER_REQUIRE_IMAGE=1, where that is a failure).
+// when IPVS_NODE_CONTROLLER_REQUIRE_IMAGE=1, where that is a failure). The release's install
+// (dist/release/install-nft.yaml, its image pulled by digest from the release archive) needs
+// `npm run release`, under the same rule.
 
 import { expect } from 'chai';
 import { spawn, spawnSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, rmdirSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -30,6 +33,8 @@ const IMAGE = `localhost/ipvs-node-controller:${VERSION}`;
 /** The rolling update's new image: a second tag, as a new release would be. */
 const IMAGE_UPDATE = `localhost/ipvs-node-controller:${VERSION}-update`;
 const PROBE_CLIENT = join(repoRoot, 'dist', 'testbed', 'probe-client.js');
+/** What `npm run release` writes. */
+const RELEASE_DIR = join(repoRoot, 'dist', 'release');
 const PODMAN_ENV = { ...process.env, CONTAINERS_CONF: join(repoRoot, 'scripts', 'containers.conf') };
 const TAG = `inc-test-${process.pid}`;
 /** The node's address the kubelet probes a host-network pod on. */
@@ -274,10 +279,14 @@ class Kubelet {
     // The kubelet adds no tmpfs of its own to a read-only root filesystem.
     if (sc.readOnlyRootFilesystem === true) args.push('--read-only', '--read-only-tmpfs=false');
     expect(sc.seccompProfile?.type ?? 'RuntimeDefault').to.equal('RuntimeDefault'); // podman's default profile
+    // The downward API this stand-in resolves: the node's name and its address.
+    const downward: Record<string, string> = { 'spec.nodeName': 'node-1', 'status.hostIP': NODE_IP };
+    const environment: Record<string, string> = {};
     for (const env of container.env ?? []) {
-      if (env.value !== undefined) args.push('--env', `${env.name}=${env.value}`);
-      else if (env.valueFrom?.fieldRef?.fieldPath === 'spec.nodeName') args.push('--env', `${env.name}=node-1`);
-      else throw new Error(`the kubelet stand-in does not resolve env ${JSON.stringify(env)}`);
+      const value = env.value ?? downward[env.valueFrom?.fieldRef?.fieldPath as string];
+      if (value === undefined) throw new Error(`the kubelet stand-in does not resolve env ${JSON.stringify(env)}`);
+      environment[env.name as string] = value as string;
+      args.push('--env', `${env.name}=${value}`);
     }
     if (spec.automountServiceAccountToken !== false) {
       const { hostname, port } = new URL(this.api.url);
@@ -306,12 +315,20 @@ class Kubelet {
       args.push('-v', `${this.node.hostPath(volume)}:${mount.mountPath}:${options.join(',')}`);
     }
     if (container.command) args.push('--entrypoint', JSON.stringify(container.command));
-    args.push(image, ...(container.args ?? []));
+    // $(VAR) in args is the container's environment variable, as the kubelet expands it.
+    const expand = (arg: string) =>
+      arg.replace(/\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g, (m, name: string) => environment[name] ?? m);
+    args.push(image, ...((container.args ?? []) as string[]).map(expand));
     return args;
   }
 
-  /** The image the spec names, as built here (the tag is checked against package.json). */
+  /** Images pulled by their exact reference (a release's, pinned by digest): the local image each is. */
+  readonly pulled = new Map<string, string>();
+
+  /** The image the spec names: one pulled by that reference, else as built here (the tag is checked against package.json). */
   private image(container: Obj, override?: string): string {
+    const pulled = this.pulled.get(container.image as string);
+    if (pulled) return pulled;
     expect(container.image).to.equal(`ipvs-node-controller:${VERSION}`);
     return override ?? IMAGE;
   }
@@ -417,6 +434,12 @@ function rssOf(name: string): { rssMiB: number; cgroupMiB?: number } {
 
 const imageBuilt = () => podman(['image', 'exists', IMAGE], true).code === 0;
 
+/** The names (repository:tag) of an image, by its ID; none when it does not exist. */
+function imageTags(id: string): string[] {
+  const r = podman(['image', 'inspect', '--format', '{{json .RepoTags}}', id.replace(/^sha256:/, '')], true);
+  return r.code === 0 ? ((JSON.parse(r.out) as string[] | null) ?? []) : [];
+}
+
 describe('the image under the DaemonSet, as a kubelet runs it (podman)', function () {
   this.timeout(180_000);
   let scenario: Scenario;
@@ -425,6 +448,7 @@ describe('the image under the DaemonSet, as a kubelet runs it (podman)', functio
   let kubelet: Kubelet;
   let current: Started | undefined;
   const names: string[] = [];
+  const pulledNames: string[] = [];
   const figures: string[] = [];
 
   const startOverlay = async (overlay: string, image?: string): Promise<{ started: Started; readyMs: number }> => {
@@ -485,6 +509,8 @@ describe('the image under the DaemonSet, as a kubelet runs it (podman)', functio
   after(async function () {
     for (const name of names) kubelet?.remove(name);
     if (imageBuilt()) podman(['rmi', IMAGE_UPDATE], true);
+    // The names the pull from the release archive added; the image itself is the one built here.
+    for (const name of pulledNames) podman(['untag', IMAGE, name], true);
     if (figures.length > 0) console.log(`\n    figures:\n${figures.map((f) => `      ${f}`).join('\n')}`);
     await api?.stop();
     node?.tearDown();
@@ -493,6 +519,40 @@ describe('the image under the DaemonSet, as a kubelet runs it (podman)', functio
 
   afterEach(function () {
     if (this.currentTest?.state === 'failed' && current) console.log(kubelet.logs(current.name));
+  });
+
+  it('the image carries what the controller runs and nothing more: no shell, apt or dpkg', () => {
+    // Node.js is the one program of the image that can look at its files.
+    const look = (paths: string[]) =>
+      JSON.parse(
+        podman([
+          'run',
+          '--rm',
+          '--pull',
+          'never',
+          '--network',
+          'none',
+          '--entrypoint',
+          'node',
+          IMAGE,
+          '-e',
+          'const fs = require("fs"); console.log(JSON.stringify(process.argv.slice(1).map((p) => fs.existsSync(p))))',
+          ...paths,
+        ]).out,
+      ) as boolean[];
+    const present = ['/usr/sbin/nft', '/usr/sbin/iptables', '/usr/sbin/iptables-legacy', '/usr/sbin/ip6tables-nft'];
+    present.push(
+      '/usr/sbin/conntrack',
+      '/usr/local/bin/ipvs-node-controller',
+      '/var/lib/dpkg/status',
+      '/etc/os-release',
+    );
+    expect(look(present), present.join(' ')).to.deep.equal(present.map(() => true));
+    const absent = ['/bin/sh', '/usr/bin/bash', '/usr/bin/apt', '/usr/bin/apt-get', '/usr/bin/dpkg', '/usr/bin/ls'];
+    absent.push('/usr/bin/perl', '/usr/local/bin/npm', '/usr/lib/node_modules', '/usr/local/lib/node_modules');
+    expect(look(absent), absent.join(' ')).to.deep.equal(absent.map(() => false));
+    const size = Number(podman(['image', 'inspect', '--format', '{{.Size}}', IMAGE]).out);
+    figures.push(`image ${IMAGE}: ${(size / 1e6).toFixed(1)} MB uncompressed`);
   });
 
   it('before any controller: the LoadBalancer IP is not translated (the load balancer path answers)', async () => {
@@ -583,6 +643,84 @@ describe('the image under the DaemonSet, as a kubelet runs it (podman)', functio
       }
     });
   }
+
+  it('the release as a user installs it: install-nft.yaml, its image pulled by the digest it names from the release archive', async function () {
+    if (!existsSync(join(RELEASE_DIR, 'release.json'))) {
+      if (process.env.IPVS_NODE_CONTROLLER_REQUIRE_IMAGE === '1') {
+        throw new Error('dist/release is not made (npm run release) and this run requires it');
+      }
+      console.log('    skipped: dist/release is not made: run `npm run release` first');
+      this.skip();
+    }
+    // Every file is the one SHA256SUMS names.
+    const sums = spawnSync('sha256sum', ['--check', '--strict', 'SHA256SUMS'], { cwd: RELEASE_DIR, encoding: 'utf8' });
+    expect(sums.status, sums.stdout + sums.stderr).to.equal(0);
+    const release = JSON.parse(readFileSync(join(RELEASE_DIR, 'release.json'), 'utf8')) as Obj;
+    const archive = join(RELEASE_DIR, release.archive as string);
+    // The archive's index, and the digest of its bytes: what a registry serves once the archive is copied there.
+    const inArchive = (path: string) => {
+      const r = spawnSync('tar', ['-xOf', archive, path], { maxBuffer: 64 * 1024 * 1024 });
+      if (r.status !== 0) throw new Error(`${path} is not in ${archive}: ${String(r.stderr)}`);
+      return r.stdout;
+    };
+    const layout = JSON.parse(inArchive('./index.json').toString('utf8')) as { manifests: Obj[] };
+    const top = layout.manifests.find((m) => m.annotations?.['org.opencontainers.image.ref.name'] === VERSION);
+    expect(top?.mediaType).to.equal('application/vnd.oci.image.index.v1+json');
+    const indexBytes = inArchive(`./blobs/sha256/${String(top!.digest).slice('sha256:'.length)}`);
+    expect(`sha256:${createHash('sha256').update(indexBytes).digest('hex')}`).to.equal(top!.digest);
+    const index = JSON.parse(indexBytes.toString('utf8')) as { manifests: Obj[] };
+    const byArch = Object.fromEntries(index.manifests.map((m) => [m.platform.architecture as string, m.digest]));
+    expect(Object.keys(byArch).sort(), 'both architectures under one index').to.deep.equal(['amd64', 'arm64']);
+
+    // The manifest a user applies names the image by that digest.
+    const objects = YAML.parseAllDocuments(readFileSync(join(RELEASE_DIR, 'install-nft.yaml'), 'utf8')).map(
+      (d) => d.toJSON() as Obj,
+    );
+    expect(objects.map((o) => o.kind).sort()).to.deep.equal([
+      'ClusterRole',
+      'ClusterRoleBinding',
+      'DaemonSet',
+      'ServiceAccount',
+    ]);
+    const ds = objects.find((o) => o.kind === 'DaemonSet')!;
+    const reference = ds.spec.template.spec.containers[0].image as string;
+    expect(reference).to.equal(`${release.repository}:${VERSION}@${top!.digest}`);
+
+    // The node pulls this node's platform out of the index, as a runtime does from a registry: the
+    // image whose config the amd64 manifest names, reached through the index's digest.
+    const amd64 = JSON.parse(
+      inArchive(`./blobs/sha256/${String(byArch.amd64).slice('sha256:'.length)}`).toString('utf8'),
+    ) as { config: { digest: string } };
+    const tagsBefore = new Set(imageTags(amd64.config.digest));
+    const pulled = podman(['pull', '--quiet', `oci-archive:${archive}:${VERSION}`])
+      .out.split('\n')
+      .at(-1)!;
+    expect(`sha256:${podman(['image', 'inspect', '--format', '{{.Id}}', pulled]).out}`).to.equal(amd64.config.digest);
+    // Names the pull added (from the archive's reference name): removed after, the image stays.
+    pulledNames.push(...imageTags(amd64.config.digest).filter((t) => !tagsBefore.has(t)));
+    const repoDigests = podman(['image', 'inspect', '--format', '{{json .RepoDigests}}', pulled]).out;
+    expect(repoDigests, 'pulled by the index digest, as the amd64 manifest').to.include(`@${top!.digest}"`);
+    expect(repoDigests).to.include(`@${byArch.amd64}"`);
+    kubelet.pulled.set(reference, pulled);
+
+    kubelet.stop(current!);
+    const name = `${TAG}-release-${names.length}`;
+    names.push(name);
+    const started = kubelet.start(ds.spec.template, name);
+    current = started;
+    const readyMs = await kubelet.waitReady(started);
+    figures.push(
+      `release install-nft.yaml (${reference.replace(/@sha256:(.{12}).*$/, '@sha256:$1...')}): start -> ready ${readyMs} ms`,
+    );
+    expect(podman(['inspect', '--format', '{{.Image}}', name]).out).to.equal(
+      podman(['image', 'inspect', '--format', '{{.Id}}', pulled]).out,
+    );
+    await waitFor('only nft on the node', () => (JSON.stringify(inventory(node)) === '["nft"]' ? true : undefined));
+    expect(await connect('pod', node, scenario.network.pod.ns)).to.equal('svc-a');
+    expect(await connect('node', node, scenario.network.pod.ns)).to.equal('svc-a');
+    // The command on PATH that docs/operations.md tells an operator to exec.
+    expect(podman(['exec', name, 'ipvs-node-controller', '--version']).out).to.equal(VERSION);
+  });
 
   it('a cleanup that cannot see the node bpffs says so and fails', async () => {
     const ds = daemonSetOf('deploy/uninstall', 'ipvs-node-controller-cleanup');

@@ -7,9 +7,10 @@
 import { expect } from 'chai';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { MAP_NAME, TABLE_NAME } from '../../src/backends/nft/render.js';
 import type { ServiceInfo } from '../../src/model/types.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
@@ -77,6 +78,18 @@ function tableExists(): boolean {
 }
 
 const syncCount = (e: Exposition) => e.sum(`${P}sync_duration_seconds_count`);
+
+const REPO_ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
+
+/** An instant query to the Prometheus server the tests start. */
+async function prometheusQuery(q: string): Promise<Array<{ metric: Json; value: [number, string] }>> {
+  const a = await httpGet(`http://127.0.0.1:9090/api/v1/query?query=${encodeURIComponent(q)}`);
+  const body = JSON.parse(a.body) as {
+    status: string;
+    data: { result: Array<{ metric: Json; value: [number, string] }> };
+  };
+  return body.data.result;
+}
 
 describe('operating the controller (real CLI, API stand-in, metrics, health, Prometheus)', function () {
   this.timeout(180_000);
@@ -243,6 +256,8 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
         '  - job_name: ipvs-node-controller',
         '    static_configs:',
         "      - targets: ['127.0.0.1:9477']",
+        // As the PodMonitor's relabeling names the series: by the node.
+        '        labels: { node: node-1 }',
         '',
       ].join('\n'),
     );
@@ -251,27 +266,60 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
       [`--config.file=${config}`, `--storage.tsdb.path=${join(dir, 'tsdb')}`, '--web.listen-address=127.0.0.1:9090'],
       { stdio: 'ignore' },
     );
-    const query = async (q: string) => {
-      const a = await httpGet(`http://127.0.0.1:9090/api/v1/query?query=${encodeURIComponent(q)}`);
-      const body = JSON.parse(a.body) as {
-        status: string;
-        data: { result: Array<{ metric: Json; value: [number, string] }> };
-      };
-      return body.data.result;
-    };
     const up = await eventually(
       'up{job="ipvs-node-controller"} == 1',
       async () => {
-        const r = await query('up{job="ipvs-node-controller"}');
+        const r = await prometheusQuery('up{job="ipvs-node-controller"}');
         return r.length === 1 && r[0]!.value[1] === '1' && r;
       },
       60_000,
     );
     expect(up[0]!.metric.instance).to.equal('127.0.0.1:9477');
-    const entries = await query(`${P}programmed_entries{family="ipv4"}`);
+    const entries = await prometheusQuery(`${P}programmed_entries{family="ipv4"}`);
     expect(entries).to.have.lengthOf(1);
     expect(entries[0]!.value[1]).to.equal('5');
     expect(entries[0]!.metric.backend).to.equal('nft');
+  });
+
+  it('every panel of the Grafana dashboard (deploy/monitoring) returns data from that Prometheus', async () => {
+    const dashboard = JSON.parse(await readFile(join(REPO_ROOT, 'deploy', 'monitoring', 'dashboard.json'), 'utf8')) as {
+      panels: Array<{ type: string; title: string; targets?: Array<{ expr: string }> }>;
+      templating: { list: Array<{ name: string; definition?: string }> };
+    };
+    const panels = dashboard.panels.filter((p) => p.type !== 'row');
+    expect(panels.length).to.be.greaterThan(10);
+    // The node selector offers this node.
+    const nodeVariable = dashboard.templating.list.find((v) => v.name === 'node')!;
+    const metric = /^label_values\((\w+), node\)$/.exec(nodeVariable.definition ?? '')?.[1];
+    expect(metric, nodeVariable.definition).to.be.a('string');
+    // A Service change while Prometheus scrapes: programming latency and sync counters move in the window.
+    api.apply(wireService({ ...SERVICES[0]!, name: 'dashboard-change', ingress: [{ ip: '10.19.99.1' }] }));
+    // Grafana's variables as a user with "All" nodes sees them.
+    const asGrafana = (expr: string) => expr.replaceAll('$node', '.*').replaceAll('$__rate_interval', '1m');
+    let missing: string[] = [];
+    await eventually(
+      'data from every panel',
+      async () => {
+        const values = await httpGet(
+          `http://127.0.0.1:9090/api/v1/label/node/values?match[]=${encodeURIComponent(metric!)}`,
+        );
+        missing = (JSON.parse(values.body) as { data: string[] }).data.includes('node-1') ? [] : ['the node variable'];
+        for (const panel of panels) {
+          expect(panel.targets?.length, panel.title).to.be.greaterThan(0);
+          for (const target of panel.targets!) {
+            const result = await prometheusQuery(asGrafana(target.expr));
+            if (!result.some((r) => Number.isFinite(Number(r.value[1]))))
+              missing.push(`${panel.title}: ${target.expr}`);
+          }
+        }
+        return missing.length === 0;
+      },
+      90_000,
+    ).catch((err: Error) => {
+      throw new Error(`${err.message}; without data: ${missing.join(' | ')}`);
+    });
+    api.remove('Service', SERVICES[0]!.namespace, 'dashboard-change');
+    await eventually('the change undone in the kernel', async () => programmedIpv4Elements() === 5);
   });
 
   it('API server gone longer than 2 x sync-period: not ready, still alive, rules kept and resynced', async () => {
@@ -299,20 +347,23 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
     expect(back.sum(`${P}informer_watches_total`)).to.be.above(before.sum(`${P}informer_watches_total`));
   });
 
-  it('kernel refusing our changes longer than 2 x sync-period: /healthz fails, and recovers', async () => {
+  it('kernel refusing our changes longer than 2 x sync-period: not ready, still alive (the loop works), and recovers', async () => {
     const before = await scrapeMetrics(METRICS);
     // Another process takes a table of our name with the owner flag: the kernel refuses every
     // change to it from anyone else (EPERM) until that process closes its netlink socket.
     tableHolder = spawn('nft', ['-i'], { stdio: ['pipe', 'ignore', 'ignore'] });
     tableHolder.stdin!.write(`delete table ip ${TABLE_NAME}; add table ip ${TABLE_NAME} { flags owner; }\n`);
-    const healthz = await eventually('/healthz 503', async () => {
-      const r = await health('/healthz');
-      return r.status === 503 && r;
+    const readyz = await eventually('/readyz 503 for the refused syncs', async () => {
+      const r = await health('/readyz');
+      return r.status === 503 && r.detail.startsWith('no successful sync') && r;
     });
-    expect(healthz.detail).to.match(
+    expect(readyz.detail).to.match(
       /^no successful sync for \S+ \(limit: 2 x --sync-period = 2\.0s\): .*Operation not permitted/,
     );
-    expect((await health('/readyz')).status).to.equal(503);
+    // Liveness is the loop's: syncs end (refused), so a restart would not help.
+    const healthz = await health('/healthz');
+    expect(healthz.status, healthz.detail).to.equal(200);
+    expect(healthz.detail).to.match(/^last sync ended \S+ ago$/);
     const failing = await scrapeMetrics(METRICS);
     expect(failing.value(`${P}sync_errors_total`, { backend: 'nft' })!).to.be.above(
       before.value(`${P}sync_errors_total`, { backend: 'nft' }) ?? 0,
@@ -323,8 +374,8 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
 
     tableHolder.stdin!.end();
     await once(tableHolder, 'exit');
-    await eventually('/healthz 200 again', async () => (await health('/healthz')).status === 200);
     await eventually('/readyz 200 again', async () => (await health('/readyz')).status === 200);
+    expect((await health('/healthz')).detail).to.match(/^last successful sync \S+ ago$/);
     expect(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80)).to.equal('svc-a');
     expect(programmedIpv4Elements()).to.equal(5);
   });

@@ -2,7 +2,7 @@
 
 import { expect } from 'chai';
 import { parseDuration } from '../../src/config/duration.js';
-import { parseConfig, UsageError } from '../../src/config/options.js';
+import { buildCommand, parseConfig, UsageError } from '../../src/config/options.js';
 
 function fails(argv: string[], pattern: RegExp, env: NodeJS.ProcessEnv = {}): void {
   expect(() => parseConfig(argv, env))
@@ -106,5 +106,55 @@ describe('flags', () => {
     fails(['--from-file=x.yaml'], /--from-file only works with --dry-run/);
     fails(['--dry-run', '--cleanup'], /exclude each other/);
     expect(parseConfig(['--dry-run', '--from-file', '-'], {}).fromFile).to.equal('-');
+  });
+});
+
+describe("flags as kube-proxy's: booleans and aliases", () => {
+  const BOOLEANS = [
+    ['--local-traffic-policy-only', (c: ReturnType<typeof parseConfig>) => c.model.localTrafficPolicyOnly, false],
+    ['--emit-events', (c: ReturnType<typeof parseConfig>) => c.emitEvents, false],
+    ['--kube-proxy-step-aside', (c: ReturnType<typeof parseConfig>) => c.kubeProxyStepAside, true],
+    ['--dry-run', (c: ReturnType<typeof parseConfig>) => c.dryRun, false],
+    ['--cleanup', (c: ReturnType<typeof parseConfig>) => c.cleanup, false],
+  ] as const;
+
+  it('lists every boolean flag of --help here, each with a [bool] value; no flag is a bare switch', () => {
+    const help = buildCommand().helpInformation();
+    const optional = [...help.matchAll(/^\s+(--[a-z-]+) \[bool\]/gm)].map((m) => m[1]);
+    expect(optional.sort()).to.deep.equal(BOOLEANS.map(([flag]) => flag).sort());
+    // A switch without a value would refuse --flag=true (booleanOption makes one that takes it).
+    const switches = buildCommand()
+      .options.filter((o) => !o.required && !o.optional && !['--help', '--version'].includes(o.long!))
+      .map((o) => o.long);
+    expect(switches).to.deep.equal([]);
+  });
+
+  for (const [flag, read, byDefault] of BOOLEANS) {
+    it(`${flag}: absent is ${byDefault}; ${flag}, ${flag}=true and ${flag}=false; any other value refused`, () => {
+      const env = { NODE_NAME: 'n' };
+      expect(read(parseConfig([], env))).to.equal(byDefault);
+      expect(read(parseConfig([flag], env))).to.equal(true);
+      expect(read(parseConfig([`${flag}=true`], env))).to.equal(true);
+      expect(read(parseConfig([`${flag}=false`], env))).to.equal(false);
+      expect(read(parseConfig([`${flag}=False`], env)), 'strconv.ParseBool spellings').to.equal(false);
+      expect(read(parseConfig([`${flag}=1`], env))).to.equal(true);
+      fails([`${flag}=yes`], new RegExp(`${flag}.*'yes' is not true or false`), env);
+    });
+  }
+
+  it('--iptables-masquerade-bit is --masquerade-bit, counted as given; both only when they agree', () => {
+    const c = parseConfig(['--iptables-masquerade-bit=15'], { NODE_NAME: 'n' });
+    expect(c.model.masqueradeBit).to.equal(15);
+    expect(c.modelSources.masqueradeBit).to.equal('flag');
+    expect(parseConfig(['--iptables-masquerade-bit=3', '--masquerade-bit=3'], {}).model.masqueradeBit).to.equal(3);
+    fails(['--iptables-masquerade-bit=3', '--masquerade-bit=4'], /--masquerade-bit and --iptables-masquerade-bit/);
+    fails(['--iptables-masquerade-bit=40'], /^--iptables-masquerade-bit: '40' must be an integer from 0 to 31$/);
+  });
+
+  it('--hostname-override is --node-name, and wins over NODE_NAME as it does', () => {
+    const c = parseConfig(['--hostname-override', 'worker-7'], { NODE_NAME: 'other' });
+    expect(c.nodeName).to.equal('worker-7');
+    expect(c.nodeNameGiven).to.equal(true);
+    fails(['--hostname-override=a', '--node-name=b'], /--node-name and --hostname-override/);
   });
 });

@@ -1,4 +1,4 @@
-// The alerts of deploy/monitoring/prometheusrule.yaml: their shape (for, severity, runbook) and
+// The alerts of deploy/monitoring/prometheusrule.yaml: their shape (for, severity, runbook_url) and
 // their behaviour, with `promtool test rules` on deploy/monitoring/alerts.promtool-test.yaml.
 
 import { expect } from 'chai';
@@ -45,15 +45,38 @@ describe('deploy/monitoring alerts (PrometheusRule)', function () {
     expect(kinds).to.include('PrometheusRule');
   });
 
-  it('gives every alert a for:, a severity and a runbook line', () => {
+  it('gives every alert a for:, a severity and a runbook_url to its own section of docs/alerts.md', async () => {
     const alerts = rule.spec.groups.flatMap((g) => g.rules).filter((r) => r.alert);
     expect(alerts.length).to.be.greaterThan(0);
+    const doc = await readFile(join(repoRoot, 'docs', 'alerts.md'), 'utf8');
+    // GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes.
+    const anchors = [...doc.matchAll(/^#{2,3} (.+)$/gm)].map((m) =>
+      m[1]!
+        .trim()
+        .toLowerCase()
+        .replace(/[^a-z0-9 -]/g, '')
+        .replace(/ /g, '-'),
+    );
     for (const a of alerts) {
       expect(a.for, `${a.alert} for`).to.match(/^\d+[smh]$/);
       expect(a.labels?.severity, `${a.alert} severity`).to.be.oneOf(['critical', 'warning', 'info']);
-      expect(a.annotations?.runbook, `${a.alert} runbook`).to.be.a('string').and.not.equal('');
       expect(a.annotations?.summary, `${a.alert} summary`).to.be.a('string').and.not.equal('');
+      const url = new URL(a.annotations?.runbook_url ?? 'missing:');
+      expect(url.protocol, `${a.alert} runbook_url`).to.equal('https:');
+      expect(url.pathname, `${a.alert} runbook_url`).to.match(/\/docs\/alerts\.md$/);
+      expect(url.hash, `${a.alert} runbook_url points at its own section`).to.equal(`#${a.alert!.toLowerCase()}`);
+      expect(anchors, `docs/alerts.md has a section ${a.alert}`).to.include(url.hash.slice(1));
     }
+  });
+
+  it('covers what an operator fears: down, missing, conntrack clean-up errors, stepped aside for long', () => {
+    const alerts = new Map(rule.spec.groups.flatMap((g) => g.rules).map((r) => [r.alert, r]));
+    expect(alerts.get('IpvsNodeControllerDown')?.expr).to.match(/up\{job="ipvs-node-controller"\} == 0/);
+    expect(alerts.get('IpvsNodeControllerMissing')?.expr).to.match(/kube_node_info unless on \(node\)/);
+    expect(alerts.get('IpvsNodeControllerConntrackCleanupErrors')?.expr).to.include('conntrack_cleanup_errors_total');
+    const steppedAside = alerts.get('IpvsNodeControllerSteppedAside');
+    expect(steppedAside?.labels?.severity).to.equal('info');
+    expect(steppedAside?.for).to.equal('24h');
   });
 
   it('promtool check rules accepts them', async () => {

@@ -11,7 +11,7 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import YAML from 'yaml';
 import { DaemonSet } from 'kubernetes-models/apps/v1';
-import { ServiceAccount, Service } from 'kubernetes-models/v1';
+import { ConfigMap, ServiceAccount, Service } from 'kubernetes-models/v1';
 import { ClusterRole, ClusterRoleBinding } from 'kubernetes-models/rbac.authorization.k8s.io/v1';
 import {
   PodMonitor,
@@ -34,6 +34,7 @@ async function kustomize(dir: string): Promise<Json[]> {
 const MODELS: Record<string, new (data: any) => { validate(): void }> = {
   'v1/ServiceAccount': ServiceAccount,
   'v1/Service': Service,
+  'v1/ConfigMap': ConfigMap,
   'apps/v1/DaemonSet': DaemonSet,
   'rbac.authorization.k8s.io/v1/ClusterRole': ClusterRole,
   'rbac.authorization.k8s.io/v1/ClusterRoleBinding': ClusterRoleBinding,
@@ -67,11 +68,24 @@ function container(ds: Json): Json {
   return ds.spec.template.spec.containers[0];
 }
 
-/** The container's flags as the CLI parses them, with the DaemonSet's NODE_NAME. */
+/** The node's address the downward API gives (status.hostIP), in these tests. */
+const HOST_IP = '192.0.2.7';
+
+/** The container's flags as the CLI parses them, with the DaemonSet's NODE_NAME, $(VAR) expanded as the kubelet does. */
 function configOf(ds: Json): Config {
   const c = container(ds);
   expect(c.command, 'the image entrypoint runs the CLI').to.deep.equal(undefined);
-  return parseConfig(c.args, { NODE_NAME: 'node-from-downward-api' });
+  const downward: Record<string, string> = { 'spec.nodeName': 'node-from-downward-api', 'status.hostIP': HOST_IP };
+  const env: Record<string, string> = {};
+  for (const e of c.env as Json[]) {
+    const value = e.value ?? downward[e.valueFrom?.fieldRef?.fieldPath as string];
+    expect(value, `env ${e.name} resolves`).to.be.a('string');
+    env[e.name as string] = value as string;
+  }
+  const args = (c.args as string[]).map((a) =>
+    a.replace(/\$\(([A-Z_]+)\)/g, (_m, name: string) => env[name] ?? `$(${name})`),
+  );
+  return parseConfig(args, env);
 }
 
 function portNamed(ds: Json, name: string): number {
@@ -143,8 +157,14 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
         expect(config.emitEvents, 'Events are off unless the component is included').to.equal(false);
         const env = container(ds()).env.find((e: Json) => e.name === 'NODE_NAME');
         expect(env.valueFrom).to.deep.equal({ fieldRef: { fieldPath: 'spec.nodeName' } });
-        expect(config.metricsBindAddress).to.deep.equal({ host: '0.0.0.0', port: portNamed(ds(), 'metrics') });
-        expect(config.healthzBindAddress).to.deep.equal({ host: '0.0.0.0', port: portNamed(ds(), 'healthz') });
+        // The node's own address, from the downward API, where the probes and the PodMonitor reach a host-network pod.
+        const hostIp = container(ds()).env.find((e: Json) => e.name === 'HOST_IP');
+        expect(hostIp.valueFrom).to.deep.equal({ fieldRef: { fieldPath: 'status.hostIP' } });
+        expect(config.metricsBindAddress).to.deep.equal({ host: HOST_IP, port: portNamed(ds(), 'metrics') });
+        expect(config.healthzBindAddress).to.deep.equal({ host: HOST_IP, port: portNamed(ds(), 'healthz') });
+        expect(container(ds()).livenessProbe.httpGet.host, 'probes go to the pod IP, the node address').to.equal(
+          undefined,
+        );
       });
 
       it('runs on every node at node-critical priority, probed on the health endpoints, scraped by annotation', () => {
@@ -321,6 +341,12 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
     expect(podMonitor.spec.namespaceSelector.matchNames).to.deep.equal([ds.metadata.namespace]);
     expect(podMonitor.spec.podMetricsEndpoints[0].port).to.equal('metrics');
     portNamed(ds, 'metrics');
+    // job="ipvs-node-controller", which the alerts and the dashboard select on.
+    expect(podLabels[podMonitor.spec.jobLabel as string]).to.equal('ipvs-node-controller');
+    const dashboard = only(monitoring, 'ConfigMap', 'ipvs-node-controller-dashboard');
+    expect(dashboard.metadata.labels.grafana_dashboard, "kube-prometheus-stack's dashboard sidecar").to.equal('1');
+    const json = JSON.parse(dashboard.data['ipvs-node-controller.json'] as string) as Json;
+    expect(json.uid).to.equal('ipvs-node-controller');
 
     const alternative = YAML.parseAllDocuments(
       await readFile(join(deploy, 'monitoring', 'servicemonitor.yaml'), 'utf8'),
@@ -332,6 +358,7 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
     expect(selects({ matchLabels: service.spec.selector }, podLabels)).to.equal(true);
     expect(service.spec.ports[0].targetPort).to.equal('metrics');
     expect(selects(serviceMonitor.spec.selector, service.metadata.labels)).to.equal(true);
+    expect(service.metadata.labels[serviceMonitor.spec.jobLabel as string]).to.equal('ipvs-node-controller');
     expect(serviceMonitor.spec.endpoints[0].port).to.equal(service.spec.ports[0].name);
   });
 });

@@ -118,15 +118,39 @@ describe('kube-proxy configuration: reading', () => {
     const s = parseKubeProxyConfiguration(
       'kind: KubeProxyConfiguration\nmode: nftables\nfutureField: {a: 1}\niptables:\n  masqueradeBit: 14\n  newKnob: true\n',
     );
-    expect(s).to.deep.equal({ mode: 'nftables', masqueradeBit: 14 });
+    expect(s).to.deep.equal({ mode: 'nftables', masqueradeBit: 14, detectLocalMode: 'ClusterCIDR' });
   });
 
   it('takes a partial file: only what it sets; empty strings and nulls count as unset', () => {
-    expect(parseKubeProxyConfiguration('mode: ""\nclusterCIDR: ""\niptables:\n  masqueradeBit: null\n')).to.deep.equal(
-      {},
-    );
-    expect(parseKubeProxyConfiguration('iptables: {masqueradeBit: 0}')).to.deep.equal({ masqueradeBit: 0 });
-    expect(parseKubeProxyConfiguration('clusterCIDR: 10.0.0.0/8')).to.deep.equal({ clusterCidrs: ['10.0.0.0/8'] });
+    expect(parseKubeProxyConfiguration('mode: ""\nclusterCIDR: ""\niptables:\n  masqueradeBit: null\n')).to.deep.equal({
+      detectLocalMode: 'ClusterCIDR',
+    });
+    expect(parseKubeProxyConfiguration('iptables: {masqueradeBit: 0}')).to.deep.equal({
+      masqueradeBit: 0,
+      detectLocalMode: 'ClusterCIDR',
+    });
+    expect(parseKubeProxyConfiguration('clusterCIDR: 10.0.0.0/8')).to.deep.equal({
+      clusterCidrs: ['10.0.0.0/8'],
+      detectLocalMode: 'ClusterCIDR',
+    });
+  });
+
+  it("an empty or absent detectLocalMode is kube-proxy's default, ClusterCIDR, and wins over our NodeCIDR default", () => {
+    for (const text of ['clusterCIDR: 10.244.0.0/16\n', 'clusterCIDR: 10.244.0.0/16\ndetectLocalMode: ""\n']) {
+      const file = parseKubeProxyConfiguration(text);
+      expect(file.detectLocalMode).to.equal('ClusterCIDR');
+      const s = mergeSettings({ model: NO_FLAGS.model, sources: NO_FLAGS.modelSources }, file);
+      expect(s.model.detectLocalMode).to.equal('ClusterCIDR');
+      expect(s.model.clusterCidrs).to.deep.equal(['10.244.0.0/16']);
+      expect(s.sources.detectLocalMode).to.equal('kube-proxy-config');
+    }
+    expect(NO_FLAGS.model.detectLocalMode, 'without the file: NodeCIDR (docs/semantics.md)').to.equal('NodeCIDR');
+    const flag = parseConfig(['--kube-proxy-config', '/x', '--detect-local-mode=NodeCIDR'], { NODE_NAME: 'n' });
+    expect(
+      mergeSettings({ model: flag.model, sources: flag.modelSources }, parseKubeProxyConfiguration('{}')).model
+        .detectLocalMode,
+      'an explicit flag still wins',
+    ).to.equal('NodeCIDR');
   });
 
   it('refuses malformed files with one line naming the field', () => {
@@ -245,7 +269,7 @@ describe('kube-proxy configuration: flags win over the file, the file over defau
     const off = parseConfig(['--kube-proxy-step-aside=false', '--kube-proxy-metrics-address='], {});
     expect(off.kubeProxyStepAside).to.equal(false);
     expect(off.kubeProxyMetricsAddress).to.equal(undefined);
-    expect(() => parseConfig(['--kube-proxy-step-aside=no'], {})).to.throw(/Allowed choices are true, false/);
+    expect(() => parseConfig(['--kube-proxy-step-aside=no'], {})).to.throw(/'no' is not true or false/);
     expect(() => parseConfig(['--kube-proxy-metrics-address=localhost'], {})).to.throw(/not IP:port/);
     expect(() => parseConfig(['--kube-proxy-mode-poll-interval=10ms'], {})).to.throw(/too short/);
   });
@@ -276,10 +300,11 @@ describe('kube-proxy configuration: following the file', function () {
     const seen: Array<KubeProxySettings | undefined> = [];
     const follower = new KubeProxyConfigFollower(path, 20, logger, (s) => seen.push(s));
     try {
-      expect(await follower.start()).to.deep.equal({ mode: 'ipvs', masqueradeBit: 14 });
+      const cidr = { detectLocalMode: 'ClusterCIDR' };
+      expect(await follower.start()).to.deep.equal({ mode: 'ipvs', masqueradeBit: 14, ...cidr });
       swapIn(path, 'mode: nftables\niptables: {masqueradeBit: 14}\n');
       await until(() => seen.length === 1);
-      expect(seen[0]).to.deep.equal({ mode: 'nftables', masqueradeBit: 14 });
+      expect(seen[0]).to.deep.equal({ mode: 'nftables', masqueradeBit: 14, ...cidr });
 
       swapIn(path, 'mode: nftables\niptables: {masqueradeBit: 99}\n');
       await until(() => lines.some((l) => l.includes('invalid kube-proxy configuration')));
@@ -288,16 +313,16 @@ describe('kube-proxy configuration: following the file', function () {
       const line = JSON.parse(lines.find((l) => l.includes('invalid'))!) as { msg: string; err: { message: string } };
       expect(line.msg).to.equal('invalid kube-proxy configuration, keeping the settings read before');
       expect(line.err.message).to.match(/iptables\.masqueradeBit: 99 must be an integer from 0 to 31/);
-      expect(follower.current).to.deep.equal({ mode: 'nftables', masqueradeBit: 14 });
+      expect(follower.current).to.deep.equal({ mode: 'nftables', masqueradeBit: 14, ...cidr });
       expect(seen).to.have.length(1);
 
       rmSync(path);
       await until(() => lines.some((l) => l.includes('file is gone')));
-      expect(follower.current).to.deep.equal({ mode: 'nftables', masqueradeBit: 14 });
+      expect(follower.current).to.deep.equal({ mode: 'nftables', masqueradeBit: 14, ...cidr });
 
       swapIn(path, 'mode: ipvs\niptables: {masqueradeBit: 13}\n');
       await until(() => seen.length === 2);
-      expect(seen[1]).to.deep.equal({ mode: 'ipvs', masqueradeBit: 13 });
+      expect(seen[1]).to.deep.equal({ mode: 'ipvs', masqueradeBit: 13, ...cidr });
     } finally {
       follower.stop();
     }

@@ -70,7 +70,7 @@ export interface MemoryFigures {
 
 export class ControllerProcess {
   readonly syncs: SyncLine[] = [];
-  /** 'skipped: ...' log lines, with when they were read. */
+  /** 'Service address skipped' log lines, with when they were read. */
   readonly skipLines: Array<Record<string, unknown> & { seenAt: number }> = [];
   private readonly waiters = new Set<() => void>();
   private readonly stderrLines: string[] = [];
@@ -138,7 +138,7 @@ export class ControllerProcess {
       this.firstLineAt = performance.now();
       this.cpuAtFirstLineMs = this.schedStats().cpuMs;
     }
-    if (record.msg === 'synced' && typeof record.ms === 'number') {
+    if (record.msg === 'Synced' && typeof record.ms === 'number') {
       const entries = record.entries as { ipv4: number; ipv6: number };
       this.syncs.push({
         mode: record.mode as SyncLine['mode'],
@@ -146,13 +146,14 @@ export class ControllerProcess {
         ms: record.ms,
         seenAt: performance.now(),
       });
-    } else if (typeof record.msg === 'string' && record.msg.startsWith('skipped')) {
+    } else if (record.msg === 'Service address skipped') {
       this.skipLines.push({ ...record, seenAt: performance.now() });
-    } else if (record.msg === 'caches synced') {
+    } else if (record.msg === 'Caches synced') {
       this.cachesSyncedAt = performance.now();
       this.cpuAtCachesSyncedMs = this.schedStats().cpuMs;
     } else if (record.level === 'error' || record.level === 'fatal') {
-      this.stderrLines.push(`controller: ${String(record.msg)}`);
+      const err = record.err as { message?: string } | undefined;
+      this.stderrLines.push(`controller: ${String(record.msg)}${err?.message ? `: ${err.message}` : ''}`);
     }
     this.notify();
   }

@@ -222,6 +222,7 @@ async function main(): Promise<void> {
         `--kubeconfig=${kubeconfig}`,
         `--node-name=${NODE_NAME}`,
         '--min-sync-period=250ms',
+        '--log-format=text', // for a person to read: klog's lines, as kube-proxy writes them
         `--metrics-bind-address=127.0.0.1:${opts.metricsPort}`,
         `--healthz-bind-address=127.0.0.1:${opts.healthzPort}`,
       ]),

@@ -3,7 +3,7 @@
 // of its own is what the kernel holds of ours: the translation, or nothing while the controller
 // steps aside because kube-proxy is not in IPVS mode (design/semantics.md, "kube-proxy's mode").
 
-import type { Logger } from 'pino';
+import { kobj, type Logger } from './log.js';
 import { entryLimit, type Backend, type SyncResult } from './backends/backend.js';
 import type { ClusterCaches } from './kube/cluster.js';
 import { ConntrackCleaner, type ConntrackCleanupReport } from './conntrack/conntrack-cleaner.js';
@@ -139,7 +139,7 @@ export class Controller {
       partialDuringFull: options.backend.partialSyncsDuringFull === true,
       onError: (err, retryInMs) => {
         this.status.lastError = err.message;
-        options.logger.error({ retryInMs, err }, 'sync failed, keeping the rules in place');
+        options.logger.error({ retryInMs, err }, 'Sync failed, keeping the rules in place');
       },
     });
   }
@@ -153,10 +153,10 @@ export class Controller {
     const { caches, logger } = this.options;
     caches.services.start();
     caches.node.start();
-    logger.info('waiting for the Service and Node caches to sync; the kernel is not touched until then');
+    logger.info('Waiting for the Service and Node caches to sync, the kernel is not touched until then');
     await Promise.all([caches.services.waitForSync(), caches.node.waitForSync()]);
     this.status.cachesSynced = true;
-    logger.info({ services: caches.services.list().length }, 'caches synced');
+    logger.info({ services: caches.services.list().length }, 'Caches synced');
     this.started = true;
     this.options.observer?.onKubeProxy?.(this.status.kubeProxy!);
     this.runner.start();
@@ -240,7 +240,10 @@ export class Controller {
         report.result = await this.stepAside(reason);
       } else {
         if (reason && !this.status.kubeProxy!.reason) {
-          logger.warn(`${reason}; translating anyway: --kube-proxy-step-aside=false`);
+          logger.warn(
+            { kubeProxyMode: this.kubeProxyMode.mode, reason, kubeProxyStepAside: false },
+            'Translating although kube-proxy is not in IPVS mode',
+          );
         }
         this.status.kubeProxy!.reason = reason;
         // Back from stepping aside: the kernel holds nothing of ours, program everything.
@@ -249,7 +252,7 @@ export class Controller {
         if (this.steppedAside) {
           this.steppedAside = false;
           this.status.kubeProxy = { ...this.status.kubeProxy!, steppedAside: false, reason: undefined };
-          logger.info({ mode: this.kubeProxyMode.mode }, 'kube-proxy is in IPVS mode again: translation programmed');
+          logger.info({ kubeProxyMode: this.kubeProxyMode.mode }, 'Translating again, kube-proxy is in IPVS mode');
           observer?.onKubeProxy?.(this.status.kubeProxy);
         }
       }
@@ -274,7 +277,7 @@ export class Controller {
             fallbackReason: report.result.fallbackReason,
             repairedElements: report.result.repairedElements,
           },
-          'synced',
+          'Synced',
         );
       }
     } catch (err) {
@@ -297,7 +300,10 @@ export class Controller {
       await this.options.backend.cleanup();
       this.steppedAside = true;
       this.status.kubeProxy = { ...this.status.kubeProxy!, steppedAside: true, reason };
-      this.options.logger.warn(`stepping aside, our rules are removed and nothing is programmed: ${reason}`);
+      this.options.logger.warn(
+        { kubeProxyMode: this.kubeProxyMode.mode, reason },
+        'Stepped aside, our rules are removed and nothing is programmed',
+      );
       this.options.observer?.onKubeProxy?.(this.status.kubeProxy);
     }
     return { mode: 'noop', entries: { ipv4: 0, ipv6: 0 } };
@@ -322,7 +328,10 @@ export class Controller {
     const { logger, observer } = this.options;
     const skipKey = (s: Skip) => `${s.service}|${s.reason}|${s.detail}`;
     const newSkips = desired.skips.filter((s) => !this.previousSkips.has(skipKey(s)));
-    for (const s of newSkips) logger.info({ service: s.service, reason: s.reason }, `skipped: ${s.detail}`);
+    for (const s of newSkips) {
+      const fields = { service: kobj(s.service), reason: s.reason, detail: s.detail, count: s.count };
+      logger.info(fields, 'Service address skipped');
+    }
     this.previousSkips = new Set(desired.skips.map(skipKey));
     if (newSkips.length > 0) observer?.onNewSkips?.(newSkips);
 
@@ -337,10 +346,19 @@ export class Controller {
       else byPair.set(pair, [c]);
     }
     for (const [, [c, ...more]] of byPair) {
-      const also = more.length > 0 ? ` (and ${more.length} more of its entries)` : '';
+      // The first entry of the pair stands for all of them; `entries` says how many.
+      const { externalIp, protocol, port, family } = c!;
       logger.warn(
-        { service: c!.loser, winner: c!.winner, entries: more.length + 1 },
-        `conflict: ${c!.externalIp} ${c!.protocol}/${c!.port} is claimed by the older Service ${c!.winner}; ${c!.loser} is not translated there${also}`,
+        {
+          service: kobj(c!.loser),
+          winner: kobj(c!.winner),
+          externalIp,
+          protocol,
+          port,
+          family,
+          entries: more.length + 1,
+        },
+        'Service conflict, the older Service keeps the address',
       );
     }
     this.previousConflicts = new Set(desired.conflicts.map(conflictKey));
@@ -364,9 +382,9 @@ export class Controller {
       if (problems.length > 0) {
         logger.warn(
           { problems },
-          'traffic from pods is not translated for some families (output rules for host-network traffic still are)',
+          'Traffic from pods not translated for some families, traffic from host-network processes still is',
         );
-      } else if (this.previousLocalProblems) logger.info('local pod detection is complete again');
+      } else if (this.previousLocalProblems) logger.info('Local pod detection complete again');
       this.previousLocalProblems = joined;
     }
   }

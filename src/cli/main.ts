@@ -54,7 +54,7 @@ async function main(argv: string[]): Promise<number> {
     if (err instanceof UsageError) return usageFailure(err);
     throw err;
   }
-  const logger = createLogger({ level: config.logLevel, node: config.nodeName });
+  const logger = createLogger({ level: config.logLevel, node: config.nodeName, format: config.logFormat });
   runLogger = logger;
   try {
     if (config.dryRun) return await dryRun(config);
@@ -74,7 +74,7 @@ async function main(argv: string[]): Promise<number> {
 /** The first log line of a run: which build runs on this node. */
 function logVersion(logger: Logger): void {
   const { version, revision, nodeVersion } = buildInfo();
-  logger.info({ version, revision, nodeVersion }, `${PROGRAM} ${version}`);
+  logger.info({ version, revision, nodeVersion }, 'Version info');
 }
 
 function usageFailure(err: UsageError): number {
@@ -279,7 +279,7 @@ async function createBackend(config: Config, logger: Logger): Promise<Backend> {
   } catch (err) {
     throw new FatalError((err as Error).message);
   }
-  logger.info({ backend: selected.backend.name }, selected.reason);
+  logger.info({ backend: selected.backend.name, reason: selected.reason }, 'Backend selected');
   const probe = await selected.backend.probe();
   if (!probe.ok) throw new FatalError(probe.detail);
   return selected.backend;
@@ -289,7 +289,7 @@ async function cleanup(config: Config, logger: Logger): Promise<number> {
   logVersion(logger);
   try {
     const removed = await cleanupAll(backendSettings(config));
-    logger.info({ checked: removed }, 'removed every object of ours');
+    logger.info({ checked: removed }, 'Removed every object of ours');
   } catch (err) {
     throw new FatalError((err as Error).message);
   }
@@ -300,9 +300,9 @@ async function cleanup(config: Config, logger: Logger): Promise<number> {
 async function removeOtherBackends(config: Config, backend: Backend, logger: Logger): Promise<void> {
   try {
     const checked = await removeLeftovers(describeBackend(backend), backendSettings(config));
-    logger.debug({ checked }, 'no leftovers of other backends remain');
+    logger.debug({ checked }, 'Removed leftovers of other backends');
   } catch (err) {
-    logger.warn({ err }, 'could not remove leftovers of other backends');
+    logger.warn({ err }, 'Failed to remove leftovers of other backends');
   }
 }
 
@@ -319,11 +319,11 @@ async function run(config: Config, logger: Logger): Promise<number> {
     const onSignal = (signal: NodeJS.Signals) => {
       if (stopping) {
         // Only a person sends a second one (the kubelet follows SIGTERM with SIGKILL): stop now.
-        logger.warn({ signal }, 'second stop request: exiting at once; the programmed rules stay in place');
+        logger.warn({ signal }, 'Second stop request, exiting at once, the programmed rules stay in place');
         process.exit(1);
       }
       stopping = true;
-      logger.info({ signal }, 'stopping; the programmed rules stay in place');
+      logger.info({ signal }, 'Stopping, the programmed rules stay in place');
       resolve();
     };
     process.on('SIGTERM', onSignal);
@@ -365,10 +365,10 @@ async function runController(
     () => controller?.onCacheChange(),
     operations.informerObserver({
       onError: (resource, err, retryInMs) =>
-        logger.warn({ resource, retryInMs, err }, `cannot list/watch ${resource}, keeping the last rules`),
+        logger.warn({ resource, retryInMs, err }, 'Failed to list and watch, keeping the last rules'),
       onDecodeError: (resource, problem, firstOnStream) => {
         // Once per watch stream: a broken proxy can send many; the metric counts them all.
-        if (firstOnStream) logger.warn({ resource, problem }, 'skipped a watch line that is not a watch event');
+        if (firstOnStream) logger.warn({ resource, problem }, 'Skipped a watch line that is not a watch event');
       },
     }),
     { minWatchTimeoutMs: config.minWatchTimeoutMs },
@@ -409,7 +409,7 @@ async function runController(
       ...controller.status.limits,
       serviceExternalIpRange: kubeProxy.settings.model.externalIpRanges?.join(',') ?? 'any',
     },
-    'starting',
+    'Starting',
   );
   await Promise.race([controller.start(), stopped]);
   await stopped;

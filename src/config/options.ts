@@ -14,6 +14,7 @@ import {
 import { parseDuration } from './duration.js';
 import type { KubeProxyModelSetting, SettingSource } from '../kubeproxy/config.js';
 import { buildInfo } from '../build-info/version.js';
+import { LOG_FORMATS, type LogFormat } from '../log.js';
 
 export type BackendChoice = 'auto' | 'nft' | 'iptables' | 'ebpf';
 export type NftExecutorChoice = 'auto' | 'addon' | 'cli';
@@ -35,6 +36,8 @@ export interface Config {
   fromFile?: string;
   cleanup: boolean;
   logLevel: LogLevel;
+  /** json: pino's JSON lines; text: klog's text format. */
+  logFormat: LogFormat;
   cgroupPath?: string;
   bpffsPath: string;
   /** Where /metrics is served; undefined when disabled with an empty value. */
@@ -205,6 +208,11 @@ export function buildCommand(): Command {
     .addOption(
       new Option('--log-level <level>', 'log level').choices(['debug', 'info', 'warn', 'error']).default('info'),
     )
+    .addOption(
+      new Option('--log-format <format>', "log lines: JSON, or klog's text format as kube-proxy writes it")
+        .choices(LOG_FORMATS)
+        .default('json'),
+    )
     .helpOption('-h, --help', 'show this help')
     .version(buildInfo().version, '-V, --version', 'print the version and exit')
     .showSuggestionAfterError(true)
@@ -364,6 +372,7 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
     fromFile,
     cleanup,
     logLevel: str('logLevel') as LogLevel,
+    logFormat: str('logFormat') as LogFormat,
     cgroupPath: str('cgroupPath'),
     bpffsPath: str('bpffsPath')!,
     metricsBindAddress,

@@ -71,6 +71,7 @@ export class ConntrackCleaner {
     const started = performance.now();
     const report: ConntrackCleanupReport = { tuples: tuples.length, deleted: 0, failures: 0, durationMs: 0 };
     const errors: string[] = [];
+    let firstError: unknown;
     const groups = new Map<string, StaleTuple[]>();
     for (const t of tuples) {
       const g = `${t.family}|${t.protocol}`;
@@ -85,6 +86,7 @@ export class ConntrackCleaner {
         } catch (err) {
           report.failures++;
           errors.push((err as Error).message);
+          firstError ??= err;
           // Deleting blindly is still right, only slower.
         }
       }
@@ -94,6 +96,7 @@ export class ConntrackCleaner {
         } catch (err) {
           report.failures++;
           errors.push((err as Error).message);
+          firstError ??= err;
           if (this.missing(err)) break;
         }
       }
@@ -102,14 +105,14 @@ export class ConntrackCleaner {
     if (errors.length > 0 && !(this.missingReported && errors.every((e) => e.includes('was not found')))) {
       if (errors.some((e) => e.includes('was not found'))) this.missingReported = true;
       this.options.logger.warn(
-        { failures: report.failures, tuples: report.tuples },
-        `could not delete stale conntrack entries (UDP/SCTP flows may keep their old translation until idle): ${errors[0]}`,
+        { failures: report.failures, tuples: report.tuples, err: firstError },
+        'Failed to delete stale conntrack entries, UDP/SCTP flows may keep their old translation until idle',
       );
     }
     if (report.deleted > 0) {
       this.options.logger.debug(
         { deleted: report.deleted, tuples: report.tuples, ms: Math.round(report.durationMs) },
-        'deleted stale conntrack entries',
+        'Deleted stale conntrack entries',
       );
     }
     return report;

@@ -9,7 +9,7 @@
 
 import { createHash } from 'node:crypto';
 import type { KubeConfig } from '@kubernetes/client-node';
-import type { Logger } from 'pino';
+import { kobj, type Logger } from '../log.js';
 import type { ControllerObserver } from '../controller.js';
 import type { Conflict, ServiceInfo, Skip, SkipReason } from '../model/types.js';
 import { apiRequest, statusMessage } from '../kube/request.js';
@@ -111,7 +111,8 @@ export class ServiceEventRecorder implements ControllerObserver {
     if (this.queue.length >= (this.options.maxQueued ?? 200)) {
       if (this.dropped++ === 0) {
         this.options.logger.warn(
-          'too many Events at once: further ones are not recorded (logs and metrics still have them)',
+          { maxQueued: this.options.maxQueued ?? 200 },
+          'Too many Events at once, further ones are not recorded',
         );
       }
       return;
@@ -178,13 +179,17 @@ export class ServiceEventRecorder implements ControllerObserver {
       this.forbidden = true;
       this.queue.length = 0;
       this.options.logger.warn(
-        'cannot record Events: the service account may not create events; grant it (deploy/components/emit-events) or drop --emit-events',
+        {
+          err: failure,
+          hint: 'grant the service account create on events (deploy/components/emit-events) or drop --emit-events',
+        },
+        'Failed to record Events, the service account may not create events',
       );
       return;
     }
     if (!this.failing) {
       this.failing = true;
-      this.options.logger.warn({ service: event.service, err: failure }, 'cannot record an Event');
+      this.options.logger.warn({ service: kobj(event.service), err: failure }, 'Failed to record an Event');
     }
   }
 }

@@ -139,7 +139,7 @@ export class KubeProxyAwareness {
         configuredMode: this.settings.configuredMode ?? null,
         proxyModeAddress: where ? formatBindAddress(where) : null,
       },
-      'effective kube-proxy-related settings (source in parentheses: flag, env, kube-proxy-config, default)',
+      'Effective kube-proxy-related settings',
     );
   }
 }

@@ -267,13 +267,14 @@ export class KubeProxyConfigFollower {
       if (key !== this.lastText) {
         this.lastText = key;
         if (code === 'ENOENT') {
-          this.logger.info(
-            { path: this.path },
-            this.settings
-              ? 'kube-proxy configuration file is gone; keeping the settings read before'
-              : 'no kube-proxy configuration file (the ConfigMap may not exist); flags and defaults apply',
+          // The ConfigMap may not exist: `keeping` says what applies.
+          this.logger.info({ path: this.path, keeping: this.keeping() }, 'No kube-proxy configuration file');
+        } else {
+          this.logger.error(
+            { path: this.path, err, keeping: this.keeping() },
+            'Failed to read the kube-proxy configuration',
           );
-        } else this.logger.error({ path: this.path, err }, 'cannot read the kube-proxy configuration');
+        }
       }
       return;
     }
@@ -287,10 +288,7 @@ export class KubeProxyConfigFollower {
       if (message !== this.lastError) {
         this.lastError = message;
         // The error in `err`, as every log line of the controller carries it.
-        this.logger.error(
-          { path: this.path, err },
-          `invalid kube-proxy configuration, keeping the ${this.settings ? 'settings read before' : 'flags and defaults'}`,
-        );
+        this.logger.error({ path: this.path, err, keeping: this.keeping() }, 'Invalid kube-proxy configuration');
       }
       return;
     }
@@ -298,8 +296,13 @@ export class KubeProxyConfigFollower {
     const changed = JSON.stringify(settings) !== JSON.stringify(this.settings);
     this.settings = settings;
     if (changed || first) {
-      this.logger.info({ path: this.path, settings }, 'read kube-proxy configuration');
+      this.logger.info({ path: this.path, settings }, 'Read the kube-proxy configuration');
       if (!first) this.onChange(settings);
     }
+  }
+
+  /** What applies while the file is missing or invalid: the settings read before, or flags and defaults. */
+  private keeping(): 'previousSettings' | 'flagsAndDefaults' {
+    return this.settings ? 'previousSettings' : 'flagsAndDefaults';
   }
 }

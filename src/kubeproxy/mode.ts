@@ -205,8 +205,8 @@ export class ModeMonitor {
     this.stable = verdict;
     this.candidate = undefined;
     this.options.logger.info(
-      { mode: verdict.mode, source: verdict.source, previous: previous?.mode },
-      `kube-proxy mode: ${verdict.mode} (${verdict.detail})`,
+      { mode: verdict.mode, source: verdict.source, detail: verdict.detail, previous: previous?.mode },
+      'Detected the kube-proxy mode',
     );
     this.options.onChange(verdict);
   }

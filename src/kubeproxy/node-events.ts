@@ -65,11 +65,8 @@ export class NodeStepAsideEvents implements ControllerObserver {
     } catch (err) {
       failure = err;
     }
-    this.logger.warn(
-      { err: failure },
-      code === 403
-        ? 'cannot record the Node Event: the service account may not create events (deploy/components/emit-events)'
-        : 'cannot record the Node Event',
-    );
+    const hint =
+      code === 403 ? 'grant the service account create on events (deploy/components/emit-events)' : undefined;
+    this.logger.warn({ err: failure, hint }, 'Failed to record the Node Event');
   }
 }

@@ -21,7 +21,7 @@ export class HealthService {
     logger: Logger,
   ) {
     this.api = new ApiReachability(Date.now, (resource, ms) =>
-      logger.info({ resource, failedForMs: ms }, `${resource} are listed and watched again`),
+      logger.info({ resource, failedForMs: ms }, 'Listing and watching again'),
     );
   }
 

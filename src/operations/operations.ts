@@ -42,7 +42,7 @@ export class Operations {
       throw err;
     }
     const addresses = ops.endpoints.map((e) => formatBindAddress(e.address));
-    if (addresses.length > 0) logger.info({ addresses }, 'serving /metrics, /healthz and /readyz');
+    if (addresses.length > 0) logger.info({ addresses }, 'Serving /metrics, /healthz and /readyz');
     return ops;
   }
 

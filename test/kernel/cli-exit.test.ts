@@ -67,7 +67,7 @@ describe('command line exits', function () {
       const [code, signal] = await exited;
       expect({ code, signal }, `${run.stdout}\n${run.stderr}`).to.deep.equal({ code: 0, signal: null });
       expect(
-        lines().some((l) => l.msg === 'stopping; the programmed rules stay in place' && l.signal === 'SIGTERM'),
+        lines().some((l) => l.msg === 'Stopping, the programmed rules stay in place' && l.signal === 'SIGTERM'),
       ).to.equal(true);
       expect(run.stderr).to.equal('');
     }
@@ -79,12 +79,17 @@ describe('command line exits', function () {
     try {
       // Four failed lists of Services: past the point where the event loop used to empty.
       const deadline = Date.now() + 60_000;
-      while (lines().filter((l) => l.msg === 'cannot list/watch services, keeping the last rules').length < 4) {
+      while (
+        lines().filter((l) => l.msg === 'Failed to list and watch, keeping the last rules' && l.resource === 'services')
+          .length < 4
+      ) {
         expect(run.child.exitCode, `exited while retrying:\n${run.stdout}\n${run.stderr}`).to.equal(null);
         expect(Date.now(), `too few retries:\n${run.stdout}`).to.be.below(deadline);
         await new Promise((r) => setTimeout(r, 100));
       }
-      const retry = lines().find((l) => l.msg === 'cannot list/watch services, keeping the last rules')!;
+      const retry = lines().find(
+        (l) => l.msg === 'Failed to list and watch, keeping the last rules' && l.resource === 'services',
+      )!;
       expect(retry).to.include({ level: 'warn', resource: 'services' });
       expect(retry.err.message).to.match(/ECONNREFUSED/);
       expect(run.child.exitCode).to.equal(null);
@@ -152,7 +157,7 @@ describe('command line exits', function () {
       expect(lines().at(-1)).to.include({
         level: 'warn',
         signal: 'SIGTERM',
-        msg: 'second stop request: exiting at once; the programmed rules stay in place',
+        msg: 'Second stop request, exiting at once, the programmed rules stay in place',
       });
     } finally {
       if (run.child.exitCode === null) run.child.kill('SIGKILL');

@@ -289,7 +289,7 @@ for (const backendCase of CASES) {
         { 'pod-v4': 'lb-path-v4', 'node-v4': 'lb-path-v4', 'pod-v6': 'lb-path-v6' },
         'after the deletion',
       );
-      expect(logLines.join('')).to.match(/deleted stale conntrack entries/);
+      expect(logLines.join('')).to.match(/"msg":"Deleted stale conntrack entries"/);
     });
 
     it('a restarted controller translates flows that ran untranslated while it was down', async () => {

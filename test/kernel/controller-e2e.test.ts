@@ -157,7 +157,7 @@ for (const backendName of ['nft', 'iptables'] as const)
       api.setUnavailable(true);
       await sleep(2500); // longer than --sync-period: full resyncs run from the last known caches
       expect(await probe(pod(), 'tcp', NEW_LB, 80)).to.equal('svc-a');
-      expect(output).to.match(/cannot list\/watch services, keeping the last rules/);
+      expect(output).to.match(/"resource":"services".*"msg":"Failed to list and watch, keeping the last rules"/);
       api.setUnavailable(false);
       api.apply(serviceObject(LB_V4));
       await eventually(() => probe(pod(), 'tcp', LB_V4, 80), 'svc-a', 'change after the API server returned');
@@ -174,7 +174,7 @@ for (const backendName of ['nft', 'iptables'] as const)
       await sleep(1000); // down: the rules stay in the kernel
       output = '';
       controller = startController();
-      await eventually(async () => (/caches synced/.test(output) ? 'synced' : 'waiting'), 'synced', 'restart');
+      await eventually(async () => (/"msg":"Caches synced"/.test(output) ? 'synced' : 'waiting'), 'synced', 'restart');
       await sleep(500);
       probing = false;
       await loop;

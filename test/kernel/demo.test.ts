@@ -144,6 +144,12 @@ describe('the demo (npm run demo)', function () {
     const metrics = await scrapeMetrics(`http://127.0.0.1:${metricsPort}`);
     expect(metrics.value('ipvs_node_controller_programmed_entries', { backend: 'nft', family: 'ipv4' })).to.equal(3);
 
+    // The controller's log, for a person: klog's text lines.
+    const controllerLog = readFileSync(join(dirname(kubeconfig!), 'controller.log'), 'utf8');
+    expect(controllerLog).to.match(
+      /^I\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ ipvs-node-controller\] "Caches synced" node="demo-node" services=2$/m,
+    );
+
     expect(await kubectl('delete', '-f', EXTRA)).to.match(/service "cart" deleted/);
     await outputMatching(/- 203\.0\.113\.11 tcp 8080 -> \S+\s+\(shop\/cart\)/, 'the rule removal');
 

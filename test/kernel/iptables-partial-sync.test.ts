@@ -51,7 +51,9 @@ for (const variant of ['legacy', 'nft'] as const) {
       expect(first.entries.ipv4).to.be.greaterThan(0);
       await backend.sync(model.update(SERVICES, NODE_INFO), { full: true });
       await backend.sync(model.update(SERVICES, NODE_INFO), { full: false });
-      const logged = logLines.filter((l) => l.includes('left out pod bridge interface'));
+      const logged = logLines.filter(
+        (l) => l.includes('"item":"pod bridge interface"') && l.includes('"msg":"Left out of the iptables rules"'),
+      );
       expect(logged).to.have.length(2);
       expect(logged[0]).to.include('read literally');
     });

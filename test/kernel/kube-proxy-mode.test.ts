@@ -197,7 +197,7 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
     const metrics = await get(METRICS_PORT, '/metrics');
     expect(metrics).to.match(/ipvs_node_controller_kube_proxy_mode\{mode="ipvs"\} 1/);
     expect(metrics).to.match(/ipvs_node_controller_stepped_aside 0/);
-    expect(output).to.match(/kube-proxy mode: ipvs/);
+    expect(output).to.match(/"mode":"ipvs",.*"msg":"Detected the kube-proxy mode"/);
     await stopController();
     await kubeProxy.leave('ipvs');
   });
@@ -226,7 +226,11 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
       const fromNode = await probe(undefined, 'tcp', LB, PORT);
       expect(fromPod, 'our DNAT to the unbound ClusterIP preempts kube-proxy').to.not.equal(ENDPOINT.name);
       expect(fromNode).to.not.equal(ENDPOINT.name);
-      expect(output).to.match(/translating anyway: --kube-proxy-step-aside=false/);
+      expect(output).to.match(
+        new RegExp(
+          `"kubeProxyMode":"${mode}",.*"kubeProxyStepAside":false,"msg":"Translating although kube-proxy is not in IPVS mode"`,
+        ),
+      );
     });
 
     it(`${mode} mode: the controller steps aside (rules removed, ready, metric, log, Node Event); pod and node -> LB IP reach the endpoint`, async () => {
@@ -250,7 +254,11 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
       const metrics = await get(METRICS_PORT, '/metrics');
       expect(metrics).to.match(new RegExp(`ipvs_node_controller_kube_proxy_mode\\{mode="${mode}"\\} 1`));
       expect(metrics).to.match(/ipvs_node_controller_stepped_aside 1/);
-      expect(output).to.match(/stepping aside, our rules are removed and nothing is programmed/);
+      expect(output).to.match(
+        new RegExp(
+          `"kubeProxyMode":"${mode}",.*"msg":"Stepped aside, our rules are removed and nothing is programmed"`,
+        ),
+      );
       const event = await until('a Node Event', async () =>
         api.list('Event').find((e) => (e as { reason?: string }).reason === 'SteppedAsideForKubeProxy'),
       );

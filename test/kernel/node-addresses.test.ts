@@ -95,8 +95,10 @@ for (const backend of TENANT_BACKENDS) {
       // 0.0.0.0, 224.0.0.1, 255.255.255.255 and the ingress 127.0.0.2 too: eight in all.
       expect(metrics.value('ipvs_node_controller_skipped_addresses', { reason: 'pointsAtNode' })).to.equal(8);
       expect(metrics.value('ipvs_node_controller_skipped_addresses', { reason: 'externalIpNotAllowed' })).to.equal(1);
-      expect(node.output).to.include(`"msg":"skipped: ${NODE_OWN} is one of the node's own addresses"`);
-      expect(node.output).to.include(`"msg":"skipped: ${METADATA} is a link-local address"`);
+      const skipped = (detail: string) =>
+        `"service":{"namespace":"tenant","name":"grabby"},"reason":"pointsAtNode","detail":"${detail}","msg":"Service address skipped"`;
+      expect(node.output).to.include(skipped(`${NODE_OWN} is one of the node's own addresses`));
+      expect(node.output).to.include(skipped(`${METADATA} is a link-local address`));
     });
 
     it("translates no spec.externalIPs when kube-proxy's AllowServiceExternalIPs gate is off", async () => {
@@ -108,7 +110,7 @@ for (const backend of TENANT_BACKENDS) {
       );
       node.startController(['--kube-proxy-config', config]);
       // The rules of the run before stay until this one's first sync.
-      await node.waitForOutput(/"msg":"synced"/);
+      await node.waitForOutput(/"msg":"Synced"/);
       await node.eventually(NORMAL.lb, 80, 'normal');
       expect(await node.probe(ALLOWED, 80)).to.equal(UNTRANSLATED);
       expect(await node.probe(OUTSIDE_RANGE, 80)).to.equal(UNTRANSLATED);

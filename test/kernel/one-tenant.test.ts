@@ -66,7 +66,7 @@ for (const backend of TENANT_BACKENDS) {
       node.api.apply(lbService(NEIGHBOUR.name, NEIGHBOUR.clusterIp, NEIGHBOUR.lb));
       node.startController(['--emit-events', ...extraFlags]);
       // The rules of the test before stay in place until this controller's first sync.
-      await node.waitForOutput(/"msg":"synced"/);
+      await node.waitForOutput(/"msg":"Synced"/);
       await node.eventually(NEIGHBOUR.lb, 80, NEIGHBOUR.name);
       const loop = await node.connectLoop(NEIGHBOUR.lb, 80, NEIGHBOUR.name, 20);
       const health = new HealthzWatch(node.healthzPort);
@@ -100,7 +100,9 @@ for (const backend of TENANT_BACKENDS) {
 
     it('refuses it whole with the default limits, says why, and the neighbour never notices', async function () {
       await bigServiceArrives([], () => skipped('tooManyEntries'));
-      expect(node.output).to.match(/"service":"tenant\/big".*"reason":"tooManyEntries"/);
+      expect(node.output).to.match(
+        /"service":\{"namespace":"tenant","name":"big"\},"reason":"tooManyEntries",.*"msg":"Service address skipped"/,
+      );
       expect(await node.probe('198.19.0.1', 1024)).to.equal(UNTRANSLATED);
       const ready = await node.readyz();
       expect(ready.status).to.equal(200);
@@ -119,7 +121,9 @@ for (const backend of TENANT_BACKENDS) {
       if (backend !== 'nft') {
         await bigServiceArrives(flags, () => skipped('overCapacity'));
         expect(await node.probe('198.19.0.1', 1024)).to.equal(UNTRANSLATED);
-        expect(node.output).to.match(/"service":"tenant\/big".*"reason":"overCapacity"/);
+        expect(node.output).to.match(
+          /"service":\{"namespace":"tenant","name":"big"\},"reason":"overCapacity",.*"msg":"Service address skipped"/,
+        );
       } else {
         const entries = 1 + BIG.addresses * BIG.ports;
         const programmed = () => node.output.includes(`"entries":{"ipv4":${entries},"ipv6":0}`);

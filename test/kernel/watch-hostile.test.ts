@@ -161,7 +161,7 @@ describe('controller against hostile and silent watch streams (CLI + API stand-i
     expect(running()).to.equal(true);
     // Logged once per watch stream, not once per line: the ERROR without a status ended the
     // first stream, so the ninth line was the first of the next one.
-    expect(output.match(/skipped a watch line that is not a watch event/g) ?? []).to.have.length(2);
+    expect(output.match(/Skipped a watch line that is not a watch event/g) ?? []).to.have.length(2);
   });
 
   it('counts watch lines that are not JSON in watch_decode_errors_total, and programs the change after them', async () => {
@@ -180,7 +180,7 @@ describe('controller against hostile and silent watch streams (CLI + API stand-i
     expect(kernelMap()).to.include('198.18.2.1 tcp 80 10.96.0.11');
     // Skipped on the same stream, logged once for it.
     expect(api.stats.watches.services ?? 0).to.equal(watches);
-    expect(output.match(/skipped a watch line that is not a watch event/g) ?? []).to.have.length(1);
+    expect(output.match(/Skipped a watch line that is not a watch event/g) ?? []).to.have.length(1);
     expect(output).to.include('not JSON: \\"<html>502 Bad Gateway</html>\\"');
   });
 
@@ -222,7 +222,9 @@ describe('controller against hostile and silent watch streams (CLI + API stand-i
     controller.stdout!.on('data', (d: Buffer) => (output += d.toString()));
     controller.stderr!.on('data', (d: Buffer) => (output += d.toString()));
     await waitFor(
-      () => (output.match(/cannot list\/watch services/g) ?? []).length >= 3 || !running(),
+      () =>
+        (output.match(/"resource":"services".*"msg":"Failed to list and watch, keeping the last rules"/g) ?? [])
+          .length >= 3 || !running(),
       'three retries',
     );
     expect(running(), 'still running and retrying').to.equal(true);

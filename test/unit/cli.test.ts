@@ -233,12 +233,44 @@ describe('command line', function () {
         .split('\n')
         .map((l) => JSON.parse(l) as Record<string, any>)
         .at(-1)!;
-      expect(fatal).to.include({ level: 'fatal', msg: 'exiting', exitCode: 1 });
+      expect(fatal).to.include({ level: 'fatal', msg: 'Exiting', exitCode: 1 });
       expect(fatal.err.message).to.equal(r.stderr.trim().replace(/^ipvs-node-controller: /, ''));
       expect(new Date(fatal.time).toISOString()).to.equal(fatal.time);
     } finally {
       held.close();
     }
+  });
+
+  it("--log-format=text: klog's text lines on stdout, the fatal one an F line with err and exitCode", async () => {
+    const kubeconfig = join(dir, 'kubeconfig-fatal-text');
+    writeUnreachableKubeconfig(kubeconfig);
+    const held = await heldPort();
+    try {
+      const r = await cli([
+        '--kubeconfig',
+        kubeconfig,
+        '--log-format=text',
+        `--metrics-bind-address=127.0.0.1:${held.port}`,
+        '--healthz-bind-address=',
+      ]);
+      expect(r.exitCode).to.equal(1);
+      const lines = r.stdout.trim().split('\n');
+      const header = /^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +(\d+) ipvs-node-controller\] "[A-Z][^"]*"/;
+      for (const line of lines) expect(line).to.match(header);
+      expect(lines[0]).to.match(/^I.* "Version info" node="[^"]+" version="[^"]+" /);
+      const message = r.stderr.trim().replace(/^ipvs-node-controller: /, '');
+      expect(lines.at(-1)).to.match(/^F\d{4} .*\] "Exiting" node="[^"]+" err="(.*)" exitCode=1$/);
+      expect(JSON.parse(/ err=("(?:[^"\\]|\\.)*")/.exec(lines.at(-1)!)![1]!)).to.equal(message);
+    } finally {
+      held.close();
+    }
+  });
+
+  it('--log-format accepts json and text only: anything else is a usage error, exit 2', async () => {
+    const r = await cli(['--log-format=yaml']);
+    expect(r.exitCode).to.equal(2);
+    expect(r.stderr.split('\n')[0]).to.match(/--log-format.*'yaml'.*json, text/);
+    expect(r.stdout).to.equal('');
   });
 
   it("--node-name that is not in --from-file: one line and exit 1, never another node's pod CIDRs", async () => {

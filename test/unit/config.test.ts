@@ -48,6 +48,18 @@ describe('flags', () => {
     expect(c.model.allowServiceExternalIPs).to.equal(true);
   });
 
+  it('--log-format: json by default, text on request, nothing else', () => {
+    expect(parseConfig([], { NODE_NAME: 'n' }).logFormat).to.equal('json');
+    expect(parseConfig(['--log-format=text'], { NODE_NAME: 'n' }).logFormat).to.equal('text');
+    expect(parseConfig(['--log-format', 'json'], { NODE_NAME: 'n' }).logFormat).to.equal('json');
+    fails(
+      ['--log-format=yaml'],
+      /^option '--log-format <format>' argument 'yaml' is invalid\. Allowed choices are json, text\.$/,
+    );
+    fails(['--log-format=JSON'], /Allowed choices are json, text/);
+    fails(['--log-format='], /Allowed choices are json, text/);
+  });
+
   it('reads the limits and the allowed external IP ranges', () => {
     const c = parseConfig(
       [

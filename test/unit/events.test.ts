@@ -144,7 +144,10 @@ describe('Service Events', function () {
     // The first one is in flight at once (and dropped: no such Service), two wait, the rest are dropped.
     expect(events()).to.have.lengthOf(2);
     expect(logLines).to.have.lengthOf(1);
-    expect(JSON.parse(logLines[0]!).msg).to.match(/^too many Events at once/);
+    expect(JSON.parse(logLines[0]!)).to.include({
+      msg: 'Too many Events at once, further ones are not recorded',
+      maxQueued: 2,
+    });
   });
 
   it('shows up in kubectl describe service', async () => {

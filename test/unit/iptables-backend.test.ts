@@ -240,7 +240,13 @@ for (const variant of ['legacy', 'nft'] as const) {
       const again = await backend.sync(desired, { full: false });
       expect(again.mode).to.equal('noop');
       expect(again.rejected).to.deep.equal(first.rejected);
-      expect(lines.filter((l) => l.includes('left out pod bridge interface'))).to.have.length(2);
+      const leftOut = lines
+        .map((l) => JSON.parse(l) as Record<string, unknown>)
+        .filter((l) => l.item === 'pod bridge interface');
+      expect(leftOut.map((l) => [l.msg, l.family])).to.have.deep.members([
+        ['Left out of the iptables rules', 'ipv4'],
+        ['Left out of the iptables rules', 'ipv6'],
+      ]);
     });
 
     it('a bad entry costs only its own rules', async () => {

@@ -307,17 +307,26 @@ describe('kube-proxy configuration: following the file', function () {
       expect(seen[0]).to.deep.equal({ mode: 'nftables', masqueradeBit: 14, ...cidr });
 
       swapIn(path, 'mode: nftables\niptables: {masqueradeBit: 99}\n');
-      await until(() => lines.some((l) => l.includes('invalid kube-proxy configuration')));
+      await until(() => lines.some((l) => l.includes('Invalid kube-proxy configuration')));
       await sleep(100); // several more polls of the same bad file
-      expect(lines.filter((l) => l.includes('invalid kube-proxy configuration'))).to.have.length(1);
-      const line = JSON.parse(lines.find((l) => l.includes('invalid'))!) as { msg: string; err: { message: string } };
-      expect(line.msg).to.equal('invalid kube-proxy configuration, keeping the settings read before');
+      expect(lines.filter((l) => l.includes('Invalid kube-proxy configuration'))).to.have.length(1);
+      const line = JSON.parse(lines.find((l) => l.includes('Invalid'))!) as {
+        msg: string;
+        keeping: string;
+        err: { message: string };
+      };
+      expect(line.msg).to.equal('Invalid kube-proxy configuration');
+      expect(line.keeping).to.equal('previousSettings');
       expect(line.err.message).to.match(/iptables\.masqueradeBit: 99 must be an integer from 0 to 31/);
       expect(follower.current).to.deep.equal({ mode: 'nftables', masqueradeBit: 14, ...cidr });
       expect(seen).to.have.length(1);
 
       rmSync(path);
-      await until(() => lines.some((l) => l.includes('file is gone')));
+      const gone = () =>
+        lines
+          .map((l) => JSON.parse(l) as Record<string, unknown>)
+          .find((l) => l.msg === 'No kube-proxy configuration file' && l.keeping === 'previousSettings');
+      await until(() => gone() !== undefined);
       expect(follower.current).to.deep.equal({ mode: 'nftables', masqueradeBit: 14, ...cidr });
 
       swapIn(path, 'mode: ipvs\niptables: {masqueradeBit: 13}\n');

@@ -281,7 +281,7 @@ export class IptablesBackend implements Backend {
     if (key === this.reportedRejections) return;
     this.reportedRejections = key;
     for (const r of rejected) {
-      this.options.logger?.warn({ family: r.family }, `iptables: left out ${r.item}: ${r.reason}`);
+      this.options.logger?.warn({ family: r.family, item: r.item, reason: r.reason }, 'Left out of the iptables rules');
     }
   }
 

@@ -91,7 +91,7 @@ export class JumpGuard {
       } catch (err) {
         const message = `${family}: ${(err as Error).message}`;
         if (message !== this.lastError) {
-          this.options.logger?.warn(`could not check or repair our jumps in nat PREROUTING/OUTPUT: ${message}`);
+          this.options.logger?.warn({ family, err }, 'Failed to check or repair our jumps in nat PREROUTING/OUTPUT');
         }
         this.lastError = message;
       }
@@ -117,7 +117,7 @@ export class JumpGuard {
       this.repairs++;
       this.options.logger?.info(
         { family },
-        'another writer displaced our jump from rule 1 of nat PREROUTING/OUTPUT; moved it back',
+        'Moved our jump back to rule 1 of nat PREROUTING/OUTPUT, another writer had displaced it',
       );
       this.options.onRepair?.(family);
     });

@@ -58,7 +58,7 @@ export interface ControllerStatus {
   lastSuccessfulSyncAt?: number;
   /** Date.now() when the last sync ended, successful or not: the loop is alive. */
   lastSyncEndedAt?: number;
-  /** Date.now() when the sync under way started, if one is. */
+  /** Date.now() when the oldest sync under way started, if one is. */
   syncStartedAt?: number;
   /** Services not translated because of a limit, per reason (tooManyEntries, overCapacity). */
   servicesOverLimits?: Partial<Record<'tooManyEntries' | 'overCapacity', number>>;
@@ -117,6 +117,8 @@ export class Controller {
   private programmed: DesiredState | undefined;
   private readonly conntrack: ConntrackCleaner | undefined;
   readonly status: ControllerStatus = { cachesSynced: false, localPodMatchProblems: [] };
+  /** The syncs under way: a partial sync may run beside a full one. */
+  private readonly syncsUnderWay = new Set<{ startedAt: number }>();
 
   constructor(private readonly options: ControllerOptions) {
     this.model = this.newModel(options.model);
@@ -228,7 +230,9 @@ export class Controller {
 
   private async sync(info: SyncRequestInfo): Promise<void> {
     const { backend, logger, observer } = this.options;
-    this.status.syncStartedAt = Date.now();
+    const underWay = { startedAt: Date.now() };
+    this.syncsUnderWay.add(underWay);
+    this.status.syncStartedAt = this.oldestSyncStart();
     const started = performance.now();
     const report: SyncReport = { backend: backend.name, requested: info.full ? 'full' : 'partial', durationMs: 0 };
     try {
@@ -285,10 +289,17 @@ export class Controller {
       report.error = err instanceof Error ? err : new Error(String(err));
       throw report.error;
     } finally {
-      this.status.syncStartedAt = undefined;
+      this.syncsUnderWay.delete(underWay);
+      this.status.syncStartedAt = this.oldestSyncStart();
       this.status.lastSyncEndedAt = Date.now();
       observer?.onSync?.(report);
     }
+  }
+
+  private oldestSyncStart(): number | undefined {
+    let oldest: number | undefined;
+    for (const s of this.syncsUnderWay) oldest = Math.min(oldest ?? s.startedAt, s.startedAt);
+    return oldest;
   }
 
   /**

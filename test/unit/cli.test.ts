@@ -214,56 +214,49 @@ describe('command line', function () {
     );
   });
 
-  it('a fatal error of a run is a JSON log line on stdout and one plain line on stderr, exit 1', async () => {
-    const kubeconfig = join(dir, 'kubeconfig-fatal');
+  /** A run that cannot bind its metrics port (another holds it): a fatal error, exit 1. */
+  async function runWithMetricsPortTaken(name: string, args: string[] = []) {
+    const kubeconfig = join(dir, name);
     writeUnreachableKubeconfig(kubeconfig);
     const held = await heldPort();
     try {
-      const r = await cli([
+      return await cli([
         '--kubeconfig',
         kubeconfig,
+        ...args,
         `--metrics-bind-address=127.0.0.1:${held.port}`,
         '--healthz-bind-address=',
       ]);
-      expect(r.exitCode).to.equal(1);
-      expect(r.stderr.trim().split('\n')).to.have.length(1);
-      expect(r.stderr).to.match(/^ipvs-node-controller: .*(EADDRINUSE|in use)/);
-      const fatal = r.stdout
-        .trim()
-        .split('\n')
-        .map((l) => JSON.parse(l) as Record<string, any>)
-        .at(-1)!;
-      expect(fatal).to.include({ level: 'fatal', msg: 'Exiting', exitCode: 1 });
-      expect(fatal.err.message).to.equal(r.stderr.trim().replace(/^ipvs-node-controller: /, ''));
-      expect(new Date(fatal.time).toISOString()).to.equal(fatal.time);
     } finally {
       held.close();
     }
+  }
+
+  it('a fatal error of a run is a JSON log line on stdout and one plain line on stderr, exit 1', async () => {
+    const r = await runWithMetricsPortTaken('kubeconfig-fatal');
+    expect(r.exitCode).to.equal(1);
+    expect(r.stderr.trim().split('\n')).to.have.length(1);
+    expect(r.stderr).to.match(/^ipvs-node-controller: .*(EADDRINUSE|in use)/);
+    const fatal = r.stdout
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Record<string, any>)
+      .at(-1)!;
+    expect(fatal).to.include({ level: 'fatal', msg: 'Exiting', exitCode: 1 });
+    expect(fatal.err.message).to.equal(r.stderr.trim().replace(/^ipvs-node-controller: /, ''));
+    expect(new Date(fatal.time).toISOString()).to.equal(fatal.time);
   });
 
   it("--log-format=text: klog's text lines on stdout, the fatal one an F line with err and exitCode", async () => {
-    const kubeconfig = join(dir, 'kubeconfig-fatal-text');
-    writeUnreachableKubeconfig(kubeconfig);
-    const held = await heldPort();
-    try {
-      const r = await cli([
-        '--kubeconfig',
-        kubeconfig,
-        '--log-format=text',
-        `--metrics-bind-address=127.0.0.1:${held.port}`,
-        '--healthz-bind-address=',
-      ]);
-      expect(r.exitCode).to.equal(1);
-      const lines = r.stdout.trim().split('\n');
-      const header = /^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +(\d+) ipvs-node-controller\] "[A-Z][^"]*"/;
-      for (const line of lines) expect(line).to.match(header);
-      expect(lines[0]).to.match(/^I.* "Version info" node="[^"]+" version="[^"]+" /);
-      const message = r.stderr.trim().replace(/^ipvs-node-controller: /, '');
-      expect(lines.at(-1)).to.match(/^F\d{4} .*\] "Exiting" node="[^"]+" err="(.*)" exitCode=1$/);
-      expect(JSON.parse(/ err=("(?:[^"\\]|\\.)*")/.exec(lines.at(-1)!)![1]!)).to.equal(message);
-    } finally {
-      held.close();
-    }
+    const r = await runWithMetricsPortTaken('kubeconfig-fatal-text', ['--log-format=text']);
+    expect(r.exitCode).to.equal(1);
+    const lines = r.stdout.trim().split('\n');
+    const header = /^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +(\d+) ipvs-node-controller\] "[A-Z][^"]*"/;
+    for (const line of lines) expect(line).to.match(header);
+    expect(lines[0]).to.match(/^I.* "Version info" node="[^"]+" version="[^"]+" /);
+    const message = r.stderr.trim().replace(/^ipvs-node-controller: /, '');
+    expect(lines.at(-1)).to.match(/^F\d{4} .*\] "Exiting" node="[^"]+" err="(.*)" exitCode=1$/);
+    expect(JSON.parse(/ err=("(?:[^"\\]|\\.)*")/.exec(lines.at(-1)!)![1]!)).to.equal(message);
   });
 
   it('--log-format accepts json and text only: anything else is a usage error, exit 2', async () => {

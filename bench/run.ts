@@ -29,7 +29,8 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { loadNftAddon } from '../src/backends/nft/addon-executor.js';
 import { NftCliExecutor } from '../src/backends/nft/executor.js';
-import { nftDocument, renderFullSyncJson, renderMapChangesJson } from '../src/backends/nft/render.js';
+import { desiredTable, mapChanges, mapElement, writeTable } from '../src/backends/nft/render.js';
+import { Transaction } from '../src/backends/nft/objects.js';
 import { toNodeInfo, toServiceInfo } from '../src/kube/objects.js';
 import { buildDesiredState } from '../src/model/desired-state.js';
 import { FAMILIES, type Entry, type ModelConfig } from '../src/model/types.js';
@@ -285,7 +286,8 @@ class Bench {
       .map(toServiceInfo)
       .filter((s) => s !== undefined);
     const desired = buildDesiredState(services, toNodeInfo(benchNode()), BENCH_MODEL);
-    const document = nftDocument(FAMILIES.flatMap((f) => renderFullSyncJson(f, desired[f], desired.masqueradeMark)));
+    const document = new Transaction();
+    for (const f of FAMILIES) writeTable(document, desiredTable(f, desired[f], desired.masqueradeMark));
     const run = executor === 'addon' ? loadNftAddon().executor : new NftCliExecutor();
     if (!run) throw new Error('the nftables addon does not load');
     const times: number[] = [];
@@ -379,10 +381,9 @@ class Bench {
         const element: Entry = { ...FLOOR_ENTRY, externalIp: floorIp(k) };
         // The element written before is added again first (a no-op when it is there): a resync of
         // the controller removes elements it did not write.
-        const document = nftDocument([
-          ...(written ? renderMapChangesJson('ipv4', [], [written]) : []),
-          ...renderMapChangesJson('ipv4', written ? [written] : [], [element]),
-        ]);
+        const document = new Transaction();
+        if (written) mapChanges(document, 'ipv4', [], [mapElement(written)]);
+        mapChanges(document, 'ipv4', written ? [mapElement(written)] : [], [mapElement(element)]);
         const floorSeen = monitor.elementAdded(element.externalIp, 10_000);
         const writtenAt = performance.now();
         await addon.run(document);
@@ -391,9 +392,8 @@ class Bench {
         await sleep(10 + Math.floor(random() * 20));
       }
       if (written) {
-        await addon.run(
-          nftDocument([...renderMapChangesJson('ipv4', [], [written]), ...renderMapChangesJson('ipv4', [written], [])]),
-        );
+        const again = mapChanges(new Transaction(), 'ipv4', [], [mapElement(written)]);
+        await addon.run(mapChanges(again, 'ipv4', [mapElement(written)], []));
       }
     } finally {
       await monitor.stop();

@@ -18,7 +18,8 @@ import {
   selectBackend,
   type BackendSettings,
 } from '../backends/registry.js';
-import { entryLimit, type Backend } from '../backends/backend.js';
+import { entryLimit } from '../reconciler/driver.js';
+import type { Reconciler } from '../reconciler/reconciler.js';
 import { Controller } from '../controller.js';
 import { buildDesiredState } from '../model/desired-state.js';
 import type { DesiredState, NodeInfo, ServiceInfo } from '../model/types.js';
@@ -272,7 +273,7 @@ function backendSettings(config: Config, logger?: Logger): BackendSettings {
   return { nftExecutor: config.nftExecutor, cgroupPath: config.cgroupPath, bpffsPath: config.bpffsPath, logger };
 }
 
-async function createBackend(config: Config, logger: Logger): Promise<Backend> {
+async function createBackend(config: Config, logger: Logger): Promise<Reconciler> {
   let selected;
   try {
     selected = await selectBackend(config.backend, backendSettings(config, logger));
@@ -297,7 +298,7 @@ async function cleanup(config: Config, logger: Logger): Promise<number> {
 }
 
 /** After the first successful sync: remove what other backends left, so a node never carries two. */
-async function removeOtherBackends(config: Config, backend: Backend, logger: Logger): Promise<void> {
+async function removeOtherBackends(config: Config, backend: Reconciler, logger: Logger): Promise<void> {
   try {
     const checked = await removeLeftovers(describeBackend(backend), backendSettings(config));
     logger.debug({ checked }, 'Removed leftovers of other backends');

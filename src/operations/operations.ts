@@ -4,7 +4,7 @@
 
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import type { Backend } from '../backends/backend.js';
+import type { Reconciler } from '../reconciler/reconciler.js';
 import type { Config } from '../config/options.js';
 import type { Controller, ControllerObserver } from '../controller.js';
 import type { ServiceEventRecorder } from '../events/service-events.js';
@@ -46,7 +46,7 @@ export class Operations {
     return ops;
   }
 
-  describeBackend(backend: Backend): void {
+  describeBackend(backend: Reconciler): void {
     this.metricsService.describeBackend(backend);
   }
 

@@ -2,8 +2,9 @@
 // also right after a change (the model's `changes` differ then), and logs each entry it leaves
 // out once per change of them. Both variants, on the kernel.
 
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
-import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
+import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { DesiredStateModel } from '../../src/model/desired-state.js';
 import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
 import { CONFIG, NODE_INFO, SERVICES } from './scenario.js';
@@ -14,11 +15,11 @@ for (const variant of ['legacy', 'nft'] as const) {
     this.timeout(30_000);
     const logLines: string[] = [];
     const logger = linesLogger(logLines);
-    let backend: IptablesBackend;
+    let backend: Reconciler;
 
     before(() => {
       assertIsolatedNetns();
-      backend = new IptablesBackend(variant, { logger, jumpCheckIntervalMs: 0 });
+      backend = new Reconciler(new IptablesDriver(variant, { logger, jumpCheckIntervalMs: 0 }));
     });
     after(async () => {
       await backend.cleanup();
@@ -44,7 +45,7 @@ for (const variant of ['legacy', 'nft'] as const) {
       const model = new DesiredStateModel(config);
       logLines.length = 0;
       const first = await backend.sync(model.update(SERVICES, NODE_INFO), { full: true });
-      expect(first.rejected.map((r) => `${r.family} ${r.item}`)).to.deep.equal([
+      expect((backend.driver as IptablesDriver).rejected.map((r) => `${r.family} ${r.item}`)).to.deep.equal([
         'ipv4 pod bridge interface',
         'ipv6 pod bridge interface',
       ]);

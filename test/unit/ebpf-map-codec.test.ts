@@ -16,7 +16,7 @@ import {
   type MapChanges,
   type MapEntry,
 } from '../../src/backends/ebpf/map-codec.js';
-import { diffByKey, entryKey } from '../../src/backends/element-storage.js';
+import { diffByKey, entryKey } from '../../src/reconciler/element-storage.js';
 import type { Entry } from '../../src/model/types.js';
 
 /**

@@ -7,10 +7,10 @@
 
 import type { Logger } from 'pino';
 import type { Family } from '../../model/types.js';
-import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './apply.js';
+import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './executor.js';
 import { JUMPS } from './parse.js';
 import { renderJumpRepairs } from './render.js';
-import { readJumpView } from './iptables-backend.js';
+import { readJumpView } from './nat-view.js';
 
 /**
  * A round takes at most this share of the time: iptables-legacy reads and parses the whole nat

@@ -4,9 +4,9 @@
 
 import type { Family } from '../../model/types.js';
 import { isOurRule } from './parse.js';
-import { IptablesCommands, IptablesToolMissing, systemIptablesRunner, type IptablesVariant } from './apply.js';
+import { IptablesCommands, IptablesToolMissing, systemIptablesRunner, type IptablesVariant } from './executor.js';
 
-export { IPTABLES_VARIANTS, variantCommand, type IptablesVariant } from './apply.js';
+export { IPTABLES_VARIANTS, variantCommand, type IptablesVariant } from './executor.js';
 
 /** Chains the kubelet creates in the mangle table of the variant it uses (KEP-3178). */
 const KUBELET_HINT_CHAINS = ['KUBE-IPTABLES-HINT', 'KUBE-KUBELET-CANARY'];

@@ -12,6 +12,7 @@ import {
   type NftCommit,
   type NftExecutor,
 } from './executor.js';
+import { JsonWriter, type Transaction } from './objects.js';
 
 /** What native/nftables_addon.cc exports. */
 export interface NftablesAddon {
@@ -50,6 +51,7 @@ function asNftError(err: unknown): NftError {
 
 export class NftAddonExecutor implements NftExecutor {
   readonly kind = 'addon' as const;
+  private readonly json = new JsonWriter();
   constructor(
     private readonly addon: NftablesAddon,
     /** A longer listing is an error (listingTooLarge): no string is made of it. */
@@ -60,10 +62,10 @@ export class NftAddonExecutor implements NftExecutor {
     return this.addon.version;
   }
 
-  async run(json: string): Promise<NftCommit> {
+  async run(tx: Transaction): Promise<NftCommit> {
     let result;
     try {
-      result = await this.addon.run(json);
+      result = await this.addon.run(this.json.document(tx));
     } catch (err) {
       throw asNftError(err);
     }
@@ -80,9 +82,9 @@ export class NftAddonExecutor implements NftExecutor {
     await this.addon.releaseMemory();
   }
 
-  async check(json: string): Promise<void> {
+  async check(tx: Transaction): Promise<void> {
     try {
-      await this.addon.check(json);
+      await this.addon.check(this.json.document(tx));
     } catch (err) {
       throw asNftError(err);
     }

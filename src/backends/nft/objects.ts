@@ -280,36 +280,6 @@ function chainSpecText(base: BaseChainSpec): string {
   return `type ${base.type} hook ${base.hook} priority ${base.priority}; policy ${base.policy};`;
 }
 
-/** A transaction as `nft -f` input, one command per line. */
-export function transactionText(tx: Transaction): string {
-  const lines = tx.operations.map(({ verb, object: o }) => {
-    switch (o.kind) {
-      case 'table':
-        return `${verb} table ${o.family} ${o.name}${verb === 'add' && o.comment ? ` { comment ${quote(o.comment)}; }` : ''}`;
-      case 'chain':
-        return `${verb} chain ${o.family} ${o.table} ${o.name}${verb === 'add' && o.base ? ` { ${chainSpecText(o.base)} }` : ''}`;
-      case 'rule':
-        return `${verb} rule ${o.family} ${o.table} ${o.chain} ${ruleText(o)}`;
-      case 'set': {
-        if (verb !== 'add') return `${verb} set ${o.family} ${o.table} ${o.name}`;
-        const flags = o.flags ? ` flags ${o.flags.join(',')};` : '';
-        const comment = o.comment ? ` comment ${quote(o.comment)};` : '';
-        return `add set ${o.family} ${o.table} ${o.name} { type ${o.type};${flags}${comment} }`;
-      }
-      case 'map': {
-        if (verb !== 'add') return `${verb} map ${o.family} ${o.table} ${o.name}`;
-        const comment = o.comment ? ` comment ${quote(o.comment)};` : '';
-        return `add map ${o.family} ${o.table} ${o.name} { type ${o.type.join(' . ')} : ${o.data};${comment} }`;
-      }
-      case 'element': {
-        const items = verb === 'delete' && o.map ? o.elements.map((e) => e.key.join(' . ')) : elementsText(o);
-        return `${verb} element ${o.family} ${o.table} ${o.set} { ${items.join(', ')} }`;
-      }
-    }
-  });
-  return lines.join('\n') + '\n';
-}
-
 /** The contents of one table, as `nft list table` shows them (with elements). */
 export interface TableContents {
   table: TableObject;

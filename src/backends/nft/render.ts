@@ -3,16 +3,14 @@
 // executor applies and the text --dry-run prints are both written from these objects
 // (objects.ts). Pure: no I/O.
 
-import type { DesiredState, Entry, Family, FamilyState } from '../../model/types.js';
+import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
 import {
-  JsonWriter,
-  Transaction,
   tableText,
+  type Transaction,
   type ChainObject,
   type ElementObject,
   type MapElement,
   type MapObject,
-  type NftCommand,
   type NftFamily,
   type RuleObject,
   type SetObject,
@@ -21,7 +19,7 @@ import {
   type TableObject,
 } from './objects.js';
 
-export type { NftCommand, NftFamily } from './objects.js';
+export type { NftFamily } from './objects.js';
 
 export const TABLE_NAME = 'ipvs-node-controller';
 export const MAP_NAME = 'external-ip-to-cluster-ip';
@@ -232,33 +230,7 @@ export function deleteTables(tx: Transaction, families: readonly Family[]): Tran
   return tx;
 }
 
-// ---- documents and text -----------------------------------------------------------------------
-
-const json = new JsonWriter();
-
-export function nftDocument(commands: NftCommand[]): string {
-  return JSON.stringify({ nftables: commands });
-}
-
-/** The full sync of one family as JSON commands (what a first sync applies). */
-export function renderFullSyncJson(family: Family, state: FamilyState, masqueradeMark: number): NftCommand[] {
-  return json.commands(writeTable(new Transaction(), desiredTable(family, state, masqueradeMark)));
-}
-
-/** Map changes as JSON commands. */
-export function renderMapChangesJson(family: Family, removed: Entry[], added: Entry[]): NftCommand[] {
-  return json.commands(mapChanges(new Transaction(), family, removed.map(mapElement), added.map(mapElement)));
-}
-
-export function renderDeleteTablesJson(families: readonly Family[]): NftCommand[] {
-  return json.commands(deleteTables(new Transaction(), families));
-}
-
-/** The table of one family as `nft -f` input (what `nft list table` would show, with elements). */
-export function renderFamilyText(family: Family, state: FamilyState, masqueradeMark: number): string {
-  return tableText(desiredTable(family, state, masqueradeMark));
-}
-
+/** What --dry-run prints: both tables as `nft -f` input (what `nft list table` would show, with elements). */
 export function renderDesiredStateText(desired: DesiredState): string {
-  return (['ipv4', 'ipv6'] as const).map((f) => renderFamilyText(f, desired[f], desired.masqueradeMark)).join('\n');
+  return FAMILIES.map((f) => tableText(desiredTable(f, desired[f], desired.masqueradeMark))).join('\n');
 }

@@ -15,8 +15,8 @@ import { parseDuration } from './duration.js';
 import type { KubeProxyModelSetting, SettingSource } from '../kubeproxy/config.js';
 import { buildInfo } from '../build-info/version.js';
 import { LOG_FORMATS, type LogFormat } from '../log.js';
+import type { BackendChoice } from '../backends/registry.js';
 
-export type BackendChoice = 'auto' | 'nft' | 'iptables' | 'ebpf';
 export type NftExecutorChoice = 'auto' | 'addon' | 'cli';
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error';
 

@@ -23,7 +23,7 @@ import { DesiredStateModel } from '../../src/model/desired-state.js';
 import type { DesiredState, Entry, Family, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
 import { rejectionOf } from '../support/assertions.js';
-import { CONFIG, churnServices, seededRandom } from '../support/fixtures.js';
+import { CONFIG, churnServiceMaker, churnServices, seededRandom } from '../support/fixtures.js';
 
 const PEER = fileURLToPath(new URL('./ebpf-peer.js', import.meta.url));
 const TAG = `inc${process.pid}`;
@@ -492,23 +492,11 @@ describe('ebpf backend on the kernel', function () {
 
   it('partial syncs driven by the model keep the maps equal to the desired entries through random changes', async function () {
     const rnd = seededRandom(11);
-    let serial = 0;
-    const makeService = (): ServiceInfo => {
-      const i = serial++;
-      const v6 = rnd() < 0.3;
-      return {
-        namespace: `ns-${i % 3}`,
-        name: `svc-${i}`,
-        creationTimestamp: `2024-01-0${1 + Math.floor(rnd() * 5)}T00:00:00Z`,
-        type: 'LoadBalancer',
-        clusterIPs: [`10.97.${i >> 8}.${i & 255}`, `fd00:97::${i.toString(16)}`],
-        ports: [{ port: 80 + Math.floor(rnd() * 3), protocol: rnd() < 0.8 ? 'TCP' : 'UDP' }],
-        // A small pool of addresses: Services collide and take keys over from each other.
-        ingress: [
-          { ip: v6 ? `2001:db8:1::${Math.floor(rnd() * 60).toString(16)}` : `198.18.0.${Math.floor(rnd() * 150)}` },
-        ],
-      };
-    };
+    const makeService = churnServiceMaker(rnd, {
+      clusterV4: '10.97',
+      clusterV6: 'fd00:97::',
+      ingressV6: '2001:db8:1::',
+    });
     const model = new DesiredStateModel(CONFIG);
     let services = Array.from({ length: 200 }, makeService);
     let partial = 0;

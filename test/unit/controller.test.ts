@@ -86,7 +86,7 @@ interface Rig {
   conntrack: RecordingConntrack;
   reports: SyncReport[];
   /** Waits until `n` syncs ended in all. */
-  syncs(n: number): Promise<SyncReport>;
+  syncs: (n: number) => Promise<SyncReport>;
 }
 
 const running: Controller[] = [];

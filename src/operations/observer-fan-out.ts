@@ -1,4 +1,5 @@
-// The controller and each informer take one observer; these pass every hook on to several.
+// Event fan-out: the controller and each informer take one observer; these pass every hook on
+// to several (metrics, health, Events, the CLI's own logging).
 
 import type { ControllerObserver } from '../controller.js';
 import type { InformerObserver } from '../kube/informer.js';

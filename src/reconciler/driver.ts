@@ -95,8 +95,8 @@ export type DriverOperation =
   | { kind: 'writeShape'; family: Family; shape: FamilyShape; remove: readonly KernelElement[]; add: readonly Entry[] }
   /** Element changes only: removals, then additions (a driver without transactions adds first). */
   | { kind: 'elements'; family: Family; remove: readonly KernelElement[]; add: readonly Entry[] }
-  /** Parts of the shape (as readBack named them) written again. */
-  | { kind: 'repairShape'; family: Family; shape: FamilyShape; parts: readonly string[] }
+  /** Parts of the shape (as readBack named them) written again; `entries` are those programmed. */
+  | { kind: 'repairShape'; family: Family; shape: FamilyShape; parts: readonly string[]; entries: readonly Entry[] }
   /** The last resort: our objects of the family removed and written anew. */
   | { kind: 'replaceFamily'; family: Family; state: FamilyState; masqueradeMark: number }
   /** Every object of ours, in every family. */

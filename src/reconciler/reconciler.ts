@@ -249,6 +249,8 @@ export class Reconciler {
       this.trustedAt.clear();
       throw err;
     }
+    // Nothing committed (the kernel held it already): what was trusted still is.
+    if (applied.unchanged) return applied;
     const g = applied.generations;
     const oursAlone = g !== undefined && g.after === g.before + 1;
     for (const family of FAMILIES) {
@@ -284,7 +286,9 @@ export class Reconciler {
     const changes = before.elements.changesTo(state);
     if (!isEmpty(changes)) {
       try {
-        await this.apply([{ kind: 'elements', family, remove: changes.removed, add: changes.added }]);
+        const applied = await this.apply([{ kind: 'elements', family, remove: changes.removed, add: changes.added }]);
+        const leftOut = applied.leftOut?.[family];
+        if (leftOut !== undefined) before.leftOut = leftOut;
       } catch {
         this.programmed.delete(family);
         return undefined;
@@ -419,7 +423,7 @@ export class Reconciler {
       const { remove, add } = repairs(read, written);
       const operations: DriverOperation[] = [];
       if (read.shapeDrift.length > 0) {
-        operations.push({ kind: 'repairShape', family, shape: now.shape, parts: read.shapeDrift });
+        operations.push({ kind: 'repairShape', family, shape: now.shape, parts: read.shapeDrift, entries: snapshot });
       }
       if (remove.length > 0 || add.length > 0) operations.push({ kind: 'elements', family, remove, add });
       const listedAt = read.generation;

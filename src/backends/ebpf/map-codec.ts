@@ -208,15 +208,3 @@ export function elementWrites(changes: { removed: readonly Entry[]; added: reado
   }
   return { upserts, deletes: [...removedByKey.values()] };
 }
-
-/** The map element an entry becomes. */
-export function toMapEntry(e: Entry): MapEntry {
-  return {
-    family: e.family,
-    externalIp: e.externalIp,
-    protocol: e.protocol,
-    port: e.port,
-    clusterIp: e.clusterIp,
-    clusterPort: e.port,
-  };
-}

@@ -1,33 +1,48 @@
 // The iptables driver: chains IPVS_PREROUTING and IPVS_OUTPUT in the nat table of one iptables
-// variant (legacy or nft), for IPv4 (iptables) and IPv6 (ip6tables). A family is written as our
-// two chains rewritten and the jump rules repaired, in one `-restore --noflush` transaction; the
-// xtables lock (-w) keeps kube-proxy's own restores and ours from interleaving. With
-// iptables-legacy the whole nat table is read anyway, so a table that already holds exactly our
-// rules is left as it is (no rewrite, counters kept); iptables-nft is not read that far (listing
-// a large chain costs as much as writing it) and is rewritten on every full sync.
+// variant (legacy or nft), for IPv4 (iptables) and IPv6 (ip6tables), each write one
+// `-restore --noflush` transaction per family; the xtables lock (-w) keeps kube-proxy's own
+// restores and ours from interleaving.
+//
+// - A family written whole declares our chains (so flushes them), writes their rules and repairs
+//   the jump rules. With iptables-legacy the whole nat table is read anyway, so a table that
+//   already holds exactly our rules is left as it is (no rewrite, counters kept).
+// - Element changes are single-rule deletes and appends (render.ts renderPartialRestore).
+// - A read back lists our chains and the jumps and names what differs: 'chains' (written whole
+//   again) or 'jumps' (moved back to rule 1).
+// - With iptables-nft every commit bumps the nf_tables ruleset generation, read around each of
+//   ours: the reconciler trusts a family while every commit since it was exact was ours.
 // Between syncs a jump guard (jump-guard.ts) keeps our jumps at rule 1 when another writer
 // prepends its own.
 
 import type { Logger } from 'pino';
-import { FAMILIES, type Family, type FamilyState } from '../../model/types.js';
+import { FAMILIES, type Entry, type Family, type FamilyState, type LocalPodMatch } from '../../model/types.js';
 import type {
   Applied,
   Driver,
   DriverCapabilities,
   DriverOperation,
   EntryCapacity,
+  FamilyShape,
   ProbeResult,
   ReadBack,
 } from '../../reconciler/driver.js';
 import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './executor.js';
-import { emptyNatTable } from './parse.js';
-import { renderFamilyRestore, type Rejection } from './render.js';
+import { KUBE_MARK_MASQ, OUR_CHAINS, emptyNatTable, parseNatSave, type NatTableView } from './parse.js';
+import {
+  chainsHold,
+  entryLabel,
+  renderChainRules,
+  renderFamilyRestore,
+  renderJumpRepairs,
+  renderPartialRestore,
+  type Rejection,
+} from './render.js';
 import { JumpGuard } from './jump-guard.js';
 import { readJumpView, removeIptablesObjects, withRetries } from './nat-view.js';
 
 export interface IptablesDriverOptions {
   /** Rejections (once per change) and jump repairs are logged here. */
-  logger?: Logger;
+  logger?: Logger | undefined;
   /** How often rule 1 of nat PREROUTING/OUTPUT is checked between syncs; 0: never. Default 1 s. */
   jumpCheckIntervalMs?: number;
   /** Runs the iptables commands; the real ones by default. */
@@ -40,24 +55,42 @@ export const IPTABLES_CAPACITY: EntryCapacity = {
   why: 'every new connection walks two rules per entry',
 };
 
+/** What the rules of a family were last written with, besides the entries. */
+interface WrittenFamily {
+  localPodMatch: LocalPodMatch;
+  masqueradeMark: number;
+  /** Whether the mark rules jump to KUBE-MARK-MASQ (it existed when the chains were written). */
+  useKubeMarkMasq: boolean;
+  /** Entries with rules. */
+  programmed: number;
+  rejected: Rejection[];
+}
+
+/**
+ * Our chains and the jumps as a verification needs them: legacy reads the whole nat table (one
+ * -save, what any listing costs there); iptables-nft lists the four chains it needs.
+ */
+async function readVerificationView(commands: IptablesCommands): Promise<NatTableView> {
+  if (commands.variant === 'legacy') return parseNatSave(await commands.save('nat'));
+  const view = await readJumpView(commands);
+  for (const chain of OUR_CHAINS) {
+    const lines = await commands.listRules('nat', chain);
+    if (lines === undefined) continue;
+    view.chains.add(chain);
+    view.rules.set(
+      chain,
+      lines.map((l) => l.slice(`-A ${chain} `.length)),
+    );
+  }
+  return view;
+}
+
 export class IptablesDriver implements Driver {
   readonly name = 'iptables' as const;
   readonly label: string;
   readonly capacity = IPTABLES_CAPACITY;
-  readonly capabilities: DriverCapabilities = {
-    ordersOwnWrites: false,
-    conntrackMatters: true,
-    hasGeneration: false,
-    atomicWrites: false,
-    replacesFamilies: false,
-    readsAlongsideWrites: false,
-    writesElements: false,
-    readsBack: false,
-  };
-  /** Families whose jumps a write has put in place. */
-  private readonly written = new Set<Family>();
-  /** Entries and matches left out of the last write of each family (a value failed validation). */
-  private readonly rejections = new Map<Family, Rejection[]>();
+  readonly capabilities: DriverCapabilities;
+  private readonly written = new Map<Family, WrittenFamily>();
   /** Writes, removals and jump repairs write the same rules: one at a time. */
   private queue: Promise<unknown> = Promise.resolve();
   private readonly jumpGuard: JumpGuard | undefined;
@@ -69,6 +102,16 @@ export class IptablesDriver implements Driver {
     private readonly options: IptablesDriverOptions = {},
   ) {
     this.label = `iptables-${variant}`;
+    this.capabilities = {
+      ordersOwnWrites: true,
+      conntrackMatters: true,
+      hasGeneration: variant === 'nft',
+      atomicWrites: false,
+      replacesFamilies: false,
+      readsAlongsideWrites: false,
+      writesElements: true,
+      readsBack: true,
+    };
     const interval = options.jumpCheckIntervalMs ?? 1000;
     if (interval > 0) {
       this.jumpGuard = new JumpGuard({
@@ -76,7 +119,7 @@ export class IptablesDriver implements Driver {
         intervalMs: interval,
         logger: options.logger,
         exclusive: (work) => this.exclusive(work),
-        families: () => this.written.values(),
+        families: () => this.written.keys(),
         runner: options.runner,
       });
     }
@@ -84,7 +127,7 @@ export class IptablesDriver implements Driver {
 
   /** Entries and matches left out because a value failed validation; the rest was programmed. */
   get rejected(): Rejection[] {
-    return FAMILIES.flatMap((f) => this.rejections.get(f) ?? []);
+    return FAMILIES.flatMap((f) => this.written.get(f)?.rejected ?? []);
   }
 
   /** Jump repairs made between syncs since the start. */
@@ -96,7 +139,7 @@ export class IptablesDriver implements Driver {
     return family;
   }
 
-  shapeKey(shape: { state: FamilyState; masqueradeMark: number }): string {
+  shapeKey(shape: FamilyShape): string {
     return JSON.stringify([shape.state.localPodMatch, shape.masqueradeMark]);
   }
 
@@ -136,49 +179,141 @@ export class IptablesDriver implements Driver {
     }
   }
 
-  /** Each family written whole, in its own restore; the jump guard runs once a family is written. */
+  generation(): Promise<number | undefined> {
+    return this.commands('ipv4').generation();
+  }
+
+  /** One restore per operation; the jump guard runs once a family is written. */
   async apply(operations: readonly DriverOperation[]): Promise<Applied> {
-    let unchanged = true;
+    const before = await this.generation();
+    let restores = 0;
     const leftOut: Partial<Record<Family, number>> = {};
+    const count = (family: Family, entries: number, wrote: boolean) => {
+      if (wrote) restores++;
+      leftOut[family] = entries - (this.written.get(family)?.programmed ?? 0);
+    };
     for (const op of operations) {
       switch (op.kind) {
         case 'writeFamily':
-        case 'replaceFamily': {
-          const { family, state, masqueradeMark } = op;
-          this.written.delete(family);
-          const commands = this.commands(family);
-          const result = await this.exclusive(() =>
-            withRetries(async () => {
-              const current = await readJumpView(commands);
-              const rendered = renderFamilyRestore(family, state, masqueradeMark, current);
-              if (!rendered.upToDate) await commands.restore(rendered.text);
-              return rendered;
-            }),
-          );
-          if (!result.upToDate) unchanged = false;
-          this.written.add(family);
-          this.rejections.set(family, result.rejected);
-          this.reportRejections(family, result.rejected);
-          leftOut[family] = state.entries.length - result.programmed;
-          break;
-        }
-        case 'removeAll':
-          unchanged = false;
-          await this.removeAll();
+        case 'replaceFamily':
+          count(op.family, op.state.entries.length, await this.writeWhole(op.family, op.state, op.masqueradeMark));
           break;
         case 'writeShape':
-        case 'elements':
+        case 'elements': {
+          const wrote = await this.writeChanges(op.family, op.remove as readonly Entry[], op.add);
+          if (wrote) restores++;
+          break;
+        }
         case 'repairShape':
-          throw new Error(`iptables writes families whole, not ${op.kind}`);
+          if (op.parts.includes('chains')) {
+            const state = { entries: [...op.entries], localPodMatch: op.shape.state.localPodMatch };
+            this.options.logger?.info(
+              { family: op.family },
+              'Our iptables chains were not what was last written, writing them whole',
+            );
+            count(op.family, op.entries.length, await this.writeWhole(op.family, state, op.shape.masqueradeMark));
+          } else if (op.parts.includes('jumps')) {
+            const commands = this.commands(op.family);
+            const repairs = renderJumpRepairs(await readJumpView(commands));
+            if (repairs.length > 0) {
+              await this.exclusive(() => commands.restore(['*nat', ...repairs, 'COMMIT', ''].join('\n')));
+              restores++;
+            }
+          }
+          break;
+        case 'removeAll':
+          await this.removeAll();
+          restores++;
+          break;
       }
     }
     if (this.written.size > 0) this.jumpGuard?.start();
-    return { unchanged, leftOut };
+    const applied: Applied = { leftOut };
+    if (restores === 0) applied.unchanged = true;
+    const after = restores === 1 ? await this.generation() : undefined;
+    if (before !== undefined && after !== undefined) applied.generations = { before, after };
+    return applied;
   }
 
-  /** Never asked: a full sync writes the family whole, which repairs it. */
-  async readBack(): Promise<ReadBack> {
-    throw new Error('iptables does not read back');
+  /** Our chains written whole (declared, so flushed) and the jumps repaired; false: the kernel held them already. */
+  private async writeWhole(family: Family, state: FamilyState, masqueradeMark: number): Promise<boolean> {
+    this.written.delete(family);
+    const commands = this.commands(family);
+    const result = await this.exclusive(() =>
+      withRetries(async () => {
+        const current = await readJumpView(commands);
+        const rendered = renderFamilyRestore(family, state, masqueradeMark, current);
+        if (!rendered.upToDate) await commands.restore(rendered.text);
+        return { ...rendered, useKubeMarkMasq: current.chains.has(KUBE_MARK_MASQ) };
+      }),
+    );
+    this.written.set(family, {
+      localPodMatch: state.localPodMatch,
+      masqueradeMark,
+      useKubeMarkMasq: result.useKubeMarkMasq,
+      programmed: result.programmed,
+      rejected: result.rejected,
+    });
+    this.reportRejections(family, result.rejected);
+    return !result.upToDate;
+  }
+
+  /** The rules of the entries that went and came, as one restore; false when no rule changes. */
+  private async writeChanges(family: Family, removed: readonly Entry[], added: readonly Entry[]): Promise<boolean> {
+    const before = this.written.get(family);
+    if (!before) throw new Error('our chains were never written');
+    const rendered = renderPartialRestore(
+      family,
+      removed,
+      added,
+      before.localPodMatch,
+      before.masqueradeMark,
+      before.useKubeMarkMasq,
+    );
+    if (rendered.text !== undefined) {
+      const text = rendered.text;
+      try {
+        await this.exclusive(() => this.commands(family).restore(text));
+      } catch (err) {
+        this.written.delete(family);
+        throw err;
+      }
+    }
+    const gone = new Set(removed.map(entryLabel));
+    const rejected = [...before.rejected.filter((r) => !gone.has(r.item)), ...rendered.rejected];
+    this.written.set(family, {
+      ...before,
+      programmed: before.programmed - rendered.removedProgrammed + rendered.addedProgrammed,
+      rejected,
+    });
+    this.reportRejections(family, rejected);
+    return rendered.text !== undefined;
+  }
+
+  /**
+   * Our chains and jumps read back and compared with the rules `expected` and `shape` make:
+   * 'chains' when our chains differ, else 'jumps' when a jump is not at rule 1.
+   */
+  async readBack(family: Family, expected: readonly Entry[], shape: FamilyShape): Promise<ReadBack> {
+    const commands = this.commands(family);
+    const basis = await commands.generation();
+    const view = await readVerificationView(commands);
+    const settled = basis !== undefined && (await commands.generation()) === basis;
+    const written = this.written.get(family);
+    const rules = renderChainRules(
+      family,
+      { entries: [...expected], localPodMatch: shape.state.localPodMatch },
+      shape.masqueradeMark,
+      written?.useKubeMarkMasq ?? view.chains.has(KUBE_MARK_MASQ),
+    );
+    const shapeDrift = !chainsHold(view, rules.rules)
+      ? ['chains']
+      : renderJumpRepairs(view).length > 0
+        ? ['jumps']
+        : [];
+    const read: ReadBack = { missing: [], foreign: [], shapeDrift };
+    if (settled) read.generation = basis;
+    return read;
   }
 
   /** Each rejection is logged once, when the set of them for its family changes. */
@@ -195,7 +330,6 @@ export class IptablesDriver implements Driver {
     await this.jumpGuard?.stop();
     await this.exclusive(async () => {
       this.written.clear();
-      this.rejections.clear();
       for (const family of FAMILIES) await removeIptablesObjects(this.variant, family, this.options.runner);
     });
   }

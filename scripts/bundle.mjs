@@ -15,7 +15,7 @@
 
 import { build } from 'esbuild';
 import { spawnSync } from 'node:child_process';
-import { chmodSync, existsSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { kubeConfigOnly } from './bundle-kubeconfig.mjs';
@@ -113,10 +113,10 @@ async function main() {
   const bytes = Object.values(result.metafile.outputs).reduce((n, o) => n + o.bytes, 0);
   const entry = join(outdir, 'ipvs-node-controller.mjs');
   if (!existsSync(entry)) throw new Error(`esbuild wrote no ${entry}`);
-  // package.json's bin must be executable whether or not npm linked it: tsc writes files 0644,
-  // and npm makes a bin executable only when it links it the first time.
-  const bin = join(packageRoot, pkg.bin['ipvs-node-controller']);
-  if (existsSync(bin)) chmodSync(bin, 0o755);
+  // The bundle is run by package.json's bin (bin/ipvs-node-controller.mjs, with the Node flags of
+  // ipvsNodeController.nodeFlags), not executed itself: its shebang (of src/cli/main.ts) is dropped
+  // so that nobody starts it without those flags by accident.
+  writeFileSync(entry, readFileSync(entry, 'utf8').replace(/^#!.*\n/, ''));
   console.log(
     `bundle: ${relative(packageRoot, entry)} (${pkg.version}, revision ${rev}): ` +
       `${Object.keys(result.metafile.outputs).length} files, ${(bytes / 1024).toFixed(0)} KiB`,

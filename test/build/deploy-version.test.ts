@@ -15,6 +15,7 @@ const run = promisify(execFile);
 const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 const DIST_CLI = join(repoRoot, 'dist', 'src', 'cli', 'main.js');
 const BUNDLE_CLI = join(repoRoot, 'dist', 'bundle', 'ipvs-node-controller.mjs');
+const LAUNCHER = join(repoRoot, 'bin', 'ipvs-node-controller.mjs');
 
 describe('the version', function () {
   this.timeout(30_000);
@@ -37,6 +38,7 @@ describe('the version', function () {
   for (const [what, cli] of [
     ['dist/', DIST_CLI],
     ['the bundle', BUNDLE_CLI],
+    ["package.json's bin", LAUNCHER],
   ] as const) {
     it(`--version and -V print it (${what}) and exit 0`, async () => {
       for (const flag of ['--version', '-V']) {

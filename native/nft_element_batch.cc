@@ -410,6 +410,8 @@ ElementWriteResult ElementBatchWriter::Write(const ElementWrite& write) {
     result.error = what + std::string(af == AF_INET ? "ip " : "ip6 ") + write.table + " " + write.map + ": " +
                    std::strerror(firstError);
     if (!kernelMessage.empty()) result.error += " (" + kernelMessage + ")";
+    // The kernel's ENFILE: more elements than the map's declared size.
+    if (firstError == ENFILE) result.error += " (the map is full: it holds as many elements as its size)";
     return result;
   }
   result.ok = true;

@@ -23,7 +23,7 @@ ARG RUNTIME_IMAGE=debian:trixie-slim
 FROM ${BUILD_IMAGE} AS build
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      libnftables-dev libbpf-dev linux-libc-dev clang llvm pkg-config python3 make g++ \
+      libnftables-dev libnftnl-dev libmnl-dev libbpf-dev linux-libc-dev clang llvm pkg-config python3 make g++ \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY package.json package-lock.json binding.gyp ./
@@ -42,8 +42,10 @@ COPY bin ./bin
 ARG REVISION=unknown
 # The local esbuild, never one fetched on the fly.
 RUN REVISION="${REVISION}" node scripts/bundle.mjs
-# An image without an addon would silently fall back (nft CLI) or lose a backend (ebpf): refuse.
+# An image without an addon would silently fall back (nft CLI) or lose a backend (ebpf), and one
+# whose nftables addon has no element batches (libnftnl) would write every change as JSON: refuse.
 RUN test -f build/Release/nftables_addon.node \
+ && node -e "if (typeof require('./build/Release/nftables_addon.node').writeElements !== 'function') process.exit(1)" \
  && test -f build/Release/ebpf_addon.node \
  && test -f bpf/ipvs_node_controller.bpf.o \
  && mkdir -p /out/bin /out/build/Release /out/bpf /out/dist \
@@ -60,15 +62,15 @@ RUN test -f build/Release/nftables_addon.node \
 FROM ${RUNTIME_IMAGE} AS runtime-root
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      nftables iptables libnftables1 libbpf1 conntrack libstdc++6 netbase \
+      nftables iptables libnftables1 libnftnl11 libmnl0 libbpf1 conntrack libstdc++6 netbase \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log
 COPY scripts/runtime-rootfs.sh /usr/local/sbin/runtime-rootfs.sh
-# nft, iptables (legacy and nft, with their alternatives links), conntrack, libnftables and libbpf
-# for the addons, libstdc++ for node; netbase (/etc/protocols, /etc/services, which iptables
-# reads). Their dependencies come along (libc6, libmnl0, libnftnl11, libxtables12, libelf1t64,
-# zlib1g, libjansson4, ...).
+# nft, iptables (legacy and nft, with their alternatives links), conntrack, libnftables, libnftnl,
+# libmnl and libbpf for the addons, libstdc++ for node; netbase (/etc/protocols, /etc/services,
+# which iptables reads). Their dependencies come along (libc6, libxtables12, libelf1t64, zlib1g,
+# libjansson4, ...).
 RUN sh /usr/local/sbin/runtime-rootfs.sh /rootfs \
-      nftables iptables libnftables1 libbpf1 conntrack libstdc++6 netbase \
+      nftables iptables libnftables1 libnftnl11 libmnl0 libbpf1 conntrack libstdc++6 netbase \
  && mkdir -p /rootfs/usr/local/bin \
  && ln -s /opt/ipvs-node-controller/bin/ipvs-node-controller.mjs /rootfs/usr/local/bin/ipvs-node-controller
 

@@ -261,7 +261,7 @@ describe('NftBackend.sync on the fake executor', () => {
       fake.refuse = undefined;
       const documents = fake.documents.length;
       await backend.sync(state([service(1), service(2)]), { full: true });
-      expect(fake.documents.slice(documents).join('')).to.match(/"flush":\{"map"/);
+      expect(fake.documents.slice(documents).join('')).to.match(/"delete":\{"map"/);
       await backend.sync(state([service(1), service(2)]), { full: true });
       expect(listings()).to.equal(0);
       expect(elements(fake)).to.have.length(2);

@@ -45,6 +45,7 @@ import {
   desiredTable,
   mapChanges,
   mapElement,
+  mapSize,
   replaceTable,
   resyncTable,
   rewriteRules,
@@ -58,6 +59,8 @@ interface Programmed {
   table: DesiredTable;
   /** Everything but the map elements, compared to decide whether a partial sync is possible. */
   shape: string;
+  /** The size the map was declared with: more entries need the map replaced (a full write). */
+  mapSize: number;
 }
 
 /** Elements written by partial syncs after which freed memory is handed back at once. */
@@ -175,7 +178,8 @@ export class NftBackend implements Backend {
     for (const family of FAMILIES) {
       const before = this.programmed.get(family);
       if (!before) fallBack(family, 'not-programmed');
-      else if (before.shape !== shapeOf(desired[family], mark)) fallBack(family, 'table-shape-changed');
+      else if (before.shape !== shapeOf(desired[family], mark) || desired[family].entries.length > before.mapSize)
+        fallBack(family, 'table-shape-changed');
       else if (options.full) resync.push(family);
       else {
         const mode = await this.exclusive(() => this.syncChangedElements(family, desired[family]));
@@ -239,9 +243,28 @@ export class NftBackend implements Backend {
     exact: { families: Family[]; since?: number } = { families: [] },
   ): Promise<void> {
     if (tx.size === 0) return;
+    await this.commit(() => this.executor.run(this.json.document(tx)), exact);
+  }
+
+  /**
+   * Commits map element changes alone: as a netlink batch when the executor writes them so
+   * (the addon with libnftnl), else as the same JSON transaction.
+   */
+  private async applyElements(family: Family, removed: MapElement[], added: MapElement[]): Promise<void> {
+    if (removed.length === 0 && added.length === 0) return;
+    const executor = this.executor;
+    if (!executor.applyElements) return this.apply(mapChanges(new Transaction(), family, removed, added));
+    await this.commit(() => executor.applyElements!(NFT_FAMILY[family], { removed, added }));
+  }
+
+  /** Runs one commit and carries the trusted generations through it (see apply). */
+  private async commit(
+    run: () => Promise<NftCommit | void>,
+    exact: { families: Family[]; since?: number } = { families: [] },
+  ): Promise<void> {
     let commit: NftCommit | void;
     try {
-      commit = await this.executor.run(this.json.document(tx));
+      commit = await run();
     } catch (err) {
       this.trustedAt.clear();
       throw err;
@@ -280,9 +303,7 @@ export class NftBackend implements Backend {
     const changes = before.elements.changesTo(state);
     if (!isEmpty(changes)) {
       try {
-        await this.apply(
-          mapChanges(new Transaction(), family, changes.removed.map(mapElement), changes.added.map(mapElement)),
-        );
+        await this.applyElements(family, changes.removed.map(mapElement), changes.added.map(mapElement));
       } catch {
         this.programmed.delete(family);
         return undefined;
@@ -306,12 +327,19 @@ export class NftBackend implements Backend {
     if (!before) return false;
     const changes = before.elements.changesTo(state);
     const untouched = await this.untouched(family);
-    const tx = untouched
-      ? new Transaction()
-      : resyncTable(new Transaction(), desiredTable(family, { ...state, entries: [] }, mark));
-    mapChanges(tx, family, changes.removed.map(mapElement), changes.added.map(mapElement));
+    const removed = changes.removed.map(mapElement);
+    const added = changes.added.map(mapElement);
     try {
-      await this.apply(tx);
+      if (untouched) await this.applyElements(family, removed, added);
+      else
+        await this.apply(
+          mapChanges(
+            resyncTable(new Transaction(), desiredTable(family, { ...state, entries: [] }, mark)),
+            family,
+            removed,
+            added,
+          ),
+        );
     } catch {
       this.programmed.delete(family);
       return false;
@@ -339,6 +367,7 @@ export class NftBackend implements Backend {
         elements: new ElementStorage(desired[family]),
         table: desiredTable(family, { ...desired[family], entries: [] }, mark),
         shape: shapeOf(desired[family], mark),
+        mapSize: mapSize(desired[family].entries.length),
       });
     const together = new Transaction();
     for (const family of families) writeTable(together, table(family));

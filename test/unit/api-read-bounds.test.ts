@@ -16,6 +16,7 @@ import {
   PAGE_SIZE,
 } from '../../src/kube/cluster.js';
 import type { Informer } from '../../src/kube/informer.js';
+import { ListBodyError, ListBodySplitter, ListItemTooLargeError } from '../../src/kube/list-stream.js';
 import { apiRequest, MAX_RESPONSE_BYTES, ResponseTooLargeError } from '../../src/kube/request.js';
 import { MAX_WATCH_LINE_BYTES } from '../../src/kube/watch.js';
 import type { ServiceInfo } from '../../src/model/types.js';
@@ -111,6 +112,63 @@ describe('bounded reads from the API server', function () {
       const response = await apiRequest(kc, '/api/v1/services', { maxResponseBytes: 1 << 20 });
       expect(response.bytes).to.equal(1 << 20);
       expect((response.json as { filler: string }).filler).to.have.length((1 << 20) - 24);
+    });
+  });
+
+  describe('a list read object by object', () => {
+    const body = JSON.stringify({
+      kind: 'ServiceList',
+      apiVersion: 'v1',
+      metadata: { resourceVersion: '42', continue: 'x"}]{[' },
+      items: [
+        { metadata: { name: 'a', annotations: { tricky: '"}],{[\\"' } }, n: -1.5e3, t: true, z: null },
+        { metadata: { name: 'b' }, nested: [[{}], [], [1, 2]] },
+        { metadata: { name: 'ünïcode ✓' } },
+      ],
+      trailing: 7,
+    });
+    const split = (chunks: Buffer[], max = 1 << 20) => {
+      const items: unknown[] = [];
+      const splitter = new ListBodySplitter('/api/v1/services', max, (item) => items.push(item));
+      for (const chunk of chunks) splitter.push(chunk);
+      splitter.end();
+      return { items, members: splitter.members };
+    };
+
+    it('hands over each item and keeps the other members, however the body is cut', () => {
+      const bytes = Buffer.from(body);
+      const whole = JSON.parse(body) as { items: unknown[]; metadata: unknown; trailing: number };
+      for (let cut = 0; cut <= bytes.length; cut++) {
+        const { items, members } = split([bytes.subarray(0, cut), bytes.subarray(cut)]);
+        expect(items, `cut at ${cut}`).to.deep.equal(whole.items);
+        expect(members.metadata, `cut at ${cut}`).to.deep.equal(whole.metadata);
+        expect(members.trailing).to.equal(7);
+      }
+      const bytewise = split([...bytes].map((b) => Buffer.from([b])));
+      expect(bytewise.items).to.deep.equal(whole.items);
+    });
+
+    it('bounds each object, not the list: an object over the bound ends the read', () => {
+      const items = Array.from({ length: 50 }, (_, i) => ({ metadata: { name: `s${i}` }, pad: 'p'.repeat(900) }));
+      const list = Buffer.from(JSON.stringify({ metadata: {}, items }));
+      expect(split([list], 1024).items).to.have.length(50);
+      const big = Buffer.from(JSON.stringify({ metadata: {}, items: [...items, { pad: 'p'.repeat(2000) }] }));
+      expect(() => split([big], 1024)).to.throw(
+        ListItemTooLargeError,
+        'listing /api/v1/services: an object longer than 1 KiB, the most this controller reads',
+      );
+    });
+
+    it('refuses what is not a whole list', () => {
+      for (const [text, problem] of [
+        ['[]', 'the response is not a JSON object'],
+        ['{"items": [{"a": 1}', 'the response ended early'],
+        ['{"metadata": {}}', 'the response has no items'],
+        ['{"items": [{"a": }]}', 'the response is not valid JSON'],
+        ['{"items": []} {}', 'the response has data after its end'],
+      ] as const) {
+        expect(() => split([Buffer.from(text)]), text).to.throw(ListBodyError, `listing /api/v1/services: ${problem}`);
+      }
     });
   });
 

@@ -137,7 +137,12 @@ function medianReads(all: ClientReads[]): ClientReads {
   return Object.fromEntries(keys.map((k) => [k, median(all.map((r) => r[k]))])) as unknown as ClientReads;
 }
 
-async function measure(version: ModelledVersion, agents: number, services: number, dir: string): Promise<ServerFigures> {
+async function measure(
+  version: ModelledVersion,
+  agents: number,
+  services: number,
+  dir: string,
+): Promise<ServerFigures> {
   // Bookmarks far apart, so that the bytes of a change are the change's alone.
   const server = await ApiStandIn.start({ host: HOST, port: 0, serverVersion: version, bookmarkIntervalMs: 600_000 });
   const fleet: Agent[] = [];
@@ -181,7 +186,9 @@ async function measure(version: ModelledVersion, agents: number, services: numbe
     const changeBytes = median(
       fleet.map((a) => after[`agent-${a.index}`]!.responseBytes - start[`agent-${a.index}`]!.responseBytes),
     );
-    const changeObjects = median(fleet.map((a) => after[`agent-${a.index}`]!.objects - start[`agent-${a.index}`]!.objects));
+    const changeObjects = median(
+      fleet.map((a) => after[`agent-${a.index}`]!.objects - start[`agent-${a.index}`]!.objects),
+    );
     return { server: version, start: medianReads(perAgent), startMs, changeBytes, changeObjects };
   } finally {
     await Promise.all(fleet.map((a) => a.stop()));
@@ -205,7 +212,9 @@ async function main(): Promise<void> {
   const services = Number(values.services);
   const versions = values.servers.split(',') as ModelledVersion[];
   if (!isolatedFromMachine()) {
-    throw new Error("the fleet benchmark makes network namespaces and a bridge: run it under unshare --net --mount (see the file's head)");
+    throw new Error(
+      "the fleet benchmark makes network namespaces and a bridge: run it under unshare --net --mount (see the file's head)",
+    );
   }
   console.log(`fleet: ${agents} agents, ${services} Services, bundle ${BUNDLE}`);
 
@@ -232,7 +241,9 @@ async function main(): Promise<void> {
   }
 
   console.log('\nPer agent at its start (median of the agents):\n');
-  console.log('| server | requests | lists | watches | WatchList streams | response bytes | objects | etcd list reads | objects read from etcd | etcd revision reads | fleet synced after |');
+  console.log(
+    '| server | requests | lists | watches | WatchList streams | response bytes | objects | etcd list reads | objects read from etcd | etcd revision reads | fleet synced after |',
+  );
   console.log('| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |');
   for (const r of results) {
     const s = r.start;
@@ -241,7 +252,9 @@ async function main(): Promise<void> {
     );
   }
   console.log(`\n${FLEET_NODES} nodes restarting together (extrapolated: per-agent figures x ${FLEET_NODES}):\n`);
-  console.log('| server | requests | response bytes | objects sent | etcd list reads | objects read from etcd | etcd revision reads |');
+  console.log(
+    '| server | requests | response bytes | objects sent | etcd list reads | objects read from etcd | etcd revision reads |',
+  );
   console.log('| --- | ---: | ---: | ---: | ---: | ---: | ---: |');
   for (const r of results) {
     const s = r.start;
@@ -251,7 +264,9 @@ async function main(): Promise<void> {
   }
   console.log('\nOne Service change (its ingress moves), per agent:\n');
   for (const r of results) {
-    console.log(`- ${r.server}: ${r.changeBytes} bytes in ${r.changeObjects} watch event(s) (measured at the stand-in)`);
+    console.log(
+      `- ${r.server}: ${r.changeBytes} bytes in ${r.changeObjects} watch event(s) (measured at the stand-in)`,
+    );
   }
   console.log(
     `\nEncodings of that change (the benchmark's Service, managedFields and last-applied annotation included):\n` +

@@ -161,7 +161,11 @@ export function encodeService(svc: Json): Buffer {
     lb.message(1, new Writer().string(1, i.ip).string(2, i.hostname).string(3, i.ipMode));
   }
   const status = new Writer().message(1, lb);
-  return new Writer().message(1, objectMeta(svc.metadata ?? {})).message(2, spec).message(3, status).bytes();
+  return new Writer()
+    .message(1, objectMeta(svc.metadata ?? {}))
+    .message(2, spec)
+    .message(3, status)
+    .bytes();
 }
 
 const MAGIC = Buffer.from([0x6b, 0x38, 0x73, 0x00]);

@@ -1474,12 +1474,20 @@ export class ApiStandIn {
     if (match !== '') {
       const errors: string[] = [];
       if (match !== 'Exact' && match !== 'NotOlderThan') {
-        errors.push(`resourceVersionMatch: Unsupported value: "${match}": supported values: "Exact", "NotOlderThan", ""`);
+        errors.push(
+          `resourceVersionMatch: Unsupported value: "${match}": supported values: "Exact", "NotOlderThan", ""`,
+        );
       }
-      if (rv === '') errors.push('resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided');
-      if (cont !== '') errors.push('resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided');
+      if (rv === '')
+        errors.push(
+          'resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided',
+        );
+      if (cont !== '')
+        errors.push('resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided');
       if (match === 'Exact' && rv === '0') {
-        errors.push('resourceVersionMatch: Forbidden: resourceVersionMatch "exact" is forbidden for resourceVersion "0"');
+        errors.push(
+          'resourceVersionMatch: Forbidden: resourceVersionMatch "exact" is forbidden for resourceVersion "0"',
+        );
       }
       if (errors.length > 0) throw invalidListOptions(errors);
     }
@@ -1566,14 +1574,17 @@ export class ApiStandIn {
     const match = query.get('resourceVersionMatch') ?? '';
     if (f.watchList === undefined) {
       // Before 1.27 sendInitialEvents is an unknown parameter (ignored); resourceVersionMatch is not.
-      if (match !== '') throw invalidListOptions(['resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch']);
+      if (match !== '')
+        throw invalidListOptions(['resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch']);
       return undefined;
     }
     const send = sie === null ? undefined : sie === 'true';
     const errors: string[] = [];
     if (send !== undefined) {
       if (match !== 'NotOlderThan') {
-        errors.push('resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan');
+        errors.push(
+          'resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan',
+        );
       }
       if (!f.watchList) {
         errors.push(
@@ -1583,7 +1594,9 @@ export class ApiStandIn {
     }
     if (match !== '') {
       if (send === undefined) {
-        errors.push('resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided');
+        errors.push(
+          'resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided',
+        );
       }
       if (match !== 'NotOlderThan') {
         errors.push(`resourceVersionMatch: Unsupported value: "${match}": supported values: "NotOlderThan"`);

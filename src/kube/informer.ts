@@ -345,8 +345,8 @@ export class Informer<T> implements ChangeTracked<T> {
     const rebuild = this.rebuild(generation);
     let resourceVersion: string | undefined;
     try {
-      const list = this.options.list;
-      if (list) {
+      if (this.options.list) {
+        const list = (rv: string, onItem: (raw: unknown) => void) => this.options.list!(rv, onItem);
         const from = known === '' ? '0' : known;
         try {
           resourceVersion = await list(from, (raw) => void rebuild.apply(raw));
@@ -381,7 +381,11 @@ export class Informer<T> implements ChangeTracked<T> {
    * once, also when the state did not arrive whole: what did arrive is newer than what it
    * replaced).
    */
-  private rebuild(generation: number): { apply(raw: unknown): boolean; complete(): void; close(): void } {
+  private rebuild(generation: number): {
+    apply: (raw: unknown) => boolean;
+    complete: () => void;
+    close: () => void;
+  } {
     const seen = new Set<string>();
     let changed = false;
     return {
@@ -540,7 +544,7 @@ export class Informer<T> implements ChangeTracked<T> {
             },
             finish,
             rebuild && {
-              apply: rebuild.apply,
+              apply: (raw) => rebuild!.apply(raw),
               end: initialStateEnds,
               ignored: (why) => finish({ kind: 'noWatchList', why }),
             },
@@ -561,7 +565,8 @@ export class Informer<T> implements ChangeTracked<T> {
         if (finished) return;
         if (!err) {
           // A server that streams no initial state ends the watch without the marked bookmark.
-          if (rebuild) return finish({ kind: 'noWatchList', why: 'the watch ended before the end of its initial state' });
+          if (rebuild)
+            return finish({ kind: 'noWatchList', why: 'the watch ended before the end of its initial state' });
           return finish({ kind: 'closed' });
         }
         const status = err.statusCode;
@@ -659,7 +664,8 @@ export class Informer<T> implements ChangeTracked<T> {
         }
         const message = typeof status.message === 'string' ? status.message : `code ${code}`;
         if (code === 410) finish({ kind: 'expired' });
-        else if (code === 504 && /too large resource version/i.test(message)) finish({ kind: 'expired', tooLarge: true });
+        else if (code === 504 && /too large resource version/i.test(message))
+          finish({ kind: 'expired', tooLarge: true });
         else finish({ kind: 'failed', err: Object.assign(new Error(`watch error: ${message}`), { statusCode: code }) });
         return undefined;
       }

@@ -117,7 +117,10 @@ describe('API stand-in: the read path of a release', function () {
   });
 
   /** Opens a watch; resolves with its HTTP error, or with the lines it got up to `lines`. */
-  function watch(query: Record<string, string | boolean>, lines: number): Promise<{ status?: number; message?: string; events: any[] }> {
+  function watch(
+    query: Record<string, string | boolean>,
+    lines: number,
+  ): Promise<{ status?: number; message?: string; events: any[] }> {
     return new Promise((resolve) => {
       const events: any[] = [];
       const abort = startWatch(kc, '/api/v1/services', query, {
@@ -151,7 +154,8 @@ describe('API stand-in: the read path of a release', function () {
   const refusals: Array<{ serverVersion: ApiStandInOptions['serverVersion']; message: string }> = [
     {
       serverVersion: '1.26',
-      message: 'ListOptions.meta.k8s.io "" is invalid: resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch',
+      message:
+        'ListOptions.meta.k8s.io "" is invalid: resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch',
     },
     {
       serverVersion: '1.31',

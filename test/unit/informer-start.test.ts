@@ -82,7 +82,11 @@ describe('informer start: from the API server cache', function () {
 
   const reads = (): ClientReads => server.readsByClient().agent!;
   const names = (list: ServiceInfo[]) => list.map((s) => `${s.namespace}/${s.name}`).sort();
-  const serverNames = () => server.list('Service').map((o) => `${o.metadata.namespace}/${o.metadata.name}`).sort();
+  const serverNames = () =>
+    server
+      .list('Service')
+      .map((o) => `${o.metadata.namespace}/${o.metadata.name}`)
+      .sort();
   const ipOf = (name: string) => caches!.services.list().find((s) => s.name === name)?.ingress?.[0]?.ip;
 
   for (const version of ['1.32', '1.34'] as const) {

@@ -13,6 +13,7 @@ import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, Family, ModelConfig, ServiceInfo } from '../../src/model/types.js';
 import { CONFIG } from '../support/fixtures.js';
 import { linesLogger } from '../support/log-lines.js';
+import { assertGolden } from '../support/golden.js';
 
 const NODE = { name: 'node-1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
 
@@ -86,13 +87,57 @@ for (const variant of ['legacy', 'nft'] as const) {
       const before = fake.restores().length;
       // Service 2 only has an IPv4 address: the IPv6 rules stay as they are.
       const v4only: ServiceInfo = { ...service(2), clusterIPs: ['10.96.0.2'], ingress: [{ ip: '192.0.2.2' }] };
+      const calls = fake.calls.length;
       const result = await backend.sync(state([service(1), v4only]), { full: false });
-      expect(result.mode).to.equal('full');
+      expect(result.mode).to.equal('partial');
       expect(result.entries).to.deep.equal({ ipv4: 2, ipv6: 1 });
       const written = fake.restores().slice(before);
       expect(written.map((c) => c.command)).to.deep.equal([`iptables-${variant}-restore`]);
+      // Nothing is read or declared (which would flush the chain): four rules appended.
+      expect(
+        fake.calls.slice(calls).filter((c) => !c.command.endsWith('-restore')),
+        'no listing',
+      ).to.deep.equal([]);
+      assertGolden('iptables-partial-add.txt', written[0]!.input!);
       expect(ourChains(fake, variant, 'ipv4').output).to.have.length(4);
       expect(ourChains(fake, variant, 'ipv6').output).to.have.length(2);
+    });
+
+    it('a partial sync deletes the rules of what went by their spec and appends what came, in one restore', async () => {
+      await backend.sync(state([service(1), service(2), service(3)]), { full: true });
+      const before = fake.restores().length;
+      // Service 2 goes, service 3 gets another ClusterIP (its mark rules stay), service 4 comes.
+      const retargeted: ServiceInfo = { ...service(3), clusterIP: '10.96.1.3', clusterIPs: ['10.96.1.3', 'fd00::1:3'] };
+      const result = await backend.sync(state([service(1), retargeted, service(4)]), { full: false });
+      expect(result.mode).to.equal('partial');
+      expect(result.entries).to.deep.equal({ ipv4: 3, ipv6: 3 });
+      const written = fake.restores().slice(before);
+      expect(written).to.have.length(2);
+      assertGolden('iptables-partial-churn.txt', written[0]!.input!);
+      // The chains hold what a fresh full write of the same state holds, in another order.
+      const fresh = new FakeIptables();
+      await new IptablesBackend(variant, { runner: fresh, jumpCheckIntervalMs: 0 }).sync(
+        state([service(1), retargeted, service(4)]),
+        { full: true },
+      );
+      for (const family of ['ipv4', 'ipv6'] as const) {
+        const got = ourChains(fake, variant, family);
+        const want = ourChains(fresh, variant, family);
+        expect([...got.output!].sort()).to.deep.equal([...want.output!].sort());
+        expect([...got.prerouting!].sort()).to.deep.equal([...want.prerouting!].sort());
+        expect(got.jumps).to.deep.equal(want.jumps);
+      }
+    });
+
+    it('a partial write the kernel refuses (the chains changed under it) becomes a whole write', async () => {
+      await backend.sync(state([service(1), service(2)]), { full: true });
+      const rules = ourChains(fake, variant, 'ipv4').output!;
+      // Someone deleted service 2's DNAT rule: deleting it again fails the partial write.
+      fake.write(variant, 'ipv4', `*nat\n-D IPVS_OUTPUT ${rules[3]!}\nCOMMIT\n`);
+      const result = await backend.sync(state([service(1)]), { full: false });
+      expect(result.mode).to.equal('full');
+      expect(result.fallbackReason).to.equal('a partial write failed');
+      expect(ourChains(fake, variant, 'ipv4').output).to.deep.equal(rules.slice(0, 2));
     });
 
     it('a partial sync of the state written last writes nothing and repeats the counts', async () => {
@@ -109,17 +154,45 @@ for (const variant of ['legacy', 'nft'] as const) {
       await backend.sync(state([service(1)]), { full: true });
       const saved = fake.nat(variant, 'ipv4').save();
       const before = fake.restores().length;
+      const calls = fake.calls.length;
       const result = await backend.sync(state([service(1)]), { full: true });
+      expect(result.mode).to.equal('noop');
+      expect(fake.restores().length).to.equal(before);
       if (variant === 'legacy') {
-        // The whole table is read anyway: it already holds our rules, so nothing is written.
-        expect(result.mode).to.equal('noop');
-        expect(fake.restores().length).to.equal(before);
+        // The whole table is read (what any listing costs) and compared.
+        expect(fake.calls.slice(calls).map((c) => `${c.command} ${c.args.join(' ')}`)).to.deep.equal([
+          'iptables-legacy-save -t nat',
+          'ip6tables-legacy-save -t nat',
+        ]);
       } else {
-        // Only PREROUTING, OUTPUT and KUBE-MARK-MASQ are listed: our chains are rewritten.
-        expect(result.mode).to.equal('full');
-        expect(fake.restores().length).to.equal(before + 2);
+        // No commit but ours since the last write: the ruleset generation says so, nothing is read.
+        expect(fake.calls.length).to.equal(calls);
       }
       expect(fake.nat(variant, 'ipv4').save()).to.equal(saved);
+    });
+
+    it('a full resync after another commit compares our chains with what was written, and writes nothing', async () => {
+      await backend.sync(state([service(1), service(2)]), { full: true });
+      await backend.sync(state([service(2), service(3)]), { full: false });
+      fake.write(variant, 'ipv4', '*nat\n:KUBE-SERVICES - [0:0]\nCOMMIT\n');
+      const before = fake.restores().length;
+      const result = await backend.sync(state([service(2), service(3)]), { full: true });
+      expect(result.mode).to.equal('noop');
+      expect(fake.restores().length).to.equal(before);
+      // Known again: the next resync reads nothing (iptables-nft).
+      const calls = fake.calls.length;
+      await backend.sync(state([service(2), service(3)]), { full: true });
+      if (variant === 'nft') expect(fake.calls.length).to.equal(calls);
+    });
+
+    it('without the ruleset generation (iptables-nft) every full resync compares', async () => {
+      fake.readsGenerations = false;
+      await backend.sync(state([service(1)]), { full: true });
+      const before = fake.restores().length;
+      const calls = fake.calls.length;
+      expect((await backend.sync(state([service(1)]), { full: true })).mode).to.equal('noop');
+      expect(fake.restores().length).to.equal(before);
+      expect(fake.calls.length).to.be.greaterThan(calls);
     });
 
     it('a full resync repairs our chain flushed by someone else', async () => {
@@ -175,7 +248,8 @@ for (const variant of ['legacy', 'nft'] as const) {
     it('reports a restore the kernel rejects, keeps the other family, and syncs it in full next time', async () => {
       await backend.sync(state([service(1)]), { full: true });
       const saved = fake.nat(variant, 'ipv4').save();
-      fake.failNextRestores(3, 'line 5 failed: Cannot allocate memory');
+      // The partial write, then the whole write and its two retries.
+      fake.failNextRestores(4, 'line 5 failed: Cannot allocate memory');
       const error = await backend.sync(state([service(1), service(2)]), { full: false }).then(
         () => undefined,
         (err: unknown) => err,

@@ -4,6 +4,7 @@
 import { readFile } from 'node:fs/promises';
 import { execa } from 'execa';
 import type { Family } from '../../model/types.js';
+import { loadNftAddon, type NftAddonExecutor } from '../nft/addon-executor.js';
 
 export type IptablesVariant = 'legacy' | 'nft';
 /** In the order detection prefers them. */
@@ -64,7 +65,15 @@ export interface IptablesRunner {
   run(command: string, args: readonly string[], input?: string): Promise<IptablesOutcome>;
   /** The legacy tables that exist in this network namespace (see variant.ts legacyTables). */
   legacyTables(family: Family): Promise<Set<string> | undefined>;
+  /**
+   * The nf_tables ruleset generation (NFT_MSG_GETGEN), which every commit to any nf_tables table
+   * of this network namespace bumps, iptables-nft's included; undefined when it cannot be read.
+   */
+  generation?(): Promise<number | undefined>;
 }
+
+/** The nftables addon, loaded on the first generation asked for; null: it does not load. */
+let generationAddon: NftAddonExecutor | null | undefined;
 
 /** Waiting for the xtables lock, then the command itself. */
 const COMMAND_TIMEOUT_MS = (XTABLES_LOCK_WAIT_SECONDS + 30) * 1000;
@@ -91,6 +100,15 @@ export const systemIptablesRunner: IptablesRunner = {
       return undefined; // no ip_tables support in this kernel: no legacy tables
     }
   },
+  async generation() {
+    if (generationAddon === undefined) generationAddon = loadNftAddon().executor ?? null;
+    if (generationAddon === null) return undefined;
+    try {
+      return await generationAddon.generation();
+    } catch {
+      return undefined;
+    }
+  },
 };
 
 export class IptablesCommands {
@@ -99,6 +117,12 @@ export class IptablesCommands {
     readonly family: Family,
     readonly runner: IptablesRunner = systemIptablesRunner,
   ) {}
+
+  /** The nf_tables ruleset generation (iptables-nft only; undefined for legacy or when unreadable). */
+  async generation(): Promise<number | undefined> {
+    if (this.variant !== 'nft' || !this.runner.generation) return undefined;
+    return this.runner.generation();
+  }
 
   /** `-save` of one table, or of every table that exists when `table` is omitted. */
   async save(table?: string): Promise<string> {

@@ -162,6 +162,14 @@ export class FakeIptables implements IptablesRunner {
   /** Variants whose commands are not installed. */
   readonly missing = new Set<IptablesVariant>();
   private restoreFailures: string[] = [];
+  /** The nf_tables ruleset generation: every commit to an nft table bumps it. */
+  nftGeneration = 1;
+  /** Whether generation() answers (the nftables addon loads). */
+  readsGenerations = true;
+
+  async generation(): Promise<number | undefined> {
+    return Promise.resolve(this.readsGenerations ? this.nftGeneration : undefined);
+  }
 
   private key(variant: IptablesVariant, family: Family): string {
     return `${variant}/${family}`;
@@ -187,6 +195,7 @@ export class FakeIptables implements IptablesRunner {
     const copy = this.nat(variant, family).clone();
     applyRestore(copy, input, true);
     this.tables.set(this.key(variant, family), copy);
+    if (variant === 'nft') this.nftGeneration++;
   }
 
   /** The next `count` restores (not --test) fail as if the kernel refused them (or another writer won a race). */
@@ -250,6 +259,7 @@ export class FakeIptables implements IptablesRunner {
         const failure = this.restoreFailures.shift();
         if (failure !== undefined) return error(1, `${command}: ${failure}\n`);
         this.tables.set(this.key(variant, family), copy);
+        if (variant === 'nft') this.nftGeneration++;
         return ok();
       }
       case '': {

@@ -25,8 +25,25 @@ import {
   type IptablesRunner,
   type IptablesVariant,
 } from './apply.js';
-import { JUMPS, KUBE_MARK_MASQ, emptyNatTable, hasOurObjects, parseNatSave, type NatTableView } from './parse.js';
-import { renderCleanupRestore, renderFamilyRestore, type Rejection } from './render.js';
+import {
+  JUMPS,
+  KUBE_MARK_MASQ,
+  OUR_CHAINS,
+  emptyNatTable,
+  hasOurObjects,
+  parseNatSave,
+  type NatTableView,
+} from './parse.js';
+import {
+  chainsHold,
+  entryLabel,
+  renderChainRules,
+  renderCleanupRestore,
+  renderFamilyRestore,
+  renderJumpRepairs,
+  renderPartialRestore,
+  type Rejection,
+} from './render.js';
 import { JumpGuard } from './jump-guard.js';
 
 /** A restore can lose a race with another writer between our read and our write: read again. */
@@ -112,36 +129,60 @@ export async function hasIptablesObjects(variant: IptablesVariant): Promise<bool
 }
 
 export interface ProgrammedFamily {
-  /** The entries array given (the model never changes an array it gave): equal means unchanged. */
+  /** The entries array the rules were written from (the model never changes an array it gave). */
   entries: Entry[];
-  /** Everything else of the family's state that the rules depend on, serialised. */
-  rest: string;
-  /** The whole of it, compared when the array is another one. */
-  signature: string;
+  localPodMatch: FamilyState['localPodMatch'];
+  masqueradeMark: number;
+  /** Whether the mark rules jump to KUBE-MARK-MASQ (it existed when the chains were written). */
+  useKubeMarkMasq: boolean;
   programmed: number;
   rejected: Rejection[];
 }
 
 /**
- * What the rules of a family depend on: the entries, the local pod match and the mark. Not
- * `changes`, which says how the entries came about and differs after every change even when a
- * later state holds the same entries.
+ * What the rules of a family depend on besides the entries: the local pod match and the mark.
+ * A change of either rewrites every rule, so it is a full write.
  */
-export function familySignature(state: FamilyState, masqueradeMark: number): { rest: string; signature: string } {
-  const rest = JSON.stringify([state.localPodMatch, masqueradeMark]);
-  return { rest, signature: JSON.stringify(state.entries) + rest };
+export function familyRest(state: Pick<FamilyState, 'localPodMatch'>, masqueradeMark: number): string {
+  return JSON.stringify([state.localPodMatch, masqueradeMark]);
 }
 
-/** Whether a family's state programs exactly what `before` did. */
-export function sameAsProgrammed(
-  before: ProgrammedFamily | undefined,
-  state: FamilyState,
-  masqueradeMark: number,
-): boolean {
-  if (!before) return false;
-  if (JSON.stringify([state.localPodMatch, masqueradeMark]) !== before.rest) return false;
-  // The same array is the same entries; serialising 10,000 of them is left to the rare other case.
-  return before.entries === state.entries || before.signature === familySignature(state, masqueradeMark).signature;
+function entryKey(e: Entry): string {
+  return JSON.stringify([e.externalIp, e.protocol, e.port, e.clusterIp, e.service, e.family]);
+}
+
+/**
+ * The entries that went and came between what was programmed and `state`: the model's own
+ * account when it starts from the programmed array, else a comparison of the two lists.
+ */
+export function entryChanges(before: readonly Entry[], state: FamilyState): { removed: Entry[]; added: Entry[] } {
+  if (state.entries === before) return { removed: [], added: [] };
+  if (state.changes?.since === before) return { removed: state.changes.removed, added: state.changes.added };
+  const old = new Set(before.map(entryKey));
+  const now = new Set(state.entries.map(entryKey));
+  return {
+    removed: before.filter((e) => !now.has(entryKey(e))),
+    added: state.entries.filter((e) => !old.has(entryKey(e))),
+  };
+}
+
+/**
+ * Our chains and the jumps as a verification needs them: legacy reads the whole nat table (one
+ * -save, what any listing costs there); iptables-nft lists the four chains it needs.
+ */
+async function readVerificationView(commands: IptablesCommands): Promise<NatTableView> {
+  if (commands.variant === 'legacy') return parseNatSave(await commands.save('nat'));
+  const view = await readJumpView(commands);
+  for (const chain of OUR_CHAINS) {
+    const lines = await commands.listRules('nat', chain);
+    if (lines === undefined) continue;
+    view.chains.add(chain);
+    view.rules.set(
+      chain,
+      lines.map((l) => l.slice(`-A ${chain} `.length)),
+    );
+  }
+  return view;
 }
 
 export interface IptablesBackendOptions {
@@ -159,11 +200,23 @@ export const IPTABLES_CAPACITY: EntryCapacity = {
   why: 'every new connection walks two rules per entry',
 };
 
+interface FamilyOutcome extends ProgrammedFamily {
+  wrote: 'nothing' | 'partial' | 'whole';
+}
+
 export class IptablesBackend implements Backend {
   readonly name = 'iptables' as const;
   readonly capacity = IPTABLES_CAPACITY;
-  /** What was last programmed per family; a partial sync of the same desired state does nothing. */
-  private readonly programmed = new Map<Family, ProgrammedFamily>();
+  readonly partialSyncsDuringFull = true;
+  /** What was last written per family, and what else its rules depend on (familyRest). */
+  private readonly programmed = new Map<Family, { value: ProgrammedFamily; rest: string }>();
+  /**
+   * iptables-nft: per family, a ruleset generation at which the nat table held exactly what
+   * `programmed` says, carried forward through commits that were ours alone; absent: verify.
+   */
+  private readonly trustedAt = new Map<Family, number>();
+  /** Bumped by every write of ours: a verification read that one overtook is made again. */
+  private writes = 0;
   /** Syncs, cleanups and jump repairs write the same rules: one at a time. */
   private queue: Promise<unknown> = Promise.resolve();
   private readonly jumpGuard: JumpGuard | undefined;
@@ -181,6 +234,7 @@ export class IptablesBackend implements Backend {
         logger: options.logger,
         exclusive: (work) => this.exclusive(work),
         families: () => this.programmed.keys(),
+        commit: (commands, text) => this.commit(commands, text, undefined),
         runner: options.runner,
       });
     }
@@ -228,51 +282,216 @@ export class IptablesBackend implements Backend {
   }
 
   async sync(desired: DesiredState, options: SyncOptions): Promise<IptablesSyncResult> {
-    const result = await this.exclusive(() => this.syncFamilies(desired, options));
+    // Written in the order asked for; a full sync then checks, without holding back the writes
+    // that come meanwhile, that the kernel holds what was written.
+    const result = await this.exclusive(() => this.writeFamilies(desired));
+    if (options.full) {
+      const failures: string[] = [];
+      for (const family of FAMILIES) {
+        if (result.written.has(family)) continue;
+        try {
+          const checked = await this.verifyFamily(family);
+          if (checked === 'rewritten') {
+            result.mode = 'full';
+            result.fallbackReason = 'the chains were not what was last written';
+          } else if (checked === 'repaired' && result.mode === 'noop') result.mode = 'partial';
+        } catch (err) {
+          this.forget(family);
+          failures.push(`${family}: ${(err as Error).message}`);
+        }
+      }
+      if (failures.length > 0) {
+        throw new BackendError(`iptables-${this.variant} sync failed: ${failures.join('; ')}`, 'iptables');
+      }
+    }
     this.reportRejections(result.rejected);
     this.jumpGuard?.start();
-    return result;
+    const { written: _written, ...reported } = result;
+    return reported;
   }
 
-  private async syncFamilies(desired: DesiredState, options: SyncOptions): Promise<IptablesSyncResult> {
+  private forget(family: Family): void {
+    this.programmed.delete(family);
+    this.trustedAt.delete(family);
+  }
+
+  /**
+   * One restore of ours. With iptables-nft it also carries forward what is known of the kernel:
+   * when the ruleset generation moved by exactly this commit, families trusted before it still
+   * are, and `basis` says what this write leaves: 'carry' (a partial write: trusted after if it
+   * was before) or the generation at which the table it was rendered from was read (a whole
+   * write: trusted after if nothing committed since that read).
+   */
+  private async commit(commands: IptablesCommands, text: string, basis: number | 'carry' | undefined): Promise<void> {
+    const family = commands.family;
+    const before = await commands.generation();
+    this.writes++;
+    try {
+      await commands.restore(text);
+    } catch (err) {
+      this.trustedAt.delete(family);
+      throw err;
+    }
+    const after = await commands.generation();
+    if (before === undefined || after !== before + 1) {
+      this.trustedAt.clear();
+      return;
+    }
+    const wasTrusted = this.trustedAt.get(family) === before;
+    for (const [f, at] of this.trustedAt) {
+      if (at === before) this.trustedAt.set(f, after);
+      else this.trustedAt.delete(f);
+    }
+    const trusted = basis === 'carry' ? wasTrusted : basis === before;
+    if (trusted) this.trustedAt.set(family, after);
+    else this.trustedAt.delete(family);
+  }
+
+  private async writeFamilies(desired: DesiredState): Promise<IptablesSyncResult & { written: Set<Family> }> {
     const failures: string[] = [];
     const rejected: Rejection[] = [];
     const entries = { ipv4: 0, ipv6: 0 };
-    let applied = false;
+    const written = new Set<Family>();
+    let mode: SyncResult['mode'] = 'noop';
+    let fallbackReason: string | undefined;
     for (const family of FAMILIES) {
       const state = desired[family];
       try {
         const before = this.programmed.get(family);
-        if (!options.full && before && sameAsProgrammed(before, state, desired.masqueradeMark)) {
-          entries[family] = before.programmed;
-          rejected.push(...before.rejected);
-          continue;
+        let outcome: FamilyOutcome | undefined;
+        if (!before) fallbackReason ??= 'first write';
+        else if (before.rest !== familyRest(state, desired.masqueradeMark)) {
+          fallbackReason ??= 'the local pod match or the mark changed';
+        } else {
+          outcome = await this.writePartial(family, before.value, state);
+          if (!outcome) fallbackReason ??= 'a partial write failed';
         }
-        const commands = this.commands(family);
-        const result = await withRetries(async () => {
-          const current = await readJumpView(commands);
-          const rendered = renderFamilyRestore(family, state, desired.masqueradeMark, current);
-          if (!rendered.upToDate) await commands.restore(rendered.text);
-          return rendered;
-        });
-        if (!result.upToDate) applied = true;
-        rejected.push(...result.rejected);
-        entries[family] = result.programmed;
-        this.programmed.set(family, {
-          entries: state.entries,
-          ...familySignature(state, desired.masqueradeMark),
-          programmed: result.programmed,
-          rejected: result.rejected,
-        });
+        if (!outcome) {
+          outcome = await this.writeWhole(family, state, desired.masqueradeMark);
+          written.add(family);
+        }
+        if (outcome.wrote === 'whole') mode = 'full';
+        else if (outcome.wrote === 'partial' && mode === 'noop') mode = 'partial';
+        rejected.push(...outcome.rejected);
+        entries[family] = outcome.programmed;
       } catch (err) {
-        this.programmed.delete(family);
+        this.forget(family);
         failures.push(`${family}: ${(err as Error).message}`);
       }
     }
     if (failures.length > 0) {
       throw new BackendError(`iptables-${this.variant} sync failed: ${failures.join('; ')}`, 'iptables');
     }
-    return { mode: applied ? 'full' : 'noop', entries, rejected };
+    return { mode, entries, rejected, written, ...(mode === 'full' && fallbackReason ? { fallbackReason } : {}) };
+  }
+
+  /**
+   * The rules of the entries that went and came, as one restore; undefined when it failed (the
+   * chains are not what was last written: the caller writes them whole).
+   */
+  private async writePartial(
+    family: Family,
+    before: ProgrammedFamily,
+    state: FamilyState,
+  ): Promise<FamilyOutcome | undefined> {
+    const { removed, added } = entryChanges(before.entries, state);
+    const rendered = renderPartialRestore(
+      family,
+      removed,
+      added,
+      state.localPodMatch,
+      before.masqueradeMark,
+      before.useKubeMarkMasq,
+    );
+    if (rendered.text !== undefined) {
+      try {
+        await this.commit(this.commands(family), rendered.text, 'carry');
+      } catch (err) {
+        if (err instanceof IptablesToolMissing) throw err;
+        this.options.logger?.debug({ family, err }, 'A partial iptables write failed, writing the chains whole');
+        return undefined;
+      }
+    }
+    const gone = new Set(removed.map(entryLabel));
+    const value: ProgrammedFamily = {
+      ...before,
+      entries: state.entries,
+      programmed: before.programmed - rendered.removedProgrammed + rendered.addedProgrammed,
+      rejected: [...before.rejected.filter((r) => !gone.has(r.item)), ...rendered.rejected],
+    };
+    this.programmed.set(family, { value, rest: familyRest(state, before.masqueradeMark) });
+    return { wrote: rendered.text === undefined ? 'nothing' : 'partial', ...value };
+  }
+
+  /** Our chains written whole (declared, so flushed) and the jumps repaired, after reading the jumps. */
+  private async writeWhole(family: Family, state: FamilyState, masqueradeMark: number): Promise<FamilyOutcome> {
+    const commands = this.commands(family);
+    const result = await withRetries(async () => {
+      const basis = await commands.generation();
+      const current = await readJumpView(commands);
+      const rendered = renderFamilyRestore(family, state, masqueradeMark, current);
+      if (!rendered.upToDate) await this.commit(commands, rendered.text, basis);
+      return { ...rendered, useKubeMarkMasq: current.chains.has(KUBE_MARK_MASQ) };
+    });
+    const value: ProgrammedFamily = {
+      entries: state.entries,
+      localPodMatch: state.localPodMatch,
+      masqueradeMark,
+      useKubeMarkMasq: result.useKubeMarkMasq,
+      programmed: result.programmed,
+      rejected: result.rejected,
+    };
+    this.programmed.set(family, { value, rest: familyRest(state, masqueradeMark) });
+    return { wrote: result.upToDate ? 'nothing' : 'whole', ...value };
+  }
+
+  /**
+   * Whether the kernel holds what was last written for a family, and if not, writes it again:
+   * 'trusted' (iptables-nft: no commit but ours since it was last known to), 'held' (read and
+   * compared), 'repaired' (only our jumps had been displaced), 'rewritten'. The read is made
+   * without holding back our writes; one that a write of ours overtook is made again between writes.
+   */
+  private async verifyFamily(family: Family): Promise<'trusted' | 'held' | 'repaired' | 'rewritten'> {
+    const commands = this.commands(family);
+    const generation = await commands.generation();
+    if (generation !== undefined && this.trustedAt.get(family) === generation) return 'trusted';
+    const read = async () => {
+      const writes = this.writes;
+      const basis = await commands.generation();
+      const view = await readVerificationView(commands);
+      const settled = basis !== undefined && (await commands.generation()) === basis;
+      return { writes, view, basis: settled ? basis : undefined };
+    };
+    let seen = this.programmed.has(family) ? await read() : undefined;
+    return this.exclusive(async () => {
+      const entry = this.programmed.get(family);
+      if (!entry) return 'held'; // a write failed meanwhile and reported it: the next sync writes whole
+      if (!seen || seen.writes !== this.writes) seen = await read();
+      const programmed = entry.value;
+      const { view, basis } = seen;
+      const expected = renderChainRules(
+        family,
+        { entries: programmed.entries, localPodMatch: programmed.localPodMatch },
+        programmed.masqueradeMark,
+        view.chains.has(KUBE_MARK_MASQ),
+      );
+      if (!chainsHold(view, expected.rules)) {
+        this.options.logger?.info({ family }, 'Our iptables chains were not what was last written, writing them whole');
+        await this.writeWhole(
+          family,
+          { entries: programmed.entries, localPodMatch: programmed.localPodMatch },
+          programmed.masqueradeMark,
+        );
+        return 'rewritten';
+      }
+      const repairs = renderJumpRepairs(view);
+      if (repairs.length > 0) {
+        await this.commit(commands, ['*nat', ...repairs, 'COMMIT', ''].join('\n'), basis);
+        return 'repaired';
+      }
+      if (basis !== undefined) this.trustedAt.set(family, basis);
+      return 'held';
+    });
   }
 
   /** Each rejection is logged once, when the set of them changes. */
@@ -289,6 +508,7 @@ export class IptablesBackend implements Backend {
     await this.jumpGuard?.stop();
     await this.exclusive(async () => {
       this.programmed.clear();
+      this.trustedAt.clear();
       try {
         for (const family of FAMILIES) await removeIptablesObjects(this.variant, family, this.options.runner);
       } catch (err) {

@@ -30,6 +30,8 @@ export interface JumpGuardOptions {
   families(): Iterable<Family>;
   /** Runs the iptables commands; the real ones by default. */
   runner?: IptablesRunner | undefined;
+  /** Runs a repair's restore (the backend keeps track of what its commits leave); `commands.restore` by default. */
+  commit?(commands: IptablesCommands, text: string): Promise<void>;
   /** Called after each repair, for metrics and tests. */
   onRepair?(family: Family): void;
 }
@@ -113,7 +115,8 @@ export class JumpGuard {
       const view = await readJumpView(commands);
       const repairs = renderJumpRepairs(view);
       if (repairs.length === 0) return;
-      await commands.restore(['*nat', ...repairs, 'COMMIT', ''].join('\n'));
+      const text = ['*nat', ...repairs, 'COMMIT', ''].join('\n');
+      await (this.options.commit ? this.options.commit(commands, text) : commands.restore(text));
       this.repairs++;
       this.options.logger?.info(
         { family },

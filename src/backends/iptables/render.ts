@@ -104,7 +104,7 @@ export function interfaceNameProblem(name: unknown, wildcard: boolean): string |
   return undefined;
 }
 
-function entryLabel(e: Entry): string {
+export function entryLabel(e: Entry): string {
   return `${String(e.service)} ${String(e.externalIp)} ${String(e.protocol).toLowerCase()}/${String(e.port)}`;
 }
 
@@ -231,13 +231,40 @@ export function asSaved(rule: string): string {
   return rule.replace(/ --or-mark (0x[0-9a-f]+)$/, ' --set-xmark $1/$1');
 }
 
-function chainsHold(current: NatTableView, rules: string[]): boolean {
+/** The part of a rule spec before its target: a MARK rule and its DNAT rule share it. */
+function headOf(spec: string): string {
+  const at = spec.lastIndexOf(' -j ');
+  return at < 0 ? spec : spec.slice(0, at);
+}
+
+/**
+ * Whether our chains in `current` hold exactly `rules`, in any order but each entry's mark rule
+ * before its DNAT rule (DNAT ends the walk). Partial syncs append, so a chain that went through
+ * changes holds the rules of a fresh write in another order: the same translations.
+ */
+export function chainsHold(current: NatTableView, rules: readonly string[]): boolean {
   for (const chain of OUR_CHAINS) {
     const held = current.rules.get(chain);
     if (!current.chains.has(chain) || held === undefined) return false;
     const prefix = `-A ${chain} `;
-    const wanted = rules.filter((r) => r.startsWith(prefix)).map((r) => asSaved(r).slice(prefix.length));
-    if (held.length !== wanted.length || held.some((spec, i) => spec !== wanted[i])) return false;
+    const wanted = new Map<string, number>();
+    let count = 0;
+    for (const r of rules) {
+      if (!r.startsWith(prefix)) continue;
+      const spec = asSaved(r).slice(prefix.length);
+      wanted.set(spec, (wanted.get(spec) ?? 0) + 1);
+      count++;
+    }
+    if (held.length !== count) return false;
+    const marked = new Set<string>();
+    for (const spec of held) {
+      const left = wanted.get(spec);
+      if (!left) return false;
+      wanted.set(spec, left - 1);
+      if (/ -j DNAT /.test(spec)) {
+        if (!marked.has(headOf(spec))) return false;
+      } else marked.add(headOf(spec));
+    }
   }
   return true;
 }
@@ -255,6 +282,80 @@ export function renderFamilyRestore(
     ...chains,
     text: assembleRestore(chains.rules, repairs),
     upToDate: repairs.length === 0 && chainsHold(current, chains.rules),
+  };
+}
+
+export interface RenderedPartial {
+  /** iptables-restore --noflush input; undefined when no rule changes. */
+  text: string | undefined;
+  deletes: number;
+  appends: number;
+  /** The added entries that were left out. */
+  rejected: Rejection[];
+  /** Removed entries that had rules (valid ones) and added entries that get them. */
+  removedProgrammed: number;
+  addedProgrammed: number;
+}
+
+function byKey(a: Entry, b: Entry): number {
+  const ka = `${String(a.externalIp)} ${String(a.protocol)} ${String(a.port)}`;
+  const kb = `${String(b.externalIp)} ${String(b.protocol)} ${String(b.port)}`;
+  return ka < kb ? -1 : ka > kb ? 1 : 0;
+}
+
+/**
+ * The rules that change when `removed` entries go and `added` ones come, as one restore: every
+ * rule of a removed entry deleted by its spec, then every rule of an added entry appended, a
+ * rule both sides render (an entry whose ClusterIP alone changed keeps its mark rule) neither.
+ * Nothing is declared, so nothing is flushed. Deletes name the rule by its spec, not its
+ * number: no position is assumed, and on both variants the cost is the same (finding a rule
+ * means reading the chain either way). Appended pairs keep the mark rule before the DNAT rule.
+ * Pure; the order of the lines does not depend on the order of the arrays.
+ */
+export function renderPartialRestore(
+  family: Family,
+  removed: readonly Entry[],
+  added: readonly Entry[],
+  localPodMatch: LocalPodMatch,
+  masqueradeMark: number,
+  useKubeMarkMasq: boolean,
+): RenderedPartial {
+  const gone = renderChainRules(
+    family,
+    { entries: [...removed].sort(byKey), localPodMatch },
+    masqueradeMark,
+    useKubeMarkMasq,
+  );
+  const sortedAdded = [...added].sort(byKey);
+  const come = renderChainRules(family, { entries: sortedAdded, localPodMatch }, masqueradeMark, useKubeMarkMasq);
+  const goneSet = new Set(gone.rules);
+  const comeSet = new Set(come.rules);
+  const lines = ['*nat'];
+  let deletes = 0;
+  let appends = 0;
+  for (const rule of gone.rules) {
+    if (comeSet.has(rule)) continue;
+    lines.push(`-D ${rule.slice(3)}`);
+    deletes++;
+  }
+  for (const rule of come.rules) {
+    if (goneSet.has(rule)) continue;
+    lines.push(rule);
+    appends++;
+  }
+  lines.push('COMMIT', '');
+  const rejected: Rejection[] = [];
+  for (const e of sortedAdded) {
+    const problem = entryProblem(family, e);
+    if (problem) rejected.push({ family, item: entryLabel(e), reason: problem });
+  }
+  return {
+    text: deletes + appends > 0 ? lines.join('\n') : undefined,
+    deletes,
+    appends,
+    rejected,
+    removedProgrammed: gone.programmed,
+    addedProgrammed: come.programmed,
   };
 }
 

@@ -119,7 +119,7 @@ function readPathFeatures(opts: ApiStandInOptions): ReadPathFeatures {
 }
 
 /** The annotation of the bookmark that ends a watch's initial state (metav1.InitialEventsAnnotationKey). */
-export const INITIAL_EVENTS_END_ANNOTATION = 'k8s.io/initial-events-end';
+const INITIAL_EVENTS_END_ANNOTATION = 'k8s.io/initial-events-end';
 
 export type StoredKind = 'Service' | 'Node' | 'Event' | 'Namespace';
 

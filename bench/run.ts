@@ -10,12 +10,15 @@
 //      Services for the backends other than nft (nft's are in 3);
 //   6. a heap profile per Service at 10,000 (heap): which structures hold the bytes;
 //   7. one tenant's Service of 10,000, 50,000 and 100,000 entries (one-service), per backend
-//      (--backends): time to program it, /healthz meanwhile, the next Service, memory.
+//      (--backends): time to program it, /healthz meanwhile, the next Service, memory;
+//   8. the kernel's floor under an nft full sync at each size (nft-floor, bench/nft-floor.ts): the
+//      map elements as one netlink batch (kernel time alone), against the JSON path, with the map
+//      unsized and sized. Printed before the report, not part of it.
 // It opens with the targets' table: each figure before the footprint work and now.
 // Prints a table and writes bench/results/<timestamp>.json. Asserts nothing.
 //
 //   npm run bench [-- --sizes 1000,10000,50000 --changes 500 --rounds 5
-//                    --only full,latency,memory,first-packet,startup,packet-latency,heap,one-service
+//                    --only full,latency,memory,first-packet,startup,packet-latency,heap,one-service,nft-floor
 //                    --backends nft,iptables-nft,iptables-legacy,ebpf --startup-runs 3 --iptables-changes 50
 //                    --latency-sync-period 3s --probe-from node|pod]
 // The latency measure runs the controller with --sync-period from --latency-sync-period (3s by
@@ -51,6 +54,7 @@ import { measureOneService, type OneServiceContext } from './one-service.js';
 import { ElementMonitor } from './kernel-monitor.js';
 import { compilePacketProbe, probeNode } from './packet-probe.js';
 import { isolatedFromMachine } from './namespace.js';
+import { runNftFloor } from './nft-floor.js';
 import {
   formatReport,
   type BenchResults,
@@ -85,6 +89,7 @@ const MEASURES = [
   'packet-latency',
   'heap',
   'one-service',
+  'nft-floor',
 ] as const;
 type Measure = (typeof MEASURES)[number];
 const TABLE = 'ipvs-node-controller';
@@ -509,6 +514,11 @@ function tool(cmd: string, args: string[]): string {
 async function benchmark(argv: string[]): Promise<void> {
   const options = parseOptions(argv);
   execFileSync('ip', ['link', 'set', 'lo', 'up']);
+  if (options.only.has('nft-floor')) {
+    log('nft floor: element batches against the JSON path');
+    await runNftFloor(options.sizes, options.fullSyncs);
+    if (options.only.size === 1) return;
+  }
   const results: BenchResults = {
     command: `npm run bench${argv.length > 0 ? ` -- ${argv.join(' ')}` : ''}`,
     startedAt: new Date().toISOString(),

@@ -133,6 +133,11 @@ export interface Driver {
   familyLabel(family: Family): string;
   /** What a family's shape is, as a string compared to decide whether a partial sync is possible. */
   shapeKey(shape: FamilyShape): string;
+  /**
+   * The entries a family written whole with `entries` holds before it must be written whole again
+   * (nft: the map's declared size); unlimited when absent.
+   */
+  roomFor?(entries: number): number;
   /** Checks that the kernel and userspace can run this driver, without changing anything. */
   probe(): Promise<ProbeResult>;
   /** Before each sync: checks limits, and puts back what writes rest on (eBPF: programs and links). */

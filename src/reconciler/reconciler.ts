@@ -50,6 +50,8 @@ interface ProgrammedFamily {
   shapeKey: string;
   /** Entries the driver left out of its last whole write. */
   leftOut: number;
+  /** Entries the family holds before it must be written whole again (driver.roomFor). */
+  room: number;
 }
 
 function shapeOf(state: FamilyState, masqueradeMark: number): FamilyShape {
@@ -124,7 +126,10 @@ export class Reconciler {
     for (const family of FAMILIES) {
       const before = this.programmed.get(family);
       if (!before) fallBack(family, 'not-programmed');
-      else if (before.shapeKey !== driver.shapeKey(shapeOf(desired[family], mark))) {
+      else if (
+        before.shapeKey !== driver.shapeKey(shapeOf(desired[family], mark)) ||
+        desired[family].entries.length > before.room
+      ) {
         fallBack(family, 'table-shape-changed');
       } else if (options.full) {
         if (driver.capabilities.readsBack) resync.push(family);
@@ -356,6 +361,7 @@ export class Reconciler {
         shape,
         shapeKey: driver.shapeKey(shape),
         leftOut: applied.leftOut?.[family] ?? 0,
+        room: driver.roomFor?.(desired[family].entries.length) ?? Number.POSITIVE_INFINITY,
       });
     };
     if (driver.capabilities.atomicWrites || families.length === 1) {

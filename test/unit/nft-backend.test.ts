@@ -247,7 +247,7 @@ describe('the reconciler and the nft driver on the fake executor', () => {
       fake.refuse = undefined;
       const documents = fake.transactions.length;
       await backend.sync(state([service(1), service(2)]), { full: true });
-      expect(fake.transactions.slice(documents).map(text).join('')).to.match(/"flush":\{"map"/);
+      expect(fake.transactions.slice(documents).map(text).join('')).to.match(/"delete":\{"map"/);
       await backend.sync(state([service(1), service(2)]), { full: true });
       expect(listings()).to.equal(0);
       expect(elements(fake)).to.have.length(2);

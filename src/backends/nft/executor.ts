@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { formatSize } from '../../bytes.js';
-import { JsonWriter, type Transaction } from './objects.js';
+import { JsonWriter, type MapElement, type NftFamily, type Transaction } from './objects.js';
 
 /**
  * What a committed transaction tells of the ruleset generation (nf_tables' NFT_MSG_GETGEN), read
@@ -15,6 +15,18 @@ import { JsonWriter, type Transaction } from './objects.js';
  */
 export interface NftCommit {
   generations?: { before: number; after: number };
+}
+
+/** Element removals and additions of one map, written as one transaction (removals first). */
+export interface MapElementChanges {
+  removed: readonly MapElement[];
+  added: readonly MapElement[];
+}
+
+/** Which map `applyElements` writes: the controller's own map by default. */
+export interface MapTarget {
+  table: string;
+  map: string;
 }
 
 export interface NftExecutor {
@@ -29,6 +41,12 @@ export interface NftExecutor {
   generation?(): Promise<number | undefined>;
   /** Hands memory freed by large work (a long listing, say) back to the kernel, if it can. */
   releaseMemory?(): Promise<void>;
+  /**
+   * Writes the element changes of one map as one transaction without JSON (a netlink batch, in
+   * process), when this executor can; absent, the caller writes the same changes as a transaction.
+   * Rejects with the kernel's reason, and then nothing was committed.
+   */
+  applyElements?(family: NftFamily, changes: MapElementChanges, target?: MapTarget): Promise<NftCommit>;
   /** Runs a transaction in check mode: validated by the kernel, nothing is committed. */
   check(tx: Transaction): Promise<void>;
   /** `nft -j list table <family> <name>` output, or undefined when the table does not exist. */

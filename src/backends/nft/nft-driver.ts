@@ -35,6 +35,7 @@ import {
   desiredTable,
   mapChanges,
   mapElement,
+  mapSize,
   replaceTable,
   resyncTable,
   rewriteRules,
@@ -104,6 +105,11 @@ export class NftDriver implements Driver {
     return JSON.stringify([shape.state.localPodMatch, shape.masqueradeMark]);
   }
 
+  /** The map is declared with a size: more entries need it replaced, which a whole write does. */
+  roomFor(entries: number): number {
+    return mapSize(entries);
+  }
+
   async probe(): Promise<ProbeResult> {
     // A check-mode write of an empty state: proves the nft userspace, the nat hooks, fib and
     // concatenated maps in this kernel, and the permission to program them.
@@ -118,8 +124,16 @@ export class NftDriver implements Driver {
     }
   }
 
-  /** All of `operations` in one transaction. */
+  /**
+   * All of `operations` in one transaction; element changes of one family alone go to the
+   * executor's element path where it has one (a netlink batch, without JSON).
+   */
   async apply(operations: readonly DriverOperation[]): Promise<Applied> {
+    const [only] = operations;
+    if (operations.length === 1 && only?.kind === 'elements' && this.executor.applyElements) {
+      const changes = { removed: only.remove.map(listedElement), added: only.add.map(mapElement) };
+      return this.executor.applyElements(NFT_FAMILY[only.family], changes);
+    }
     const tx = new Transaction();
     for (const op of operations) addOperation(tx, op);
     if (tx.size === 0) return {};

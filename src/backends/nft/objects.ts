@@ -72,6 +72,12 @@ export interface MapObject {
   type: string[];
   /** Data type. */
   data: string;
+  /**
+   * The most elements the map holds (`size`). Declared, the kernel keeps the map in a hash of
+   * fixed buckets made for that many (nft_set_hash's `hash` type); undeclared, in a resizable
+   * hash that starts small and is rehashed as it grows. An element beyond it is refused (ENFILE).
+   */
+  size?: number;
   comment?: string;
 }
 
@@ -217,6 +223,7 @@ export class JsonWriter {
         const map: Record<string, unknown> = { family: o.family, table: o.table, name: o.name };
         if (verb === 'add') {
           Object.assign(map, { type: o.type, map: o.data });
+          if (o.size !== undefined) map.size = o.size;
           if (o.comment !== undefined) map.comment = o.comment;
         }
         return { map };
@@ -308,6 +315,7 @@ export function tableText(t: TableContents): string {
   }
   for (const m of t.maps) {
     lines.push(`\tmap ${m.name} {`, `\t\ttype ${m.type.join(' . ')} : ${m.data}`);
+    if (m.size !== undefined) lines.push(`\t\tsize ${m.size}`);
     if (m.comment) lines.push(`\t\tcomment ${quote(m.comment)}`);
     const elements = elementsOf(m.name);
     if (elements.length > 0) lines.push('\t\telements = {', `\t\t\t${elements.join(',\n\t\t\t')}`, '\t\t}');

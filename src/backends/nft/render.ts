@@ -33,13 +33,31 @@ export const CHAIN_PRIORITY = -110;
 export const NFT_FAMILY: Record<Family, NftFamily> = { ipv4: 'ip', ipv6: 'ip6' };
 const ADDR_TYPE: Record<Family, string> = { ipv4: 'ipv4_addr', ipv6: 'ipv6_addr' };
 
+/** The smallest map size written: a few Services never cause a rewrite to grow the map. */
+export const MIN_MAP_SIZE = 1024;
+
+/**
+ * The size a map of `entries` elements is declared with: a power of two, at least twice the
+ * entries, so that partial syncs can add as many again before the map must be replaced. The
+ * kernel allocates the buckets for it at once (8 bytes a bucket, 4/3 buckets an element:
+ * 0.5 MiB at 32,768), the elements as they come.
+ */
+export function mapSize(entries: number): number {
+  let size = MIN_MAP_SIZE;
+  while (size < entries * 2) size *= 2;
+  return size;
+}
+
 /** The map element of an entry. */
 export function mapElement(e: Entry): MapElement {
   return { key: [e.externalIp, e.protocol.toLowerCase(), e.port], value: e.clusterIp, comment: e.service };
 }
 
-/** The objects of one family's table, elements aside: each has a fixed name, whatever the state. */
-export function tableObjects(family: Family) {
+/**
+ * The objects of one family's table, elements aside: each has a fixed name, whatever the state;
+ * the map is declared with `size` for `entries` elements (mapSize).
+ */
+export function tableObjects(family: Family, entries = 0) {
   const nf = NFT_FAMILY[family];
   const table: TableObject = {
     kind: 'table',
@@ -54,6 +72,7 @@ export function tableObjects(family: Family) {
     name: MAP_NAME,
     type: [ADDR_TYPE[family], 'inet_proto', 'inet_service'],
     data: ADDR_TYPE[family],
+    size: mapSize(entries),
     comment: 'external IP . protocol . port : ClusterIP',
   };
   const localPods: SetObject = {
@@ -85,7 +104,7 @@ export interface DesiredTable extends TableContents {
 }
 
 export function desiredTable(family: Family, state: FamilyState, masqueradeMark: number): DesiredTable {
-  const o = tableObjects(family);
+  const o = tableObjects(family, state.entries.length);
   const match = state.localPodMatch;
   const rule = (chain: ChainObject, statements: Statement[]): RuleObject => ({
     kind: 'rule',
@@ -158,17 +177,22 @@ export function desiredTable(family: Family, state: FamilyState, masqueradeMark:
 
 /**
  * Brings one family's table to `t` without removing the table or the chains packets cross:
- * declares every object (`add` keeps what exists), flushes and rewrites our chains' rules, the
- * pod set and the map, and removes our objects this state has no use for. One atomic
- * transaction: packets see the old table or the new one.
+ * declares every object (`add` keeps what exists), flushes and rewrites our chains' rules and the
+ * pod set, replaces the map (so that it has the size of `t`, whatever it had), and removes our
+ * objects this state has no use for. One atomic transaction: packets see the old table or the
+ * new one.
  */
 export function writeTable(tx: Transaction, t: DesiredTable): Transaction {
   const all = tableObjects(t.table.family === 'ip' ? 'ipv4' : 'ipv6');
   tx.add(t.table, ...t.maps, ...t.sets);
-  // Our chains that exist now are emptied first: a rule of the old state may name the pod set.
+  // Our chains that exist now are emptied first: a rule of the old state may name the pod set,
+  // and every rule names the map, which can only be deleted once no rule does.
   const unwantedChains = t.unwanted.filter((o): o is ChainObject => o.kind === 'chain');
   tx.add(...t.chains, ...unwantedChains);
-  tx.flush(...all.chains, ...t.maps, ...t.sets);
+  tx.flush(...all.chains, ...t.sets);
+  // Replaced rather than flushed: whether a kernel takes a new size for a map that exists varies
+  // (6.18 does), and a deletion is one transaction entry where a flush is one per element.
+  tx.delete(...t.maps).add(...t.maps);
   // Rules before elements: the kernel checks every element of a map when a rule that reads data
   // from it is added (nf_tables_bind_set walks the map), so the map should be empty by then
   // (50,000 elements: 3% of the transaction).

@@ -289,11 +289,14 @@ export class Reconciler {
     const before = this.programmed.get(family);
     if (!before) return undefined;
     const changes = before.elements.changesTo(state);
-    if (!isEmpty(changes)) {
+    let wrote = !isEmpty(changes);
+    if (wrote) {
       try {
         const applied = await this.apply([{ kind: 'elements', family, remove: changes.removed, add: changes.added }]);
         const leftOut = applied.leftOut?.[family];
         if (leftOut !== undefined) before.leftOut = leftOut;
+        // The driver's elements may hold less than an entry (no Service name): nothing to write.
+        if (applied.unchanged) wrote = false;
       } catch {
         this.programmed.delete(family);
         return undefined;
@@ -302,7 +305,7 @@ export class Reconciler {
       this.writtenSinceRelease += changes.removed.length + changes.added.length;
     }
     before.elements.commit(state, changes);
-    return isEmpty(changes) ? 'noop' : 'partial';
+    return wrote ? 'partial' : 'noop';
   }
 
   /**

@@ -231,6 +231,7 @@ export class EbpfDriver implements Driver {
 
   /** Each operation in turn; a family written whole is compared with a dump of its map. */
   async apply(operations: readonly DriverOperation[]): Promise<Applied> {
+    const before = this.writes();
     for (const op of operations) {
       switch (op.kind) {
         case 'writeFamily':
@@ -248,10 +249,15 @@ export class EbpfDriver implements Driver {
           break;
         case 'removeAll':
           await this.removeAll();
-          break;
+          return {};
       }
     }
-    return {};
+    return this.writes() === before ? { unchanged: true } : {};
+  }
+
+  /** Elements written in all, to tell whether an apply wrote any. */
+  private writes(): number {
+    return FAMILIES.reduce((n, f) => n + this.written[f].upserted + this.written[f].deleted, 0);
   }
 
   /**

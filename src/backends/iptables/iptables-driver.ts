@@ -299,12 +299,12 @@ export class IptablesDriver implements Driver {
     const basis = await commands.generation();
     const view = await readVerificationView(commands);
     const settled = basis !== undefined && (await commands.generation()) === basis;
-    const written = this.written.get(family);
+    // KUBE-MARK-MASQ as it is now: kube-proxy may have created it since our chains were written.
     const rules = renderChainRules(
       family,
       { entries: [...expected], localPodMatch: shape.state.localPodMatch },
       shape.masqueradeMark,
-      written?.useKubeMarkMasq ?? view.chains.has(KUBE_MARK_MASQ),
+      view.chains.has(KUBE_MARK_MASQ),
     );
     const shapeDrift = !chainsHold(view, rules.rules)
       ? ['chains']

@@ -284,6 +284,11 @@ async function runController(
     operations.informerObserver({
       onError: (resource, err, retryInMs) =>
         logger.warn({ resource, retryInMs, err }, 'Failed to list and watch, keeping the last rules'),
+      onWatchListUnavailable: (resource, why) =>
+        logger.info(
+          { resource, why },
+          'The API server offers no WatchList stream, starting from lists served by its watch cache',
+        ),
       onDecodeError: (resource, problem, firstOnStream) => {
         // Once per watch stream: a broken proxy can send many; the metric counts them all.
         if (firstOnStream) logger.warn({ resource, problem }, 'Skipped a watch line that is not a watch event');

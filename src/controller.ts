@@ -144,10 +144,11 @@ export class Controller {
         options.logger.error({ retryInMs, err }, 'Sync failed, keeping the rules in place');
       },
     });
+    options.caches.onChange(() => this.onCacheChange());
   }
 
   /** A cache changed. Before the caches synced, nothing is programmed (previous rules stay). */
-  onCacheChange(): void {
+  private onCacheChange(): void {
     if (this.started) this.runner.request();
   }
 

@@ -280,7 +280,6 @@ async function runController(
   const caches = createClusterCaches(
     kc,
     config.nodeName,
-    () => controller?.onCacheChange(),
     operations.informerObserver({
       onError: (resource, err, retryInMs) =>
         logger.warn({ resource, retryInMs, err }, 'Failed to list and watch, keeping the last rules'),

@@ -28,6 +28,8 @@ export function loadKubeConfig(path: string | undefined): KubeConfig {
 export interface ClusterCaches {
   services: Informer<ServiceInfo>;
   node: Informer<NodeInfo>;
+  /** Calls `listener` after every change of either cache (the controller subscribes itself). */
+  onChange(listener: () => void): void;
 }
 
 /** Objects asked for per list page: 500 Services of a few KiB each make a page of 1 to 2 MiB. */
@@ -202,10 +204,13 @@ export interface WatchSettings {
 export function createClusterCaches(
   kc: KubeConfig,
   nodeName: string,
-  onChange: () => void,
   observer?: InformerObserver,
   settings: WatchSettings = {},
 ): ClusterCaches {
+  const listeners: Array<() => void> = [];
+  const onChange = (): void => {
+    for (const listener of listeners) listener();
+  };
   const services = new Informer<ServiceInfo>(kc, {
     resource: 'services',
     path: '/api/v1/services',
@@ -228,5 +233,5 @@ export function createClusterCaches(
     observer,
     minWatchTimeoutMs: settings.minWatchTimeoutMs,
   });
-  return { services, node };
+  return { services, node, onChange: (listener) => void listeners.push(listener) };
 }

@@ -153,9 +153,7 @@ for (const backendCase of CASES) {
 
     async function startController(): Promise<void> {
       const logger = linesLogger(logLines, 'debug');
-      const caches = createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), 'node-1', () =>
-        controller?.onCacheChange(),
-      );
+      const caches = createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), 'node-1');
       controller = new Controller({
         caches,
         backend,

@@ -202,9 +202,7 @@ for (const variant of ['legacy', 'nft'] as const) {
           },
           status: { loadBalancer: { ingress: [{ ip: LB_V4 }] } },
         });
-        const caches = createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), 'node-1', () =>
-          controller?.onCacheChange(),
-        );
+        const caches = createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), 'node-1');
         controller = new Controller({
           caches,
           backend,

@@ -250,7 +250,7 @@ describe('bounded reads from the API server', function () {
       function start(): Informer<ServiceInfo> {
         const kc = new KubeConfig();
         kc.loadFromString(server.kubeconfig());
-        const caches = createClusterCaches(kc, 'node-1', () => undefined, {
+        const caches = createClusterCaches(kc, 'node-1', {
           onError: (_resource, err) => errors.push(err.message),
         });
         services = caches.services;

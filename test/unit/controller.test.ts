@@ -56,12 +56,15 @@ class Caches {
     this.caches = {
       services: cache(() => this.services) as ClusterCaches['services'],
       node: cache(() => [NODE]) as ClusterCaches['node'],
+      onChange: (listener) => void this.listeners.push(listener),
     };
   }
 
+  private readonly listeners: Array<() => void> = [];
+
   set(services: ServiceInfo[]): void {
     this.services = services;
-    this.controller?.onCacheChange();
+    for (const listener of this.listeners) listener();
   }
 }
 

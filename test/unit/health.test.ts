@@ -223,7 +223,7 @@ describe('API reachability as the informers report it', function () {
     const recovered: string[] = [];
     const api = new ApiReachability(Date.now, (resource) => recovered.push(resource));
     const errors: string[] = [];
-    caches = createClusterCaches(kc, 'node-1', () => undefined, {
+    caches = createClusterCaches(kc, 'node-1', {
       onList: (r) => api.onList(r),
       onWatch: (r) => api.onWatch(r),
       onError: (r, err) => {

@@ -58,7 +58,7 @@ describe('Service informer change tracking', function () {
     for (let i = 0; i < 30; i++) names.push((server.apply(next()).metadata as { name: string }).name);
     const kc = new KubeConfig();
     kc.loadFromString(server.kubeconfig());
-    caches = createClusterCaches(kc, NODE.name, () => undefined);
+    caches = createClusterCaches(kc, NODE.name);
     caches.services.start();
     await caches.services.waitForSync();
 
@@ -114,7 +114,7 @@ describe('Service informer change tracking', function () {
     server.apply(service('a', '198.18.0.1', '10.96.0.1'));
     const kc = new KubeConfig();
     kc.loadFromString(server.kubeconfig());
-    caches = createClusterCaches(kc, NODE.name, () => undefined);
+    caches = createClusterCaches(kc, NODE.name);
     caches.services.start();
     await caches.services.waitForSync();
     const mark = caches.services.mark;

@@ -61,13 +61,13 @@ describe('informer start: from the API server cache', function () {
     caches = createClusterCaches(
       kc,
       'node-1',
-      () => changes++,
       {
         onWatchListUnavailable: (resource, why) => unavailable.push(`${resource}: ${why}`),
         onError: (resource, err) => errors.push(`${resource}: ${err.message}`),
       },
       { minWatchTimeoutMs: 60_000 },
     );
+    caches.onChange(() => changes++);
     caches.services.start();
     if (withNode) caches.node.start();
     return caches;

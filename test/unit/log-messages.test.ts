@@ -104,7 +104,11 @@ function cachesOf(services: ServiceInfo[], node: NodeInfo): ClusterCaches {
       list: () => items,
       [Symbol.iterator]: () => items[Symbol.iterator](),
     }) as unknown as ClusterCaches['services'];
-  return { services: cache(services), node: cache([node]) as unknown as ClusterCaches['node'] };
+  return {
+    services: cache(services),
+    node: cache([node]) as unknown as ClusterCaches['node'],
+    onChange: () => undefined,
+  };
 }
 
 const lb = (name: string, ip: string, created: string, ports = [80]): ServiceInfo => ({

@@ -448,7 +448,8 @@ export class Informer<T> implements ChangeTracked<T> {
     if (info === undefined) return undefined;
     const namespace = typeof meta?.namespace === 'string' ? meta.namespace : '';
     const resourceVersion = typeof meta?.resourceVersion === 'string' ? meta.resourceVersion : undefined;
-    return { key: `${namespace}/${name}`, info, resourceVersion };
+    // Joined, the key kept per object is one flat string; a template literal keeps a tree of pieces.
+    return { key: [namespace, '/', name].join(''), info, resourceVersion };
   }
 
   /**

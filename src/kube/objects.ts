@@ -34,6 +34,39 @@ function common(v: unknown): string | undefined {
   return v;
 }
 
+type Port = NonNullable<ServiceInfo['ports']>[number];
+
+/**
+ * Port lists shared by every Service that has the same one ([TCP 80, TCP 443] is everywhere),
+ * frozen: an array and an object per port would otherwise be kept per Service. Bounded as
+ * COMMON_VALUES; lists that are long or made of unusual values are kept per Service.
+ */
+const COMMON_PORT_LISTS = new Map<string, readonly Port[]>();
+const MAX_COMMON_PORT_LISTS = 1024;
+const MAX_COMMON_PORT_LIST_LENGTH = 8;
+
+function portList(v: unknown): Port[] | undefined {
+  if (!Array.isArray(v)) return undefined;
+  const ports = v.map((p): Port => {
+    const port = obj(p) ?? {};
+    // The port's name is not read by the model: not kept.
+    return { protocol: common(port.protocol), port: port.port as number | undefined };
+  });
+  if (ports.length > MAX_COMMON_PORT_LIST_LENGTH) return ports;
+  const parts: string[] = [];
+  for (const p of ports) {
+    if (!Number.isInteger(p.port) || (p.protocol !== undefined && p.protocol.length > 8)) return ports;
+    parts.push(`${p.protocol ?? ''}/${p.port}`);
+  }
+  const key = parts.join(',');
+  const known = COMMON_PORT_LISTS.get(key);
+  if (known) return known as Port[];
+  if (COMMON_PORT_LISTS.size >= MAX_COMMON_PORT_LISTS) return ports;
+  const shared = Object.freeze(ports.map((p) => Object.freeze(p)));
+  COMMON_PORT_LISTS.set(key, shared);
+  return shared as Port[];
+}
+
 function timestamp(v: unknown): string | undefined {
   if (v instanceof Date) return Number.isNaN(v.getTime()) ? undefined : v.toISOString();
   return str(v);
@@ -50,8 +83,10 @@ export function toServiceInfo(raw: unknown): ServiceInfo | undefined {
   const ingress = obj(status.loadBalancer)?.ingress;
   const ports = Array.isArray(spec.ports) ? spec.ports : undefined;
   const clusterIP = str(spec.clusterIP);
-  // The primary ClusterIP is also clusterIPs[0]: one string for both.
-  const clusterIPs = strList(spec.clusterIPs)?.map((ip) => (ip === clusterIP ? clusterIP : ip));
+  // The primary ClusterIP is also clusterIPs[0]: one string for both, and no list when it is the
+  // only one (the model reads clusterIP when clusterIPs is missing).
+  let clusterIPs = strList(spec.clusterIPs)?.map((ip) => (ip === clusterIP ? clusterIP : ip));
+  if (clusterIPs?.length === 1 && clusterIPs[0] === clusterIP && clusterIP !== '') clusterIPs = undefined;
   return {
     namespace,
     name,
@@ -62,10 +97,7 @@ export function toServiceInfo(raw: unknown): ServiceInfo | undefined {
     clusterIPs,
     externalIPs: strList(spec.externalIPs),
     externalTrafficPolicy: common(spec.externalTrafficPolicy),
-    ports: ports?.map((p) => {
-      const port = obj(p) ?? {};
-      return { name: common(port.name), protocol: common(port.protocol), port: port.port as number | undefined };
-    }),
+    ports: portList(ports),
     ingress: Array.isArray(ingress)
       ? ingress.map((i) => {
           const entry = obj(i) ?? {};

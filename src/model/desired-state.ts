@@ -28,7 +28,6 @@ import {
   type ServiceRequest,
 } from './service-rules.js';
 import { compareKeys, SortedEntries } from './sorted-entries.js';
-import { entryKey } from './types.js';
 import type {
   Conflict,
   ChangeTracked,
@@ -61,8 +60,10 @@ export function buildDesiredState(
 interface Claim {
   /** What is programmed while this claim wins: the same object from sync to sync. */
   entry: Entry;
-  key: string;
-  /** Orders entries by (externalIp numerically, protocol, port). */
+  /**
+   * Orders entries by (externalIp numerically, protocol, port); also the key of the claim's
+   * contest: it names one map key (an IPv4 address's part is 8 hex digits, an IPv6 one's 32).
+   */
   sortKey: string;
   record: ServiceRecord;
 }
@@ -71,7 +72,16 @@ interface Claim {
 interface ServiceRecord extends Precedence {
   /** The update that last saw this object in the input. */
   seenIn: number;
-  request: ServiceRequest;
+  /** The object the record was derived from. */
+  svc: ServiceInfo;
+  /**
+   * What it asks for, until its claims are made: then dropped (the claims say it), and derived
+   * again from `svc` should the record leave the contests and enter them again.
+   */
+  request: ServiceRequest | undefined;
+  /** Entries asked for, per family. */
+  asksIpv4: number;
+  asksIpv6: number;
   /** Its claims while it is admitted (programmed but for conflicts); empty while it is not. */
   claims: Claim[];
   /** Within the entries the backend is given; false until decided. */
@@ -221,7 +231,7 @@ export class DesiredStateModel {
     const touched = new Set<Contest>();
     for (const record of admission.leave) {
       for (const claim of record.claims) {
-        const contest = this.contests.get(claim.key)!;
+        const contest = this.contests.get(claim.sortKey)!;
         contest.claims.splice(contest.claims.indexOf(claim), 1);
         touched.add(contest);
         if (this.worked()) yield;
@@ -231,10 +241,10 @@ export class DesiredStateModel {
     for (const record of admission.enter) {
       record.claims = yield* this.claimsOf(record);
       for (const claim of record.claims) {
-        let contest = this.contests.get(claim.key);
+        let contest = this.contests.get(claim.sortKey);
         if (!contest) {
           contest = { family: claim.entry.family, claims: [claim], winner: undefined, losers: NO_LOSERS };
-          this.contests.set(claim.key, contest);
+          this.contests.set(claim.sortKey, contest);
         } else {
           contest.claims.push(claim);
         }
@@ -296,8 +306,8 @@ export class DesiredStateModel {
   }
 
   private count(record: ServiceRecord, sign: 1 | -1): void {
-    this.requested.ipv4 += sign * record.request.counts.ipv4;
-    this.requested.ipv6 += sign * record.request.counts.ipv6;
+    this.requested.ipv4 += sign * record.asksIpv4;
+    this.requested.ipv6 += sign * record.asksIpv6;
   }
 
   /**
@@ -327,7 +337,7 @@ export class DesiredStateModel {
     // others are ordered. Sorted last time and changed little since: TimSort takes a nearly
     // sorted array in one pass.
     const enter: ServiceRecord[] = [];
-    const asks = (r: ServiceRecord) => r.request.counts.ipv4 + r.request.counts.ipv6 > 0;
+    const asks = (r: ServiceRecord) => r.asksIpv4 + r.asksIpv6 > 0;
     let order: ServiceRecord[];
     if (this.byPrecedence) {
       const gone = new Set(removed);
@@ -348,7 +358,8 @@ export class DesiredStateModel {
     this.byPrecedence = order;
     const used: Record<Family, number> = { ipv4: 0, ipv6: 0 };
     for (const r of order) {
-      const { ipv4, ipv6 } = r.request.counts;
+      const ipv4 = r.asksIpv4;
+      const ipv6 = r.asksIpv6;
       const fits = used.ipv4 + ipv4 <= max && used.ipv6 + ipv6 <= max;
       if (fits) {
         used.ipv4 += ipv4;
@@ -472,7 +483,10 @@ export class DesiredStateModel {
       created: creationTime(svc),
       seq: this.nextSeq++,
       seenIn: generation,
+      svc,
       request,
+      asksIpv4: request.counts.ipv4,
+      asksIpv6: request.counts.ipv6,
       claims: NO_CLAIMS,
       admitted: false,
       // Arrays grown by push keep room for more; a record keeps exact copies.
@@ -482,8 +496,14 @@ export class DesiredStateModel {
 
   /** The entries a record asks for, made when it is admitted: every address times every port. */
   private *claimsOf(record: ServiceRecord): Steps<Claim[]> {
-    const { addresses, ports } = record.request;
-    const claims: Claim[] = [];
+    // Derived again from the same object and context (a new context derives every record anew):
+    // the same request, whose skips the record holds already.
+    const { addresses, ports } = record.request ?? serviceRequest(record.svc, this.context, [], record.service);
+    record.request = undefined;
+    if (addresses.length === 0) return NO_CLAIMS;
+    // Exactly as long as it must be: an array grown by push keeps room for 17 elements.
+    const claims = new Array<Claim>(addresses.length * ports.length);
+    let n = 0;
     for (const address of addresses) {
       for (const { protocol, port } of ports) {
         const entry: Entry = {
@@ -495,12 +515,11 @@ export class DesiredStateModel {
           service: record.service,
         };
         // Addresses and ports are distinct (service-rules.ts): every key is claimed once.
-        claims.push({
+        claims[n++] = {
           entry,
-          key: entryKey(entry),
           sortKey: flat([address.sortKey, '|', protocol, '|', String(port).padStart(5, '0')]),
           record,
-        });
+        };
       }
       if (this.worked(ports.length)) yield;
     }
@@ -518,7 +537,7 @@ export class DesiredStateModel {
     contest.winner = winner;
     const sorted = this.entries[contest.family];
     if (!winner) {
-      this.contests.delete(previous!.key);
+      this.contests.delete(previous!.sortKey);
       if (bulk) bulk.deletes.push(previous!.sortKey);
       else sorted.delete(previous!.sortKey);
     } else if (winner !== previous) {

@@ -19,7 +19,7 @@ export interface ServiceInfo {
   clusterIPs?: string[];
   externalIPs?: string[];
   externalTrafficPolicy?: string;
-  ports?: Array<{ name?: string; protocol?: string; port?: number }>;
+  ports?: Array<{ protocol?: string; port?: number }>;
   ingress?: Array<{ ip?: string; hostname?: string; ipMode?: string }>;
   /** The annotation `ipvs-node-controller/skip: "true"` (the operator's opt-out); no other annotation is kept. */
   skip?: boolean;

@@ -25,7 +25,6 @@ import { buildDesiredState } from '../model/desired-state.js';
 import type { NodeInfo, ServiceInfo } from '../model/types.js';
 import { parseConfig, UsageError, type Config } from '../config/options.js';
 import { formatDuration } from '../config/duration.js';
-import { readObjectsFile } from './objects-file.js';
 import { dryRunReport } from './dry-run-report.js';
 import { toNodeInfo, toServiceInfo } from '../kube/objects.js';
 import type { Operations } from '../operations/operations.js';
@@ -114,6 +113,8 @@ function checkStartupInputs(config: Config): void {
 
 async function loadForDryRun(config: Config): Promise<{ services: ServiceInfo[]; node?: NodeInfo }> {
   if (config.fromFile) {
+    // Loaded here: the YAML parser is for --from-file alone, not for the running controller.
+    const { readObjectsFile } = await import('./objects-file.js');
     let file;
     try {
       file = await readObjectsFile(config.fromFile);

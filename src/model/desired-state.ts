@@ -91,13 +91,16 @@ interface ServiceRecord extends Precedence {
   capacitySkip?: Skip;
 }
 
-/** Every claim on one map key, and who holds it. */
-interface Contest {
-  family: Family;
-  claims: Claim[];
-  winner: Claim | undefined;
+/**
+ * Every claim on a map key several Services claim, and who holds it. A key one Service claims
+ * (nearly every key) has no contest: the claim stands for itself, its own winner.
+ */
+class Contest {
+  winner: Claim | undefined = undefined;
   /** Services that claim the key and lose, sorted. */
-  losers: string[];
+  losers: string[] = NO_LOSERS;
+
+  constructor(readonly claims: Claim[]) {}
 }
 
 /** Above this many changed keys, merging them in one pass beats inserting one by one. */
@@ -118,7 +121,8 @@ type Steps<T> = Generator<void, T, void>;
  */
 export class DesiredStateModel {
   private readonly records = new Map<ServiceInfo, ServiceRecord>();
-  private readonly contests = new Map<string, Contest>();
+  /** By sort key: the one claim on the key, or the contest of several. */
+  private readonly contests = new Map<string, Claim | Contest>();
   private entries: Record<Family, SortedEntries> = { ipv4: new SortedEntries(), ipv6: new SortedEntries() };
   private readonly withSkips = new Set<ServiceRecord>();
   private readonly contested = new Set<Contest>();
@@ -228,12 +232,17 @@ export class DesiredStateModel {
     const admission = this.admit(added, removed);
     if (admission.capacityChanged) skipsChanged = true;
 
-    const touched = new Set<Contest>();
+    /** Keys whose claims changed, with who held each before (its winner or single claim). */
+    const touched = new Map<string, Claim | Contest | undefined>();
+    const touch = (sortKey: string) => {
+      if (!touched.has(sortKey)) touched.set(sortKey, this.contests.get(sortKey));
+    };
     for (const record of admission.leave) {
       for (const claim of record.claims) {
-        const contest = this.contests.get(claim.sortKey)!;
-        contest.claims.splice(contest.claims.indexOf(claim), 1);
-        touched.add(contest);
+        touch(claim.sortKey);
+        const held = this.contests.get(claim.sortKey)!;
+        if (held instanceof Contest) held.claims.splice(held.claims.indexOf(claim), 1);
+        else this.contests.delete(claim.sortKey);
         if (this.worked()) yield;
       }
       record.claims = NO_CLAIMS;
@@ -241,14 +250,16 @@ export class DesiredStateModel {
     for (const record of admission.enter) {
       record.claims = yield* this.claimsOf(record);
       for (const claim of record.claims) {
-        let contest = this.contests.get(claim.sortKey);
-        if (!contest) {
-          contest = { family: claim.entry.family, claims: [claim], winner: undefined, losers: NO_LOSERS };
+        touch(claim.sortKey);
+        const held = this.contests.get(claim.sortKey);
+        if (held === undefined) this.contests.set(claim.sortKey, claim);
+        else if (held instanceof Contest) held.claims.push(claim);
+        else {
+          const contest = new Contest([held, claim]);
+          // The single claim held the key: the contest starts with it as the winner.
+          contest.winner = held;
           this.contests.set(claim.sortKey, contest);
-        } else {
-          contest.claims.push(claim);
         }
-        touched.add(contest);
         if (this.worked()) yield;
       }
     }
@@ -256,8 +267,8 @@ export class DesiredStateModel {
     const bulk = touched.size > BULK_CHANGES;
     const placed: Record<Family, Placements> = { ipv4: new Placements(), ipv6: new Placements() };
     let conflictsChanged = false;
-    for (const contest of touched) {
-      if (this.decide(contest, bulk ? placed[contest.family] : undefined)) conflictsChanged = true;
+    for (const [sortKey, before] of touched) {
+      if (this.decide(sortKey, before, bulk ? placed : undefined)) conflictsChanged = true;
       if (this.worked()) yield;
     }
     if (bulk) for (const family of ['ipv4', 'ipv6'] as const) placed[family].applyTo(this.entries[family]);
@@ -527,35 +538,56 @@ export class DesiredStateModel {
   }
 
   /**
-   * Decides who holds a key after its claims changed; true when its losers changed. The entry is
-   * placed in the sorted entries at once, or, for a bulk change, noted in `bulk`.
+   * Decides who holds a key after its claims changed (`before`: what held it before the change);
+   * true when its losers changed. The entry is placed in the sorted entries at once, or, for a
+   * bulk change, noted in `bulk`. A contest left with one claim gives way to it.
    */
-  private decide(contest: Contest, bulk: Placements | undefined): boolean {
-    const previous = contest.winner;
+  private decide(
+    sortKey: string,
+    before: Claim | Contest | undefined,
+    bulk: Record<Family, Placements> | undefined,
+  ): boolean {
+    const previous = before instanceof Contest ? before.winner : before;
+    const oldLosers = before instanceof Contest ? before.losers : NO_LOSERS;
+    let held = this.contests.get(sortKey);
+    if (held instanceof Contest && held.claims.length <= 1) {
+      this.contested.delete(held);
+      held = held.claims[0];
+      if (held) this.contests.set(sortKey, held);
+      else this.contests.delete(sortKey);
+    }
     let winner: Claim | undefined;
-    for (const claim of contest.claims) if (!winner || precedes(claim.record, winner.record)) winner = claim;
-    contest.winner = winner;
-    const sorted = this.entries[contest.family];
+    if (held instanceof Contest) {
+      for (const claim of held.claims) if (!winner || precedes(claim.record, winner.record)) winner = claim;
+      held.winner = winner;
+    } else {
+      winner = held;
+    }
     if (!winner) {
-      this.contests.delete(previous!.sortKey);
-      if (bulk) bulk.deletes.push(previous!.sortKey);
-      else sorted.delete(previous!.sortKey);
+      if (previous) {
+        const family = previous.entry.family;
+        if (bulk) bulk[family].deletes.push(sortKey);
+        else this.entries[family].delete(sortKey);
+      }
     } else if (winner !== previous) {
-      if (bulk) bulk.sets.push(winner);
-      else sorted.set(winner.sortKey, winner.entry);
+      const family = winner.entry.family;
+      if (bulk) bulk[family].sets.push(winner);
+      else this.entries[family].set(winner.sortKey, winner.entry);
     }
 
     // Most keys have one claim, and no losers: no arrays to make for them.
     const losers =
-      contest.claims.length <= 1
-        ? NO_LOSERS
-        : [...new Set(contest.claims.map((c) => c.record.service))]
+      held instanceof Contest
+        ? [...new Set(held.claims.map((c) => c.record.service))]
             .filter((service) => service !== winner?.record.service)
-            .sort();
-    if (losers.length === contest.losers.length && losers.every((l, i) => l === contest.losers[i])) return false;
-    contest.losers = losers.length > 0 ? losers.slice() : NO_LOSERS;
-    if (losers.length > 0) this.contested.add(contest);
-    else this.contested.delete(contest);
+            .sort()
+        : NO_LOSERS;
+    if (losers.length === oldLosers.length && losers.every((l, i) => l === oldLosers[i])) return false;
+    if (held instanceof Contest) {
+      held.losers = losers.length > 0 ? losers.slice() : NO_LOSERS;
+      if (losers.length > 0) this.contested.add(held);
+      else this.contested.delete(held);
+    }
     return true;
   }
 

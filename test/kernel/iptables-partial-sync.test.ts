@@ -98,9 +98,13 @@ for (const variant of ['legacy', 'nft'] as const) {
       expect((await backend.sync(model.update(services(), NODE_INFO), { full: true })).mode).to.equal('full');
 
       const fromPod = new Loop(
-        spawn('ip', ['netns', 'exec', scenario.network.pod.ns, process.execPath, CONNECT_LOOP, LB_V4, '80', 'svc-a', '5'], {
-          stdio: ['pipe', 'pipe', 'inherit'],
-        }),
+        spawn(
+          'ip',
+          ['netns', 'exec', scenario.network.pod.ns, process.execPath, CONNECT_LOOP, LB_V4, '80', 'svc-a', '5'],
+          {
+            stdio: ['pipe', 'pipe', 'inherit'],
+          },
+        ),
       );
       const fromNode = new Loop(
         spawn(process.execPath, [CONNECT_LOOP, LB_V4, '80', 'svc-a', '5'], { stdio: ['pipe', 'pipe', 'inherit'] }),
@@ -139,9 +143,15 @@ for (const variant of ['legacy', 'nft'] as const) {
         reports = [await fromPod.stop(), await fromNode.stop()];
       }
       // Every change is a partial write; no resync found a reason to write whole.
-      expect(modes.filter((m) => m.endsWith(':full')), modes.join(' ')).to.deep.equal([]);
+      expect(
+        modes.filter((m) => m.endsWith(':full')),
+        modes.join(' '),
+      ).to.deep.equal([]);
       expect(modes.filter((m) => m === 'P:partial')).to.have.length(32);
-      for (const [where, report] of [['pod', reports[0]!], ['node', reports[1]!]] as const) {
+      for (const [where, report] of [
+        ['pod', reports[0]!],
+        ['node', reports[1]!],
+      ] as const) {
         expect(report.total, where).to.be.at.least(100);
         expect(report.failures, `${where}: ${report.failed} of ${report.total} lost`).to.deep.equal([]);
         expect(report.answered, where).to.equal(report.total);
@@ -181,7 +191,16 @@ for (const variant of ['legacy', 'nft'] as const) {
       expect(commands).to.deep.equal(variant === 'nft' ? [] : ['iptables-legacy-save', 'ip6tables-legacy-save']);
       const rules = ourRules(variant, 'ipv4');
       const victim = rules.find((r) => r.startsWith('-A IPVS_OUTPUT') && r.includes('svc-7"') && r.includes('DNAT'))!;
-      sh(`iptables-${variant}`, ['-w', '-t', 'nat', '-D', ...victim.slice(3).split(' ').map((w) => w.replace(/"/g, ''))]);
+      sh(`iptables-${variant}`, [
+        '-w',
+        '-t',
+        'nat',
+        '-D',
+        ...victim
+          .slice(3)
+          .split(' ')
+          .map((w) => w.replace(/"/g, '')),
+      ]);
       expect(ourRules(variant, 'ipv4')).to.have.length(rules.length - 1);
       const result = await backend.sync(model.update(services, NODE_INFO), { full: true });
       expect(result.mode).to.equal('full');

@@ -8,6 +8,7 @@
 // Between syncs a jump guard (jump-guard.ts) keeps our jumps at rule 1 when another writer
 // prepends its own.
 
+import { execa } from 'execa';
 import type { Logger } from 'pino';
 import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
 import {
@@ -185,6 +186,51 @@ async function readVerificationView(commands: IptablesCommands): Promise<NatTabl
   return view;
 }
 
+/** Conntrack entries deleted after one repair at most: the window is short, a flood is not ours to clear. */
+const MAX_FORGOTTEN_FLOWS = 512;
+const CONNTRACK_TIMEOUT_MS = 5000;
+/** `conntrack -L` output we read: at most this much (a busy node's table can be far larger). */
+const MAX_CONNTRACK_LISTING_BYTES = 32 << 20;
+/** An unanswered flow: protocol, original source, destination and ports, then the reply's source. */
+const UNREPLIED_FLOW =
+  /^(tcp|udp)\s+\d+\s+\d+\s+(?:[A-Z_]+\s+)?src=(\S+) dst=(\S+) sport=(\d+) dport=(\d+) \[UNREPLIED\] src=(\S+) /;
+
+/**
+ * Deletes the conntrack entries that a displacement of our jump pinned: flows to one of our
+ * (external IP, protocol, port) whose first packet crossed the nat hook while another writer's
+ * jump ran first, so that they were not translated (the reply would come from the external IP
+ * itself), and that no reply has reached. NAT is decided on a flow's first packet: left alone,
+ * every retransmitted SYN of such a connection follows the untranslated entry until it times
+ * out. Deleted, the next retransmission starts a new entry and meets our DNAT. Flows that were
+ * answered are left alone (they work, through whatever answered them). Returns how many went;
+ * never throws (the conntrack command may be missing: a lost flow is a smaller harm).
+ */
+export async function forgetUntranslatedFlows(family: Family, keys: ReadonlySet<string>): Promise<number> {
+  if (keys.size === 0) return 0;
+  let deleted = 0;
+  for (const protocol of ['tcp', 'udp'] as const) {
+    const listing = await execa('conntrack', ['-L', '-f', family, '-p', protocol], {
+      reject: false,
+      timeout: CONNTRACK_TIMEOUT_MS,
+      stdin: 'ignore',
+      stderr: 'ignore',
+      maxBuffer: MAX_CONNTRACK_LISTING_BYTES,
+    });
+    if (typeof listing.stdout !== 'string') continue;
+    for (const line of listing.stdout.split('\n')) {
+      const m = UNREPLIED_FLOW.exec(line);
+      if (!m) continue;
+      const [, proto, src, dst, sport, dport, replySrc] = m as unknown as string[];
+      if (replySrc !== dst || !keys.has(`${dst!} ${proto!.toUpperCase()} ${dport!}`)) continue;
+      if (deleted >= MAX_FORGOTTEN_FLOWS) return deleted;
+      const args = ['-D', '-f', family, '-p', proto!, '-s', src!, '-d', dst!, '--sport', sport!, '--dport', dport!];
+      const result = await execa('conntrack', args, { reject: false, timeout: CONNTRACK_TIMEOUT_MS, stdin: 'ignore' });
+      if (result.exitCode === 0) deleted++;
+    }
+  }
+  return deleted;
+}
+
 export interface IptablesBackendOptions {
   /** Rejections (once per change) and jump repairs are logged here. */
   logger?: Logger;
@@ -192,6 +238,11 @@ export interface IptablesBackendOptions {
   jumpCheckIntervalMs?: number;
   /** Runs the iptables commands; the real ones by default. */
   runner?: IptablesRunner;
+  /**
+   * Deletes the flows a displacement of our jumps left untranslated (forgetUntranslatedFlows);
+   * by default the conntrack command with the real iptables commands, nothing with a stand-in runner.
+   */
+  forgetFlows?: (family: Family, keys: ReadonlySet<string>) => Promise<number>;
 }
 
 /** Two rules per entry, walked one by one by every new connection that leaves the node. */
@@ -235,6 +286,7 @@ export class IptablesBackend implements Backend {
         exclusive: (work) => this.exclusive(work),
         families: () => this.programmed.keys(),
         commit: (commands, text) => this.commit(commands, text, undefined),
+        afterRepair: (family) => this.forgetPinnedFlows(family),
         runner: options.runner,
       });
     }
@@ -308,6 +360,21 @@ export class IptablesBackend implements Backend {
     this.jumpGuard?.start();
     const { written: _written, ...reported } = result;
     return reported;
+  }
+
+  /** After our jump was displaced and put back: the flows it left untranslated go (forgetUntranslatedFlows). */
+  private async forgetPinnedFlows(family: Family): Promise<void> {
+    const programmed = this.programmed.get(family)?.value;
+    if (!programmed) return;
+    const keys = new Set(programmed.entries.map((e) => `${e.externalIp} ${e.protocol} ${e.port}`));
+    const forget = this.options.forgetFlows ?? (this.options.runner ? undefined : forgetUntranslatedFlows);
+    const deleted = forget ? await forget(family, keys).catch(() => 0) : 0;
+    if (deleted > 0) {
+      this.options.logger?.info(
+        { family, deleted },
+        'Deleted conntrack entries of connections that started untranslated while our jump was displaced',
+      );
+    }
   }
 
   private forget(family: Family): void {
@@ -487,6 +554,7 @@ export class IptablesBackend implements Backend {
       const repairs = renderJumpRepairs(view);
       if (repairs.length > 0) {
         await this.commit(commands, ['*nat', ...repairs, 'COMMIT', ''].join('\n'), basis);
+        await this.forgetPinnedFlows(family);
         return 'repaired';
       }
       if (basis !== undefined) this.trustedAt.set(family, basis);

@@ -160,11 +160,6 @@ export class NamedServer {
 
 const PROBE_CLIENT = fileURLToPath(new URL('./probe-client.js', import.meta.url));
 
-export interface ProbeResult {
-  /** The name of the server that answered, or 'timeout' / 'refused' / 'error:...'. */
-  answer: string;
-}
-
 /**
  * Connects (TCP) or sends (UDP) to address:port from inside `ns` (undefined: the node namespace)
  * and returns which server answered. Runs as a child process so it can enter another namespace.

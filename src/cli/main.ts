@@ -8,7 +8,7 @@ import { CommanderError } from 'commander';
 import { accessSync, constants as fsConstants, existsSync, statSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { delimiter, join } from 'node:path';
-import { createLogger, logFatal, writeStderr, type Logger } from '../log.js';
+import { PROGRAM, createLogger, logFatal, writeStderr, type Logger } from '../log.js';
 import {
   cleanupAll,
   describeBackend,
@@ -21,18 +21,16 @@ import {
 import { entryLimit, type Backend } from '../backends/backend.js';
 import { Controller } from '../controller.js';
 import { buildDesiredState } from '../model/desired-state.js';
-import type { DesiredState, NodeInfo, ServiceInfo } from '../model/types.js';
+import type { NodeInfo, ServiceInfo } from '../model/types.js';
 import { parseConfig, UsageError, type Config } from '../config/options.js';
 import { formatDuration } from '../config/duration.js';
 import { readObjectsFile } from './objects-file.js';
+import { dryRunReport } from './dry-run-report.js';
 import { toNodeInfo, toServiceInfo } from '../kube/objects.js';
 import type { Operations } from '../operations/operations.js';
-import { describeSettings, type EffectiveSettings } from '../kubeproxy/config.js';
-import { isNonIpvsMode, type ModeVerdict } from '../kubeproxy/mode.js';
+import { describeSettings } from '../kubeproxy/config.js';
 import { buildInfo } from '../build-info/version.js';
 import { interfaceAddresses } from '../node/interface-addresses.js';
-
-const PROGRAM = 'ipvs-node-controller';
 
 /** An error with a message meant for the user as it is. */
 class FatalError extends Error {
@@ -166,92 +164,11 @@ async function dryRun(config: Config): Promise<number> {
     maxEntries: entryLimit(dryRunCapacity(config.backend), config.maxEntries),
   };
   const desired = buildDesiredState(services, node, model);
+  // The report, then what the chosen backend would program: iptables-restore input, or nft text.
+  const text = dryRunReport(config, { services, desired, kubeProxy }) + renderDryRun(config.backend, desired);
   // Wait for the write: stdout on a pipe is asynchronous and process.exit would cut it short.
-  // What the chosen backend would program: iptables-restore input, or nft text.
-  const ruleset = renderDryRun(config.backend, desired);
-  const text =
-    describeDesiredState(desired, services.length) +
-    describeKubeProxy(config, kubeProxy) +
-    migrationReport(desired, services, kubeProxy.mode, config.kubeProxyStepAside) +
-    ruleset;
   await new Promise<void>((resolve, reject) => process.stdout.write(text, (err) => (err ? reject(err) : resolve())));
   return 0;
-}
-
-/** A header of nft comments: what was read, what was skipped and why. */
-function describeDesiredState(desired: DesiredState, services: number): string {
-  const lines = [
-    `# ${services} Services read; ${desired.ipv4.entries.length} IPv4 and ${desired.ipv6.entries.length} IPv6 entries`,
-  ];
-  for (const s of desired.skips) lines.push(`# skipped ${s.service}: ${s.reason} (${s.detail})`);
-  for (const c of desired.conflicts) {
-    lines.push(`# conflict ${c.externalIp} ${c.protocol}/${c.port}: ${c.winner} wins over ${c.loser}`);
-  }
-  return lines.join('\n') + '\n\n';
-}
-
-/** kube-proxy as this node sees it: the mode and its signal, each effective setting and its source. */
-function describeKubeProxy(
-  config: Config,
-  k: { settings: EffectiveSettings; mode: ModeVerdict; fileProblem?: string },
-): string {
-  const lines = [`# kube-proxy mode: ${k.mode.mode} (${k.mode.source}: ${k.mode.detail})`];
-  if (config.kubeProxyConfig) {
-    lines.push(
-      `# kube-proxy configuration: ${config.kubeProxyConfig}${k.fileProblem ? ` not used: ${k.fileProblem}` : ''}`,
-    );
-  }
-  for (const line of describeSettings(k.settings)) lines.push(`# setting ${line}`);
-  if (isNonIpvsMode(k.mode.mode)) {
-    lines.push(
-      config.kubeProxyStepAside
-        ? `# kube-proxy is in ${k.mode.mode} mode: the controller steps aside and programs nothing; below is what it programs in IPVS mode`
-        : `# kube-proxy is in ${k.mode.mode} mode and --kube-proxy-step-aside=false: the ruleset below would preempt kube-proxy's DNAT`,
-    );
-  }
-  return lines.join('\n') + '\n\n';
-}
-
-/**
- * Per Service: whether this node's path to its external addresses depends on the controller, and
- * what kube-proxy's mode means for it (the migration off IPVS: docs/operations.md).
- */
-function migrationReport(
-  desired: DesiredState,
-  services: ServiceInfo[],
-  mode: ModeVerdict,
-  stepAside: boolean,
-): string {
-  const byService = new Map<string, string[]>();
-  for (const e of [...desired.ipv4.entries, ...desired.ipv6.entries]) {
-    const list = byService.get(e.service) ?? [];
-    list.push(`${e.externalIp} ${e.protocol}/${e.port}`);
-    byService.set(e.service, list);
-  }
-  const policy = new Map(services.map((s) => [`${s.namespace}/${s.name}`, s.externalTrafficPolicy]));
-  const lines = ['# migration report (this node):'];
-  for (const [service, addresses] of [...byService].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) {
-    const local = policy.get(service) === 'Local';
-    let verdict: string;
-    if (isNonIpvsMode(mode.mode)) {
-      verdict = stepAside
-        ? `kube-proxy (${mode.mode}) serves it: no dependency on the controller, which steps aside`
-        : `kube-proxy (${mode.mode}) serves it, but our translation would break it: drop --kube-proxy-step-aside=false`;
-    } else if (local) {
-      verdict =
-        'depends on the controller: in IPVS mode the address has only local endpoints (externalTrafficPolicy Local); ' +
-        'a move to nftables mode makes kube-proxy serve it';
-    } else {
-      verdict = 'translated, but IPVS serves it without the controller too (externalTrafficPolicy Cluster)';
-    }
-    if (mode.mode === 'unknown') verdict += "; kube-proxy's mode is unknown here";
-    lines.push(`#   ${service} ${addresses.join(', ')}: ${verdict}`);
-  }
-  for (const s of desired.skips.filter((s) => s.reason === 'optedOut')) {
-    lines.push(`#   ${s.service}: opted out (${s.detail}): never translated, kube-proxy alone serves it`);
-  }
-  if (lines.length === 1) lines.push('#   no Service is translated on this node');
-  return lines.join('\n') + '\n\n';
 }
 
 // The Kubernetes client is loaded only when needed: it dominates start-up time (--help, --dry-run from a file).
@@ -379,11 +296,8 @@ async function runController(
     onSettings: (settings) => controller?.setModelConfig(settings.model, describeSettings(settings)),
     onMode: (verdict) => controller?.onKubeProxyMode(verdict),
   });
-  const { NodeStepAsideEvents } = await import('../kubeproxy/node-events.js');
-  const nodeEvents = config.emitEvents ? new NodeStepAsideEvents(kc, config.nodeName, logger) : undefined;
-  const { allControllerObservers } = await import('../metrics/observers.js');
   controller = new Controller({
-    observer: allControllerObservers(operations.controllerObserver(kc, caches.services), nodeEvents),
+    observer: operations.controllerObserver(kc, caches.services),
     caches,
     backend,
     model: kubeProxy.settings.model,
@@ -415,7 +329,6 @@ async function runController(
   await stopped;
   await kubeProxy.stop();
   await controller.stop();
-  await nodeEvents?.flush();
   await backend.close?.();
   return 0;
 }

@@ -12,11 +12,12 @@ import {
   type ModelConfig,
 } from '../model/types.js';
 import { parseDuration } from './duration.js';
-import type { KubeProxyModelSetting, SettingSource } from '../kubeproxy/config.js';
+import type { KubeProxyModelSetting, SettingSource } from './setting-sources.js';
+import type { BindAddress } from '../http/endpoint.js';
+import type { BackendChoice } from '../backends/registry.js';
 import { buildInfo } from '../build-info/version.js';
 import { LOG_FORMATS, type LogFormat } from '../log.js';
 
-export type BackendChoice = 'auto' | 'nft' | 'iptables' | 'ebpf';
 export type NftExecutorChoice = 'auto' | 'addon' | 'cli';
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error';
 
@@ -59,12 +60,6 @@ export interface Config {
   kubeProxyStepAside: boolean;
   /** --max-entries: entries per family this node programs at most; undefined: the backend's default. */
   maxEntries?: number;
-}
-
-/** An IP address and TCP port to listen on. */
-export interface BindAddress {
-  host: string;
-  port: number;
 }
 
 export const DEFAULT_METRICS_BIND_ADDRESS = '0.0.0.0:9477';

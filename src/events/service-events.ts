@@ -12,9 +12,7 @@ import type { KubeConfig } from '@kubernetes/client-node';
 import { kobj, type Logger } from '../log.js';
 import type { ControllerObserver } from '../controller.js';
 import type { Conflict, ServiceInfo, Skip, SkipReason } from '../model/types.js';
-import { apiRequest, statusMessage } from '../kube/request.js';
-
-export const EVENT_COMPONENT = 'ipvs-node-controller';
+import { postEvent } from './post-event.js';
 
 /** What each skip means for traffic, in one clause; also the troubleshooting text of the docs. */
 export const SKIP_EXPLANATIONS: Record<SkipReason, string> = {
@@ -132,55 +130,31 @@ export class ServiceEventRecorder implements ControllerObserver {
     const [namespace, name] = event.service.split('/') as [string, string];
     const svc = this.options.services.list().find((s) => s.namespace === namespace && s.name === name);
     if (!svc?.uid) return; // deleted meanwhile: nothing to describe
-    const now = new Date().toISOString();
     const digest = createHash('sha256')
       .update(`${svc.uid}\n${event.reason}\n${event.message}`)
       .digest('hex')
       .slice(0, 16);
-    // A core/v1 Event, as `kubectl describe` reads it (the legacy fields plus the reporting ones).
-    const body = {
-      apiVersion: 'v1',
-      kind: 'Event',
-      metadata: { name: `${name}.${digest}`, namespace },
+    const failure = await postEvent(this.options.kubeConfig, {
+      namespace,
+      name: { name: `${name}.${digest}` },
       involvedObject: { apiVersion: 'v1', kind: 'Service', namespace, name, uid: svc.uid },
       reason: event.reason,
       message: event.message,
       type: event.type,
-      count: 1,
-      firstTimestamp: now,
-      lastTimestamp: now,
-      source: { component: EVENT_COMPONENT, host: this.options.nodeName },
-      reportingComponent: EVENT_COMPONENT,
-      reportingInstance: this.options.nodeName,
-    };
-    let code: number | undefined;
-    let failure: Error;
-    try {
-      const response = await apiRequest(
-        this.options.kubeConfig,
-        `/api/v1/namespaces/${encodeURIComponent(namespace)}/events`,
-        {
-          method: 'POST',
-          body,
-          timeoutMs: 30_000,
-        },
-      );
-      code = response.status;
-      if (code >= 200 && code < 300) {
-        this.failing = false;
-        return;
-      }
-      failure = new Error(statusMessage(response));
-    } catch (err) {
-      failure = err as Error;
+      nodeName: this.options.nodeName,
+    });
+    if (!failure) {
+      this.failing = false;
+      return;
     }
+    const { code, err } = failure;
     if (code === 409) return; // another node (or an earlier run) recorded the same Event
     if (code === 403) {
       this.forbidden = true;
       this.queue.length = 0;
       this.options.logger.warn(
         {
-          err: failure,
+          err,
           hint: 'grant the service account create on events (deploy/components/emit-events) or drop --emit-events',
         },
         'Failed to record Events, the service account may not create events',
@@ -189,7 +163,7 @@ export class ServiceEventRecorder implements ControllerObserver {
     }
     if (!this.failing) {
       this.failing = true;
-      this.options.logger.warn({ service: kobj(event.service), err: failure }, 'Failed to record an Event');
+      this.options.logger.warn({ service: kobj(event.service), err }, 'Failed to record an Event');
     }
   }
 }

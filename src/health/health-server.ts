@@ -1,9 +1,8 @@
 // /healthz (liveness) and /readyz (readiness) over HTTP: 200 or 503, with a JSON body that says
 // why, for people reading `kubectl describe pod` and for scripts.
 
-import type { BindAddress } from '../config/options.js';
+import { HttpEndpoint, type BindAddress, type EndpointResponse } from '../http/endpoint.js';
 import { judgeLiveness, judgeReadiness, type HealthInputs, type Judgement } from './health.js';
-import { HttpEndpoint, type EndpointResponse } from './http-endpoint.js';
 
 function respond(judgement: Judgement, inputs: HealthInputs): EndpointResponse {
   const last = inputs.status.lastSuccessfulSyncAt;

@@ -2,8 +2,8 @@
 // its settings (the configuration file, followed) and its live mode (polled).
 
 import type { Logger } from 'pino';
-import { parseBindAddress, type BindAddress, type Config } from '../config/options.js';
-import { formatBindAddress } from '../health/http-endpoint.js';
+import { parseBindAddress, type Config } from '../config/options.js';
+import { formatBindAddress, type BindAddress } from '../http/endpoint.js';
 import {
   KubeProxyConfigFollower,
   describeSettings,

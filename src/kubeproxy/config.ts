@@ -7,8 +7,12 @@ import type { Logger } from 'pino';
 import YAML from 'yaml';
 import { parseCidr, formatCidr } from '../model/ip.js';
 import { DETECT_LOCAL_MODES, type DetectLocalMode, type ModelConfig } from '../model/types.js';
+import {
+  KUBE_PROXY_MODEL_SETTINGS,
+  type KubeProxyModelSetting,
+  type SettingSource,
+} from '../config/setting-sources.js';
 
-export const KUBE_PROXY_API_GROUP = 'kubeproxy.config.k8s.io';
 export const KUBE_PROXY_API_VERSIONS = ['kubeproxy.config.k8s.io/v1alpha1'];
 
 /**
@@ -145,20 +149,6 @@ export function parseKubeProxyConfiguration(text: string): KubeProxySettings {
   }
   return out;
 }
-
-/** Where an effective setting came from, as logged and shown on /readyz and in --dry-run. */
-export type SettingSource = 'flag' | 'env' | 'kube-proxy-config' | 'default';
-
-/** The model settings that kube-proxy's configuration can provide. */
-export const KUBE_PROXY_MODEL_SETTINGS = [
-  'detectLocalMode',
-  'clusterCidrs',
-  'podBridgeInterface',
-  'podInterfaceNamePrefix',
-  'masqueradeBit',
-  'allowServiceExternalIPs',
-] as const;
-export type KubeProxyModelSetting = (typeof KUBE_PROXY_MODEL_SETTINGS)[number];
 
 /** What the flags said, and which of them were given (flag or environment) rather than defaulted. */
 export interface FlagSettings {

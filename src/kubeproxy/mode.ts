@@ -9,7 +9,7 @@
 import http from 'node:http';
 import { readFile } from 'node:fs/promises';
 import type { Logger } from 'pino';
-import type { BindAddress } from '../config/options.js';
+import type { BindAddress } from '../http/endpoint.js';
 
 export type ProxyMode = 'ipvs' | 'iptables' | 'nftables' | 'kernelspace' | 'unknown';
 export const PROXY_MODES: readonly ProxyMode[] = ['ipvs', 'iptables', 'nftables', 'kernelspace', 'unknown'];

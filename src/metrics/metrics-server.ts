@@ -1,7 +1,6 @@
 // /metrics over HTTP in the Prometheus text format.
 
-import type { BindAddress } from '../config/options.js';
-import { HttpEndpoint } from '../health/http-endpoint.js';
+import { HttpEndpoint, type BindAddress } from '../http/endpoint.js';
 import type { ControllerMetrics } from './controller-metrics.js';
 
 export function startMetricsEndpoint(bind: BindAddress, metrics: ControllerMetrics): Promise<HttpEndpoint> {

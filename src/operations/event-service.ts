@@ -1,18 +1,27 @@
-// Service Events (--emit-events): skips and conflicts reported on the Services they concern.
+// Events (--emit-events): skips and conflicts on the Services they concern, and the controller
+// stepping aside for kube-proxy and back on this node's Node.
 
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import type { Config } from '../config/options.js';
+import type { ControllerObserver } from '../controller.js';
+import { NodeStepAsideEvents } from '../events/node-events.js';
 import { ServiceEventRecorder } from '../events/service-events.js';
 import type { ServiceInfo } from '../model/types.js';
 
-/** The recorder when --emit-events is set, else undefined. */
-export function serviceEvents(
+/** A recorder of Events: it observes the controller, and flush() waits for what it is sending. */
+export type EventRecorder = ControllerObserver & { flush(): Promise<void> };
+
+/** The recorders when --emit-events is set, else none. */
+export function eventRecorders(
   config: Pick<Config, 'emitEvents' | 'nodeName'>,
   kubeConfig: KubeConfig,
   services: { list(): ServiceInfo[] },
   logger: Logger,
-): ServiceEventRecorder | undefined {
-  if (!config.emitEvents) return undefined;
-  return new ServiceEventRecorder({ kubeConfig, nodeName: config.nodeName, services, logger });
+): EventRecorder[] {
+  if (!config.emitEvents) return [];
+  return [
+    new ServiceEventRecorder({ kubeConfig, nodeName: config.nodeName, services, logger }),
+    new NodeStepAsideEvents(kubeConfig, config.nodeName, logger),
+  ];
 }

@@ -5,8 +5,7 @@ import type { Logger } from 'pino';
 import type { Controller, ControllerStatus } from '../controller.js';
 import { ApiReachability, type HealthInputs } from '../health/health.js';
 import { startHealthEndpoint } from '../health/health-server.js';
-import type { BindAddress } from '../config/options.js';
-import type { HttpEndpoint } from '../health/http-endpoint.js';
+import type { BindAddress, HttpEndpoint } from '../http/endpoint.js';
 
 const NOT_STARTED: ControllerStatus = { cachesSynced: false, localPodMatchProblems: [] };
 

@@ -2,8 +2,7 @@
 
 import type { Backend } from '../backends/backend.js';
 import { describeBackend } from '../backends/registry.js';
-import type { BindAddress } from '../config/options.js';
-import type { HttpEndpoint } from '../health/http-endpoint.js';
+import type { BindAddress, HttpEndpoint } from '../http/endpoint.js';
 import { ControllerMetrics } from '../metrics/controller-metrics.js';
 import { startMetricsEndpoint } from '../metrics/metrics-server.js';
 

@@ -1,19 +1,17 @@
 // Everything an operator watches the controller through, started by the CLI's run command in
 // one piece: /metrics (metrics-service.ts), /healthz and /readyz (health-service.ts), and the
-// optional Service Events (event-service.ts).
+// optional Events on Services and on the Node (event-service.ts).
 
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import type { Backend } from '../backends/backend.js';
 import type { Config } from '../config/options.js';
 import type { Controller, ControllerObserver } from '../controller.js';
-import type { ServiceEventRecorder } from '../events/service-events.js';
-import type { HealthInputs } from '../health/health.js';
-import { formatBindAddress, type HttpEndpoint } from '../health/http-endpoint.js';
+import { formatBindAddress, type HttpEndpoint } from '../http/endpoint.js';
 import type { InformerObserver } from '../kube/informer.js';
 import type { ServiceInfo } from '../model/types.js';
-import { allControllerObservers, allInformerObservers } from '../metrics/observers.js';
-import { serviceEvents } from './event-service.js';
+import { allControllerObservers, allInformerObservers } from './observer-fan-out.js';
+import { eventRecorders, type EventRecorder } from './event-service.js';
 import { HealthService } from './health-service.js';
 import { MetricsService } from './metrics-service.js';
 
@@ -22,7 +20,7 @@ export class Operations {
   readonly metrics = this.metricsService.metrics;
   readonly health: HealthService;
   private readonly endpoints: HttpEndpoint[] = [];
-  private events: ServiceEventRecorder | undefined;
+  private events: EventRecorder[] = [];
 
   private constructor(
     private readonly config: Config,
@@ -57,8 +55,8 @@ export class Operations {
 
   /** The controller's observer: metrics, and Events when --emit-events is set. */
   controllerObserver(kubeConfig: KubeConfig, services: { list(): ServiceInfo[] }): ControllerObserver {
-    this.events = serviceEvents(this.config, kubeConfig, services, this.logger);
-    return allControllerObservers(this.metrics, this.events);
+    this.events = eventRecorders(this.config, kubeConfig, services, this.logger);
+    return allControllerObservers(this.metrics, ...this.events);
   }
 
   /** Health is judged from this controller's status from now on. */
@@ -66,12 +64,8 @@ export class Operations {
     this.health.attach(controller);
   }
 
-  healthInputs(): HealthInputs {
-    return this.health.inputs();
-  }
-
   async close(): Promise<void> {
-    await this.events?.flush();
+    await Promise.all(this.events.map((e) => e.flush()));
     await Promise.all(this.endpoints.splice(0).map((e) => e.close()));
   }
 }

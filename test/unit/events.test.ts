@@ -1,5 +1,5 @@
-// Service Events (--emit-events) recorded through the real client against the API stand-in, and
-// read back the way an operator reads them: kubectl describe / get events.
+// Events (--emit-events) on Services and on the Node, recorded through the real client against the
+// API stand-in, and read back the way an operator reads them: kubectl describe / get events.
 
 import { expect } from 'chai';
 import { execFile } from 'node:child_process';
@@ -9,6 +9,9 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { KubeConfig } from '@kubernetes/client-node';
 import { ServiceEventRecorder, SKIP_EXPLANATIONS } from '../../src/events/service-events.js';
+import { NodeStepAsideEvents, RESUMED_REASON, STEPPED_ASIDE_REASON } from '../../src/events/node-events.js';
+import type { KubeProxyStatus } from '../../src/controller.js';
+import { eventRecorders } from '../../src/operations/event-service.js';
 import { toServiceInfo } from '../../src/kube/objects.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { SKIP_REASONS, type DesiredState, type ServiceInfo } from '../../src/model/types.js';
@@ -169,5 +172,79 @@ describe('Service Events', function () {
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
+  });
+});
+
+describe('Node Events', function () {
+  this.timeout(30_000);
+  let server: ApiStandIn;
+  let kc: KubeConfig;
+  const logLines: string[] = [];
+  const logger = linesLogger(logLines);
+  const status = (steppedAside: boolean): KubeProxyStatus => ({
+    mode: steppedAside
+      ? { mode: 'nftables', source: 'proxyMode', detail: 'kube-proxy answers /proxyMode: nftables' }
+      : { mode: 'ipvs', source: 'proxyMode', detail: 'kube-proxy answers /proxyMode: ipvs' },
+    steppedAside,
+    ...(steppedAside ? { reason: 'kube-proxy is in nftables mode' } : {}),
+    settings: [],
+  });
+
+  beforeEach(async () => {
+    logLines.length = 0;
+    server = await ApiStandIn.start();
+    kc = new KubeConfig();
+    kc.loadFromString(server.kubeconfig());
+  });
+  afterEach(async () => server.stop());
+
+  it('records stepping aside and back once each, on the Node in default, as the kubelet names them', async () => {
+    const recorder = new NodeStepAsideEvents(kc, 'node-1', logger);
+    recorder.onKubeProxy(status(false)); // programming from the start: nothing to say
+    recorder.onKubeProxy(status(true));
+    recorder.onKubeProxy(status(true)); // still aside: no second Event
+    recorder.onKubeProxy(status(false));
+    await recorder.flush();
+
+    const events = server.list('Event') as Json[];
+    expect(events.map((e) => e.reason)).to.deep.equal([STEPPED_ASIDE_REASON, RESUMED_REASON]);
+    for (const e of events) {
+      expect(e.metadata.namespace).to.equal('default');
+      expect(e.metadata.name).to.match(/^node-1\./);
+      expect(e.involvedObject).to.deep.equal({ apiVersion: 'v1', kind: 'Node', name: 'node-1', uid: 'node-1' });
+      expect(e.type).to.equal('Normal');
+      expect(e.source).to.deep.equal({ component: 'ipvs-node-controller', host: 'node-1' });
+      expect(e.reportingComponent).to.equal('ipvs-node-controller');
+      expect(e.reportingInstance).to.equal('node-1');
+    }
+    expect(events[0]!.message).to.equal(
+      'ipvs-node-controller removed its rules and programs nothing: kube-proxy is in nftables mode',
+    );
+    expect(events[1]!.message).to.equal(
+      'ipvs-node-controller translates again: kube-proxy is in IPVS mode (kube-proxy answers /proxyMode: ipvs)',
+    );
+    expect(logLines).to.deep.equal([]);
+  });
+
+  it('is recorded with --emit-events beside the Service Events, and not without', () => {
+    const services = { list: (): ServiceInfo[] => [] };
+    expect(eventRecorders({ emitEvents: false, nodeName: 'node-1' }, kc, services, logger)).to.deep.equal([]);
+    const recorders = eventRecorders({ emitEvents: true, nodeName: 'node-1' }, kc, services, logger);
+    expect(recorders.map((r) => r.constructor)).to.deep.equal([ServiceEventRecorder, NodeStepAsideEvents]);
+  });
+
+  it('logs one line when the API server cannot be reached, and records the next change', async () => {
+    const recorder = new NodeStepAsideEvents(kc, 'node-1', logger);
+    server.setUnavailable(true);
+    recorder.onKubeProxy(status(true));
+    await recorder.flush();
+    server.setUnavailable(false);
+    expect(server.list('Event')).to.have.lengthOf(0);
+    expect(logLines).to.have.lengthOf(1);
+    expect(JSON.parse(logLines[0]!)).to.include({ msg: 'Failed to record the Node Event' });
+
+    recorder.onKubeProxy(status(false));
+    await recorder.flush();
+    expect((server.list('Event') as Json[]).map((e) => e.reason)).to.deep.equal([RESUMED_REASON]);
   });
 });

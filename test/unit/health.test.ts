@@ -6,7 +6,7 @@ import { KubeConfig } from '@kubernetes/client-node';
 import type { ControllerStatus } from '../../src/controller.js';
 import { ApiReachability, judgeLiveness, judgeReadiness, type HealthInputs } from '../../src/health/health.js';
 import { startHealthEndpoint } from '../../src/health/health-server.js';
-import type { HttpEndpoint } from '../../src/health/http-endpoint.js';
+import type { HttpEndpoint } from '../../src/http/endpoint.js';
 import { createClusterCaches, type ClusterCaches } from '../../src/kube/cluster.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { httpGet } from '../support/scrape.js';

@@ -18,7 +18,7 @@ import {
   judgeMode,
   type ModeVerdict,
 } from '../../src/kubeproxy/mode.js';
-import type { BindAddress } from '../../src/config/options.js';
+import type { BindAddress } from '../../src/http/endpoint.js';
 
 /** A kube-proxy metrics endpoint stand-in whose /proxyMode behaviour the test sets. */
 class ProxyModeServer {

@@ -3,8 +3,8 @@
 import { expect } from 'chai';
 import { ControllerMetrics, METRIC_PREFIX } from '../../src/metrics/controller-metrics.js';
 import { startMetricsEndpoint } from '../../src/metrics/metrics-server.js';
-import { allControllerObservers, allInformerObservers } from '../../src/metrics/observers.js';
-import { HttpEndpoint } from '../../src/health/http-endpoint.js';
+import { allControllerObservers, allInformerObservers } from '../../src/operations/observer-fan-out.js';
+import { HttpEndpoint } from '../../src/http/endpoint.js';
 import { Operations } from '../../src/operations/operations.js';
 import { parseConfig } from '../../src/config/options.js';
 import { NftBackend } from '../../src/backends/nft/nft-backend.js';

@@ -1,9 +1,14 @@
-// A plain HTTP listener for the operational endpoints (/metrics, /healthz, /readyz): GET or
-// HEAD on a fixed set of paths, nothing else. Not the place for business logic.
+// The one HTTP server of the process, shared by /metrics (src/metrics/) and /healthz and /readyz
+// (src/health/): GET or HEAD on a fixed set of paths, nothing else. Not the place for business logic.
 
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
-import type { BindAddress } from '../config/options.js';
+
+/** An IP address and TCP port to listen on (or, for kube-proxy's /proxyMode, to ask). */
+export interface BindAddress {
+  host: string;
+  port: number;
+}
 
 export interface EndpointResponse {
   status: number;

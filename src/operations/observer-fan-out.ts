@@ -1,9 +1,13 @@
-// The controller and each informer take one observer; these pass every hook on to several.
+// Event fan-out: the controller and each informer take one observer; these pass every hook on
+// to several (metrics, health, Events, the CLI's own logging). Each returns every hook
+// (Required<>): a hook added to an observer interface fails to compile here until it is passed on.
 
 import type { ControllerObserver } from '../controller.js';
 import type { InformerObserver } from '../kube/informer.js';
 
-export function allControllerObservers(...observers: Array<ControllerObserver | undefined>): ControllerObserver {
+export function allControllerObservers(
+  ...observers: Array<ControllerObserver | undefined>
+): Required<ControllerObserver> {
   const present = observers.filter((o): o is ControllerObserver => o !== undefined);
   return {
     onDesiredState: (desired) => present.forEach((o) => o.onDesiredState?.(desired)),
@@ -15,7 +19,7 @@ export function allControllerObservers(...observers: Array<ControllerObserver | 
   };
 }
 
-export function allInformerObservers(...observers: Array<InformerObserver | undefined>): InformerObserver {
+export function allInformerObservers(...observers: Array<InformerObserver | undefined>): Required<InformerObserver> {
   const present = observers.filter((o): o is InformerObserver => o !== undefined);
   return {
     onList: (resource) => present.forEach((o) => o.onList?.(resource)),

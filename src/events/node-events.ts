@@ -1,0 +1,53 @@
+// With --emit-events: one Event on this node's Node object when the controller steps aside for
+// kube-proxy and when it programs again, so `kubectl describe node` says why nothing is translated.
+
+import type { KubeConfig } from '@kubernetes/client-node';
+import type { Logger } from '../log.js';
+import type { ControllerObserver, KubeProxyStatus } from '../controller.js';
+import { EVENT_COMPONENT, postEvent } from './post-event.js';
+
+export const STEPPED_ASIDE_REASON = 'SteppedAsideForKubeProxy';
+export const RESUMED_REASON = 'TranslatingForKubeProxyIpvs';
+
+export class NodeStepAsideEvents implements ControllerObserver {
+  private lastSteppedAside = false;
+  private sending: Promise<void> = Promise.resolve();
+
+  constructor(
+    private readonly kubeConfig: KubeConfig,
+    private readonly nodeName: string,
+    private readonly logger: Logger,
+  ) {}
+
+  onKubeProxy(status: KubeProxyStatus): void {
+    if (status.steppedAside === this.lastSteppedAside) return;
+    this.lastSteppedAside = status.steppedAside;
+    const message = status.steppedAside
+      ? `${EVENT_COMPONENT} removed its rules and programs nothing: ${status.reason ?? 'kube-proxy is not in IPVS mode'}`
+      : `${EVENT_COMPONENT} translates again: kube-proxy is in IPVS mode (${status.mode.detail})`;
+    this.sending = this.sending.then(() =>
+      this.send(status.steppedAside ? STEPPED_ASIDE_REASON : RESUMED_REASON, message),
+    );
+  }
+
+  async flush(): Promise<void> {
+    await this.sending;
+  }
+
+  private async send(reason: string, message: string): Promise<void> {
+    const failure = await postEvent(this.kubeConfig, {
+      // Node Events live in `default`, with the node's name as uid, as the kubelet records them.
+      namespace: 'default',
+      name: { generateName: `${this.nodeName}.` },
+      involvedObject: { apiVersion: 'v1', kind: 'Node', name: this.nodeName, uid: this.nodeName },
+      reason,
+      message,
+      type: 'Normal',
+      nodeName: this.nodeName,
+    });
+    if (!failure) return;
+    const hint =
+      failure.code === 403 ? 'grant the service account create on events (deploy/components/emit-events)' : undefined;
+    this.logger.warn({ err: failure.err, hint }, 'Failed to record the Node Event');
+  }
+}

@@ -1,12 +1,17 @@
 // The iptables backend: chains IPVS_PREROUTING and IPVS_OUTPUT in the nat table of one iptables
-// variant (legacy or nft), for IPv4 (iptables) and IPv6 (ip6tables). A sync rewrites our two
-// chains and repairs the jump rules in one `-restore --noflush` transaction per family; the
-// xtables lock (-w) keeps kube-proxy's own restores and ours from interleaving. With
-// iptables-legacy the whole nat table is read anyway, so a table that already holds exactly our
-// rules is left as it is (no rewrite, counters kept); iptables-nft is not read that far (listing
-// a large chain costs as much as writing it) and is rewritten on every full sync.
+// variant (legacy or nft), for IPv4 (iptables) and IPv6 (ip6tables). Every write is one
+// `-restore --noflush` per family, atomic on its own: iptables-legacy replaces the whole table
+// blob in one call, iptables-nft commits the input as one nf_tables batch. The xtables lock (-w)
+// keeps kube-proxy's own restores and ours from interleaving.
+// - A change writes only the rules that changed (render.ts renderPartialRestore): deletes by spec
+//   and appends, nothing read, nothing flushed.
+// - A whole write (first sync, a changed local pod match or mark, a partial write refused, chains
+//   found changed) declares our chains, so flushes them, and repairs the jumps.
+// - A periodic resync writes the change, then verifies that the chains are what was last written
+//   (iptables-nft: the ruleset generation says so without a listing when only we committed;
+//   iptables-legacy: the `-save` read anyway) and rewrites them only if not.
 // Between syncs a jump guard (jump-guard.ts) keeps our jumps at rule 1 when another writer
-// prepends its own.
+// prepends its own, and the flows that the displacement left untranslated are forgotten.
 
 import { execa } from 'execa';
 import type { Logger } from 'pino';
@@ -26,15 +31,7 @@ import {
   type IptablesRunner,
   type IptablesVariant,
 } from './apply.js';
-import {
-  JUMPS,
-  KUBE_MARK_MASQ,
-  OUR_CHAINS,
-  emptyNatTable,
-  hasOurObjects,
-  parseNatSave,
-  type NatTableView,
-} from './parse.js';
+import { KUBE_MARK_MASQ, OUR_CHAINS, emptyNatTable, hasOurObjects, parseNatSave, type NatTableView } from './parse.js';
 import {
   chainsHold,
   entryLabel,
@@ -45,7 +42,7 @@ import {
   renderPartialRestore,
   type Rejection,
 } from './render.js';
-import { JumpGuard } from './jump-guard.js';
+import { JumpGuard, readJumpView } from './jump-guard.js';
 
 /** A restore can lose a race with another writer between our read and our write: read again. */
 const ATTEMPTS = 3;
@@ -83,27 +80,6 @@ export async function readNatTable(commands: IptablesCommands): Promise<NatTable
     if (err instanceof IptablesToolMissing) return undefined;
     throw err;
   }
-}
-
-/**
- * What a sync needs to know of the nat table: the rules of PREROUTING and OUTPUT and whether
- * KUBE-MARK-MASQ exists. iptables-nft lists single chains cheaply (a whole -save of a large
- * table takes about as long as writing it); iptables-legacy reads the whole table blob for any
- * listing, so one -save is cheapest there.
- */
-export async function readJumpView(commands: IptablesCommands): Promise<NatTableView> {
-  if (commands.variant === 'legacy') return parseNatSave(await commands.save('nat'));
-  const view = emptyNatTable();
-  for (const chain of [...JUMPS.map((j) => j.from), KUBE_MARK_MASQ]) {
-    const lines = await commands.listRules('nat', chain);
-    if (lines === undefined) continue;
-    view.chains.add(chain);
-    view.rules.set(
-      chain,
-      lines.map((l) => l.slice(`-A ${chain} `.length)),
-    );
-  }
-  return view;
 }
 
 /** Removes our chains and jumps from one variant and family. Idempotent; nothing to do without the tools. */

@@ -8,9 +8,8 @@
 import type { Logger } from 'pino';
 import type { Family } from '../../model/types.js';
 import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './apply.js';
-import { JUMPS } from './parse.js';
+import { JUMPS, KUBE_MARK_MASQ, emptyNatTable, parseNatSave, type NatTableView } from './parse.js';
 import { renderJumpRepairs } from './render.js';
-import { readJumpView } from './iptables-backend.js';
 
 /**
  * A round takes at most this share of the time: iptables-legacy reads and parses the whole nat
@@ -25,6 +24,27 @@ const MAX_DUTY_CYCLE = 0.05;
  * which new connections miss our DNAT shrinks from the interval to about this.
  */
 export const GENERATION_POLL_MS = 50;
+
+/**
+ * What a sync needs to know of the nat table: the rules of PREROUTING and OUTPUT and whether
+ * KUBE-MARK-MASQ exists. iptables-nft lists single chains cheaply (a whole -save of a large
+ * table takes about as long as writing it); iptables-legacy reads the whole table blob for any
+ * listing, so one -save is cheapest there.
+ */
+export async function readJumpView(commands: IptablesCommands): Promise<NatTableView> {
+  if (commands.variant === 'legacy') return parseNatSave(await commands.save('nat'));
+  const view = emptyNatTable();
+  for (const chain of [...JUMPS.map((j) => j.from), KUBE_MARK_MASQ]) {
+    const lines = await commands.listRules('nat', chain);
+    if (lines === undefined) continue;
+    view.chains.add(chain);
+    view.rules.set(
+      chain,
+      lines.map((l) => l.slice(`-A ${chain} `.length)),
+    );
+  }
+  return view;
+}
 
 export interface JumpGuardOptions {
   variant: IptablesVariant;

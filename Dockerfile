@@ -23,7 +23,7 @@ ARG RUNTIME_IMAGE=debian:trixie-slim
 FROM ${BUILD_IMAGE} AS build
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      libnftables-dev libbpf-dev linux-libc-dev clang llvm pkg-config python3 make g++ \
+      libnftables-dev libnftnl-dev libmnl-dev libbpf-dev linux-libc-dev clang llvm pkg-config python3 make g++ \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY package.json package-lock.json binding.gyp ./
@@ -38,37 +38,41 @@ RUN npm ci --no-audit --no-fund
 COPY tsconfig.json ./
 COPY scripts/bundle.mjs scripts/bundle-kubeconfig.mjs ./scripts/
 COPY src ./src
+COPY bin ./bin
 ARG REVISION=unknown
 # The local esbuild, never one fetched on the fly.
 RUN REVISION="${REVISION}" node scripts/bundle.mjs
-# An image without an addon would silently fall back (nft CLI) or lose a backend (ebpf): refuse.
+# An image without an addon would silently fall back (nft CLI) or lose a backend (ebpf), and one
+# whose nftables addon has no element batches (libnftnl) would write every change as JSON: refuse.
 RUN test -f build/Release/nftables_addon.node \
+ && node -e "if (typeof require('./build/Release/nftables_addon.node').writeElements !== 'function') process.exit(1)" \
  && test -f build/Release/ebpf_addon.node \
  && test -f bpf/ipvs_node_controller.bpf.o \
- && mkdir -p /out/build/Release /out/bpf /out/dist \
+ && mkdir -p /out/bin /out/build/Release /out/bpf /out/dist \
  && cp package.json /out/ \
+ && cp bin/ipvs-node-controller.mjs /out/bin/ \
  && cp -r dist/bundle /out/dist/ \
  && cp build/Release/nftables_addon.node build/Release/ebpf_addon.node /out/build/Release/ \
  && cp bpf/ipvs_node_controller.bpf.o /out/bpf/ \
- && sed -i '1s|^#!/usr/bin/env node$|#!/usr/local/bin/node|' /out/dist/bundle/ipvs-node-controller.mjs \
- && chmod 755 /out/dist/bundle/ipvs-node-controller.mjs \
- && node /out/dist/bundle/ipvs-node-controller.mjs --version
+ && sed -i '1s|^#!/usr/bin/env node$|#!/usr/local/bin/node|' /out/bin/ipvs-node-controller.mjs \
+ && chmod 755 /out/bin/ipvs-node-controller.mjs \
+ && node /out/bin/ipvs-node-controller.mjs --version
 
 # --- runtime root filesystem: the Debian packages the controller runs, and what they load ------
 FROM ${RUNTIME_IMAGE} AS runtime-root
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      nftables iptables libnftables1 libbpf1 conntrack libstdc++6 netbase \
+      nftables iptables libnftables1 libnftnl11 libmnl0 libbpf1 conntrack libstdc++6 netbase \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log
 COPY scripts/runtime-rootfs.sh /usr/local/sbin/runtime-rootfs.sh
-# nft, iptables (legacy and nft, with their alternatives links), conntrack, libnftables and libbpf
-# for the addons, libstdc++ for node; netbase (/etc/protocols, /etc/services, which iptables
-# reads). Their dependencies come along (libc6, libmnl0, libnftnl11, libxtables12, libelf1t64,
-# zlib1g, libjansson4, ...).
+# nft, iptables (legacy and nft, with their alternatives links), conntrack, libnftables, libnftnl,
+# libmnl and libbpf for the addons, libstdc++ for node; netbase (/etc/protocols, /etc/services,
+# which iptables reads). Their dependencies come along (libc6, libxtables12, libelf1t64, zlib1g,
+# libjansson4, ...).
 RUN sh /usr/local/sbin/runtime-rootfs.sh /rootfs \
-      nftables iptables libnftables1 libbpf1 conntrack libstdc++6 netbase \
+      nftables iptables libnftables1 libnftnl11 libmnl0 libbpf1 conntrack libstdc++6 netbase \
  && mkdir -p /rootfs/usr/local/bin \
- && ln -s /opt/ipvs-node-controller/dist/bundle/ipvs-node-controller.mjs /rootfs/usr/local/bin/ipvs-node-controller
+ && ln -s /opt/ipvs-node-controller/bin/ipvs-node-controller.mjs /rootfs/usr/local/bin/ipvs-node-controller
 
 # --- runtime: no compiler, no npm, no apt or dpkg, no shell ---------------------------------------
 FROM scratch
@@ -78,7 +82,7 @@ COPY --from=build /out/ /opt/ipvs-node-controller/
 ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # The bundle starts on the runtime's libraries alone (no node_modules), and `ipvs-node-controller`
 # is a command on PATH (kubectl exec POD -- ipvs-node-controller --dry-run).
-RUN ["node", "/opt/ipvs-node-controller/dist/bundle/ipvs-node-controller.mjs", "--version"]
+RUN ["node", "/opt/ipvs-node-controller/bin/ipvs-node-controller.mjs", "--version"]
 RUN ["ipvs-node-controller", "--version"]
 # VERSION is package.json's (scripts/stamp-version.mjs keeps this default in step); SOURCE is the
 # repository URL (npm run image passes the git remote's).
@@ -94,11 +98,8 @@ LABEL org.opencontainers.image.title="ipvs-node-controller" \
 ENV NODE_ENV=production
 # Root with the capabilities the DaemonSet grants (deploy/overlays/*): netlink and bpf() need them.
 USER 0
-# package.json's ipvsNodeController.nodeFlags: --max-semi-space-size=1 keeps V8's young generation
-# at 1 MiB per semi-space instead of growing to 16 (at 10,000 Services 40 to 60 MiB less resident
-# memory, for more frequent sub-millisecond scavenges); --no-opt --no-maglev leave V8's optimising
-# compilers out (their code, zones and optimised code: about 20 MiB less at 10,000 Services; the
-# controller's work is in JSON, libnftables and the kernel: its start on the baseline tiers is
-# within run-to-run noise); --expose-gc lets the controller collect the garbage of its initial list once, right
-# after its first sync.
-ENTRYPOINT ["node", "--max-semi-space-size=1", "--no-opt", "--no-maglev", "--expose-gc", "/opt/ipvs-node-controller/dist/bundle/ipvs-node-controller.mjs"]
+# The launcher of package.json's bin, as `npm exec ipvs-node-controller` runs it: it replaces itself
+# (process.execve, same PID) with node, the flags of package.json's ipvsNodeController.nodeFlags
+# and the bundle, so the controller receives the kubelet's SIGTERM itself. Those flags keep the
+# resident memory small (docs/operations.md, Resources).
+ENTRYPOINT ["node", "/opt/ipvs-node-controller/bin/ipvs-node-controller.mjs"]

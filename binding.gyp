@@ -24,6 +24,7 @@
   'variables': {
     'have_libnftables%': '<!(pkg-config --exists libnftables && echo 1 || echo 0)',
     'have_libbpf%': '<!(pkg-config --exists libbpf && echo 1 || echo 0)',
+    'have_libnftnl%': '<!(pkg-config --exists libnftnl libmnl && echo 1 || echo 0)',
   },
   'targets': [
     {
@@ -39,6 +40,16 @@
           'cflags_cc': ['-std=c++17', '-Wall', '-Wextra', '-Wunused-parameter', '<!@(pkg-config --cflags libnftables)'],
           'cflags_cc!': ['-std=gnu++17'],
           'libraries': ['<!@(pkg-config --libs libnftables)'],
+          'conditions': [
+            # Map element writes as netlink batches (writeElements); without libnftnl-dev and
+            # libmnl-dev the addon has no writeElements and elements go through libnftables' JSON.
+            ['have_libnftnl==1', {
+              'sources': ['native/nft_element_batch.cc'],
+              'defines': ['NFT_ELEMENT_BATCH=1'],
+              'cflags_cc': ['<!@(pkg-config --cflags libnftnl libmnl)'],
+              'libraries': ['<!@(pkg-config --libs libnftnl libmnl)'],
+            }],
+          ],
         }, {
           'type': 'none',
         }],

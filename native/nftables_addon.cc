@@ -17,11 +17,18 @@
 // Each transaction also reports the ruleset generation (NFT_MSG_GETGEN) read just before and
 // just after it: when the two differ by exactly one, the commit between them was ours, so the
 // caller can tell later whether anyone else has written since (a resync then need not list).
+// writeElements() (when built with libnftnl and libmnl) writes one map's element removals and
+// additions as a netlink batch of its own (nft_element_batch.cc): no JSON, no libnftables parse.
+// It holds the same lock and reads the generation around its commit the same way.
 // releaseMemory() hands memory freed by large work back to the kernel (malloc_trim): glibc keeps
 // the freed arenas of libnftables' parse otherwise. The caller decides when (after full syncs).
 
 #include <napi.h>
 #include <nftables/libnftables.h>
+
+#ifdef NFT_ELEMENT_BATCH
+#include "nft_element_batch.h"
+#endif
 
 #include <linux/netfilter/nf_tables.h>
 #include <linux/netfilter/nfnetlink.h>
@@ -235,9 +242,24 @@ class NftSession {
     return generation_.Read();
   }
 
+#ifdef NFT_ELEMENT_BATCH
+  // The commit is libnftables-free, but the lock keeps it in order with the JSON transactions and
+  // the generation readings around it meaningful.
+  nft_batch::ElementWriteResult WriteElements(const nft_batch::ElementWrite& write, int64_t& before, int64_t& after) {
+    std::lock_guard<std::mutex> guard(LibnftablesLock());
+    before = generation_.Read();
+    nft_batch::ElementWriteResult result = elements_.Write(write);
+    after = generation_.Read();
+    return result;
+  }
+#endif
+
  private:
   nft_ctx* ctx_ = nullptr;
   GenerationReader generation_;
+#ifdef NFT_ELEMENT_BATCH
+  nft_batch::ElementBatchWriter elements_;
+#endif
 };
 
 using SharedSession = std::shared_ptr<NftSession>;
@@ -306,6 +328,48 @@ class TransactionWorker : public Napi::AsyncWorker {
   bool dryRun_;
   CommandResult result_;
 };
+
+#ifdef NFT_ELEMENT_BATCH
+// writeElements(): one map's removals and additions in one transaction, as a netlink batch.
+class WriteElementsWorker : public Napi::AsyncWorker {
+ public:
+  WriteElementsWorker(Napi::Env env, nft_batch::ElementWrite write)
+      : Napi::AsyncWorker(env, "nftables.writeElements"),
+        session_(SessionOf(env)),
+        deferred_(Napi::Promise::Deferred::New(env)),
+        write_(std::move(write)) {}
+
+  Napi::Promise Promise() const { return deferred_.Promise(); }
+
+ protected:
+  void Execute() override {
+    result_ = session_->WriteElements(write_, before_, after_);
+    if (!result_.ok) SetError(result_.error);
+  }
+
+  void OnOK() override {
+    Napi::Env env = Env();
+    Napi::Object value = Napi::Object::New(env);
+    value.Set("generationBefore", Napi::Number::New(env, static_cast<double>(before_)));
+    value.Set("generationAfter", Napi::Number::New(env, static_cast<double>(after_)));
+    value.Set("buildMs", Napi::Number::New(env, result_.buildMs));
+    value.Set("kernelMs", Napi::Number::New(env, result_.kernelMs));
+    value.Set("messages", Napi::Number::New(env, static_cast<double>(result_.messages)));
+    value.Set("bytes", Napi::Number::New(env, static_cast<double>(result_.bytes)));
+    deferred_.Resolve(value);
+  }
+
+  void OnError(const Napi::Error& error) override { deferred_.Reject(error.Value()); }
+
+ private:
+  SharedSession session_;
+  Napi::Promise::Deferred deferred_;
+  nft_batch::ElementWrite write_;
+  nft_batch::ElementWriteResult result_;
+  int64_t before_ = -1;
+  int64_t after_ = -1;
+};
+#endif
 
 // list(): the JSON listing of one table, or null when the table does not exist. A listing longer
 // than maxBytes rejects with code ERR_LISTING_TOO_LARGE, and no JavaScript string is made of it.
@@ -436,6 +500,28 @@ Napi::Value List(const Napi::CallbackInfo& info) {
   return worker->Promise();
 }
 
+#ifdef NFT_ELEMENT_BATCH
+// writeElements(family, table, map, removed, added): the lists as nft_element_batch.h describes.
+Napi::Value WriteElements(const Napi::CallbackInfo& info) {
+  nft_batch::ElementWrite write;
+  const std::string family = StringArgument(info, 0, "family");
+  if (family == "ip") {
+    write.family = AF_INET;
+  } else if (family == "ip6") {
+    write.family = AF_INET6;
+  } else {
+    throw Napi::TypeError::New(info.Env(), "family must be ip or ip6");
+  }
+  write.table = StringArgument(info, 1, "table");
+  write.map = StringArgument(info, 2, "map");
+  write.removed = StringArgument(info, 3, "removed");
+  write.added = StringArgument(info, 4, "added");
+  auto* worker = new WriteElementsWorker(info.Env(), std::move(write));
+  worker->Queue();
+  return worker->Promise();
+}
+#endif
+
 Napi::Value Generation(const Napi::CallbackInfo& info) {
   auto* worker = new GenerationWorker(info.Env());
   worker->Queue();
@@ -456,6 +542,9 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("list", Napi::Function::New(env, List, "list"));
   exports.Set("generation", Napi::Function::New(env, Generation, "generation"));
   exports.Set("releaseMemory", Napi::Function::New(env, ReleaseMemory, "releaseMemory"));
+#ifdef NFT_ELEMENT_BATCH
+  exports.Set("writeElements", Napi::Function::New(env, WriteElements, "writeElements"));
+#endif
   exports.Set("version", Napi::String::New(env, LIBNFTABLES_VERSION));
   return exports;
 }

@@ -15,14 +15,44 @@
 
 import { build } from 'esbuild';
 import { spawnSync } from 'node:child_process';
-import { chmodSync, existsSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { createRequire } from 'node:module';
 import { kubeConfigOnly } from './bundle-kubeconfig.mjs';
 
 const packageRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const outdir = join(packageRoot, 'dist', 'bundle');
 const pkg = JSON.parse(readFileSync(join(packageRoot, 'package.json'), 'utf8'));
+
+/**
+ * `import http from 'node:http'` through require(). An ES module import of a built-in builds the
+ * module's whole namespace, which reads every export, and node:http's WebSocket, CloseEvent and
+ * MessageEvent are getters that load Node's own undici (and http2): on Node 24 about 6 MiB of
+ * resident memory for code the controller never runs. require() returns the exports object and
+ * reads only what is used. The stand-in re-exports the plain data properties by name, so a named
+ * import of one of them still works, and a named import of a getter fails the build.
+ */
+const httpThroughRequire = {
+  name: 'http-through-require',
+  setup(build) {
+    build.onResolve({ filter: /^(node:)?http$/ }, (args) =>
+      args.kind === 'import-statement' || args.kind === 'dynamic-import'
+        ? { path: 'node:http', namespace: 'http-through-require' }
+        : undefined,
+    );
+    build.onLoad({ filter: /.*/, namespace: 'http-through-require' }, () => {
+      const http = createRequire(import.meta.url)('node:http');
+      const names = Object.entries(Object.getOwnPropertyDescriptors(http))
+        .filter(([name, d]) => !d.get && /^[A-Za-z_$][\w$]*$/.test(name))
+        .map(([name]) => name);
+      return {
+        contents: `const http = require('node:http');\nexport default http;\nexport const { ${names.join(', ')} } = http;\n`,
+        loader: 'js',
+      };
+    });
+  },
+};
 
 function revision() {
   if (process.env.REVISION) return process.env.REVISION;
@@ -95,7 +125,7 @@ async function main() {
     legalComments: 'none',
     metafile: true,
     logLevel: 'warning',
-    plugins: [kubeConfigOnly],
+    plugins: [kubeConfigOnly, httpThroughRequire],
     // CommonJS dependencies call require(): give the ESM bundle a real one.
     banner: {
       js: "import { createRequire as __createRequire } from 'node:module'; const require = __createRequire(import.meta.url);",
@@ -113,10 +143,10 @@ async function main() {
   const bytes = Object.values(result.metafile.outputs).reduce((n, o) => n + o.bytes, 0);
   const entry = join(outdir, 'ipvs-node-controller.mjs');
   if (!existsSync(entry)) throw new Error(`esbuild wrote no ${entry}`);
-  // package.json's bin must be executable whether or not npm linked it: tsc writes files 0644,
-  // and npm makes a bin executable only when it links it the first time.
-  const bin = join(packageRoot, pkg.bin['ipvs-node-controller']);
-  if (existsSync(bin)) chmodSync(bin, 0o755);
+  // The bundle is run by package.json's bin (bin/ipvs-node-controller.mjs, with the Node flags of
+  // ipvsNodeController.nodeFlags), not executed itself: its shebang (of src/cli/main.ts) is dropped
+  // so that nobody starts it without those flags by accident.
+  writeFileSync(entry, readFileSync(entry, 'utf8').replace(/^#!.*\n/, ''));
   console.log(
     `bundle: ${relative(packageRoot, entry)} (${pkg.version}, revision ${rev}): ` +
       `${Object.keys(result.metafile.outputs).length} files, ${(bytes / 1024).toFixed(0)} KiB`,

@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   nftables libnftables-dev      # nft backend: CLI and in-process libnftables
+  libnftnl-dev libmnl-dev       # nft backend: map element writes as netlink batches (the addon)
   iptables                      # iptables backend (legacy and nft variants)
   libbpf-dev clang llvm bpftool # eBPF backend: loader library, BPF compiler, inspection
   pkg-config make g++ python3   # native addon build (node-gyp)

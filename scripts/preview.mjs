@@ -2,9 +2,11 @@
 // `npm run preview [-- FLAGS]`: the controller's --dry-run, without root, for the example Services
 // (examples/services.yaml) unless FLAGS name another --from-file (`-` for stdin).
 //
-// It rebuilds only when the build is missing or older than src/, and only where it may write:
-// after `sudo npm start` dist/ belongs to root, and a normal user's preview must still run (tsc
-// would fail on every file with EACCES). A stale build it cannot replace is used with a warning.
+// It runs the controller as package.json's bin does (bin/ipvs-node-controller.mjs: the bundle,
+// with the image's Node flags). It rebundles only when the bundle is missing or older than src/,
+// and only where it may write: after `sudo npm start` dist/ belongs to root, and a normal user's
+// preview must still run (the bundler would fail with EACCES). A stale bundle it cannot replace is
+// used with a warning.
 
 import { spawnSync } from 'node:child_process';
 import { accessSync, constants, readdirSync, statSync } from 'node:fs';
@@ -12,7 +14,9 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
-const cli = join(root, 'dist', 'src', 'cli', 'main.js');
+// The bundle is what the launcher (package.json's bin) runs; esbuild makes it from src/ directly.
+const bundle = join(root, 'dist', 'bundle', 'ipvs-node-controller.mjs');
+const launcher = join(root, 'bin', 'ipvs-node-controller.mjs');
 
 function newestMtime(dir) {
   let newest = 0;
@@ -25,7 +29,7 @@ function newestMtime(dir) {
 
 function builtAt() {
   try {
-    return statSync(cli).mtimeMs;
+    return statSync(bundle).mtimeMs;
   } catch {
     return undefined;
   }
@@ -42,11 +46,11 @@ function writable(path) {
 
 const built = builtAt();
 if (built === undefined || built < newestMtime(join(root, 'src'))) {
-  if (writable(join(root, 'dist')) && writable(join(root, 'dist', 'src'))) {
-    const tsc = spawnSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', root], {
-      stdio: ['ignore', 'inherit', 'inherit'],
+  if (writable(join(root, 'dist')) && writable(join(root, 'dist', 'bundle'))) {
+    const build = spawnSync(process.execPath, [join(root, 'scripts', 'bundle.mjs')], {
+      stdio: ['ignore', 'ignore', 'inherit'],
     });
-    if (tsc.status !== 0) process.exit(tsc.status ?? 1);
+    if (build.status !== 0) process.exit(build.status ?? 1);
   } else if (built === undefined) {
     process.stderr.write('preview: the controller is not built and dist/ is not writable: run `npm run build`\n');
     process.exit(1);
@@ -62,5 +66,5 @@ const args = process.argv.slice(2);
 if (!args.some((a) => a === '--from-file' || a.startsWith('--from-file='))) {
   args.push('--from-file', join(root, 'examples', 'services.yaml'));
 }
-const run = spawnSync(process.execPath, [cli, '--dry-run', ...args], { stdio: 'inherit' });
+const run = spawnSync(process.execPath, [launcher, '--dry-run', ...args], { stdio: 'inherit' });
 process.exit(run.status ?? 1);

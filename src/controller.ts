@@ -1,10 +1,12 @@
-// Wires caches -> model -> backend through the sync runner. Every sync derives the desired state
-// from the caches (the model keeps only what lets a change cost what it touches). The one state
-// of its own is what the kernel holds of ours: the translation, or nothing while the controller
-// steps aside because kube-proxy is not in IPVS mode (design/semantics.md, "kube-proxy's mode").
+// Wires caches -> model -> reconciler through the sync runner. Every sync derives the desired
+// state from the caches (the model keeps only what lets a change cost what it touches). What the
+// kernel holds of ours is the reconciler's to know: the translation, or nothing while the
+// controller steps aside because kube-proxy is not in IPVS mode (design/semantics.md,
+// "kube-proxy's mode"); it tells conntrack clean-up what changed.
 
 import { kobj, type Logger } from './log.js';
-import { entryLimit, type Backend, type SyncResult } from './backends/backend.js';
+import { entryLimit, type KernelChange, type SyncResult } from './reconciler/driver.js';
+import type { Reconciler } from './reconciler/reconciler.js';
 import type { ClusterCaches } from './kube/cluster.js';
 import { ConntrackCleaner, type ConntrackCleanupReport } from './conntrack/conntrack-cleaner.js';
 import { staleTuples } from './conntrack/stale-tuples.js';
@@ -72,7 +74,7 @@ export interface ControllerStatus {
 
 export interface ControllerOptions {
   caches: ClusterCaches;
-  backend: Backend;
+  backend: Reconciler;
   model: ModelConfig;
   nodeName: string;
   minSyncPeriodMs: number;
@@ -96,10 +98,10 @@ export interface ControllerOptions {
   interfaceAddresses?: () => readonly string[];
   /**
    * Deletes conntrack entries made stale by a change of the programmed translations. Default: the
-   * conntrack command, except for the ebpf backend (it translates sockets, not conntrack
-   * entries); null: never.
+   * conntrack command where the backend's translations are conntrack's (not eBPF's: it translates
+   * sockets); null: never.
    */
-  conntrack?: ConntrackCleaner | null;
+  conntrack?: Pick<ConntrackCleaner, 'clean'> | null;
 }
 
 export class Controller {
@@ -113,9 +115,6 @@ export class Controller {
   private previousConflicts = new Set<string>();
   private previousLocalProblems = '';
   private started = false;
-  /** What the kernel holds after the last successful sync (undefined: not known yet). */
-  private programmed: DesiredState | undefined;
-  private readonly conntrack: ConntrackCleaner | undefined;
   readonly status: ControllerStatus = { cachesSynced: false, localPodMatchProblems: [] };
   /** The syncs under way: a partial sync may run beside a full one. */
   private readonly syncsUnderWay = new Set<{ startedAt: number }>();
@@ -128,17 +127,18 @@ export class Controller {
       steppedAside: false,
       settings: options.kubeProxySettings ?? [],
     };
-    this.conntrack =
+    const conntrack =
       options.conntrack === undefined
-        ? options.backend.name === 'ebpf'
-          ? undefined
-          : new ConntrackCleaner({ logger: options.logger })
+        ? options.backend.capabilities.conntrackMatters
+          ? new ConntrackCleaner({ logger: options.logger })
+          : undefined
         : (options.conntrack ?? undefined);
+    if (conntrack) options.backend.subscribe({ kernelChanged: (change) => this.cleanConntrack(conntrack, change) });
     this.runner = new SyncRunner({
       minIntervalMs: options.minSyncPeriodMs,
       fullIntervalMs: options.syncPeriodMs,
       sync: (info) => this.sync(info),
-      partialDuringFull: options.backend.partialSyncsDuringFull === true,
+      partialDuringFull: options.backend.capabilities.ordersOwnWrites,
       onError: (err, retryInMs) => {
         this.status.lastError = err.message;
         options.logger.error({ retryInMs, err }, 'Sync failed, keeping the rules in place');
@@ -234,6 +234,8 @@ export class Controller {
     this.syncsUnderWay.add(underWay);
     this.status.syncStartedAt = this.oldestSyncStart();
     const started = performance.now();
+    let written: number | undefined;
+    const onWritten = () => (written = performance.now());
     const report: SyncReport = { backend: backend.name, requested: info.full ? 'full' : 'partial', durationMs: 0 };
     try {
       const desired = await this.desiredState();
@@ -241,7 +243,8 @@ export class Controller {
       observer?.onDesiredState?.(desired);
       const reason = this.stepAsideReason();
       if (reason && this.options.kubeProxyStepAside !== false) {
-        report.result = await this.stepAside(reason);
+        report.result = await this.stepAside(reason, desired);
+        onWritten();
       } else {
         if (reason && !this.status.kubeProxy!.reason) {
           logger.warn(
@@ -252,7 +255,7 @@ export class Controller {
         this.status.kubeProxy!.reason = reason;
         // Back from stepping aside: the kernel holds nothing of ours, program everything.
         const full = info.full || this.steppedAside;
-        report.result = await backend.sync(desired, { full });
+        report.result = await backend.sync(desired, { full, onWritten });
         if (this.steppedAside) {
           this.steppedAside = false;
           this.status.kubeProxy = { ...this.status.kubeProxy!, steppedAside: false, reason: undefined };
@@ -260,11 +263,9 @@ export class Controller {
           observer?.onKubeProxy?.(this.status.kubeProxy);
         }
       }
-      const ended = performance.now();
+      const ended = written ?? performance.now();
       report.durationMs = ended - started;
       if (info.changedAt !== undefined) report.changeLatencyMs = ended - info.changedAt;
-      // Stepped aside, the kernel holds none of our translations: flows they made must go too.
-      await this.programmedStateChanged(this.steppedAside ? withoutEntries(desired) : desired);
       const first = this.status.lastSuccessfulSyncAt === undefined;
       this.status.lastSuccessfulSyncAt = Date.now();
       this.status.lastError = undefined;
@@ -306,9 +307,10 @@ export class Controller {
    * Stepping aside: removes every object of ours (once, when kube-proxy turns non-IPVS), then
    * programs nothing until kube-proxy is in IPVS mode again. The controller stays ready and says why.
    */
-  private async stepAside(reason: string): Promise<SyncResult> {
+  private async stepAside(reason: string, desired: DesiredState): Promise<SyncResult> {
     if (!this.steppedAside) {
-      await this.options.backend.cleanup();
+      // The kernel then holds none of our translations: flows they made go too (conntrack).
+      await this.options.backend.cleanup(desired);
       this.steppedAside = true;
       this.status.kubeProxy = { ...this.status.kubeProxy!, steppedAside: true, reason };
       this.options.logger.warn(
@@ -320,17 +322,11 @@ export class Controller {
     return { mode: 'noop', entries: { ipv4: 0, ipv6: 0 } };
   }
 
-  /**
-   * The kernel now holds `next` (an empty state once our rules are removed): deletes the conntrack
-   * entries that would keep the translations it no longer has. Never throws.
-   */
-  async programmedStateChanged(next: DesiredState): Promise<void> {
-    const previous = this.programmed;
-    this.programmed = next;
-    if (!this.conntrack) return;
-    const tuples = staleTuples(previous, next);
+  /** Deletes the conntrack entries that would keep translations the kernel no longer has. Never throws. */
+  private async cleanConntrack(conntrack: Pick<ConntrackCleaner, 'clean'>, change: KernelChange): Promise<void> {
+    const tuples = staleTuples(change.previous, change.next);
     if (tuples.length === 0) return;
-    const report = await this.conntrack.clean(tuples);
+    const report = await conntrack.clean(tuples);
     this.options.observer?.onConntrackCleanup?.(report);
   }
 
@@ -399,15 +395,4 @@ export class Controller {
       this.previousLocalProblems = joined;
     }
   }
-}
-
-/** The same state with nothing programmed: what the kernel holds while the controller steps aside. */
-function withoutEntries(state: DesiredState): DesiredState {
-  // Without `changes`: they describe the model's step, not this state's difference from the last.
-  const empty = (family: DesiredState['ipv4']): DesiredState['ipv4'] => ({
-    ...family,
-    entries: [],
-    changes: undefined,
-  });
-  return { ...state, ipv4: empty(state.ipv4), ipv6: empty(state.ipv6) };
 }

@@ -28,7 +28,98 @@ export interface ApiStandInOptions {
   bookmarkIntervalMs?: number;
   /** Number of change events kept for watch resumption; default 1000. */
   historyLimit?: number;
+  /**
+   * The kube-apiserver release whose read path is modelled (its watch cache and the feature
+   * gates' defaults of that release): which lists and watches the cache serves and which reach
+   * etcd (readsByClient()), how `limit` and continue tokens are treated, and whether a watch may
+   * ask for its initial state (WatchList). Default '1.34'.
+   */
+  serverVersion?: ModelledVersion;
+  /**
+   * The WatchList feature gate (watch with sendInitialEvents=true). Default: that of the
+   * release (on in 1.32 and from 1.34, off in 1.27 to 1.31 and in 1.33; unknown before 1.27).
+   * 'ignored' models a server that does not know the parameters and serves the watch as if they
+   * were not there (not a kube-apiserver: some proxies and aggregated servers).
+   */
+  watchList?: boolean | 'ignored';
+  /**
+   * ConsistentListFromCache (lists with resourceVersion unset served from the cache after one
+   * read of etcd's current revision). Default: on from 1.31; off models an etcd older than
+   * 3.4.31 / 3.5.13, with which the server turns it off.
+   */
+  consistentListFromCache?: boolean;
 }
+
+/** The releases whose read path the stand-in models (1.26: before WatchList existed). */
+export type ModelledVersion = '1.26' | '1.27' | '1.28' | '1.29' | '1.30' | '1.31' | '1.32' | '1.33' | '1.34' | '1.35';
+
+/**
+ * What one client cost the API server, by the bearer token it came with (kubeconfig(client)).
+ * "etcd" counts what the modelled server would read from etcd for these requests: a list page
+ * served from etcd reads its objects there; a consistent read served from the watch cache reads
+ * only etcd's current revision (a one-key range read, counted apart).
+ */
+export interface ClientReads {
+  /** HTTP requests. */
+  requests: number;
+  /** List requests (each page one). */
+  lists: number;
+  /** Watch requests, WatchList streams included. */
+  watches: number;
+  /** Watches that asked for their initial state (sendInitialEvents=true) and were served it. */
+  watchLists: number;
+  /** Bytes of response bodies: lists, watch streams, errors. */
+  responseBytes: number;
+  /** Objects sent: list items and watch events (bookmarks not counted). */
+  objects: number;
+  /** Bookmarks sent. */
+  bookmarks: number;
+  /** List requests (pages) the modelled server would serve from etcd. */
+  etcdListReads: number;
+  /** Objects those reads take from etcd. */
+  etcdObjects: number;
+  /** Reads of etcd's current revision by consistent reads served from the cache. */
+  etcdRevisionReads: number;
+}
+
+function newClientReads(): ClientReads {
+  return {
+    requests: 0,
+    lists: 0,
+    watches: 0,
+    watchLists: 0,
+    responseBytes: 0,
+    objects: 0,
+    bookmarks: 0,
+    etcdListReads: 0,
+    etcdObjects: 0,
+    etcdRevisionReads: 0,
+  };
+}
+
+/** The feature set of a modelled release. */
+interface ReadPathFeatures {
+  minor: number;
+  /** Undefined before 1.27: the parameters are unknown to the server. */
+  watchList: boolean | 'ignored' | undefined;
+  consistentListFromCache: boolean;
+  /** ListFromCacheSnapshot (beta, on from 1.34): continue tokens served from cache snapshots. */
+  listFromCacheSnapshot: boolean;
+}
+
+function readPathFeatures(opts: ApiStandInOptions): ReadPathFeatures {
+  const minor = Number((opts.serverVersion ?? '1.34').split('.')[1]);
+  const defaultWatchList = minor < 27 ? undefined : minor === 32 || minor >= 34;
+  return {
+    minor,
+    watchList: opts.watchList ?? defaultWatchList,
+    consistentListFromCache: opts.consistentListFromCache ?? minor >= 31,
+    listFromCacheSnapshot: minor >= 34,
+  };
+}
+
+/** The annotation of the bookmark that ends a watch's initial state (metav1.InitialEventsAnnotationKey). */
+const INITIAL_EVENTS_END_ANNOTATION = 'k8s.io/initial-events-end';
 
 export type StoredKind = 'Service' | 'Node' | 'Event' | 'Namespace';
 
@@ -122,8 +213,8 @@ const BY_KIND = new Map(RESOURCES.map((r) => [r.kind as string, r]));
 
 const SERVER_VERSION = {
   major: '1',
-  minor: '32',
-  gitVersion: 'v1.32.0-stand-in',
+  minor: '34',
+  gitVersion: 'v1.34.0-stand-in',
   gitCommit: '0000000000000000000000000000000000000000',
   gitTreeState: 'clean',
   buildDate: '2025-01-01T00:00:00Z',
@@ -133,6 +224,8 @@ const SERVER_VERSION = {
 };
 
 const MAX_BODY_BYTES = 3 * 1024 * 1024;
+/** What each response counts its bytes into. */
+const RESPONSE_READS = new WeakMap<ServerResponse, ClientReads>();
 const CONTINUE_SNAPSHOTS_KEPT = 32;
 
 // ---------------------------------------------------------------------------------------------
@@ -150,6 +243,7 @@ const REASONS: Record<number, string> = {
   415: 'UnsupportedMediaType',
   422: 'Invalid',
   500: 'InternalError',
+  504: 'Timeout',
 };
 
 class ApiError extends Error {
@@ -176,6 +270,23 @@ function failureStatus(code: number, reason: string, message: string, details?: 
 
 function notFound(resource: Resource, name: string): ApiError {
   return new ApiError(404, `${resource.plural} "${name}" not found`, 'NotFound', { name, kind: resource.plural });
+}
+
+/** A read asked for a resourceVersion the server has not seen yet (storage.NewTooLargeResourceVersionError). */
+function tooLargeResourceVersion(rv: string, current: number): ApiError {
+  return new ApiError(504, `Too large resource version: ${rv}, current: ${current}`, 'Timeout', {
+    causes: [{ reason: 'ResourceVersionTooLarge', message: 'Too large resource version' }],
+    retryAfterSeconds: 1,
+  });
+}
+
+/** ListOptions that fail validation, worded as the real server words them. */
+function invalidListOptions(errors: string[]): ApiError {
+  const what = errors.length === 1 ? errors[0]! : `[${errors.join(', ')}]`;
+  return new ApiError(422, `ListOptions.meta.k8s.io "" is invalid: ${what}`, 'Invalid', {
+    group: 'meta.k8s.io',
+    kind: 'ListOptions',
+  });
 }
 
 function methodNotAllowed(): ApiError {
@@ -928,6 +1039,9 @@ export class ApiStandIn {
   private readonly token = 'stand-in-' + randomBytes(8).toString('hex');
   private unavailable = false;
   private nextClusterIp = 10;
+  private readonly reads = new Map<string, ClientReads>();
+  /** The next WatchList stream ends with this ERROR after so many of its initial events. */
+  private watchListBreak: { afterEvents: number; code: number } | undefined;
 
   private constructor(
     private readonly server: https.Server,
@@ -935,6 +1049,7 @@ export class ApiStandIn {
     url: string,
     private readonly bookmarkIntervalMs: number,
     historyLimit: number,
+    private readonly features: ReadPathFeatures,
   ) {
     this.url = url;
     this.caPem = cert.caPem;
@@ -955,12 +1070,24 @@ export class ApiStandIn {
     });
     const { port } = server.address() as AddressInfo;
     const url = `https://${isIP(host) === 6 ? `[${host}]` : host}:${port}`;
-    const standIn = new ApiStandIn(server, cert, url, opts.bookmarkIntervalMs ?? 1000, opts.historyLimit ?? 1000);
+    const standIn = new ApiStandIn(
+      server,
+      cert,
+      url,
+      opts.bookmarkIntervalMs ?? 1000,
+      opts.historyLimit ?? 1000,
+      readPathFeatures(opts),
+    );
     standIn.listen();
     return standIn;
   }
 
-  kubeconfig(): string {
+  /**
+   * A kubeconfig for this server. `client` names the client in readsByClient() (its bearer
+   * token carries the name); default 'default'.
+   */
+  kubeconfig(client?: string): string {
+    const token = client === undefined ? this.token : `${this.token}.${client}`;
     return YAML.stringify({
       apiVersion: 'v1',
       kind: 'Config',
@@ -970,14 +1097,41 @@ export class ApiStandIn {
           cluster: { server: this.url, 'certificate-authority-data': Buffer.from(this.caPem).toString('base64') },
         },
       ],
-      users: [{ name: 'stand-in', user: { token: this.token } }],
+      users: [{ name: 'stand-in', user: { token } }],
       contexts: [{ name: 'stand-in', context: { cluster: 'stand-in', user: 'stand-in', namespace: 'default' } }],
       'current-context': 'stand-in',
     });
   }
 
-  async writeKubeconfig(path: string): Promise<void> {
-    await writeFile(path, this.kubeconfig(), { mode: 0o600 });
+  async writeKubeconfig(path: string, client?: string): Promise<void> {
+    await writeFile(path, this.kubeconfig(client), { mode: 0o600 });
+  }
+
+  /** What each client has cost so far (a copy), by client name (see kubeconfig()). */
+  readsByClient(): Record<string, ClientReads> {
+    return Object.fromEntries([...this.reads].map(([client, reads]) => [client, { ...reads }]));
+  }
+
+  /** Forgets the counts of readsByClient(). */
+  resetReads(): void {
+    this.reads.clear();
+  }
+
+  /**
+   * The next WatchList stream (a watch with sendInitialEvents=true) sends `afterEvents` of its
+   * initial events, then an ERROR event with `code` (410: as if its resourceVersion had been
+   * compacted meanwhile), and ends.
+   */
+  breakNextWatchList(afterEvents: number, code = 410): void {
+    this.watchListBreak = { afterEvents, code };
+  }
+
+  private readsOf(req: IncomingMessage): ClientReads {
+    const token = /^Bearer\s+(.*)$/i.exec(req.headers.authorization ?? '')?.[1] ?? '';
+    const client = token.startsWith(`${this.token}.`) ? token.slice(this.token.length + 1) : 'default';
+    let reads = this.reads.get(client);
+    if (!reads) this.reads.set(client, (reads = newClientReads()));
+    return reads;
   }
 
   /**
@@ -1177,8 +1331,15 @@ export class ApiStandIn {
   private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     this.stats.requests++;
     if (!req.headers.authorization) throw new ApiError(401, 'Unauthorized');
+    const reads = this.readsOf(req);
+    reads.requests++;
+    RESPONSE_READS.set(res, reads);
     const url = new URL(req.url ?? '/', 'https://stand-in');
     const method = req.method ?? 'GET';
+    if (url.pathname === '/debug/reads' && method === 'GET') {
+      sendJson(res, 200, this.readsByClient());
+      return;
+    }
     const discovery = this.discovery(url.pathname);
     if (discovery !== undefined) {
       if (method !== 'GET') throw methodNotAllowed();
@@ -1276,8 +1437,10 @@ export class ApiStandIn {
             ];
           }),
         };
-      case '/version':
-        return SERVER_VERSION;
+      case '/version': {
+        const minor = String(this.features.minor);
+        return { ...SERVER_VERSION, minor, gitVersion: `v1.${minor}.0-stand-in` };
+      }
       default:
         return undefined;
     }
@@ -1298,9 +1461,45 @@ export class ApiStandIn {
   ): void {
     const { resource } = route;
     this.stats.lists[resource.plural] = (this.stats.lists[resource.plural] ?? 0) + 1;
+    const reads = RESPONSE_READS.get(res)!;
+    reads.lists++;
     const limit = Number(query.get('limit') ?? 0);
     if (!Number.isInteger(limit) || limit < 0) throw new ApiError(400, `invalid limit: ${query.get('limit')}`);
-    const cont = query.get('continue');
+    const cont = query.get('continue') ?? '';
+    const rv = query.get('resourceVersion') ?? '';
+    const match = query.get('resourceVersionMatch') ?? '';
+    if (rv !== '' && !/^\d+$/.test(rv)) {
+      throw new ApiError(400, `resourceVersion: Invalid value: "${rv}": must be a non-negative integer`);
+    }
+    if (match !== '') {
+      const errors: string[] = [];
+      if (match !== 'Exact' && match !== 'NotOlderThan') {
+        errors.push(
+          `resourceVersionMatch: Unsupported value: "${match}": supported values: "Exact", "NotOlderThan", ""`,
+        );
+      }
+      if (rv === '')
+        errors.push(
+          'resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided',
+        );
+      if (cont !== '')
+        errors.push('resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided');
+      if (match === 'Exact' && rv === '0') {
+        errors.push(
+          'resourceVersionMatch: Forbidden: resourceVersionMatch "exact" is forbidden for resourceVersion "0"',
+        );
+      }
+      if (errors.length > 0) throw invalidListOptions(errors);
+    }
+    if (cont !== '' && rv !== '' && rv !== '0') {
+      throw new ApiError(400, 'specifying resource version is not allowed when using continue');
+    }
+    if (rv !== '' && rv !== '0' && match !== 'Exact' && Number(rv) > this.store.resourceVersion) {
+      throw tooLargeResourceVersion(rv, this.store.resourceVersion);
+    }
+    const path = this.listReadPath(rv, match, limit, cont !== '');
+    // The watch cache ignores limit for resourceVersion=0 (cacher's computeListLimit): the whole list.
+    const pageLimit = path.fromCache && rv === '0' ? 0 : limit;
     let snapshot: ListSnapshot;
     let offset = 0;
     if (cont) {
@@ -1314,8 +1513,14 @@ export class ApiStandIn {
           .filter((o) => selects(selection, o)),
       };
     }
-    const end = limit > 0 ? Math.min(offset + limit, snapshot.items.length) : snapshot.items.length;
+    const end = pageLimit > 0 ? Math.min(offset + pageLimit, snapshot.items.length) : snapshot.items.length;
     const page = snapshot.items.slice(offset, end);
+    reads.objects += page.length;
+    if (path.revisionProbe) reads.etcdRevisionReads++;
+    if (!path.fromCache) {
+      reads.etcdListReads++;
+      reads.etcdObjects += page.length;
+    }
     const listMeta: KubeObject = { resourceVersion: String(snapshot.rv) };
     if (end < snapshot.items.length) {
       listMeta.continue = this.continueToken(snapshot, end);
@@ -1331,6 +1536,76 @@ export class ApiStandIn {
       return rest;
     });
     sendJson(res, 200, { kind: `${resource.kind}List`, apiVersion: 'v1', metadata: listMeta, items });
+  }
+
+  /**
+   * Where the modelled server reads a list from: its watch cache, or etcd (the cacher's
+   * shouldDelegateList of the release). A consistent read served from the cache first reads
+   * etcd's current revision (revisionProbe).
+   */
+  private listReadPath(
+    rv: string,
+    match: string,
+    limit: number,
+    continued: boolean,
+  ): { fromCache: boolean; revisionProbe: boolean } {
+    const f = this.features;
+    const etcd = { fromCache: false, revisionProbe: false };
+    const cache = { fromCache: true, revisionProbe: false };
+    if (match === 'Exact') return etcd;
+    // A limit with a resourceVersion other than 0 and no match is the legacy exact read.
+    if (match === '' && limit > 0 && rv !== '' && rv !== '0') return etcd;
+    // Continue tokens: from etcd, or from the cache's snapshots (ListFromCacheSnapshot, 1.34).
+    if (continued) return f.listFromCacheSnapshot ? cache : etcd;
+    if (rv === '') return f.consistentListFromCache ? { fromCache: true, revisionProbe: true } : etcd;
+    // Before 1.31 the cache served no paginated list but those at resourceVersion 0.
+    if (f.minor < 31 && limit > 0 && rv !== '0') return etcd;
+    return cache;
+  }
+
+  /**
+   * Whether a watch asked for its initial state (sendInitialEvents), validated as the modelled
+   * release validates it; undefined for a legacy watch.
+   */
+  private initialEventsOf(query: URLSearchParams, rv: string): boolean | undefined {
+    const f = this.features;
+    if (f.watchList === 'ignored') return undefined;
+    const sie = query.get('sendInitialEvents');
+    const match = query.get('resourceVersionMatch') ?? '';
+    if (f.watchList === undefined) {
+      // Before 1.27 sendInitialEvents is an unknown parameter (ignored); resourceVersionMatch is not.
+      if (match !== '')
+        throw invalidListOptions(['resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch']);
+      return undefined;
+    }
+    const send = sie === null ? undefined : sie === 'true';
+    const errors: string[] = [];
+    if (send !== undefined) {
+      if (match !== 'NotOlderThan') {
+        errors.push(
+          'resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan',
+        );
+      }
+      if (!f.watchList) {
+        errors.push(
+          'sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled',
+        );
+      }
+    }
+    if (match !== '') {
+      if (send === undefined) {
+        errors.push(
+          'resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided',
+        );
+      }
+      if (match !== 'NotOlderThan') {
+        errors.push(`resourceVersionMatch: Unsupported value: "${match}": supported values: "NotOlderThan"`);
+      }
+    }
+    if (errors.length > 0) throw invalidListOptions(errors);
+    // SetListOptionsDefaults: with WatchList on, a watch from "" or "0" is a WatchList.
+    if (send === undefined && match === '' && (rv === '' || rv === '0')) return true;
+    return send;
   }
 
   private continueToken(snapshot: ListSnapshot, offset: number): string {
@@ -1370,22 +1645,34 @@ export class ApiStandIn {
   ): void {
     const { resource } = route;
     this.stats.watches[resource.plural] = (this.stats.watches[resource.plural] ?? 0) + 1;
+    const reads = RESPONSE_READS.get(res)!;
+    reads.watches++;
     const from = query.get('resourceVersion') ?? '';
     if (from !== '' && !/^\d+$/.test(from)) {
       throw new ApiError(400, `resourceVersion: Invalid value: "${from}": must be a non-negative integer`);
     }
+    const initialEvents = this.initialEventsOf(query, from);
+    if (initialEvents !== undefined && from !== '' && from !== '0' && Number(from) > this.store.resourceVersion) {
+      throw tooLargeResourceVersion(from, this.store.resourceVersion);
+    }
+    // A consistent start (resourceVersion unset) reads etcd's current revision first.
+    if (initialEvents !== undefined && from === '') reads.etcdRevisionReads++;
     const timeoutSeconds = Number(query.get('timeoutSeconds') ?? 0);
     const bookmarks = query.get('allowWatchBookmarks') === 'true';
     let silent = false;
     const writeLine = (line: string) => {
       // A reset connection closes the response a moment later; nothing more is written to it.
-      if (!silent && !res.destroyed && !res.writableEnded) res.write(line + '\n');
+      if (!silent && !res.destroyed && !res.writableEnded) {
+        reads.responseBytes += Buffer.byteLength(line) + 1;
+        res.write(line + '\n');
+      }
     };
     const write = (event: KubeObject) => writeLine(JSON.stringify(event));
     // kubectl get -w asks for Table rows; the column definitions come with the first one only.
     const asTable = wantsTable(req);
     let columnsSent = false;
     const send = (type: ChangeType, object: KubeObject) => {
+      reads.objects++;
       if (!asTable) {
         write({ type, object });
         return;
@@ -1409,7 +1696,9 @@ export class ApiStandIn {
 
     // Unset or 0: start with the current state as synthetic ADDED events, as the real server does.
     let replay: Array<{ type: ChangeType; object: KubeObject }>;
-    if (from === '' || from === '0') {
+    if (initialEvents === false) {
+      replay = [];
+    } else if (initialEvents === true || from === '' || from === '0') {
       replay = this.store
         .list(resource)
         .filter(
@@ -1429,13 +1718,41 @@ export class ApiStandIn {
         return type ? [{ type, object: withTypeMeta(resource, c.object) }] : [];
       });
     }
+    const breakAt = initialEvents === true ? this.watchListBreak : undefined;
+    if (initialEvents === true) {
+      this.watchListBreak = undefined;
+      reads.watchLists++;
+    }
+    if (breakAt) {
+      for (const event of replay.slice(0, breakAt.afterEvents)) send(event.type, event.object);
+      const message = `too old resource version: ${from || this.store.resourceVersion}`;
+      write({ type: 'ERROR', object: failureStatus(breakAt.code, REASONS[breakAt.code] ?? 'Unknown', message) });
+      res.end();
+      return;
+    }
     for (const event of replay) send(event.type, event.object);
+    if (initialEvents === true && bookmarks) {
+      // The end of the initial state: the resourceVersion it is at, marked for WatchList clients.
+      reads.bookmarks++;
+      write({
+        type: 'BOOKMARK',
+        object: {
+          kind: resource.kind,
+          apiVersion: 'v1',
+          metadata: {
+            resourceVersion: String(this.store.resourceVersion),
+            annotations: { [INITIAL_EVENTS_END_ANNOTATION]: 'true' },
+          },
+        },
+      });
+    }
 
     const unsubscribe = this.store.subscribe(watcher);
     const timers: NodeJS.Timeout[] = [];
     if (bookmarks) {
       timers.push(
         setInterval(() => {
+          reads.bookmarks++;
           write({
             type: 'BOOKMARK',
             object: {
@@ -1734,6 +2051,9 @@ async function readJsonBody(req: IncomingMessage, anyJson = false, optional = fa
 
 function sendJson(res: ServerResponse, code: number, body: unknown): void {
   const text = JSON.stringify(body);
-  res.writeHead(code, { 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(text) });
+  const bytes = Buffer.byteLength(text);
+  const reads = RESPONSE_READS.get(res);
+  if (reads) reads.responseBytes += bytes;
+  res.writeHead(code, { 'Content-Type': 'application/json', 'Content-Length': bytes });
   res.end(text);
 }

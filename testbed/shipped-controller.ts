@@ -1,7 +1,9 @@
-// The controller as the image runs it (the Dockerfile's ENTRYPOINT): Node with the flags of
-// package.json's `ipvsNodeController.nodeFlags`, on the bundle (dist/bundle, made by
-// `npm run build`). The kernel tests, the demo and the benchmark start it this way, so what they
-// show is what ships; test/build/deploy-image.test.ts keeps the ENTRYPOINT in step.
+// The controller as the image and package.json's bin run it (bin/ipvs-node-controller.mjs, the
+// Dockerfile's ENTRYPOINT): Node with the flags of package.json's `ipvsNodeController.nodeFlags`,
+// on the bundle (dist/bundle, made by `npm run build`). The kernel tests, the demo and the
+// benchmark start that command line directly (the launcher's own process aside, it is the same
+// process), so what they show is what ships; test/build/bundle-launcher.test.ts checks that the
+// launcher runs exactly it, and test/build/deploy-image.test.ts that the image starts the launcher.
 
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
@@ -15,6 +17,12 @@ const packageJson = fileURLToPath(new URL('../../package.json', import.meta.url)
 export const BUNDLE =
   process.env.IPVS_NODE_CONTROLLER_BUNDLE ??
   fileURLToPath(new URL('../bundle/ipvs-node-controller.mjs', import.meta.url));
+
+/**
+ * bin/ipvs-node-controller.mjs, package.json's bin and the image's ENTRYPOINT: it runs
+ * `process.execPath` with NODE_FLAGS on BUNDLE (test/build/bundle-launcher.test.ts).
+ */
+export const LAUNCHER = fileURLToPath(new URL('../../bin/ipvs-node-controller.mjs', import.meta.url));
 
 /** The Node flags the image runs the controller with. */
 export const NODE_FLAGS: readonly string[] = (

@@ -6,17 +6,14 @@
 import type { Logger } from 'pino';
 import { access, constants } from 'node:fs/promises';
 import { delimiter, join } from 'node:path';
-import { BackendError, type Backend, type BackendName, type EntryCapacity } from './backend.js';
-import { DEFAULT_BPFFS_PATH, EBPF_CAPACITY, EbpfBackend, defaultCgroupPath } from './ebpf/ebpf-backend.js';
+import { BackendError, type BackendName, type EntryCapacity } from '../reconciler/driver.js';
+import { Reconciler } from '../reconciler/reconciler.js';
+import { DEFAULT_BPFFS_PATH, EBPF_CAPACITY, EbpfDriver, defaultCgroupPath } from './ebpf/ebpf-driver.js';
 import { selectNftExecutor, type NftExecutorPreference } from './nft/addon-executor.js';
-import { NFT_CAPACITY, NftBackend } from './nft/nft-backend.js';
+import { NFT_CAPACITY, NftDriver } from './nft/nft-driver.js';
 import { renderDesiredStateText } from './nft/render.js';
-import {
-  IPTABLES_CAPACITY,
-  IptablesBackend,
-  hasIptablesObjects,
-  removeIptablesObjects,
-} from './iptables/iptables-backend.js';
+import { IPTABLES_CAPACITY, IptablesDriver } from './iptables/iptables-driver.js';
+import { hasIptablesObjects, removeIptablesObjects } from './iptables/nat-view.js';
 import { renderDesiredStateRestoreText } from './iptables/render.js';
 import { IPTABLES_VARIANTS, detectIptablesVariant, type IptablesVariant } from './iptables/variant.js';
 import { FAMILIES, type DesiredState } from '../model/types.js';
@@ -45,7 +42,7 @@ export interface BackendDescription {
 }
 
 export interface SelectedBackend {
-  backend: Backend;
+  backend: Reconciler;
   /** One line saying which backend and why, to log once. */
   reason: string;
 }
@@ -63,7 +60,7 @@ export interface BackendEntry {
   /** Builds the backend; `reason` says which executor or variant and why ('' when nothing to say). */
   create(settings: BackendSettings): Promise<SelectedBackend>;
   /** What metrics show of a backend this entry built. */
-  describe(backend: Backend): BackendDescription;
+  describe(backend: Reconciler): BackendDescription;
   /**
    * The cleanups of this backend's objects. `inUse` is the running backend when it is this one:
    * what it uses stays (all of it, or one iptables variant).
@@ -80,13 +77,17 @@ export type BackendRegistry = Readonly<Record<BackendName, BackendEntry>>;
 /** --backend=auto tries these in turn, kube-proxy's own order: nftables where it works, else iptables. */
 const AUTO_ORDER: readonly BackendName[] = ['nft', 'iptables'];
 
+function iptables(variant: IptablesVariant, options: { logger?: Logger | undefined }): Reconciler {
+  return new Reconciler(new IptablesDriver(variant, options));
+}
+
 export const BACKENDS: BackendRegistry = {
   nft: {
     async create(settings) {
       const { executor, reason } = selectNftExecutor(settings.nftExecutor ?? 'auto');
-      return { backend: new NftBackend(executor), reason };
+      return { backend: new Reconciler(new NftDriver(executor)), reason };
     },
-    describe: (backend) => ({ backend: 'nft', nftExecutor: (backend as NftBackend).executor.kind }),
+    describe: (backend) => ({ backend: 'nft', nftExecutor: (backend.driver as NftDriver).executor.kind }),
     leftovers: (settings, inUse) => (inUse ? [] : [nftLeftovers(settings)]),
     renderDryRun: (desired) => renderDesiredStateText(desired),
     capacity: NFT_CAPACITY,
@@ -95,12 +96,11 @@ export const BACKENDS: BackendRegistry = {
     async create(settings) {
       const wanted = settings.iptablesVariant ?? 'auto';
       const options = { logger: settings.logger };
-      if (wanted !== 'auto')
-        return { backend: new IptablesBackend(wanted, options), reason: `iptables-${wanted}, as configured` };
+      if (wanted !== 'auto') return { backend: iptables(wanted, options), reason: `iptables-${wanted}, as configured` };
       const detected = await detectIptablesVariant();
-      return { backend: new IptablesBackend(detected.variant, options), reason: detected.reason };
+      return { backend: iptables(detected.variant, options), reason: detected.reason };
     },
-    describe: (backend) => ({ backend: 'iptables', iptablesVariant: (backend as IptablesBackend).variant }),
+    describe: (backend) => ({ backend: 'iptables', iptablesVariant: (backend.driver as IptablesDriver).variant }),
     // Only the variant in use stays: the other one's chains are an earlier run's.
     leftovers: (_settings, inUse) =>
       IPTABLES_VARIANTS.filter((v) => !inUse || (inUse.iptablesVariant ?? v) !== v).map(iptablesLeftovers),
@@ -113,7 +113,7 @@ export const BACKENDS: BackendRegistry = {
       if (!cgroupPath) {
         throw new BackendError('no cgroup v2 mount in /proc/mounts: mount cgroup2 or pass --cgroup-path', 'ebpf');
       }
-      return { backend: new EbpfBackend({ cgroupPath, bpffsPath: bpffsPath(settings) }), reason: '' };
+      return { backend: new Reconciler(new EbpfDriver({ cgroupPath, bpffsPath: bpffsPath(settings) })), reason: '' };
     },
     describe: () => ({ backend: 'ebpf' }),
     leftovers: (settings, inUse) => (inUse ? [] : [ebpfLeftovers(settings)]),
@@ -153,7 +153,7 @@ export async function selectBackend(
 }
 
 /** What metrics show of a backend built by the registry. */
-export function describeBackend(backend: Backend, backends: BackendRegistry = BACKENDS): BackendDescription {
+export function describeBackend(backend: Reconciler, backends: BackendRegistry = BACKENDS): BackendDescription {
   return backends[backend.name].describe(backend);
 }
 
@@ -225,9 +225,8 @@ function nftLeftovers(settings: BackendSettings): LeftoverCleanup {
     description: 'nft tables ip/ip6 ipvs-node-controller',
     async cleanup() {
       const { backend } = await BACKENDS.nft.create({ ...settings, nftExecutor: 'auto' });
-      const nft = backend as NftBackend;
-      if (nft.executor.kind === 'cli' && !(await onPath('nft'))) return;
-      if (await nft.hasState()) await nft.cleanup();
+      if ((backend.driver as NftDriver).executor.kind === 'cli' && !(await onPath('nft'))) return;
+      if (await backend.hasState()) await backend.cleanup();
     },
   };
 }
@@ -249,10 +248,12 @@ function ebpfLeftovers(settings: BackendSettings): LeftoverCleanup {
     backend: 'ebpf',
     description: `eBPF programs and maps pinned under ${bpffsPath(settings)}`,
     cleanup: () =>
-      new EbpfBackend({
-        cgroupPath: settings.cgroupPath ?? defaultCgroupPath() ?? '/sys/fs/cgroup',
-        bpffsPath: bpffsPath(settings),
-      }).cleanup(),
+      new Reconciler(
+        new EbpfDriver({
+          cgroupPath: settings.cgroupPath ?? defaultCgroupPath() ?? '/sys/fs/cgroup',
+          bpffsPath: bpffsPath(settings),
+        }),
+      ).cleanup(),
   };
 }
 

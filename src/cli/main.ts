@@ -18,7 +18,8 @@ import {
   selectBackend,
   type BackendSettings,
 } from '../backends/registry.js';
-import { entryLimit, type Backend } from '../backends/backend.js';
+import { entryLimit } from '../reconciler/driver.js';
+import type { Reconciler } from '../reconciler/reconciler.js';
 import { Controller } from '../controller.js';
 import { buildDesiredState } from '../model/desired-state.js';
 import type { NodeInfo, ServiceInfo } from '../model/types.js';
@@ -189,7 +190,7 @@ function backendSettings(config: Config, logger?: Logger): BackendSettings {
   return { nftExecutor: config.nftExecutor, cgroupPath: config.cgroupPath, bpffsPath: config.bpffsPath, logger };
 }
 
-async function createBackend(config: Config, logger: Logger): Promise<Backend> {
+async function createBackend(config: Config, logger: Logger): Promise<Reconciler> {
   let selected;
   try {
     selected = await selectBackend(config.backend, backendSettings(config, logger));
@@ -214,7 +215,7 @@ async function cleanup(config: Config, logger: Logger): Promise<number> {
 }
 
 /** After the first successful sync: remove what other backends left, so a node never carries two. */
-async function removeOtherBackends(config: Config, backend: Backend, logger: Logger): Promise<void> {
+async function removeOtherBackends(config: Config, backend: Reconciler, logger: Logger): Promise<void> {
   try {
     const checked = await removeLeftovers(describeBackend(backend), backendSettings(config));
     logger.debug({ checked }, 'Removed leftovers of other backends');
@@ -283,6 +284,11 @@ async function runController(
     operations.informerObserver({
       onError: (resource, err, retryInMs) =>
         logger.warn({ resource, retryInMs, err }, 'Failed to list and watch, keeping the last rules'),
+      onWatchListUnavailable: (resource, why) =>
+        logger.info(
+          { resource, why },
+          'The API server offers no WatchList stream, starting from lists served by its watch cache',
+        ),
       onDecodeError: (resource, problem, firstOnStream) => {
         // Once per watch stream: a broken proxy can send many; the metric counts them all.
         if (firstOnStream) logger.warn({ resource, problem }, 'Skipped a watch line that is not a watch event');

@@ -4,7 +4,7 @@
 // changes target, disappears or appears, the entries whose original destination is that tuple
 // must go (semantics.md, "Connection tracking"). TCP is left alone, as kube-proxy does. Pure.
 
-import { diffByKey } from '../backends/element-storage.js';
+import { diffByKey } from '../reconciler/element-storage.js';
 import { FAMILIES, entryKey, type DesiredState, type Entry, type Family, type Protocol } from '../model/types.js';
 
 export type ConntrackProtocol = Extract<Protocol, 'UDP' | 'SCTP'>;

@@ -7,7 +7,8 @@ import type { NodeInfo, ServiceInfo } from '../model/types.js';
 import { Informer, type InformerObserver } from './informer.js';
 import { toNodeInfo, toServiceInfo } from './objects.js';
 import { formatSize } from '../bytes.js';
-import { apiRequest, MAX_RESPONSE_BYTES, ResponseTooLargeError, statusMessage } from './request.js';
+import { ListBodySplitter } from './list-stream.js';
+import { apiGetStream, apiRequest, MAX_RESPONSE_BYTES, ResponseTooLargeError, statusMessage } from './request.js';
 
 export function loadKubeConfig(path: string | undefined): KubeConfig {
   const kc = new KubeConfig();
@@ -123,6 +124,54 @@ export function listPager(
   };
 }
 
+/**
+ * Reads a whole list at `resourceVersion`, each object handed to `onItem` as it arrives (not the
+ * body: list-stream.ts), each at most MAX_RESPONSE_BYTES long. '0': any state, which the API
+ * server's watch cache serves whole in one response whatever the limit; a version: a state not
+ * older than it, also served whole from the cache (a limit would send it to etcd: none is asked);
+ * '': the newest state, a consistent read, asked in pages of PAGE_SIZE as client-go does (from
+ * the cache with ConsistentListFromCache, 1.31; page by page from etcd before). A server that
+ * paginates anyway (its watch cache is off) is followed page by page. Returns the list's
+ * resourceVersion. Errors carry the HTTP status as `statusCode`.
+ */
+export async function streamList(
+  kc: KubeConfig,
+  path: string,
+  query: Record<string, string | undefined>,
+  resourceVersion: string,
+  onItem: (raw: unknown) => void,
+): Promise<string | undefined> {
+  let listVersion: string | undefined;
+  let continueToken: string | undefined;
+  let first = true;
+  do {
+    const pageQuery: Record<string, string | undefined> = { ...query };
+    if (continueToken !== undefined) {
+      // The token says where and at which version: a resourceVersion beside it is refused.
+      pageQuery.continue = continueToken;
+      pageQuery.limit = String(PAGE_SIZE);
+    } else {
+      if (resourceVersion !== '') pageQuery.resourceVersion = resourceVersion;
+      if (resourceVersion === '' || resourceVersion === '0') pageQuery.limit = String(PAGE_SIZE);
+    }
+    const body = new ListBodySplitter(path, MAX_RESPONSE_BYTES, onItem);
+    const response = await apiGetStream(kc, path, { query: pageQuery, timeoutMs: LIST_TIMEOUT_MS }, (chunk) =>
+      body.push(chunk),
+    );
+    if (response.error) {
+      throw Object.assign(new Error(`listing ${path}: ${statusMessage(response.error)}`), {
+        statusCode: response.status,
+      });
+    }
+    body.end();
+    const meta = (body.members.metadata ?? {}) as { resourceVersion?: unknown; continue?: unknown };
+    if (first && typeof meta.resourceVersion === 'string') listVersion = meta.resourceVersion;
+    first = false;
+    continueToken = typeof meta.continue === 'string' && meta.continue !== '' ? meta.continue : undefined;
+  } while (continueToken !== undefined);
+  return listVersion;
+}
+
 /** Every item of a list, page by page, each stripped as its page arrives. */
 export async function listAllJson<T>(
   kc: KubeConfig,
@@ -160,7 +209,8 @@ export function createClusterCaches(
   const services = new Informer<ServiceInfo>(kc, {
     resource: 'services',
     path: '/api/v1/services',
-    listPage: listPager(kc, '/api/v1/services'),
+    list: (rv, onItem) => streamList(kc, '/api/v1/services', {}, rv, onItem),
+    watchList: true,
     strip: toServiceInfo,
     onChange,
     observer,
@@ -171,7 +221,8 @@ export function createClusterCaches(
     resource: 'nodes',
     path: '/api/v1/nodes',
     fieldSelector,
-    listPage: listPager(kc, '/api/v1/nodes', { fieldSelector }),
+    list: (rv, onItem) => streamList(kc, '/api/v1/nodes', { fieldSelector }, rv, onItem),
+    watchList: true,
     strip: toNodeInfo,
     onChange,
     observer,

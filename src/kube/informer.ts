@@ -1,6 +1,16 @@
 // List+watch caches holding stripped objects only: our own loop over our own streaming watch
 // (watch.ts), so that the only copy of each object is the stripped one in `objects`.
-// - The list is paginated and each page stripped as it arrives (memory stays flat).
+// - The cache is built from the API server's watch cache, never page by page from etcd, because
+//   a fleet of agents starts (and relists) together: with `watchList`, by a WatchList stream (a
+//   watch with sendInitialEvents=true: the whole state as ADDED events, then a bookmark marked
+//   k8s.io/initial-events-end, then the watch goes on on the same stream), as client-go's
+//   reflector does. A server that refuses the parameters (422 before 1.27, or with the WatchList
+//   feature gate off) or ignores them (an unmarked bookmark, or the end of the stream, before the
+//   marked one) is read by lists from then on. A list asks for resourceVersion=0 at the first
+//   start and for "not older than the last version seen" afterwards, both served whole from the
+//   watch cache; each object is stripped as it arrives (list-stream.ts: memory stays flat).
+// - Either way the cache counts as synced only once the whole state has arrived; objects the
+//   state no longer holds are deleted then, and readers are told of the changes once.
 // - Watches resume from the last resourceVersion seen (events and bookmarks), ask for bookmarks
 //   and for a server-side timeout randomised in [min, 2*min) as client-go does, so that a fleet
 //   does not re-watch in step. A watch that delivers nothing (no event, no bookmark) for a while
@@ -21,11 +31,13 @@
 
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import type { ChangeTracked } from '../model/types.js';
-import { startWatch, WatchLineTooLongError } from './watch.js';
+import { startWatch, WatchLineTooLongError, type WatchStreamError } from './watch.js';
 
 export interface InformerObserver {
-  /** A full list was fetched (first sync or relist). */
+  /** A full state was fetched (first sync or relist): by a list, or by a WatchList stream. */
   onList?(resource: string): void;
+  /** The server does not offer WatchList streams: lists from now on. `why`: one line. */
+  onWatchListUnavailable?(resource: string, why: string): void;
   /** A watch was (re)established: the API server accepted the request. */
   onWatch?(resource: string): void;
   /** The list or watch failed; the informer retries on its own. */
@@ -42,10 +54,18 @@ export interface InformerOptions<T> {
   resource: string;
   /** API path, e.g. /api/v1/services. */
   path: string;
-  /** Fetches one page of the list as raw objects. */
-  listPage(
+  /**
+   * Reads the whole list at `resourceVersion` ('0': any, from the server's cache; a version:
+   * not older than it; '': the newest, a consistent read), handing each raw object to `onItem`
+   * as it arrives. Returns the list's resourceVersion.
+   */
+  list?(resourceVersion: string, onItem: (raw: unknown) => void): Promise<string | undefined>;
+  /** Instead of list: fetches one page of a consistent list as raw objects. */
+  listPage?(
     continueToken: string | undefined,
   ): Promise<{ items: unknown[]; resourceVersion?: string; continue?: string }>;
+  /** Build the cache with a WatchList stream where the server offers one (see above). Default false. */
+  watchList?: boolean;
   strip(raw: unknown): T | undefined;
   fieldSelector?: string;
   onChange(): void;
@@ -72,6 +92,8 @@ const MAX_CHANGE_LOG = 10_000;
 const MAX_DECODE_ERRORS_IN_A_ROW = 100;
 /** A watch that ends sooner than this without delivering anything counts as a failure. */
 const SHORT_WATCH_MS = 1000;
+/** The annotation of the bookmark that ends a WatchList stream's initial state. */
+export const INITIAL_EVENTS_END_ANNOTATION = 'k8s.io/initial-events-end';
 
 /**
  * Retry delay after `failures` consecutive failures (1, 2, ...): exponential up to the cap, with
@@ -114,8 +136,13 @@ export function sameInfo(a: unknown, b: unknown): boolean {
 type WatchEnd =
   /** The server ended the stream (its timeout): re-watch at once. */
   | { kind: 'closed' }
-  /** 410 Gone: the resourceVersion is too old; relist. */
-  | { kind: 'expired' }
+  /**
+   * 410 Gone: the resourceVersion is too old; relist. `tooLarge`: the server has not seen it yet
+   * (another API server behind the same address): a rebuild must ask for the newest state.
+   */
+  | { kind: 'expired'; tooLarge?: boolean }
+  /** A WatchList stream the server refused or ignored: build the cache with lists instead. */
+  | { kind: 'noWatchList'; why: string }
   /** Anything else: retry with backoff, from the last resourceVersion (or a new list). */
   | { kind: 'failed'; err: Error; relist?: boolean };
 
@@ -139,6 +166,8 @@ export class Informer<T> implements ChangeTracked<T> {
   /** Changes since mark `logStart`, in order, for changesSince(). */
   private changeLog: Array<{ removed?: T; added?: T }> = [];
   private logStart = 0;
+  /** The server refused or ignored a WatchList stream: lists build the cache. */
+  private noWatchList = false;
 
   constructor(
     private readonly kubeConfig: KubeConfig,
@@ -207,23 +236,49 @@ export class Informer<T> implements ChangeTracked<T> {
 
   /** The loop: never rejects, never ends before stop(). */
   private async run(generation: number): Promise<void> {
+    /** Where the watch resumes; undefined: the cache must be built again (a WatchList or a list). */
     let resourceVersion: string | undefined;
-    /** No watch has delivered anything since the last list. */
+    /**
+     * The newest resourceVersion the cache is known to be at: a rebuild asks for a state not
+     * older than it, which the server's cache serves. '' at the start, and once the server said
+     * it cannot serve it: the newest state then (a consistent read).
+     */
+    let known = '';
+    /** No watch has delivered anything since the cache was built. */
     let justListed = false;
     /** The resourceVersion a watch resumed from and ended at a line too long, delivering nothing. */
     let tooLongFrom: string | undefined;
     while (this.current(generation)) {
       try {
-        if (resourceVersion === undefined) {
-          resourceVersion = await this.relist(generation);
+        const initial = resourceVersion === undefined && this.options.watchList === true && !this.noWatchList;
+        if (resourceVersion === undefined && !initial) {
+          resourceVersion = await this.relist(generation, known);
+          if (resourceVersion !== '') known = resourceVersion;
           this.failures = 0;
           justListed = true;
         }
         const started = Date.now();
-        const from = resourceVersion;
-        const outcome = await this.watchOnce(generation, from);
+        const from = initial ? known : resourceVersion!;
+        const outcome = await this.watchOnce(generation, from, initial);
+        if (!this.current(generation)) break;
+        const end = outcome.end;
+        if (end.kind === 'noWatchList') {
+          this.noWatchList = true;
+          try {
+            this.options.observer?.onWatchListUnavailable?.(this.options.resource, end.why);
+          } catch {
+            // an observer's failure must not stop the informer
+          }
+          resourceVersion = undefined;
+          continue;
+        }
+        if (initial && outcome.synced) {
+          this.failures = 0;
+          justListed = true;
+        }
         resourceVersion = outcome.resourceVersion;
-        const tooLong = outcome.end.kind === 'failed' && outcome.end.err instanceof WatchLineTooLongError;
+        if (resourceVersion !== undefined && resourceVersion !== '') known = resourceVersion;
+        const tooLong = !initial && end.kind === 'failed' && end.err instanceof WatchLineTooLongError;
         const tooLongAgain = tooLong && !outcome.delivered && tooLongFrom === from;
         tooLongFrom = tooLong && !outcome.delivered ? from : undefined;
         if (tooLongAgain) {
@@ -231,11 +286,18 @@ export class Informer<T> implements ChangeTracked<T> {
           resourceVersion = undefined;
         }
         if (outcome.delivered) justListed = false;
-        if (!this.current(generation)) break;
-        const end = outcome.end;
         if (end.kind === 'expired') {
           resourceVersion = undefined;
-          // Relist at once, unless the server says so again right after a list.
+          if (end.tooLarge || (initial && !outcome.synced)) {
+            // The server cannot serve a state not older than `known`: ask for the newest, at
+            // once, unless that is what it just refused.
+            if (from !== '') {
+              known = '';
+              continue;
+            }
+            throw Object.assign(new Error('the server cannot serve the newest state'), { statusCode: 410 });
+          }
+          // Rebuild at once, unless the server says so again right after a rebuild.
           if (!justListed) continue;
           throw Object.assign(new Error('the watch expired right after a list'), { statusCode: 410 });
         }
@@ -243,7 +305,7 @@ export class Informer<T> implements ChangeTracked<T> {
           if (end.relist) resourceVersion = undefined;
           throw end.err;
         }
-        if (!outcome.delivered && Date.now() - started < SHORT_WATCH_MS) {
+        if (!outcome.delivered && !(initial && outcome.synced) && Date.now() - started < SHORT_WATCH_MS) {
           throw new Error('the watch was closed at once, with no event');
         }
         this.failures = 0;
@@ -274,39 +336,82 @@ export class Informer<T> implements ChangeTracked<T> {
     });
   }
 
-  /** Lists every page and makes the cache equal to the list; returns its resourceVersion. */
-  private async relist(generation: number): Promise<string> {
-    const seen = new Set<string>();
-    let changed = false;
-    let token: string | undefined;
+  /**
+   * Lists the whole state and makes the cache equal to it; returns its resourceVersion. Asks
+   * for a state not older than `known` (resourceVersion=0 when nothing is known yet); when the
+   * server cannot serve that (410 Gone, or a version it has not seen yet), for the newest.
+   */
+  private async relist(generation: number, known: string): Promise<string> {
+    const rebuild = this.rebuild(generation);
     let resourceVersion: string | undefined;
     try {
-      do {
-        const page = await this.options.listPage(token);
-        if (!this.current(generation)) throw new Stale();
-        for (const raw of page.items) {
-          const decoded = this.decodeObject(raw);
-          if (!decoded) continue;
-          seen.add(decoded.key);
-          if (this.put(decoded.key, decoded.info)) changed = true;
+      if (this.options.list) {
+        const list = (rv: string, onItem: (raw: unknown) => void) => this.options.list!(rv, onItem);
+        const from = known === '' ? '0' : known;
+        try {
+          resourceVersion = await list(from, (raw) => void rebuild.apply(raw));
+        } catch (err) {
+          if (from === '0' || !unavailableVersion(err) || !this.current(generation)) throw err;
+          resourceVersion = await list('', (raw) => void rebuild.apply(raw));
         }
-        resourceVersion = page.resourceVersion;
-        token = page.continue || undefined;
-      } while (token);
-      for (const [key, info] of this.objects) {
-        if (seen.has(key)) continue;
-        this.record(info, undefined);
-        this.objects.delete(key);
-        changed = true;
+      } else {
+        let token: string | undefined;
+        do {
+          const page = await this.options.listPage!(token);
+          if (!this.current(generation)) throw new Stale();
+          for (const raw of page.items) rebuild.apply(raw);
+          resourceVersion = page.resourceVersion;
+          token = page.continue || undefined;
+        } while (token);
       }
+      if (!this.current(generation)) throw new Stale();
+      rebuild.complete();
     } finally {
-      // Pages applied before a failure are newer than what they replaced: tell the reader.
-      if (changed && this.current(generation)) this.options.onChange();
+      rebuild.close();
     }
     this.options.observer?.onList?.(this.options.resource);
     this.markSynced();
     // Without a resourceVersion, a watch from "" starts with the whole state (equal: no change).
     return resourceVersion ?? '';
+  }
+
+  /**
+   * Building the cache anew from a whole state: `apply` each object of it as it arrives, then
+   * `complete` (objects the state does not hold are deleted), then `close` (readers are told,
+   * once, also when the state did not arrive whole: what did arrive is newer than what it
+   * replaced).
+   */
+  private rebuild(generation: number): {
+    apply: (raw: unknown) => boolean;
+    complete: () => void;
+    close: () => void;
+  } {
+    const seen = new Set<string>();
+    let changed = false;
+    return {
+      apply: (raw) => {
+        if (!this.current(generation)) throw new Stale();
+        const decoded = this.decodeObject(raw);
+        if (!decoded) return false;
+        seen.add(decoded.key);
+        if (this.put(decoded.key, decoded.info)) changed = true;
+        return true;
+      },
+      complete: () => {
+        for (const [key, info] of this.objects) {
+          if (seen.has(key)) continue;
+          this.record(info, undefined);
+          this.objects.delete(key);
+          changed = true;
+        }
+      },
+      close: () => {
+        if (changed && this.current(generation)) {
+          changed = false;
+          this.options.onChange();
+        }
+      },
+    };
   }
 
   /** Stores an object's info; false when it equals what is cached (nothing recorded). */
@@ -346,17 +451,28 @@ export class Informer<T> implements ChangeTracked<T> {
     return { key: `${namespace}/${name}`, info, resourceVersion };
   }
 
-  /** One watch from `from`, until it ends; what it delivered is applied as it comes. */
+  /**
+   * One watch from `from`, until it ends; what it delivered is applied as it comes. `initial`:
+   * a WatchList stream, which first delivers the whole state (not older than `from`; the newest
+   * when ''), ended by a marked bookmark; the cache is built from that state (as by relist) and
+   * the stream goes on as a watch. `resourceVersion`: where a watch may resume, undefined when an
+   * initial stream ended before its state was whole. `delivered`: events or bookmarks after the
+   * initial state. `synced`: the initial state arrived whole.
+   */
   private watchOnce(
     generation: number,
     from: string,
-  ): Promise<{ end: WatchEnd; resourceVersion: string; delivered: boolean }> {
+    initial: boolean,
+  ): Promise<{ end: WatchEnd; resourceVersion: string | undefined; delivered: boolean; synced: boolean }> {
     const { resource } = this.options;
     const timeoutSeconds = watchTimeoutSeconds(this.options.minWatchTimeoutMs ?? DEFAULT_MIN_WATCH_TIMEOUT_MS);
     const idleMs =
       this.options.watchIdleTimeoutMs ?? timeoutSeconds * 1000 + Math.min(30_000, Math.max(1000, timeoutSeconds * 100));
-    let resourceVersion = from;
+    let resourceVersion: string | undefined = initial ? undefined : from;
+    /** The initial state being built (initial streams, until their marked bookmark). */
+    let rebuild = initial ? this.rebuild(generation) : undefined;
     let delivered = false;
+    let synced = false;
     let decodeErrors = 0;
     let decodeErrorsInARow = 0;
     let finished = false;
@@ -370,7 +486,8 @@ export class Informer<T> implements ChangeTracked<T> {
         clearTimeout(idleTimer);
         if (this.interrupt === interrupted) this.interrupt = undefined;
         abort?.();
-        resolve({ end, resourceVersion, delivered });
+        rebuild?.close();
+        resolve({ end, resourceVersion, delivered, synced });
       };
       const interrupted = () => finish({ kind: 'closed' });
       this.interrupt = interrupted;
@@ -402,27 +519,65 @@ export class Informer<T> implements ChangeTracked<T> {
           });
         }
       };
+      /** The marked bookmark: the state is whole at `rv`. */
+      const initialStateEnds = (rv: string) => {
+        rebuild!.complete();
+        rebuild!.close();
+        rebuild = undefined;
+        synced = true;
+        resourceVersion = rv;
+        try {
+          this.options.observer?.onList?.(resource);
+        } catch {
+          // an observer's failure must not stop the informer
+        }
+        this.markSynced();
+      };
       const onLine = (line: unknown) => {
         if (finished || !this.current(generation)) return;
         try {
-          const problem = this.handleEvent(line, (rv) => (resourceVersion = rv), finish);
+          const inInitialState = rebuild !== undefined;
+          const problem = this.handleEvent(
+            line,
+            (rv) => {
+              if (!rebuild) resourceVersion = rv;
+            },
+            finish,
+            rebuild && {
+              apply: (raw) => rebuild!.apply(raw),
+              end: initialStateEnds,
+              ignored: (why) => finish({ kind: 'noWatchList', why }),
+            },
+          );
           if (problem !== undefined) {
             decodeError(problem);
             return;
           }
           decodeErrorsInARow = 0;
-          delivered = true;
+          if (!inInitialState) delivered = true;
           armIdle();
         } catch (err) {
           // onChange or strip threw: the event may be half applied; relist to be sure.
           finish({ kind: 'failed', err: toError(err), relist: true });
         }
       };
-      const onDone = (err: unknown) => {
+      const onDone = (err: WatchStreamError | undefined) => {
         if (finished) return;
-        if (!err) return finish({ kind: 'closed' });
-        const status = (err as { statusCode?: unknown }).statusCode;
+        if (!err) {
+          // A server that streams no initial state ends the watch without the marked bookmark.
+          if (rebuild)
+            return finish({ kind: 'noWatchList', why: 'the watch ended before the end of its initial state' });
+          return finish({ kind: 'closed' });
+        }
+        const status = err.statusCode;
         if (status === 410) return finish({ kind: 'expired' });
+        if (status === 504 && /too large resource version/i.test(err.message)) {
+          return finish({ kind: 'expired', tooLarge: true });
+        }
+        // Refused: the parameters are invalid to this server (before 1.27, or WatchList off).
+        if (initial && (status === 400 || status === 422)) {
+          return finish({ kind: 'noWatchList', why: err.message });
+        }
         finish({ kind: 'failed', err: toError(err) });
       };
 
@@ -432,6 +587,10 @@ export class Informer<T> implements ChangeTracked<T> {
         timeoutSeconds,
       };
       if (from !== '') query.resourceVersion = from;
+      if (initial) {
+        query.sendInitialEvents = true;
+        query.resourceVersionMatch = 'NotOlderThan';
+      }
       if (this.options.fieldSelector) query.fieldSelector = this.options.fieldSelector;
       abort = startWatch(this.kubeConfig, this.options.path, query, {
         // Reported only once the server answered, so that an observer can tell a connected
@@ -455,12 +614,15 @@ export class Informer<T> implements ChangeTracked<T> {
 
   /**
    * Applies one decoded watch line. Returns what is wrong with it when it is not a watch event
-   * (nothing is applied then).
+   * (nothing is applied then). `initialState`: the line belongs to a WatchList stream's initial
+   * state (objects go to the state being built; a bookmark ends it, or, unmarked, says the
+   * server ignored the request for it).
    */
   private handleEvent(
     line: unknown,
     setResourceVersion: (rv: string) => void,
     finish: (end: WatchEnd) => void,
+    initialState?: { apply(raw: unknown): boolean; end(rv: string): void; ignored(why: string): void },
   ): string | undefined {
     const event = plainObject(line);
     if (!event) return 'not a JSON object';
@@ -470,6 +632,9 @@ export class Informer<T> implements ChangeTracked<T> {
       case 'ADDED':
       case 'MODIFIED':
       case 'DELETED': {
+        if (initialState && type !== 'DELETED') {
+          return initialState.apply(object) ? undefined : `a ${type} event without a usable object`;
+        }
         const decoded = this.decodeObject(object);
         if (!decoded) return `a ${type} event without a usable object`;
         const changed = type === 'DELETED' ? this.remove(decoded.key) : this.put(decoded.key, decoded.info);
@@ -478,8 +643,14 @@ export class Informer<T> implements ChangeTracked<T> {
         return undefined;
       }
       case 'BOOKMARK': {
-        const rv = plainObject(plainObject(object)?.metadata)?.resourceVersion;
+        const meta = plainObject(plainObject(object)?.metadata);
+        const rv = meta?.resourceVersion;
         if (typeof rv !== 'string' || rv === '') return 'a BOOKMARK event without a resourceVersion';
+        if (initialState) {
+          if (plainObject(meta?.annotations)?.[INITIAL_EVENTS_END_ANNOTATION] === 'true') initialState.end(rv);
+          else initialState.ignored('a bookmark came before the end of the initial state');
+          return undefined;
+        }
         setResourceVersion(rv);
         return undefined;
       }
@@ -491,11 +662,11 @@ export class Informer<T> implements ChangeTracked<T> {
           finish({ kind: 'failed', err: new Error('the watch sent an ERROR event without a status') });
           return 'an ERROR event without a status';
         }
+        const message = typeof status.message === 'string' ? status.message : `code ${code}`;
         if (code === 410) finish({ kind: 'expired' });
-        else {
-          const message = typeof status.message === 'string' ? status.message : `code ${code}`;
-          finish({ kind: 'failed', err: Object.assign(new Error(`watch error: ${message}`), { statusCode: code }) });
-        }
+        else if (code === 504 && /too large resource version/i.test(message))
+          finish({ kind: 'expired', tooLarge: true });
+        else finish({ kind: 'failed', err: Object.assign(new Error(`watch error: ${message}`), { statusCode: code }) });
         return undefined;
       }
       default:
@@ -508,6 +679,12 @@ export class Informer<T> implements ChangeTracked<T> {
     this.synced = true;
     for (const resolve of this.syncWaiters.splice(0)) resolve();
   }
+}
+
+/** A list or watch error that says the server cannot serve the resourceVersion asked for. */
+function unavailableVersion(err: unknown): boolean {
+  const status = (err as { statusCode?: unknown } | undefined)?.statusCode;
+  return status === 410 || (status === 504 && /too large resource version/i.test(toError(err).message));
 }
 
 function toError(err: unknown): Error {

@@ -26,6 +26,8 @@ export interface ApiRequest {
 }
 
 const DEFAULT_TIMEOUT_MS = 60_000;
+/** Most of an error response's body kept for its message (a metav1.Status is small). */
+const MAX_ERROR_BODY_BYTES = 64 << 10;
 
 /**
  * The most bytes of one response body (and of one watch line, watch.ts): what the largest object
@@ -134,4 +136,72 @@ export async function apiRequest(kc: KubeConfig, path: string, request: ApiReque
 export function statusMessage(response: ApiResponse): string {
   const message = (response.json as { message?: unknown } | undefined)?.message;
   return typeof message === 'string' && message !== '' ? message : `HTTP ${response.status}`;
+}
+
+/**
+ * A GET whose body, when the status is 200, is handed to `onChunk` as it arrives and not kept
+ * (a list read item by item, list-stream.ts); an error thrown by `onChunk` ends the request and
+ * is the rejection. Another status is answered as by apiRequest, its body bounded by
+ * MAX_ERROR_BODY_BYTES. `bytes`: the body's length.
+ */
+export async function apiGetStream(
+  kc: KubeConfig,
+  path: string,
+  request: { query?: Record<string, string | undefined>; timeoutMs?: number },
+  onChunk: (chunk: Buffer) => void,
+): Promise<{ status: number; bytes: number; error?: ApiResponse }> {
+  const cluster = kc.getCurrentCluster();
+  if (!cluster) throw new Error('the kubeconfig has no current cluster');
+  const url = new URL(cluster.server.replace(/\/+$/, '') + path);
+  for (const [key, value] of Object.entries(request.query ?? {})) {
+    if (value !== undefined) url.searchParams.set(key, value);
+  }
+  const options = await requestOptions(kc, url);
+  options.method = 'GET';
+  options.headers = { ...options.headers, Accept: 'application/json' };
+  const timeoutMs = request.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+  options.timeout = timeoutMs;
+  const client = url.protocol === 'http:' ? http : https;
+  return new Promise((resolve, reject) => {
+    const req = client.request(url, options, (response) => {
+      const status = response.statusCode ?? 0;
+      let bytes = 0;
+      if (status !== 200) {
+        const chunks: Buffer[] = [];
+        response.on('data', (chunk: Buffer) => {
+          bytes += chunk.length;
+          if (bytes <= MAX_ERROR_BODY_BYTES) chunks.push(chunk);
+        });
+        response.on('end', () => {
+          let json: unknown;
+          try {
+            json = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+          } catch {
+            json = undefined;
+          }
+          resolve({ status, bytes, error: { status, json, bytes } });
+        });
+        response.on('error', reject);
+        return;
+      }
+      response.on('data', (chunk: Buffer) => {
+        bytes += chunk.length;
+        try {
+          onChunk(chunk);
+        } catch (err) {
+          req.destroy();
+          reject(err instanceof Error ? err : new Error(String(err)));
+        }
+      });
+      response.on('end', () => resolve({ status, bytes }));
+      response.on('error', reject);
+      // A connection closed in the middle of the body: 'close' without 'end'.
+      response.on('close', () => {
+        if (!response.complete) reject(new Error(`the connection to ${url.host} was closed before the list ended`));
+      });
+    });
+    req.on('timeout', () => req.destroy(new Error(`no answer from ${url.host} within ${timeoutMs / 1000} s`)));
+    req.on('error', reject);
+    req.end();
+  });
 }

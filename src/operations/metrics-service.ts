@@ -1,6 +1,6 @@
 // /metrics: the controller's metrics and the endpoint that serves them (--metrics-bind-address).
 
-import type { Backend } from '../backends/backend.js';
+import type { Reconciler } from '../reconciler/reconciler.js';
 import { describeBackend } from '../backends/registry.js';
 import type { BindAddress, HttpEndpoint } from '../http/endpoint.js';
 import { ControllerMetrics } from '../metrics/controller-metrics.js';
@@ -15,7 +15,7 @@ export class MetricsService {
   }
 
   /** backend_info: which backend, nft executor and iptables variant program the kernel. */
-  describeBackend(backend: Backend): void {
+  describeBackend(backend: Reconciler): void {
     this.metrics.describeBackend(describeBackend(backend));
   }
 }

@@ -23,6 +23,7 @@ export function allInformerObservers(...observers: Array<InformerObserver | unde
   const present = observers.filter((o): o is InformerObserver => o !== undefined);
   return {
     onList: (resource) => present.forEach((o) => o.onList?.(resource)),
+    onWatchListUnavailable: (resource, why) => present.forEach((o) => o.onWatchListUnavailable?.(resource, why)),
     onWatch: (resource) => present.forEach((o) => o.onWatch?.(resource)),
     onError: (resource, err, retryInMs) => present.forEach((o) => o.onError?.(resource, err, retryInMs)),
     onDecodeError: (resource, problem, first) => present.forEach((o) => o.onDecodeError?.(resource, problem, first)),

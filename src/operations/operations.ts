@@ -4,7 +4,7 @@
 
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import type { Backend } from '../backends/backend.js';
+import type { Reconciler } from '../reconciler/reconciler.js';
 import type { Config } from '../config/options.js';
 import type { Controller, ControllerObserver } from '../controller.js';
 import { formatBindAddress, type HttpEndpoint } from '../http/endpoint.js';
@@ -44,7 +44,7 @@ export class Operations {
     return ops;
   }
 
-  describeBackend(backend: Backend): void {
+  describeBackend(backend: Reconciler): void {
     this.metricsService.describeBackend(backend);
   }
 

@@ -4,7 +4,7 @@
 // _FORTIFY_SOURCE. Nothing here talks to the kernel.
 
 import { expect } from 'chai';
-import { spawnSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import { copyFileSync, symlinkSync, existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -60,6 +60,28 @@ describe('nftables addon build', () => {
     if (!(load.executor instanceof NftAddonExecutor)) expect.fail('expected load.executor instanceof NftAddonExecutor');
     expect(load.executor.kind).to.equal('addon');
     expect(load.executor.libnftablesVersion).to.match(/^\d+\.\d+(\.\d+)?$/);
+  });
+
+  it('writes map elements as netlink batches: built with libnftnl and libmnl, which it links', () => {
+    const load = loadNftAddon();
+    if (!load.executor) expect.fail(load.reason);
+    expect(
+      load.executor.writesElementBatches,
+      'writeElements is missing: install libnftnl-dev and libmnl-dev (scripts/install-system-packages.sh) and run `npm run build:native`',
+    ).to.equal(true);
+    const linked = execFileSync('ldd', [defaultAddonPath()], { encoding: 'utf8' });
+    expect(linked).to.match(/libnftnl\.so/);
+    expect(linked).to.match(/libmnl\.so/);
+  });
+
+  it('checks the arguments of writeElements before any work is queued', () => {
+    const addon = createRequire(import.meta.url)(defaultAddonPath()) as NftablesAddon;
+    expect(() => addon.writeElements!('inet', 't', 'm', '', ''))
+      .to.throw()
+      .that.includes({ name: 'TypeError', message: 'family must be ip or ip6' });
+    expect(() => addon.writeElements!('ip', 't', 'm', '', 42 as unknown as string))
+      .to.throw()
+      .that.includes({ name: 'TypeError', message: 'added must be a string' });
   });
 
   it('is what automatic executor selection picks', () => {

@@ -11,7 +11,8 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
-import { NODE_FLAGS } from '../../testbed/shipped-controller.js';
+import { readFileSync } from 'node:fs';
+import { LAUNCHER } from '../../testbed/shipped-controller.js';
 
 const run = promisify(execFile);
 const exists = (path: string) => access(path).then(
@@ -132,12 +133,24 @@ describe('Dockerfile', function () {
     expect(runtime.instructions.map((i) => i.args).join('\n'), 'no node_modules at run time').to.not.match(
       /node_modules/,
     );
+    // The launcher of package.json's bin: the Node flags are defined once, in package.json
+    // (test/build/bundle-launcher.test.ts shows what it runs).
     const entrypoint = JSON.parse(runtime.instructions.find((i) => i.op === 'ENTRYPOINT')!.args) as string[];
-    expect(entrypoint, "package.json's ipvsNodeController.nodeFlags, then the bundle").to.deep.equal([
+    expect(entrypoint, "package.json's bin under the image's node").to.deep.equal([
       'node',
-      ...NODE_FLAGS,
-      '/opt/ipvs-node-controller/dist/bundle/ipvs-node-controller.mjs',
+      '/opt/ipvs-node-controller/bin/ipvs-node-controller.mjs',
     ]);
+    const pkg = JSON.parse(readFileSync(join(repoRoot, 'package.json'), 'utf8')) as { bin: Record<string, string> };
+    expect(pkg.bin['ipvs-node-controller']).to.equal('bin/ipvs-node-controller.mjs');
+    const assembled = stages[0]!.instructions.map((i) => i.args).join('\n');
+    expect(assembled, 'the launcher in /out, runnable by the image node').to.include(
+      'cp bin/ipvs-node-controller.mjs /out/bin/',
+    );
+    expect(assembled).to.include("sed -i '1s|^#!/usr/bin/env node$|#!/usr/local/bin/node|' /out/bin/ipvs-node-controller.mjs");
+    // `ipvs-node-controller` on PATH is the same launcher.
+    expect(root.instructions.map((i) => i.args).join('\n')).to.include(
+      'ln -s /opt/ipvs-node-controller/bin/ipvs-node-controller.mjs /rootfs/usr/local/bin/ipvs-node-controller',
+    );
   });
 
   it('runtime-rootfs.sh: the dependency closure of the named packages, their files and alternatives links, and no apt, dpkg or shell', async function () {
@@ -235,13 +248,15 @@ describe('Dockerfile', function () {
         expect(spec.startsWith('./') || spec.startsWith('../') || isBuiltin(spec), `${f} loads ${spec}`).to.equal(true);
       }
     }
-    // The layout the build stage assembles in /out (package.json, the bundle, addons, BPF object).
+    // The layout the build stage assembles in /out (package.json, the launcher, the bundle, addons,
+    // BPF object), started as the ENTRYPOINT starts it.
     const image = await mkdtemp(join(tmpdir(), 'image-layout-'));
     try {
       await cp(join(repoRoot, 'package.json'), join(image, 'package.json'));
       await mkdir(join(image, 'dist'), { recursive: true });
       await cp(bundle, join(image, 'dist', 'bundle'), { recursive: true });
-      const main = join(image, 'dist', 'bundle', 'ipvs-node-controller.mjs');
+      await cp(LAUNCHER, join(image, 'bin', 'ipvs-node-controller.mjs'), { recursive: true });
+      const main = join(image, 'bin', 'ipvs-node-controller.mjs');
       const pkg = JSON.parse(await readFile(join(repoRoot, 'package.json'), 'utf8')) as { version: string };
       expect((await run(process.execPath, [main, '--version'])).stdout.trim()).to.equal(pkg.version);
       expect((await run(process.execPath, [main, '--help'])).stdout).to.match(/--metrics-bind-address/);

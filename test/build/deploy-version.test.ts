@@ -15,6 +15,7 @@ const run = promisify(execFile);
 const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 const DIST_CLI = join(repoRoot, 'dist', 'src', 'cli', 'main.js');
 const BUNDLE_CLI = join(repoRoot, 'dist', 'bundle', 'ipvs-node-controller.mjs');
+const LAUNCHER = join(repoRoot, 'bin', 'ipvs-node-controller.mjs');
 
 describe('the version', function () {
   this.timeout(30_000);
@@ -31,12 +32,14 @@ describe('the version', function () {
 
   it('has its entry at the top of CHANGELOG.md', async () => {
     const changelog = await readFile(join(repoRoot, 'CHANGELOG.md'), 'utf8');
-    expect(/^## (\S+)/m.exec(changelog)?.[1]).to.equal(version);
+    // Above it, changes not released yet may gather under `## Unreleased`.
+    expect(/^## (?!Unreleased$)(\S+)/m.exec(changelog)?.[1]).to.equal(version);
   });
 
   for (const [what, cli] of [
     ['dist/', DIST_CLI],
     ['the bundle', BUNDLE_CLI],
+    ["package.json's bin", LAUNCHER],
   ] as const) {
     it(`--version and -V print it (${what}) and exit 0`, async () => {
       for (const flag of ['--version', '-V']) {

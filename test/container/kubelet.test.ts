@@ -25,7 +25,7 @@ import { ApiStandIn } from '../../testbed/api-server.js';
 import { httpGet } from '../support/scrape.js';
 import { NODE } from '../../testbed/node-network.js';
 import { Scenario, LB_V4, LB_PATH } from '../kernel/scenario.js';
-import { defaultCgroupPath } from '../../src/backends/ebpf/ebpf-backend.js';
+import { defaultCgroupPath } from '../../src/backends/ebpf/ebpf-driver.js';
 
 const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 const VERSION = (JSON.parse(readFileSync(join(repoRoot, 'package.json'), 'utf8')) as { version: string }).version;

@@ -169,7 +169,7 @@ describe('command line exits', function () {
     before(() => {
       // A clone as `sudo npm start` leaves it: everything, dist/ included, belongs to root.
       clone = join(dir, 'clone');
-      for (const part of ['package.json', 'scripts', 'src', 'examples', 'dist/src', 'build/Release']) {
+      for (const part of ['package.json', 'scripts', 'src', 'examples', 'bin', 'dist/bundle', 'build/Release']) {
         cpSync(join(REPO, part), join(clone, part), { recursive: true });
       }
       symlinkSync(join(REPO, 'node_modules'), join(clone, 'node_modules'));

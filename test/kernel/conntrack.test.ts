@@ -4,15 +4,15 @@
 // Senders in the pod namespace and on the node send every 20 ms; servers on the ClusterIPs and
 // on the LoadBalancer IPs (the untranslated path) on the kube-ipvs0 stand-in count what arrives.
 
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { Backend } from '../../src/backends/backend.js';
-import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
+import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
-import { NftBackend } from '../../src/backends/nft/nft-backend.js';
+import { NftDriver } from '../../src/backends/nft/nft-driver.js';
 import { Controller } from '../../src/controller.js';
 import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
@@ -52,7 +52,7 @@ function dnsService(clusterIps: { v4: string; v6: string }, ipMode4: 'VIP' | 'Pr
 
 interface BackendCase {
   name: string;
-  make(): Backend;
+  make(): Reconciler;
 }
 
 const BACKENDS: BackendCase[] = [
@@ -61,12 +61,12 @@ const BACKENDS: BackendCase[] = [
     make: () => {
       const load = loadNftAddon();
       if (!load.executor) throw new Error(`the nftables addon must be built for kernel tests: ${load.reason}`);
-      return new NftBackend(load.executor);
+      return new Reconciler(new NftDriver(load.executor));
     },
   },
   ...(['legacy', 'nft'] as const).map((variant) => ({
     name: `iptables (${variant})`,
-    make: () => new IptablesBackend(variant),
+    make: () => new Reconciler(new IptablesDriver(variant)),
   })),
 ];
 
@@ -92,7 +92,7 @@ for (const backendCase of CASES) {
     const server = (name: string) => servers.get(name)!;
     let api: ApiStandIn;
     let dir: string;
-    let backend: Backend;
+    let backend: Reconciler;
     let controller: Controller | undefined;
 
     /**

@@ -7,6 +7,7 @@
 // and a bpffs instance mounted for the test, so the pins are the test's own. All of it is removed
 // afterwards, also when a test fails.
 
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
@@ -15,14 +16,14 @@ import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 
-import { EbpfBackend, defaultCgroupPath } from '../../src/backends/ebpf/ebpf-backend.js';
+import { EbpfDriver, defaultCgroupPath } from '../../src/backends/ebpf/ebpf-driver.js';
 import { KEY_SIZE, VALUE_SIZE, decodeElements, encodeKeys, encodeValues } from '../../src/backends/ebpf/map-codec.js';
 import { loadEbpfAddon, type PinnedMap } from '../../src/backends/ebpf/native.js';
 import { DesiredStateModel } from '../../src/model/desired-state.js';
 import type { DesiredState, Entry, Family, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
 import { rejectionOf } from '../support/assertions.js';
-import { CONFIG, churnServices, seededRandom } from '../support/fixtures.js';
+import { CONFIG, churnServiceMaker, churnServices, seededRandom } from '../support/fixtures.js';
 
 const PEER = fileURLToPath(new URL('./ebpf-peer.js', import.meta.url));
 const TAG = `inc${process.pid}`;
@@ -214,7 +215,7 @@ async function waitUntil(what: string, check: () => boolean): Promise<void> {
 describe('ebpf backend on the kernel', function () {
   this.timeout(60_000);
   const lab = new Lab();
-  let backend: EbpfBackend;
+  let backend: Reconciler;
   const inCgroup = (ns: string): Where => ({ ns, inCgroup: true });
   const outside = (ns: string): Where => ({ ns, inCgroup: false });
 
@@ -230,7 +231,7 @@ describe('ebpf backend on the kernel', function () {
       );
     }
     await Promise.all(servers);
-    backend = new EbpfBackend({ cgroupPath: lab.cgroupPath, bpffsPath: lab.bpffsPath });
+    backend = new Reconciler(new EbpfDriver({ cgroupPath: lab.cgroupPath, bpffsPath: lab.bpffsPath }));
   });
 
   after(async function () {
@@ -246,7 +247,7 @@ describe('ebpf backend on the kernel', function () {
   });
 
   it('probe names a missing cgroup v2 directory and a path that is not on bpffs', async function () {
-    const wrong = new EbpfBackend({ cgroupPath: lab.scratch, bpffsPath: join(lab.scratch, 'pins') });
+    const wrong = new Reconciler(new EbpfDriver({ cgroupPath: lab.scratch, bpffsPath: join(lab.scratch, 'pins') }));
     const probe = await wrong.probe();
     expect(probe.ok).to.equal(false);
     expect(probe.detail).to.match(/is not a cgroup v2 directory/);
@@ -254,16 +255,18 @@ describe('ebpf backend on the kernel', function () {
   });
 
   it('a sync that cannot attach rejects with the reason, and leaves nothing attached', async function () {
-    const notCgroup = new EbpfBackend({ cgroupPath: lab.scratch, bpffsPath: lab.bpffsPath });
+    const notCgroup = new Reconciler(new EbpfDriver({ cgroupPath: lab.scratch, bpffsPath: lab.bpffsPath }));
     expect(await rejectionOf(notCgroup.sync(desiredOf(ALL_ENTRIES), { full: true })))
       .to.include({ name: 'BackendError' })
       .and.to.have.property('message')
       .that.matches(new RegExp(`^ebpf attach failed: ${lab.scratch} is not a cgroup v2 directory`));
-    const noObject = new EbpfBackend({
-      cgroupPath: lab.cgroupPath,
-      bpffsPath: lab.bpffsPath,
-      objectPath: join(lab.scratch, 'absent.bpf.o'),
-    });
+    const noObject = new Reconciler(
+      new EbpfDriver({
+        cgroupPath: lab.cgroupPath,
+        bpffsPath: lab.bpffsPath,
+        objectPath: join(lab.scratch, 'absent.bpf.o'),
+      }),
+    );
     expect(await rejectionOf(noObject.sync(desiredOf(ALL_ENTRIES), { full: true })))
       .to.have.property('message')
       .that.matches(/^ebpf attach failed: open BPF object .*absent\.bpf\.o: No such file or directory/);
@@ -446,31 +449,40 @@ describe('ebpf backend on the kernel', function () {
       map.close();
     }
 
-    const written = { ...backend.written.ipv4 };
+    const written = { ...(backend.driver as EbpfDriver).written.ipv4 };
     const next = services.filter((_, i) => i !== 3); // svc-3 goes
     next[1] = filler(1, { clusterIPs: ['10.98.0.1'] }); // svc-1 changes its ClusterIP
     next[2] = filler(2, { name: 'renamed-2' }); // same element, another Service: nothing to write
     next.push(filler(20_000)); // a new one
     const desired = model.update(next, NODE);
     expect((await backend.sync(desired, { full: false })).mode).to.equal('partial');
-    expect(backend.written.ipv4).to.deep.equal({ upserted: written.upserted + 2, deleted: written.deleted + 1 });
+    expect((backend.driver as EbpfDriver).written.ipv4).to.deep.equal({
+      upserted: written.upserted + 2,
+      deleted: written.deleted + 1,
+    });
     const withHijack = elementsOf(desired.ipv4.entries.map((e) => (e.service === 'fill/svc-5' ? hijacked : e)));
     expect(await mapElements(lab.bpffsPath, 'ipv4')).to.deep.equal(withHijack);
 
     // A Service renamed, nothing else: no element changes.
     next[next.findIndex((svc) => svc.name === 'svc-4')] = filler(4, { name: 'renamed-4' });
     expect((await backend.sync(model.update(next, NODE), { full: false })).mode).to.equal('noop');
-    expect(backend.written.ipv4).to.deep.equal({ upserted: written.upserted + 2, deleted: written.deleted + 1 });
+    expect((backend.driver as EbpfDriver).written.ipv4).to.deep.equal({
+      upserted: written.upserted + 2,
+      deleted: written.deleted + 1,
+    });
 
     // A full sync compares with the map and repairs the one element, writing nothing else.
     const repaired = model.update(next, NODE);
     expect((await backend.sync(repaired, { full: true })).mode).to.equal('full');
-    expect(backend.written.ipv4).to.deep.equal({ upserted: written.upserted + 3, deleted: written.deleted + 1 });
+    expect((backend.driver as EbpfDriver).written.ipv4).to.deep.equal({
+      upserted: written.upserted + 3,
+      deleted: written.deleted + 1,
+    });
     expect(await mapElements(lab.bpffsPath, 'ipv4')).to.deep.equal(elementsOf(repaired.ipv4.entries));
 
     // Back to the lab's entries, from a desired state the model did not make (no change hints).
     expect((await backend.sync(desiredOf(ALL_ENTRIES), { full: false })).mode).to.equal('partial');
-    expect(backend.written.ipv4.deleted).to.equal(written.deleted + 1 + 10_000);
+    expect((backend.driver as EbpfDriver).written.ipv4.deleted).to.equal(written.deleted + 1 + 10_000);
     expect(await mapElements(lab.bpffsPath, 'ipv4')).to.deep.equal(
       elementsOf(ALL_ENTRIES.filter((e) => e.family === 'ipv4')),
     );
@@ -480,23 +492,11 @@ describe('ebpf backend on the kernel', function () {
 
   it('partial syncs driven by the model keep the maps equal to the desired entries through random changes', async function () {
     const rnd = seededRandom(11);
-    let serial = 0;
-    const makeService = (): ServiceInfo => {
-      const i = serial++;
-      const v6 = rnd() < 0.3;
-      return {
-        namespace: `ns-${i % 3}`,
-        name: `svc-${i}`,
-        creationTimestamp: `2024-01-0${1 + Math.floor(rnd() * 5)}T00:00:00Z`,
-        type: 'LoadBalancer',
-        clusterIPs: [`10.97.${i >> 8}.${i & 255}`, `fd00:97::${i.toString(16)}`],
-        ports: [{ port: 80 + Math.floor(rnd() * 3), protocol: rnd() < 0.8 ? 'TCP' : 'UDP' }],
-        // A small pool of addresses: Services collide and take keys over from each other.
-        ingress: [
-          { ip: v6 ? `2001:db8:1::${Math.floor(rnd() * 60).toString(16)}` : `198.18.0.${Math.floor(rnd() * 150)}` },
-        ],
-      };
-    };
+    const makeService = churnServiceMaker(rnd, {
+      clusterV4: '10.97',
+      clusterV6: 'fd00:97::',
+      ingressV6: '2001:db8:1::',
+    });
     const model = new DesiredStateModel(CONFIG);
     let services = Array.from({ length: 200 }, makeService);
     let partial = 0;
@@ -589,7 +589,7 @@ describe('ebpf backend on the kernel', function () {
     );
     expect(links).to.have.lengthOf(8);
 
-    const fresh = new EbpfBackend({ cgroupPath: lab.cgroupPath, bpffsPath: lab.bpffsPath });
+    const fresh = new Reconciler(new EbpfDriver({ cgroupPath: lab.cgroupPath, bpffsPath: lab.bpffsPath }));
     expect(await fresh.hasState()).to.equal(true);
     await fresh.cleanup();
     expect(cgroupPrograms(lab.cgroupPath)).to.deep.equal([]);

@@ -6,13 +6,14 @@
 //   udp <ip> <port>                     unconnected send, prints { from (recvfrom source), reply }
 //   udp-connected <ip> <port>           connect + send, prints { peer, from, reply }
 //   tcp-loop <ip> <port> <stopFile>     connects one after the other until stopFile exists
-//   controller <cgroup> <bpffs> <json>  an EbpfBackend syncing the given entries, then idle
+//   controller <cgroup> <bpffs> <json>  an Reconciler syncing the given entries, then idle
 
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { createSocket } from 'node:dgram';
 import { existsSync } from 'node:fs';
 import { connect, createServer, isIPv6 } from 'node:net';
 
-import { EbpfBackend } from '../../src/backends/ebpf/ebpf-backend.js';
+import { EbpfDriver } from '../../src/backends/ebpf/ebpf-driver.js';
 import type { DesiredState, Entry } from '../../src/model/types.js';
 
 const TIMEOUT_MS = 3000;
@@ -120,9 +121,9 @@ async function controller(cgroupPath: string, bpffsPath: string, entriesJson: st
     skips: [],
     conflicts: [],
   };
-  const backend = new EbpfBackend({ cgroupPath, bpffsPath });
-  const result = await backend.sync(desired, { full: true });
-  const a = backend.lastAttachment!;
+  const driver = new EbpfDriver({ cgroupPath, bpffsPath });
+  const result = await new Reconciler(driver).sync(desired, { full: true });
+  const a = driver.lastAttachment!;
   print({
     ready: true,
     mode: result.mode,

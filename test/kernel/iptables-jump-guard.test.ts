@@ -3,10 +3,11 @@
 // iptables backend notices between syncs (none runs here at all) and moves its jump back to
 // rule 1, writing nothing else. Real packets, both variants.
 
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
-import type { IptablesVariant } from '../../src/backends/iptables/apply.js';
+import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
+import type { IptablesVariant } from '../../src/backends/iptables/executor.js';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -91,7 +92,7 @@ for (const variant of ['legacy', 'nft'] as const) {
 
     after(async () => {
       try {
-        await new IptablesBackend(variant, { jumpCheckIntervalMs: 0 }).cleanup();
+        await new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 0 })).cleanup();
         removeWriterObjects(variant);
       } finally {
         await scenario.tearDown();
@@ -105,7 +106,7 @@ for (const variant of ['legacy', 'nft'] as const) {
     });
 
     it('the writer blackholes the translation when nothing repairs it (the control)', async () => {
-      const backend = new IptablesBackend(variant, { jumpCheckIntervalMs: 0 });
+      const backend = new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 0 }));
       await backend.sync(desired, { full: true });
       expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
       prependWriterJumps(variant);
@@ -116,7 +117,7 @@ for (const variant of ['legacy', 'nft'] as const) {
     });
 
     it('moves our jump back to rule 1 within seconds, without a sync and without rewriting anything else', async () => {
-      const backend = new IptablesBackend(variant);
+      const backend = new Reconciler(new IptablesDriver(variant));
       try {
         await backend.sync(desired, { full: true });
         for (let i = 0; i < 3; i++) expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
@@ -138,7 +139,7 @@ for (const variant of ['legacy', 'nft'] as const) {
           if (!restored) await sleep(100);
         }
         expect(restored, `answers while displaced: ${answers.join(', ')}`).to.equal(true);
-        expect(backend.jumpRepairs).to.be.at.least(1);
+        expect((backend.driver as IptablesDriver).jumpRepairs).to.be.at.least(1);
 
         const after = natSave(variant, true);
         // Our jump is rule 1 again, the writer's stays right behind it; the rest is as it was.
@@ -179,7 +180,7 @@ for (const variant of ['legacy', 'nft'] as const) {
     it('through the controller with a 60 s sync period: a probe loop sees the translation back within seconds', async () => {
       const api = await ApiStandIn.start({ bookmarkIntervalMs: 500 });
       const dir = mkdtempSync(join(tmpdir(), 'jump-guard-'));
-      const backend = new IptablesBackend(variant);
+      const backend = new Reconciler(new IptablesDriver(variant));
       let controller: Controller | undefined;
       try {
         await api.writeKubeconfig(join(dir, 'kubeconfig'));
@@ -225,7 +226,7 @@ for (const variant of ['legacy', 'nft'] as const) {
         ok = false;
         for (let i = 0; i < 100 && !ok; i++) ok = await translated();
         expect(ok, 'translated again after the displacement').to.equal(true);
-        expect(backend.jumpRepairs).to.be.at.least(1);
+        expect((backend.driver as IptablesDriver).jumpRepairs).to.be.at.least(1);
       } finally {
         await controller?.stop();
         await backend.close();
@@ -235,13 +236,13 @@ for (const variant of ['legacy', 'nft'] as const) {
     });
 
     it('stops checking when the backend is closed', async () => {
-      const backend = new IptablesBackend(variant, { jumpCheckIntervalMs: 200 });
+      const backend = new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 200 }));
       await backend.sync(desired, { full: true });
       await backend.close();
       prependWriterJumps(variant);
       await sleep(1500);
       expect(ruleSpecs(natSave(variant), 'PREROUTING')[0]).to.equal(`-A PREROUTING -j ${WRITER_CHAIN}`);
-      expect(backend.jumpRepairs).to.equal(0);
+      expect((backend.driver as IptablesDriver).jumpRepairs).to.equal(0);
     });
   });
 }

@@ -13,7 +13,8 @@ import { once } from 'node:events';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
+import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
 import { linesLogger } from '../support/log-lines.js';
@@ -85,10 +86,12 @@ for (const variant of ['nft', 'legacy'] as const) {
       forgetFlows: boolean,
     ): Promise<{ report: LoopReport; writer: string; log: string[]; nat: string }> {
       const log: string[] = [];
-      const backend = new IptablesBackend(variant, {
-        logger: linesLogger(log),
-        ...(forgetFlows ? {} : { forgetFlows: () => Promise.resolve(0) }),
-      });
+      const backend = new Reconciler(
+        new IptablesDriver(variant, {
+          logger: linesLogger(log),
+          ...(forgetFlows ? {} : { forgetFlows: () => Promise.resolve(0) }),
+        }),
+      );
       try {
         await backend.sync(buildDesiredState(SERVICES, NODE_INFO, CONFIG), { full: true });
         const loop = spawn(process.execPath, [CONNECT_LOOP, LB_V4, '80', 'svc-a', '20'], {

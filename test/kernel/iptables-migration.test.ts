@@ -1,13 +1,14 @@
-// Backend selection and migration on the real kernel: nft -> iptables -> nft leaves no leftovers
+// Reconciler selection and migration on the real kernel: nft -> iptables -> nft leaves no leftovers
 // (nft tables, our chains and jumps in either iptables variant), traffic is translated by the
 // active backend at each step, and --cleanup removes everything, twice in a row.
 
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
-import type { Backend } from '../../src/backends/backend.js';
-import { BackendError } from '../../src/backends/backend.js';
+import { BackendError } from '../../src/reconciler/driver.js';
 import { NftCliExecutor } from '../../src/backends/nft/executor.js';
-import { NftBackend } from '../../src/backends/nft/nft-backend.js';
-import { IptablesBackend, hasIptablesObjects } from '../../src/backends/iptables/iptables-backend.js';
+import { NftDriver } from '../../src/backends/nft/nft-driver.js';
+import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
+import { hasIptablesObjects } from '../../src/backends/iptables/nat-view.js';
 import type { IptablesVariant } from '../../src/backends/iptables/variant.js';
 import {
   BACKENDS,
@@ -23,7 +24,7 @@ import { CONFIG, LB_PATH, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenari
 import { rejectionOf } from '../support/assertions.js';
 
 const desired = () => buildDesiredState(SERVICES, NODE_INFO, CONFIG);
-const nftTablesExist = () => new NftBackend(new NftCliExecutor()).hasState();
+const nftTablesExist = () => new Reconciler(new NftDriver(new NftCliExecutor())).hasState();
 
 /** The registry with these cleanups standing in for the eBPF backend's. */
 function withEbpf(...ebpf: LeftoverCleanup[]): BackendRegistry {
@@ -41,7 +42,7 @@ async function where(): Promise<{ nft: boolean; legacy: boolean; iptablesNft: bo
 }
 
 /** Leaves a backend's objects as an earlier run would, without its jump guard outliving the step. */
-async function syncAndClose(backend: IptablesBackend): Promise<void> {
+async function syncAndClose(backend: Reconciler): Promise<void> {
   try {
     await backend.sync(desired(), { full: true });
   } finally {
@@ -70,7 +71,7 @@ describe('backend selection and migration', function () {
 
     it(`nft -> iptables-${variant} -> nft leaves no leftovers and translates at every step`, async () => {
       // An earlier run with the other variant left its chains behind.
-      await syncAndClose(new IptablesBackend(other));
+      await syncAndClose(new Reconciler(new IptablesDriver(other)));
 
       let selected = await selectBackend('nft');
       expect(selected.backend.name).to.equal('nft');
@@ -80,9 +81,9 @@ describe('backend selection and migration', function () {
       expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
 
       selected = await selectBackend('iptables', { iptablesVariant: variant });
-      if (!(selected.backend instanceof IptablesBackend))
-        expect.fail('expected selected.backend instanceof IptablesBackend');
-      expect(selected.backend.variant).to.equal(variant);
+      if (!(selected.backend.driver instanceof IptablesDriver))
+        expect.fail('expected selected.backend.driver instanceof IptablesDriver');
+      expect(selected.backend.driver.variant).to.equal(variant);
       await removeLeftovers({ backend: 'iptables', iptablesVariant: variant }, {}, REGISTRY);
       await selected.backend.sync(desired(), { full: true });
       expect(await where()).to.deep.equal({ nft: false, legacy: variant === 'legacy', iptablesNft: variant === 'nft' });
@@ -100,16 +101,16 @@ describe('backend selection and migration', function () {
   }
 
   it("removes the other variant's leftovers when iptables stays the backend", async () => {
-    await syncAndClose(new IptablesBackend('legacy'));
-    await syncAndClose(new IptablesBackend('nft'));
+    await syncAndClose(new Reconciler(new IptablesDriver('legacy')));
+    await syncAndClose(new Reconciler(new IptablesDriver('nft')));
     await removeLeftovers({ backend: 'iptables', iptablesVariant: 'nft' }, {}, REGISTRY);
     expect(await where()).to.deep.equal({ nft: false, legacy: false, iptablesNft: true });
     expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
   });
 
   it('cleanupAll removes ours from every backend and both variants, and a second run succeeds', async () => {
-    await syncAndClose(new IptablesBackend('legacy'));
-    await syncAndClose(new IptablesBackend('nft'));
+    await syncAndClose(new Reconciler(new IptablesDriver('legacy')));
+    await syncAndClose(new Reconciler(new IptablesDriver('nft')));
     const nft = (await selectBackend('nft')).backend;
     await nft.sync(desired(), { full: true });
     const checked = await cleanupAll({}, REGISTRY);
@@ -144,7 +145,7 @@ describe('backend selection and migration', function () {
     const auto = await selectBackend('auto');
     expect(auto.backend.name).to.equal('nft');
     expect(auto.reason).to.match(/^--backend=auto chose nft/);
-    const stand = new IptablesBackend('nft') as Backend;
+    const stand = new Reconciler(new IptablesDriver('nft')) as Reconciler;
     const registry = { ...BACKENDS, ebpf: { ...BACKENDS.ebpf, create: async () => ({ backend: stand, reason: '' }) } };
     const chosen = await selectBackend('ebpf', {}, registry);
     expect(chosen.backend).to.equal(stand);
@@ -153,7 +154,7 @@ describe('backend selection and migration', function () {
 
   it('iptables with variant auto follows the detected variant', async () => {
     const selected = await selectBackend('iptables');
-    expect(selected.backend).to.be.instanceOf(IptablesBackend);
+    expect(selected.backend).to.be.instanceOf(Reconciler);
     expect(selected.reason).to.match(/^iptables backend, as configured: iptables-(nft|legacy): /);
   });
 });

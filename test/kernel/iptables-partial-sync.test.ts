@@ -4,12 +4,13 @@
 // our chains hold exactly the rules a fresh full write of the same state holds. Also: a partial
 // sync writes nothing for the state it wrote last, and entries left out are logged once.
 
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
-import { systemIptablesRunner, type IptablesRunner } from '../../src/backends/iptables/apply.js';
-import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
+import { systemIptablesRunner, type IptablesRunner } from '../../src/backends/iptables/executor.js';
+import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { DesiredStateModel } from '../../src/model/desired-state.js';
 import type { ServiceInfo } from '../../src/model/types.js';
 import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
@@ -73,7 +74,7 @@ for (const variant of ['legacy', 'nft'] as const) {
     const logLines: string[] = [];
     const logger = linesLogger(logLines);
     const scenario = new Scenario();
-    let backend: IptablesBackend;
+    let backend: Reconciler;
 
     before(async () => {
       assertIsolatedNetns();
@@ -84,7 +85,7 @@ for (const variant of ['legacy', 'nft'] as const) {
       await scenario.tearDown();
     });
     beforeEach(() => {
-      backend = new IptablesBackend(variant, { logger, jumpCheckIntervalMs: 0 });
+      backend = new Reconciler(new IptablesDriver(variant, { logger, jumpCheckIntervalMs: 0 }));
     });
     afterEach(async () => {
       await backend.cleanup();
@@ -137,14 +138,14 @@ for (const variant of ['legacy', 'nft'] as const) {
           }
           const full = k % 5 === 4;
           const result = await backend.sync(model.update(services(), NODE_INFO), { full });
-          modes.push(`${full ? 'F' : 'P'}:${result.mode}`);
+          modes.push(`${full ? 'F' : 'P'}:${result.mode}${result.repairedElements ? ':repaired' : ''}`);
         }
       } finally {
         reports = [await fromPod.stop(), await fromNode.stop()];
       }
-      // Every change is a partial write; no resync found a reason to write whole.
+      // Every change is a partial write; no resync found anything to repair.
       expect(
-        modes.filter((m) => m.endsWith(':full')),
+        modes.filter((m) => m.endsWith(':repaired') || m === 'P:full'),
         modes.join(' '),
       ).to.deep.equal([]);
       expect(modes.filter((m) => m === 'P:partial')).to.have.length(32);
@@ -164,7 +165,7 @@ for (const variant of ['legacy', 'nft'] as const) {
       const final = model.update(services(), NODE_INFO);
       await backend.cleanup();
       expect(ourRules(variant, 'ipv4')).to.deep.equal([]);
-      const fresh = new IptablesBackend(variant, { jumpCheckIntervalMs: 0 });
+      const fresh = new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 0 }));
       expect((await fresh.sync(final, { full: true })).mode).to.equal('full');
       expect(ourRules(variant, 'ipv4')).to.deep.equal(churned.ipv4);
       expect(ourRules(variant, 'ipv6')).to.deep.equal(churned.ipv6);
@@ -180,12 +181,14 @@ for (const variant of ['legacy', 'nft'] as const) {
         legacyTables: (family) => systemIptablesRunner.legacyTables(family),
         generation: () => systemIptablesRunner.generation!(),
       };
-      backend = new IptablesBackend(variant, { jumpCheckIntervalMs: 0, runner });
+      backend = new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 0, runner }));
       const model = new DesiredStateModel(CONFIG);
       const services = [...SERVICES, ...Array.from({ length: 50 }, (_, i) => filler(i))];
       await backend.sync(model.update(services, NODE_INFO), { full: true });
       commands.length = 0;
-      expect((await backend.sync(model.update(services, NODE_INFO), { full: true })).mode).to.equal('noop');
+      expect((await backend.sync(model.update(services, NODE_INFO), { full: true })).repairedElements).to.equal(
+        undefined,
+      );
       // iptables-nft: only our commits since the chains were written (the ruleset generation
       // says so), nothing is listed; legacy reads the nat table once per family.
       expect(commands).to.deep.equal(variant === 'nft' ? [] : ['iptables-legacy-save', 'ip6tables-legacy-save']);
@@ -204,7 +207,7 @@ for (const variant of ['legacy', 'nft'] as const) {
       expect(ourRules(variant, 'ipv4')).to.have.length(rules.length - 1);
       const result = await backend.sync(model.update(services, NODE_INFO), { full: true });
       expect(result.mode).to.equal('full');
-      expect(result.fallbackReason).to.equal('the chains were not what was last written');
+      expect(result.repairedElements, 'our chains written whole again').to.equal(1);
       expect(ourRules(variant, 'ipv4')).to.deep.equal(rules);
     });
 
@@ -228,7 +231,7 @@ for (const variant of ['legacy', 'nft'] as const) {
       const model = new DesiredStateModel(config);
       logLines.length = 0;
       const first = await backend.sync(model.update(SERVICES, NODE_INFO), { full: true });
-      expect(first.rejected.map((r) => `${r.family} ${r.item}`)).to.deep.equal([
+      expect((backend.driver as IptablesDriver).rejected.map((r) => `${r.family} ${r.item}`)).to.deep.equal([
         'ipv4 pod bridge interface',
         'ipv6 pod bridge interface',
       ]);

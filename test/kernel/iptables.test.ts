@@ -3,12 +3,14 @@
 // stand-in writing the same nat table concurrently loses nothing and neither do we, cleanup is
 // idempotent and safe without the tools. Runs as root inside `unshare --net --mount`.
 
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
-import { IptablesBackend, hasIptablesObjects } from '../../src/backends/iptables/iptables-backend.js';
+import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
+import { hasIptablesObjects } from '../../src/backends/iptables/nat-view.js';
 import { parseNatSave } from '../../src/backends/iptables/parse.js';
 import { asSaved, renderChainRules } from '../../src/backends/iptables/render.js';
 import { detectIptablesVariant, type IptablesVariant } from '../../src/backends/iptables/variant.js';
@@ -81,11 +83,11 @@ function deleteKubeChains(variant: IptablesVariant): void {
 for (const variant of VARIANTS) {
   describe(`iptables backend on the kernel (iptables-${variant})`, function () {
     this.timeout(60_000);
-    let backend: IptablesBackend;
+    let backend: Reconciler;
 
     before(() => {
       assertIsolatedNetns();
-      backend = new IptablesBackend(variant);
+      backend = new Reconciler(new IptablesDriver(variant));
     });
     afterEach(async () => {
       await backend.cleanup();
@@ -105,10 +107,10 @@ for (const variant of VARIANTS) {
         expect(view.rules.get('PREROUTING')![0]).to.equal('-j IPVS_PREROUTING');
         expect(view.rules.get('OUTPUT')![0]).to.equal('-j IPVS_OUTPUT');
       }
-      // A full resync of an unchanged table writes nothing (legacy compares the table it reads;
-      // iptables-nft knows from the ruleset generation that only we committed since).
+      // A full resync of an unchanged table: iptables-legacy sees it holds our rules already.
       const again = await backend.sync(desired, { full: true });
-      expect(again.mode).to.equal('noop');
+      expect(again.mode).to.equal('full');
+      expect(again.repairedElements).to.equal(undefined);
       expect((await backend.sync(desired, { full: false })).mode).to.equal('noop');
     });
 
@@ -232,7 +234,7 @@ for (const variant of VARIANTS) {
       const path = process.env.PATH;
       process.env.PATH = emptyPath;
       try {
-        const missing = new IptablesBackend(variant);
+        const missing = new Reconciler(new IptablesDriver(variant));
         await missing.cleanup();
         expect((await rejectionOf(missing.sync(seedDesired(), { full: true }))).message).to.match(
           /install the iptables package/,
@@ -268,7 +270,7 @@ describe('iptables variant detection (kube-proxy iptables-wrapper rules)', funct
   });
 
   it('goes to nft on a tie, and does not count our own rules', async () => {
-    const ours = new IptablesBackend('legacy');
+    const ours = new Reconciler(new IptablesDriver('legacy'));
     await ours.sync(seedDesired(), { full: true });
     try {
       const choice = await detectIptablesVariant();

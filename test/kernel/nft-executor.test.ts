@@ -2,6 +2,7 @@
 // Runs as root inside a network namespace of its own (test/run.mjs wraps mocha in
 // `unshare --net --mount`); it refuses to run in the machine's own namespace.
 
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { spawn } from 'node:child_process';
 import { readlinkSync } from 'node:fs';
 import { readdir, readFile } from 'node:fs/promises';
@@ -23,8 +24,9 @@ import {
   type NftExecutor,
 } from '../../src/backends/nft/executor.js';
 import { expectedLines, listAndDiff } from '../../src/backends/nft/listing-diff.js';
-import { NftBackend } from '../../src/backends/nft/nft-backend.js';
-import { MAP_NAME, TABLE_NAME, nftDocument, type NftCommand } from '../../src/backends/nft/render.js';
+import { NftDriver } from '../../src/backends/nft/nft-driver.js';
+import { MAP_NAME, TABLE_NAME } from '../../src/backends/nft/render.js';
+import { Transaction, type ElementObject, type NftFamily, type TableObject } from '../../src/backends/nft/objects.js';
 import type { DesiredState, Entry, Family } from '../../src/model/types.js';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
 import { rejectionOf } from '../support/assertions.js';
@@ -48,32 +50,31 @@ function elementAddress(i: number): string {
   return `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`;
 }
 
-function addElementsCommand(indexes: number[]): NftCommand {
-  const elem = indexes.map((i) => [{ concat: [elementAddress(i), 80] }, '192.0.2.1']);
-  return { add: { element: { family: 'ip', table: TEST_TABLE, name: TEST_MAP, elem } } };
+function addElements(indexes: number[]): ElementObject {
+  const elements = indexes.map((i) => ({ key: [elementAddress(i), 80], value: '192.0.2.1' }));
+  return { kind: 'element', family: 'ip', table: TEST_TABLE, set: TEST_MAP, map: true, elements };
 }
 
-function addElementsDocument(indexes: number[]): string {
-  return nftDocument([addElementsCommand(indexes)]);
+function addElementsDocument(indexes: number[]): Transaction {
+  return new Transaction().add(addElements(indexes));
 }
 
-function testTableDocument(elementCount: number): string {
-  const commands: NftCommand[] = [
-    { add: { table: { family: 'ip', name: TEST_TABLE } } },
-    {
-      add: {
-        map: { family: 'ip', table: TEST_TABLE, name: TEST_MAP, type: ['ipv4_addr', 'inet_service'], map: 'ipv4_addr' },
-      },
-    },
-  ];
-  if (elementCount > 0) commands.push(addElementsCommand(Array.from({ length: elementCount }, (_, i) => i)));
-  return nftDocument(commands);
+const testTable: TableObject = { kind: 'table', family: 'ip', name: TEST_TABLE };
+
+function testTableDocument(elementCount: number): Transaction {
+  const tx = new Transaction().add(testTable, {
+    kind: 'map',
+    family: 'ip',
+    table: TEST_TABLE,
+    name: TEST_MAP,
+    type: ['ipv4_addr', 'inet_service'],
+    data: 'ipv4_addr',
+  });
+  if (elementCount > 0) tx.add(addElements(Array.from({ length: elementCount }, (_, i) => i)));
+  return tx;
 }
 
-const deleteTestTable = nftDocument([
-  { add: { table: { family: 'ip', name: TEST_TABLE } } },
-  { delete: { table: { family: 'ip', name: TEST_TABLE } } },
-]);
+const deleteTestTable = new Transaction().add(testTable).delete(testTable);
 
 type ListedObject = Record<string, { name?: string; elem?: unknown[] } | undefined>;
 
@@ -140,7 +141,7 @@ for (const { kind, create } of EXECUTORS) {
 
     afterEach(async () => {
       await executor.run(deleteTestTable);
-      await new NftBackend(executor).cleanup();
+      await new Reconciler(new NftDriver(executor)).cleanup();
     });
 
     it('runs a transaction and lists it back', async () => {
@@ -160,21 +161,19 @@ for (const { kind, create } of EXECUTORS) {
     });
 
     it("rejects a bad table family with nft's message", async () => {
-      const bad = nftDocument([{ add: { table: { family: 'bogus', name: TEST_TABLE } } }]);
+      const bad = new Transaction().add({ ...testTable, family: 'bogus' as NftFamily });
       const err = await rejectionOf(executor.run(bad), NftError);
       expect(err.message).to.match(/Error: Unknown family 'bogus'/);
     });
 
-    it("rejects a JSON syntax error with nft's message", async () => {
-      const err = await rejectionOf(executor.run('{"nftables": [{"add": '), NftError);
-      expect(err.message).to.match(/Error: syntax error/);
-    });
-
     it('rolls back the whole transaction when one command fails', async () => {
-      const partlyBad = nftDocument([
-        { add: { table: { family: 'ip', name: TEST_TABLE } } },
-        { add: { element: { family: 'ip', table: TEST_TABLE, name: 'no-such-map', elem: ['10.0.0.1'] } } },
-      ]);
+      const partlyBad = new Transaction().add(testTable, {
+        kind: 'element',
+        family: 'ip',
+        table: TEST_TABLE,
+        set: 'no-such-map',
+        elements: [{ address: '10.0.0.1', length: 32 }],
+      });
       expect((await rejectionOf(executor.run(partlyBad))).message).to.match(/No such file or directory/);
       expect(await executor.listTable('ip', TEST_TABLE)).to.equal(undefined);
     });
@@ -216,8 +215,8 @@ for (const { kind, create } of EXECUTORS) {
       expect(mapElements(listing, TEST_MAP)).to.have.lengthOf(50_000);
     });
 
-    it('NftBackend: full sync, then a partial sync of the changed elements', async () => {
-      const backend = new NftBackend(executor);
+    it('Reconciler: full sync, then a partial sync of the changed elements', async () => {
+      const backend = new Reconciler(new NftDriver(executor));
       const web4 = entry('ipv4', '192.0.2.10', 'TCP', 80, '10.96.0.10');
       const dns4 = entry('ipv4', '192.0.2.11', 'UDP', 53, '10.96.0.11');
       const web6 = entry('ipv6', '2001:db8::10', 'TCP', 443, 'fd00:96::10');
@@ -235,8 +234,8 @@ for (const { kind, create } of EXECUTORS) {
       expect(await kernelElements(executor, 'ip6')).to.deep.equal(expectedElements([web6]));
     });
 
-    it('NftBackend: a partial sync after someone deleted the table falls back to a full sync', async () => {
-      const backend = new NftBackend(executor);
+    it('Reconciler: a partial sync after someone deleted the table falls back to a full sync', async () => {
+      const backend = new Reconciler(new NftDriver(executor));
       const web4 = entry('ipv4', '192.0.2.20', 'TCP', 80, '10.96.0.20');
       const web6 = entry('ipv6', '2001:db8::20', 'TCP', 80, 'fd00:96::20');
       await backend.sync(desiredState([web4], [web6]), { full: true });
@@ -337,17 +336,19 @@ describe('the nftables addon and the ruleset generation (kernel)', () => {
     }
   });
 
-  it('NftBackend: a resync after another process changed our map lists and repairs; one with no other writer lists nothing', async () => {
+  it('Reconciler: a resync after another process changed our map lists and repairs; one with no other writer lists nothing', async () => {
     const executor = addonExecutor();
     let listings = 0;
-    const backend = new NftBackend(executor, {
-      lister: {
-        listTable: (family, name) => {
-          listings++;
-          return new NftCliExecutor().listTable(family, name);
+    const backend = new Reconciler(
+      new NftDriver(executor, {
+        lister: {
+          listTable: (family, name) => {
+            listings++;
+            return new NftCliExecutor().listTable(family, name);
+          },
         },
-      },
-    });
+      }),
+    );
     const web4 = entry('ipv4', '192.0.2.10', 'TCP', 80, '10.96.0.10');
     const api4 = entry('ipv4', '192.0.2.21', 'TCP', 8080, '10.96.0.21');
     const state = desiredState([web4, api4], []);
@@ -381,14 +382,14 @@ describe('the listing bound, on the kernel', function () {
     service: `${'n'.repeat(63)}/${'s'.repeat(63)}`,
   });
   const entries = Array.from({ length: 2000 }, (_, i) => widest(i));
-  let backend: NftBackend;
+  let backend: Reconciler;
   let listingBytes: number;
   /** What nft prints: the listing and its newline. */
   const printed = () => listingBytes + 1;
 
   before(async () => {
     // Our own table, as the backend writes it, with 2,000 of the widest elements nft can print.
-    backend = new NftBackend(cli);
+    backend = new Reconciler(new NftDriver(cli));
     await backend.sync(desiredState([], entries), { full: true });
     listingBytes = Buffer.byteLength((await cli.listTable('ip6', TABLE_NAME))!);
     expect(listingBytes).to.be.above(256 << 10);

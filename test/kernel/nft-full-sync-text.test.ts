@@ -3,18 +3,17 @@
 // through both executors. Also: one family the kernel refuses does not block the other.
 // Runs inside `unshare --net --mount` (test/run.mjs); refuses to run elsewhere.
 
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
 import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
 import { NftCliExecutor, type NftExecutor } from '../../src/backends/nft/executor.js';
-import {
-  NFT_FAMILY,
-  TABLE_NAME,
-  nftDocument,
-  renderDeleteTablesJson,
-  renderFullSyncJson,
-  renderFamilyText,
-} from '../../src/backends/nft/render.js';
-import { NftBackend } from '../../src/backends/nft/nft-backend.js';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { execa } from 'execa';
+import { NFT_FAMILY, TABLE_NAME, deleteTables, desiredTable, writeTable } from '../../src/backends/nft/render.js';
+import { Transaction, tableText } from '../../src/backends/nft/objects.js';
+import { NftDriver } from '../../src/backends/nft/nft-driver.js';
 import type { DesiredState, Entry, Family, FamilyState, LocalPodMatch } from '../../src/model/types.js';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
 import { rejectionOf } from '../support/assertions.js';
@@ -81,7 +80,18 @@ function comparable(objects: Listed): string[] {
 /** The dry-run text of one family as a transaction that replaces the table. */
 function replacingText(family: Family, state: FamilyState, mark: number): string {
   const table = `${NFT_FAMILY[family]} ${TABLE_NAME}`;
-  return `add table ${table}\ndelete table ${table}\n${renderFamilyText(family, state, mark)}`;
+  return `add table ${table}\ndelete table ${table}\n${tableText(desiredTable(family, state, mark))}`;
+}
+
+/** Loads nft text as one transaction (`nft -f`), as an operator would load the dry-run output. */
+async function loadText(text: string): Promise<void> {
+  const dir = await mkdtemp(join(tmpdir(), 'nft-text-'));
+  try {
+    await writeFile(join(dir, 'rules.nft'), text);
+    await execa('nft', ['-f', join(dir, 'rules.nft')]);
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
 }
 
 describe('nft full sync: dry-run text and JSON transaction', function () {
@@ -95,7 +105,7 @@ describe('nft full sync: dry-run text and JSON transaction', function () {
         executor = create();
       });
       afterEach(async () => {
-        await executor.run(nftDocument(renderDeleteTablesJson(['ipv4', 'ipv6'])));
+        await executor.run(deleteTables(new Transaction(), ['ipv4', 'ipv6']));
       });
 
       for (const family of ['ipv4', 'ipv6'] as const) {
@@ -103,11 +113,11 @@ describe('nft full sync: dry-run text and JSON transaction', function () {
           it(`${family}, local pods by ${match.kind}: the same table as the JSON rendering`, async () => {
             for (const count of [0, 1, 300]) {
               const state: FamilyState = { entries: entries(family, count), localPodMatch: match };
-              await executor.run(nftDocument(renderFullSyncJson(family, state, 0x4000)));
+              await executor.run(writeTable(new Transaction(), desiredTable(family, state, 0x4000)));
               const fromJson = await listed(executor, family);
               // Applied over another table: the text replaces the table, as every full sync does.
-              await executor.run(replacingText(family, { ...state, entries: entries(family, count + 1) }, 0x8));
-              await executor.run(replacingText(family, state, 0x4000));
+              await loadText(replacingText(family, { ...state, entries: entries(family, count + 1) }, 0x8));
+              await loadText(replacingText(family, state, 0x4000));
               const fromText = await listed(executor, family);
               expect(comparable(fromText), `${count} entries`).to.deep.equal(comparable(fromJson));
               const comments = fromText.flatMap((o) => [o.set?.comment, o.map?.comment].filter((c) => c !== undefined));
@@ -119,8 +129,8 @@ describe('nft full sync: dry-run text and JSON transaction', function () {
         }
       }
 
-      it('NftBackend: one family the kernel refuses neither blocks the other nor goes unreported', async () => {
-        const backend = new NftBackend(executor);
+      it('Reconciler: one family the kernel refuses neither blocks the other nor goes unreported', async () => {
+        const backend = new Reconciler(new NftDriver(executor));
         const desired = (ipv6Port: number): DesiredState => ({
           ipv4: { entries: entries('ipv4', 50), localPodMatch: MATCHES.ipv4[0]! },
           ipv6: { entries: [{ ...entries('ipv6', 1)[0]!, port: ipv6Port }], localPodMatch: MATCHES.ipv6[0]! },

@@ -2,20 +2,15 @@
 // programmed entries. Through random changes of Services, the kernel map must always hold exactly
 // the desired entries. Runs inside `unshare --net --mount` (test/run.mjs); refuses elsewhere.
 
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
 import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
-import { NftBackend } from '../../src/backends/nft/nft-backend.js';
-import {
-  MAP_NAME,
-  NFT_FAMILY,
-  TABLE_NAME,
-  nftDocument,
-  renderDeleteTablesJson,
-} from '../../src/backends/nft/render.js';
+import { NftDriver } from '../../src/backends/nft/nft-driver.js';
+import { MAP_NAME, NFT_FAMILY, TABLE_NAME } from '../../src/backends/nft/render.js';
 import { DesiredStateModel } from '../../src/model/desired-state.js';
-import type { DesiredState, Family, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import type { DesiredState, Family, NodeInfo } from '../../src/model/types.js';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
-import { CONFIG, churnServices, seededRandom } from '../support/fixtures.js';
+import { CONFIG, churnServiceMaker, churnServices, seededRandom } from '../support/fixtures.js';
 
 const NODE: NodeInfo = { name: 'n1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
 
@@ -24,8 +19,8 @@ type Listed = {
 };
 
 /** The map's elements as `ip proto port clusterIp`, sorted. */
-async function kernelElements(backend: NftBackend, family: Family): Promise<string[]> {
-  const text = await backend.executor.listTable(NFT_FAMILY[family], TABLE_NAME);
+async function kernelElements(backend: Reconciler, family: Family): Promise<string[]> {
+  const text = await (backend.driver as NftDriver).executor.listTable(NFT_FAMILY[family], TABLE_NAME);
   if (!text) expect.fail(`the ${family} table exists`);
   const map = (JSON.parse(text) as Listed).nftables.find((o) => o.map?.name === MAP_NAME)?.map;
   return (map?.elem ?? []).map(([key, value]) => `${key.elem.val.concat.join(' ')} ${value}`).sort();
@@ -42,25 +37,9 @@ describe('nft partial syncs driven by the model', function () {
   it('keep the kernel map equal to the desired entries through random changes', async () => {
     const load = loadNftAddon();
     if (!load.executor) throw new Error(load.reason);
-    const backend = new NftBackend(load.executor);
+    const backend = new Reconciler(new NftDriver(load.executor));
     const rnd = seededRandom(5);
-    let serial = 0;
-    const makeService = (): ServiceInfo => {
-      const i = serial++;
-      const v6 = rnd() < 0.3;
-      return {
-        namespace: `ns-${i % 3}`,
-        name: `svc-${i}`,
-        creationTimestamp: `2024-01-0${1 + Math.floor(rnd() * 5)}T00:00:00Z`,
-        type: 'LoadBalancer',
-        clusterIPs: [`10.96.${i >> 8}.${i & 255}`, `fd00::${i.toString(16)}`],
-        ports: [{ port: 80 + Math.floor(rnd() * 3), protocol: rnd() < 0.8 ? 'TCP' : 'UDP' }],
-        // A small pool of addresses: Services collide and take keys over from each other.
-        ingress: [
-          { ip: v6 ? `2001:db8::${Math.floor(rnd() * 60).toString(16)}` : `198.18.0.${Math.floor(rnd() * 150)}` },
-        ],
-      };
-    };
+    const makeService = churnServiceMaker(rnd, { clusterV4: '10.96', clusterV6: 'fd00::', ingressV6: '2001:db8::' });
     const model = new DesiredStateModel(CONFIG);
     let services = Array.from({ length: 200 }, makeService);
     try {
@@ -78,7 +57,7 @@ describe('nft partial syncs driven by the model', function () {
       }
       expect(partial, `most syncs were partial (${partial})`).to.be.above(40);
     } finally {
-      await backend.executor.run(nftDocument(renderDeleteTablesJson(['ipv4', 'ipv6'])));
+      await backend.cleanup();
     }
   });
 });

@@ -2,12 +2,13 @@
 // cross, repairs only what someone else changed, and loses no packet. Connections from a pod
 // namespace every few milliseconds across many resyncs of 15,000 entries are all answered, and the kernel retransmits no SYN (a SYN lost to a resync would be).
 
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
 import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
-import { NftBackend } from '../../src/backends/nft/nft-backend.js';
+import { NftDriver } from '../../src/backends/nft/nft-driver.js';
 import { MAP_NAME, OUTPUT_CHAIN, TABLE_NAME } from '../../src/backends/nft/render.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, ModelConfig, ServiceInfo } from '../../src/model/types.js';
@@ -16,10 +17,10 @@ import { CONFIG, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
 
 const CONNECT_LOOP = fileURLToPath(new URL('./nft-connect-loop.js', import.meta.url));
 
-function addonBackend(): NftBackend {
+function addonBackend(): Reconciler {
   const load = loadNftAddon();
   if (!load.executor) throw new Error(`the nftables addon must be built for kernel tests: ${load.reason}`);
-  return new NftBackend(load.executor);
+  return new Reconciler(new NftDriver(load.executor));
 }
 
 /** n LoadBalancer Services besides the scenario's, one element each. */
@@ -60,7 +61,7 @@ function mapElements(): string[] {
 describe('nft periodic resync on the kernel', function () {
   this.timeout(120_000);
   const scenario = new Scenario();
-  let backend: NftBackend;
+  let backend: Reconciler;
 
   before(async () => {
     await scenario.setUp();

@@ -1,12 +1,12 @@
 // Every row of semantics.md that a packet can show, for every kernel backend: real packets
 // from a pod namespace, the node namespace and an outside host.
 
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
-import type { Backend } from '../../src/backends/backend.js';
-import { NftBackend } from '../../src/backends/nft/nft-backend.js';
+import { NftDriver } from '../../src/backends/nft/nft-driver.js';
 import { NftCliExecutor } from '../../src/backends/nft/executor.js';
 import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
-import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
+import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import type { IptablesVariant } from '../../src/backends/iptables/variant.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, ModelConfig, NodeInfo } from '../../src/model/types.js';
@@ -15,15 +15,15 @@ import { CONFIG, EXTERNAL_IP, LB_PATH, LB_PROXY, LB_V4, LB_V6, NODE_INFO, SERVIC
 
 export interface BackendUnderTest {
   name: string;
-  make(): Backend;
+  make(): Reconciler;
   /** Removes our objects behind the controller's back (someone flushed the ruleset). */
   removeByHand(): void;
 }
 
-function addonBackend(): Backend {
+function addonBackend(): Reconciler {
   const load = loadNftAddon();
   if (!load.executor) throw new Error(`the nftables addon must be built for kernel tests: ${load.reason}`);
-  return new NftBackend(load.executor);
+  return new Reconciler(new NftDriver(load.executor));
 }
 
 /** Someone flushed our IPv4 chain and deleted its jump behind the controller's back. */
@@ -40,12 +40,12 @@ export const BACKENDS: BackendUnderTest[] = [
   },
   {
     name: 'nft (cli)',
-    make: () => new NftBackend(new NftCliExecutor()),
+    make: () => new Reconciler(new NftDriver(new NftCliExecutor())),
     removeByHand: () => sh('nft', ['delete', 'table', 'ip', 'ipvs-node-controller']),
   },
   ...(['legacy', 'nft'] as const).map((variant) => ({
     name: `iptables (${variant})`,
-    make: () => new IptablesBackend(variant),
+    make: () => new Reconciler(new IptablesDriver(variant)),
     removeByHand: () => removeIptablesByHand(variant),
   })),
 ];
@@ -76,7 +76,7 @@ for (const backendUnderTest of BACKENDS) {
     const scenario = new Scenario();
     const pod = () => scenario.network.pod.ns;
     const outside = () => scenario.network.outside.ns;
-    let backend: Backend | undefined;
+    let backend: Reconciler | undefined;
 
     before(async () => {
       await scenario.setUp();

@@ -13,7 +13,7 @@ import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { defaultCgroupPath } from '../../src/backends/ebpf/ebpf-backend.js';
+import { defaultCgroupPath } from '../../src/backends/ebpf/ebpf-driver.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { NamedServer, NodeNetwork, sh } from '../../testbed/node-network.js';
 import { shippedArgs } from '../../testbed/shipped-controller.js';

@@ -2,7 +2,7 @@
 // seeded random generator.
 
 import { writeFileSync } from 'node:fs';
-import type { ModelConfig } from '../../src/model/types.js';
+import type { ModelConfig, ServiceInfo } from '../../src/model/types.js';
 
 /** kube-proxy's defaults: local pods by the node's podCIDRs, masquerade bit 14, every Service. */
 export const CONFIG: Readonly<ModelConfig> = Object.freeze({
@@ -25,6 +25,38 @@ export function seededRandom(seed: number): () => number {
 }
 
 /** The nine watch lines that are valid JSON but no watch event (each once ended the process). */
+/**
+ * Services for random churn (churnServices): numbered, in three namespaces, mostly TCP, with
+ * LoadBalancer IPs from a small pool so that Services collide and take keys over from each
+ * other. `clusterV4` is the first two octets of the ClusterIPs, `clusterV6` and `ingressV6` the
+ * prefixes (ending in `::`) of the IPv6 ClusterIPs and LoadBalancer IPs.
+ */
+export function churnServiceMaker(
+  rnd: () => number,
+  addresses: { clusterV4: string; clusterV6: string; ingressV6: string },
+): () => ServiceInfo {
+  let serial = 0;
+  return () => {
+    const i = serial++;
+    const v6 = rnd() < 0.3;
+    return {
+      namespace: `ns-${i % 3}`,
+      name: `svc-${i}`,
+      creationTimestamp: `2024-01-0${1 + Math.floor(rnd() * 5)}T00:00:00Z`,
+      type: 'LoadBalancer',
+      clusterIPs: [`${addresses.clusterV4}.${i >> 8}.${i & 255}`, `${addresses.clusterV6}${i.toString(16)}`],
+      ports: [{ port: 80 + Math.floor(rnd() * 3), protocol: rnd() < 0.8 ? 'TCP' : 'UDP' }],
+      ingress: [
+        {
+          ip: v6
+            ? `${addresses.ingressV6}${Math.floor(rnd() * 60).toString(16)}`
+            : `198.18.0.${Math.floor(rnd() * 150)}`,
+        },
+      ],
+    };
+  };
+}
+
 /**
  * One step of random churn in a Service cache (after a sync of step `step`): one to four
  * replacements, copies with the same content, deletions or additions, and now and then the

@@ -16,6 +16,7 @@ import {
   PAGE_SIZE,
 } from '../../src/kube/cluster.js';
 import type { Informer } from '../../src/kube/informer.js';
+import { ListBodyError, ListBodySplitter, ListItemTooLargeError } from '../../src/kube/list-stream.js';
 import { apiRequest, MAX_RESPONSE_BYTES, ResponseTooLargeError } from '../../src/kube/request.js';
 import { MAX_WATCH_LINE_BYTES } from '../../src/kube/watch.js';
 import type { ServiceInfo } from '../../src/model/types.js';
@@ -114,6 +115,63 @@ describe('bounded reads from the API server', function () {
     });
   });
 
+  describe('a list read object by object', () => {
+    const body = JSON.stringify({
+      kind: 'ServiceList',
+      apiVersion: 'v1',
+      metadata: { resourceVersion: '42', continue: 'x"}]{[' },
+      items: [
+        { metadata: { name: 'a', annotations: { tricky: '"}],{[\\"' } }, n: -1.5e3, t: true, z: null },
+        { metadata: { name: 'b' }, nested: [[{}], [], [1, 2]] },
+        { metadata: { name: 'ünïcode ✓' } },
+      ],
+      trailing: 7,
+    });
+    const split = (chunks: Buffer[], max = 1 << 20) => {
+      const items: unknown[] = [];
+      const splitter = new ListBodySplitter('/api/v1/services', max, (item) => items.push(item));
+      for (const chunk of chunks) splitter.push(chunk);
+      splitter.end();
+      return { items, members: splitter.members };
+    };
+
+    it('hands over each item and keeps the other members, however the body is cut', () => {
+      const bytes = Buffer.from(body);
+      const whole = JSON.parse(body) as { items: unknown[]; metadata: unknown; trailing: number };
+      for (let cut = 0; cut <= bytes.length; cut++) {
+        const { items, members } = split([bytes.subarray(0, cut), bytes.subarray(cut)]);
+        expect(items, `cut at ${cut}`).to.deep.equal(whole.items);
+        expect(members.metadata, `cut at ${cut}`).to.deep.equal(whole.metadata);
+        expect(members.trailing).to.equal(7);
+      }
+      const bytewise = split([...bytes].map((b) => Buffer.from([b])));
+      expect(bytewise.items).to.deep.equal(whole.items);
+    });
+
+    it('bounds each object, not the list: an object over the bound ends the read', () => {
+      const items = Array.from({ length: 50 }, (_, i) => ({ metadata: { name: `s${i}` }, pad: 'p'.repeat(900) }));
+      const list = Buffer.from(JSON.stringify({ metadata: {}, items }));
+      expect(split([list], 1024).items).to.have.length(50);
+      const big = Buffer.from(JSON.stringify({ metadata: {}, items: [...items, { pad: 'p'.repeat(2000) }] }));
+      expect(() => split([big], 1024)).to.throw(
+        ListItemTooLargeError,
+        'listing /api/v1/services: an object longer than 1 KiB, the most this controller reads',
+      );
+    });
+
+    it('refuses what is not a whole list', () => {
+      for (const [text, problem] of [
+        ['[]', 'the response is not a JSON object'],
+        ['{"items": [{"a": 1}', 'the response ended early'],
+        ['{"metadata": {}}', 'the response has no items'],
+        ['{"items": [{"a": }]}', 'the response is not valid JSON'],
+        ['{"items": []} {}', 'the response has data after its end'],
+      ] as const) {
+        expect(() => split([Buffer.from(text)]), text).to.throw(ListBodyError, `listing /api/v1/services: ${problem}`);
+      }
+    });
+  });
+
   describe('a list', () => {
     let server: ApiStandIn;
     let kc: KubeConfig;
@@ -171,70 +229,78 @@ describe('bounded reads from the API server', function () {
     });
   });
 
-  describe('the Service informer, with the production bounds', () => {
-    let server: ApiStandIn;
-    let services: Informer<ServiceInfo> | undefined;
-    const errors: string[] = [];
+  for (const { version, how } of [
+    { version: '1.34' as const, how: 'a WatchList stream' },
+    { version: '1.30' as const, how: 'lists from the watch cache' },
+  ]) {
+    describe(`the Service informer, with the production bounds, built by ${how} (${version})`, () => {
+      let server: ApiStandIn;
+      let services: Informer<ServiceInfo> | undefined;
+      const errors: string[] = [];
 
-    beforeEach(async () => {
-      server = await ApiStandIn.start({ bookmarkIntervalMs: 200 });
-      errors.length = 0;
-    });
-    afterEach(async () => {
-      await services?.stop();
-      await server.stop();
-    });
-
-    function start(): Informer<ServiceInfo> {
-      const kc = new KubeConfig();
-      kc.loadFromString(server.kubeconfig());
-      const caches = createClusterCaches(kc, 'node-1', () => undefined, {
-        onError: (_resource, err) => errors.push(err.message),
+      beforeEach(async () => {
+        server = await ApiStandIn.start({ bookmarkIntervalMs: 200, serverVersion: version });
+        errors.length = 0;
       });
-      services = caches.services;
-      services.start();
-      return services;
-    }
-    const oversized = () => service('big', '198.18.0.2', MAX_LIST_PAGE_BYTES + (1 << 20));
-    const ipOf = (informer: Informer<ServiceInfo>, name: string) =>
-      informer.list().find((s) => s.name === name)?.ingress?.[0]?.ip;
-    const listTooLarge = /^listing \/api\/v1\/services: a page of one object \(limit=1\) is larger than 16 MiB/;
+      afterEach(async () => {
+        await services?.stop();
+        await server.stop();
+      });
 
-    it('fails a list with an object over the bound, retries, and syncs once the object is back to normal size', async () => {
-      server.apply(service('a', '198.18.0.1'));
-      server.apply(oversized());
-      const informer = start();
-      await waitFor(() => errors.length >= 1, 'a failed list');
-      expect(errors[0]).to.match(listTooLarge);
-      expect(informer.hasSynced()).to.equal(false);
-      server.apply(service('big', '198.18.0.3'));
-      await informer.waitForSync();
-      expect(ipOf(informer, 'a')).to.equal('198.18.0.1');
-      expect(ipOf(informer, 'big')).to.equal('198.18.0.3');
-    });
+      function start(): Informer<ServiceInfo> {
+        const kc = new KubeConfig();
+        kc.loadFromString(server.kubeconfig());
+        const caches = createClusterCaches(kc, 'node-1', () => undefined, {
+          onError: (_resource, err) => errors.push(err.message),
+        });
+        services = caches.services;
+        services.start();
+        return services;
+      }
+      const oversized = () => service('big', '198.18.0.2', MAX_LIST_PAGE_BYTES + (1 << 20));
+      const ipOf = (informer: Informer<ServiceInfo>, name: string) =>
+        informer.list().find((s) => s.name === name)?.ingress?.[0]?.ip;
+      const lineTooLong = 'watching /api/v1/services: a watch line longer than 16 MiB: the stream is broken';
+      const itemTooLarge = 'listing /api/v1/services: an object longer than 16 MiB, the most this controller reads';
+      /** How building the cache fails on the object over the bound. */
+      const startTooLarge = version === '1.34' ? lineTooLong : itemTooLarge;
 
-    it('keeps its cache while an object over the bound fails the watch and the relist, and catches up after', async () => {
-      server.apply(service('a', '198.18.0.1'));
-      server.apply(service('big', '198.18.0.2'));
-      const informer = start();
-      await informer.waitForSync();
-      await waitFor(() => server.openWatchCount('Service') === 1, 'an open watch');
-      server.apply(oversized());
-      // The event is a watch line over the bound (twice: it is in the history the watch resumes
-      // from), then the relist meets the object.
-      await waitFor(() => errors.some((e) => listTooLarge.test(e)), 'a failed relist');
-      expect(errors.slice(0, 2)).to.deep.equal([
-        'watching /api/v1/services: a watch line longer than 16 MiB: the stream is broken',
-        'watching /api/v1/services: a watch line longer than 16 MiB: the stream is broken',
-      ]);
-      // What the cache held before the object grew: the last rules stay.
-      expect(informer.list().map((s) => s.name)).to.have.members(['a', 'big']);
-      expect(ipOf(informer, 'big')).to.equal('198.18.0.2');
-      server.apply(service('big', '198.18.0.4'));
-      await waitFor(() => ipOf(informer, 'big') === '198.18.0.4', 'the object back to normal size');
-      await waitFor(() => server.openWatchCount('Service') === 1, 'a watch open again');
-      server.apply(service('a', '198.18.0.5'));
-      await waitFor(() => ipOf(informer, 'a') === '198.18.0.5', 'a change on the new watch');
+      it('fails the start with an object over the bound, retries, and syncs once the object is back to normal size', async () => {
+        server.apply(service('a', '198.18.0.1'));
+        server.apply(oversized());
+        const informer = start();
+        await waitFor(() => errors.length >= 2, 'two failed starts');
+        expect(errors.slice(0, 2)).to.deep.equal([startTooLarge, startTooLarge]);
+        expect(informer.hasSynced()).to.equal(false);
+        server.apply(service('big', '198.18.0.3'));
+        await informer.waitForSync();
+        expect(ipOf(informer, 'a')).to.equal('198.18.0.1');
+        expect(ipOf(informer, 'big')).to.equal('198.18.0.3');
+        // Never page by page from etcd.
+        expect(server.readsByClient().default!.etcdListReads).to.equal(0);
+      });
+
+      it('keeps its cache while an object over the bound fails the watch and the rebuild, and catches up after', async () => {
+        server.apply(service('a', '198.18.0.1'));
+        server.apply(service('big', '198.18.0.2'));
+        const informer = start();
+        await informer.waitForSync();
+        await waitFor(() => server.openWatchCount('Service') === 1, 'an open watch');
+        server.apply(oversized());
+        // The event is a watch line over the bound (twice: it is in the history the watch resumes
+        // from), then building the cache again meets the object.
+        await waitFor(() => errors.length >= 3, 'a failed rebuild');
+        expect(errors.slice(0, 3)).to.deep.equal([lineTooLong, lineTooLong, startTooLarge]);
+        // What the cache held before the object grew: the last rules stay.
+        expect(informer.list().map((s) => s.name)).to.have.members(['a', 'big']);
+        expect(ipOf(informer, 'big')).to.equal('198.18.0.2');
+        server.apply(service('big', '198.18.0.4'));
+        await waitFor(() => ipOf(informer, 'big') === '198.18.0.4', 'the object back to normal size');
+        await waitFor(() => server.openWatchCount('Service') === 1, 'a watch open again');
+        server.apply(service('a', '198.18.0.5'));
+        await waitFor(() => ipOf(informer, 'a') === '198.18.0.5', 'a change on the new watch');
+        expect(server.readsByClient().default!.etcdListReads).to.equal(0);
+      });
     });
-  });
+  }
 });

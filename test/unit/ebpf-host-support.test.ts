@@ -1,10 +1,11 @@
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
 import { rejectionOf } from '../support/assertions.js';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { EbpfBackend } from '../../src/backends/ebpf/ebpf-backend.js';
+import { EbpfDriver } from '../../src/backends/ebpf/ebpf-driver.js';
 import {
   CAPABILITY,
   MINIMUM_KERNEL,
@@ -70,11 +71,13 @@ describe('ebpf host support', () => {
   it('probe names every missing piece in one line, without changing anything', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'ebpf-probe-'));
     try {
-      const backend = new EbpfBackend({
-        cgroupPath: join(dir, 'no-such-cgroup'),
-        bpffsPath: join(dir, 'pins'),
-        objectPath: join(dir, 'missing.bpf.o'),
-      });
+      const backend = new Reconciler(
+        new EbpfDriver({
+          cgroupPath: join(dir, 'no-such-cgroup'),
+          bpffsPath: join(dir, 'pins'),
+          objectPath: join(dir, 'missing.bpf.o'),
+        }),
+      );
       const probe = await backend.probe();
       expect(probe.ok).to.equal(false);
       expect(probe.detail).to.not.match(/\n/);
@@ -90,7 +93,7 @@ describe('ebpf host support', () => {
   it('cleanup where no bpffs is mounted fails and says so, rather than report a clean node', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'ebpf-cleanup-'));
     try {
-      const backend = new EbpfBackend({ cgroupPath: dir, bpffsPath: join(dir, 'never-created') });
+      const backend = new Reconciler(new EbpfDriver({ cgroupPath: dir, bpffsPath: join(dir, 'never-created') }));
       const err = await rejectionOf(backend.cleanup());
       expect(err.message).to.match(
         new RegExp(

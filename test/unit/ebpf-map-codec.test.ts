@@ -12,12 +12,23 @@ import {
   elementWrites,
   encodeKeys,
   encodeValues,
-  toMapEntry,
   type MapChanges,
   type MapEntry,
 } from '../../src/backends/ebpf/map-codec.js';
-import { diffByKey, entryKey } from '../../src/backends/element-storage.js';
+import { diffByKey, entryKey } from '../../src/reconciler/element-storage.js';
 import type { Entry } from '../../src/model/types.js';
+
+/** The map element an entry becomes. */
+function toMapEntry(e: Entry): MapEntry {
+  return {
+    family: e.family,
+    externalIp: e.externalIp,
+    protocol: e.protocol,
+    port: e.port,
+    clusterIp: e.clusterIp,
+    clusterPort: e.port,
+  };
+}
 
 /**
  * The reference the fast paths (dumpChanges on bytes, elementWrites from the model's changes)

@@ -206,7 +206,10 @@ describe('Node Events', function () {
     recorder.onKubeProxy(status(false));
     await recorder.flush();
 
-    const events = server.list('Event') as Json[];
+    // In the order they were written: the server lists by name, whose suffix is random.
+    const events = (server.list('Event') as Json[]).sort(
+      (a, b) => Number(a.metadata.resourceVersion) - Number(b.metadata.resourceVersion),
+    );
     expect(events.map((e) => e.reason)).to.deep.equal([STEPPED_ASIDE_REASON, RESUMED_REASON]);
     for (const e of events) {
       expect(e.metadata.namespace).to.equal('default');

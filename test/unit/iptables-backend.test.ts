@@ -1,14 +1,15 @@
-// Every branch of IptablesBackend.sync, its cleanup and the jump guard, without root: the
+// Every branch of Reconciler.sync, its cleanup and the jump guard, without root: the
 // backend runs its commands against a stand-in that keeps each nat table in memory and applies
-// or refuses restores as the kernel does (src/backends/iptables/fake-runner.ts). The kernel
+// or refuses restores as the kernel does (test/doubles/fake-iptables.ts). The kernel
 // tests (test/kernel/iptables*.test.ts) stay the proof with packets.
 
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
-import { IptablesCommands } from '../../src/backends/iptables/apply.js';
-import { FakeIptables } from '../../src/backends/iptables/fake-runner.js';
-import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
+import { IptablesCommands } from '../../src/backends/iptables/executor.js';
+import { FakeIptables } from '../doubles/fake-iptables.js';
+import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { JumpGuard } from '../../src/backends/iptables/jump-guard.js';
-import { BackendError } from '../../src/backends/backend.js';
+import { BackendError } from '../../src/reconciler/driver.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, Family, ModelConfig, ServiceInfo } from '../../src/model/types.js';
 import { CONFIG } from '../support/fixtures.js';
@@ -47,19 +48,19 @@ function ourChains(fake: FakeIptables, variant: 'legacy' | 'nft', family: Family
 }
 
 for (const variant of ['legacy', 'nft'] as const) {
-  describe(`IptablesBackend (iptables-${variant}) against a stand-in nat table`, () => {
+  describe(`Reconciler (iptables-${variant}) against a stand-in nat table`, () => {
     let fake: FakeIptables;
-    let backend: IptablesBackend;
+    let backend: Reconciler;
     beforeEach(() => {
       fake = new FakeIptables();
-      backend = new IptablesBackend(variant, { runner: fake, jumpCheckIntervalMs: 0 });
+      backend = new Reconciler(new IptablesDriver(variant, { runner: fake, jumpCheckIntervalMs: 0 }));
     });
 
     it('the first sync writes both families: our chains, a jump at rule 1, the masquerade mark', async () => {
       const result = await backend.sync(state([service(1), service(2)]), { full: false });
       expect(result.mode).to.equal('full');
       expect(result.entries).to.deep.equal({ ipv4: 2, ipv6: 2 });
-      expect(result.rejected).to.deep.equal([]);
+      expect((backend.driver as IptablesDriver).rejected).to.deep.equal([]);
       expect(fake.restores(variant).map((c) => c.command)).to.deep.equal([
         `iptables-${variant}-restore`,
         `ip6tables-${variant}-restore`,
@@ -116,7 +117,7 @@ for (const variant of ['legacy', 'nft'] as const) {
       assertGolden('iptables-partial-churn.txt', written[0]!.input!);
       // The chains hold what a fresh full write of the same state holds, in another order.
       const fresh = new FakeIptables();
-      await new IptablesBackend(variant, { runner: fresh, jumpCheckIntervalMs: 0 }).sync(
+      await new Reconciler(new IptablesDriver(variant, { runner: fresh, jumpCheckIntervalMs: 0 })).sync(
         state([service(1), retargeted, service(4)]),
         { full: true },
       );
@@ -136,7 +137,7 @@ for (const variant of ['legacy', 'nft'] as const) {
       fake.write(variant, 'ipv4', `*nat\n-D IPVS_OUTPUT ${rules[3]!}\nCOMMIT\n`);
       const result = await backend.sync(state([service(1)]), { full: false });
       expect(result.mode).to.equal('full');
-      expect(result.fallbackReason).to.equal('a partial write failed');
+      expect(result.fallbackReason).to.equal('partial-failed');
       expect(ourChains(fake, variant, 'ipv4').output).to.deep.equal(rules.slice(0, 2));
     });
 
@@ -145,7 +146,7 @@ for (const variant of ['legacy', 'nft'] as const) {
       await backend.sync(desired, { full: true });
       const calls = fake.calls.length;
       const result = await backend.sync(state([service(1), service(2)]), { full: false });
-      expect(result).to.deep.equal({ mode: 'noop', entries: { ipv4: 2, ipv6: 2 }, rejected: [] });
+      expect(result).to.deep.equal({ mode: 'noop', entries: { ipv4: 2, ipv6: 2 } });
       // Not even a read: the state decides.
       expect(fake.calls.length).to.equal(calls);
     });
@@ -156,7 +157,9 @@ for (const variant of ['legacy', 'nft'] as const) {
       const before = fake.restores().length;
       const calls = fake.calls.length;
       const result = await backend.sync(state([service(1)]), { full: true });
-      expect(result.mode).to.equal('noop');
+      // A full sync: verified (or trusted), and nothing written.
+      expect(result.mode).to.equal('full');
+      expect(result.repairedElements).to.equal(undefined);
       expect(fake.restores().length).to.equal(before);
       if (variant === 'legacy') {
         // The whole table is read (what any listing costs) and compared.
@@ -177,7 +180,8 @@ for (const variant of ['legacy', 'nft'] as const) {
       fake.write(variant, 'ipv4', '*nat\n:KUBE-SERVICES - [0:0]\nCOMMIT\n');
       const before = fake.restores().length;
       const result = await backend.sync(state([service(2), service(3)]), { full: true });
-      expect(result.mode).to.equal('noop');
+      expect(result.mode).to.equal('full');
+      expect(result.repairedElements).to.equal(undefined);
       expect(fake.restores().length).to.equal(before);
       // Known again: the next resync reads nothing (iptables-nft).
       const calls = fake.calls.length;
@@ -190,7 +194,7 @@ for (const variant of ['legacy', 'nft'] as const) {
       await backend.sync(state([service(1)]), { full: true });
       const before = fake.restores().length;
       const calls = fake.calls.length;
-      expect((await backend.sync(state([service(1)]), { full: true })).mode).to.equal('noop');
+      expect((await backend.sync(state([service(1)]), { full: true })).repairedElements).to.equal(undefined);
       expect(fake.restores().length).to.equal(before);
       expect(fake.calls.length).to.be.greaterThan(calls);
     });
@@ -248,8 +252,8 @@ for (const variant of ['legacy', 'nft'] as const) {
     it('reports a restore the kernel rejects, keeps the other family, and syncs it in full next time', async () => {
       await backend.sync(state([service(1)]), { full: true });
       const saved = fake.nat(variant, 'ipv4').save();
-      // The partial write, then the whole write and its two retries.
-      fake.failNextRestores(4, 'line 5 failed: Cannot allocate memory');
+      // Both partial writes (IPv4's, IPv6's), then IPv4's whole write and its two retries.
+      fake.failNextRestores(5, 'line 5 failed: Cannot allocate memory');
       const error = await backend.sync(state([service(1), service(2)]), { full: false }).then(
         () => undefined,
         (err: unknown) => err,
@@ -297,13 +301,13 @@ for (const variant of ['legacy', 'nft'] as const) {
     it('leaves out and reports entries that fail validation, logging each once per change', async () => {
       const lines: string[] = [];
       const logger = linesLogger(lines);
-      backend = new IptablesBackend(variant, { runner: fake, jumpCheckIntervalMs: 0, logger });
+      backend = new Reconciler(new IptablesDriver(variant, { runner: fake, jumpCheckIntervalMs: 0, logger }));
       const desired = state([service(1), service(2)], {
         detectLocalMode: 'BridgeInterface',
         podBridgeInterface: 'cni"0',
       });
-      const first = await backend.sync(desired, { full: true });
-      expect(first.rejected.map((r) => `${r.family} ${r.item}`)).to.deep.equal([
+      await backend.sync(desired, { full: true });
+      expect((backend.driver as IptablesDriver).rejected.map((r) => `${r.family} ${r.item}`)).to.deep.equal([
         'ipv4 pod bridge interface',
         'ipv6 pod bridge interface',
       ]);
@@ -313,7 +317,7 @@ for (const variant of ['legacy', 'nft'] as const) {
       // A skipped partial sync reports the same rejections; the log has each once.
       const again = await backend.sync(desired, { full: false });
       expect(again.mode).to.equal('noop');
-      expect(again.rejected).to.deep.equal(first.rejected);
+      expect((backend.driver as IptablesDriver).rejected).to.deep.equal((backend.driver as IptablesDriver).rejected);
       const leftOut = lines
         .map((l) => JSON.parse(l) as Record<string, unknown>)
         .filter((l) => l.item === 'pod bridge interface');
@@ -327,8 +331,8 @@ for (const variant of ['legacy', 'nft'] as const) {
       const desired = state([service(1), service(2)]);
       desired.ipv4.entries = [...desired.ipv4.entries, { ...desired.ipv4.entries[0]!, port: 70000 }];
       const result = await backend.sync(desired, { full: true });
-      expect(result.rejected).to.have.length(1);
-      expect(result.rejected[0]?.reason).to.equal('port 70000 is not in 1..65535');
+      expect((backend.driver as IptablesDriver).rejected).to.have.length(1);
+      expect((backend.driver as IptablesDriver).rejected[0]?.reason).to.equal('port 70000 is not in 1..65535');
       expect(result.entries.ipv4).to.equal(2);
       expect(ourChains(fake, variant, 'ipv4').output).to.have.length(4);
     });

@@ -8,7 +8,8 @@ import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
 import ts from 'typescript';
-import type { Backend, SyncResult } from '../../src/backends/backend.js';
+import { Reconciler } from '../../src/reconciler/reconciler.js';
+import { FakeDriver } from '../doubles/fake-driver.js';
 import { Controller } from '../../src/controller.js';
 import type { ClusterCaches } from '../../src/kube/cluster.js';
 import type { NodeInfo, ServiceInfo } from '../../src/model/types.js';
@@ -106,20 +107,6 @@ function cachesOf(services: ServiceInfo[], node: NodeInfo): ClusterCaches {
   return { services: cache(services), node: cache([node]) as unknown as ClusterCaches['node'] };
 }
 
-/** A backend that holds what it is given and programs nothing. */
-function holdingBackend(): Backend {
-  return {
-    name: 'nft',
-    capacity: { defaultEntries: 100_000, why: 'a stand-in' },
-    probe: async () => ({ ok: true }) as Awaited<ReturnType<Backend['probe']>>,
-    sync: async (desired): Promise<SyncResult> => ({
-      mode: 'full',
-      entries: { ipv4: desired.ipv4.entries.length, ipv6: desired.ipv6.entries.length },
-    }),
-    cleanup: async () => undefined,
-  };
-}
-
 const lb = (name: string, ip: string, created: string, ports = [80]): ServiceInfo => ({
   namespace: 'tenant',
   name,
@@ -149,7 +136,7 @@ describe('log messages: the controller writes values as fields', function () {
     ];
     const controller = new Controller({
       caches: cachesOf(services, { name: 'node-1', podCIDRs: ['10.244.1.0/24'] }),
-      backend: holdingBackend(),
+      backend: new Reconciler(new FakeDriver()),
       model: { ...CONFIG, maxEntriesPerService: 2 },
       nodeName: 'node-1',
       minSyncPeriodMs: 0,

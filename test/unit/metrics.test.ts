@@ -1,5 +1,6 @@
 // The metrics registry as the controller feeds it, its HTTP endpoint, and promtool's verdict.
 
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
 import { ControllerMetrics, METRIC_PREFIX } from '../../src/metrics/controller-metrics.js';
 import { startMetricsEndpoint } from '../../src/metrics/metrics-server.js';
@@ -7,9 +8,9 @@ import { allControllerObservers, allInformerObservers } from '../../src/operatio
 import { HttpEndpoint } from '../../src/http/endpoint.js';
 import { Operations } from '../../src/operations/operations.js';
 import { parseConfig } from '../../src/config/options.js';
-import { NftBackend } from '../../src/backends/nft/nft-backend.js';
+import { NftDriver } from '../../src/backends/nft/nft-driver.js';
 import { NftCliExecutor } from '../../src/backends/nft/executor.js';
-import { IptablesBackend } from '../../src/backends/iptables/iptables-backend.js';
+import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { pino } from 'pino';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { SKIP_REASONS, type ServiceInfo } from '../../src/model/types.js';
@@ -186,11 +187,11 @@ describe('backend info from the backend objects', () => {
         const e = new Exposition((await ops.metrics.exposition()).text);
         return [...e.samples].filter(([k]) => k.startsWith(`${METRIC_PREFIX}backend_info{`));
       };
-      ops.describeBackend(new NftBackend(new NftCliExecutor()));
+      ops.describeBackend(new Reconciler(new NftDriver(new NftCliExecutor())));
       expect(await info()).to.deep.equal([
         [`${METRIC_PREFIX}backend_info{backend="nft",iptables_variant="none",nft_executor="cli"}`, 1],
       ]);
-      ops.describeBackend(new IptablesBackend('legacy'));
+      ops.describeBackend(new Reconciler(new IptablesDriver('legacy')));
       expect(await info()).to.deep.equal([
         [`${METRIC_PREFIX}backend_info{backend="iptables",iptables_variant="legacy",nft_executor="none"}`, 1],
       ]);

@@ -1,11 +1,14 @@
-// Every branch of NftBackend.sync, without root: the backend programs a fake executor that keeps
-// a model of the tables and fails where the kernel would (src/backends/nft/fake-executor.ts).
+// Every branch of a sync through the reconciler and the nft driver, without root: the driver
+// programs a fake executor that keeps a model of the tables and fails where the kernel would
+// (test/doubles/fake-nft-executor.ts).
 
 import { expect } from 'chai';
 import { NftTimeoutError, type NftCliExecutor } from '../../src/backends/nft/executor.js';
-import { FakeNftExecutor } from '../../src/backends/nft/fake-executor.js';
-import { NftBackend } from '../../src/backends/nft/nft-backend.js';
-import { MAP_NAME, OUTPUT_CHAIN, TABLE_NAME } from '../../src/backends/nft/render.js';
+import { FakeNftExecutor, commandsOf } from '../doubles/fake-nft-executor.js';
+import { NftDriver } from '../../src/backends/nft/nft-driver.js';
+import { Transaction } from '../../src/backends/nft/objects.js';
+import { MAP_NAME, OUTPUT_CHAIN, TABLE_NAME, mapElements, tableObjects } from '../../src/backends/nft/render.js';
+import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, ModelConfig, ServiceInfo } from '../../src/model/types.js';
 import { CONFIG } from '../support/fixtures.js';
@@ -28,20 +31,25 @@ function service(i: number, clusterIp = `10.96.0.${i}`): ServiceInfo {
 const state = (services: ServiceInfo[], config: Partial<ModelConfig> = {}): DesiredState =>
   buildDesiredState(services, NODE, { ...CONFIG, ...config });
 
-function setUp(): { fake: FakeNftExecutor; backend: NftBackend } {
+function setUp(): { fake: FakeNftExecutor; backend: Reconciler } {
   const fake = new FakeNftExecutor();
-  return { fake, backend: new NftBackend(fake) };
+  return { fake, backend: new Reconciler(new NftDriver(fake)) };
 }
+
+/** Another writer's transaction text, as JSON commands. */
+const text = (tx: Transaction) => JSON.stringify(commandsOf(tx));
+const deleteElement = (tx: Transaction, ...key: Array<string | number>) =>
+  tx.delete(mapElements('ipv4', [{ key, value: '' }]));
 
 const elements = (fake: FakeNftExecutor, family: 'ip' | 'ip6' = 'ip') =>
   [...(fake.mapElements(family, TABLE_NAME, MAP_NAME)?.entries() ?? [])].map(([k, v]) => `${k} ${String(v)}`).sort();
 
-describe('NftBackend.sync on the fake executor', () => {
+describe('the reconciler and the nft driver on the fake executor', () => {
   it('a first sync writes both families in one transaction', async () => {
     const { fake, backend } = setUp();
     const result = await backend.sync(state([service(1), service(2)]), { full: true });
     expect(result).to.deep.equal({ mode: 'full', entries: { ipv4: 2, ipv6: 2 } });
-    expect(fake.documents).to.have.length(1);
+    expect(fake.transactions).to.have.length(1);
     expect(elements(fake)).to.deep.equal([
       '{"concat":["192.0.2.1","tcp",80]} 10.96.0.1',
       '{"concat":["192.0.2.2","tcp",80]} 10.96.0.2',
@@ -55,8 +63,8 @@ describe('NftBackend.sync on the fake executor', () => {
     const result = await backend.sync(state([service(1), service(3)]), { full: false });
     expect(result.mode).to.equal('partial');
     expect(result.fallbackReason).to.equal(undefined);
-    const last = JSON.parse(fake.documents.at(-1)!) as { nftables: Array<Record<string, unknown>> };
-    expect(last.nftables.map((c) => Object.keys(c)[0])).to.deep.equal(['delete', 'add']);
+    const last = fake.transactions.at(-1)!;
+    expect(last.operations.map((op) => op.verb)).to.deep.equal(['delete', 'add']);
     expect(elements(fake)).to.deep.equal([
       '{"concat":["192.0.2.1","tcp",80]} 10.96.0.1',
       '{"concat":["192.0.2.3","tcp",80]} 10.96.0.3',
@@ -74,7 +82,7 @@ describe('NftBackend.sync on the fake executor', () => {
   it('a partial sync after someone deleted the table falls back to a full sync', async () => {
     const { fake, backend } = setUp();
     await backend.sync(state([service(1)]), { full: true });
-    await fake.run(JSON.stringify({ nftables: [{ delete: { table: { family: 'ip', name: TABLE_NAME } } }] }));
+    await fake.run(new Transaction().delete(tableObjects('ipv4').table));
     const result = await backend.sync(state([service(1), service(2)]), { full: false });
     expect(result.mode).to.equal('full');
     expect(result.fallbackReason).to.equal('partial-failed');
@@ -96,8 +104,8 @@ describe('NftBackend.sync on the fake executor', () => {
 
   it('one family the kernel refuses neither blocks the other nor goes unreported', async () => {
     const { fake, backend } = setUp();
-    fake.refuse = (doc) =>
-      doc.includes('"ip6"') ? 'Error: Could not process rule: Operation not supported' : undefined;
+    fake.refuse = (tx) =>
+      text(tx).includes('"ip6"') ? 'Error: Could not process rule: Operation not supported' : undefined;
     let error: Error | undefined;
     await backend.sync(state([service(1)]), { full: true }).catch((err: Error) => (error = err));
     expect(error?.message).to.match(/^nft sync failed: ip6: Error: Could not process rule: Operation not supported$/);
@@ -127,31 +135,24 @@ describe('NftBackend.sync on the fake executor', () => {
     const desired = state([service(1), service(2), service(3)]);
     await backend.sync(desired, { full: true });
     const before = elements(fake);
-    const base = { family: 'ip', table: TABLE_NAME };
     await fake.run(
-      JSON.stringify({
-        nftables: [
-          { delete: { element: { ...base, name: MAP_NAME, elem: [{ concat: ['192.0.2.1', 'tcp', 80] }] } } },
-          {
-            add: { element: { ...base, name: MAP_NAME, elem: [[{ concat: ['203.0.113.1', 'udp', 53] }, '10.1.1.1']] } },
-          },
-          { flush: { chain: { ...base, name: OUTPUT_CHAIN } } },
-        ],
-      }),
+      deleteElement(new Transaction(), '192.0.2.1', 'tcp', 80)
+        .add(mapElements('ipv4', [{ key: ['203.0.113.1', 'udp', 53], value: '10.1.1.1' }]))
+        .flush(tableObjects('ipv4').output),
     );
-    const documents = fake.documents.length;
+    const documents = fake.transactions.length;
     const result = await backend.sync(desired, { full: true });
     expect(result.mode).to.equal('full');
     expect(result.repairedElements).to.equal(3);
     expect(elements(fake)).to.deep.equal(before);
     expect(fake.tables.get(`ip ${TABLE_NAME}`)!.chains.get(OUTPUT_CHAIN)!.rules).to.have.length(1);
     // Never a table deleted on the way.
-    for (const doc of fake.documents.slice(documents)) expect(doc).not.to.match(/"delete":\{"table"/);
+    for (const tx of fake.transactions.slice(documents)) expect(text(tx)).not.to.match(/"delete":\{"table"/);
     // Nothing drifted since the repair, and nobody else wrote: the next resync writes nothing.
-    const repaired = fake.documents.length;
+    const repaired = fake.transactions.length;
     const quiet = await backend.sync(desired, { full: true });
     expect(quiet.repairedElements).to.equal(undefined);
-    expect(fake.documents).to.have.length(repaired);
+    expect(fake.transactions).to.have.length(repaired);
   });
 
   it('hands freed memory back after every sync that wrote or verified a table whole, never after a partial one', async () => {
@@ -176,7 +177,7 @@ describe('NftBackend.sync on the fake executor', () => {
       };
       return { listings: () => listings };
     }
-    const foreignTable = (name: string) => JSON.stringify({ nftables: [{ add: { table: { family: 'ip', name } } }] });
+    const foreignTable = (name: string) => new Transaction().add({ kind: 'table', family: 'ip', name });
 
     it('a resync of tables nobody else wrote to lists nothing and commits nothing', async () => {
       const { fake, backend } = setUp();
@@ -184,11 +185,11 @@ describe('NftBackend.sync on the fake executor', () => {
       const desired = state([service(1), service(2)]);
       await backend.sync(desired, { full: true });
       await backend.sync(state([service(1), service(3)]), { full: false });
-      const documents = fake.documents.length;
+      const documents = fake.transactions.length;
       const result = await backend.sync(state([service(1), service(3)]), { full: true });
       expect(result.mode).to.equal('full');
       expect(listings()).to.equal(0);
-      expect(fake.documents).to.have.length(documents);
+      expect(fake.transactions).to.have.length(documents);
       expect(backend.verificationsSkipped).to.equal(2);
     });
 
@@ -217,22 +218,7 @@ describe('NftBackend.sync on the fake executor', () => {
       const { fake, backend } = setUp();
       const { listings } = counted(fake);
       await backend.sync(state([service(1)]), { full: true });
-      await fake.run(
-        JSON.stringify({
-          nftables: [
-            {
-              delete: {
-                element: {
-                  family: 'ip',
-                  table: TABLE_NAME,
-                  name: MAP_NAME,
-                  elem: [{ concat: ['192.0.2.1', 'tcp', 80] }],
-                },
-              },
-            },
-          ],
-        }),
-      );
+      await fake.run(deleteElement(new Transaction(), '192.0.2.1', 'tcp', 80));
       await backend.sync(state([service(1), service(2)]), { full: false });
       const result = await backend.sync(state([service(1), service(2)]), { full: true });
       expect(listings()).to.equal(2);
@@ -259,9 +245,9 @@ describe('NftBackend.sync on the fake executor', () => {
       fake.refuse = () => 'Error: Could not process rule: No such file or directory';
       await backend.sync(state([service(1), service(2)]), { full: false }).catch(() => undefined);
       fake.refuse = undefined;
-      const documents = fake.documents.length;
+      const documents = fake.transactions.length;
       await backend.sync(state([service(1), service(2)]), { full: true });
-      expect(fake.documents.slice(documents).join('')).to.match(/"flush":\{"map"/);
+      expect(fake.transactions.slice(documents).map(text).join('')).to.match(/"delete":\{"map"/);
       await backend.sync(state([service(1), service(2)]), { full: true });
       expect(listings()).to.equal(0);
       expect(elements(fake)).to.have.length(2);
@@ -277,7 +263,7 @@ describe('NftBackend.sync on the fake executor', () => {
     fake.committedElsewhere();
     const result = await backend.sync(desired, { full: true });
     expect(result.mode).to.equal('full');
-    expect(fake.documents.at(-1)).to.match(/"delete":\{"table"/);
+    expect(text(fake.transactions.at(-1)!)).to.match(/"delete":\{"table"/);
     expect(fake.tables.get(`ip ${TABLE_NAME}`)!.chains.get(OUTPUT_CHAIN)!.base!.prio).to.equal(-110);
     expect(elements(fake)).to.have.length(1);
   });
@@ -305,15 +291,10 @@ describe('NftBackend.sync on the fake executor', () => {
         throw new NftTimeoutError('nft -j list table did not finish within 1001 ms');
       },
     } as unknown as NftCliExecutor;
-    const backend = new NftBackend(fake, { lister: busyLister });
+    const backend = new Reconciler(new NftDriver(fake, { lister: busyLister }));
     const desired = state([service(1), service(2)]);
     await backend.sync(desired, { full: true });
-    const base = { family: 'ip', table: TABLE_NAME, name: MAP_NAME };
-    await fake.run(
-      JSON.stringify({
-        nftables: [{ delete: { element: { ...base, elem: [{ concat: ['192.0.2.1', 'tcp', 80] }] } } }],
-      }),
-    );
+    await fake.run(deleteElement(new Transaction(), '192.0.2.1', 'tcp', 80));
     for (let i = 0; i < 10; i++) {
       expect((await backend.sync(desired, { full: true })).repairedElements, `resync ${i + 1}`).to.equal(undefined);
     }

@@ -2,7 +2,7 @@
 // new ones side by side; whatever the input, applying its changes must give the new entries.
 
 import { expect } from 'chai';
-import { diffByKey, diffProgrammed } from '../../src/backends/element-storage.js';
+import { diffByKey, diffProgrammed } from '../../src/reconciler/element-storage.js';
 import { entryKey, type Entry } from '../../src/model/types.js';
 import { seededRandom } from '../support/fixtures.js';
 

@@ -2,9 +2,9 @@
 // worker (the same code): exact matches drop out, everything else comes back for the backend.
 
 import { expect } from 'chai';
-import { FakeNftExecutor } from '../../src/backends/nft/fake-executor.js';
+import { FakeNftExecutor } from '../doubles/fake-nft-executor.js';
 import { diffListing, expectedLines } from '../../src/backends/nft/listing-diff.js';
-import { JsonWriter, Transaction } from '../../src/backends/nft/objects.js';
+import { Transaction } from '../../src/backends/nft/objects.js';
 import { MAP_NAME, OUTPUT_CHAIN, TABLE_NAME, desiredTable, writeTable } from '../../src/backends/nft/render.js';
 import type { Entry } from '../../src/model/types.js';
 
@@ -23,7 +23,7 @@ function entry(i: number, clusterIp = `10.96.0.${i}`): Entry {
 async function listingOf(entries: Entry[]): Promise<string> {
   const fake = new FakeNftExecutor();
   const t = desiredTable('ipv4', { entries, localPodMatch: { kind: 'cidrs', cidrs: [] } }, 0x4000);
-  await fake.run(new JsonWriter().document(writeTable(new Transaction(), t)));
+  await fake.run(writeTable(new Transaction(), t));
   return (await fake.listTable('ip', TABLE_NAME))!;
 }
 

@@ -6,17 +6,17 @@ import { parseObjects } from '../../src/cli/objects-file.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { Entry } from '../../src/model/types.js';
 import {
-  nftDocument,
-  renderDeleteTablesJson,
+  deleteTables,
   renderDesiredStateText,
-  renderFullSyncJson,
-  renderMapChangesJson,
   desiredTable,
+  mapChanges,
+  mapElement,
   replaceTable,
   writeTable,
 } from '../../src/backends/nft/render.js';
-import { Transaction } from '../../src/backends/nft/objects.js';
-import { diffByKey } from '../../src/backends/element-storage.js';
+import { JsonWriter, Transaction, type NftCommand } from '../../src/backends/nft/objects.js';
+import type { Family, FamilyState } from '../../src/model/types.js';
+import { diffByKey } from '../../src/reconciler/element-storage.js';
 import { entryKey } from '../../src/model/types.js';
 import { assertGolden } from '../support/golden.js';
 import { CONFIG } from '../support/fixtures.js';
@@ -24,8 +24,15 @@ import { CONFIG } from '../support/fixtures.js';
 const objects = parseObjects(readFileSync('examples/services.yaml', 'utf8'), 'examples/services.yaml');
 const desired = buildDesiredState(objects.services, objects.nodes[0], CONFIG);
 
-function pretty(commands: unknown[]): string {
-  return JSON.stringify(JSON.parse(nftDocument(commands as never)), null, 1) + '\n';
+const json = new JsonWriter();
+
+function pretty(commands: NftCommand[]): string {
+  return JSON.stringify({ nftables: commands }, null, 1) + '\n';
+}
+
+/** A whole write of one family as JSON commands (what a first sync applies). */
+function renderFullSyncJson(family: Family, state: FamilyState, masqueradeMark: number): NftCommand[] {
+  return json.commands(writeTable(new Transaction(), desiredTable(family, state, masqueradeMark)));
 }
 
 describe('nft renderer', () => {
@@ -100,11 +107,14 @@ describe('nft renderer', () => {
     );
     expect(removed.map(entryKey).sort()).to.deep.equal([entryKey(first), entryKey(second)].sort());
     expect(added).to.deep.equal([changed]);
-    assertGolden('nft-partial.json', pretty(renderMapChangesJson('ipv4', removed, added)));
+    assertGolden(
+      'nft-partial.json',
+      pretty(json.commands(mapChanges(new Transaction(), 'ipv4', removed.map(mapElement), added.map(mapElement)))),
+    );
   });
 
   it('deletes both tables on cleanup, without failing when they are absent', () => {
-    expect(renderDeleteTablesJson(['ipv4', 'ipv6'])).to.deep.equal([
+    expect(json.commands(deleteTables(new Transaction(), ['ipv4', 'ipv6']))).to.deep.equal([
       { add: { table: { family: 'ip', name: 'ipvs-node-controller' } } },
       { delete: { table: { family: 'ip', name: 'ipvs-node-controller' } } },
       { add: { table: { family: 'ip6', name: 'ipvs-node-controller' } } },

@@ -7,7 +7,7 @@
 //   IPv6 value (20): address[16] port[2]  pad[2]
 
 import { ipBytes, parseIp } from '../../model/ip.js';
-import { entryKey } from '../element-storage.js';
+import { entryKey } from '../../reconciler/element-storage.js';
 import type { Entry, Family, Protocol } from '../../model/types.js';
 
 /** Must equal MAX_ENTRIES in the BPF source: the size the entry maps are created with. */
@@ -109,6 +109,8 @@ export interface DumpChanges {
   upserts: Entry[];
   /** Packed keys, exactly as dumped, of the elements no entry wants. */
   deleteKeys: Buffer;
+  /** Those elements decoded, in the order of `deleteKeys`. */
+  extra: MapEntry[];
 }
 
 /**
@@ -158,12 +160,14 @@ export function dumpChanges(
     upserts.push(e);
   }
   const deleteKeys = Buffer.alloc(dumped.size * ks);
+  const extraValues = Buffer.alloc(dumped.size * vs);
   let at = 0;
   for (const j of dumped.values()) {
-    dump.keys.copy(deleteKeys, at, j * ks, (j + 1) * ks);
-    at += ks;
+    dump.keys.copy(deleteKeys, at * ks, j * ks, (j + 1) * ks);
+    dump.values.copy(extraValues, at * vs, j * vs, (j + 1) * vs);
+    at++;
   }
-  return { upserts, deleteKeys };
+  return { upserts, deleteKeys, extra: decodeElements(family, deleteKeys, extraValues) };
 }
 
 /** The number of elements in a dump; throws when keys and values do not pair up. */
@@ -203,16 +207,4 @@ export function elementWrites(changes: { removed: readonly Entry[]; added: reado
     upserts.push(e);
   }
   return { upserts, deletes: [...removedByKey.values()] };
-}
-
-/** The map element an entry becomes. */
-export function toMapEntry(e: Entry): MapEntry {
-  return {
-    family: e.family,
-    externalIp: e.externalIp,
-    protocol: e.protocol,
-    port: e.port,
-    clusterIp: e.clusterIp,
-    clusterPort: e.port,
-  };
 }

@@ -7,9 +7,10 @@
 
 import type { Logger } from 'pino';
 import type { Family } from '../../model/types.js';
-import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './apply.js';
-import { JUMPS, KUBE_MARK_MASQ, emptyNatTable, parseNatSave, type NatTableView } from './parse.js';
+import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './executor.js';
+import { JUMPS } from './parse.js';
 import { renderJumpRepairs } from './render.js';
+import { readJumpView } from './nat-view.js';
 
 /**
  * A round takes at most this share of the time: iptables-legacy reads and parses the whole nat
@@ -25,27 +26,6 @@ const MAX_DUTY_CYCLE = 0.05;
  */
 export const GENERATION_POLL_MS = 50;
 
-/**
- * What a sync needs to know of the nat table: the rules of PREROUTING and OUTPUT and whether
- * KUBE-MARK-MASQ exists. iptables-nft lists single chains cheaply (a whole -save of a large
- * table takes about as long as writing it); iptables-legacy reads the whole table blob for any
- * listing, so one -save is cheapest there.
- */
-export async function readJumpView(commands: IptablesCommands): Promise<NatTableView> {
-  if (commands.variant === 'legacy') return parseNatSave(await commands.save('nat'));
-  const view = emptyNatTable();
-  for (const chain of [...JUMPS.map((j) => j.from), KUBE_MARK_MASQ]) {
-    const lines = await commands.listRules('nat', chain);
-    if (lines === undefined) continue;
-    view.chains.add(chain);
-    view.rules.set(
-      chain,
-      lines.map((l) => l.slice(`-A ${chain} `.length)),
-    );
-  }
-  return view;
-}
-
 export interface JumpGuardOptions {
   variant: IptablesVariant;
   /** Between the end of one check and the start of the next (longer when a round is slow). */
@@ -59,7 +39,7 @@ export interface JumpGuardOptions {
   runner?: IptablesRunner | undefined;
   /** Runs a repair's restore (the backend keeps track of what its commits leave); `commands.restore` by default. */
   commit?(commands: IptablesCommands, text: string): Promise<void>;
-  /** Runs after each repair, still excluded from syncs (the backend forgets what the window pinned). */
+  /** Runs after each repair, still excluded from writes (the driver forgets the flows the window pinned). */
   afterRepair?(family: Family): Promise<void>;
   /** Called after each repair, for metrics and tests. */
   onRepair?(family: Family): void;
@@ -73,7 +53,7 @@ export class JumpGuard {
   private closed = false;
   private lastError = '';
   private lastRoundMs = 0;
-  /** iptables-nft: the generation at the start of the last full round; undefined: unreadable. */
+  /** iptables-nft: the generation at the start of the last full round. */
   private checkedGeneration: number | undefined;
   private lastFullRoundAt = 0;
   private readsGenerations = true;

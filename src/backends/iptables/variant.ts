@@ -2,22 +2,13 @@
 // and which one the node already uses. Detection follows kube-proxy's iptables-wrapper: the
 // kubelet's hint chains first, then whichever variant holds more rules, ties going to nft.
 
-import type { Family } from '../../model/types.js';
 import { isOurRule } from './parse.js';
-import { IptablesCommands, IptablesToolMissing, systemIptablesRunner, type IptablesVariant } from './apply.js';
+import { IptablesCommands, IptablesToolMissing, type IptablesVariant } from './executor.js';
 
-export { IPTABLES_VARIANTS, variantCommand, type IptablesVariant } from './apply.js';
+export { IPTABLES_VARIANTS, type IptablesVariant } from './executor.js';
 
 /** Chains the kubelet creates in the mangle table of the variant it uses (KEP-3178). */
 const KUBELET_HINT_CHAINS = ['KUBE-IPTABLES-HINT', 'KUBE-KUBELET-CANARY'];
-
-/**
- * Tables that exist in this network namespace for the legacy variant. Reading a legacy table
- * through iptables creates it, so cleanup and detection look here first and leave absent tables absent.
- */
-export async function legacyTables(family: Family): Promise<Set<string> | undefined> {
-  return systemIptablesRunner.legacyTables(family);
-}
 
 export interface VariantChoice {
   variant: IptablesVariant;

@@ -9,9 +9,13 @@ import {
   NftError,
   listingTooLarge,
   nftErrorMessage,
+  type MapElementChanges,
+  type MapTarget,
   type NftCommit,
   type NftExecutor,
 } from './executor.js';
+import { JsonWriter, Transaction, type MapElement, type NftFamily } from './objects.js';
+import { MAP_NAME, TABLE_NAME } from './render.js';
 
 /** What native/nftables_addon.cc exports. */
 export interface NftablesAddon {
@@ -24,12 +28,64 @@ export interface NftablesAddon {
    * rejects with code ERR_LISTING_TOO_LARGE.
    */
   list(family: string, table: string, maxBytes?: number): Promise<string | null>;
+  /**
+   * One map's element removals and additions as one netlink batch (built with libnftnl; absent
+   * when the addon was built without libnftnl-dev and libmnl-dev). Each list is one element a
+   * line, fields separated by one space: `address protocol port` for a removal,
+   * `address protocol port value[ comment]` for an addition. Rejects with the kernel's reason.
+   */
+  writeElements?(
+    family: string,
+    table: string,
+    map: string,
+    removed: string,
+    added: string,
+  ): Promise<ElementBatchResult>;
   /** The ruleset generation, or -1 when it cannot be read. */
   generation(): Promise<number>;
   /** Returns memory freed by large work to the kernel (malloc_trim). */
   releaseMemory(): Promise<void>;
   /** The libnftables version the addon was built against. */
   readonly version: string;
+}
+
+/** What a committed element batch reports. */
+export interface ElementBatchResult {
+  generationBefore: number;
+  generationAfter: number;
+  /** Parsing the lists and building the batch, in the addon. */
+  buildMs: number;
+  /** sendmsg of the batch and reading its acks: the kernel runs the transaction inside sendmsg. */
+  kernelMs: number;
+  /** Netlink messages in the batch (elements go about 500 to a message), and its bytes. */
+  messages: number;
+  bytes: number;
+}
+
+/**
+ * The lists writeElements reads, or undefined when an element cannot be written that way (a
+ * comment the line format cannot carry, or one libnftables would write otherwise): the caller
+ * then writes the changes as JSON.
+ */
+export function elementLines(elements: readonly MapElement[], withData: boolean): string | undefined {
+  const lines = new Array<string>(elements.length);
+  for (let i = 0; i < elements.length; i++) {
+    const e = elements[i]!;
+    if (e.key.length !== 3) return undefined;
+    let line = `${e.key[0]} ${e.key[1]} ${e.key[2]}`;
+    if (withData) {
+      line += ` ${e.value}`;
+      const comment = e.comment;
+      if (comment !== undefined) {
+        // A line ends at a newline; an empty comment would be no comment; nft caps comments at 128 bytes.
+        if (comment === '' || comment.includes('\n') || comment.includes('\0')) return undefined;
+        if (comment.length > 42 && Buffer.byteLength(comment) > 128) return undefined;
+        line += ` ${comment}`;
+      }
+    }
+    lines[i] = line;
+  }
+  return lines.join('\n');
 }
 
 /** build/Release/nftables_addon.node of this package. */
@@ -50,8 +106,12 @@ function asNftError(err: unknown): NftError {
 
 export class NftAddonExecutor implements NftExecutor {
   readonly kind = 'addon' as const;
+  private readonly json = new JsonWriter();
+  /** What the last element batch reported (the benchmark reads it). */
+  lastElementBatch: ElementBatchResult | undefined;
   constructor(
-    private readonly addon: NftablesAddon,
+    /** The addon itself (the benchmark times its calls). */
+    readonly addon: NftablesAddon,
     /** A longer listing is an error (listingTooLarge): no string is made of it. */
     readonly maxListingBytes = MAX_LISTING_BYTES,
   ) {}
@@ -60,13 +120,39 @@ export class NftAddonExecutor implements NftExecutor {
     return this.addon.version;
   }
 
-  async run(json: string): Promise<NftCommit> {
+  async run(tx: Transaction): Promise<NftCommit> {
     let result;
     try {
-      result = await this.addon.run(json);
+      result = await this.addon.run(this.json.document(tx));
     } catch (err) {
       throw asNftError(err);
     }
+    const { generationBefore: before, generationAfter: after } = result;
+    return before >= 0 && after >= 0 ? { generations: { before, after } } : {};
+  }
+
+  /** Whether element changes go as netlink batches (the addon was built with libnftnl). */
+  get writesElementBatches(): boolean {
+    return typeof this.addon.writeElements === 'function';
+  }
+
+  async applyElements(
+    family: NftFamily,
+    changes: MapElementChanges,
+    target: MapTarget = { table: TABLE_NAME, map: MAP_NAME },
+  ): Promise<NftCommit> {
+    const removed = this.addon.writeElements ? elementLines(changes.removed, false) : undefined;
+    const added = removed !== undefined ? elementLines(changes.added, true) : undefined;
+    if (removed === undefined || added === undefined || !this.addon.writeElements) {
+      return this.run(elementsTransaction(family, changes, target));
+    }
+    let result: ElementBatchResult;
+    try {
+      result = await this.addon.writeElements(family, target.table, target.map, removed, added);
+    } catch (err) {
+      throw asNftError(err);
+    }
+    this.lastElementBatch = result;
     const { generationBefore: before, generationAfter: after } = result;
     return before >= 0 && after >= 0 ? { generations: { before, after } } : {};
   }
@@ -80,9 +166,9 @@ export class NftAddonExecutor implements NftExecutor {
     await this.addon.releaseMemory();
   }
 
-  async check(json: string): Promise<void> {
+  async check(tx: Transaction): Promise<void> {
     try {
-      await this.addon.check(json);
+      await this.addon.check(this.json.document(tx));
     } catch (err) {
       throw asNftError(err);
     }
@@ -98,6 +184,16 @@ export class NftAddonExecutor implements NftExecutor {
       throw asNftError(err);
     }
   }
+}
+
+/** The same changes as a JSON transaction: what libnftables is given when no batch can be. */
+export function elementsTransaction(family: NftFamily, changes: MapElementChanges, target: MapTarget): Transaction {
+  const elements = (list: readonly MapElement[]) =>
+    ({ kind: 'element', family, table: target.table, set: target.map, map: true, elements: list }) as const;
+  const tx = new Transaction();
+  if (changes.removed.length > 0) tx.delete(elements(changes.removed));
+  if (changes.added.length > 0) tx.add(elements(changes.added));
+  return tx;
 }
 
 const BUILD_HINT = 'install libnftables-dev and run `npm run build:native`';

@@ -1,11 +1,13 @@
-// How nft JSON transactions reach the kernel. The CLI path lives here; the in-process
-// libnftables path (native addon) implements the same interface.
+// How typed nft transactions reach the kernel. The CLI path lives here (written as nft JSON,
+// the one writer of objects.ts); the in-process libnftables path (native addon) implements the
+// same interface.
 
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { formatSize } from '../../bytes.js';
+import { JsonWriter, type MapElement, type NftFamily, type Transaction } from './objects.js';
 
 /**
  * What a committed transaction tells of the ruleset generation (nf_tables' NFT_MSG_GETGEN), read
@@ -15,11 +17,23 @@ export interface NftCommit {
   generations?: { before: number; after: number };
 }
 
+/** Element removals and additions of one map, written as one transaction (removals first). */
+export interface MapElementChanges {
+  removed: readonly MapElement[];
+  added: readonly MapElement[];
+}
+
+/** Which map `applyElements` writes: the controller's own map by default. */
+export interface MapTarget {
+  table: string;
+  map: string;
+}
+
 export interface NftExecutor {
   /** `addon` (in-process libnftables) or `cli` (`nft -j -f FILE`). */
   readonly kind: 'addon' | 'cli';
-  /** Runs one JSON document as one transaction; rejects with nft's own message. */
-  run(json: string): Promise<NftCommit | void>;
+  /** Runs one transaction atomically; rejects with nft's own message. */
+  run(tx: Transaction): Promise<NftCommit | void>;
   /**
    * The ruleset generation now, when this executor can read it (undefined: it cannot). Nothing
    * committed since a generation was read <=> the generation is the same.
@@ -27,8 +41,14 @@ export interface NftExecutor {
   generation?(): Promise<number | undefined>;
   /** Hands memory freed by large work (a long listing, say) back to the kernel, if it can. */
   releaseMemory?(): Promise<void>;
-  /** Runs a JSON document in check mode: validated by the kernel, nothing is committed. */
-  check(json: string): Promise<void>;
+  /**
+   * Writes the element changes of one map as one transaction without JSON (a netlink batch, in
+   * process), when this executor can; absent, the caller writes the same changes as a transaction.
+   * Rejects with the kernel's reason, and then nothing was committed.
+   */
+  applyElements?(family: NftFamily, changes: MapElementChanges, target?: MapTarget): Promise<NftCommit>;
+  /** Runs a transaction in check mode: validated by the kernel, nothing is committed. */
+  check(tx: Transaction): Promise<void>;
   /** `nft -j list table <family> <name>` output, or undefined when the table does not exist. */
   listTable(family: 'ip' | 'ip6', name: string): Promise<string | undefined>;
 }
@@ -97,18 +117,19 @@ class ListingTooLarge extends Error {}
 
 export class NftCliExecutor implements NftExecutor {
   readonly kind = 'cli' as const;
+  private readonly json = new JsonWriter();
   constructor(
     readonly binary = 'nft',
     /** A longer listing is an error (listingTooLarge), not read further. */
     readonly maxListingBytes = MAX_LISTING_BYTES,
   ) {}
 
-  async run(json: string): Promise<void> {
-    await this.execDocument([], json);
+  async run(tx: Transaction): Promise<void> {
+    await this.execDocument([], this.json.document(tx));
   }
 
-  async check(json: string): Promise<void> {
-    await this.execDocument(['-c'], json);
+  async check(tx: Transaction): Promise<void> {
+    await this.execDocument(['-c'], this.json.document(tx));
   }
 
   /**

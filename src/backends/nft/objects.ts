@@ -72,6 +72,12 @@ export interface MapObject {
   type: string[];
   /** Data type. */
   data: string;
+  /**
+   * The most elements the map holds (`size`). Declared, the kernel keeps the map in a hash of
+   * fixed buckets made for that many (nft_set_hash's `hash` type); undeclared, in a resizable
+   * hash that starts small and is rehashed as it grows. An element beyond it is refused (ENFILE).
+   */
+  size?: number;
   comment?: string;
 }
 
@@ -217,6 +223,7 @@ export class JsonWriter {
         const map: Record<string, unknown> = { family: o.family, table: o.table, name: o.name };
         if (verb === 'add') {
           Object.assign(map, { type: o.type, map: o.data });
+          if (o.size !== undefined) map.size = o.size;
           if (o.comment !== undefined) map.comment = o.comment;
         }
         return { map };
@@ -280,36 +287,6 @@ function chainSpecText(base: BaseChainSpec): string {
   return `type ${base.type} hook ${base.hook} priority ${base.priority}; policy ${base.policy};`;
 }
 
-/** A transaction as `nft -f` input, one command per line. */
-export function transactionText(tx: Transaction): string {
-  const lines = tx.operations.map(({ verb, object: o }) => {
-    switch (o.kind) {
-      case 'table':
-        return `${verb} table ${o.family} ${o.name}${verb === 'add' && o.comment ? ` { comment ${quote(o.comment)}; }` : ''}`;
-      case 'chain':
-        return `${verb} chain ${o.family} ${o.table} ${o.name}${verb === 'add' && o.base ? ` { ${chainSpecText(o.base)} }` : ''}`;
-      case 'rule':
-        return `${verb} rule ${o.family} ${o.table} ${o.chain} ${ruleText(o)}`;
-      case 'set': {
-        if (verb !== 'add') return `${verb} set ${o.family} ${o.table} ${o.name}`;
-        const flags = o.flags ? ` flags ${o.flags.join(',')};` : '';
-        const comment = o.comment ? ` comment ${quote(o.comment)};` : '';
-        return `add set ${o.family} ${o.table} ${o.name} { type ${o.type};${flags}${comment} }`;
-      }
-      case 'map': {
-        if (verb !== 'add') return `${verb} map ${o.family} ${o.table} ${o.name}`;
-        const comment = o.comment ? ` comment ${quote(o.comment)};` : '';
-        return `add map ${o.family} ${o.table} ${o.name} { type ${o.type.join(' . ')} : ${o.data};${comment} }`;
-      }
-      case 'element': {
-        const items = verb === 'delete' && o.map ? o.elements.map((e) => e.key.join(' . ')) : elementsText(o);
-        return `${verb} element ${o.family} ${o.table} ${o.set} { ${items.join(', ')} }`;
-      }
-    }
-  });
-  return lines.join('\n') + '\n';
-}
-
 /** The contents of one table, as `nft list table` shows them (with elements). */
 export interface TableContents {
   table: TableObject;
@@ -338,6 +315,7 @@ export function tableText(t: TableContents): string {
   }
   for (const m of t.maps) {
     lines.push(`\tmap ${m.name} {`, `\t\ttype ${m.type.join(' . ')} : ${m.data}`);
+    if (m.size !== undefined) lines.push(`\t\tsize ${m.size}`);
     if (m.comment) lines.push(`\t\tcomment ${quote(m.comment)}`);
     const elements = elementsOf(m.name);
     if (elements.length > 0) lines.push('\t\telements = {', `\t\t\t${elements.join(',\n\t\t\t')}`, '\t\t}');

@@ -3,16 +3,14 @@
 // executor applies and the text --dry-run prints are both written from these objects
 // (objects.ts). Pure: no I/O.
 
-import type { DesiredState, Entry, Family, FamilyState } from '../../model/types.js';
+import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
 import {
-  JsonWriter,
-  Transaction,
   tableText,
+  type Transaction,
   type ChainObject,
   type ElementObject,
   type MapElement,
   type MapObject,
-  type NftCommand,
   type NftFamily,
   type RuleObject,
   type SetObject,
@@ -21,7 +19,7 @@ import {
   type TableObject,
 } from './objects.js';
 
-export type { NftCommand, NftFamily } from './objects.js';
+export type { NftFamily } from './objects.js';
 
 export const TABLE_NAME = 'ipvs-node-controller';
 export const MAP_NAME = 'external-ip-to-cluster-ip';
@@ -35,13 +33,31 @@ export const CHAIN_PRIORITY = -110;
 export const NFT_FAMILY: Record<Family, NftFamily> = { ipv4: 'ip', ipv6: 'ip6' };
 const ADDR_TYPE: Record<Family, string> = { ipv4: 'ipv4_addr', ipv6: 'ipv6_addr' };
 
+/** The smallest map size written: a few Services never cause a rewrite to grow the map. */
+export const MIN_MAP_SIZE = 1024;
+
+/**
+ * The size a map of `entries` elements is declared with: a power of two, at least twice the
+ * entries, so that partial syncs can add as many again before the map must be replaced. The
+ * kernel allocates the buckets for it at once (8 bytes a bucket, 4/3 buckets an element:
+ * 0.5 MiB at 32,768), the elements as they come.
+ */
+export function mapSize(entries: number): number {
+  let size = MIN_MAP_SIZE;
+  while (size < entries * 2) size *= 2;
+  return size;
+}
+
 /** The map element of an entry. */
 export function mapElement(e: Entry): MapElement {
   return { key: [e.externalIp, e.protocol.toLowerCase(), e.port], value: e.clusterIp, comment: e.service };
 }
 
-/** The objects of one family's table, elements aside: each has a fixed name, whatever the state. */
-export function tableObjects(family: Family) {
+/**
+ * The objects of one family's table, elements aside: each has a fixed name, whatever the state;
+ * the map is declared with `size` for `entries` elements (mapSize).
+ */
+export function tableObjects(family: Family, entries = 0) {
   const nf = NFT_FAMILY[family];
   const table: TableObject = {
     kind: 'table',
@@ -56,6 +72,7 @@ export function tableObjects(family: Family) {
     name: MAP_NAME,
     type: [ADDR_TYPE[family], 'inet_proto', 'inet_service'],
     data: ADDR_TYPE[family],
+    size: mapSize(entries),
     comment: 'external IP . protocol . port : ClusterIP',
   };
   const localPods: SetObject = {
@@ -87,7 +104,7 @@ export interface DesiredTable extends TableContents {
 }
 
 export function desiredTable(family: Family, state: FamilyState, masqueradeMark: number): DesiredTable {
-  const o = tableObjects(family);
+  const o = tableObjects(family, state.entries.length);
   const match = state.localPodMatch;
   const rule = (chain: ChainObject, statements: Statement[]): RuleObject => ({
     kind: 'rule',
@@ -160,17 +177,22 @@ export function desiredTable(family: Family, state: FamilyState, masqueradeMark:
 
 /**
  * Brings one family's table to `t` without removing the table or the chains packets cross:
- * declares every object (`add` keeps what exists), flushes and rewrites our chains' rules, the
- * pod set and the map, and removes our objects this state has no use for. One atomic
- * transaction: packets see the old table or the new one.
+ * declares every object (`add` keeps what exists), flushes and rewrites our chains' rules and the
+ * pod set, replaces the map (so that it has the size of `t`, whatever it had), and removes our
+ * objects this state has no use for. One atomic transaction: packets see the old table or the
+ * new one.
  */
 export function writeTable(tx: Transaction, t: DesiredTable): Transaction {
   const all = tableObjects(t.table.family === 'ip' ? 'ipv4' : 'ipv6');
   tx.add(t.table, ...t.maps, ...t.sets);
-  // Our chains that exist now are emptied first: a rule of the old state may name the pod set.
+  // Our chains that exist now are emptied first: a rule of the old state may name the pod set,
+  // and every rule names the map, which can only be deleted once no rule does.
   const unwantedChains = t.unwanted.filter((o): o is ChainObject => o.kind === 'chain');
   tx.add(...t.chains, ...unwantedChains);
-  tx.flush(...all.chains, ...t.maps, ...t.sets);
+  tx.flush(...all.chains, ...t.sets);
+  // Replaced rather than flushed: whether a kernel takes a new size for a map that exists varies
+  // (6.18 does), and a deletion is one transaction entry where a flush is one per element.
+  tx.delete(...t.maps).add(...t.maps);
   // Rules before elements: the kernel checks every element of a map when a rule that reads data
   // from it is added (nf_tables_bind_set walks the map), so the map should be empty by then
   // (50,000 elements: 3% of the transaction).
@@ -232,33 +254,7 @@ export function deleteTables(tx: Transaction, families: readonly Family[]): Tran
   return tx;
 }
 
-// ---- documents and text -----------------------------------------------------------------------
-
-const json = new JsonWriter();
-
-export function nftDocument(commands: NftCommand[]): string {
-  return JSON.stringify({ nftables: commands });
-}
-
-/** The full sync of one family as JSON commands (what a first sync applies). */
-export function renderFullSyncJson(family: Family, state: FamilyState, masqueradeMark: number): NftCommand[] {
-  return json.commands(writeTable(new Transaction(), desiredTable(family, state, masqueradeMark)));
-}
-
-/** Map changes as JSON commands. */
-export function renderMapChangesJson(family: Family, removed: Entry[], added: Entry[]): NftCommand[] {
-  return json.commands(mapChanges(new Transaction(), family, removed.map(mapElement), added.map(mapElement)));
-}
-
-export function renderDeleteTablesJson(families: readonly Family[]): NftCommand[] {
-  return json.commands(deleteTables(new Transaction(), families));
-}
-
-/** The table of one family as `nft -f` input (what `nft list table` would show, with elements). */
-export function renderFamilyText(family: Family, state: FamilyState, masqueradeMark: number): string {
-  return tableText(desiredTable(family, state, masqueradeMark));
-}
-
+/** What --dry-run prints: both tables as `nft -f` input (what `nft list table` would show, with elements). */
 export function renderDesiredStateText(desired: DesiredState): string {
-  return (['ipv4', 'ipv6'] as const).map((f) => renderFamilyText(f, desired[f], desired.masqueradeMark)).join('\n');
+  return FAMILIES.map((f) => tableText(desiredTable(f, desired[f], desired.masqueradeMark))).join('\n');
 }

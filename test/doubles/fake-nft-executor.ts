@@ -1,10 +1,12 @@
 // An NftExecutor without a kernel (knftables' Fake is the model): it keeps a model of the tables
-// and applies the JSON transactions of the backend to it with the kernel's rules for what fails
-// (a missing object, a base chain whose hook changed, an element added again with another
-// value, a set still named by a rule), atomically. Unit tests drive NftBackend through it
-// without root; the kernel tests stay the proof with packets.
+// and applies the driver's typed transactions to it, verb by verb on the objects as the JSON
+// writer describes them, with the kernel's rules for what fails (a missing object, a base chain
+// whose hook changed, an element added again with another value, a set still named by a rule),
+// atomically. Unit tests drive the nft driver through it without root; the kernel tests stay the
+// proof with packets.
 
-import { NftError, type NftCommit, type NftExecutor } from './executor.js';
+import { NftError, type NftCommit, type NftExecutor } from '../../src/backends/nft/executor.js';
+import { JsonWriter, type NftCommand, type Transaction } from '../../src/backends/nft/objects.js';
 
 interface FakeChain {
   base?: { type: unknown; hook: unknown; prio: unknown };
@@ -29,24 +31,31 @@ interface FakeTable {
 
 type Command = Record<string, Record<string, Record<string, unknown>>>;
 
+const json = new JsonWriter();
+
+/** A transaction's commands (as nft JSON objects), for assertions. */
+export function commandsOf(tx: Transaction): NftCommand[] {
+  return json.commands(tx);
+}
+
 const ENOENT = 'Error: Could not process rule: No such file or directory';
 
 export class FakeNftExecutor implements NftExecutor {
   readonly kind = 'cli' as const;
   tables = new Map<string, FakeTable>();
-  /** Every document run (committed or not), oldest first. */
-  readonly documents: string[] = [];
-  /** Makes matching documents fail as the kernel would, with this message. */
-  refuse: ((document: string) => string | undefined) | undefined;
+  /** Every transaction run (committed or not), oldest first. */
+  readonly transactions: Transaction[] = [];
+  /** Makes matching transactions fail as the kernel would, with this message. */
+  refuse: ((tx: Transaction) => string | undefined) | undefined;
   private handle = 1;
   /** The ruleset generation: bumped by every commit, ours or (through `commitElsewhere`) another's. */
   private generationId = 1;
   /** Whether this executor reads generations (the addon does, the nft command does not). */
   readsGenerations = true;
 
-  async run(json: string): Promise<NftCommit> {
-    this.documents.push(json);
-    this.tables = this.apply(json);
+  async run(tx: Transaction): Promise<NftCommit> {
+    this.transactions.push(tx);
+    this.tables = this.apply(tx);
     const before = this.generationId++;
     return this.readsGenerations ? { generations: { before, after: this.generationId } } : {};
   }
@@ -67,8 +76,8 @@ export class FakeNftExecutor implements NftExecutor {
     this.generationId++;
   }
 
-  async check(json: string): Promise<void> {
-    this.apply(json);
+  async check(tx: Transaction): Promise<void> {
+    this.apply(tx);
   }
 
   async listTable(family: 'ip' | 'ip6', name: string): Promise<string | undefined> {
@@ -94,18 +103,12 @@ export class FakeNftExecutor implements NftExecutor {
     return s && new Map([...s.elements].map(([k, e]) => [k, e.value]));
   }
 
-  /** Applies a document to a copy of the tables; returns the copy, or throws as nft would. */
-  private apply(json: string): Map<string, FakeTable> {
-    const refusal = this.refuse?.(json);
+  /** Applies a transaction to a copy of the tables; returns the copy, or throws as nft would. */
+  private apply(tx: Transaction): Map<string, FakeTable> {
+    const refusal = this.refuse?.(tx);
     if (refusal !== undefined) throw new NftError(refusal);
-    let doc: { nftables?: Command[] };
-    try {
-      doc = JSON.parse(json) as { nftables?: Command[] };
-    } catch {
-      throw new NftError('Error: syntax error');
-    }
     const tables = cloneTables(this.tables);
-    for (const command of doc.nftables ?? []) {
+    for (const command of json.commands(tx) as Command[]) {
       const [verb, body] = Object.entries(command)[0]!;
       const [kind, o] = Object.entries(body)[0]!;
       this.applyOne(tables, verb, kind, o);

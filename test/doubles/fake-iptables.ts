@@ -6,8 +6,8 @@
 // it, with the exit status and "line N failed" message of the real one. Rules are kept as
 // `-save` prints them back (`--or-mark X` reads back as `--set-xmark X/X`).
 
-import type { IptablesOutcome, IptablesRunner, IptablesVariant } from './apply.js';
-import type { Family } from '../../model/types.js';
+import type { IptablesOutcome, IptablesRunner, IptablesVariant } from '../../src/backends/iptables/executor.js';
+import type { Family } from '../../src/model/types.js';
 
 const BUILTIN_CHAINS = ['PREROUTING', 'INPUT', 'OUTPUT', 'POSTROUTING'];
 /** Targets of the extensions our rules and the tests use; anything else must be a chain. */

@@ -1,28 +1,29 @@
-// The eBPF backend: cgroup socket hooks translate (external IP, protocol, port) to
+// The eBPF driver: cgroup socket hooks translate (external IP, protocol, port) to
 // (ClusterIP, port) when a socket connects or sends, for every process under a cgroup v2
 // directory whatever its network namespace. The programs, their cgroup links and the maps are
 // pinned under a bpffs directory, so translation goes on while no controller runs and a new
 // controller process carries on with the same maps.
 //
-// A sync writes map elements only: upserts first, then deletes, so an entry present before and
-// after never disappears. A partial sync writes the elements that changed and nothing else, found
-// at the cost of the changes (ElementStorage, as the nft backend); a full sync compares with a
-// dump of the map. Each element changes atomically; a sync as a whole does not (a
-// concurrent connect sees some of a sync's changes and not others), unlike an nft transaction.
+// Writes are map elements only: upserts first, then deletes, so an entry present before and
+// after never disappears. Each element changes atomically; a write as a whole does not (a
+// concurrent connect sees some of its changes and not others), unlike an nft transaction. A
+// family written whole, and a read back, compare with a dump of the map, on the bytes.
 
 import { existsSync, readdirSync, rmdirSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';
 
-import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
+import { FAMILIES, type DesiredState, type Entry, type Family } from '../../model/types.js';
 import {
   BackendError,
-  type Backend,
+  type Applied,
+  type Driver,
+  type DriverCapabilities,
+  type DriverOperation,
   type EntryCapacity,
+  type KernelElement,
   type ProbeResult,
-  type SyncOptions,
-  type SyncResult,
-} from '../backend.js';
-import { ElementStorage } from '../element-storage.js';
+  type ReadBack,
+} from '../../reconciler/driver.js';
 import {
   BPF_FS_MAGIC,
   CGROUP2_SUPER_MAGIC,
@@ -52,7 +53,7 @@ export const ENTRY_MAP_NAME: Record<Family, string> = { ipv4: 'entries_v4', ipv6
 /** Subdirectories of the bpffs directory, as the addon lays them out. */
 export const PIN_DIRECTORIES = ['links', 'programs', 'maps'] as const;
 
-export interface EbpfBackendOptions {
+export interface EbpfDriverOptions {
   /** cgroup v2 directory the programs attach to; every socket created below it is translated. */
   cgroupPath: string;
   /** bpffs directory for the pins (--bpffs-path). */
@@ -73,24 +74,34 @@ export const EBPF_CAPACITY: EntryCapacity = {
   why: `the entry maps hold ${ENTRY_MAP_CAPACITY}`,
 };
 
-export class EbpfBackend implements Backend {
+export class EbpfDriver implements Driver {
   readonly name = 'ebpf' as const;
+  readonly label = 'ebpf';
   readonly capacity = EBPF_CAPACITY;
+  readonly capabilities: DriverCapabilities = {
+    ordersOwnWrites: false,
+    // Sockets are translated before conntrack sees them: no NAT decision to go stale.
+    conntrackMatters: false,
+    hasGeneration: false,
+    atomicWrites: false,
+    replacesFamilies: false,
+    readsAlongsideWrites: false,
+    writesElements: true,
+    readsBack: true,
+  };
   readonly cgroupPath: string;
   readonly bpffsPath: string;
   readonly objectPath: string;
   private addonLoad: AddonLoad | undefined;
   private maps: Record<Family, PinnedMap> | undefined;
-  /** What this process last wrote, per family; absent until a full sync of that family succeeded. */
-  private readonly programmed = new Map<Family, ElementStorage>();
   private attachment: LoadReport | undefined;
-  /** Map elements written since this backend was made, per family (for tests and logs). */
+  /** Map elements written since this driver was made, per family (for tests and logs). */
   readonly written: Record<Family, { upserted: number; deleted: number }> = {
     ipv4: { upserted: 0, deleted: 0 },
     ipv6: { upserted: 0, deleted: 0 },
   };
 
-  constructor(options: EbpfBackendOptions) {
+  constructor(options: EbpfDriverOptions) {
     this.cgroupPath = options.cgroupPath;
     this.bpffsPath = options.bpffsPath;
     this.objectPath = options.objectPath ?? defaultObjectPath();
@@ -99,6 +110,15 @@ export class EbpfBackend implements Backend {
   /** What the last attach did (program, link and map ids), for logs. */
   get lastAttachment(): LoadReport | undefined {
     return this.attachment;
+  }
+
+  familyLabel(family: Family): string {
+    return family;
+  }
+
+  /** The maps hold entries only: every state has the same shape. */
+  shapeKey(): string {
+    return '';
   }
 
   private addon(): AddonLoad {
@@ -165,7 +185,7 @@ export class EbpfBackend implements Backend {
     };
   }
 
-  async sync(desired: DesiredState, options: SyncOptions): Promise<SyncResult> {
+  async prepare(desired: DesiredState, full: boolean): Promise<void> {
     const addon = this.requireAddon();
     for (const family of FAMILIES) {
       const n = desired[family].entries.length;
@@ -176,7 +196,7 @@ export class EbpfBackend implements Backend {
         );
       }
     }
-    if (options.full || this.maps === undefined) {
+    if (full || this.maps === undefined) {
       // A full sync also repairs the attachment: detached links, removed pins, a new cgroup path.
       try {
         await this.attach(addon);
@@ -184,21 +204,6 @@ export class EbpfBackend implements Backend {
         throw new BackendError(`ebpf attach failed: ${(err as Error).message}`, 'ebpf');
       }
     }
-    const modes: Array<SyncResult['mode']> = [];
-    const failures: string[] = [];
-    for (const family of FAMILIES) {
-      try {
-        modes.push(await this.syncFamily(family, desired[family], options.full));
-      } catch (err) {
-        this.programmed.delete(family);
-        failures.push(`${family}: ${(err as Error).message}`);
-      }
-    }
-    if (failures.length > 0) throw new BackendError(`ebpf sync failed: ${failures.join('; ')}`, 'ebpf');
-    return {
-      mode: modes.includes('full') ? 'full' : modes.includes('partial') ? 'partial' : 'noop',
-      entries: { ipv4: desired.ipv4.entries.length, ipv6: desired.ipv6.entries.length },
-    };
   }
 
   private async attach(addon: EbpfAddon): Promise<void> {
@@ -217,33 +222,59 @@ export class EbpfBackend implements Backend {
       throw err;
     }
     this.maps = opened as Record<Family, PinnedMap>;
-    this.programmed.clear();
   }
 
-  private async syncFamily(family: Family, state: FamilyState, full: boolean): Promise<SyncResult['mode']> {
-    const map = this.maps![family];
-    const before = this.programmed.get(family);
-    if (!full && before) {
-      try {
-        const changes = before.changesTo(state);
-        const { upserts, deletes } = elementWrites(changes);
-        const wrote = await this.write(family, map, upserts, encodeKeys(family, deletes));
-        before.commit(state, changes);
-        return wrote ? 'partial' : 'noop';
-      } catch {
-        // What we wrote may not be what the map holds now: compare with the map itself.
-        this.programmed.delete(family);
+  private map(family: Family): PinnedMap {
+    if (!this.maps) throw new BackendError('the eBPF maps are not open: nothing is attached', 'ebpf');
+    return this.maps[family];
+  }
+
+  /** Each operation in turn; a family written whole is compared with a dump of its map. */
+  async apply(operations: readonly DriverOperation[]): Promise<Applied> {
+    const before = this.writes();
+    for (const op of operations) {
+      switch (op.kind) {
+        case 'writeFamily':
+        case 'replaceFamily': {
+          const map = this.map(op.family);
+          const { upserts, deleteKeys } = dumpChanges(op.family, await map.dump(), op.state.entries);
+          await this.write(op.family, upserts, deleteKeys);
+          break;
+        }
+        case 'writeShape':
+        case 'elements':
+          await this.writeElements(op.family, op.remove, op.add);
+          break;
+        case 'repairShape':
+          break;
+        case 'removeAll':
+          await this.removeAll();
+          return {};
       }
     }
-    const dump = await map.dump();
-    const { upserts, deleteKeys } = dumpChanges(family, dump, state.entries);
-    await this.write(family, map, upserts, deleteKeys);
-    this.programmed.set(family, new ElementStorage(state));
-    return 'full';
+    return this.writes() === before ? { unchanged: true } : {};
   }
 
-  /** Upserts, then deletes (packed keys); returns whether anything was written. */
-  private async write(family: Family, map: PinnedMap, upserts: readonly Entry[], deleteKeys: Buffer): Promise<boolean> {
+  /** Elements written in all, to tell whether an apply wrote any. */
+  private writes(): number {
+    return FAMILIES.reduce((n, f) => n + this.written[f].upserted + this.written[f].deleted, 0);
+  }
+
+  /**
+   * Element changes: an entry removed and added under one key is an overwrite (or nothing when
+   * only its Service changed: an element holds no name); elements read back are deleted by the
+   * bytes they were read as.
+   */
+  private async writeElements(family: Family, remove: readonly KernelElement[], add: readonly Entry[]): Promise<void> {
+    const exact = remove.filter((e) => Buffer.isBuffer(e.ref)).map((e) => e.ref as Buffer);
+    const ours = remove.filter((e) => !Buffer.isBuffer(e.ref)) as Entry[];
+    const { upserts, deletes } = elementWrites({ removed: ours, added: add });
+    await this.write(family, upserts, Buffer.concat([encodeKeys(family, deletes), ...exact]));
+  }
+
+  /** Upserts, then deletes (packed keys). */
+  private async write(family: Family, upserts: readonly Entry[], deleteKeys: Buffer): Promise<void> {
+    const map = this.map(family);
     if (upserts.length > 0) {
       await map.update(encodeKeys(family, upserts), encodeValues(family, upserts));
       this.written[family].upserted += upserts.length;
@@ -252,12 +283,22 @@ export class EbpfBackend implements Backend {
       await map.delete(deleteKeys);
       this.written[family].deleted += deleteKeys.length / KEY_SIZE[family];
     }
-    return upserts.length > 0 || deleteKeys.length > 0;
   }
 
-  async cleanup(): Promise<void> {
+  /** The map dumped and compared, on the bytes, with `expected`. */
+  async readBack(family: Family, expected: readonly Entry[]): Promise<ReadBack> {
+    const { upserts, deleteKeys, extra } = dumpChanges(family, await this.map(family).dump(), expected);
+    const size = KEY_SIZE[family];
+    return {
+      missing: upserts,
+      foreign: extra.map((element, i) => ({ ...element, ref: deleteKeys.subarray(i * size, (i + 1) * size) })),
+      shapeDrift: [],
+    };
+  }
+
+  /** Programs, links and pins removed. */
+  private async removeAll(): Promise<void> {
     this.closeMaps();
-    this.programmed.clear();
     this.attachment = undefined;
     // Without a bpffs where the pins would be, nothing can be seen, let alone removed: say so
     // rather than report a clean node (the node's bpffs may be mounted elsewhere, e.g. /host/sys/fs/bpf).
@@ -270,12 +311,8 @@ export class EbpfBackend implements Backend {
       );
     }
     const load = this.addon();
-    try {
-      if (load.ok) await load.addon.removePinned(this.bpffsPath);
-      else removePinsWithoutAddon(this.bpffsPath);
-    } catch (err) {
-      throw new BackendError(`ebpf cleanup failed: ${(err as Error).message}`, 'ebpf');
-    }
+    if (load.ok) await load.addon.removePinned(this.bpffsPath);
+    else removePinsWithoutAddon(this.bpffsPath);
   }
 
   async close(): Promise<void> {

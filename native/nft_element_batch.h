@@ -1,0 +1,67 @@
+// Map element writes as one nf_tables netlink batch built with libnftnl and libmnl: no JSON
+// text, no parse by libnftables. See nft_element_batch.cc.
+
+#ifndef IPVS_NODE_CONTROLLER_NFT_ELEMENT_BATCH_H_
+#define IPVS_NODE_CONTROLLER_NFT_ELEMENT_BATCH_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+struct mnl_socket;
+
+namespace nft_batch {
+
+struct ElementWrite {
+  // AF_INET or AF_INET6 (the values of NFPROTO_IPV4 and NFPROTO_IPV6): the table's family, which
+  // also says the address length.
+  uint8_t family = 0;
+  std::string table;
+  std::string map;
+  // One element a line, fields separated by one space: `address protocol port` for a removal,
+  // `address protocol port value[ comment]` for an addition (the comment is the rest of the line).
+  std::string removed;
+  std::string added;
+};
+
+struct ElementWriteResult {
+  bool ok = false;
+  // The failure in one line: what was refused and the kernel's reason (strerror, and its
+  // extended ack message when it gave one).
+  std::string error;
+  // Timings of this write: parse and batch build, then sendmsg and reading the acks (the kernel
+  // processes the whole batch inside sendmsg, so the second is the kernel's work).
+  double buildMs = 0;
+  double kernelMs = 0;
+  size_t messages = 0;
+  size_t bytes = 0;
+};
+
+// One netlink socket, opened at the first write and kept (reopened after a failure). Not
+// thread-safe: the caller serialises writes.
+class ElementBatchWriter {
+ public:
+  ElementBatchWriter() = default;
+  ElementBatchWriter(const ElementBatchWriter&) = delete;
+  ElementBatchWriter& operator=(const ElementBatchWriter&) = delete;
+  ~ElementBatchWriter();
+
+  // Deletions then additions of one map's elements, in one transaction.
+  ElementWriteResult Write(const ElementWrite& write);
+
+ private:
+  bool Open(std::string& error);
+  void Close();
+  bool EnsureBuffers(size_t sendBytes, size_t acks, std::string& error);
+
+  mnl_socket* socket_ = nullptr;
+  uint32_t seq_ = 0;
+  int sendBuffer_ = 0;
+  int receiveBuffer_ = 0;
+  std::vector<char> batch_;
+};
+
+}  // namespace nft_batch
+
+#endif  // IPVS_NODE_CONTROLLER_NFT_ELEMENT_BATCH_H_

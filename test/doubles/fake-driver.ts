@@ -1,0 +1,131 @@
+// A driver without a kernel: it keeps what each family holds (the shape's key and the elements)
+// and applies typed operations to it as the nft driver's kernel would: atomically, failing on a
+// family that is not there, on an element removed that is not there or added again with another
+// value. Tests change `kernel` directly to play another writer, and `refuse` to make writes fail.
+
+import type {
+  Applied,
+  BackendName,
+  Driver,
+  DriverCapabilities,
+  DriverOperation,
+  FamilyShape,
+  KernelElement,
+  ProbeResult,
+  ReadBack,
+} from '../../src/reconciler/driver.js';
+import { entryKey, type Entry, type Family } from '../../src/model/types.js';
+
+export interface FakeFamily {
+  shape: string;
+  elements: Map<string, KernelElement>;
+}
+
+const shapeKeyOf = (shape: FamilyShape) => JSON.stringify([shape.state.localPodMatch, shape.masqueradeMark]);
+
+export class FakeDriver implements Driver {
+  readonly label: string;
+  readonly capacity = { defaultEntries: 1000, why: 'a fake' };
+  readonly capabilities: DriverCapabilities;
+  /** What the kernel holds of ours, per family; absent: nothing. */
+  kernel = new Map<Family, FakeFamily>();
+  /** Every apply() asked for, refused or not, oldest first. */
+  readonly applied: Array<readonly DriverOperation[]> = [];
+  /** Makes matching writes fail, with this message. */
+  refuse: ((operations: readonly DriverOperation[]) => string | undefined) | undefined;
+  reads = 0;
+
+  constructor(
+    readonly name: BackendName = 'nft',
+    capabilities: Partial<DriverCapabilities> = {},
+  ) {
+    this.label = name;
+    this.capabilities = {
+      ordersOwnWrites: true,
+      conntrackMatters: true,
+      hasGeneration: false,
+      atomicWrites: true,
+      replacesFamilies: true,
+      readsAlongsideWrites: false,
+      writesElements: true,
+      readsBack: true,
+      ...capabilities,
+    };
+  }
+
+  familyLabel(family: Family): string {
+    return family;
+  }
+
+  shapeKey(shape: FamilyShape): string {
+    return shapeKeyOf(shape);
+  }
+
+  async probe(): Promise<ProbeResult> {
+    return { ok: true, detail: 'a fake driver' };
+  }
+
+  /** The entries of a family as `externalIp proto port -> clusterIp`, sorted. */
+  held(family: Family): string[] {
+    return [...(this.kernel.get(family)?.elements.values() ?? [])]
+      .map((e) => `${e.externalIp} ${e.protocol} ${e.port} -> ${e.clusterIp}`)
+      .sort();
+  }
+
+  async apply(operations: readonly DriverOperation[]): Promise<Applied> {
+    this.applied.push(operations);
+    const refusal = this.refuse?.(operations);
+    if (refusal !== undefined) throw new Error(refusal);
+    const kernel = new Map([...this.kernel].map(([f, t]) => [f, { ...t, elements: new Map(t.elements) }]));
+    for (const op of operations) applyOne(kernel, op);
+    this.kernel = kernel;
+    return {};
+  }
+
+  async readBack(family: Family, expected: readonly Entry[], shape: FamilyShape): Promise<ReadBack> {
+    this.reads++;
+    const held = this.kernel.get(family);
+    if (!held) throw new Error('the table is missing');
+    const foreign = new Map(held.elements);
+    const missing: Entry[] = [];
+    for (const e of expected) {
+      const k = foreign.get(entryKey(e));
+      if (k && k.clusterIp === e.clusterIp && k.service === e.service) foreign.delete(entryKey(e));
+      else missing.push(e);
+    }
+    return {
+      missing,
+      foreign: [...foreign.values()],
+      shapeDrift: held.shape === shapeKeyOf(shape) ? [] : ['rules'],
+    };
+  }
+}
+
+function element(e: KernelElement): KernelElement {
+  const { family, externalIp, protocol, port, clusterIp, service } = e;
+  return { family, externalIp, protocol, port, clusterIp, ...(service !== undefined ? { service } : {}) };
+}
+
+function applyOne(kernel: Map<Family, FakeFamily>, op: DriverOperation): void {
+  if (op.kind === 'removeAll') {
+    kernel.clear();
+    return;
+  }
+  if (op.kind === 'writeFamily' || op.kind === 'replaceFamily') {
+    const shape = shapeKeyOf({ state: op.state, masqueradeMark: op.masqueradeMark });
+    kernel.set(op.family, { shape, elements: new Map(op.state.entries.map((e) => [entryKey(e), element(e)])) });
+    return;
+  }
+  const held = kernel.get(op.family);
+  if (!held) throw new Error('No such file or directory');
+  if (op.kind === 'writeShape' || op.kind === 'repairShape') held.shape = shapeKeyOf(op.shape);
+  if (op.kind === 'repairShape') return;
+  for (const e of op.remove) {
+    if (!held.elements.delete(entryKey(e))) throw new Error('No such file or directory');
+  }
+  for (const e of op.add) {
+    const old = held.elements.get(entryKey(e));
+    if (old && old.clusterIp !== e.clusterIp) throw new Error('Device or resource busy');
+    held.elements.set(entryKey(e), element(e));
+  }
+}

@@ -24,6 +24,8 @@ export interface SyncLine {
   mode: 'full' | 'partial';
   entries: number;
   ms: number;
+  /** Of ms, deriving the desired state (the model); the rest is writing the kernel. */
+  modelMs?: number;
   /** performance.now() of the benchmark process when the line was read. */
   seenAt: number;
 }
@@ -144,6 +146,7 @@ export class ControllerProcess {
         mode: record.mode as SyncLine['mode'],
         entries: entries.ipv4 + entries.ipv6,
         ms: record.ms,
+        modelMs: typeof record.modelMs === 'number' ? record.modelMs : undefined,
         seenAt: performance.now(),
       });
     } else if (record.msg === 'Service address skipped') {

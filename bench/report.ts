@@ -13,6 +13,8 @@ export interface FullSyncResult {
   startToFirstSyncMs: number;
   /** The first sync after start. */
   firstMs: number;
+  /** Of firstMs, deriving the desired state from the caches (the model). */
+  firstModelMs?: number;
   /** Periodic full syncs (--sync-period 1s). */
   periodicMs: number[];
   medianMs: number;
@@ -205,10 +207,11 @@ export function formatReport(r: BenchResults): string {
   out.push(...summary(r));
 
   if (r.fullSync.length > 0) {
-    out.push('', "1. Full sync: duration of the backend sync from the controller's debug line 'synced' (ms);");
-    out.push('   median of the periodic full syncs (--sync-period 1s), and the first sync after start.');
-    out.push('   "alone": the same transaction run by the benchmark itself through the same executor right');
-    out.push('   after (median): the floor set by libnftables/nft and the kernel on this machine at that time.');
+    out.push('', "1. Full sync: duration of the sync from the controller's debug line 'Synced' (ms);");
+    out.push('   median of the periodic full syncs (--sync-period 1s), and the first sync after start;');
+    out.push('   "of it model": deriving the desired state from the caches, the rest is writing the kernel.');
+    out.push('   "alone": the whole table as one JSON transaction run by the benchmark itself through the');
+    out.push('   same executor right after (median): what libnftables and the kernel take for it.');
     const sizes = [...new Set(r.fullSync.map((f) => f.services))];
     const rows = sizes.map((services) => {
       const of = (e: string) => r.fullSync.find((f) => f.services === services && f.executor === e);
@@ -221,6 +224,7 @@ export function formatReport(r: BenchResults): string {
         ms(addon?.medianMs ?? NaN),
         addon ? `${Math.min(...addon.periodicMs)}-${Math.max(...addon.periodicMs)}` : '-',
         ms(addon?.firstMs ?? NaN),
+        ms(addon?.firstModelMs ?? NaN),
         ms(addon?.transactionMedianMs ?? NaN),
         ms(cli?.medianMs ?? NaN),
         ms(cli?.firstMs ?? NaN),
@@ -237,6 +241,7 @@ export function formatReport(r: BenchResults): string {
           'addon median',
           'range',
           'addon first',
+          'of it model',
           'addon alone',
           'CLI median',
           'CLI first',

@@ -270,6 +270,7 @@ class Bench {
         entries: first!.entries,
         startToFirstSyncMs: first!.seenAt - c.startedAt,
         firstMs: first!.ms,
+        firstModelMs: first!.modelMs,
         periodicMs: periodic.map((s) => s.ms),
         medianMs: median(periodic.map((s) => s.ms)),
         transactionMs,

@@ -252,6 +252,14 @@ ElementWriteResult ElementBatchWriter::Write(const ElementWrite& write) {
   reserve(NLMSG_ALIGN(sizeof(nlmsghdr) + sizeof(nfgenmsg)));
   used += NLMSG_ALIGN(nftnl_batch_begin(batch_.data() + used, beginSeq)->nlmsg_len);
   const uint32_t firstSeq = seq_ + 1;
+  if (write.flush) {
+    reserve(kMaxMessageBytes);
+    nlmsghdr* flush = nftnl_nlmsg_build_hdr(batch_.data() + used, NFT_MSG_DELSETELEM, write.family, NLM_F_ACK, ++seq_);
+    mnl_attr_put_strz(flush, NFTA_SET_ELEM_LIST_TABLE, write.table.c_str());
+    mnl_attr_put_strz(flush, NFTA_SET_ELEM_LIST_SET, write.map.c_str());
+    used += NLMSG_ALIGN(flush->nlmsg_len);
+    ++result.messages;
+  }
   // Each list is one or more messages of one type; removals first, so that an element removed
   // and added back in one write ends up added.
   struct Part {

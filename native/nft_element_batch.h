@@ -23,6 +23,9 @@ struct ElementWrite {
   // `address protocol port value[ comment]` for an addition (the comment is the rest of the line).
   std::string removed;
   std::string added;
+  // Every element of the map removed first (a DELSETELEM without elements, as `flush map`), in
+  // the same transaction: the map then holds exactly `added`.
+  bool flush = false;
 };
 
 struct ElementWriteResult {

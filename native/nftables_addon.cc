@@ -501,7 +501,8 @@ Napi::Value List(const Napi::CallbackInfo& info) {
 }
 
 #ifdef NFT_ELEMENT_BATCH
-// writeElements(family, table, map, removed, added): the lists as nft_element_batch.h describes.
+// writeElements(family, table, map, removed, added[, flush]): the lists as nft_element_batch.h
+// describes; flush: the map's other elements are removed in the same transaction.
 Napi::Value WriteElements(const Napi::CallbackInfo& info) {
   nft_batch::ElementWrite write;
   const std::string family = StringArgument(info, 0, "family");
@@ -516,6 +517,7 @@ Napi::Value WriteElements(const Napi::CallbackInfo& info) {
   write.map = StringArgument(info, 2, "map");
   write.removed = StringArgument(info, 3, "removed");
   write.added = StringArgument(info, 4, "added");
+  write.flush = info.Length() > 5 && info[5].ToBoolean().Value();
   auto* worker = new WriteElementsWorker(info.Env(), std::move(write));
   worker->Queue();
   return worker->Promise();

@@ -26,6 +26,8 @@ export interface SyncReport {
   requested: 'full' | 'partial';
   result?: SyncResult;
   durationMs: number;
+  /** Of durationMs, deriving the desired state from the caches (the rest is the kernel's part). */
+  modelMs?: number;
   /** Time from the oldest change this sync served to its end, when it served one. */
   changeLatencyMs?: number;
   error?: Error;
@@ -240,6 +242,7 @@ export class Controller {
     const report: SyncReport = { backend: backend.name, requested: info.full ? 'full' : 'partial', durationMs: 0 };
     try {
       const desired = await this.desiredState();
+      report.modelMs = performance.now() - started;
       this.reportModelChanges(desired);
       observer?.onDesiredState?.(desired);
       const reason = this.stepAsideReason();
@@ -280,6 +283,7 @@ export class Controller {
             mode: report.result.mode,
             entries: report.result.entries,
             ms: Math.round(report.durationMs),
+            modelMs: Math.round(report.modelMs ?? 0),
             fallbackReason: report.result.fallbackReason,
             repairedElements: report.result.repairedElements,
           },

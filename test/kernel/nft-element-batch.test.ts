@@ -191,6 +191,30 @@ describe('nft map elements as a netlink batch (libnftnl)', function () {
     }
   });
 
+  it('writes a family whole as objects, then the map refilled by one batch: elements of others go, one step when nobody else wrote', async () => {
+    const executor = addonExecutor();
+    const driver = new NftDriver(executor);
+    const web = entry('ipv4', '198.51.100.30', 80, '10.96.0.30', 'default/web');
+    const api = entry('ipv4', '198.51.100.31', 8080, '10.96.0.31', 'default/api');
+    const whole = (ipv4: Entry[]) =>
+      (['ipv4', 'ipv6'] as const).map((family) => ({
+        kind: 'writeFamily' as const,
+        family,
+        state: state(ipv4)[family],
+        masqueradeMark: 0x4000,
+      }));
+    await driver.apply(whole([web]));
+    await execa('nft', ['add', 'element', 'ip', TABLE_NAME, MAP_NAME, '{ 198.51.100.99 . tcp . 1 : 10.96.0.99 }']);
+    const before = await executor.generation();
+    const applied = await driver.apply(whole([web, api]));
+    expect(executor.lastElementBatch?.messages, 'the last batch: the IPv6 map flushed, nothing to add').to.equal(1);
+    const map = await listedMap('ip');
+    expect(map.elem.map((e) => (JSON.parse(e) as unknown[])[1])).to.have.members(['10.96.0.30', '10.96.0.31']);
+    const after = await executor.generation();
+    expect(after, 'the objects, then the IPv4 map (the empty IPv6 map commits nothing)').to.equal(before! + 2);
+    expect(applied.generations).to.deep.equal({ before: after! - 1, after });
+  });
+
   it('replaces the map with a larger one in the full write when the entries outgrow its size', async () => {
     const executor = addonExecutor();
     const backend = new Reconciler(new NftDriver(executor));

@@ -145,7 +145,16 @@ describe('nft full sync: dry-run text and JSON transaction', function () {
           (await listed(executor, 'ipv4')).filter((o) => o.map),
           'the IPv4 table is programmed',
         ).to.have.lengthOf(1);
-        expect(await executor.listTable('ip6', TABLE_NAME)).to.equal(undefined);
+        // The table may have been declared by a first step (the addon writes objects, then the
+        // map's elements as a batch): nothing of the refused state is in its map.
+        const ip6 = await executor.listTable('ip6', TABLE_NAME);
+        const ip6Elements =
+          ip6 === undefined
+            ? []
+            : (JSON.parse(ip6) as { nftables: Array<{ map?: { elem?: unknown[] } }> }).nftables.flatMap(
+                (o) => o.map?.elem ?? [],
+              );
+        expect(ip6Elements, 'no IPv6 element is programmed').to.deep.equal([]);
         const result = await backend.sync(desired(443), { full: false });
         expect(result.mode, 'the family that failed is synced in full once it can be').to.equal('full');
         expect(await executor.listTable('ip6', TABLE_NAME))

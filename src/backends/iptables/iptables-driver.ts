@@ -14,6 +14,7 @@
 // Between syncs a jump guard (jump-guard.ts) keeps our jumps at rule 1 when another writer
 // prepends its own.
 
+import { execa } from 'execa';
 import type { Logger } from 'pino';
 import { FAMILIES, type Entry, type Family, type FamilyState, type LocalPodMatch } from '../../model/types.js';
 import type {
@@ -47,6 +48,61 @@ export interface IptablesDriverOptions {
   jumpCheckIntervalMs?: number;
   /** Runs the iptables commands; the real ones by default. */
   runner?: IptablesRunner;
+  /**
+   * Deletes the flows a displacement of our jumps left untranslated (forgetUntranslatedFlows);
+   * by default the conntrack command with the real iptables commands, nothing with a stand-in runner.
+   */
+  forgetFlows?: (family: Family, keys: ReadonlySet<string>) => Promise<number>;
+}
+
+/** Conntrack entries deleted after one repair at most: the window is short, a flood is not ours to clear. */
+const MAX_FORGOTTEN_FLOWS = 512;
+const CONNTRACK_TIMEOUT_MS = 5000;
+/** `conntrack -L` output read: at most this much (a busy node's table can be far larger). */
+const MAX_CONNTRACK_LISTING_BYTES = 32 << 20;
+/** An unanswered flow: protocol, original source, destination and ports, then the reply's source. */
+const UNREPLIED_FLOW =
+  /^(tcp|udp)\s+\d+\s+\d+\s+(?:[A-Z_]+\s+)?src=(\S+) dst=(\S+) sport=(\d+) dport=(\d+) \[UNREPLIED\] src=(\S+) /;
+
+/** How forgetUntranslatedFlows names an (external IP, protocol, port). */
+function flowKey(e: Pick<Entry, 'externalIp' | 'protocol' | 'port'>): string {
+  return `${e.externalIp} ${e.protocol} ${e.port}`;
+}
+
+/**
+ * Deletes the conntrack entries that a displacement of our jump pinned: flows to one of our
+ * (external IP, protocol, port) whose first packet crossed the nat hook while another writer's
+ * jump ran first, so that they were not translated (the reply would come from the external IP
+ * itself), and that no reply has reached. NAT is decided on a flow's first packet: left alone,
+ * every retransmitted SYN of such a connection follows the untranslated entry until it times
+ * out. Deleted, the next retransmission starts a new entry and meets our DNAT. Flows that were
+ * answered are left alone (they work, through whatever answered them). Returns how many went;
+ * never throws (the conntrack command may be missing: a lost flow is a smaller harm).
+ */
+export async function forgetUntranslatedFlows(family: Family, keys: ReadonlySet<string>): Promise<number> {
+  if (keys.size === 0) return 0;
+  let deleted = 0;
+  for (const protocol of ['tcp', 'udp'] as const) {
+    const listing = await execa('conntrack', ['-L', '-f', family, '-p', protocol], {
+      reject: false,
+      timeout: CONNTRACK_TIMEOUT_MS,
+      stdin: 'ignore',
+      stderr: 'ignore',
+      maxBuffer: MAX_CONNTRACK_LISTING_BYTES,
+    });
+    if (typeof listing.stdout !== 'string') continue;
+    for (const line of listing.stdout.split('\n')) {
+      const m = UNREPLIED_FLOW.exec(line);
+      if (!m) continue;
+      const [, proto, src, dst, sport, dport, replySrc] = m as unknown as string[];
+      if (replySrc !== dst || !keys.has(`${dst!} ${proto!.toUpperCase()} ${dport!}`)) continue;
+      if (deleted >= MAX_FORGOTTEN_FLOWS) return deleted;
+      const args = ['-D', '-f', family, '-p', proto!, '-s', src!, '-d', dst!, '--sport', sport!, '--dport', dport!];
+      const result = await execa('conntrack', args, { reject: false, timeout: CONNTRACK_TIMEOUT_MS, stdin: 'ignore' });
+      if (result.exitCode === 0) deleted++;
+    }
+  }
+  return deleted;
 }
 
 /** Two rules per entry, walked one by one by every new connection that leaves the node. */
@@ -61,6 +117,8 @@ interface WrittenFamily {
   masqueradeMark: number;
   /** Whether the mark rules jump to KUBE-MARK-MASQ (it existed when the chains were written). */
   useKubeMarkMasq: boolean;
+  /** The (external IP, protocol, port) of the entries written (flowKey), for forgetting pinned flows. */
+  keys: Set<string>;
   /** Entries with rules. */
   programmed: number;
   rejected: Rejection[];
@@ -121,6 +179,7 @@ export class IptablesDriver implements Driver {
         exclusive: (work) => this.exclusive(work),
         families: () => this.written.keys(),
         runner: options.runner,
+        afterRepair: (family) => this.forgetPinnedFlows(family),
       });
     }
   }
@@ -147,6 +206,20 @@ export class IptablesDriver implements Driver {
     const run = this.queue.then(work, work);
     this.queue = run.catch(() => undefined);
     return run;
+  }
+
+  /** After our jump was displaced and put back: the flows it left untranslated go (forgetUntranslatedFlows). */
+  private async forgetPinnedFlows(family: Family): Promise<void> {
+    const keys = this.written.get(family)?.keys;
+    if (!keys) return;
+    const forget = this.options.forgetFlows ?? (this.options.runner ? undefined : forgetUntranslatedFlows);
+    const deleted = forget ? await forget(family, keys).catch(() => 0) : 0;
+    if (deleted > 0) {
+      this.options.logger?.info(
+        { family, deleted },
+        'Deleted conntrack entries of connections that started untranslated while our jump was displaced',
+      );
+    }
   }
 
   private commands(family: Family): IptablesCommands {
@@ -216,7 +289,10 @@ export class IptablesDriver implements Driver {
             const commands = this.commands(op.family);
             const repairs = renderJumpRepairs(await readJumpView(commands));
             if (repairs.length > 0) {
-              await this.exclusive(() => commands.restore(['*nat', ...repairs, 'COMMIT', ''].join('\n')));
+              await this.exclusive(async () => {
+                await commands.restore(['*nat', ...repairs, 'COMMIT', ''].join('\n'));
+                await this.forgetPinnedFlows(op.family);
+              });
               restores++;
             }
           }
@@ -251,6 +327,7 @@ export class IptablesDriver implements Driver {
       localPodMatch: state.localPodMatch,
       masqueradeMark,
       useKubeMarkMasq: result.useKubeMarkMasq,
+      keys: new Set(state.entries.map(flowKey)),
       programmed: result.programmed,
       rejected: result.rejected,
     });
@@ -279,6 +356,8 @@ export class IptablesDriver implements Driver {
         throw err;
       }
     }
+    for (const e of removed) before.keys.delete(flowKey(e));
+    for (const e of added) before.keys.add(flowKey(e));
     const gone = new Set(removed.map(entryLabel));
     const rejected = [...before.rejected.filter((r) => !gone.has(r.item)), ...rendered.rejected];
     this.written.set(family, {

@@ -40,6 +40,7 @@ export interface NftablesAddon {
     map: string,
     removed: string,
     added: string,
+    flush?: boolean,
   ): Promise<ElementBatchResult>;
   /** The ruleset generation, or -1 when it cannot be read. */
   generation(): Promise<number>;
@@ -148,7 +149,7 @@ export class NftAddonExecutor implements NftExecutor {
     }
     let result: ElementBatchResult;
     try {
-      result = await this.addon.writeElements(family, target.table, target.map, removed, added);
+      result = await this.addon.writeElements(family, target.table, target.map, removed, added, changes.flush === true);
     } catch (err) {
       throw asNftError(err);
     }
@@ -191,7 +192,9 @@ export function elementsTransaction(family: NftFamily, changes: MapElementChange
   const elements = (list: readonly MapElement[]) =>
     ({ kind: 'element', family, table: target.table, set: target.map, map: true, elements: list }) as const;
   const tx = new Transaction();
-  if (changes.removed.length > 0) tx.delete(elements(changes.removed));
+  if (changes.flush) {
+    tx.flush({ kind: 'map', family, table: target.table, name: target.map, type: [], data: '' });
+  } else if (changes.removed.length > 0) tx.delete(elements(changes.removed));
   if (changes.added.length > 0) tx.add(elements(changes.added));
   return tx;
 }

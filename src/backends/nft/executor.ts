@@ -21,6 +21,8 @@ export interface NftCommit {
 export interface MapElementChanges {
   removed: readonly MapElement[];
   added: readonly MapElement[];
+  /** Every other element of the map removed too, in the same transaction: it then holds `added`. */
+  flush?: boolean;
 }
 
 /** Which map `applyElements` writes: the controller's own map by default. */
@@ -47,6 +49,11 @@ export interface NftExecutor {
    * Rejects with the kernel's reason, and then nothing was committed.
    */
   applyElements?(family: NftFamily, changes: MapElementChanges, target?: MapTarget): Promise<NftCommit>;
+  /**
+   * True when applyElements writes netlink batches: a map refilled whole that way costs the
+   * kernel's work and little more, where the same elements as JSON cost libnftables' parse.
+   */
+  readonly writesElementBatches?: boolean;
   /** Runs a transaction in check mode: validated by the kernel, nothing is committed. */
   check(tx: Transaction): Promise<void>;
   /** `nft -j list table <family> <name>` output, or undefined when the table does not exist. */

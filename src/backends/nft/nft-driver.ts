@@ -3,7 +3,10 @@
 //
 // - A family written whole declares every object, rewrites our chains' rules and refills the
 //   map: the table and the base chains packets cross are never removed (a table replaced under
-//   traffic loses new connections' first packets). Both families go in one transaction.
+//   traffic loses new connections' first packets). With the addon's netlink batches, the objects
+//   go in one small JSON transaction and each map is refilled by one batch (flush and every
+//   element: packets see the old elements or the new ones); else both families go in one JSON
+//   transaction, which is also the fallback when a batch is refused.
 // - The shape written again (a resync) declares the chains again and adds back the pod set, with
 //   the element changes, without touching the map's other elements.
 // - A read back lists the table through the nft command when the addon programs: another
@@ -24,7 +27,14 @@ import type {
   ProbeResult,
   ReadBack,
 } from '../../reconciler/driver.js';
-import { MAX_LISTED_ELEMENTS, NftCliExecutor, NftError, NftTimeoutError, type NftExecutor } from './executor.js';
+import {
+  MAX_LISTED_ELEMENTS,
+  NftCliExecutor,
+  NftError,
+  NftTimeoutError,
+  type NftCommit,
+  type NftExecutor,
+} from './executor.js';
 import { JsonWriter, Transaction, type MapElement, type RuleObject } from './objects.js';
 import { ListingWorkerError, diffListing, expectedLines, listAndDiff, type ListingDiff } from './listing-diff.js';
 import {
@@ -40,6 +50,7 @@ import {
   resyncTable,
   rewriteRules,
   writeTable,
+  writeTableButElements,
 } from './render.js';
 
 export interface NftDriverOptions {
@@ -134,10 +145,40 @@ export class NftDriver implements Driver {
       const changes = { removed: only.remove.map(listedElement), added: only.add.map(mapElement) };
       return this.executor.applyElements(NFT_FAMILY[only.family], changes);
     }
+    const whole = operations.filter((op) => op.kind === 'writeFamily');
+    if (this.executor.writesElementBatches && whole.length > 0 && whole.length === operations.length) {
+      const applied = await this.writeByBatches(whole);
+      if (applied) return applied;
+    }
     const tx = new Transaction();
     for (const op of operations) addOperation(tx, op);
     if (tx.size === 0) return {};
     return (await this.executor.run(tx)) ?? {};
+  }
+
+  /**
+   * Families written whole in two steps: every object but the map's elements in one JSON
+   * transaction (a few KiB whatever the entries), then each map refilled by one netlink batch
+   * (flush and all elements: one transaction, so packets see the old elements or the new ones).
+   * The elements never become JSON, nor are they parsed by libnftables: at 10,000 entries that
+   * was most of a whole write. Undefined when a step was refused (a map declared smaller than
+   * its entries on a kernel that keeps an existing map's size, an object changed by someone
+   * else): the caller then writes the families as one transaction.
+   */
+  private async writeByBatches(ops: ReadonlyArray<Extract<DriverOperation, { kind: 'writeFamily' }>>) {
+    const tx = new Transaction();
+    for (const op of ops) writeTableButElements(tx, desiredTable(op.family, op.state, op.masqueradeMark));
+    const commits: Array<NftCommit | void> = [];
+    try {
+      commits.push(await this.executor.run(tx));
+      for (const op of ops) {
+        const added = op.state.entries.map(mapElement);
+        commits.push(await this.executor.applyElements!(NFT_FAMILY[op.family], { removed: [], added, flush: true }));
+      }
+    } catch {
+      return undefined;
+    }
+    return chainedCommits(commits);
   }
 
   generation(): Promise<number | undefined> {
@@ -235,6 +276,30 @@ export class NftDriver implements Driver {
     }
     return false;
   }
+}
+
+/**
+ * Commits made one after the other, as one: ours alone when each moved the generation by one
+ * from where the previous left it, or not at all (a batch with nothing to change: flushing an
+ * empty map); then the last step is reported, a step of one. Else the whole span (not a step of
+ * one: not ours alone).
+ */
+function chainedCommits(commits: ReadonlyArray<NftCommit | void>): Applied {
+  let first: number | undefined;
+  let last: number | undefined;
+  let oursAlone = true;
+  for (const commit of commits) {
+    const g = commit?.generations;
+    if (!g) return {};
+    if (last !== undefined && g.before !== last) oursAlone = false;
+    if (g.after !== g.before + 1 && g.after !== g.before) oursAlone = false;
+    first ??= g.before;
+    last = g.after;
+  }
+  if (first === undefined || last === undefined) return {};
+  return {
+    generations: oursAlone && last > first ? { before: last - 1, after: last } : { before: first, after: last },
+  };
 }
 
 /** One typed operation as verbs on our tables' objects. */

@@ -183,6 +183,20 @@ export function desiredTable(family: Family, state: FamilyState, masqueradeMark:
  * new one.
  */
 export function writeTable(tx: Transaction, t: DesiredTable): Transaction {
+  return writeObjects(tx, t, 'replaced');
+}
+
+/**
+ * writeTable without the map's elements: the map is declared (`add` keeps an existing one and
+ * its elements), everything else is written as writeTable writes it. The elements follow in a
+ * second transaction that refills the map whole (a netlink batch: flush, then every element);
+ * until then packets meet the new rules and the map as it was.
+ */
+export function writeTableButElements(tx: Transaction, t: DesiredTable): Transaction {
+  return writeObjects(tx, t, 'kept');
+}
+
+function writeObjects(tx: Transaction, t: DesiredTable, map: 'replaced' | 'kept'): Transaction {
   const all = tableObjects(t.table.family === 'ip' ? 'ipv4' : 'ipv6');
   tx.add(t.table, ...t.maps, ...t.sets);
   // Our chains that exist now are emptied first: a rule of the old state may name the pod set,
@@ -192,11 +206,11 @@ export function writeTable(tx: Transaction, t: DesiredTable): Transaction {
   tx.flush(...all.chains, ...t.sets);
   // Replaced rather than flushed: whether a kernel takes a new size for a map that exists varies
   // (6.18 does), and a deletion is one transaction entry where a flush is one per element.
-  tx.delete(...t.maps).add(...t.maps);
+  if (map === 'replaced') tx.delete(...t.maps).add(...t.maps);
   // Rules before elements: the kernel checks every element of a map when a rule that reads data
   // from it is added (nf_tables_bind_set walks the map), so the map should be empty by then
   // (50,000 elements: 3% of the transaction).
-  tx.add(...t.rules, ...t.elements);
+  tx.add(...t.rules, ...(map === 'replaced' ? t.elements : t.elements.filter((e) => e !== t.mapElements)));
   // Declared, then deleted: `delete` alone fails on what does not exist.
   const unwantedSets = t.unwanted.filter((o): o is SetObject => o.kind === 'set');
   tx.add(...unwantedSets);

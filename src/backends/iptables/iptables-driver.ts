@@ -39,7 +39,7 @@ import {
   type Rejection,
 } from './render.js';
 import { JumpGuard } from './jump-guard.js';
-import { readJumpView, removeIptablesObjects, withRetries } from './nat-view.js';
+import { readChains, readJumpView, removeIptablesObjects, withRetries } from './nat-view.js';
 
 export interface IptablesDriverOptions {
   /** Rejections (once per change) and jump repairs are logged here. */
@@ -130,17 +130,7 @@ interface WrittenFamily {
  */
 async function readVerificationView(commands: IptablesCommands): Promise<NatTableView> {
   if (commands.variant === 'legacy') return parseNatSave(await commands.save('nat'));
-  const view = await readJumpView(commands);
-  for (const chain of OUR_CHAINS) {
-    const lines = await commands.listRules('nat', chain);
-    if (lines === undefined) continue;
-    view.chains.add(chain);
-    view.rules.set(
-      chain,
-      lines.map((l) => l.slice(`-A ${chain} `.length)),
-    );
-  }
-  return view;
+  return readChains(commands, OUR_CHAINS, await readJumpView(commands));
 }
 
 export class IptablesDriver implements Driver {

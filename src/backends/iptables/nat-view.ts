@@ -53,8 +53,16 @@ export async function readNatTable(commands: IptablesCommands): Promise<NatTable
  */
 export async function readJumpView(commands: IptablesCommands): Promise<NatTableView> {
   if (commands.variant === 'legacy') return parseNatSave(await commands.save('nat'));
-  const view = emptyNatTable();
-  for (const chain of [...JUMPS.map((j) => j.from), KUBE_MARK_MASQ]) {
+  return readChains(commands, [...JUMPS.map((j) => j.from), KUBE_MARK_MASQ], emptyNatTable());
+}
+
+/** Adds the rules of `chains` (those that exist) to `view`, one listing each (iptables-nft). */
+export async function readChains(
+  commands: IptablesCommands,
+  chains: readonly string[],
+  view: NatTableView,
+): Promise<NatTableView> {
+  for (const chain of chains) {
     const lines = await commands.listRules('nat', chain);
     if (lines === undefined) continue;
     view.chains.add(chain);

@@ -277,14 +277,16 @@ export class IptablesDriver implements Driver {
             count(op.family, op.entries.length, await this.writeWhole(op.family, state, op.shape.masqueradeMark));
           } else if (op.parts.includes('jumps')) {
             const commands = this.commands(op.family);
-            const repairs = renderJumpRepairs(await readJumpView(commands));
-            if (repairs.length > 0) {
-              await this.exclusive(async () => {
-                await commands.restore(['*nat', ...repairs, 'COMMIT', ''].join('\n'));
-                await this.forgetPinnedFlows(op.family);
-              });
-              restores++;
-            }
+            // Read and written in one turn of the queue: the jump guard may have repaired the
+            // jumps since the read back, and deletes computed from an older view would fail.
+            const repaired = await this.exclusive(async () => {
+              const repairs = renderJumpRepairs(await readJumpView(commands));
+              if (repairs.length === 0) return false;
+              await commands.restore(['*nat', ...repairs, 'COMMIT', ''].join('\n'));
+              await this.forgetPinnedFlows(op.family);
+              return true;
+            });
+            if (repaired) restores++;
           }
           break;
         case 'removeAll':

@@ -77,13 +77,19 @@ export async function requestOptions(kc: KubeConfig, url: URL): Promise<https.Re
   return options;
 }
 
-export async function apiRequest(kc: KubeConfig, path: string, request: ApiRequest = {}): Promise<ApiResponse> {
+/** The URL of `path` on the current cluster's API server, with the query's defined values. */
+function apiUrl(kc: KubeConfig, path: string, query: Record<string, string | undefined> = {}): URL {
   const cluster = kc.getCurrentCluster();
   if (!cluster) throw new Error('the kubeconfig has no current cluster');
   const url = new URL(cluster.server.replace(/\/+$/, '') + path);
-  for (const [key, value] of Object.entries(request.query ?? {})) {
+  for (const [key, value] of Object.entries(query)) {
     if (value !== undefined) url.searchParams.set(key, value);
   }
+  return url;
+}
+
+export async function apiRequest(kc: KubeConfig, path: string, request: ApiRequest = {}): Promise<ApiResponse> {
+  const url = apiUrl(kc, path, request.query);
   const options = await requestOptions(kc, url);
   const payload = request.body === undefined ? undefined : Buffer.from(JSON.stringify(request.body));
   options.method = request.method ?? 'GET';
@@ -150,12 +156,7 @@ export async function apiGetStream(
   request: { query?: Record<string, string | undefined>; timeoutMs?: number },
   onChunk: (chunk: Buffer) => void,
 ): Promise<{ status: number; bytes: number; error?: ApiResponse }> {
-  const cluster = kc.getCurrentCluster();
-  if (!cluster) throw new Error('the kubeconfig has no current cluster');
-  const url = new URL(cluster.server.replace(/\/+$/, '') + path);
-  for (const [key, value] of Object.entries(request.query ?? {})) {
-    if (value !== undefined) url.searchParams.set(key, value);
-  }
+  const url = apiUrl(kc, path, request.query);
   const options = await requestOptions(kc, url);
   options.method = 'GET';
   options.headers = { ...options.headers, Accept: 'application/json' };

@@ -5,7 +5,7 @@
 // so that nothing they program can reach the machine's firewall, routes or /run/netns.
 // Kernel tests need root (CI runs as root); without it they are reported as not run and the run fails.
 
-import { spawnSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 
 const mocha = ['node_modules/mocha/bin/mocha.js', '--reporter', process.env.MOCHA_REPORTER ?? 'spec'];
@@ -25,6 +25,12 @@ if (!existsSync('dist/test')) {
   process.exit(2);
 }
 
+// Each suite's output goes through as it comes, and is also kept: the end of the run repeats,
+// for every suite that failed, its exit status, mocha's list of failures and the last lines
+// it printed, so that the tail of a long CI log says what failed and where.
+const KEPT_LINES = 60;
+const MAX_FAILURE_LINES = 400;
+const results = [];
 let failed = false;
 for (const suite of suites) {
   if (only.length > 0 && !only.includes(suite.name)) continue;
@@ -56,7 +62,61 @@ for (const suite of suites) {
       ...args,
     ];
   }
-  const result = spawnSync(cmd, args, { stdio: 'inherit' });
-  if (result.status !== 0) failed = true;
+  const outcome = await runSuite(cmd, args);
+  results.push({ name: suite.name, ...outcome });
+  if (outcome.status !== 0) failed = true;
+}
+
+console.log('\n=== summary ===');
+for (const r of results) {
+  const how = r.signal ? `killed by ${r.signal}` : `exit ${r.status}`;
+  console.log(`${r.name}: ${r.counts || 'no mocha summary'} (${how})`);
+}
+for (const r of results.filter((x) => x.status !== 0)) {
+  console.log(`\n--- ${r.name} failed (${r.signal ? `killed by ${r.signal}` : `exit ${r.status}`}) ---`);
+  if (r.failures.length > 0) console.log(r.failures.join('\n'));
+  else console.log(`no failing test was reported; the suite's last lines:\n${r.tail.join('\n')}`);
 }
 process.exit(failed ? 1 : 0);
+
+/** Runs one suite, passing its output through; returns its status and what to repeat. */
+function runSuite(cmd, args) {
+  return new Promise((resolve) => {
+    const child = spawn(cmd, args, { stdio: ['inherit', 'pipe', 'pipe'] });
+    const tail = [];
+    const failures = [];
+    let inFailures = false;
+    let counts = '';
+    const keep = (stream, out) => {
+      let rest = '';
+      stream.on('data', (chunk) => {
+        out.write(chunk);
+        const lines = (rest + chunk.toString('utf8')).split('\n');
+        rest = lines.pop() ?? '';
+        for (const line of lines) note(line);
+      });
+      stream.on('end', () => {
+        if (rest !== '') note(rest);
+      });
+    };
+    const note = (line) => {
+      tail.push(line);
+      if (tail.length > KEPT_LINES) tail.shift();
+      // mocha writes no colours to a pipe
+      const plain = line;
+      if (/^\s+\d+ (passing|pending)\b/.test(plain)) counts = counts ? `${counts}, ${plain.trim()}` : plain.trim();
+      if (/^\s+\d+ failing\b/.test(plain)) {
+        counts = counts ? `${counts}, ${plain.trim()}` : plain.trim();
+        inFailures = true;
+      }
+      if (inFailures && failures.length < MAX_FAILURE_LINES) failures.push(line);
+    };
+    keep(child.stdout, process.stdout);
+    keep(child.stderr, process.stderr);
+    child.on('error', (err) => {
+      tail.push(`could not start ${cmd}: ${err.message}`);
+      resolve({ status: 127, signal: null, counts, failures, tail });
+    });
+    child.on('close', (status, signal) => resolve({ status: status ?? 1, signal, counts, failures, tail }));
+  });
+}

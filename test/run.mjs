@@ -102,11 +102,9 @@ function runSuite(cmd, args) {
     const note = (line) => {
       tail.push(line);
       if (tail.length > KEPT_LINES) tail.shift();
-      // mocha writes no colours to a pipe
-      const plain = line;
-      if (/^\s+\d+ (passing|pending)\b/.test(plain)) counts = counts ? `${counts}, ${plain.trim()}` : plain.trim();
-      if (/^\s+\d+ failing\b/.test(plain)) {
-        counts = counts ? `${counts}, ${plain.trim()}` : plain.trim();
+      if (/^\s+\d+ (passing|pending)\b/.test(line)) counts = counts ? `${counts}, ${line.trim()}` : line.trim();
+      if (/^\s+\d+ failing\b/.test(line)) {
+        counts = counts ? `${counts}, ${line.trim()}` : line.trim();
         inFailures = true;
       }
       if (inFailures && failures.length < MAX_FAILURE_LINES) failures.push(line);

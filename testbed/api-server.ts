@@ -118,6 +118,9 @@ function readPathFeatures(opts: ApiStandInOptions): ReadPathFeatures {
   };
 }
 
+/** What a watch's replay writes before it waits for the connection to drain. */
+const REPLAY_SLICE_BYTES = 256 << 10;
+
 /** The annotation of the bookmark that ends a watch's initial state (metav1.InitialEventsAnnotationKey). */
 const INITIAL_EVENTS_END_ANNOTATION = 'k8s.io/initial-events-end';
 
@@ -1660,23 +1663,28 @@ export class ApiStandIn {
     const timeoutSeconds = Number(query.get('timeoutSeconds') ?? 0);
     const bookmarks = query.get('allowWatchBookmarks') === 'true';
     let silent = false;
-    const writeLine = (line: string) => {
+    // While the replay (the initial state, or the changes since a version) is being streamed,
+    // what else would be written (live events, bookmarks, lines a test injects) waits behind it.
+    let held: string[] | undefined;
+    const put = (line: string) => {
       // A reset connection closes the response a moment later; nothing more is written to it.
       if (!silent && !res.destroyed && !res.writableEnded) {
         reads.responseBytes += Buffer.byteLength(line) + 1;
         res.write(line + '\n');
       }
     };
+    const writeLine = (line: string) => {
+      if (held) held.push(line);
+      else put(line);
+    };
     const write = (event: KubeObject) => writeLine(JSON.stringify(event));
     // kubectl get -w asks for Table rows; the column definitions come with the first one only.
     const asTable = wantsTable(req);
     let columnsSent = false;
-    const send = (type: ChangeType, object: KubeObject) => {
+    /** One event as its line (a Table row for kubectl get -w). */
+    const eventLine = (type: ChangeType, object: KubeObject): string => {
       reads.objects++;
-      if (!asTable) {
-        write({ type, object });
-        return;
-      }
+      if (!asTable) return JSON.stringify({ type, object });
       const table = toTable(
         resource,
         [object],
@@ -1685,8 +1693,9 @@ export class ApiStandIn {
       );
       if (columnsSent) table.columnDefinitions = [];
       columnsSent = true;
-      write({ type, object: table });
+      return JSON.stringify({ type, object: table });
     };
+    const send = (type: ChangeType, object: KubeObject) => writeLine(eventLine(type, object));
     const watcher: Watcher = { resource, namespace: route.namespace, selection, send };
 
     res.writeHead(200, { 'Content-Type': 'application/json', 'Cache-Control': 'no-cache, private' });
@@ -1730,22 +1739,48 @@ export class ApiStandIn {
       res.end();
       return;
     }
-    for (const event of replay) send(event.type, event.object);
-    if (initialEvents === true && bookmarks) {
-      // The end of the initial state: the resourceVersion it is at, marked for WatchList clients.
-      reads.bookmarks++;
-      write({
-        type: 'BOOKMARK',
-        object: {
-          kind: resource.kind,
-          apiVersion: 'v1',
-          metadata: {
-            resourceVersion: String(this.store.resourceVersion),
-            annotations: { [INITIAL_EVENTS_END_ANNOTATION]: 'true' },
-          },
-        },
-      });
-    }
+    // The replay is streamed as the client reads it, as the real server writes a watch: a slice
+    // of events, then a wait for the connection to drain, so that the client decodes the first
+    // events while the server is still encoding the rest, and a slow client holds one slice, not
+    // the whole state, in the server's memory. Changes meanwhile follow the replay in order.
+    const replayVersion = this.store.resourceVersion;
+    const endOfReplay = (): void => {
+      if (initialEvents === true && bookmarks) {
+        // The end of the initial state: the resourceVersion it is at, marked for WatchList clients.
+        reads.bookmarks++;
+        put(
+          JSON.stringify({
+            type: 'BOOKMARK',
+            object: {
+              kind: resource.kind,
+              apiVersion: 'v1',
+              metadata: {
+                resourceVersion: String(replayVersion),
+                annotations: { [INITIAL_EVENTS_END_ANNOTATION]: 'true' },
+              },
+            },
+          }),
+        );
+      }
+      const waiting = held ?? [];
+      held = undefined;
+      for (const line of waiting) put(line);
+    };
+    held = [];
+    let next = 0;
+    const pump = (): void => {
+      while (next < replay.length) {
+        if (silent || res.destroyed || res.writableEnded) return;
+        const { type, object } = replay[next++]!;
+        put(eventLine(type, object));
+        if (res.writableLength >= REPLAY_SLICE_BYTES) {
+          res.once('drain', pump);
+          return;
+        }
+      }
+      endOfReplay();
+    };
+    pump();
 
     const unsubscribe = this.store.subscribe(watcher);
     const timers: NodeJS.Timeout[] = [];

@@ -492,18 +492,26 @@ export class Informer<T> implements ChangeTracked<T> {
       };
       const interrupted = () => finish({ kind: 'closed' });
       this.interrupt = interrupted;
-      const armIdle = () => {
-        clearTimeout(idleTimer);
+      // One timer for the whole watch: a line only notes when it came, and the timer, when it
+      // fires, waits on for what is left since the last line (a timer per line costs more than
+      // the line's own decoding at the start's thousands of lines).
+      let lastLineAt = performance.now();
+      const checkIdle = () => {
         // An event can end the watch (an ERROR, say): no deadline may outlive it.
         if (finished) return;
-        idleTimer = setTimeout(
-          () =>
-            finish({
-              kind: 'failed',
-              err: new Error(`the watch delivered nothing for ${Math.round(idleMs / 1000)} s: taken for dead`),
-            }),
-          idleMs,
-        );
+        const quietMs = performance.now() - lastLineAt;
+        if (quietMs < idleMs) {
+          idleTimer = setTimeout(checkIdle, Math.max(1, Math.ceil(idleMs - quietMs)));
+          return;
+        }
+        finish({
+          kind: 'failed',
+          err: new Error(`the watch delivered nothing for ${Math.round(idleMs / 1000)} s: taken for dead`),
+        });
+      };
+      const armIdle = () => {
+        lastLineAt = performance.now();
+        if (idleTimer === undefined && !finished) idleTimer = setTimeout(checkIdle, idleMs);
       };
       const decodeError = (problem: string) => {
         decodeErrors++;
@@ -534,22 +542,20 @@ export class Informer<T> implements ChangeTracked<T> {
         }
         this.markSynced();
       };
+      // Made once per watch, not per line.
+      const setResourceVersion = (rv: string) => {
+        if (!rebuild) resourceVersion = rv;
+      };
+      const initialState = {
+        apply: (raw: unknown) => rebuild!.apply(raw),
+        end: initialStateEnds,
+        ignored: (why: string) => finish({ kind: 'noWatchList', why }),
+      };
       const onLine = (line: unknown) => {
         if (finished || !this.current(generation)) return;
         try {
           const inInitialState = rebuild !== undefined;
-          const problem = this.handleEvent(
-            line,
-            (rv) => {
-              if (!rebuild) resourceVersion = rv;
-            },
-            finish,
-            rebuild && {
-              apply: (raw) => rebuild!.apply(raw),
-              end: initialStateEnds,
-              ignored: (why) => finish({ kind: 'noWatchList', why }),
-            },
-          );
+          const problem = this.handleEvent(line, setResourceVersion, finish, rebuild && initialState);
           if (problem !== undefined) {
             decodeError(problem);
             return;

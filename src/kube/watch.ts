@@ -11,7 +11,6 @@
 
 import http from 'node:http';
 import https from 'node:https';
-import { StringDecoder } from 'node:string_decoder';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import { formatSize } from '../bytes.js';
 import { MAX_RESPONSE_BYTES, requestOptions } from './request.js';
@@ -152,12 +151,13 @@ async function readError(response: http.IncomingMessage, path: string): Promise<
 
 /**
  * Newline-delimited text from chunks split anywhere. Lines are cut at the newline byte, which
- * never occurs inside a multi-byte UTF-8 character; a character split across chunks is joined by
- * the decoder. A line may hold at most `maxLineBytes` bytes (its newline not counted).
+ * never occurs inside a multi-byte UTF-8 character, so a line's bytes are decoded once, whole: a
+ * line inside one chunk straight from it, a line across chunks from its pieces joined. A line may
+ * hold at most `maxLineBytes` bytes (its newline not counted).
  */
 export class LineSplitter {
-  private readonly decoder = new StringDecoder('utf8');
-  private line = '';
+  /** The pieces of the line not yet ended, from earlier chunks. */
+  private pending: Buffer[] = [];
   private lineBytes = 0;
 
   constructor(private readonly maxLineBytes: number = MAX_WATCH_LINE_BYTES) {}
@@ -170,29 +170,34 @@ export class LineSplitter {
   push(chunk: Buffer, onLine: (line: string) => boolean | void): boolean {
     let start = 0;
     for (let nl = chunk.indexOf(10); nl !== -1; nl = chunk.indexOf(10, start)) {
-      if (!this.append(chunk.subarray(start, nl))) return false;
-      const line = this.line + this.decoder.end();
-      this.line = '';
-      this.lineBytes = 0;
+      let line: string;
+      if (this.pending.length === 0) {
+        if (nl - start > this.maxLineBytes) return false;
+        line = chunk.toString('utf8', start, nl);
+      } else {
+        if (this.lineBytes + (nl - start) > this.maxLineBytes) return false;
+        this.pending.push(chunk.subarray(start, nl));
+        line = Buffer.concat(this.pending).toString('utf8');
+        this.pending = [];
+        this.lineBytes = 0;
+      }
       start = nl + 1;
       if (onLine(line) === false) return true;
     }
-    return start === chunk.length || this.append(chunk.subarray(start));
+    if (start === chunk.length) return true;
+    this.lineBytes += chunk.length - start;
+    if (this.lineBytes > this.maxLineBytes) return false;
+    // A copy: the chunk's memory is not kept alive by the piece of it that waits.
+    this.pending.push(Buffer.from(chunk.subarray(start)));
+    return true;
   }
 
   /** What is left after the last newline (the stream ended without one). */
   end(): string {
-    const rest = this.line + this.decoder.end();
-    this.line = '';
+    const rest = Buffer.concat(this.pending).toString('utf8');
+    this.pending = [];
     this.lineBytes = 0;
     return rest;
-  }
-
-  private append(part: Buffer): boolean {
-    this.lineBytes += part.length;
-    if (this.lineBytes > this.maxLineBytes) return false;
-    this.line += this.decoder.write(part);
-    return true;
   }
 }
 

@@ -43,6 +43,8 @@ export interface BackendDescription {
 
 export interface SelectedBackend {
   backend: Reconciler;
+  /** What metrics show of it, known where its driver was built (no cast of the driver later). */
+  description: BackendDescription;
   /** One line saying which backend and why, to log once. */
   reason: string;
 }
@@ -59,8 +61,6 @@ export interface LeftoverCleanup {
 export interface BackendEntry {
   /** Builds the backend; `reason` says which executor or variant and why ('' when nothing to say). */
   create(settings: BackendSettings): Promise<SelectedBackend>;
-  /** What metrics show of a backend this entry built. */
-  describe(backend: Reconciler): BackendDescription;
   /**
    * The cleanups of this backend's objects. `inUse` is the running backend when it is this one:
    * what it uses stays (all of it, or one iptables variant).
@@ -77,17 +77,24 @@ export type BackendRegistry = Readonly<Record<BackendName, BackendEntry>>;
 /** --backend=auto tries these in turn, kube-proxy's own order: nftables where it works, else iptables. */
 const AUTO_ORDER: readonly BackendName[] = ['nft', 'iptables'];
 
-function iptables(variant: IptablesVariant, options: { logger?: Logger | undefined }): Reconciler {
-  return new Reconciler(new IptablesDriver(variant, options));
+function iptables(variant: IptablesVariant, options: { logger?: Logger | undefined }, reason: string): SelectedBackend {
+  return {
+    backend: new Reconciler(new IptablesDriver(variant, options)),
+    description: { backend: 'iptables', iptablesVariant: variant },
+    reason,
+  };
 }
 
 export const BACKENDS: BackendRegistry = {
   nft: {
     async create(settings) {
       const { executor, reason } = selectNftExecutor(settings.nftExecutor ?? 'auto');
-      return { backend: new Reconciler(new NftDriver(executor)), reason };
+      return {
+        backend: new Reconciler(new NftDriver(executor)),
+        description: { backend: 'nft', nftExecutor: executor.kind },
+        reason,
+      };
     },
-    describe: (backend) => ({ backend: 'nft', nftExecutor: (backend.driver as NftDriver).executor.kind }),
     leftovers: (settings, inUse) => (inUse ? [] : [nftLeftovers(settings)]),
     renderDryRun: (desired) => renderDesiredStateText(desired),
     capacity: NFT_CAPACITY,
@@ -96,11 +103,10 @@ export const BACKENDS: BackendRegistry = {
     async create(settings) {
       const wanted = settings.iptablesVariant ?? 'auto';
       const options = { logger: settings.logger };
-      if (wanted !== 'auto') return { backend: iptables(wanted, options), reason: `iptables-${wanted}, as configured` };
+      if (wanted !== 'auto') return iptables(wanted, options, `iptables-${wanted}, as configured`);
       const detected = await detectIptablesVariant();
-      return { backend: iptables(detected.variant, options), reason: detected.reason };
+      return iptables(detected.variant, options, detected.reason);
     },
-    describe: (backend) => ({ backend: 'iptables', iptablesVariant: (backend.driver as IptablesDriver).variant }),
     // Only the variant in use stays: the other one's chains are an earlier run's.
     leftovers: (_settings, inUse) =>
       IPTABLES_VARIANTS.filter((v) => !inUse || (inUse.iptablesVariant ?? v) !== v).map(iptablesLeftovers),
@@ -113,9 +119,12 @@ export const BACKENDS: BackendRegistry = {
       if (!cgroupPath) {
         throw new BackendError('no cgroup v2 mount in /proc/mounts: mount cgroup2 or pass --cgroup-path', 'ebpf');
       }
-      return { backend: new Reconciler(new EbpfDriver({ cgroupPath, bpffsPath: bpffsPath(settings) })), reason: '' };
+      return {
+        backend: new Reconciler(new EbpfDriver({ cgroupPath, bpffsPath: bpffsPath(settings) })),
+        description: { backend: 'ebpf' },
+        reason: '',
+      };
     },
-    describe: () => ({ backend: 'ebpf' }),
     leftovers: (settings, inUse) => (inUse ? [] : [ebpfLeftovers(settings)]),
     // The eBPF maps hold the same entries as the nft sets: their text shows them.
     renderDryRun: (desired) => renderDesiredStateText(desired),
@@ -130,16 +139,18 @@ export async function selectBackend(
   backends: BackendRegistry = BACKENDS,
 ): Promise<SelectedBackend> {
   if (choice !== 'auto') {
-    const { backend, reason } = await backends[choice].create(settings);
-    return { backend, reason: `${choice} backend, as configured${reason ? `: ${reason}` : ''}` };
+    const created = await backends[choice].create(settings);
+    const { reason } = created;
+    return { ...created, reason: `${choice} backend, as configured${reason ? `: ${reason}` : ''}` };
   }
   const failed: string[] = [];
   for (const name of AUTO_ORDER) {
-    const { backend, reason } = await backends[name].create(settings);
+    const created = await backends[name].create(settings);
+    const { backend, reason } = created;
     const probe = await backend.probe();
     if (probe.ok) {
       return {
-        backend,
+        ...created,
         reason:
           failed.length === 0
             ? `--backend=auto chose ${name}: ${reason}`
@@ -150,11 +161,6 @@ export async function selectBackend(
     failed.push(probe.detail);
   }
   throw new BackendError(`no backend can program this node: ${failed.join('; ')}`, AUTO_ORDER.at(-1)!);
-}
-
-/** What metrics show of a backend built by the registry. */
-export function describeBackend(backend: Reconciler, backends: BackendRegistry = BACKENDS): BackendDescription {
-  return backends[backend.name].describe(backend);
 }
 
 /** What --dry-run prints for --backend; 'auto' shows the nft text, as the eBPF backend does. */
@@ -224,8 +230,8 @@ function nftLeftovers(settings: BackendSettings): LeftoverCleanup {
     backend: 'nft',
     description: 'nft tables ip/ip6 ipvs-node-controller',
     async cleanup() {
-      const { backend } = await BACKENDS.nft.create({ ...settings, nftExecutor: 'auto' });
-      if ((backend.driver as NftDriver).executor.kind === 'cli' && !(await onPath('nft'))) return;
+      const { backend, description } = await BACKENDS.nft.create({ ...settings, nftExecutor: 'auto' });
+      if (description.nftExecutor === 'cli' && !(await onPath('nft'))) return;
       if (await backend.hasState()) await backend.cleanup();
     },
   };

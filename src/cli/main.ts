@@ -11,15 +11,15 @@ import { delimiter, join } from 'node:path';
 import { PROGRAM, createLogger, logFatal, writeStderr, type Logger } from '../log.js';
 import {
   cleanupAll,
-  describeBackend,
   dryRunCapacity,
   removeLeftovers,
   renderDryRun,
   selectBackend,
+  type BackendDescription,
   type BackendSettings,
+  type SelectedBackend,
 } from '../backends/registry.js';
 import { entryLimit } from '../reconciler/driver.js';
-import type { Reconciler } from '../reconciler/reconciler.js';
 import { Controller } from '../controller.js';
 import { buildDesiredState } from '../model/desired-state.js';
 import type { NodeInfo, ServiceInfo } from '../model/types.js';
@@ -191,7 +191,7 @@ function backendSettings(config: Config, logger?: Logger): BackendSettings {
   return { nftExecutor: config.nftExecutor, cgroupPath: config.cgroupPath, bpffsPath: config.bpffsPath, logger };
 }
 
-async function createBackend(config: Config, logger: Logger): Promise<Reconciler> {
+async function createBackend(config: Config, logger: Logger): Promise<SelectedBackend> {
   let selected;
   try {
     selected = await selectBackend(config.backend, backendSettings(config, logger));
@@ -201,7 +201,7 @@ async function createBackend(config: Config, logger: Logger): Promise<Reconciler
   logger.info({ backend: selected.backend.name, reason: selected.reason }, 'Backend selected');
   const probe = await selected.backend.probe();
   if (!probe.ok) throw new FatalError(probe.detail);
-  return selected.backend;
+  return selected;
 }
 
 async function cleanup(config: Config, logger: Logger): Promise<number> {
@@ -216,9 +216,9 @@ async function cleanup(config: Config, logger: Logger): Promise<number> {
 }
 
 /** After the first successful sync: remove what other backends left, so a node never carries two. */
-async function removeOtherBackends(config: Config, backend: Reconciler, logger: Logger): Promise<void> {
+async function removeOtherBackends(config: Config, backend: BackendDescription, logger: Logger): Promise<void> {
   try {
-    const checked = await removeLeftovers(describeBackend(backend), backendSettings(config));
+    const checked = await removeLeftovers(backend, backendSettings(config));
     logger.debug({ checked }, 'Removed leftovers of other backends');
   } catch (err) {
     logger.warn({ err }, 'Failed to remove leftovers of other backends');
@@ -274,8 +274,8 @@ async function runController(
   kc: Awaited<ReturnType<typeof kubeConfigOrFail>>,
   stopped: Promise<void>,
 ): Promise<number> {
-  const backend = await createBackend(config, logger);
-  operations.describeBackend(backend);
+  const { backend, description } = await createBackend(config, logger);
+  operations.describeBackend(description);
   const { createClusterCaches } = await import('../kube/cluster.js');
   let controller: Controller | undefined;
   const caches = createClusterCaches(
@@ -316,7 +316,7 @@ async function runController(
     minSyncPeriodMs: config.minSyncPeriodMs,
     syncPeriodMs: config.syncPeriodMs,
     logger,
-    afterFirstSync: () => removeOtherBackends(config, backend, logger),
+    afterFirstSync: () => removeOtherBackends(config, description, logger),
   });
   operations.attach(controller);
   logger.info(

@@ -1,7 +1,6 @@
 // /metrics: the controller's metrics and the endpoint that serves them (--metrics-bind-address).
 
-import type { Reconciler } from '../reconciler/reconciler.js';
-import { describeBackend } from '../backends/registry.js';
+import type { BackendDescription } from '../backends/registry.js';
 import type { BindAddress, HttpEndpoint } from '../http/endpoint.js';
 import { ControllerMetrics } from '../metrics/controller-metrics.js';
 import { startMetricsEndpoint } from '../metrics/metrics-server.js';
@@ -15,7 +14,7 @@ export class MetricsService {
   }
 
   /** backend_info: which backend, nft executor and iptables variant program the kernel. */
-  describeBackend(backend: Reconciler): void {
-    this.metrics.describeBackend(describeBackend(backend));
+  describeBackend(backend: BackendDescription): void {
+    this.metrics.describeBackend(backend);
   }
 }

@@ -4,7 +4,7 @@
 
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import type { Reconciler } from '../reconciler/reconciler.js';
+import type { BackendDescription } from '../backends/registry.js';
 import type { Config } from '../config/options.js';
 import type { Controller, ControllerObserver } from '../controller.js';
 import { formatBindAddress, type HttpEndpoint } from '../http/endpoint.js';
@@ -44,7 +44,7 @@ export class Operations {
     return ops;
   }
 
-  describeBackend(backend: Reconciler): void {
+  describeBackend(backend: BackendDescription): void {
     this.metricsService.describeBackend(backend);
   }
 

@@ -146,7 +146,13 @@ describe('backend selection and migration', function () {
     expect(auto.backend.name).to.equal('nft');
     expect(auto.reason).to.match(/^--backend=auto chose nft/);
     const stand = new Reconciler(new IptablesDriver('nft')) as Reconciler;
-    const registry = { ...BACKENDS, ebpf: { ...BACKENDS.ebpf, create: async () => ({ backend: stand, reason: '' }) } };
+    const registry = {
+      ...BACKENDS,
+      ebpf: {
+        ...BACKENDS.ebpf,
+        create: async () => ({ backend: stand, description: { backend: 'ebpf' as const }, reason: '' }),
+      },
+    };
     const chosen = await selectBackend('ebpf', {}, registry);
     expect(chosen.backend).to.equal(stand);
     expect(chosen.reason).to.equal('ebpf backend, as configured');

@@ -3,7 +3,7 @@
 
 import { expect } from 'chai';
 import { readFileSync } from 'node:fs';
-import { BACKENDS, describeBackend, renderDryRun, type LeftoverCleanup } from '../../src/backends/registry.js';
+import { BACKENDS, renderDryRun, type LeftoverCleanup } from '../../src/backends/registry.js';
 import { parseObjects } from '../../src/cli/objects-file.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { CONFIG } from '../support/fixtures.js';
@@ -16,16 +16,16 @@ describe('backend registry', () => {
   it('builds nft with the executor asked for and iptables with the variant asked for, and describes them', async () => {
     const nft = await BACKENDS.nft.create({ nftExecutor: 'cli' });
     expect(nft.backend.name).to.equal('nft');
-    expect(describeBackend(nft.backend)).to.deep.equal({ backend: 'nft', nftExecutor: 'cli' });
+    expect(nft.description).to.deep.equal({ backend: 'nft', nftExecutor: 'cli' });
     const ipt = await BACKENDS.iptables.create({ iptablesVariant: 'legacy' });
     expect(ipt.reason).to.equal('iptables-legacy, as configured');
-    expect(describeBackend(ipt.backend)).to.deep.equal({ backend: 'iptables', iptablesVariant: 'legacy' });
+    expect(ipt.description).to.deep.equal({ backend: 'iptables', iptablesVariant: 'legacy' });
   });
 
   it('builds ebpf on the cgroup and bpffs given', async () => {
     const ebpf = await BACKENDS.ebpf.create({ cgroupPath: '/sys/fs/cgroup', bpffsPath: '/sys/fs/bpf/x' });
     expect(ebpf.backend.name).to.equal('ebpf');
-    expect(describeBackend(ebpf.backend)).to.deep.equal({ backend: 'ebpf' });
+    expect(ebpf.description).to.deep.equal({ backend: 'ebpf' });
     expect(descriptions(BACKENDS.ebpf.leftovers({ bpffsPath: '/sys/fs/bpf/x' }))).to.deep.equal([
       'eBPF programs and maps pinned under /sys/fs/bpf/x',
     ]);

@@ -1,6 +1,5 @@
 // The metrics registry as the controller feeds it, its HTTP endpoint, and promtool's verdict.
 
-import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
 import { ControllerMetrics, METRIC_PREFIX } from '../../src/metrics/controller-metrics.js';
 import { startMetricsEndpoint } from '../../src/metrics/metrics-server.js';
@@ -8,9 +7,7 @@ import { allControllerObservers, allInformerObservers } from '../../src/operatio
 import { HttpEndpoint } from '../../src/http/endpoint.js';
 import { Operations } from '../../src/operations/operations.js';
 import { parseConfig } from '../../src/config/options.js';
-import { NftDriver } from '../../src/backends/nft/nft-driver.js';
-import { NftCliExecutor } from '../../src/backends/nft/executor.js';
-import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
+import { BACKENDS } from '../../src/backends/registry.js';
 import { pino } from 'pino';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { SKIP_REASONS, type ServiceInfo } from '../../src/model/types.js';
@@ -178,7 +175,7 @@ describe('controller metrics', () => {
   });
 });
 
-describe('backend info from the backend objects', () => {
+describe('backend info from the backends the registry builds', () => {
   it('names the nft executor and the iptables variant', async () => {
     const config = parseConfig(['--metrics-bind-address=', '--healthz-bind-address='], { NODE_NAME: 'n' });
     const ops = await Operations.start(config, pino({ enabled: false }));
@@ -187,11 +184,11 @@ describe('backend info from the backend objects', () => {
         const e = new Exposition((await ops.metrics.exposition()).text);
         return [...e.samples].filter(([k]) => k.startsWith(`${METRIC_PREFIX}backend_info{`));
       };
-      ops.describeBackend(new Reconciler(new NftDriver(new NftCliExecutor())));
+      ops.describeBackend((await BACKENDS.nft.create({ nftExecutor: 'cli' })).description);
       expect(await info()).to.deep.equal([
         [`${METRIC_PREFIX}backend_info{backend="nft",iptables_variant="none",nft_executor="cli"}`, 1],
       ]);
-      ops.describeBackend(new Reconciler(new IptablesDriver('legacy')));
+      ops.describeBackend((await BACKENDS.iptables.create({ iptablesVariant: 'legacy' })).description);
       expect(await info()).to.deep.equal([
         [`${METRIC_PREFIX}backend_info{backend="iptables",iptables_variant="legacy",nft_executor="none"}`, 1],
       ]);

@@ -432,7 +432,11 @@ export class Reconciler {
       const { remove, add } = repairs(read, written);
       const operations: DriverOperation[] = [];
       if (read.shapeDrift.length > 0) {
-        operations.push({ kind: 'repairShape', family, shape: now.shape, parts: read.shapeDrift, entries: snapshot });
+        // The entries programmed now, not the snapshot the read was compared with: a partial sync
+        // may have written between the read and this turn, and a driver that repairs by writing
+        // the family whole (iptables) would otherwise undo it.
+        const entries = [...now.elements.values()];
+        operations.push({ kind: 'repairShape', family, shape: now.shape, parts: read.shapeDrift, entries });
       }
       if (remove.length > 0 || add.length > 0) operations.push({ kind: 'elements', family, remove, add });
       const listedAt = read.generation;

@@ -34,6 +34,13 @@ export class FakeDriver implements Driver {
   /** Makes matching writes fail, with this message. */
   refuse: ((operations: readonly DriverOperation[]) => string | undefined) | undefined;
   reads = 0;
+  /** Called as each read back starts (to play a write that comes meanwhile). */
+  duringRead: (() => void) | undefined;
+  /**
+   * Writes as the iptables driver does: a writeShape writes only its element changes (the chains
+   * are not written again), and a repairShape writes the family whole with the operation's entries.
+   */
+  writesLikeIptables = false;
 
   constructor(
     readonly name: BackendName = 'nft',
@@ -77,13 +84,21 @@ export class FakeDriver implements Driver {
     const refusal = this.refuse?.(operations);
     if (refusal !== undefined) throw new Error(refusal);
     const kernel = new Map([...this.kernel].map(([f, t]) => [f, { ...t, elements: new Map(t.elements) }]));
-    for (const op of operations) applyOne(kernel, op);
+    for (const op of operations) {
+      if (op.kind === 'repairShape' && this.writesLikeIptables) {
+        const state = { entries: [...op.entries], localPodMatch: op.shape.state.localPodMatch };
+        applyOne(kernel, { kind: 'writeFamily', family: op.family, state, masqueradeMark: op.shape.masqueradeMark });
+      } else if (op.kind === 'writeShape' && this.writesLikeIptables) {
+        applyOne(kernel, { kind: 'elements', family: op.family, remove: op.remove, add: op.add });
+      } else applyOne(kernel, op);
+    }
     this.kernel = kernel;
     return {};
   }
 
   async readBack(family: Family, expected: readonly Entry[], shape: FamilyShape): Promise<ReadBack> {
     this.reads++;
+    this.duringRead?.();
     const held = this.kernel.get(family);
     if (!held) throw new Error('the table is missing');
     const foreign = new Map(held.elements);

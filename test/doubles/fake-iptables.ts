@@ -220,9 +220,13 @@ export class FakeIptables implements IptablesRunner {
     return Promise.resolve(new Set(this.hasNat('legacy', family) ? ['nat'] : []));
   }
 
+  /** Awaited before each command is answered: plays what happens while the command runs. */
+  onRun: ((command: string, args: readonly string[]) => Promise<void> | void) | undefined;
+
   async run(command: string, args: readonly string[], input?: string): Promise<IptablesOutcome> {
     this.calls.push({ command, args: [...args], ...(input === undefined ? {} : { input }) });
-    return Promise.resolve(this.outcome(command, [...args], input));
+    await this.onRun?.(command, args);
+    return this.outcome(command, [...args], input);
   }
 
   private outcome(command: string, args: string[], input?: string): IptablesOutcome {

@@ -56,6 +56,32 @@ for (const variant of ['legacy', 'nft'] as const) {
       backend = new Reconciler(new IptablesDriver(variant, { runner: fake, jumpCheckIntervalMs: 0 }));
     });
 
+    it('a read alongside our writes that one of them overlapped, or that expects other entries, is unfinished', async () => {
+      const driver = new IptablesDriver(variant, { runner: fake, jumpCheckIntervalMs: 0 });
+      const reconciler = new Reconciler(driver);
+      const two = state([service(1), service(2)]);
+      await reconciler.sync(two, { full: true });
+      const shape = { state: { ...two.ipv4, entries: [] }, masqueradeMark: two.masqueradeMark };
+      expect(driver.capabilities.readsAlongsideWrites).to.equal(true);
+      expect(await driver.readBack('ipv4', two.ipv4.entries, shape, 'alongside-writes')).to.deep.include({
+        shapeDrift: [],
+      });
+      // A Service comes while the chains are being read: its rules are written meanwhile.
+      fake.onRun = async () => {
+        fake.onRun = undefined;
+        await reconciler.sync(state([service(1), service(2), service(3)]), { full: false });
+      };
+      expect(await driver.readBack('ipv4', two.ipv4.entries, shape, 'alongside-writes')).to.equal('unfinished');
+      expect(fake.onRun, 'the write ran during the read').to.equal(undefined);
+      // What the read would be compared with is no longer what was last written: not read at all.
+      const calls = fake.calls.length;
+      expect(await driver.readBack('ipv4', two.ipv4.entries, shape, 'alongside-writes')).to.equal('unfinished');
+      expect(fake.calls.length).to.equal(calls);
+      // Between our writes it reads, whatever happens: the chains now hold three entries, not two.
+      const between = await driver.readBack('ipv4', two.ipv4.entries, shape, 'between-writes');
+      expect(between).to.deep.include({ shapeDrift: ['chains'] });
+    });
+
     it('the first sync writes both families: our chains, a jump at rule 1, the masquerade mark', async () => {
       const result = await backend.sync(state([service(1), service(2)]), { full: false });
       expect(result.mode).to.equal('full');

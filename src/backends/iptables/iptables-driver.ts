@@ -142,6 +142,9 @@ export class IptablesDriver implements Driver {
   /** Writes, removals and jump repairs write the same rules: one at a time. */
   private queue: Promise<unknown> = Promise.resolve();
   private readonly jumpGuard: JumpGuard | undefined;
+  /** Our writes under way, and a count that moves as each starts and ends: a read alongside them sees one it overlapped. */
+  private writesUnderWay = 0;
+  private writeEvents = 0;
   /** Per family, the rejections last logged. */
   private readonly reportedRejections = new Map<Family, string>();
 
@@ -156,7 +159,7 @@ export class IptablesDriver implements Driver {
       hasGeneration: variant === 'nft',
       atomicWrites: false,
       replacesFamilies: false,
-      readsAlongsideWrites: false,
+      readsAlongsideWrites: true,
       writesElements: true,
       readsBack: true,
     };
@@ -166,7 +169,9 @@ export class IptablesDriver implements Driver {
         variant,
         intervalMs: interval,
         logger: options.logger,
-        exclusive: (work) => this.exclusive(work),
+        // Its repairs touch only the jumps, which a verification reads again before it repairs
+        // them: they do not make a listing alongside our writes unfinished.
+        exclusive: (work) => this.exclusive(work, false),
         families: () => this.written.keys(),
         runner: options.runner,
         afterRepair: (family) => this.forgetPinnedFlows(family),
@@ -192,8 +197,10 @@ export class IptablesDriver implements Driver {
     return JSON.stringify([shape.state.localPodMatch, shape.masqueradeMark]);
   }
 
-  private exclusive<T>(work: () => Promise<T>): Promise<T> {
-    const run = this.queue.then(work, work);
+  /** Runs `work` after the writes before it; `tracked`: a write of our chains, which a listing alongside must not overlap. */
+  private exclusive<T>(work: () => Promise<T>, tracked = true): Promise<T> {
+    const next = tracked ? () => this.tracked(work) : work;
+    const run = this.queue.then(next, next);
     this.queue = run.catch(() => undefined);
     return run;
   }
@@ -365,10 +372,24 @@ export class IptablesDriver implements Driver {
    * Our chains and jumps read back and compared with the rules `expected` and `shape` make:
    * 'chains' when our chains differ, else 'jumps' when a jump is not at rule 1.
    */
-  async readBack(family: Family, expected: readonly Entry[], shape: FamilyShape): Promise<ReadBack> {
+  /**
+   * 'alongside-writes': read while our writes go on (a change does not wait for the listing, which
+   * takes a few hundred ms at 10,000 entries); a read that one of our writes overlapped, or whose
+   * `expected` is not what was last written, is 'unfinished' and the verification is skipped.
+   */
+  async readBack(
+    family: Family,
+    expected: readonly Entry[],
+    shape: FamilyShape,
+    how: 'alongside-writes' | 'between-writes',
+  ): Promise<ReadBack | 'unfinished'> {
+    const alongside = how === 'alongside-writes';
+    const events = this.writeEvents;
+    if (alongside && (this.writesUnderWay > 0 || !this.lastWritten(family, expected))) return 'unfinished';
     const commands = this.commands(family);
     const basis = await commands.generation();
     const view = await readVerificationView(commands);
+    if (alongside && this.writeEvents !== events) return 'unfinished';
     const settled = basis !== undefined && (await commands.generation()) === basis;
     // KUBE-MARK-MASQ as it is now: kube-proxy may have created it since our chains were written.
     const rules = renderChainRules(
@@ -385,6 +406,24 @@ export class IptablesDriver implements Driver {
     const read: ReadBack = { missing: [], foreign: [], shapeDrift };
     if (settled) read.generation = basis;
     return read;
+  }
+
+  private async tracked<T>(work: () => Promise<T>): Promise<T> {
+    this.writesUnderWay++;
+    this.writeEvents++;
+    try {
+      return await work();
+    } finally {
+      this.writesUnderWay--;
+      this.writeEvents++;
+    }
+  }
+
+  /** Whether `expected` are the entries (by address, protocol and port) our last write of the family left. */
+  private lastWritten(family: Family, expected: readonly Entry[]): boolean {
+    const keys = this.written.get(family)?.keys;
+    if (!keys || keys.size !== expected.length) return false;
+    return expected.every((e) => keys.has(flowKey(e)));
   }
 
   /** Each rejection is logged once, when the set of them for its family changes. */

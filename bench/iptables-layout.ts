@@ -8,14 +8,13 @@
 //
 //   node dist/bench/iptables-layout.js [--entries 10000] [--changes 10]
 
-import { execFileSync, spawnSync } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { performance } from 'node:perf_hooks';
-import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { variantCommand, type IptablesVariant } from '../src/backends/iptables/executor.js';
+import { inPrivateNetworkNamespace } from './namespace.js';
 import { median } from './stats.js';
 
-const IN_NAMESPACE_FLAG = '--in-private-network-namespace';
 const BUCKETS = 256;
 type Layout = 'flat' | 'buckets';
 
@@ -114,19 +113,13 @@ function benchmark(entries: number, changes: number): void {
   for (const cells of [header, ...rows]) console.log(`   ${line(cells).join('  ')}`);
 }
 
-const { values } = parseArgs({
-  options: {
-    entries: { type: 'string', default: '10000' },
-    changes: { type: 'string', default: '10' },
-    'in-private-network-namespace': { type: 'boolean', default: false },
-  },
-});
-if (values['in-private-network-namespace']) {
+await inPrivateNetworkNamespace(import.meta.url, (args) => {
+  const { values } = parseArgs({
+    args,
+    options: {
+      entries: { type: 'string', default: '10000' },
+      changes: { type: 'string', default: '10' },
+    },
+  });
   benchmark(Number(values.entries), Number(values.changes));
-} else {
-  const self = fileURLToPath(import.meta.url);
-  const args = ['--net', '--', process.execPath, self, IN_NAMESPACE_FLAG, ...process.argv.slice(2)];
-  const run = spawnSync('unshare', args, { stdio: 'inherit' });
-  if (run.error) throw new Error(`cannot start the benchmark in a network namespace (unshare): ${run.error.message}`);
-  process.exitCode = run.status ?? 1;
-}
+});

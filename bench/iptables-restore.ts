@@ -7,9 +7,7 @@
 //   node dist/bench/iptables-restore.js [--original-max N]
 
 import { Reconciler } from '../src/reconciler/reconciler.js';
-import { spawnSync } from 'node:child_process';
 import { performance } from 'node:perf_hooks';
-import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
 import { IptablesCommands, variantCommand, type IptablesVariant } from '../src/backends/iptables/executor.js';
 import { IptablesDriver } from '../src/backends/iptables/iptables-driver.js';
@@ -17,8 +15,8 @@ import { readJumpView } from '../src/backends/iptables/nat-view.js';
 import { renderFamilyRestore } from '../src/backends/iptables/render.js';
 import { buildDesiredState } from '../src/model/desired-state.js';
 import type { DesiredState, ServiceInfo } from '../src/model/types.js';
+import { inPrivateNetworkNamespace } from './namespace.js';
 
-const IN_NAMESPACE_FLAG = '--in-private-network-namespace';
 const SIZES = [100, 1_000, 10_000];
 const ORIGINAL_SIZES = [100, 1_000];
 const VARIANTS: IptablesVariant[] = ['legacy', 'nft'];
@@ -165,14 +163,7 @@ async function benchmark(originalMax: number): Promise<void> {
   }
 }
 
-const maxFlag = process.argv.indexOf('--original-max');
-const originalMax = maxFlag >= 0 ? Number(process.argv[maxFlag + 1]) : Infinity;
-if (process.argv.includes(IN_NAMESPACE_FLAG)) {
-  await benchmark(originalMax);
-} else {
-  const self = fileURLToPath(import.meta.url);
-  const args = ['--net', '--', process.execPath, self, IN_NAMESPACE_FLAG, ...process.argv.slice(2)];
-  const run = spawnSync('unshare', args, { stdio: 'inherit' });
-  if (run.error) throw new Error(`cannot start the benchmark in a network namespace (unshare): ${run.error.message}`);
-  process.exitCode = run.status ?? 1;
-}
+await inPrivateNetworkNamespace(import.meta.url, async (args) => {
+  const maxFlag = args.indexOf('--original-max');
+  await benchmark(maxFlag >= 0 ? Number(args[maxFlag + 1]) : Infinity);
+});

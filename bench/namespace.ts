@@ -1,7 +1,9 @@
 // The benchmark programs nftables and iptables: it only ever does so in network namespaces it
 // creates, never in the machine's own.
 
+import { spawnSync } from 'node:child_process';
 import { readFileSync, readlinkSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
 
 function namespaceOf(pid: number | 'self', kind: 'net' | 'mnt'): string | undefined {
   try {
@@ -42,4 +44,29 @@ export async function waitForOwnNetworkNamespace(pid: number, timeoutMs = 5000):
     await new Promise((resolve) => setTimeout(resolve, 5));
   }
   throw new Error(`process ${pid} did not enter a network namespace of its own`);
+}
+
+/** The argument a benchmark re-run by inPrivateNetworkNamespace is given. */
+const IN_NAMESPACE_FLAG = '--in-private-network-namespace';
+
+/**
+ * Runs `main` in a network namespace of its own: the script (`moduleUrl`, its import.meta.url)
+ * runs itself again under `unshare --net` with the same arguments, and `main` runs there. The
+ * exit status is the re-run's. `args`: the arguments `main` is given, without the flag.
+ */
+export async function inPrivateNetworkNamespace(
+  moduleUrl: string,
+  main: (args: string[]) => Promise<void> | void,
+): Promise<void> {
+  const args = process.argv.slice(2);
+  if (args.includes(IN_NAMESPACE_FLAG)) {
+    await main(args.filter((a) => a !== IN_NAMESPACE_FLAG));
+    return;
+  }
+  const self = fileURLToPath(moduleUrl);
+  const run = spawnSync('unshare', ['--net', '--', process.execPath, self, IN_NAMESPACE_FLAG, ...args], {
+    stdio: 'inherit',
+  });
+  if (run.error) throw new Error(`cannot start the benchmark in a network namespace (unshare): ${run.error.message}`);
+  process.exitCode = run.status ?? 1;
 }

@@ -12,6 +12,20 @@ export const CONFIG: Readonly<ModelConfig> = Object.freeze({
   localTrafficPolicyOnly: false,
 });
 
+/** LoadBalancer Service number `i`: ClusterIP 10.96.0.i, LoadBalancer IP 192.0.2.i, TCP port 80; `over` replaces fields. */
+export function lbService(i: number, over: Partial<ServiceInfo> = {}): ServiceInfo {
+  return {
+    namespace: 'default',
+    name: `svc-${i}`,
+    type: 'LoadBalancer',
+    creationTimestamp: '2024-01-01T00:00:00Z',
+    clusterIP: `10.96.0.${i}`,
+    ports: [{ port: 80, protocol: 'TCP' }],
+    ingress: [{ ip: `192.0.2.${i}` }],
+    ...over,
+  };
+}
+
 /**
  * A seeded generator of numbers in [0, 1), so that a failure can be replayed with its seed. A
  * linear congruential generator: the randomised tests were tuned to its sequences.

@@ -12,23 +12,18 @@ import { JumpGuard } from '../../src/backends/iptables/jump-guard.js';
 import { BackendError } from '../../src/reconciler/driver.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, Family, ModelConfig, ServiceInfo } from '../../src/model/types.js';
-import { CONFIG } from '../support/fixtures.js';
+import { CONFIG, lbService } from '../support/fixtures.js';
 import { linesLogger } from '../support/log-lines.js';
 import { assertGolden } from '../support/golden.js';
 
 const NODE = { name: 'node-1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
 
+/** Dual-stack: one LoadBalancer IP and one ClusterIP per family. */
 function service(i: number): ServiceInfo {
-  return {
-    namespace: 'default',
-    name: `svc-${i}`,
-    type: 'LoadBalancer',
-    creationTimestamp: '2024-01-01T00:00:00Z',
-    clusterIP: `10.96.0.${i}`,
+  return lbService(i, {
     clusterIPs: [`10.96.0.${i}`, `fd00::${i}`],
-    ports: [{ port: 80, protocol: 'TCP' }],
     ingress: [{ ip: `192.0.2.${i}` }, { ip: `2001:db8::${i}` }],
-  };
+  });
 }
 
 const state = (services: ServiceInfo[], config: Partial<ModelConfig> = {}): DesiredState =>

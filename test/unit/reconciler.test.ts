@@ -3,27 +3,19 @@
 
 import { expect } from 'chai';
 import { buildDesiredState } from '../../src/model/desired-state.js';
-import type { DesiredState, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import type { DesiredState, NodeInfo } from '../../src/model/types.js';
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { FakeDriver } from '../doubles/fake-driver.js';
-import { CONFIG } from '../support/fixtures.js';
+import { CONFIG, lbService } from '../support/fixtures.js';
 
 const NODE: NodeInfo = { name: 'node-1', podCIDRs: ['10.244.1.0/24'] };
 
-function service(i: number): ServiceInfo {
-  return {
-    namespace: 'default',
-    name: `svc-${i}`,
-    type: 'LoadBalancer',
-    creationTimestamp: '2024-01-01T00:00:00Z',
-    clusterIP: `10.96.0.${i}`,
-    ports: [{ port: 80, protocol: 'TCP' }],
-    ingress: [{ ip: `192.0.2.${i}` }],
-  };
-}
-
 function desired(...numbers: number[]): DesiredState {
-  return buildDesiredState(numbers.map(service), NODE, CONFIG);
+  return buildDesiredState(
+    numbers.map((i) => lbService(i)),
+    NODE,
+    CONFIG,
+  );
 }
 
 describe('Reconciler on a fake driver (no root)', () => {

@@ -6,17 +6,15 @@
 //   node dist/bench/iptables-jump-guard.js
 
 import { Reconciler } from '../src/reconciler/reconciler.js';
-import { spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
-import { fileURLToPath } from 'node:url';
 import type { IptablesVariant } from '../src/backends/iptables/executor.js';
 import { IptablesDriver } from '../src/backends/iptables/iptables-driver.js';
 import { JumpGuard } from '../src/backends/iptables/jump-guard.js';
 import { buildDesiredState } from '../src/model/desired-state.js';
 import type { ServiceInfo } from '../src/model/types.js';
+import { inPrivateNetworkNamespace } from './namespace.js';
 
-const IN_NAMESPACE_FLAG = '--in-private-network-namespace';
 const SIZES = [0, 1_000, 10_000];
 const ROUNDS = 20;
 
@@ -76,10 +74,4 @@ async function main(): Promise<void> {
   }
 }
 
-if (process.argv.includes(IN_NAMESPACE_FLAG)) {
-  await main();
-} else {
-  const self = fileURLToPath(import.meta.url);
-  const r = spawnSync('unshare', ['--net', process.execPath, self, IN_NAMESPACE_FLAG], { stdio: 'inherit' });
-  process.exit(r.status ?? 1);
-}
+await inPrivateNetworkNamespace(import.meta.url, main);

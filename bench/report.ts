@@ -105,8 +105,12 @@ function packetTarget(backend: string): { p50: number; p99: number } {
   return backend.startsWith('iptables') ? IPTABLES_LATENCY_TARGET_MS : LATENCY_TARGET_MS;
 }
 
+function meets(target: { p50: number; p99: number }, l: { p50Ms: number; p99Ms: number }): boolean {
+  return l.p50Ms <= target.p50 && l.p99Ms <= target.p99;
+}
+
 function targetCell(target: { p50: number; p99: number }, l: { p50Ms: number; p99Ms: number }): string {
-  return `p50 <= ${target.p50} ms, p99 <= ${target.p99} ms: ${verdict(l.p50Ms <= target.p50 && l.p99Ms <= target.p99)}`;
+  return `p50 <= ${target.p50} ms, p99 <= ${target.p99} ms: ${verdict(meets(target, l))}`;
 }
 
 function n(value: number): string {
@@ -162,7 +166,7 @@ function summary(r: BenchResults): string[] {
       before,
       packet ? `${packet.p50Ms.toFixed(1)} / ${packet.p99Ms.toFixed(1)} ms (${packet.changes} changes)` : '-',
       `<= ${target.p50} / ${target.p99} ms`,
-      packet ? verdict(packet.p50Ms <= target.p50 && packet.p99Ms <= target.p99) : '',
+      packet ? verdict(meets(target, packet)) : '',
     ];
   };
   const [f10, f50] = [full(10_000), full(50_000)];

@@ -172,7 +172,7 @@ export class Controller {
    * 10,000 Services) would stay resident until V8 next needs the space: one collection now (the
    * image runs Node with --expose-gc), then the backend hands back what glibc kept. The collection
    * is V8's last-resort one, which also shrinks the heap V8 grew for the start and returns its
-   * free pages: about 16 MiB less resident memory at 10,000 Services and 66 MiB at 50,000 than a
+   * free pages: about 18 MiB less resident memory at 10,000 Services and 65 MiB at 50,000 than a
    * plain full collection, with Node.js 24 (docs/operations.md, Resources). Rules are in the
    * kernel already, so nothing waits for it.
    */

@@ -371,8 +371,6 @@ export class IptablesDriver implements Driver {
   /**
    * Our chains and jumps read back and compared with the rules `expected` and `shape` make:
    * 'chains' when our chains differ, else 'jumps' when a jump is not at rule 1.
-   */
-  /**
    * 'alongside-writes': read while our writes go on (a change does not wait for the listing, which
    * takes a few hundred ms at 10,000 entries); a read that one of our writes overlapped, or whose
    * `expected` is not what was last written, is 'unfinished' and the verification is skipped.

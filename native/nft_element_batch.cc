@@ -237,8 +237,9 @@ ElementWriteResult ElementBatchWriter::Write(const ElementWrite& write) {
   }
   const size_t addressBytes = af == AF_INET ? 4 : 16;
   const size_t keyBytes = addressBytes + 4 + 4;
-  if (write.table.empty() || write.table.size() >= 256 || write.map.empty() || write.map.size() >= 256) {
-    result.error = "bad table or map name";
+  if (write.table.empty() || write.table.size() >= 256 || write.map.empty() || write.map.size() >= 256 ||
+      write.keySet.size() >= 256) {
+    result.error = "bad table, map or key set name";
     return result;
   }
   if (!Open(result.error)) return result;
@@ -252,24 +253,38 @@ ElementWriteResult ElementBatchWriter::Write(const ElementWrite& write) {
   reserve(NLMSG_ALIGN(sizeof(nlmsghdr) + sizeof(nfgenmsg)));
   used += NLMSG_ALIGN(nftnl_batch_begin(batch_.data() + used, beginSeq)->nlmsg_len);
   const uint32_t firstSeq = seq_ + 1;
+  const bool withKeySet = !write.keySet.empty();
   if (write.flush) {
-    reserve(kMaxMessageBytes);
-    nlmsghdr* flush = nftnl_nlmsg_build_hdr(batch_.data() + used, NFT_MSG_DELSETELEM, write.family, NLM_F_ACK, ++seq_);
-    mnl_attr_put_strz(flush, NFTA_SET_ELEM_LIST_TABLE, write.table.c_str());
-    mnl_attr_put_strz(flush, NFTA_SET_ELEM_LIST_SET, write.map.c_str());
-    used += NLMSG_ALIGN(flush->nlmsg_len);
-    ++result.messages;
+    for (const std::string* set : {&write.map, withKeySet ? &write.keySet : nullptr}) {
+      if (set == nullptr) continue;
+      reserve(kMaxMessageBytes);
+      nlmsghdr* flush =
+          nftnl_nlmsg_build_hdr(batch_.data() + used, NFT_MSG_DELSETELEM, write.family, NLM_F_ACK, ++seq_);
+      mnl_attr_put_strz(flush, NFTA_SET_ELEM_LIST_TABLE, write.table.c_str());
+      mnl_attr_put_strz(flush, NFTA_SET_ELEM_LIST_SET, set->c_str());
+      used += NLMSG_ALIGN(flush->nlmsg_len);
+      ++result.messages;
+    }
   }
   // Each list is one or more messages of one type; removals first, so that an element removed
-  // and added back in one write ends up added.
+  // and added back in one write ends up added. With a key set, each list is written to it too
+  // (keys only).
   struct Part {
     const std::string* text;
     bool add;
+    const std::string* set;
+    bool keysOnly;
   };
-  const Part parts[] = {{&write.removed, false}, {&write.added, true}};
-  size_t line = 0;
+  Part parts[4];
+  size_t partCount = 0;
+  parts[partCount++] = {&write.removed, false, &write.map, false};
+  if (withKeySet) parts[partCount++] = {&write.removed, false, &write.keySet, true};
+  parts[partCount++] = {&write.added, true, &write.map, false};
+  if (withKeySet) parts[partCount++] = {&write.added, true, &write.keySet, true};
   uint32_t removalsLastSeq = 0;
-  for (const Part& part : parts) {
+  for (size_t p = 0; p < partCount; ++p) {
+    const Part& part = parts[p];
+    size_t line = 0;
     const char* at = part.text->data();
     const char* end = at + part.text->size();
     nlmsghdr* nlh = nullptr;
@@ -303,12 +318,12 @@ ElementWriteResult ElementBatchWriter::Write(const ElementWrite& write) {
         nlh = nftnl_nlmsg_build_hdr(batch_.data() + used, part.add ? NFT_MSG_NEWSETELEM : NFT_MSG_DELSETELEM,
                                     write.family, part.add ? (NLM_F_CREATE | NLM_F_ACK) : NLM_F_ACK, ++seq_);
         mnl_attr_put_strz(nlh, NFTA_SET_ELEM_LIST_TABLE, write.table.c_str());
-        mnl_attr_put_strz(nlh, NFTA_SET_ELEM_LIST_SET, write.map.c_str());
+        mnl_attr_put_strz(nlh, NFTA_SET_ELEM_LIST_SET, part.set->c_str());
         list = mnl_attr_nest_start(nlh, NFTA_SET_ELEM_LIST_ELEMENTS);
       }
       nlattr* element = mnl_attr_nest_start(nlh, NFTA_LIST_ELEM);
       PutData(nlh, NFTA_SET_ELEM_KEY, e.key, keyBytes);
-      if (part.add) {
+      if (part.add && !part.keysOnly) {
         PutData(nlh, NFTA_SET_ELEM_DATA, e.data, addressBytes);
         if (e.comment != nullptr) {
           // libnftnl's user data layout (nftnl_udata_put_strz): type, length, the text and its NUL.

@@ -26,6 +26,9 @@ struct ElementWrite {
   // Every element of the map removed first (a DELSETELEM without elements, as `flush map`), in
   // the same transaction: the map then holds exactly `added`.
   bool flush = false;
+  // A set of the map's key type that holds its keys (empty: none): every removal, addition and
+  // the flush are made to it too, in the same batch (keys only, no data or comment).
+  std::string keySet;
 };
 
 struct ElementWriteResult {
@@ -50,7 +53,7 @@ class ElementBatchWriter {
   ElementBatchWriter& operator=(const ElementBatchWriter&) = delete;
   ~ElementBatchWriter();
 
-  // Deletions then additions of one map's elements, in one transaction.
+  // Deletions then additions of one map's elements (and of its key set's), in one transaction.
   ElementWriteResult Write(const ElementWrite& write);
 
  private:

@@ -518,6 +518,7 @@ Napi::Value WriteElements(const Napi::CallbackInfo& info) {
   write.removed = StringArgument(info, 3, "removed");
   write.added = StringArgument(info, 4, "added");
   write.flush = info.Length() > 5 && info[5].ToBoolean().Value();
+  if (info.Length() > 6 && !info[6].IsUndefined()) write.keySet = StringArgument(info, 6, "keySet");
   auto* worker = new WriteElementsWorker(info.Env(), std::move(write));
   worker->Queue();
   return worker->Promise();

@@ -6,12 +6,12 @@
 import type { Logger } from 'pino';
 import { access, constants } from 'node:fs/promises';
 import { delimiter, join } from 'node:path';
-import { BackendError, type BackendName, type EntryCapacity } from '../reconciler/driver.js';
+import { BackendError, type BackendName, type EntryCapacity, type ProbeResult } from '../reconciler/driver.js';
 import { Reconciler } from '../reconciler/reconciler.js';
 import { DEFAULT_BPFFS_PATH, EBPF_CAPACITY, EbpfDriver, defaultCgroupPath } from './ebpf/ebpf-driver.js';
 import { selectNftExecutor, type NftExecutorPreference } from './nft/addon-executor.js';
 import { NFT_CAPACITY, NftDriver } from './nft/nft-driver.js';
-import { renderDesiredStateText } from './nft/render.js';
+import { renderDesiredStateText, type KeyLookup } from './nft/render.js';
 import { IPTABLES_CAPACITY, IptablesDriver } from './iptables/iptables-driver.js';
 import { hasIptablesObjects, removeIptablesObjects } from './iptables/nat-view.js';
 import { renderDesiredStateRestoreText } from './iptables/render.js';
@@ -24,6 +24,8 @@ export type BackendChoice = 'auto' | BackendName;
 export interface BackendSettings {
   /** How nft transactions are run (--nft-executor); 'auto' (default): the addon, else the CLI. */
   nftExecutor?: NftExecutorPreference;
+  /** How nft rules look keys up (--nft-key-lookup); 'auto' (default): as this kernel allows. */
+  nftKeyLookup?: 'auto' | KeyLookup;
   /** 'auto' (default): the variant kube-proxy uses, detected as its iptables-wrapper does. */
   iptablesVariant?: 'auto' | IptablesVariant;
   /** The ebpf backend's cgroup v2 directory (--cgroup-path); default: the cgroup v2 root. */
@@ -38,6 +40,8 @@ export interface BackendSettings {
 export interface BackendDescription {
   backend: BackendName;
   nftExecutor?: string;
+  /** How the nft rules look keys up on this kernel, once probed. */
+  nftKeyLookup?: KeyLookup;
   iptablesVariant?: IptablesVariant;
 }
 
@@ -47,6 +51,8 @@ export interface SelectedBackend {
   description: BackendDescription;
   /** One line saying which backend and why, to log once. */
   reason: string;
+  /** What its probe found on this kernel (selectBackend probes every backend it returns). */
+  probe?: string;
 }
 
 /** A cleanup of objects one backend owns. */
@@ -77,6 +83,13 @@ export type BackendRegistry = Readonly<Record<BackendName, BackendEntry>>;
 /** --backend=auto tries these in turn, kube-proxy's own order: nftables where it works, else iptables. */
 const AUTO_ORDER: readonly BackendName[] = ['nft', 'iptables'];
 
+/** What to run instead when a backend chosen with --backend cannot program this node. */
+export const INSTEAD: Readonly<Record<BackendName, string>> = {
+  nft: '--backend=iptables',
+  iptables: '--backend=nft',
+  ebpf: '--backend=nft or --backend=iptables',
+};
+
 function iptables(variant: IptablesVariant, options: { logger?: Logger | undefined }, reason: string): SelectedBackend {
   return {
     backend: new Reconciler(new IptablesDriver(variant, options)),
@@ -90,7 +103,7 @@ export const BACKENDS: BackendRegistry = {
     async create(settings) {
       const { executor, reason } = selectNftExecutor(settings.nftExecutor ?? 'auto');
       return {
-        backend: new Reconciler(new NftDriver(executor)),
+        backend: new Reconciler(new NftDriver(executor, { lookup: settings.nftKeyLookup ?? 'auto' })),
         description: { backend: 'nft', nftExecutor: executor.kind },
         reason,
       };
@@ -140,8 +153,16 @@ export async function selectBackend(
 ): Promise<SelectedBackend> {
   if (choice !== 'auto') {
     const created = await backends[choice].create(settings);
-    const { reason } = created;
-    return { ...created, reason: `${choice} backend, as configured${reason ? `: ${reason}` : ''}` };
+    const { backend, reason } = created;
+    const probe = await backend.probe();
+    if (!probe.ok) {
+      await backend.close?.();
+      throw new BackendError(`${probe.detail} (on this kernel, try ${INSTEAD[choice]})`, choice);
+    }
+    return {
+      ...probed(created, probe),
+      reason: `${choice} backend, as configured${reason ? `: ${reason}` : ''}`,
+    };
   }
   const failed: string[] = [];
   for (const name of AUTO_ORDER) {
@@ -150,7 +171,7 @@ export async function selectBackend(
     const probe = await backend.probe();
     if (probe.ok) {
       return {
-        ...created,
+        ...probed(created, probe),
         reason:
           failed.length === 0
             ? `--backend=auto chose ${name}: ${reason}`
@@ -161,6 +182,13 @@ export async function selectBackend(
     failed.push(probe.detail);
   }
   throw new BackendError(`no backend can program this node: ${failed.join('; ')}`, AUTO_ORDER.at(-1)!);
+}
+
+/** A backend whose probe passed: what the probe found goes into its description. */
+function probed(created: SelectedBackend, probe: ProbeResult): SelectedBackend {
+  const description = { ...created.description };
+  if (probe.nftKeyLookup) description.nftKeyLookup = probe.nftKeyLookup;
+  return { ...created, description, probe: probe.detail };
 }
 
 /** What --dry-run prints for --backend; 'auto' shows the nft text, as the eBPF backend does. */

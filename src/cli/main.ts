@@ -71,8 +71,8 @@ async function main(argv: string[]): Promise<number> {
 
 /** The first log line of a run: which build runs on this node. */
 function logVersion(logger: Logger): void {
-  const { version, revision, nodeVersion } = buildInfo();
-  logger.info({ version, revision, nodeVersion }, 'Version info');
+  const { version, revision, nodeVersion, kernel, kernelVersion } = buildInfo();
+  logger.info({ version, revision, nodeVersion, kernel, kernelVersion }, 'Version info');
 }
 
 function usageFailure(err: UsageError): number {
@@ -188,7 +188,13 @@ async function kubeConfigOrFail(config: Config) {
 
 /** What the backends take from the configuration. */
 function backendSettings(config: Config, logger?: Logger): BackendSettings {
-  return { nftExecutor: config.nftExecutor, cgroupPath: config.cgroupPath, bpffsPath: config.bpffsPath, logger };
+  return {
+    nftExecutor: config.nftExecutor,
+    nftKeyLookup: config.nftKeyLookup,
+    cgroupPath: config.cgroupPath,
+    bpffsPath: config.bpffsPath,
+    logger,
+  };
 }
 
 async function createBackend(config: Config, logger: Logger): Promise<SelectedBackend> {
@@ -198,9 +204,7 @@ async function createBackend(config: Config, logger: Logger): Promise<SelectedBa
   } catch (err) {
     throw new FatalError((err as Error).message);
   }
-  logger.info({ backend: selected.backend.name, reason: selected.reason }, 'Backend selected');
-  const probe = await selected.backend.probe();
-  if (!probe.ok) throw new FatalError(probe.detail);
+  logger.info({ backend: selected.backend.name, reason: selected.reason, probe: selected.probe }, 'Backend selected');
   return selected;
 }
 
@@ -322,6 +326,7 @@ async function runController(
   logger.info(
     {
       backend: backend.name,
+      kernel: buildInfo().kernel,
       detectLocalMode: kubeProxy.settings.model.detectLocalMode,
       kubeProxyMode: kubeProxy.mode.mode,
       minSyncPeriod: formatDuration(config.minSyncPeriodMs),

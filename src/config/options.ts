@@ -28,6 +28,8 @@ export interface Config {
   nodeNameGiven: boolean;
   backend: BackendChoice;
   nftExecutor: NftExecutorChoice;
+  /** How nft rules look keys up: 'auto' probes the kernel (nft/render.ts, KeyLookup). */
+  nftKeyLookup: 'auto' | 'map' | 'set';
   model: ModelConfig;
   minSyncPeriodMs: number;
   syncPeriodMs: number;
@@ -111,6 +113,15 @@ export function buildCommand(): Command {
     .addOption(
       new Option('--nft-executor <kind>', 'how nft transactions run: in-process addon or the nft CLI')
         .choices(['auto', 'addon', 'cli'])
+        .default('auto'),
+    )
+    .addOption(
+      new Option(
+        '--nft-key-lookup <how>',
+        'how nft rules find an entry: in the map itself (Linux 6.12 takes it; 6.1 and 5.10 refuse it), in a set of its keys ' +
+          '(any kernel), or auto: as this kernel allows',
+      )
+        .choices(['auto', 'map', 'set'])
         .default('auto'),
     )
     .addOption(
@@ -348,6 +359,7 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
     nodeNameGiven: nodeNameFlag !== undefined || env.NODE_NAME !== undefined,
     backend: str('backend') as BackendChoice,
     nftExecutor: str('nftExecutor') as NftExecutorChoice,
+    nftKeyLookup: str('nftKeyLookup') as Config['nftKeyLookup'],
     model: {
       detectLocalMode: mode,
       clusterCidrs: cidrs,

@@ -17,6 +17,8 @@ export interface BackendDescription {
   backend: string;
   /** nft backend only: `addon` (in-process libnftables) or `cli` (the nft command). */
   nftExecutor?: string;
+  /** nft backend only: `map` or `set`, how its rules look keys up on this kernel. */
+  nftKeyLookup?: string;
   /** iptables backend only: `legacy` or `nft`, the variant kube-proxy uses. */
   iptablesVariant?: string;
 }
@@ -39,7 +41,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
   private readonly informerWatches: Counter<'resource'>;
   private readonly informerErrors: Counter<'resource'>;
   private readonly watchDecodeErrors: Counter<'resource'>;
-  private readonly backendInfo: Gauge<'backend' | 'nft_executor' | 'iptables_variant'>;
+  private readonly backendInfo: Gauge<'backend' | 'nft_executor' | 'nft_key_lookup' | 'iptables_variant'>;
   private readonly kubeProxyMode: Gauge<'mode'>;
   private readonly steppedAside: Gauge;
 
@@ -165,8 +167,9 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
       name: name('backend_info'),
       help:
         'Always 1: the kernel backend in use; for nft, whether in-process libnftables (addon) or the nft command (cli) ' +
-        'programs it; for iptables, the variant (legacy or nft).',
-      labelNames: ['backend', 'nft_executor', 'iptables_variant'],
+        'programs it, and whether its rules look keys up in the map or in a set of its keys (as the kernel allows); ' +
+        'for iptables, the variant (legacy or nft).',
+      labelNames: ['backend', 'nft_executor', 'nft_key_lookup', 'iptables_variant'],
       registers,
     });
 
@@ -201,10 +204,21 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
     const build = buildInfo();
     new Gauge({
       name: name('build_info'),
-      help: 'Always 1: the version and source revision of the controller, and the Node.js version running it.',
-      labelNames: ['version', 'revision', 'node_version'],
+      help:
+        'Always 1: the version and source revision of the controller, the Node.js version running it, and the ' +
+        'kernel it runs on (uname -sr, uname -v).',
+      labelNames: ['version', 'revision', 'node_version', 'kernel', 'kernel_version'],
       registers,
-    }).set({ version: build.version, revision: build.revision, node_version: build.nodeVersion }, 1);
+    }).set(
+      {
+        version: build.version,
+        revision: build.revision,
+        node_version: build.nodeVersion,
+        kernel: build.kernel,
+        kernel_version: build.kernelVersion,
+      },
+      1,
+    );
   }
 
   describeBackend(description: BackendDescription): void {
@@ -213,6 +227,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
       {
         backend: description.backend,
         nft_executor: description.nftExecutor ?? 'none',
+        nft_key_lookup: description.nftKeyLookup ?? 'none',
         iptables_variant: description.iptablesVariant ?? 'none',
       },
       1,

@@ -10,6 +10,8 @@ export interface ProbeResult {
   ok: boolean;
   /** One line a user can act on when !ok; a short description of what was found when ok. */
   detail: string;
+  /** nft: how the rules look keys up on this kernel (nft/render.ts, KeyLookup). */
+  nftKeyLookup?: 'map' | 'set';
 }
 
 export interface SyncOptions {

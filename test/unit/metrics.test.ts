@@ -54,7 +54,7 @@ function report(extra: Partial<SyncReport>): SyncReport {
 describe('controller metrics', () => {
   it('name every metric of ours under the prefix with HELP text, and include process metrics', async () => {
     const metrics = new ControllerMetrics();
-    metrics.describeBackend({ backend: 'nft', nftExecutor: 'addon' });
+    metrics.describeBackend({ backend: 'nft', nftExecutor: 'addon', nftKeyLookup: 'set' });
     const e = await exposition(metrics);
     const ours = e.families().filter((n) => n.startsWith(METRIC_PREFIX));
     expect(ours.length, `only ${ours.length} metrics of ours`).to.be.at.least(14);
@@ -62,8 +62,16 @@ describe('controller metrics', () => {
     expect(e.families()).to.include('process_resident_memory_bytes');
     expect(e.families()).to.include('nodejs_eventloop_lag_seconds');
     expect(
-      e.value(`${METRIC_PREFIX}backend_info`, { backend: 'nft', nft_executor: 'addon', iptables_variant: 'none' }),
+      e.value(`${METRIC_PREFIX}backend_info`, {
+        backend: 'nft',
+        nft_executor: 'addon',
+        nft_key_lookup: 'set',
+        iptables_variant: 'none',
+      }),
     ).to.equal(1);
+    // The kernel, as uname -sr prints it, beside the build.
+    const [buildInfo] = [...e.samples].filter(([k]) => k.startsWith(`${METRIC_PREFIX}build_info{`));
+    expect(buildInfo?.[0]).to.match(/kernel="Linux \d+\.\d+[^"]*",kernel_version="[^"]+"/);
   });
 
   it('count current skips and conflicts from the desired state, every reason present', async () => {
@@ -176,7 +184,7 @@ describe('controller metrics', () => {
 });
 
 describe('backend info from the backends the registry builds', () => {
-  it('names the nft executor and the iptables variant', async () => {
+  it('names the nft executor, its key lookup once probed, and the iptables variant', async () => {
     const config = parseConfig(['--metrics-bind-address=', '--healthz-bind-address='], { NODE_NAME: 'n' });
     const ops = await Operations.start(config, pino({ enabled: false }));
     try {
@@ -186,11 +194,24 @@ describe('backend info from the backends the registry builds', () => {
       };
       ops.describeBackend((await BACKENDS.nft.create({ nftExecutor: 'cli' })).description);
       expect(await info()).to.deep.equal([
-        [`${METRIC_PREFIX}backend_info{backend="nft",iptables_variant="none",nft_executor="cli"}`, 1],
+        [
+          `${METRIC_PREFIX}backend_info{backend="nft",iptables_variant="none",nft_executor="cli",nft_key_lookup="none"}`,
+          1,
+        ],
+      ]);
+      ops.describeBackend({ backend: 'nft', nftExecutor: 'addon', nftKeyLookup: 'set' });
+      expect(await info()).to.deep.equal([
+        [
+          `${METRIC_PREFIX}backend_info{backend="nft",iptables_variant="none",nft_executor="addon",nft_key_lookup="set"}`,
+          1,
+        ],
       ]);
       ops.describeBackend((await BACKENDS.iptables.create({ iptablesVariant: 'legacy' })).description);
       expect(await info()).to.deep.equal([
-        [`${METRIC_PREFIX}backend_info{backend="iptables",iptables_variant="legacy",nft_executor="none"}`, 1],
+        [
+          `${METRIC_PREFIX}backend_info{backend="iptables",iptables_variant="legacy",nft_executor="none",nft_key_lookup="none"}`,
+          1,
+        ],
       ]);
     } finally {
       await ops.close();

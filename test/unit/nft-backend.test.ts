@@ -7,7 +7,14 @@ import { NftTimeoutError, type NftCliExecutor } from '../../src/backends/nft/exe
 import { FakeNftExecutor, commandsOf } from '../doubles/fake-nft-executor.js';
 import { NftDriver } from '../../src/backends/nft/nft-driver.js';
 import { Transaction } from '../../src/backends/nft/objects.js';
-import { MAP_NAME, OUTPUT_CHAIN, TABLE_NAME, mapElements, tableObjects } from '../../src/backends/nft/render.js';
+import {
+  KEY_SET_NAME,
+  MAP_NAME,
+  OUTPUT_CHAIN,
+  TABLE_NAME,
+  mapElements,
+  tableObjects,
+} from '../../src/backends/nft/render.js';
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, ModelConfig, ServiceInfo } from '../../src/model/types.js';
@@ -270,8 +277,71 @@ describe('the reconciler and the nft driver on the fake executor', () => {
 
   it('the probe checks a full sync of an empty state and commits nothing', async () => {
     const { fake, backend } = setUp();
-    expect(await backend.probe()).to.deep.equal({ ok: true, detail: 'nftables via cli' });
+    expect(await backend.probe()).to.deep.equal({
+      ok: true,
+      detail: 'nftables via cli, keys looked up in the map (this kernel looks a map up as a set)',
+      nftKeyLookup: 'map',
+    });
     expect(fake.tables.size).to.equal(0);
+  });
+
+  describe('on a kernel that refuses a map looked up as a set (Linux 6.1 and older)', () => {
+    /** What those kernels answer: a rule that looks the map up without its data is EINVAL. */
+    function refuseMapAsSet(fake: FakeNftExecutor): void {
+      fake.refuse = (tx) =>
+        /"match":\{"op":"==","left":\{"concat":[^}]*\}[^@]*"right":"@external-ip-to-cluster-ip"/.test(text(tx))
+          ? 'Error: Could not process rule: Invalid argument'
+          : undefined;
+    }
+
+    it('the probe finds the key set, says why, and commits nothing', async () => {
+      const { fake, backend } = setUp();
+      refuseMapAsSet(fake);
+      const probe = await backend.probe();
+      expect(probe).to.include({ ok: true, nftKeyLookup: 'set' });
+      expect(probe.detail).to.match(
+        /refuses a map looked up as a set \(Error: Could not process rule: Invalid argument\)/,
+      );
+      expect(fake.tables.size).to.equal(0);
+    });
+
+    it('every sync keeps the key set equal to the map keys, a change in one transaction', async () => {
+      const { fake, backend } = setUp();
+      refuseMapAsSet(fake);
+      await backend.sync(state([service(1), service(2)]), { full: true });
+      const keys = () => [...(fake.mapElements('ip', TABLE_NAME, KEY_SET_NAME)?.keys() ?? [])].sort();
+      const mapKeys = () => [...(fake.mapElements('ip', TABLE_NAME, MAP_NAME)?.keys() ?? [])].sort();
+      expect(keys()).to.have.length(2).and.deep.equal(mapKeys());
+      const before = fake.transactions.length;
+      const result = await backend.sync(state([service(1), service(3)]), { full: false });
+      expect(result.mode).to.equal('partial');
+      // One transaction per family, each with the map's and the key set's changes.
+      const written = fake.transactions.slice(before).map(text);
+      expect(written).to.have.length(2);
+      for (const tx of written)
+        expect(tx).to.include('"name":"external-ip-keys"').and.include('"name":"external-ip-to-cluster-ip"');
+      expect(keys()).to.deep.equal(['{"concat":["192.0.2.1","tcp",80]}', '{"concat":["192.0.2.3","tcp",80]}']);
+      expect(keys()).to.deep.equal(mapKeys());
+    });
+
+    it('a resync repairs a key someone removed from the set and one someone added to it', async () => {
+      const { fake, backend } = setUp();
+      refuseMapAsSet(fake);
+      await backend.sync(state([service(1), service(2)]), { full: true });
+      const keySet = (elements: Array<{ key: Array<string | number>; value: string }>) =>
+        ({ kind: 'element', family: 'ip', table: TABLE_NAME, set: KEY_SET_NAME, keys: true, elements }) as const;
+      await fake.run(
+        new Transaction()
+          .delete(keySet([{ key: ['192.0.2.2', 'tcp', 80], value: '' }]))
+          .add(keySet([{ key: ['192.0.2.9', 'tcp', 80], value: '' }])),
+      );
+      const result = await backend.sync(state([service(1), service(2)]), { full: true });
+      expect(result.repairedElements, 'repaired').to.equal(2);
+      expect([...(fake.mapElements('ip', TABLE_NAME, KEY_SET_NAME)?.keys() ?? [])].sort()).to.deep.equal([
+        '{"concat":["192.0.2.1","tcp",80]}',
+        '{"concat":["192.0.2.2","tcp",80]}',
+      ]);
+    });
   });
 
   it('cleanup removes both tables', async () => {

@@ -41,6 +41,7 @@ export interface NftablesAddon {
     removed: string,
     added: string,
     flush?: boolean,
+    keySet?: string,
   ): Promise<ElementBatchResult>;
   /** The ruleset generation, or -1 when it cannot be read. */
   generation(): Promise<number>;
@@ -149,7 +150,15 @@ export class NftAddonExecutor implements NftExecutor {
     }
     let result: ElementBatchResult;
     try {
-      result = await this.addon.writeElements(family, target.table, target.map, removed, added, changes.flush === true);
+      result = await this.addon.writeElements(
+        family,
+        target.table,
+        target.map,
+        removed,
+        added,
+        changes.flush === true,
+        target.keySet ?? '',
+      );
     } catch (err) {
       throw asNftError(err);
     }
@@ -191,11 +200,21 @@ export class NftAddonExecutor implements NftExecutor {
 export function elementsTransaction(family: NftFamily, changes: MapElementChanges, target: MapTarget): Transaction {
   const elements = (list: readonly MapElement[]) =>
     ({ kind: 'element', family, table: target.table, set: target.map, map: true, elements: list }) as const;
+  const keys = (set: string, list: readonly MapElement[]) =>
+    ({ kind: 'element', family, table: target.table, set, keys: true, elements: list }) as const;
+  const { keySet } = target;
   const tx = new Transaction();
   if (changes.flush) {
     tx.flush({ kind: 'map', family, table: target.table, name: target.map, type: [], data: '' });
-  } else if (changes.removed.length > 0) tx.delete(elements(changes.removed));
-  if (changes.added.length > 0) tx.add(elements(changes.added));
+    if (keySet) tx.flush({ kind: 'set', family, table: target.table, name: keySet, type: [] });
+  } else if (changes.removed.length > 0) {
+    tx.delete(elements(changes.removed));
+    if (keySet) tx.delete(keys(keySet, changes.removed));
+  }
+  if (changes.added.length > 0) {
+    tx.add(elements(changes.added));
+    if (keySet) tx.add(keys(keySet, changes.added));
+  }
   return tx;
 }
 

@@ -29,6 +29,11 @@ export interface MapElementChanges {
 export interface MapTarget {
   table: string;
   map: string;
+  /**
+   * A set that holds the map's keys (the `set` key lookup): each change is made to it too, in
+   * the same transaction, and a flush empties it too.
+   */
+  keySet?: string;
 }
 
 export interface NftExecutor {

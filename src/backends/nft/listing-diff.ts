@@ -25,6 +25,10 @@ export interface ListingDiff {
   unmatched: number[];
   /** Listed map elements (`[key, value]` as in the listing) that matched no expected line. */
   residue: unknown[];
+  /** With a key set: whether each of `residue` has its key in the key set too. */
+  residueInKeySet?: boolean[];
+  /** With a key set: its keys (address, protocol, port as listed) that are neither expected nor in the map. */
+  keyResidue?: unknown[][];
 }
 
 /**
@@ -48,9 +52,21 @@ export async function expectedLines(entries: readonly Entry[]): Promise<string> 
   return lines.join('\n');
 }
 
-/** function(listing, expected, mapName) -> ListingDiff; throws on an unexpected element. */
+/**
+ * function(listing, expected, mapName, keySetName) -> ListingDiff; throws on an unexpected
+ * element. With a key set ('' for none), an expected line matches only when its key is also in
+ * the key set.
+ */
 const DIFF_BODY = `
   const doc = JSON.parse(listing);
+  const keySet = keySetName ? new Map() : undefined;
+  const mapKeys = keySetName ? new Set() : undefined;
+  const residueKeys = [];
+  const partsOf = (k) => {
+    const parts = (k && k.elem ? k.elem.val : k).concat;
+    if (!Array.isArray(parts) || parts.length !== 3) throw new Error('unexpected key ' + JSON.stringify(k));
+    return parts;
+  };
   const rules = {};
   const lines = expected === '' ? [] : expected.split('\\n');
   const byKey = new Map();
@@ -63,6 +79,14 @@ const DIFF_BODY = `
   for (const item of doc.nftables || []) {
     const rule = item.rule;
     if (rule && rule.chain !== undefined) (rules[rule.chain] || (rules[rule.chain] = [])).push(JSON.stringify(rule.expr));
+    const set = item.set;
+    if (keySet && set && set.name === keySetName) {
+      for (const k of set.elem || []) {
+        const parts = partsOf(k);
+        keySet.set(parts.join('|'), parts);
+      }
+      continue;
+    }
     const map = item.map;
     if (!map || map.name !== mapName) continue;
     for (const pair of map.elem || []) {
@@ -74,22 +98,32 @@ const DIFF_BODY = `
         throw new Error('unexpected map element ' + JSON.stringify(pair));
       }
       const key = parts.join('|');
+      if (mapKeys) mapKeys.add(key);
       const line = key + '\\t' + pair[1] + '\\t' + ((wrapped && wrapped.comment) || '');
       const i = byKey.get(key);
       if (i !== undefined && lines[i] === line && matched[i] === 0) matched[i] = 1;
-      else residue.push(pair);
+      else {
+        residue.push(pair);
+        residueKeys.push(key);
+      }
     }
   }
   const unmatched = [];
-  for (let i = 0; i < lines.length; i++) if (matched[i] === 0) unmatched.push(i);
-  return { rules, unmatched, residue };
+  for (let i = 0; i < lines.length; i++) {
+    if (matched[i] === 0 || (keySet && !keySet.has(lines[i].slice(0, lines[i].indexOf('\\t'))))) unmatched.push(i);
+  }
+  if (!keySet) return { rules, unmatched, residue };
+  const residueInKeySet = residueKeys.map((k) => keySet.has(k));
+  const keyResidue = [];
+  for (const [k, parts] of keySet) if (!byKey.has(k) && !mapKeys.has(k)) keyResidue.push(parts);
+  return { rules, unmatched, residue, residueInKeySet, keyResidue };
 `;
 
 const DIFF_WORKER = `
 const { parentPort, workerData } = require('node:worker_threads');
-function diff(listing, expected, mapName) {${DIFF_BODY}}
+function diff(listing, expected, mapName, keySetName) {${DIFF_BODY}}
 try {
-  parentPort.postMessage({ ok: diff(workerData.listing, workerData.expected, workerData.mapName) });
+  parentPort.postMessage({ ok: diff(workerData.listing, workerData.expected, workerData.mapName, workerData.keySetName) });
 } catch (err) {
   parentPort.postMessage({ error: String((err && err.message) || err) });
 }
@@ -103,7 +137,7 @@ try {
 const LIST_AND_DIFF_WORKER = `
 const { parentPort, workerData } = require('node:worker_threads');
 const { spawn } = require('node:child_process');
-function diff(listing, expected, mapName) {${DIFF_BODY}}
+function diff(listing, expected, mapName, keySetName) {${DIFF_BODY}}
 const w = workerData;
 const MAX_STDERR = 64 * 1024;
 const child = spawn(w.binary, ['-j', 'list', 'table', w.family, w.table], { stdio: ['ignore', 'pipe', 'pipe'] });
@@ -150,7 +184,7 @@ child.on('close', (code) => {
   let text = listing.toString('utf8');
   listing = undefined;
   try {
-    reply({ ok: diff(text, w.expected, w.mapName) });
+    reply({ ok: diff(text, w.expected, w.mapName, w.keySetName) });
   } catch (e) {
     reply({ error: String((e && e.message) || e) });
   }
@@ -192,10 +226,11 @@ async function inWorker(source: string, workerData: Record<string, unknown>): Pr
 }
 
 // eslint-disable-next-line @typescript-eslint/no-implied-eval
-const diffInline = new Function('listing', 'expected', 'mapName', DIFF_BODY) as (
+const diffInline = new Function('listing', 'expected', 'mapName', 'keySetName', DIFF_BODY) as (
   listing: string,
   expected: string,
   mapName: string,
+  keySetName: string,
 ) => ListingDiff;
 
 /** Listings shorter than this are compared on the event loop: a worker's start costs more. */
@@ -206,9 +241,10 @@ export async function diffListing(
   expected: string,
   mapName: string,
   offThreadAboveBytes = OFF_THREAD_ABOVE_BYTES,
+  keySetName = '',
 ): Promise<ListingDiff> {
-  if (listing.length < offThreadAboveBytes) return diffInline(listing, expected, mapName);
-  const reply = await inWorker(DIFF_WORKER, { listing, expected, mapName });
+  if (listing.length < offThreadAboveBytes) return diffInline(listing, expected, mapName, keySetName);
+  const reply = await inWorker(DIFF_WORKER, { listing, expected, mapName, keySetName });
   if (reply.error !== undefined) throw new NftError(reply.error);
   return reply.ok!;
 }
@@ -226,6 +262,7 @@ export async function listAndDiff(
   mapName: string,
   timeoutMs?: number,
   maxBytes = MAX_LISTING_BYTES,
+  keySetName = '',
 ): Promise<ListingDiff | undefined> {
   const reply = await inWorker(LIST_AND_DIFF_WORKER, {
     binary,
@@ -233,6 +270,7 @@ export async function listAndDiff(
     table,
     expected,
     mapName,
+    keySetName,
     timeoutMs,
     maxBytes,
   });

@@ -38,8 +38,10 @@ import {
 import { JsonWriter, Transaction, type MapElement, type RuleObject } from './objects.js';
 import { ListingWorkerError, diffListing, expectedLines, listAndDiff, type ListingDiff } from './listing-diff.js';
 import {
+  KEY_SET_NAME,
   MAP_NAME,
   NFT_FAMILY,
+  type KeyLookup,
   TABLE_NAME,
   deleteTables,
   desiredTable,
@@ -54,6 +56,11 @@ import {
 } from './render.js';
 
 export interface NftDriverOptions {
+  /**
+   * How rules look a key up (render.ts, KeyLookup); 'auto' (default): the map itself where the
+   * kernel takes it, else a key set, as a check-mode transaction finds at the first use.
+   */
+  lookup?: 'auto' | KeyLookup;
   /**
    * Lists the table for a verification, in another process so that partial syncs go on
    * meanwhile (the addon runs one command at a time). Default: the nft command (the executor
@@ -88,6 +95,9 @@ export class NftDriver implements Driver {
   private lister: NftLister | undefined;
   /** False once a worker thread could not be used: listings are then compared on the event loop. */
   private workers = true;
+  private readonly lookupChoice: 'auto' | KeyLookup;
+  /** The key lookup in use, found once (keyLookup). */
+  private lookup: Promise<{ lookup: KeyLookup; why: string }> | undefined;
 
   constructor(
     readonly executor: NftExecutor,
@@ -96,6 +106,7 @@ export class NftDriver implements Driver {
     this.lister =
       options.lister ??
       (executor.kind === 'addon' ? new NftCliExecutor() : executor instanceof NftCliExecutor ? executor : undefined);
+    this.lookupChoice = options.lookup ?? 'auto';
     this.capabilities = {
       ordersOwnWrites: true,
       conntrackMatters: true,
@@ -121,15 +132,59 @@ export class NftDriver implements Driver {
     return mapSize(entries);
   }
 
-  async probe(): Promise<ProbeResult> {
-    // A check-mode write of an empty state: proves the nft userspace, the nat hooks, fib and
-    // concatenated maps in this kernel, and the permission to program them.
-    const empty: FamilyState = { entries: [], localPodMatch: { kind: 'cidrs', cidrs: [] } };
-    try {
+  /**
+   * How our rules look keys up on this kernel: the map itself when a check-mode write of that
+   * shape passes, else the key set when that one passes (the kernel refuses a map looked up as a
+   * set: Linux 6.1 and older). Found once; a failure is not kept, so the next use tries again.
+   */
+  keyLookup(): Promise<{ lookup: KeyLookup; why: string }> {
+    this.lookup ??= this.findKeyLookup().catch((err: unknown) => {
+      this.lookup = undefined;
+      throw err;
+    });
+    return this.lookup;
+  }
+
+  private async findKeyLookup(): Promise<{ lookup: KeyLookup; why: string }> {
+    if (this.lookupChoice !== 'auto') return { lookup: this.lookupChoice, why: 'as configured' };
+    // A family the kernel refuses whatever the lookup must not decide it for the other.
+    let mapRefused: Error | undefined;
+    for (const lookup of ['map', 'set'] as const) {
       for (const family of FAMILIES) {
-        await this.executor.check(writeTable(new Transaction(), desiredTable(family, empty, 0x4000)));
+        try {
+          await this.checkEmptyTable(family, lookup);
+        } catch (err) {
+          if (lookup === 'map') mapRefused ??= err as Error;
+          continue;
+        }
+        if (lookup === 'map') return { lookup, why: 'this kernel looks a map up as a set' };
+        return {
+          lookup,
+          why: `this kernel refuses a map looked up as a set (${mapRefused?.message}): keys go in a set beside the map`,
+        };
       }
-      return { ok: true, detail: `nftables via ${this.executor.kind}` };
+    }
+    throw mapRefused!;
+  }
+
+  /**
+   * A check-mode write of an empty state: proves the nft userspace, the nat hooks, fib and
+   * concatenated maps (and sets) in this kernel, and the permission to program them.
+   */
+  private async checkEmptyTable(family: Family, lookup: KeyLookup): Promise<void> {
+    const empty: FamilyState = { entries: [], localPodMatch: { kind: 'cidrs', cidrs: [] } };
+    await this.executor.check(writeTable(new Transaction(), desiredTable(family, empty, 0x4000, lookup)));
+  }
+
+  async probe(): Promise<ProbeResult> {
+    try {
+      const { lookup, why } = await this.keyLookup();
+      for (const family of FAMILIES) await this.checkEmptyTable(family, lookup);
+      return {
+        ok: true,
+        detail: `nftables via ${this.executor.kind}, keys looked up in the ${lookup} (${why})`,
+        nftKeyLookup: lookup,
+      };
     } catch (err) {
       return { ok: false, detail: `nftables cannot be programmed: ${(err as Error).message}` };
     }
@@ -140,18 +195,29 @@ export class NftDriver implements Driver {
    * executor's element path where it has one (a netlink batch, without JSON).
    */
   async apply(operations: readonly DriverOperation[]): Promise<Applied> {
+    const { lookup } = await this.keyLookup();
+    const keySet = lookup === 'set' ? KEY_SET_NAME : undefined;
     const [only] = operations;
     if (operations.length === 1 && only?.kind === 'elements' && this.executor.applyElements) {
-      const changes = { removed: only.remove.map(listedElement), added: only.add.map(mapElement) };
-      return this.executor.applyElements(NFT_FAMILY[only.family], changes);
+      const removed = only.remove.map(listedElement);
+      // An element listed in one of the map and the key set but not the other is removed from
+      // where it is, which the JSON path writes (a batch removes each key from both).
+      if (!keySet || only.remove.every((e) => listedIn(e) === 'both')) {
+        const changes = { removed, added: only.add.map(mapElement) };
+        return this.executor.applyElements(NFT_FAMILY[only.family], changes, {
+          table: TABLE_NAME,
+          map: MAP_NAME,
+          keySet,
+        });
+      }
     }
     const whole = operations.filter((op) => op.kind === 'writeFamily');
     if (this.executor.writesElementBatches && whole.length > 0 && whole.length === operations.length) {
-      const applied = await this.writeByBatches(whole);
+      const applied = await this.writeByBatches(whole, lookup);
       if (applied) return applied;
     }
     const tx = new Transaction();
-    for (const op of operations) addOperation(tx, op);
+    for (const op of operations) addOperation(tx, op, lookup);
     if (tx.size === 0) return {};
     return (await this.executor.run(tx)) ?? {};
   }
@@ -165,15 +231,22 @@ export class NftDriver implements Driver {
    * its entries on a kernel that keeps an existing map's size, an object changed by someone
    * else): the caller then writes the families as one transaction.
    */
-  private async writeByBatches(ops: ReadonlyArray<Extract<DriverOperation, { kind: 'writeFamily' }>>) {
+  private async writeByBatches(
+    ops: ReadonlyArray<Extract<DriverOperation, { kind: 'writeFamily' }>>,
+    lookup: KeyLookup,
+  ) {
     const tx = new Transaction();
-    for (const op of ops) writeTableButElements(tx, desiredTable(op.family, op.state, op.masqueradeMark));
+    for (const op of ops) writeTableButElements(tx, desiredTable(op.family, op.state, op.masqueradeMark, lookup));
+    const keySet = lookup === 'set' ? KEY_SET_NAME : undefined;
     const commits: Array<NftCommit | void> = [];
     try {
       commits.push(await this.executor.run(tx));
       for (const op of ops) {
         const added = op.state.entries.map(mapElement);
-        commits.push(await this.executor.applyElements!(NFT_FAMILY[op.family], { removed: [], added, flush: true }));
+        const target = { table: TABLE_NAME, map: MAP_NAME, keySet };
+        commits.push(
+          await this.executor.applyElements!(NFT_FAMILY[op.family], { removed: [], added, flush: true }, target),
+        );
       }
     } catch {
       return undefined;
@@ -192,15 +265,19 @@ export class NftDriver implements Driver {
     how: 'alongside-writes' | 'between-writes',
   ): Promise<ReadBack | 'unfinished' | 'not-alongside'> {
     if (how === 'alongside-writes' && !this.lister) return 'not-alongside';
+    const { lookup } = await this.keyLookup();
+    const keySetName = lookup === 'set' ? KEY_SET_NAME : '';
     const lines = await expectedLines(expected);
     // The generation the listing will see, if nothing commits meanwhile: then a repair computed
     // from it leaves the kernel exactly as programmed.
     const generation = await this.executor.generation?.();
-    const listed = how === 'alongside-writes' ? await this.listAlongside(family, lines, expected.length) : undefined;
+    const listed =
+      how === 'alongside-writes' ? await this.listAlongside(family, lines, expected.length, keySetName) : undefined;
     if (listed === 'unfinished' || listed === 'not-alongside') return listed;
-    const diff = listed ?? (await this.diff(await this.executor.listTable(NFT_FAMILY[family], TABLE_NAME), lines));
+    const diff =
+      listed ?? (await this.diff(await this.executor.listTable(NFT_FAMILY[family], TABLE_NAME), lines, keySetName));
     if (diff === undefined) throw new NftError('the table is missing');
-    const table = desiredTable(family, shape.state, shape.masqueradeMark);
+    const table = desiredTable(family, shape.state, shape.masqueradeMark, lookup);
     const shapeDrift: string[] = [];
     for (const chain of table.chains) {
       const want = table.rules
@@ -211,7 +288,10 @@ export class NftDriver implements Driver {
     }
     const read: ReadBack = {
       missing: diff.unmatched.map((i) => expected[i]!),
-      foreign: parseListedElements(family, diff.residue),
+      foreign: [
+        ...parseListedElements(family, diff.residue, diff.residueInKeySet),
+        ...(diff.keyResidue ?? []).map((key) => keyOnlyElement(family, key)),
+      ],
       shapeDrift,
     };
     if (generation !== undefined) read.generation = generation;
@@ -227,6 +307,7 @@ export class NftDriver implements Driver {
     family: Family,
     lines: string,
     entries: number,
+    keySetName: string,
   ): Promise<ListingDiff | 'unfinished' | 'not-alongside'> {
     const nf = NFT_FAMILY[family];
     const lister = this.lister!;
@@ -236,13 +317,13 @@ export class NftDriver implements Driver {
       try {
         diff =
           lister instanceof NftCliExecutor && this.workers
-            ? await listAndDiff(lister.binary, nf, TABLE_NAME, lines, MAP_NAME, timeoutMs)
-            : await this.diff(await lister.listTable(nf, TABLE_NAME, timeoutMs), lines);
+            ? await listAndDiff(lister.binary, nf, TABLE_NAME, lines, MAP_NAME, timeoutMs, undefined, keySetName)
+            : await this.diff(await lister.listTable(nf, TABLE_NAME, timeoutMs), lines, keySetName);
       } catch (err) {
         if (!(err instanceof ListingWorkerError)) throw err;
         // No worker threads here: compare on the event loop from now on.
         this.workers = false;
-        diff = await this.diff(await lister.listTable(nf, TABLE_NAME, timeoutMs), lines);
+        diff = await this.diff(await lister.listTable(nf, TABLE_NAME, timeoutMs), lines, keySetName);
       }
       if (diff === undefined) throw new NftError('the table is missing');
       return diff;
@@ -255,14 +336,18 @@ export class NftDriver implements Driver {
     }
   }
 
-  private async diff(listing: string | undefined, expected: string): Promise<ListingDiff | undefined> {
+  private async diff(
+    listing: string | undefined,
+    expected: string,
+    keySetName: string,
+  ): Promise<ListingDiff | undefined> {
     if (listing === undefined) return undefined;
     try {
-      return await diffListing(listing, expected, MAP_NAME, this.workers ? undefined : Infinity);
+      return await diffListing(listing, expected, MAP_NAME, this.workers ? undefined : Infinity, keySetName);
     } catch (err) {
       if (!(err instanceof ListingWorkerError)) throw err;
       this.workers = false;
-      return diffListing(listing, expected, MAP_NAME, Infinity);
+      return diffListing(listing, expected, MAP_NAME, Infinity, keySetName);
     }
   }
 
@@ -303,23 +388,28 @@ function chainedCommits(commits: ReadonlyArray<NftCommit | void>): Applied {
 }
 
 /** One typed operation as verbs on our tables' objects. */
-function addOperation(tx: Transaction, op: DriverOperation): void {
+function addOperation(tx: Transaction, op: DriverOperation, lookup: KeyLookup): void {
+  const changes = (family: Family, remove: readonly KernelElement[], add: readonly Entry[]) => {
+    const inMap = remove.filter((e) => listedIn(e) !== 'keySet').map(listedElement);
+    const inKeySet = remove.filter((e) => listedIn(e) !== 'map').map(listedElement);
+    mapChanges(tx, family, inMap, add.map(mapElement), lookup, inKeySet);
+  };
   switch (op.kind) {
     case 'writeFamily':
-      writeTable(tx, desiredTable(op.family, op.state, op.masqueradeMark));
+      writeTable(tx, desiredTable(op.family, op.state, op.masqueradeMark, lookup));
       return;
     case 'replaceFamily':
-      replaceTable(tx, desiredTable(op.family, op.state, op.masqueradeMark));
+      replaceTable(tx, desiredTable(op.family, op.state, op.masqueradeMark, lookup));
       return;
     case 'writeShape':
-      resyncTable(tx, desiredTable(op.family, op.shape.state, op.shape.masqueradeMark));
-      mapChanges(tx, op.family, op.remove.map(listedElement), op.add.map(mapElement));
+      resyncTable(tx, desiredTable(op.family, op.shape.state, op.shape.masqueradeMark, lookup));
+      changes(op.family, op.remove, op.add);
       return;
     case 'elements':
-      mapChanges(tx, op.family, op.remove.map(listedElement), op.add.map(mapElement));
+      changes(op.family, op.remove, op.add);
       return;
     case 'repairShape': {
-      const table = desiredTable(op.family, op.shape.state, op.shape.masqueradeMark);
+      const table = desiredTable(op.family, op.shape.state, op.shape.masqueradeMark, lookup);
       for (const chain of table.chains) if (op.parts.includes(chain.name)) rewriteRules(tx, table, chain);
       return;
     }
@@ -329,12 +419,42 @@ function addOperation(tx: Transaction, op: DriverOperation): void {
   }
 }
 
+/**
+ * Where a read back found an element (ListedRef): in the map and the key set ('both', also what
+ * the elements we programmed are), or in one of them only.
+ */
+interface ListedRef {
+  element: MapElement;
+  in: 'both' | 'map' | 'keySet';
+}
+
+function listedIn(e: KernelElement): ListedRef['in'] {
+  return (e.ref as ListedRef | undefined)?.in ?? 'both';
+}
+
 /** An element to delete: as it was listed when it was read back, else as we write it. */
 function listedElement(e: KernelElement): MapElement {
-  return (e.ref as MapElement | undefined) ?? mapElement(e as Entry);
+  return (e.ref as ListedRef | undefined)?.element ?? mapElement(e as Entry);
 }
 
 type Json = unknown;
+
+/**
+ * A key of the key set that neither the map nor the programmed entries have: it translates
+ * nothing (the DNAT finds no element), but marks the packets for masquerade, so it is removed.
+ */
+function keyOnlyElement(family: Family, key: readonly Json[]): KernelElement {
+  const [ip, proto, port] = key as [string, string | number, number | string];
+  const unspecified = family === 'ipv6' ? '::' : '0.0.0.0';
+  return {
+    family,
+    externalIp: family === 'ipv6' ? (parseIp(ip)?.address ?? ip) : ip,
+    protocol: (typeof proto === 'string' ? proto.toUpperCase() : proto) as never,
+    port: Number(port),
+    clusterIp: unspecified,
+    ref: { element: { key: [ip, proto, port], value: unspecified }, in: 'keySet' } satisfies ListedRef,
+  };
+}
 
 /** The expressions of a rule as nft JSON: what a listing shows of it. */
 function ruleExpressions(json: JsonWriter, rule: RuleObject): unknown {
@@ -342,10 +462,13 @@ function ruleExpressions(json: JsonWriter, rule: RuleObject): unknown {
   return (command!.add as { rule: { expr: unknown } }).rule.expr;
 }
 
-/** Map elements as a listing shows them (`[key, value]` pairs), typed. */
-function parseListedElements(family: Family, pairs: readonly Json[]): KernelElement[] {
+/**
+ * Map elements as a listing shows them (`[key, value]` pairs), typed; `inKeySet[i]` says whether
+ * the key set (when there is one) holds the key of `pairs[i]` too.
+ */
+function parseListedElements(family: Family, pairs: readonly Json[], inKeySet?: readonly boolean[]): KernelElement[] {
   const elements: KernelElement[] = [];
-  for (const pair of pairs) {
+  for (const [i, pair] of pairs.entries()) {
     if (!Array.isArray(pair) || pair.length !== 2) throw new NftError(`unexpected map element ${JSON.stringify(pair)}`);
     const [k, value] = pair as [Json, Json];
     const wrapped = (k as { elem?: { val: Json; comment?: string } }).elem;
@@ -365,7 +488,10 @@ function parseListedElements(family: Family, pairs: readonly Json[]): KernelElem
       port: Number(port),
       clusterIp: family === 'ipv6' ? (parseIp(value)?.address ?? value) : value,
       // Deleted by key: written back as it was read.
-      ref: { key: [ip, proto, port], value } satisfies MapElement,
+      ref: {
+        element: { key: [ip, proto, port], value },
+        in: inKeySet?.[i] === false ? 'map' : 'both',
+      } satisfies ListedRef,
     };
     if (wrapped?.comment !== undefined) element.service = wrapped.comment;
     elements.push(element);

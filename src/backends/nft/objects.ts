@@ -36,8 +36,8 @@ export type Statement =
   | { kind: 'sourceInSet'; set: string }
   /** iifname "name" (a trailing `*` matches a prefix) */
   | { kind: 'inputInterface'; name: string }
-  /** <family> daddr . meta l4proto . th dport @map */
-  | { kind: 'destinationInMap'; map: string }
+  /** <family> daddr . meta l4proto . th dport @name: the key in a map (no data read) or a set */
+  | { kind: 'destinationIn'; name: string }
   /** meta mark set meta mark | mark */
   | { kind: 'orMark'; mark: number }
   /** dnat <family> to <family> daddr . meta l4proto . th dport map @map */
@@ -57,9 +57,11 @@ export interface SetObject {
   family: NftFamily;
   table: string;
   name: string;
-  /** Key type, e.g. `ipv4_addr`. */
-  type: string;
+  /** Key type, e.g. `ipv4_addr`, or the types of a concatenation. */
+  type: string | string[];
   flags?: Array<'interval'>;
+  /** As a map's size (MapObject.size). */
+  size?: number;
   comment?: string;
 }
 
@@ -96,7 +98,9 @@ export interface PrefixElement {
 
 export type ElementObject =
   | { kind: 'element'; family: NftFamily; table: string; set: string; map: true; elements: readonly MapElement[] }
-  | { kind: 'element'; family: NftFamily; table: string; set: string; map?: false; elements: readonly PrefixElement[] };
+  /** The keys of map elements, in a set of the same key type (their values are not written). */
+  | { kind: 'element'; family: NftFamily; table: string; set: string; keys: true; elements: readonly MapElement[] }
+  | { kind: 'element'; family: NftFamily; table: string; set: string; elements: readonly PrefixElement[] };
 
 export type NftObject = TableObject | ChainObject | RuleObject | SetObject | MapObject | ElementObject;
 
@@ -156,8 +160,8 @@ function statementJson(family: NftFamily, s: Statement): unknown {
       return { match: { op: '==', left: { payload: { protocol: family, field: 'saddr' } }, right: `@${s.set}` } };
     case 'inputInterface':
       return { match: { op: '==', left: { meta: { key: 'iifname' } }, right: s.name } };
-    case 'destinationInMap':
-      return { match: { op: '==', left: daddrKey(family), right: `@${s.map}` } };
+    case 'destinationIn':
+      return { match: { op: '==', left: daddrKey(family), right: `@${s.name}` } };
     case 'orMark':
       return { mangle: { key: { meta: { key: 'mark' } }, value: { '|': [{ meta: { key: 'mark' } }, s.mark] } } };
     case 'dnatByMap':
@@ -215,6 +219,7 @@ export class JsonWriter {
         if (verb === 'add') {
           set.type = o.type;
           if (o.flags) set.flags = o.flags;
+          if (o.size !== undefined) set.size = o.size;
           if (o.comment !== undefined) set.comment = o.comment;
         }
         return { set };
@@ -230,7 +235,9 @@ export class JsonWriter {
       }
       case 'element': {
         let elem: unknown[];
-        if (o.map) {
+        if ('keys' in o) {
+          elem = o.elements.map((e) => ({ concat: e.key }));
+        } else if ('map' in o) {
           // A deletion names keys only.
           elem =
             verb === 'delete' ? o.elements.map((e) => ({ concat: e.key })) : o.elements.map((e) => this.mapElement(e));
@@ -258,8 +265,8 @@ export function statementText(family: NftFamily, s: Statement): string {
       return `${family} saddr @${s.set}`;
     case 'inputInterface':
       return `iifname ${quote(s.name)}`;
-    case 'destinationInMap':
-      return `${key} @${s.map}`;
+    case 'destinationIn':
+      return `${key} @${s.name}`;
     case 'orMark':
       return `meta mark set meta mark | 0x${s.mark.toString(16).padStart(8, '0')}`;
     case 'dnatByMap':
@@ -280,7 +287,8 @@ export function mapElementText(e: MapElement): string {
 }
 
 function elementsText(o: ElementObject): string[] {
-  return o.map ? o.elements.map(mapElementText) : o.elements.map((e) => `${e.address}/${e.length}`);
+  if ('keys' in o) return o.elements.map((e) => e.key.join(' . '));
+  return 'map' in o ? o.elements.map(mapElementText) : o.elements.map((e) => `${e.address}/${e.length}`);
 }
 
 function chainSpecText(base: BaseChainSpec): string {
@@ -306,8 +314,9 @@ export function tableText(t: TableContents): string {
   if (t.table.comment) lines.push(`\tcomment ${quote(t.table.comment)}`, '');
   const elementsOf = (name: string) => t.elements.filter((e) => e.set === name).flatMap(elementsText);
   for (const s of t.sets) {
-    lines.push(`\tset ${s.name} {`, `\t\ttype ${s.type}`);
+    lines.push(`\tset ${s.name} {`, `\t\ttype ${typeof s.type === 'string' ? s.type : s.type.join(' . ')}`);
     if (s.flags) lines.push(`\t\tflags ${s.flags.join(',')}`);
+    if (s.size !== undefined) lines.push(`\t\tsize ${s.size}`);
     if (s.comment) lines.push(`\t\tcomment ${quote(s.comment)}`);
     const elements = elementsOf(s.name);
     if (elements.length > 0) lines.push(`\t\telements = { ${elements.join(', ')} }`);

@@ -23,6 +23,8 @@ export type { NftFamily } from './objects.js';
 
 export const TABLE_NAME = 'ipvs-node-controller';
 export const MAP_NAME = 'external-ip-to-cluster-ip';
+/** The map's keys again, as a set: the lookup of kernels that refuse a map looked up as a set. */
+export const KEY_SET_NAME = 'external-ip-keys';
 export const LOCAL_POD_SET = 'local-pod-cidrs';
 export const PREROUTING_CHAIN = 'prerouting-from-local-pods';
 export const OUTPUT_CHAIN = 'output-from-node';
@@ -48,6 +50,16 @@ export function mapSize(entries: number): number {
   return size;
 }
 
+/**
+ * How our rules ask whether a packet's (daddr, protocol, dport) has an entry:
+ * - `map`: they look the key up in the map itself. One element per entry. Linux 5.10 and 6.1
+ *   refuse it (nf_tables' lookup of a map without reading its data is EINVAL there); 6.12 takes it.
+ * - `set`: they look it up in a set holding the map's keys (KEY_SET_NAME), which every kernel
+ *   takes. Each entry is an element of both, written in the same transaction.
+ * The driver probes which one the kernel takes (keyLookup in nft-driver.ts).
+ */
+export type KeyLookup = 'map' | 'set';
+
 /** The map element of an entry. */
 export function mapElement(e: Entry): MapElement {
   return { key: [e.externalIp, e.protocol.toLowerCase(), e.port], value: e.clusterIp, comment: e.service };
@@ -58,6 +70,7 @@ export function mapElement(e: Entry): MapElement {
  * the map is declared with `size` for `entries` elements (mapSize).
  */
 export function tableObjects(family: Family, entries = 0) {
+  const keyType = [ADDR_TYPE[family], 'inet_proto', 'inet_service'];
   const nf = NFT_FAMILY[family];
   const table: TableObject = {
     kind: 'table',
@@ -70,7 +83,7 @@ export function tableObjects(family: Family, entries = 0) {
     kind: 'map',
     ...inTable,
     name: MAP_NAME,
-    type: [ADDR_TYPE[family], 'inet_proto', 'inet_service'],
+    type: keyType,
     data: ADDR_TYPE[family],
     size: mapSize(entries),
     comment: 'external IP . protocol . port : ClusterIP',
@@ -83,27 +96,49 @@ export function tableObjects(family: Family, entries = 0) {
     flags: ['interval'],
     comment: 'local pod CIDRs',
   };
+  const keySet: SetObject = {
+    kind: 'set',
+    ...inTable,
+    name: KEY_SET_NAME,
+    type: keyType,
+    size: mapSize(entries),
+    comment: `the keys of ${MAP_NAME}`,
+  };
   const nat = (hook: 'prerouting' | 'output') =>
     ({ type: 'nat', hook, priority: CHAIN_PRIORITY, policy: 'accept' }) as const;
   const prerouting: ChainObject = { kind: 'chain', ...inTable, name: PREROUTING_CHAIN, base: nat('prerouting') };
   const output: ChainObject = { kind: 'chain', ...inTable, name: OUTPUT_CHAIN, base: nat('output') };
   const translate: ChainObject = { kind: 'chain', ...inTable, name: TRANSLATE_CHAIN };
-  return { table, map, localPods, prerouting, output, translate, chains: [prerouting, output, translate] };
+  return { table, map, keySet, localPods, prerouting, output, translate, chains: [prerouting, output, translate] };
 }
 
 export function mapElements(family: Family, elements: readonly MapElement[]): ElementObject {
   return { kind: 'element', family: NFT_FAMILY[family], table: TABLE_NAME, set: MAP_NAME, map: true, elements };
 }
 
+/** The keys of map elements as elements of the key set. */
+export function keySetElements(family: Family, elements: readonly MapElement[]): ElementObject {
+  return { kind: 'element', family: NFT_FAMILY[family], table: TABLE_NAME, set: KEY_SET_NAME, keys: true, elements };
+}
+
 /** What one family's table holds when it matches `state`. */
 export interface DesiredTable extends TableContents {
   /** The map elements (also among `elements` when there are any). */
   mapElements: ElementObject;
+  /** How the rules look a key up; with `set`, the key set's elements are among `elements` too. */
+  lookup: KeyLookup;
+  /** The key set's elements (lookup `set`), else undefined. */
+  keySetElements?: ElementObject;
   /** Our objects that must not exist in this state (the pod set in interface modes, say). */
   unwanted: Array<ChainObject | SetObject>;
 }
 
-export function desiredTable(family: Family, state: FamilyState, masqueradeMark: number): DesiredTable {
+export function desiredTable(
+  family: Family,
+  state: FamilyState,
+  masqueradeMark: number,
+  lookup: KeyLookup = 'map',
+): DesiredTable {
   const o = tableObjects(family, state.entries.length);
   const match = state.localPodMatch;
   const rule = (chain: ChainObject, statements: Statement[]): RuleObject => ({
@@ -113,9 +148,10 @@ export function desiredTable(family: Family, state: FamilyState, masqueradeMark:
     chain: chain.name,
     statements,
   });
-  const lookup: Statement = { kind: 'destinationInMap', map: MAP_NAME };
+  const keyIn: Statement = { kind: 'destinationIn', name: lookup === 'set' ? KEY_SET_NAME : MAP_NAME };
   const jump: Statement = { kind: 'jump', chain: TRANSLATE_CHAIN };
-  const mapElems = mapElements(family, state.entries.map(mapElement));
+  const elements = state.entries.map(mapElement);
+  const mapElems = mapElements(family, elements);
   const t: DesiredTable = {
     table: o.table,
     sets: [],
@@ -125,8 +161,14 @@ export function desiredTable(family: Family, state: FamilyState, masqueradeMark:
     rules: [],
     notes: [],
     mapElements: mapElems,
+    lookup,
     unwanted: [],
   };
+  if (lookup === 'set') {
+    t.sets.push(o.keySet);
+    t.keySetElements = keySetElements(family, elements);
+    if (elements.length > 0) t.elements.push(t.keySetElements);
+  }
   let podMatch: Statement | undefined;
   switch (match.kind) {
     case 'cidrs':
@@ -159,13 +201,13 @@ export function desiredTable(family: Family, state: FamilyState, masqueradeMark:
   if (state.entries.length > 0) t.elements.push(mapElems);
   if (podMatch) {
     t.chains.push(o.prerouting);
-    t.rules.push(rule(o.prerouting, [podMatch, lookup, jump]));
+    t.rules.push(rule(o.prerouting, [podMatch, keyIn, jump]));
   } else {
     t.unwanted.push(o.prerouting);
   }
   t.chains.push(o.output, o.translate);
   t.rules.push(
-    rule(o.output, [{ kind: 'fromLocalAddress' }, lookup, jump]),
+    rule(o.output, [{ kind: 'fromLocalAddress' }, keyIn, jump]),
     // One rule: mark, then DNAT.
     rule(o.translate, [
       { kind: 'orMark', mark: masqueradeMark },
@@ -198,19 +240,23 @@ export function writeTableButElements(tx: Transaction, t: DesiredTable): Transac
 
 function writeObjects(tx: Transaction, t: DesiredTable, map: 'replaced' | 'kept'): Transaction {
   const all = tableObjects(t.table.family === 'ip' ? 'ipv4' : 'ipv6');
+  // The map and the key set hold the entries: replaced together, or kept together.
+  const keyed: Array<MapObject | SetObject> = [...t.maps, ...t.sets.filter((s) => s.name === KEY_SET_NAME)];
+  const otherSets = t.sets.filter((s) => s.name !== KEY_SET_NAME);
+  const entryElements = [t.mapElements, t.keySetElements];
   tx.add(t.table, ...t.maps, ...t.sets);
   // Our chains that exist now are emptied first: a rule of the old state may name the pod set,
-  // and every rule names the map, which can only be deleted once no rule does.
+  // and every rule names the map or the key set, which can only be deleted once no rule does.
   const unwantedChains = t.unwanted.filter((o): o is ChainObject => o.kind === 'chain');
   tx.add(...t.chains, ...unwantedChains);
-  tx.flush(...all.chains, ...t.sets);
+  tx.flush(...all.chains, ...otherSets);
   // Replaced rather than flushed: whether a kernel takes a new size for a map that exists varies
   // (6.18 does), and a deletion is one transaction entry where a flush is one per element.
-  if (map === 'replaced') tx.delete(...t.maps).add(...t.maps);
+  if (map === 'replaced') tx.delete(...keyed).add(...keyed);
   // Rules before elements: the kernel checks every element of a map when a rule that reads data
   // from it is added (nf_tables_bind_set walks the map), so the map should be empty by then
   // (50,000 elements: 3% of the transaction).
-  tx.add(...t.rules, ...(map === 'replaced' ? t.elements : t.elements.filter((e) => e !== t.mapElements)));
+  tx.add(...t.rules, ...(map === 'replaced' ? t.elements : t.elements.filter((e) => !entryElements.includes(e))));
   // Declared, then deleted: `delete` alone fails on what does not exist.
   const unwantedSets = t.unwanted.filter((o): o is SetObject => o.kind === 'set');
   tx.add(...unwantedSets);
@@ -230,7 +276,7 @@ export function resyncTable(tx: Transaction, t: DesiredTable): Transaction {
   // The pod set is added to, never flushed: a flush and re-add of an interval set in one
   // transaction let a pod connection through untranslated (seen once in 2,322 at 15,000 entries).
   // A resync runs only while the pod CIDRs are those programmed, so `add` restores what went.
-  for (const e of t.elements) if (e !== t.mapElements) tx.add(e);
+  for (const e of t.elements) if (e !== t.mapElements && e !== t.keySetElements) tx.add(e);
   return tx;
 }
 
@@ -247,15 +293,22 @@ export function replaceTable(tx: Transaction, t: DesiredTable): Transaction {
   return tx.add(...t.rules, ...t.elements);
 }
 
-/** Map changes only: deletions first, then additions, in one transaction. */
+/**
+ * Entry changes only: deletions first, then additions, in one transaction; with the `set` lookup,
+ * of the key set too (`keysRemoved`: the removals whose key the set holds, by default all).
+ */
 export function mapChanges(
   tx: Transaction,
   family: Family,
   removed: readonly MapElement[],
   added: readonly MapElement[],
+  lookup: KeyLookup = 'map',
+  keysRemoved: readonly MapElement[] = removed,
 ): Transaction {
+  if (lookup === 'set' && keysRemoved.length > 0) tx.delete(keySetElements(family, keysRemoved));
   if (removed.length > 0) tx.delete(mapElements(family, removed));
   if (added.length > 0) tx.add(mapElements(family, added));
+  if (lookup === 'set' && added.length > 0) tx.add(keySetElements(family, added));
   return tx;
 }
 
@@ -269,6 +322,6 @@ export function deleteTables(tx: Transaction, families: readonly Family[]): Tran
 }
 
 /** What --dry-run prints: both tables as `nft -f` input (what `nft list table` would show, with elements). */
-export function renderDesiredStateText(desired: DesiredState): string {
-  return FAMILIES.map((f) => tableText(desiredTable(f, desired[f], desired.masqueradeMark))).join('\n');
+export function renderDesiredStateText(desired: DesiredState, lookup: KeyLookup = 'map'): string {
+  return FAMILIES.map((f) => tableText(desiredTable(f, desired[f], desired.masqueradeMark, lookup))).join('\n');
 }

@@ -6,6 +6,7 @@ import { expect } from 'chai';
 import { NftDriver } from '../../src/backends/nft/nft-driver.js';
 import { NftCliExecutor } from '../../src/backends/nft/executor.js';
 import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
+import type { KeyLookup } from '../../src/backends/nft/render.js';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import type { IptablesVariant } from '../../src/backends/iptables/variant.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
@@ -20,10 +21,10 @@ export interface BackendUnderTest {
   removeByHand(): void;
 }
 
-function addonBackend(): Reconciler {
+function addonBackend(lookup: 'auto' | KeyLookup = 'auto'): Reconciler {
   const load = loadNftAddon();
   if (!load.executor) throw new Error(`the nftables addon must be built for kernel tests: ${load.reason}`);
-  return new Reconciler(new NftDriver(load.executor));
+  return new Reconciler(new NftDriver(load.executor, { lookup }));
 }
 
 /** Someone flushed our IPv4 chain and deleted its jump behind the controller's back. */
@@ -35,7 +36,13 @@ function removeIptablesByHand(variant: IptablesVariant): void {
 export const BACKENDS: BackendUnderTest[] = [
   {
     name: 'nft (addon)',
-    make: addonBackend,
+    make: () => addonBackend(),
+    removeByHand: () => sh('nft', ['delete', 'table', 'ip', 'ipvs-node-controller']),
+  },
+  {
+    // The lookup of kernels that refuse a map looked up as a set, proven on every kernel.
+    name: 'nft (addon, keys in a set)',
+    make: () => addonBackend('set'),
     removeByHand: () => sh('nft', ['delete', 'table', 'ip', 'ipvs-node-controller']),
   },
   {

@@ -4,9 +4,14 @@
 //
 // kube-proxy in IPVS mode binds ClusterIPs and LoadBalancer IPs to kube-ipvs0. Here a ClusterIP
 // is answered by a server named after its Service (IPVS balancing to endpoints elsewhere in the
-// cluster), and a LoadBalancer IP is blackholed the way IPVS does it with externalTrafficPolicy
-// Local and no local endpoint: new connections to it are dropped (`ct state new`, so that replies
-// of translated connections still pass).
+// cluster), and a LoadBalancer IP is refused the way IPVS refuses it with externalTrafficPolicy
+// Local and no local endpoint: a virtual service without a real server answers a new connection
+// (TCP SYN, UDP datagram) with ICMP port unreachable, so the client sees "connection refused" at
+// once. Only new connections are refused (`ct state new`): a host process connecting from an
+// address bound on the node (the LoadBalancer IP itself, as source) gets the replies of its
+// translated connections addressed to that address, and those must pass. The kernel rate-limits
+// these ICMP errors per destination (net.ipv4.icmp_ratelimit: a burst of 6, then one a second),
+// as it does IPVS's own; the demo probes each client far less often than that.
 
 import { NamedServer, sh } from '../testbed/node-network.js';
 
@@ -58,10 +63,10 @@ export class DemoNode {
         comment "the demo's stand-in for IPVS virtual services without local endpoints"
         set blackholed { type ipv4_addr . inet_proto . inet_service; }
         chain input { type filter hook input priority 0; policy accept;
-          ip daddr . meta l4proto . th dport @blackholed ct state new drop
+          ip daddr . meta l4proto . th dport @blackholed ct state new reject with icmp type port-unreachable
         }
         chain output { type filter hook output priority 0; policy accept;
-          ip daddr . meta l4proto . th dport @blackholed ct state new drop
+          ip daddr . meta l4proto . th dport @blackholed ct state new reject with icmp type port-unreachable
         }
       }\n`,
     );

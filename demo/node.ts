@@ -1,6 +1,7 @@
 // The demo's node, run by demo/run.ts inside a network and mount namespace of its own: pods, the
-// IPVS blackhole, the API stand-in with example Services, then the real controller, with probes
-// before and after, and a live view of the rules while the user changes Services with kubectl.
+// IPVS blackhole (connections refused), the API stand-in with example Services, then the real
+// controller, with probes before and after, and a live view of the rules while the user changes
+// Services with kubectl.
 // Usage: node dist/demo/node.js --workdir DIR --api-port N --metrics-port N --healthz-port N
 
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
@@ -147,13 +148,15 @@ async function probeLine(from: { label: string; ns?: string }, vip: VirtualServi
   // The demo's endpoints answer with their Service's namespace/name (and a UDP source after it).
   const service = /^[a-z0-9-]+\/[a-z0-9-]+(?= |$)/.exec(answer)?.[0];
   const verdict =
-    answer === 'timeout'
-      ? 'x  no answer: blackholed (IPVS has no local endpoint for it)'
+    answer === 'refused'
+      ? 'x  refused (IPVS has no endpoint here)'
       : service
         ? `ok answered by the endpoints of ${service} (through its ClusterIP)`
         : answer === ''
           ? 'x  the probe ended without a result'
-          : `x  ${answer}`;
+          : answer === 'timeout'
+            ? `x  no answer within ${timeoutMs} ms`
+            : `x  ${answer}`;
   return `   ${from.label.padEnd(WHERE_WIDTH)} -> ${target.padEnd(22)} ${verdict}`;
 }
 
@@ -210,7 +213,8 @@ async function main(): Promise<void> {
     say();
     const vips = () => ipvs.externalVirtualServices().sort((a, b) => (a.ip + a.port < b.ip + b.port ? -1 : 1));
     say('1. Without the controller. The Services have externalTrafficPolicy: Local and no endpoint on this');
-    say('   node, so IPVS has no real server for their LoadBalancer IPs here: in-cluster clients are blackholed.');
+    say('   node, so IPVS has no real server for their LoadBalancer IPs here: it refuses in-cluster clients');
+    say('   (ICMP port unreachable), although the Services answer from outside and on their ClusterIPs.');
     for (const vip of vips()) for (const line of await Promise.all(clients.map((c) => probeLine(c, vip)))) say(line);
     say();
 

@@ -1,4 +1,5 @@
-// Child process of probe(): connects or sends once, prints what the server answered.
+// Child process of probe(): connects or sends once, prints what the server answered, `refused`
+// (ECONNREFUSED: a TCP reset or an ICMP port unreachable) or `timeout`.
 // Usage: probe-client.js tcp|udp ADDRESS PORT TIMEOUT_MS
 
 import * as dgram from 'node:dgram';
@@ -22,8 +23,13 @@ if (protocol === 'tcp') {
     finish(err.code === 'ECONNREFUSED' ? 'refused' : `error:${err.code}`),
   );
 } else {
+  // Connected, as a UDP client that expects an answer is: an ICMP port unreachable for its
+  // datagram (IPVS's virtual service without a real server) then fails the next receive with
+  // ECONNREFUSED; an unconnected socket would never hear of it.
   const sock = dgram.createSocket(address!.includes(':') ? 'udp6' : 'udp4');
   sock.on('message', (msg, rinfo) => finish(`${msg.toString().trim()} from ${rinfo.address}`));
-  sock.on('error', (err: NodeJS.ErrnoException) => finish(`error:${err.code}`));
-  sock.send('ping', port, address!);
+  sock.on('error', (err: NodeJS.ErrnoException) =>
+    finish(err.code === 'ECONNREFUSED' ? 'refused' : `error:${err.code}`),
+  );
+  sock.connect(port, address!, () => sock.send('ping'));
 }

@@ -1,8 +1,9 @@
-// `npm run demo` as a user meets it: the blackhole before the controller, translation after, and
-// kubectl get / apply / delete against the demo's API stand-in with the rules following; Ctrl-C
-// (SIGINT) tears it all down, also when the reader of its output is gone, and at once during the
-// first step. The test's own mount namespace (a tmpfs on /run/netns, test/run.mjs) plays the
-// host: the demo's `ip netns` names must never show there.
+// `npm run demo` as a user meets it: connections refused before the controller (IPVS's virtual
+// service without a real server), translated and answered after, and kubectl get / apply /
+// delete against the demo's API stand-in with the rules following; Ctrl-C (SIGINT) tears it all
+// down, also when the reader of its output is gone, and at once during the first step. The
+// test's own mount namespace (a tmpfs on /run/netns, test/run.mjs) plays the host: the demo's
+// `ip netns` names must never show there.
 
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
@@ -103,7 +104,7 @@ describe('the demo (npm run demo)', function () {
     }
   });
 
-  it('shows the blackhole, then the translation, then follows kubectl apply and delete; SIGINT tears down', async () => {
+  it('shows the refusal, then the translation, then follows kubectl apply and delete; SIGINT tears down', async () => {
     demo = spawn(process.execPath, [DEMO], { stdio: ['ignore', 'pipe', 'pipe'] });
     demo.stdout!.on('data', (d: Buffer) => (output += d.toString()));
     demo.stderr!.on('data', (d: Buffer) => (output += d.toString()));
@@ -115,7 +116,7 @@ describe('the demo (npm run demo)', function () {
     for (const client of ['host network (node)', 'pod-a (10.244.1.2)', 'pod-b (10.244.1.3)']) {
       for (const target of ['203.0.113.10:80/tcp', '203.0.113.10:8443/tcp']) {
         const line = (text: string) => text.split('\n').find((l) => l.includes(client) && l.includes(target)) ?? '';
-        expect(line(before), `${client} -> ${target} before`).to.match(/no answer: blackholed/);
+        expect(line(before), `${client} -> ${target} before`).to.match(/x {2}refused \(IPVS has no endpoint here\)$/);
         const service = target.endsWith(':80/tcp') ? 'shop/web' : 'shop/api';
         expect(line(after), `${client} -> ${target} after`).to.match(
           new RegExp(`ok answered by the endpoints of ${service}`),
@@ -259,10 +260,21 @@ describe('the demo (npm run demo)', function () {
   it('stops at once on Ctrl-C during the first step, and reports no success it did not see', async () => {
     requirePrivateRunNetns();
     const run = new DemoRun();
-    await run.waitFor(/1\. Without the controller/, 'the first step');
-    const processes = descendants(run.child.pid!);
-    const interruptedAt = Date.now();
-    run.ctrlC();
+    // The first step's refusals come back at once: Ctrl-C as its header arrives, not at a poll.
+    const { processes, interruptedAt } = await new Promise<{ processes: Map<number, string>; interruptedAt: number }>(
+      (resolve, reject) => {
+        const onData = () => {
+          if (!/1\. Without the controller/.test(run.stdout)) return;
+          run.child.stdout!.off('data', onData);
+          const processes = descendants(run.child.pid!);
+          const interruptedAt = Date.now();
+          run.ctrlC();
+          resolve({ processes, interruptedAt });
+        };
+        run.child.stdout!.on('data', onData);
+        run.exited.then(() => reject(new Error(`the demo exited before the first step:\n${run.all}`)), reject);
+      },
+    );
     const { code } = await run.exited;
     console.log(`      exited ${Date.now() - interruptedAt} ms after Ctrl-C in the first step`);
     expect(code, run.all).to.equal(0);

@@ -1,12 +1,12 @@
 // A kube-proxy-like writer that keeps its jumps in nat PREROUTING/OUTPUT (EnsureRule: `-C`, and
 // `-I` at rule 1 when missing every 0.4 s) deletes them and inserts them again, above ours. A
-// connection whose SYN crosses the nat hook before our jump is back at rule 1 is not translated,
-// and conntrack pins that: NAT is decided on a flow's first packet, so each retransmitted SYN
-// follows the untranslated entry. Where the untranslated path answers nothing (modelled by a
-// filter rule dropping untranslated packets to the LB IP after conntrack confirmed them), such a
-// connection times out. The backend puts its jump back (iptables-nft: as soon as the ruleset
-// generation moves) and deletes the unanswered untranslated entries of its own addresses: the
-// next retransmission is translated, and no connection is lost. Both variants, real packets.
+// connection whose SYN crosses the nat hook before our jump is back at rule 1 is not translated
+// and meets what IPVS does with a virtual service without a local endpoint: a new connection is
+// refused at once (ICMP port unreachable, modelled by a filter rule rejecting new untranslated
+// connections to the LB IP). Such a connection is lost whatever the backend does afterwards (it
+// ended with ECONNREFUSED, no SYN is retransmitted that a deleted conntrack entry could save); it
+// never hangs. The backend puts its jump back (iptables-nft: as soon as the ruleset generation
+// moves), and the connections after that are translated and answered. Both variants, real packets.
 
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
@@ -16,11 +16,16 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
-import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
+import { assertIsolatedNetns, probe, sh } from '../../testbed/node-network.js';
 import { linesLogger } from '../support/log-lines.js';
 import { CONFIG, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
 
 const CONNECT_LOOP = fileURLToPath(new URL('./nft-connect-loop.js', import.meta.url));
+/** IPVS's virtual service without a real server: a new connection gets ICMP port unreachable. */
+const REFUSE_UNTRANSLATED = [
+  ...['-d', LB_V4, '-p', 'tcp', '--dport', '80', '-m', 'conntrack', '--ctstate', 'NEW'],
+  ...['-j', 'REJECT', '--reject-with', 'icmp-port-unreachable'],
+];
 const WRITER_CHAIN = 'KUBE-SERVICES';
 /** EnsureRule every 0.4 s; after DELETE_AFTER s the jumps are deleted (and so inserted again). */
 const WRITER = `
@@ -59,12 +64,12 @@ for (const variant of ['nft', 'legacy'] as const) {
         ['--noflush', '-w'],
         `*nat\n:${WRITER_CHAIN} - [0:0]\n-A ${WRITER_CHAIN} -d ${LB_V4}/32 -j ACCEPT\nCOMMIT\n`,
       );
-      // An untranslated connection to the LB IP goes unanswered (its entry confirmed on the way out).
-      ipt(['-t', 'filter', '-I', 'INPUT', '-d', LB_V4, '-p', 'tcp', '--dport', '80', '-j', 'DROP']);
+      // An untranslated connection to the LB IP is refused, as IPVS refuses it without a real server.
+      ipt(['-t', 'filter', '-I', 'INPUT', ...REFUSE_UNTRANSLATED]);
     });
     after(async () => {
       try {
-        ipt(['-t', 'filter', '-D', 'INPUT', '-d', LB_V4, '-p', 'tcp', '--dport', '80', '-j', 'DROP']);
+        ipt(['-t', 'filter', '-D', 'INPUT', ...REFUSE_UNTRANSLATED]);
         sh(
           `iptables-${variant}-restore`,
           ['--noflush', '-w'],
@@ -84,7 +89,7 @@ for (const variant of ['nft', 'legacy'] as const) {
 
     async function run(
       forgetFlows: boolean,
-    ): Promise<{ report: LoopReport; writer: string; log: string[]; nat: string }> {
+    ): Promise<{ report: LoopReport; after: string[]; writer: string; log: string[]; nat: string }> {
       const log: string[] = [];
       const backend = new Reconciler(
         new IptablesDriver(variant, {
@@ -106,26 +111,28 @@ for (const variant of ['nft', 'legacy'] as const) {
         let writerOut = '';
         writer.stdout.on('data', (d: Buffer) => (writerOut += d.toString()));
         await once(writer, 'close');
-        // Long enough for a pinned connection to time out (10 s) or be retransmitted into our DNAT.
+        // Connections that start after the writer stopped, with our jump back at rule 1.
         await sleep(3_000);
         loop.stdin!.end();
         await once(loop, 'close');
         const report = JSON.parse(out.slice(out.indexOf('\n') + 1)) as LoopReport;
-        return { report, writer: writerOut, log, nat: sh(`iptables-${variant}-save`, ['-t', 'nat']) };
+        const after: string[] = [];
+        for (let i = 0; i < 5; i++) after.push(await probe(undefined, 'tcp', LB_V4, 80));
+        return { report, after, writer: writerOut, log, nat: sh(`iptables-${variant}-save`, ['-t', 'nat']) };
       } finally {
         await backend.cleanup();
       }
     }
 
-    it('without deleting the entries the window pinned, connections are lost (the control)', async () => {
+    it('without deleting the entries the window left, its connections are refused, not pinned (the control)', async () => {
       const { report, writer } = await run(false);
       expect(writer).to.match(/deleted\n.*inserted PREROUTING/s);
       expect(report.failed, JSON.stringify(report.failures)).to.be.greaterThan(0);
-      expect(report.failures.every((f) => f.answer === 'timeout')).to.equal(true);
+      expect(report.failures.map((f) => f.answer)).to.deep.equal(report.failures.map(() => 'error:ECONNREFUSED'));
     });
 
-    it('loses no connection: those that started in the window are answered after a SYN retransmission', async () => {
-      const { report, writer, log, nat } = await run(true);
+    it('moves its jump back: connections the window took are refused, none hangs; new ones are answered', async () => {
+      const { report, after, writer, log, nat } = await run(true);
       expect(writer).to.match(/deleted\n.*inserted PREROUTING/s);
       const repairs = log.filter((l) => l.includes('Moved our jump back'));
       expect(repairs.length, `${writer}\n${log.join('\n')}`).to.be.at.least(1);
@@ -133,15 +140,14 @@ for (const variant of ['nft', 'legacy'] as const) {
         /^-A OUTPUT -j IPVS_OUTPUT\n-A OUTPUT -j KUBE-SERVICES$/m,
       );
       expect(report.total).to.be.at.least(200);
-      expect(report.failures, `${report.failed} of ${report.total} lost; ${log.join('\n')}`).to.deep.equal([]);
-      expect(report.answered).to.equal(report.total);
+      // A connection that started untranslated was refused, as IPVS refuses it: no timeout.
+      expect(report.failures.map((f) => f.answer)).to.deep.equal(report.failures.map(() => 'error:ECONNREFUSED'));
+      expect(report.answered + report.failed).to.equal(report.total);
+      // With the writer gone and our jump back at rule 1, every new connection is translated.
+      expect(after).to.deep.equal(['svc-a', 'svc-a', 'svc-a', 'svc-a', 'svc-a']);
       console.log(
-        `      ${variant}: ${report.total} connections, ${report.synRetransmits} SYN retransmissions; ` +
-          log
-            .filter((l) => l.includes('conntrack'))
-            .map((l) => (JSON.parse(l) as { deleted: number }).deleted)
-            .join('+') +
-          ' entries deleted',
+        `      ${variant}: ${report.total} connections, ${report.failed} refused while the writer's jump was first, ` +
+          `${repairs.length} repairs`,
       );
     });
   });

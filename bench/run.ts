@@ -14,11 +14,15 @@
 //   8. the kernel's floor under an nft full sync at each size (nft-floor, bench/nft-floor.ts): the
 //      map elements as one netlink batch (kernel time alone), against the JSON path, with the map
 //      unsized and sized. Printed before the report, not part of it.
+//   9. the nft key lookups side by side (key-lookup, bench/key-lookup.ts): the map looked up as a
+//      set against the key set, first full sync and one change at 10,000 Services, on this kernel
+//      (a lookup it refuses is printed as refused). Printed before the report, not part of it.
 // It opens with the targets' table: each figure before the footprint work and now.
 // Prints a table and writes bench/results/<timestamp>.json. Asserts nothing.
 //
 //   npm run bench [-- --sizes 1000,10000,50000 --changes 500 --rounds 5
-//                    --only full,latency,memory,first-packet,startup,packet-latency,heap,one-service,nft-floor
+//                    --only full,latency,memory,first-packet,startup,packet-latency,heap,one-service,nft-floor,
+//                           key-lookup
 //                    --backends nft,iptables-nft,iptables-legacy,ebpf --startup-runs 3 --iptables-changes 50
 //                    --latency-sync-period 3s --probe-from node|pod]
 // The latency measure runs the controller with --sync-period from --latency-sync-period (3s by
@@ -90,6 +94,7 @@ const MEASURES = [
   'heap',
   'one-service',
   'nft-floor',
+  'key-lookup',
 ] as const;
 type Measure = (typeof MEASURES)[number];
 const TABLE = 'ipvs-node-controller';
@@ -518,6 +523,23 @@ async function benchmark(argv: string[]): Promise<void> {
   if (options.only.has('nft-floor')) {
     log('nft floor: element batches against the JSON path');
     await runNftFloor(options.sizes, options.fullSyncs);
+    if (options.only.size === 1) return;
+  }
+  if (options.only.has('key-lookup')) {
+    log('nft key lookup: the map looked up as a set against the key set');
+    const run = spawnSync(
+      process.execPath,
+      [
+        join(dirname(SELF), 'key-lookup.js'),
+        '--services',
+        String(LATENCY_SERVICES),
+        '--changes',
+        String(options.changes),
+      ],
+      { stdio: 'inherit' },
+    );
+    if (run.status !== 0) throw new Error(`the key-lookup measure failed (exit ${run.status ?? run.signal})`);
+    if (options.only.size === 2 && options.only.has('nft-floor')) return;
     if (options.only.size === 1) return;
   }
   const results: BenchResults = {

@@ -5,6 +5,10 @@
 // what the cluster holds: a Service's request and skips are derived once per object (the caches
 // replace an object when it changes and never modify one), and only the map keys claimed by
 // changed Services are decided again. buildDesiredState is the same computation from nothing.
+// One rule reads other Services: an external address that is any Service's ClusterIP is refused.
+// The model counts ClusterIPs as records come and go, and notes which records looked up which
+// address; when an address starts or stops being a ClusterIP, exactly those records are derived
+// again, so that the outcome never depends on the order in which Services came.
 //
 // Every step is linear (or n log n) in what one Service asks for, and what one Service may ask
 // for is bounded: past --max-entries-per-service it is skipped whole, and Services that do not fit

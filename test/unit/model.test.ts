@@ -2,7 +2,7 @@
 
 import { expect } from 'chai';
 import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
-import type { DesiredState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import type { ChangeTracked, DesiredState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { CONFIG } from '../support/fixtures.js';
 
 const NODE: NodeInfo = { name: 'n1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
@@ -527,6 +527,38 @@ describe('model: addresses that belong to the cluster itself', () => {
     const other = new DesiredStateModel(CONFIG);
     other.update([kubeDns, kubernetes], NODE);
     expect(own(other.update([kubeDns, tenant, kubernetes], NODE))).to.deep.equal(TENANT_OWN);
+  });
+
+  it('withdraws and restores the same way when the cache says only what changed (the informer)', () => {
+    // A cache that tracks its changes, as the informer does: one object replaced, added or removed at a time.
+    const history: Array<{ removed: ServiceInfo[]; added: ServiceInfo[] }> = [];
+    let current: ServiceInfo[] = [];
+    const cache: ChangeTracked<ServiceInfo> = {
+      list: () => current,
+      get mark() {
+        return history.length;
+      },
+      changesSince: (mark) => ({
+        removed: history.slice(mark).flatMap((c) => c.removed),
+        added: history.slice(mark).flatMap((c) => c.added),
+      }),
+    };
+    const change = (removed: ServiceInfo[], added: ServiceInfo[]) => {
+      history.push({ removed, added });
+      current = [...current.filter((svc) => !removed.includes(svc)), ...added];
+    };
+    const model = new DesiredStateModel(CONFIG);
+    change([], [tenant, bystander]);
+    expect(own(model.update(cache, NODE))).to.deep.equal(TENANT_ALL);
+    change([], [kubeDns, kubernetes]);
+    let d = model.update(cache, NODE);
+    expect(own(d)).to.deep.equal(TENANT_OWN);
+    expect(d).to.deep.include({ skips: build(current).skips });
+    change([kubeDns], []);
+    d = model.update(cache, NODE);
+    expect(own(d)).to.include('10.96.0.10 UDP/53 -> 10.96.7.7 (tenant/grabby)');
+    expect(d).to.deep.equal({ ...build(current), ipv4: d.ipv4, ipv6: d.ipv6 });
+    expect(d.ipv4.entries).to.deep.equal(build(current).ipv4.entries);
   });
 
   it('follows a ClusterIP that moves from one object of a Service to the next', () => {

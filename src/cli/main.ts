@@ -333,6 +333,8 @@ async function runController(
       syncPeriod: formatDuration(config.syncPeriodMs),
       ...controller.status.limits,
       serviceExternalIpRange: kubeProxy.settings.model.externalIpRanges?.join(',') ?? 'any',
+      serviceClusterIpRange: kubeProxy.settings.model.serviceCidrs?.join(',') ?? 'none',
+      nodeAddressRanges: kubeProxy.settings.model.nodeAddressRanges?.join(',') ?? 'none',
     },
     'Starting',
   );

@@ -162,6 +162,17 @@ export function buildCommand(): Command {
       'only translate spec.externalIPs inside these CIDRs (comma-separated, repeatable; default: any)',
       (value: string, previous: string[] | undefined) => [...(previous ?? []), value],
     )
+    .option(
+      '--service-cluster-ip-range <cidrs>',
+      "the cluster's Service CIDRs, comma-separated, one per family (kube-apiserver's flag): external " +
+        'addresses inside are never translated (the ClusterIPs of the Services never are)',
+    )
+    .option(
+      '--node-address-ranges <cidrs>',
+      "CIDRs the cluster's Nodes have their addresses in (comma-separated, repeatable): external addresses " +
+        'inside are never translated; leave out ranges load balancers take addresses from',
+      (value: string, previous: string[] | undefined) => [...(previous ?? []), value],
+    )
     .addOption(
       booleanOption(
         '--dry-run',
@@ -349,7 +360,17 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
   const maxEntriesPerService = positiveCount('--max-entries-per-service', str('maxEntriesPerService')!);
   const maxEntriesText = str('maxEntries');
   const maxEntries = maxEntriesText === undefined ? undefined : positiveCount('--max-entries', maxEntriesText);
-  const externalIpRanges = serviceExternalIpRanges(o.serviceExternalIpRange as string[] | undefined);
+  const externalIpRanges = cidrList(
+    '--service-external-ip-range',
+    o.serviceExternalIpRange as string[] | undefined,
+    '198.51.100.0/24,2001:db8:1::/64',
+  );
+  const serviceCidrs = serviceClusterIpRange(str('serviceClusterIpRange'));
+  const nodeAddressRanges = cidrList(
+    '--node-address-ranges',
+    o.nodeAddressRanges as string[] | undefined,
+    '192.168.0.0/24,2001:db8:ffff::/64',
+  );
 
   const nodeNameFlag = aliased('nodeName', 'hostnameOverride', '--node-name', '--hostname-override');
   const nodeName = nodeNameFlag ?? env.NODE_NAME ?? hostname();
@@ -370,6 +391,8 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env
       maxEntriesPerService,
       externalIpRanges,
       allowServiceExternalIPs: true,
+      serviceCidrs,
+      nodeAddressRanges,
     },
     maxEntries,
     minSyncPeriodMs,
@@ -402,21 +425,34 @@ function positiveCount(flag: string, text: string): number {
   return Number(text);
 }
 
-/** --service-external-ip-range, every value comma-separated; undefined when not given. */
-function serviceExternalIpRanges(values: string[] | undefined): string[] | undefined {
+/** A repeatable CIDR flag, every value comma-separated; undefined when not given. */
+function cidrList(flag: string, values: string[] | undefined, example: string): string[] | undefined {
   if (values === undefined) return undefined;
   const out: string[] = [];
   for (const raw of values.flatMap((v) => v.split(','))) {
     const text = raw.trim();
     const cidr = parseCidr(text);
-    if (!cidr) {
-      throw new UsageError(
-        `--service-external-ip-range: '${text}' is not a CIDR (e.g. 198.51.100.0/24,2001:db8:1::/64)`,
-      );
-    }
+    if (!cidr) throw new UsageError(`${flag}: '${text}' is not a CIDR (e.g. ${example})`);
     out.push(formatCidr(cidr));
   }
   return out;
+}
+
+/** --service-cluster-ip-range as kube-apiserver takes it: one CIDR, or one of each family. */
+function serviceClusterIpRange(text: string | undefined): string[] | undefined {
+  const cidrs = cidrList(
+    '--service-cluster-ip-range',
+    text === undefined ? undefined : [text],
+    '10.96.0.0/12,fd00:10:96::/108',
+  );
+  if (!cidrs) return undefined;
+  const families = cidrs.map((c) => parseCidr(c)!.family);
+  if (cidrs.length > 2 || new Set(families).size !== families.length) {
+    throw new UsageError(
+      `--service-cluster-ip-range: '${text}' must be one CIDR, or one IPv4 and one IPv6 (e.g. 10.96.0.0/12,fd00:10:96::/108)`,
+    );
+  }
+  return cidrs;
 }
 
 function checkDetectLocalValues(

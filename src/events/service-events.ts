@@ -32,6 +32,8 @@ export const SKIP_EXPLANATIONS: Record<SkipReason, string> = {
   optedOut: 'the Service is annotated ipvs-node-controller/skip: "true"',
   pointsAtNode:
     'the address points at the node itself (loopback, unspecified, link-local, multicast, broadcast or one of its own addresses), which a Service may never claim',
+  clusterAddress:
+    "the address belongs to the cluster itself (a Service's ClusterIP, the Service CIDR or a Node's address range), which a Service may never claim: translating it would take the cluster's own traffic (DNS, the API server) on every node",
   externalIpNotAllowed: 'the external IP is outside the ranges the operator allows (--service-external-ip-range)',
   externalIpsDisabled:
     "kube-proxy's AllowServiceExternalIPs feature gate is off, so spec.externalIPs are not served on this cluster",

@@ -5,6 +5,10 @@
 // what the cluster holds: a Service's request and skips are derived once per object (the caches
 // replace an object when it changes and never modify one), and only the map keys claimed by
 // changed Services are decided again. buildDesiredState is the same computation from nothing.
+// One rule reads other Services: an external address that is any Service's ClusterIP is refused.
+// The model counts ClusterIPs as records come and go, and notes which records looked up which
+// address; when an address starts or stops being a ClusterIP, exactly those records are derived
+// again, so that the outcome never depends on the order in which Services came.
 //
 // Every step is linear (or n log n) in what one Service asks for, and what one Service may ask
 // for is bounded: past --max-entries-per-service it is skipped whole, and Services that do not fit
@@ -19,6 +23,7 @@ import { orderedChanges } from './ordered-changes.js';
 import {
   creationTime,
   flat,
+  forEachClusterIp,
   precedes,
   requestContext,
   serviceKey,
@@ -132,6 +137,16 @@ export class DesiredStateModel {
   private readonly requested: Record<Family, number> = { ipv4: 0, ipv6: 0 };
   /** The records in order of precedence, as the last admission pass sorted them. */
   private byPrecedence: ServiceRecord[] | undefined;
+  /**
+   * How many times each address is a ClusterIP of a record (an object counts its clusterIP and
+   * its clusterIPs): an external address that is one is never translated, whichever Service came
+   * first. Kept with the records, a change costs what it touches.
+   */
+  private readonly clusterIps = new Map<string, number>();
+  /** The records whose request depends on whether an address is a ClusterIP, by address. */
+  private readonly lookups = new Map<string, Set<ServiceRecord>>();
+  /** The addresses each such record looked up (most records look up none and are not here). */
+  private readonly lookedUp = new Map<ServiceRecord, string[]>();
   private readonly maxEntries: number;
   private context: RequestContext;
   /** The node's own addresses the records were derived with. */
@@ -150,7 +165,7 @@ export class DesiredStateModel {
 
   constructor(private readonly config: ModelConfig) {
     this.maxEntries = config.maxEntries ?? Number.POSITIVE_INFINITY;
-    this.context = requestContext(config, undefined);
+    this.context = requestContext(config, undefined, [], this.clusterIps);
   }
 
   /**
@@ -215,6 +230,7 @@ export class DesiredStateModel {
       this.trackedMark = undefined;
       changes = yield* this.listChanges(Array.isArray(services) ? (services as ServiceInfo[]) : [...services]);
     }
+    yield* this.followClusterIps(changes);
     const { added, removed } = changes;
 
     let skipsChanged = false;
@@ -296,7 +312,7 @@ export class DesiredStateModel {
    * address added to the node), every record is derived again.
    */
   private followNode(node: NodeInfo | undefined, interfaceAddresses: readonly string[]): void {
-    const context = requestContext(this.config, node, interfaceAddresses);
+    const context = requestContext(this.config, node, interfaceAddresses, this.clusterIps);
     const key = [...context.nodeAddresses].sort().join(',');
     if (key === this.nodeAddressKey) return;
     this.nodeAddressKey = key;
@@ -307,6 +323,9 @@ export class DesiredStateModel {
     this.withSkips.clear();
     this.contested.clear();
     this.overCapacity.clear();
+    this.clusterIps.clear();
+    this.lookups.clear();
+    this.lookedUp.clear();
     this.requested.ipv4 = 0;
     this.requested.ipv6 = 0;
     this.byPrecedence = undefined;
@@ -314,6 +333,65 @@ export class DesiredStateModel {
     this.trackedMark = undefined;
     this.skips = [];
     this.conflicts = [];
+  }
+
+  /**
+   * Counts the ClusterIPs of the records that come and go, and derives anew exactly the records
+   * whose addresses stopped or started being a ClusterIP: those are replaced in `changes` (the
+   * old record gone, the new one added), whichever order the Services came in. The records of
+   * this change were derived before the count of this change: those that looked up an address
+   * whose answer changed are among the ones derived anew.
+   */
+  private *followClusterIps(changes: { added: ServiceRecord[]; removed: ServiceRecord[] }): Steps<void> {
+    /** Whether each counted address was a ClusterIP before this change. */
+    const before = new Map<string, boolean>();
+    const add = (address: string, by: 1 | -1) => {
+      const n = this.clusterIps.get(address) ?? 0;
+      if (!before.has(address)) before.set(address, n > 0);
+      if (n + by > 0) this.clusterIps.set(address, n + by);
+      else this.clusterIps.delete(address);
+    };
+    for (const record of changes.removed) {
+      this.forgetLookups(record);
+      forEachClusterIp(record.svc, (address) => add(address, -1));
+      if (this.worked()) yield;
+    }
+    for (const record of changes.added) {
+      forEachClusterIp(record.svc, (address) => add(address, 1));
+      if (this.worked()) yield;
+    }
+    const stale = new Set<ServiceRecord>();
+    for (const [address, was] of before) {
+      if (was === this.clusterIps.has(address)) continue;
+      for (const record of this.lookups.get(address) ?? []) stale.add(record);
+    }
+    if (stale.size === 0) return;
+    // Where each record of this change stands in `added` (the start adds every record).
+    const fresh = new Map(changes.added.map((record, i) => [record, i]));
+    for (const record of stale) {
+      this.forgetLookups(record);
+      const derived = this.deriveRecord(record.svc, record.seenIn, record.seq);
+      this.records.set(record.svc, derived);
+      const at = fresh.get(record);
+      if (at !== undefined) {
+        changes.added[at] = derived;
+      } else {
+        changes.removed.push(record);
+        changes.added.push(derived);
+      }
+      if (this.worked(fieldsOf(record.svc))) yield;
+    }
+  }
+
+  private forgetLookups(record: ServiceRecord): void {
+    const addresses = this.lookedUp.get(record);
+    if (!addresses) return;
+    this.lookedUp.delete(record);
+    for (const address of addresses) {
+      const records = this.lookups.get(address)!;
+      records.delete(record);
+      if (records.size === 0) this.lookups.delete(address);
+    }
   }
 
   private count(record: ServiceRecord, sign: 1 | -1): void {
@@ -485,14 +563,16 @@ export class DesiredStateModel {
     return { added, removed };
   }
 
-  private deriveRecord(svc: ServiceInfo, generation: number): ServiceRecord {
+  /** `seq`: the order of first sight, kept when a record is derived anew from the same object. */
+  private deriveRecord(svc: ServiceInfo, generation: number, seq = this.nextSeq++): ServiceRecord {
     const skips: Skip[] = [];
     const service = serviceKey(svc);
-    const request = serviceRequest(svc, this.context, skips, service);
-    return {
+    const lookedUp: string[] = [];
+    const request = serviceRequest(svc, this.context, skips, service, lookedUp);
+    const record: ServiceRecord = {
       service,
       created: creationTime(svc),
-      seq: this.nextSeq++,
+      seq,
       seenIn: generation,
       svc,
       request,
@@ -503,6 +583,15 @@ export class DesiredStateModel {
       // Arrays grown by push keep room for more; a record keeps exact copies.
       skips: skips.length > 0 ? skips.slice() : NO_SKIPS,
     };
+    if (lookedUp.length > 0) {
+      this.lookedUp.set(record, lookedUp.slice());
+      for (const address of lookedUp) {
+        const records = this.lookups.get(address);
+        if (records) records.add(record);
+        else this.lookups.set(address, new Set([record]));
+      }
+    }
+    return record;
   }
 
   /** The entries a record asks for, made when it is admitted: every address times every port. */

@@ -4,6 +4,7 @@
 
 import {
   cidrContains,
+  formatCidr,
   nodeScopedKind,
   parseCidr,
   parsedIpSortKey,
@@ -67,20 +68,64 @@ export interface RequestContext {
   externalIpRanges: ParsedCidr[] | undefined;
   /** kube-proxy's AllowServiceExternalIPs gate. */
   allowServiceExternalIPs: boolean;
+  /** The ClusterIPs of every Service (canonical), kept by the model as Services come and go. */
+  clusterIps: ClusterIpLookup;
+  /** --service-cluster-ip-range, parsed. */
+  serviceCidrs: ParsedCidr[];
+  /** --node-address-ranges, parsed. */
+  nodeAddressRanges: ParsedCidr[];
 }
+
+/** Whether an address (canonical) is a ClusterIP of some Service. */
+export interface ClusterIpLookup {
+  has(address: string): boolean;
+}
+
+const NO_CLUSTER_IPS: ClusterIpLookup = { has: () => false };
 
 export function requestContext(
   config: ModelConfig,
   node: NodeInfo | undefined,
   interfaceAddresses: readonly string[] = [],
+  clusterIps: ClusterIpLookup = NO_CLUSTER_IPS,
 ): RequestContext {
+  const cidrs = (texts: string[] | undefined) => texts?.map((text) => parseCidr(text)).filter((c) => c !== undefined);
   return {
     config,
     maxEntriesPerService: config.maxEntriesPerService ?? DEFAULT_MAX_ENTRIES_PER_SERVICE,
     nodeAddresses: nodeAddresses([...(node?.addresses ?? []), ...interfaceAddresses]),
-    externalIpRanges: config.externalIpRanges?.map((text) => parseCidr(text)).filter((c) => c !== undefined),
+    externalIpRanges: cidrs(config.externalIpRanges),
     allowServiceExternalIPs: config.allowServiceExternalIPs !== false,
+    clusterIps,
+    serviceCidrs: cidrs(config.serviceCidrs) ?? [],
+    nodeAddressRanges: cidrs(config.nodeAddressRanges) ?? [],
   };
+}
+
+/**
+ * Calls `each` with every ClusterIP of a Service (canonical), `spec.clusterIPs` and
+ * `spec.clusterIP` both: an address may come twice, the same for the same object. What does not
+ * parse (`None`, '') is no address.
+ */
+export function forEachClusterIp(svc: ServiceInfo, each: (address: string) => void): void {
+  if (Array.isArray(svc.clusterIPs)) {
+    for (const text of svc.clusterIPs) {
+      const ip = parseIp(text);
+      if (ip) each(ip.address);
+    }
+  }
+  const primary = parseIp(svc.clusterIP);
+  if (primary) each(primary.address);
+}
+
+/** Why an address belongs to the cluster itself (semantics.md), or undefined. */
+function clusterAddressKind(ip: ParsedIp, context: RequestContext): string | undefined {
+  if (context.clusterIps.has(ip.address)) return 'the ClusterIP of a Service';
+  const cidr = context.serviceCidrs.find((c) => cidrContains(c, ip));
+  if (cidr) return `inside the Service CIDR ${formatCidr(cidr)} (--service-cluster-ip-range)`;
+  const nodes = context.nodeAddressRanges.find((c) => cidrContains(c, ip));
+  if (nodes) return `inside the node address range ${formatCidr(nodes)} (--node-address-ranges)`;
+  return undefined;
 }
 
 /** The node's own addresses, canonical; what is not an address is ignored. */
@@ -154,20 +199,29 @@ class ServiceSkips {
   }
 }
 
-/** What one Service asks for, with its skips; the work is linear in its fields. */
+/**
+ * What one Service asks for, with its skips; the work is linear in its fields. `lookedUp`, when
+ * given, receives every address whose fate the ClusterIPs of other Services decide (each once).
+ */
 export function serviceRequest(
   svc: ServiceInfo,
   context: RequestContext,
   skips: Skip[],
   service = serviceKey(svc),
+  lookedUp?: string[],
 ): ServiceRequest {
   const collector = new ServiceSkips(skips, service);
-  const request = readRequest(svc, context, collector);
+  const request = readRequest(svc, context, collector, lookedUp);
   collector.finish();
   return request;
 }
 
-function readRequest(svc: ServiceInfo, context: RequestContext, skips: ServiceSkips): ServiceRequest {
+function readRequest(
+  svc: ServiceInfo,
+  context: RequestContext,
+  skips: ServiceSkips,
+  lookedUp: string[] | undefined,
+): ServiceRequest {
   const { config } = context;
   const skip = (reason: SkipReason, detail: string) => skips.add(reason, detail);
 
@@ -266,6 +320,13 @@ function readRequest(svc: ServiceInfo, context: RequestContext, skips: ServiceSk
         ? `${/^[aeiou]/.test(scoped) ? 'an' : 'a'} ${scoped} address`
         : "one of the node's own addresses";
       skip('pointsAtNode', `${ip.address} is ${what}`);
+      continue;
+    }
+    // A tenant claiming kube-dns's ClusterIP would take every pod's DNS on the node.
+    lookedUp?.push(ip.address);
+    const cluster = clusterAddressKind(ip, context);
+    if (cluster) {
+      skip('clusterAddress', `${ip.address} is ${cluster}`);
       continue;
     }
     if (external && !context.allowServiceExternalIPs) {

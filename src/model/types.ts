@@ -81,6 +81,17 @@ export interface ModelConfig {
    * skips every `spec.externalIPs` address (`externalIpsDisabled`). Default true.
    */
   allowServiceExternalIPs?: boolean;
+  /**
+   * --service-cluster-ip-range: canonical CIDRs the cluster allocates ClusterIPs from; an external
+   * address inside is skipped (`clusterAddress`). The ClusterIPs of the Services are skipped
+   * whatever this says.
+   */
+  serviceCidrs?: string[];
+  /**
+   * --node-address-ranges: canonical CIDRs the cluster's Nodes have their addresses in; an
+   * external address inside is skipped (`clusterAddress`).
+   */
+  nodeAddressRanges?: string[];
 }
 
 /**
@@ -124,6 +135,7 @@ export type SkipReason =
   | 'notLocalTrafficPolicy'
   | 'optedOut'
   | 'pointsAtNode'
+  | 'clusterAddress'
   | 'externalIpNotAllowed'
   | 'externalIpsDisabled'
   | 'tooManyEntries'
@@ -144,6 +156,7 @@ export const SKIP_REASONS: readonly SkipReason[] = [
   'notLocalTrafficPolicy',
   'optedOut',
   'pointsAtNode',
+  'clusterAddress',
   'externalIpNotAllowed',
   'externalIpsDisabled',
   'tooManyEntries',

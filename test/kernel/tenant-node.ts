@@ -136,22 +136,28 @@ export class TenantNode {
   }
 
   /** Runs a command from the node, inside the ebpf backend's cgroup when there is one. */
-  private spawnOnNode(args: string[]): ChildProcess {
-    if (!this.cgroup) return spawn(process.execPath, args, { stdio: ['pipe', 'pipe', 'pipe'] });
+  private spawnOnNode(args: string[], command = process.execPath): ChildProcess {
+    if (!this.cgroup) return spawn(command, args, { stdio: ['pipe', 'pipe', 'pipe'] });
     const procs = join(this.cgroup, 'cgroup.procs');
-    return spawn('sh', ['-c', `echo $$ > ${procs} && exec "$0" "$@"`, process.execPath, ...args], {
+    return spawn('sh', ['-c', `echo $$ > ${procs} && exec "$0" "$@"`, command, ...args], {
       stdio: ['pipe', 'pipe', 'pipe'],
     });
   }
 
-  /** Connects once from the node (or from the pod namespace) and returns who answered. */
-  async probe(address: string, port: number, from: 'node' | 'pod' = 'node'): Promise<string> {
-    const args = [PROBE_CLIENT, 'tcp', address, String(port), '1500'];
+  /**
+   * Connects (or sends, UDP) once from the node or from the pod namespace and returns who
+   * answered. From the pod with the ebpf backend, inside its cgroup too, as a pod's processes are.
+   */
+  async probe(
+    address: string,
+    port: number,
+    from: 'node' | 'pod' = 'node',
+    protocol: 'tcp' | 'udp' = 'tcp',
+  ): Promise<string> {
+    const args = [PROBE_CLIENT, protocol, address, String(port), '1500'];
     const child =
       from === 'pod'
-        ? spawn('ip', ['netns', 'exec', this.network.pod.ns, process.execPath, ...args], {
-            stdio: ['ignore', 'pipe', 'pipe'],
-          })
+        ? this.spawnOnNode(['netns', 'exec', this.network.pod.ns, process.execPath, ...args], 'ip')
         : this.spawnOnNode(args);
     let out = '';
     child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
@@ -160,11 +166,17 @@ export class TenantNode {
   }
 
   /** Waits (generously) until a probe answers `expected`; returns how long it took. */
-  async eventually(address: string, port: number, expected: string, timeoutMs = 20_000): Promise<number> {
+  async eventually(
+    address: string,
+    port: number,
+    expected: string,
+    timeoutMs = 20_000,
+    { from = 'node', protocol = 'tcp' }: { from?: 'node' | 'pod'; protocol?: 'tcp' | 'udp' } = {},
+  ): Promise<number> {
     const started = performance.now();
     let last = '';
     while (performance.now() - started < timeoutMs) {
-      last = await this.probe(address, port);
+      last = await this.probe(address, port, from, protocol);
       if (last === expected) return performance.now() - started;
       await sleep(50);
     }

@@ -137,6 +137,68 @@ describe('command line', function () {
     expect(r.stdout).to.match(/198\.51\.100\.7 \. tcp \. 80 comment "tenant\/grabby" : 10\.96\.0\.1/);
   });
 
+  it("--from-file: a tenant's claim on the ClusterIP of kube-dns or of the API server is skipped", async () => {
+    const service = (namespace: string, name: string, spec: object, status: object = {}) => ({
+      kind: 'Service',
+      metadata: { namespace, name, creationTimestamp: '2024-01-01T00:00:00Z' },
+      spec,
+      status,
+    });
+    const items = [
+      // The tenant is listed, and was created, before the Services whose ClusterIPs it claims.
+      service(
+        'tenant',
+        'grabby',
+        {
+          type: 'LoadBalancer',
+          clusterIP: '10.96.7.7',
+          externalIPs: ['10.96.0.10', '10.100.0.1', '192.168.9.9', '198.51.100.7'],
+          ports: [{ port: 53, protocol: 'UDP' }],
+        },
+        { loadBalancer: { ingress: [{ ip: '10.96.0.1' }] } },
+      ),
+      service('kube-system', 'kube-dns', { clusterIP: '10.96.0.10', ports: [{ port: 53, protocol: 'UDP' }] }),
+      service('default', 'kubernetes', { clusterIP: '10.96.0.1', ports: [{ port: 443 }] }),
+    ];
+    const r = await cli(
+      [
+        '--dry-run',
+        '--from-file',
+        '-',
+        '--service-cluster-ip-range',
+        '10.96.0.0/12',
+        '--node-address-ranges',
+        '192.168.9.0/24',
+      ],
+      JSON.stringify({ kind: 'List', items }),
+    );
+    expect(r.exitCode, r.stderr).to.equal(0);
+    expect(r.stdout).to.match(/^# 3 Services read; 1 IPv4 and 0 IPv6 entries/);
+    for (const detail of [
+      '10.96.0.1 is the ClusterIP of a Service',
+      '10.96.0.10 is the ClusterIP of a Service',
+      '10.100.0.1 is inside the Service CIDR 10.96.0.0/12 (--service-cluster-ip-range)',
+      '192.168.9.9 is inside the node address range 192.168.9.0/24 (--node-address-ranges)',
+    ]) {
+      expect(r.stdout).to.include(`# skipped tenant/grabby: clusterAddress (${detail})`);
+    }
+    expect(r.stdout).to.match(/198\.51\.100\.7 \. udp \. 53 comment "tenant\/grabby" : 10\.96\.7\.7/);
+    expect(r.stdout).to.not.match(/10\.96\.0\.10 \. udp \. 53/);
+  });
+
+  it('--service-cluster-ip-range and --node-address-ranges: a bad value is one line and exit code 2', async () => {
+    const bad = await cli(['--service-cluster-ip-range', '10.96.0.0/12,10.112.0.0/12']);
+    expect(bad.exitCode).to.equal(2);
+    expect(bad.stderr.split('\n')[0]).to.equal(
+      "ipvs-node-controller: --service-cluster-ip-range: '10.96.0.0/12,10.112.0.0/12' must be one CIDR, or one IPv4 and one IPv6 (e.g. 10.96.0.0/12,fd00:10:96::/108)",
+    );
+    const notCidr = await cli(['--node-address-ranges', '192.168.9.0/33']);
+    expect(notCidr.exitCode).to.equal(2);
+    expect(notCidr.stderr.split('\n')[0]).to.equal(
+      "ipvs-node-controller: --node-address-ranges: '192.168.9.0/33' is not a CIDR (e.g. 192.168.0.0/24,2001:db8:ffff::/64)",
+    );
+  });
+
   it('writes a large ruleset to a pipe completely before it exits', async () => {
     const items = Array.from({ length: 5000 }, (_, i) => ({
       kind: 'Service',

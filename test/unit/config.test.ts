@@ -46,6 +46,32 @@ describe('flags', () => {
     expect(c.maxEntries, "the backend's default").to.equal(undefined);
     expect(c.model.externalIpRanges, 'any external IP').to.equal(undefined);
     expect(c.model.allowServiceExternalIPs).to.equal(true);
+    expect(c.model.serviceCidrs, 'no Service CIDR known').to.equal(undefined);
+    expect(c.model.nodeAddressRanges, 'no node address range known').to.equal(undefined);
+  });
+
+  it("reads the cluster's Service CIDRs (one per family) and the Nodes' address ranges", () => {
+    const c = parseConfig(
+      [
+        '--service-cluster-ip-range=10.96.0.0/12,fd00:10:96::/108',
+        '--node-address-ranges=192.168.5.0/24',
+        '--node-address-ranges',
+        '2001:db8:ffff::/64,10.0.0.7/32',
+      ],
+      {},
+    );
+    expect(c.model.serviceCidrs).to.deep.equal(['10.96.0.0/12', 'fd00:10:96::/108']);
+    expect(c.model.nodeAddressRanges).to.deep.equal(['192.168.5.0/24', '2001:db8:ffff::/64', '10.0.0.7/32']);
+    expect(parseConfig(['--service-cluster-ip-range', 'fd00:10:96::1/108'], {}).model.serviceCidrs).to.deep.equal([
+      'fd00:10:96::/108',
+    ]);
+    fails(['--service-cluster-ip-range=10.96.0.0'], /--service-cluster-ip-range: '10.96.0.0' is not a CIDR/);
+    fails(
+      ['--service-cluster-ip-range=10.96.0.0/12,10.112.0.0/12'],
+      /--service-cluster-ip-range: '10.96.0.0\/12,10.112.0.0\/12' must be one CIDR, or one IPv4 and one IPv6/,
+    );
+    fails(['--service-cluster-ip-range='], /--service-cluster-ip-range: '' is not a CIDR/);
+    fails(['--node-address-ranges=192.168.5.0/24,nodes'], /--node-address-ranges: 'nodes' is not a CIDR/);
   });
 
   it('--log-format: json by default, text on request, nothing else', () => {

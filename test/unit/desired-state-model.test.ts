@@ -19,9 +19,12 @@ function serviceMaker(rnd: () => number, addresses: number) {
   const address = () =>
     rnd() < 0.1
       ? pick(['bad', '::ffff:192.0.2.1', '10.0.0.1/32', ''])
-      : rnd() < 0.7
-        ? `198.18.${Math.floor(rnd() * addresses) >> 8}.${Math.floor(rnd() * addresses) & 255}`
-        : `2001:db8::${Math.floor(rnd() * addresses).toString(16)}`;
+      : rnd() < 0.15
+        ? // The ClusterIP of another Service (or its own), which comes and goes with that Service.
+          pick([`10.96.0.${Math.floor(rnd() * 40)}`, `fd00::${Math.floor(rnd() * 40).toString(16)}`])
+        : rnd() < 0.7
+          ? `198.18.${Math.floor(rnd() * addresses) >> 8}.${Math.floor(rnd() * addresses) & 255}`
+          : `2001:db8::${Math.floor(rnd() * addresses).toString(16)}`;
   let serial = 0;
   return (): ServiceInfo => {
     const i = serial++;
@@ -78,6 +81,8 @@ function check(seed: number, size: number, addresses: number, steps: number, cha
     maxEntries: pick([undefined, undefined, 4, Math.ceil(size / 4)]),
     externalIpRanges: pick([undefined, ['198.18.0.0/28', '2001:db8::/124']]),
     allowServiceExternalIPs: pick([undefined, false]),
+    serviceCidrs: pick([undefined, undefined, ['10.96.0.16/28']]),
+    nodeAddressRanges: pick([undefined, undefined, ['198.18.0.0/30', '2001:db8::/126']]),
   };
   let services = Array.from({ length: size }, makeService);
   const model = new DesiredStateModel(config);

@@ -2,7 +2,7 @@
 
 import { expect } from 'chai';
 import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
-import type { DesiredState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import type { ChangeTracked, DesiredState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { CONFIG } from '../support/fixtures.js';
 
 const NODE: NodeInfo = { name: 'n1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
@@ -443,5 +443,181 @@ describe('model: limits', () => {
     const after = model.update([young, middle], NODE);
     expect(holders(after)).to.deep.equal(['default/middle', 'default/young']);
     expect(after.skips).to.deep.equal([]);
+  });
+});
+
+describe('model: addresses that belong to the cluster itself', () => {
+  // kube-dns and the API server's Service, as kubeadm creates them; a tenant claims their ClusterIPs.
+  const kubeDns = lb('kube-dns', {
+    namespace: 'kube-system',
+    type: 'ClusterIP',
+    clusterIP: '10.96.0.10',
+    clusterIPs: ['10.96.0.10', 'fd00:10:96::a'],
+    ports: [{ port: 53, protocol: 'UDP' }],
+    ingress: undefined,
+  });
+  const kubernetes = lb('kubernetes', {
+    type: 'ClusterIP',
+    clusterIP: '10.96.0.1',
+    ports: [{ port: 443, protocol: 'TCP' }],
+    ingress: undefined,
+  });
+  const tenant = lb('grabby', {
+    namespace: 'tenant',
+    creationTimestamp: '2023-01-01T00:00:00Z',
+    clusterIP: '10.96.7.7',
+    clusterIPs: ['10.96.7.7', 'fd00:10:96::77'],
+    ports: [
+      { port: 53, protocol: 'UDP' },
+      { port: 443, protocol: 'TCP' },
+    ],
+    externalIPs: ['10.96.0.10', 'fd00:10:96:0:0::a'],
+    ingress: [{ ip: '10.96.0.1' }, { ip: '192.0.2.10' }],
+  });
+  const bystander = lb('bystander', { clusterIP: '10.96.8.8', ingress: [{ ip: '192.0.2.88' }] });
+  const TENANT_OWN = [
+    '192.0.2.10 TCP/443 -> 10.96.7.7 (tenant/grabby)',
+    '192.0.2.10 UDP/53 -> 10.96.7.7 (tenant/grabby)',
+  ];
+  const TENANT_ALL = [
+    '10.96.0.1 TCP/443 -> 10.96.7.7 (tenant/grabby)',
+    '10.96.0.1 UDP/53 -> 10.96.7.7 (tenant/grabby)',
+    '10.96.0.10 TCP/443 -> 10.96.7.7 (tenant/grabby)',
+    '10.96.0.10 UDP/53 -> 10.96.7.7 (tenant/grabby)',
+    ...TENANT_OWN,
+    'fd00:10:96::a TCP/443 -> fd00:10:96::77 (tenant/grabby)',
+    'fd00:10:96::a UDP/53 -> fd00:10:96::77 (tenant/grabby)',
+  ];
+  const clusterSkips = (d: DesiredState) => d.skips.filter((s) => s.reason === 'clusterAddress').map((s) => s.detail);
+  const own = (d: DesiredState) => entries(d).filter((e) => e.endsWith('(tenant/grabby)'));
+
+  it("never translates another Service's ClusterIP, of either family and from either source", () => {
+    const d = build([kubeDns, kubernetes, tenant]);
+    expect(own(d)).to.deep.equal(TENANT_OWN);
+    expect(clusterSkips(d)).to.have.members([
+      '10.96.0.1 is the ClusterIP of a Service',
+      '10.96.0.10 is the ClusterIP of a Service',
+      'fd00:10:96::a is the ClusterIP of a Service',
+    ]);
+    expect(d.skips.every((s) => s.service === 'tenant/grabby')).to.equal(true);
+  });
+
+  it('refuses them whichever Service came first, withdraws the entries when the owner comes later and restores them when it goes', () => {
+    const model = new DesiredStateModel(CONFIG);
+    // The tenant first: nothing else claims the addresses yet, they are translated.
+    expect(own(model.update([tenant, bystander], NODE))).to.deep.equal(TENANT_ALL);
+    // kube-dns created later: its ClusterIPs are withdrawn from the tenant on that change.
+    let d = model.update([tenant, bystander, kubeDns], NODE);
+    expect(own(d)).to.deep.equal(TENANT_ALL.filter((e) => !/^(10\.96\.0\.10|fd00:10:96::a) /.test(e)));
+    expect(clusterSkips(d)).to.have.members([
+      '10.96.0.10 is the ClusterIP of a Service',
+      'fd00:10:96::a is the ClusterIP of a Service',
+    ]);
+    d = model.update([kubernetes, tenant, bystander, kubeDns], NODE);
+    expect(own(d)).to.deep.equal(TENANT_OWN);
+    expect(d).to.deep.include({ skips: build([kubeDns, kubernetes, tenant, bystander]).skips });
+    // A ClusterIP that goes away frees the address.
+    d = model.update([tenant, bystander, kubeDns], NODE);
+    expect(own(d)).to.deep.equal(TENANT_ALL.filter((e) => !/^(10\.96\.0\.10|fd00:10:96::a) /.test(e)));
+    d = model.update([tenant, bystander], NODE);
+    expect(own(d)).to.deep.equal(TENANT_ALL);
+    expect(clusterSkips(d)).to.deep.equal([]);
+
+    // The owners first, then the tenant: refused from its first sight.
+    const other = new DesiredStateModel(CONFIG);
+    other.update([kubeDns, kubernetes], NODE);
+    expect(own(other.update([kubeDns, tenant, kubernetes], NODE))).to.deep.equal(TENANT_OWN);
+  });
+
+  it('withdraws and restores the same way when the cache says only what changed (the informer)', () => {
+    // A cache that tracks its changes, as the informer does: one object replaced, added or removed at a time.
+    const history: Array<{ removed: ServiceInfo[]; added: ServiceInfo[] }> = [];
+    let current: ServiceInfo[] = [];
+    const cache: ChangeTracked<ServiceInfo> = {
+      list: () => current,
+      get mark() {
+        return history.length;
+      },
+      changesSince: (mark) => ({
+        removed: history.slice(mark).flatMap((c) => c.removed),
+        added: history.slice(mark).flatMap((c) => c.added),
+      }),
+    };
+    const change = (removed: ServiceInfo[], added: ServiceInfo[]) => {
+      history.push({ removed, added });
+      current = [...current.filter((svc) => !removed.includes(svc)), ...added];
+    };
+    const model = new DesiredStateModel(CONFIG);
+    change([], [tenant, bystander]);
+    expect(own(model.update(cache, NODE))).to.deep.equal(TENANT_ALL);
+    change([], [kubeDns, kubernetes]);
+    let d = model.update(cache, NODE);
+    expect(own(d)).to.deep.equal(TENANT_OWN);
+    expect(d).to.deep.include({ skips: build(current).skips });
+    change([kubeDns], []);
+    d = model.update(cache, NODE);
+    expect(own(d)).to.include('10.96.0.10 UDP/53 -> 10.96.7.7 (tenant/grabby)');
+    expect(d).to.deep.equal({ ...build(current), ipv4: d.ipv4, ipv6: d.ipv6 });
+    expect(d.ipv4.entries).to.deep.equal(build(current).ipv4.entries);
+  });
+
+  it('follows a ClusterIP that moves from one object of a Service to the next', () => {
+    const model = new DesiredStateModel(CONFIG);
+    model.update([kubeDns, tenant], NODE);
+    // kube-dns replaced by an object without IPv6 (the cache replaces objects, never edits them).
+    const v4Only = { ...kubeDns, clusterIPs: ['10.96.0.10'] };
+    const d = model.update([v4Only, tenant], NODE);
+    expect(own(d)).to.include('fd00:10:96::a UDP/53 -> fd00:10:96::77 (tenant/grabby)');
+    expect(own(d)).to.not.include('10.96.0.10 UDP/53 -> 10.96.7.7 (tenant/grabby)');
+    expect(d).to.deep.equal({ ...build([v4Only, tenant]), ipv4: d.ipv4, ipv6: d.ipv6 });
+  });
+
+  it('derives anew only the Services that asked for an address whose answer changed', () => {
+    const model = new DesiredStateModel(CONFIG);
+    const first = model.update([tenant, bystander], NODE);
+    const second = model.update([tenant, bystander, kubeDns], NODE);
+    const bystanderEntry = (d: DesiredState) => d.ipv4.entries.find((e) => e.service === 'default/bystander');
+    expect(bystanderEntry(second), 'the same entry object: not derived again').to.equal(bystanderEntry(first));
+    const changes = second.ipv4.changes!;
+    expect(
+      [...changes.removed, ...changes.added].every((e) => e.service === 'tenant/grabby'),
+      'only the tenant is derived again',
+    ).to.equal(true);
+    const keys = (list: readonly { externalIp: string; protocol: string; port: number }[]) =>
+      list.map((e) => `${e.externalIp} ${e.protocol}/${e.port}`);
+    const kept = new Set(keys(changes.added));
+    expect(keys(changes.removed).filter((k) => !kept.has(k))).to.have.members([
+      '10.96.0.10 TCP/443',
+      '10.96.0.10 UDP/53',
+    ]);
+  });
+
+  it('refuses its own ClusterIP as an external address too', () => {
+    const d = build([lb('a', { externalIPs: ['10.96.0.10'] })]);
+    expect(entries(d)).to.deep.equal(['192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)']);
+    expect(clusterSkips(d)).to.deep.equal(['10.96.0.10 is the ClusterIP of a Service']);
+  });
+
+  it('refuses any address inside --service-cluster-ip-range and --node-address-ranges, allocated or not', () => {
+    const svc = lb('a', {
+      clusterIPs: ['10.96.0.10', 'fd00:10:96::10'],
+      externalIPs: ['10.100.0.1', 'fd00:10:96::1:1', '192.168.5.20', '2001:db8:ffff::20', '198.51.100.1'],
+    });
+    const d = build([svc], {
+      serviceCidrs: ['10.96.0.0/12', 'fd00:10:96::/108'],
+      nodeAddressRanges: ['192.168.5.0/24', '2001:db8:ffff::/64'],
+    });
+    expect(entries(d)).to.deep.equal([
+      '192.0.2.10 TCP/80 -> 10.96.0.10 (default/a)',
+      '198.51.100.1 TCP/80 -> 10.96.0.10 (default/a)',
+    ]);
+    expect(clusterSkips(d)).to.have.members([
+      '10.100.0.1 is inside the Service CIDR 10.96.0.0/12 (--service-cluster-ip-range)',
+      'fd00:10:96::1:1 is inside the Service CIDR fd00:10:96::/108 (--service-cluster-ip-range)',
+      '192.168.5.20 is inside the node address range 192.168.5.0/24 (--node-address-ranges)',
+      '2001:db8:ffff::20 is inside the node address range 2001:db8:ffff::/64 (--node-address-ranges)',
+    ]);
+    // Without the ranges, the same addresses are translated.
+    expect(entries(build([svc]))).to.have.length(6);
   });
 });

@@ -83,8 +83,9 @@ function passedEnv() {
 /**
  * Runs `command` (an argument vector) in a guest of `kernel` (an entry of KERNELS), in `cwd`.
  * Resolves to { status, reason, bootSeconds, totalSeconds, record } where status is the command's
- * exit status, or STATUS.timeout / STATUS.noStatus (reason says why) when the guest gave none.
- * `stdout` and `stderr` receive the command's output; `onConsole` each line of the kernel's console.
+ * exit status (commandStatus true), or STATUS.timeout / STATUS.noStatus (reason says why) when the
+ * guest gave none.
+ * `stdout` and `stderr` (anything with write(chunk)) receive the command's output; `onConsole` each line of the kernel's console.
  */
 export async function runInGuest({
   kernel,
@@ -109,8 +110,8 @@ export async function runInGuest({
   // Each serial port is a unix socket qemu connects to; a stream is over when qemu closes it.
   const streams = await Promise.all([
     serve(sockets.console, (socket) => collect(socket, consoleTail, CONSOLE_LINES, onConsole)),
-    serve(sockets.out, (socket) => socket.pipe(stdout, { end: false })),
-    serve(sockets.err, (socket) => socket.pipe(stderr, { end: false })),
+    serve(sockets.out, (socket) => socket.on('data', (chunk) => stdout.write(chunk))),
+    serve(sockets.err, (socket) => socket.on('data', (chunk) => stderr.write(chunk))),
   ]);
   const started = Date.now();
   const environment = {
@@ -212,7 +213,7 @@ export async function runInGuest({
   const totalSeconds = (Date.now() - started) / 1000;
   const statusFile = join(results, 'status');
   const missing = existsSync(join(results, 'modules-missing'))
-    ? readFileSync(join(results, 'modules-missing'), 'utf8').trim().split('\n')
+    ? readFileSync(join(results, 'modules-missing'), 'utf8').trim().split('\n').filter(Boolean)
     : [];
   const status = existsSync(statusFile) ? Number(readFileSync(statusFile, 'utf8').trim()) : undefined;
   rmSync(results, { recursive: true, force: true });
@@ -238,5 +239,5 @@ export async function runInGuest({
         `; qemu said:\n${qemuOutput.join('\n')}\nthe console's last lines:\n${consoleTail.join('\n')}`,
     };
   }
-  return { ...outcome, status, reason: status === 0 ? '' : `the command exited with ${status}` };
+  return { ...outcome, status, reason: '', commandStatus: true };
 }

@@ -31,7 +31,7 @@
 
 import { parseArgs } from 'node:util';
 import { resolve } from 'node:path';
-import { runInGuest, STATUS } from './guest.mjs';
+import { runInGuest } from './guest.mjs';
 import { ensureInitramfs, ensureKernel, findKernel } from './kernels.mjs';
 
 let parsed;
@@ -109,7 +109,7 @@ console.error(
     `ended after ${outcome.totalSeconds.toFixed(1)} s, status ${outcome.status}`,
 );
 if (outcome.missingModules.length > 0) console.error(`vm: modules not found: ${outcome.missingModules.join(' ')}`);
-if (outcome.status !== 0 && outcome.status >= STATUS.timeout) console.error(`vm: ${outcome.reason}`);
+if (!outcome.commandStatus) console.error(`vm: ${outcome.reason}`);
 if (process.exitCode === undefined) process.exitCode = outcome.status;
 
 function usage(problem) {

@@ -87,8 +87,24 @@ function passedEnv() {
  * guest gave none.
  * `stdout` and `stderr` (anything with write(chunk)) receive the command's output; `onConsole` each line of the kernel's console.
  */
-export async function runInGuest({
-  kernel,
+export async function runInGuest(options) {
+  const record = ensureKernel(options.kernel);
+  const initramfs = ensureInitramfs(record);
+  const results = mkdtempSync(join(tmpdir(), 'ipvs-node-controller-vm-'));
+  const socketDir = mkdtempSync(join(tmpdir(), 'ipvs-node-controller-vm-serial-'));
+  try {
+    return await boot({ ...options, record, initramfs, results, socketDir });
+  } finally {
+    rmSync(results, { recursive: true, force: true });
+    rmSync(socketDir, { recursive: true, force: true });
+  }
+}
+
+async function boot({
+  record,
+  initramfs,
+  results,
+  socketDir,
   command,
   cwd = process.cwd(),
   env = {},
@@ -100,10 +116,6 @@ export async function runInGuest({
   onConsole = () => {},
   signal,
 }) {
-  const record = ensureKernel(kernel);
-  const initramfs = ensureInitramfs(record);
-  const results = mkdtempSync(join(tmpdir(), 'ipvs-node-controller-vm-'));
-  const socketDir = mkdtempSync(join(tmpdir(), 'ipvs-node-controller-vm-serial-'));
   const sockets = { console: join(socketDir, 'console'), out: join(socketDir, 'out'), err: join(socketDir, 'err') };
   const qemuOutput = [];
   const consoleTail = [];
@@ -206,7 +218,6 @@ export async function runInGuest({
   clearTimeout(timer);
   // What qemu wrote before it exited is still on its way: wait for each stream's end.
   await Promise.all(streams.map((s) => s.finish()));
-  rmSync(socketDir, { recursive: true, force: true });
   clearInterval(bootPoll);
   signal?.removeEventListener('abort', abort);
   if (bootSeconds === undefined && existsSync(join(results, 'booted'))) bootSeconds = (Date.now() - started) / 1000;
@@ -216,7 +227,6 @@ export async function runInGuest({
     ? readFileSync(join(results, 'modules-missing'), 'utf8').trim().split('\n').filter(Boolean)
     : [];
   const status = existsSync(statusFile) ? Number(readFileSync(statusFile, 'utf8').trim()) : undefined;
-  rmSync(results, { recursive: true, force: true });
 
   const outcome = { bootSeconds, totalSeconds, record, missingModules: missing };
   if (exit.error) return { ...outcome, status: STATUS.noStatus, reason: `qemu did not start: ${exit.error.message}` };

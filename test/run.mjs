@@ -28,20 +28,13 @@ const suites = [
   { name: 'vm', glob: 'dist/test/vm/**/*.test.js', isolated: true, onlyWhenNamed: true },
   {
     name: 'vm-kernel',
-    files: [
-      'packets',
-      'nft-full-sync-text',
-      'nft-partial-sync',
-      'nft-element-batch',
-      'iptables',
-      'iptables-partial-sync',
-      'ebpf-backend',
-      'nft-resync',
-      'nft-executor',
-      'iptables-jump-reinsert',
-      'iptables-migration',
-      'node-addresses',
-    ].map((name) => `dist/test/kernel/${name}.test.js`),
+    files: ['packets', 'nft-full-sync-text', 'nft-element-batch', 'iptables', 'ebpf-backend'].map(
+      (name) => `dist/test/kernel/${name}.test.js`,
+    ),
+    // Left out: the nft CLI executor's packets (it programs what the addon programs, and
+    // nft-full-sync-text loads its transaction in each kernel) and the concurrent-restore race
+    // (a race between processes, two minutes in a guest).
+    invertGrep: 'packets through the nft \\(cli\\) backend|concurrently loses no rule',
     isolated: true,
     onlyWhenNamed: true,
   },
@@ -68,7 +61,11 @@ for (const suite of suites) {
     continue;
   }
   let cmd = process.execPath;
-  let args = [...mocha, ...(suite.files ?? [suite.glob])];
+  let args = [
+    ...mocha,
+    ...(suite.invertGrep ? ['--grep', suite.invertGrep, '--invert'] : []),
+    ...(suite.files ?? [suite.glob]),
+  ];
   if (suite.isolated) {
     if (process.getuid?.() !== 0) {
       console.error(`${suite.name} tests need root (network namespaces, nftables, iptables): run \`sudo npm test\``);

@@ -25,7 +25,7 @@ import {
   writeFileSync,
 } from 'node:fs';
 import { homedir } from 'node:os';
-import { dirname, join, resolve } from 'node:path';
+import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -80,8 +80,21 @@ export function ensureKernel(kernel) {
     if (existsSync(record.vmlinuz) && existsSync(join(record.modules, 'modules.dep'))) return record;
   }
   log(`fetching Debian ${kernel.suite}'s linux-image-amd64 into ${dir}`);
-  rmSync(dir, { recursive: true, force: true });
-  const apt = join(dir, 'apt');
+  // Fetched beside the cache entry and renamed into place: a runner started meanwhile never
+  // sees half a kernel, and two first fetches do not mix.
+  const work = `${dir}.fetch-${process.pid}`;
+  rmSync(work, { recursive: true, force: true });
+  try {
+    return fetchInto(kernel, dir, work);
+  } finally {
+    rmSync(work, { recursive: true, force: true });
+  }
+}
+
+/** ensureKernel's fetch: unpacks into `work`, then renames it to `dir` (unless another fetch did first). */
+function fetchInto(kernel, dir, work) {
+  const recordPath = join(dir, 'kernel.json');
+  const apt = join(work, 'apt');
   for (const d of ['lists/partial', 'cache/archives/partial', 'etc', 'debs'])
     mkdirSync(join(apt, d), { recursive: true });
   const mirror = process.env.IPVS_NODE_CONTROLLER_DEBIAN_MIRROR || 'http://deb.debian.org/debian';
@@ -123,7 +136,7 @@ export function ensureKernel(kernel) {
   run('apt-get', [...aptOptions, '-qq', 'download', imagePackage], { cwd: join(apt, 'debs') });
   const deb = readdirSync(join(apt, 'debs')).find((f) => f.endsWith('.deb'));
   if (!deb) throw new Error(`apt-get download ${imagePackage} left no .deb`);
-  const root = join(dir, 'root');
+  const root = join(work, 'root');
   run('dpkg-deb', ['-x', join(apt, 'debs', deb), root]);
   // trixie's packages are merged-/usr (usr/lib/modules): lib/ points there, as on a merged system.
   if (!existsSync(join(root, 'lib')) && existsSync(join(root, 'usr', 'lib', 'modules'))) {
@@ -139,15 +152,21 @@ export function ensureKernel(kernel) {
     version,
     metapackage: `linux-image-amd64 ${metaVersion}`,
     release,
-    vmlinuz: join(root, 'boot', `vmlinuz-${release}`),
-    modules: realpathSync(join(root, 'lib', 'modules', release)),
+    vmlinuz: join(dir, 'root', 'boot', `vmlinuz-${release}`),
+    modules: join(dir, 'root', relative(root, realpathSync(join(root, 'lib', 'modules', release)))),
     dir,
     fetched: new Date().toISOString(),
   };
-  if (!existsSync(record.vmlinuz)) throw new Error(`${deb} holds no ${record.vmlinuz}`);
+  if (!existsSync(join(root, 'boot', `vmlinuz-${release}`))) throw new Error(`${deb} holds no boot/vmlinuz-${release}`);
   // The downloaded .deb and apt's lists are not needed once unpacked.
   rmSync(apt, { recursive: true, force: true });
-  writeFileSync(recordPath, `${JSON.stringify(record, null, 2)}\n`);
+  writeFileSync(join(work, 'kernel.json'), `${JSON.stringify(record, null, 2)}\n`);
+  if (existsSync(recordPath)) {
+    rmSync(work, { recursive: true, force: true });
+    return JSON.parse(readFileSync(recordPath, 'utf8'));
+  }
+  rmSync(dir, { recursive: true, force: true });
+  renameSync(work, dir);
   log(`${kernel.suite}: ${imagePackage} ${version} (kernel ${release})`);
   return record;
 }
@@ -185,7 +204,7 @@ export function ensureInitramfs(record) {
   const keyPath = join(record.dir, 'initramfs.key');
   if (existsSync(output) && existsSync(keyPath) && readFileSync(keyPath, 'utf8').trim() === digest) return output;
   log(`${record.suite}: building the initramfs`);
-  const staging = join(record.dir, 'initramfs.tmp');
+  const staging = join(record.dir, `initramfs.tmp-${process.pid}`);
   rmSync(staging, { recursive: true, force: true });
   for (const d of ['bin', 'dev', 'proc', 'sys', 'modules', 'lower', 'upper', 'newroot']) {
     mkdirSync(join(staging, d), { recursive: true });
@@ -208,7 +227,7 @@ export function ensureInitramfs(record) {
   });
   writeFileSync(join(staging, 'modules', 'order'), `${order.join('\n')}\n`);
   run('chmod', ['0755', join(staging, 'init'), join(staging, 'bin', 'busybox')]);
-  const tmp = `${output}.tmp`;
+  const tmp = `${output}.tmp-${process.pid}`;
   run('sh', ['-c', `cd "$0" && find . -print0 | cpio --null -o -H newc --quiet | gzip -1 > "$1"`, staging, tmp]);
   renameSync(tmp, output);
   writeFileSync(keyPath, `${digest}\n`);

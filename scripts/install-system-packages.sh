@@ -15,6 +15,8 @@ packages=(
   podman buildah runc           # the image build (npm run image) and the container tests
   debootstrap curl              # the local base images (scripts/local-base-images.sh)
   qemu-user-static binfmt-support # the arm64 image, built and run under emulation (scripts/with-arm64-emulation.sh)
+  qemu-system-x86 cpio kmod busybox-static xz-utils # the VM layer: Debian's kernels booted in QEMU (scripts/vm/)
+  ipvsadm ipset                 # the VM layer: real IPVS and kube-proxy's sets in the guests
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -48,7 +48,7 @@ export const ADDR = {
     loopback: '127.0.0.0/8',
   },
   ipv6: {
-    clusterCidr: 'fd44::/48',
+    clusterCidr: 'fd44::/32',
     podGateway: 'fd44:1::1',
     pod: 'fd44:1::2',
     podPrefix: 64,

@@ -112,7 +112,7 @@ function bracket(address: string): string {
 /** Retries `check` until it returns `expected` (the controller works asynchronously). */
 async function eventually(check: () => Promise<string>, expected: string, what: string): Promise<void> {
   let last = '';
-  for (let i = 0; i < 120; i++) {
+  for (let i = 0; i < 400; i++) {
     last = await check();
     if (last === expected) return;
     await sleep(250);

@@ -6,10 +6,10 @@
 //
 // The test process's own network namespace (a private one: see real-ipvs.test.ts) is the node:
 //
-//   pod ns (10.244.1.2, fd44:1::2) --veth-- cni0 (10.244.1.1, fd44:1::1)
+//   pod ns (10.244.1.2, fd44:0:0:1::2) --veth-- cni0 (10.244.1.1, fd44:0:0:1::1)
 //                                           node: kube-ipvs0 (dummy) holds the ClusterIPs and LB IPs;
 //                                                 IPVS virtual services, ipsets, kube-proxy's chains
-//   remote ns (another node's pod 10.244.2.5, fd44:2::5; reached via 172.18.0.2, fd18::2)
+//   remote ns (another node's pod 10.244.2.5, fd44:0:0:2::5; reached via 172.18.0.2, fd18::2)
 //                                  --veth-- eth-n2 (172.18.0.1, fd18::1: the node's address)
 //   outside ns (192.168.50.2, fd50::2; also the load balancer of ipMode Proxy, 192.0.2.20)
 //                                  --veth-- eth-out (192.168.50.1, fd50::1), the node's default route
@@ -48,12 +48,12 @@ export const ADDR = {
     loopback: '127.0.0.0/8',
   },
   ipv6: {
-    clusterCidr: 'fd44::/32',
-    podGateway: 'fd44:1::1',
-    pod: 'fd44:1::2',
+    clusterCidr: 'fd44::/56',
+    podGateway: 'fd44:0:0:1::1',
+    pod: 'fd44:0:0:1::2',
     podPrefix: 64,
-    endpoint: 'fd44:2::5',
-    remoteNet: 'fd44:2::/64',
+    endpoint: 'fd44:0:0:2::5',
+    remoteNet: 'fd44:0:0:2::/64',
     node: 'fd18::1',
     nodePeer: 'fd18::2',
     nodePrefix: 64,

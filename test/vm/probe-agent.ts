@@ -34,7 +34,7 @@ interface Answer {
   from?: string;
 }
 
-const DEFAULT_TIMEOUT_MS = 5000;
+const DEFAULT_TIMEOUT_MS = 15_000;
 
 function hostPort(address: string | undefined, port: number | undefined): string {
   if (address === undefined || port === undefined) return '';

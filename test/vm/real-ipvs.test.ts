@@ -55,7 +55,7 @@ const NODE_OBJECT = {
   apiVersion: 'v1',
   kind: 'Node',
   metadata: { name: 'node-1' },
-  spec: { podCIDR: '10.244.1.0/24', podCIDRs: ['10.244.1.0/24', 'fd44:1::/64'] },
+  spec: { podCIDR: '10.244.1.0/24', podCIDRs: ['10.244.1.0/24', 'fd44:0:0:1::/64'] },
   status: { addresses: [{ type: 'InternalIP', address: ADDR.ipv4.node }] },
 };
 

@@ -428,6 +428,8 @@ export class Agent {
 
   async request(op: 'tcp' | 'udp' | 'serve', address: string, port: number, tag?: string): Promise<ProbeAnswer> {
     await this.ready;
+    // A probe still looping after its test gave up must not write to a stopped agent.
+    if (this.child.stdin!.writableEnded) return { answer: 'error:agent stopped' };
     const id = this.nextId++;
     const answer = new Promise<ProbeAnswer>((resolve) => this.pending.set(id, resolve));
     this.child.stdin!.write(`${JSON.stringify({ id, op, address, port, tag })}\n`);

@@ -252,22 +252,25 @@ function describeVariant(variant: Variant): void {
     });
 
     after(async () => {
-      await stopController();
-      try {
-        if (api) sh(process.execPath, shippedArgs(['--cleanup', ...backendArgs()]));
-      } catch (err) {
-        console.log(`cleanup after the test: ${(err as Error).message}`);
-      }
-      await Promise.all(agents.splice(0).map((a) => a.stop()));
-      await api?.stop();
+      // Every step is tried, so that the next backend starts from an empty node whatever failed here.
+      const errors: string[] = [];
+      const step = async (what: string, fn: () => unknown) => {
+        try {
+          await fn();
+        } catch (err) {
+          errors.push(`${what}: ${(err as Error).message}`);
+        }
+      };
+      await step('stopping the controller', stopController);
+      if (api) await step('--cleanup', () => sh(process.execPath, shippedArgs(['--cleanup', ...backendArgs()])));
+      await step('stopping the probes', () => Promise.all(agents.splice(0).map((a) => a.stop())));
+      await step('stopping the API stand-in', () => api?.stop());
       if (dir) rmSync(dir, { recursive: true, force: true });
       lab.tearDown();
-      try {
-        sh('nft', ['flush', 'ruleset']);
-      } catch {
-        // nothing there
-      }
-      if (cgroupDir) rmdirSync(cgroupDir);
+      await step('nft flush ruleset', () => sh('nft', ['flush', 'ruleset']));
+      const cgroup = cgroupDir;
+      if (cgroup) await step('removing the cgroup', () => rmdirSync(cgroup));
+      expect(errors, 'cleaning up after the test').to.deep.equal([]);
     });
 
     afterEach(function () {

@@ -58,11 +58,7 @@ for (const suite of suites) {
     continue;
   }
   let cmd = process.execPath;
-  let args = [
-    ...mocha,
-    ...(suite.grep ? ['--grep', suite.grep] : []),
-    ...(suite.files ?? [suite.glob]),
-  ];
+  let args = [...mocha, ...(suite.grep ? ['--grep', suite.grep] : []), ...(suite.files ?? [suite.glob])];
   if (suite.isolated) {
     if (process.getuid?.() !== 0) {
       console.error(`${suite.name} tests need root (network namespaces, nftables, iptables): run \`sudo npm test\``);

@@ -207,7 +207,11 @@ describe('nft map elements as a netlink batch (libnftnl)', function () {
     await execa('nft', ['add', 'element', 'ip', TABLE_NAME, MAP_NAME, '{ 198.51.100.99 . tcp . 1 : 10.96.0.99 }']);
     const before = await executor.generation();
     const applied = await driver.apply(whole([web, api]));
-    expect(executor.lastElementBatch?.messages, 'the last batch: the IPv6 map flushed, nothing to add').to.equal(1);
+    // With the key set (kernels that refuse a map looked up as a set), it is flushed in the same batch.
+    const { lookup } = await driver.keyLookup();
+    expect(executor.lastElementBatch?.messages, 'the last batch: the IPv6 map flushed, nothing to add').to.equal(
+      lookup === 'set' ? 2 : 1,
+    );
     const map = await listedMap('ip');
     expect(map.elem.map((e) => (JSON.parse(e) as unknown[])[1])).to.have.members(['10.96.0.30', '10.96.0.31']);
     const after = await executor.generation();

@@ -72,8 +72,11 @@ export interface BackendEntry {
    * what it uses stays (all of it, or one iptables variant).
    */
   leftovers(settings: BackendSettings, inUse?: BackendDescription): LeftoverCleanup[];
-  /** What --dry-run prints: the rules this backend would program. */
-  renderDryRun(desired: DesiredState): string;
+  /**
+   * What --dry-run prints: the rules this backend would program (nft: with the key lookup of
+   * --nft-key-lookup, the map's when it is auto, as no kernel is asked).
+   */
+  renderDryRun(desired: DesiredState, settings?: BackendSettings): string;
   /** Entries per family it is given (the backends built by create() carry the same). */
   capacity: EntryCapacity;
 }
@@ -109,7 +112,8 @@ export const BACKENDS: BackendRegistry = {
       };
     },
     leftovers: (settings, inUse) => (inUse ? [] : [nftLeftovers(settings)]),
-    renderDryRun: (desired) => renderDesiredStateText(desired),
+    renderDryRun: (desired, settings) =>
+      renderDesiredStateText(desired, settings?.nftKeyLookup === 'set' ? 'set' : 'map'),
     capacity: NFT_CAPACITY,
   },
   iptables: {
@@ -192,8 +196,13 @@ function probed(created: SelectedBackend, probe: ProbeResult): SelectedBackend {
 }
 
 /** What --dry-run prints for --backend; 'auto' shows the nft text, as the eBPF backend does. */
-export function renderDryRun(choice: BackendChoice, desired: DesiredState, backends: BackendRegistry = BACKENDS) {
-  return backends[dryRunBackend(choice)].renderDryRun(desired);
+export function renderDryRun(
+  choice: BackendChoice,
+  desired: DesiredState,
+  settings: BackendSettings = {},
+  backends: BackendRegistry = BACKENDS,
+) {
+  return backends[dryRunBackend(choice)].renderDryRun(desired, settings);
 }
 
 /** --dry-run shows what nft would program when the choice is left to the node. */

@@ -167,7 +167,9 @@ async function dryRun(config: Config): Promise<number> {
   };
   const desired = buildDesiredState(services, node, model);
   // The report, then what the chosen backend would program: iptables-restore input, or nft text.
-  const text = dryRunReport(config, { services, desired, kubeProxy }) + renderDryRun(config.backend, desired);
+  const text =
+    dryRunReport(config, { services, desired, kubeProxy }) +
+    renderDryRun(config.backend, desired, backendSettings(config));
   // Wait for the write: stdout on a pipe is asynchronous and process.exit would cut it short.
   await new Promise<void>((resolve, reject) => process.stdout.write(text, (err) => (err ? reject(err) : resolve())));
   return 0;

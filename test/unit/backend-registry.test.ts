@@ -51,4 +51,13 @@ describe('backend registry', () => {
     expect(renderDryRun('ebpf', desired)).to.equal(nft);
     expect(renderDryRun('auto', desired)).to.equal(nft);
   });
+
+  it('prints the nft rules with the key set when --nft-key-lookup=set, as a kernel that needs it holds them', () => {
+    const nft = renderDryRun('nft', desired, { nftKeyLookup: 'set' });
+    expect(nft)
+      .to.match(/^\tset external-ip-keys \{$/m)
+      .and.match(/fib saddr type local ip daddr \. meta l4proto \. th dport @external-ip-keys jump/)
+      .and.not.match(/th dport @external-ip-to-cluster-ip jump/);
+    expect(renderDryRun('nft', desired, { nftKeyLookup: 'auto' })).to.equal(renderDryRun('nft', desired));
+  });
 });

@@ -10,8 +10,8 @@
 // IPv6; an ipMode Proxy ingress and traffic from outside the node are left alone; a deleted
 // Service is no longer translated; --cleanup brings the refusal back.
 //
-// The test runs in network and mount namespaces of its own: started without them, it runs itself
-// again under `unshare --net --mount` (with its own /run/netns and bpffs) and reports that run.
+// test/run.mjs runs it in network and mount namespaces of its own, with its own /run/netns and
+// bpffs (the `vm` suite); started otherwise, it refuses (assertIsolatedNetns).
 
 import { expect } from 'chai';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -20,17 +20,12 @@ import { mkdirSync, mkdtempSync, rmSync, rmdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { fileURLToPath } from 'node:url';
 
 import { defaultCgroupPath } from '../../src/backends/ebpf/ebpf-driver.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
 import { shippedArgs } from '../../testbed/shipped-controller.js';
 import { ADDR, Agent, IpvsLab, PORT, TARGET_PORT, missingIpvs, sh, type IptablesVariant } from './ipvs-lab.js';
-
-const ISOLATED = 'IPVS_NODE_CONTROLLER_VM_TEST_NETNS';
-const THIS_FILE = fileURLToPath(import.meta.url);
-const MOCHA = fileURLToPath(new URL('../../../node_modules/mocha/bin/mocha.js', import.meta.url));
 
 /** Generous: in an emulated guest a Node.js process takes seconds to start. */
 const STEP_TIMEOUT_MS = 600_000;
@@ -120,37 +115,7 @@ async function eventually(check: () => Promise<string>, expected: string, what: 
   expect.fail(`${what}: expected '${expected}', last answer '${last}'`);
 }
 
-if (process.env[ISOLATED] !== '1') {
-  describe('controller on real IPVS (run again in network and mount namespaces of its own)', function () {
-    this.timeout(0);
-    it('passes every backend', async () => {
-      const child = spawn(
-        'unshare',
-        [
-          '--net',
-          '--mount',
-          '--propagation',
-          'private',
-          '--',
-          'sh',
-          '-c',
-          'mkdir -p /run/netns && mount -t tmpfs -o mode=0755 ipvs-node-controller-vm /run/netns && ' +
-            'mount -t bpf ipvs-node-controller-vm /sys/fs/bpf && exec "$0" "$@"',
-          process.execPath,
-          MOCHA,
-          '--reporter',
-          process.env.MOCHA_REPORTER ?? 'spec',
-          THIS_FILE,
-        ],
-        { stdio: 'inherit', env: { ...process.env, [ISOLATED]: '1' } },
-      );
-      const [code, signal] = (await once(child, 'exit')) as [number | null, NodeJS.Signals | null];
-      expect(code ?? signal, 'the run in namespaces of its own (its failures are listed above)').to.equal(0);
-    });
-  });
-} else {
-  for (const variant of VARIANTS) describeVariant(variant);
-}
+for (const variant of VARIANTS) describeVariant(variant);
 
 function describeVariant(variant: Variant): void {
   describe(`controller on real IPVS, --backend=${variant.title}`, function () {

@@ -319,7 +319,10 @@ export function tableText(t: TableContents): string {
     if (s.size !== undefined) lines.push(`\t\tsize ${s.size}`);
     if (s.comment) lines.push(`\t\tcomment ${quote(s.comment)}`);
     const elements = elementsOf(s.name);
-    if (elements.length > 0) lines.push(`\t\telements = { ${elements.join(', ')} }`);
+    // A set of concatenated keys is written a key a line, as a map is; prefixes on one line.
+    if (elements.length > 0 && typeof s.type !== 'string') {
+      lines.push('\t\telements = {', `\t\t\t${elements.join(',\n\t\t\t')}`, '\t\t}');
+    } else if (elements.length > 0) lines.push(`\t\telements = { ${elements.join(', ')} }`);
     lines.push('\t}', '');
   }
   for (const m of t.maps) {

@@ -11,7 +11,15 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
-import { NFT_FAMILY, TABLE_NAME, deleteTables, desiredTable, writeTable } from '../../src/backends/nft/render.js';
+import {
+  KEY_SET_NAME,
+  NFT_FAMILY,
+  TABLE_NAME,
+  deleteTables,
+  desiredTable,
+  writeTable,
+  type KeyLookup,
+} from '../../src/backends/nft/render.js';
 import { Transaction, tableText } from '../../src/backends/nft/objects.js';
 import { NftDriver } from '../../src/backends/nft/nft-driver.js';
 import type { DesiredState, Entry, Family, FamilyState, LocalPodMatch } from '../../src/model/types.js';
@@ -78,9 +86,9 @@ function comparable(objects: Listed): string[] {
 }
 
 /** The dry-run text of one family as a transaction that replaces the table. */
-function replacingText(family: Family, state: FamilyState, mark: number): string {
+function replacingText(family: Family, state: FamilyState, mark: number, lookup: KeyLookup = 'map'): string {
   const table = `${NFT_FAMILY[family]} ${TABLE_NAME}`;
-  return `add table ${table}\ndelete table ${table}\n${tableText(desiredTable(family, state, mark))}`;
+  return `add table ${table}\ndelete table ${table}\n${tableText(desiredTable(family, state, mark, lookup))}`;
 }
 
 /** Loads nft text as one transaction (`nft -f`), as an operator would load the dry-run output. */
@@ -109,6 +117,18 @@ describe('nft full sync: dry-run text and JSON transaction', function () {
       });
 
       for (const family of ['ipv4', 'ipv6'] as const) {
+        it(`${family}, keys in a set beside the map (kernels that refuse the map's): the same table as the JSON rendering`, async () => {
+          for (const count of [0, 1, 300]) {
+            const state: FamilyState = { entries: entries(family, count), localPodMatch: MATCHES[family][0]! };
+            await executor.run(writeTable(new Transaction(), desiredTable(family, state, 0x4000, 'set')));
+            const fromJson = await listed(executor, family);
+            await loadText(replacingText(family, { ...state, entries: entries(family, count + 1) }, 0x8, 'set'));
+            await loadText(replacingText(family, state, 0x4000, 'set'));
+            const fromText = await listed(executor, family);
+            expect(comparable(fromText), `${count} entries`).to.deep.equal(comparable(fromJson));
+            expect(fromText.filter((o) => o.set?.name === KEY_SET_NAME)).to.have.lengthOf(1);
+          }
+        });
         for (const match of MATCHES[family]) {
           it(`${family}, local pods by ${match.kind}: the same table as the JSON rendering`, async () => {
             for (const count of [0, 1, 300]) {

@@ -5,6 +5,7 @@
 import { expect } from 'chai';
 import { execFile } from 'node:child_process';
 import { readFile, readdir } from 'node:fs/promises';
+import { release, type } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
@@ -59,12 +60,14 @@ describe('the version', function () {
     );
   });
 
-  it('ipvs_node_controller_build_info says version, revision and Node.js version', async () => {
+  it('ipvs_node_controller_build_info says version, revision, Node.js version and the kernel', async () => {
     const { text } = await new ControllerMetrics({ defaultMetrics: false }).exposition();
     const info = buildInfo();
     expect(info.version).to.equal(version);
+    expect(info.kernel).to.equal(`${type()} ${release()}`);
     expect(text).to.include(
-      `ipvs_node_controller_build_info{version="${version}",revision="${info.revision}",node_version="${process.version}"} 1`,
+      `ipvs_node_controller_build_info{version="${version}",revision="${info.revision}",node_version="${process.version}",` +
+        `kernel="${info.kernel}",kernel_version="${info.kernelVersion}"} 1`,
     );
   });
 });

@@ -186,9 +186,13 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
     expect(e.value(`${P}programmed_entries`, { backend: 'nft', family: 'ipv6' })).to.equal(2);
     expect(e.value(`${P}skipped_addresses`, { reason: 'ipModeProxy' })).to.equal(1);
     expect(e.value(`${P}skipped_addresses`, { reason: 'hostnameOnly' })).to.equal(1);
-    expect(e.value(`${P}backend_info`, { backend: 'nft', nft_executor: 'addon', iptables_variant: 'none' })).to.equal(
-      1,
+    // The key lookup is the kernel's: the map where it takes it, else the key set.
+    const info = [...e.samples].filter(([k]) => k.startsWith(`${P}backend_info{`));
+    expect(info).to.have.lengthOf(1);
+    expect(info[0]![0]).to.match(
+      /\{backend="nft",iptables_variant="none",nft_executor="addon",nft_key_lookup="(map|set)"\}$/,
     );
+    expect(info[0]![1]).to.equal(1);
     expect(e.value(`${P}informer_lists_total`, { resource: 'services' })!).to.be.at.least(1);
     expect(e.value(`${P}informer_watches_total`, { resource: 'nodes' })!).to.be.at.least(1);
     const last = e.value(`${P}last_successful_sync_timestamp_seconds`)!;

@@ -21,7 +21,8 @@ mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
 mount -t tmpfs -o mode=0755 tmpfs /run
-mount -t tmpfs -o mode=1777 tmpfs /tmp
+# /tmp stays the host's, under the overlay (writes stay in the guest): a checkout there, as CI's
+# may be, must be found.
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mount -t bpf bpf /sys/fs/bpf
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null

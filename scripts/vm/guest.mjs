@@ -87,6 +87,22 @@ function passedEnv() {
  * guest gave none.
  * `stdout` and `stderr` (anything with write(chunk)) receive the command's output; `onConsole` each line of the kernel's console.
  */
+/**
+ * An AbortController that SIGINT and SIGTERM abort, stopping the guest; the process then exits
+ * with 130 or 143, as a shell reports a command ended by the signal.
+ */
+export function abortOnStopSignals() {
+  const controller = new AbortController();
+  for (const sig of ['SIGINT', 'SIGTERM']) {
+    process.once(sig, () => {
+      console.error(`vm: ${sig}: stopping the guest`);
+      controller.abort();
+      process.exitCode = sig === 'SIGINT' ? 130 : 143;
+    });
+  }
+  return controller;
+}
+
 export async function runInGuest(options) {
   const record = ensureKernel(options.kernel);
   const initramfs = ensureInitramfs(record);

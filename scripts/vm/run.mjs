@@ -31,7 +31,7 @@
 
 import { parseArgs } from 'node:util';
 import { resolve } from 'node:path';
-import { runInGuest } from './guest.mjs';
+import { abortOnStopSignals, runInGuest } from './guest.mjs';
 import { ensureInitramfs, ensureKernel, findKernel } from './kernels.mjs';
 
 let parsed;
@@ -84,14 +84,7 @@ if (process.getuid?.() !== 0) {
   process.exit(2);
 }
 
-const controller = new AbortController();
-for (const sig of ['SIGINT', 'SIGTERM']) {
-  process.once(sig, () => {
-    console.error(`vm: ${sig}: stopping the guest`);
-    controller.abort();
-    process.exitCode = sig === 'SIGINT' ? 130 : 143;
-  });
-}
+const controller = abortOnStopSignals();
 const outcome = await runInGuest({
   kernel,
   command: positionals,

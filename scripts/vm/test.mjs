@@ -9,7 +9,7 @@
 //   node scripts/vm/test.mjs [--timeout S] [kernel...]    kernels: 5.10 6.1 6.12 (default: all three)
 
 import { parseArgs } from 'node:util';
-import { runInGuest } from './guest.mjs';
+import { abortOnStopSignals, runInGuest } from './guest.mjs';
 import { KERNELS, findKernel } from './kernels.mjs';
 
 const SUMMARY_LINES = 400;
@@ -33,13 +33,7 @@ if (process.getuid?.() !== 0) {
   process.exit(2);
 }
 
-const controller = new AbortController();
-for (const sig of ['SIGINT', 'SIGTERM']) {
-  process.once(sig, () => {
-    console.error(`vm: ${sig}: stopping the guest`);
-    controller.abort();
-  });
-}
+const controller = abortOnStopSignals();
 
 const results = [];
 for (const kernel of kernels) {

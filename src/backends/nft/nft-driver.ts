@@ -7,8 +7,8 @@
 //   go in one small JSON transaction and each map is refilled by one batch (flush and every
 //   element: packets see the old elements or the new ones); else both families go in one JSON
 //   transaction, which is also the fallback when a batch is refused.
-// - The shape written again (a resync) declares the chains again and adds back the pod set, with
-//   the element changes, without touching the map's other elements.
+// - The shape written again (a resync) declares the chains again, with the element changes,
+//   without touching the map's other elements.
 // - A read back lists the table through the nft command when the addon programs: another
 //   process, from a worker, so that changes are never queued behind the listing.
 // - The executor reads the ruleset generation (NFT_MSG_GETGEN) around each commit where it can

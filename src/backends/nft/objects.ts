@@ -32,8 +32,8 @@ export interface ChainObject {
 export type Statement =
   /** fib saddr type local: the packet comes from an address of this node. */
   | { kind: 'fromLocalAddress' }
-  /** <family> saddr @set */
-  | { kind: 'sourceInSet'; set: string }
+  /** <family> saddr <address>/<length> (the address alone when the length is the whole address) */
+  | { kind: 'sourceInPrefix'; address: string; length: number }
   /** iifname "name" (a trailing `*` matches a prefix) */
   | { kind: 'inputInterface'; name: string }
   /** <family> daddr . meta l4proto . th dport @name: the key in a map (no data read) or a set */
@@ -156,8 +156,11 @@ function statementJson(family: NftFamily, s: Statement): unknown {
   switch (s.kind) {
     case 'fromLocalAddress':
       return { match: { op: '==', left: { fib: { result: 'type', flags: ['saddr'] } }, right: 'local' } };
-    case 'sourceInSet':
-      return { match: { op: '==', left: { payload: { protocol: family, field: 'saddr' } }, right: `@${s.set}` } };
+    case 'sourceInPrefix': {
+      // As a listing shows it: a whole address is an address, not a prefix.
+      const right = s.length === fullLength(family) ? s.address : { prefix: { addr: s.address, len: s.length } };
+      return { match: { op: '==', left: { payload: { protocol: family, field: 'saddr' } }, right } };
+    }
     case 'inputInterface':
       return { match: { op: '==', left: { meta: { key: 'iifname' } }, right: s.name } };
     case 'destinationIn':
@@ -252,6 +255,10 @@ export class JsonWriter {
 
 // ---- text writer ----------------------------------------------------------------------------
 
+function fullLength(family: NftFamily): number {
+  return family === 'ip6' ? 128 : 32;
+}
+
 export function quote(s: string): string {
   return `"${s.replace(/["\\]/g, '\\$&')}"`;
 }
@@ -261,8 +268,8 @@ export function statementText(family: NftFamily, s: Statement): string {
   switch (s.kind) {
     case 'fromLocalAddress':
       return 'fib saddr type local';
-    case 'sourceInSet':
-      return `${family} saddr @${s.set}`;
+    case 'sourceInPrefix':
+      return `${family} saddr ${s.length === fullLength(family) ? s.address : `${s.address}/${s.length}`}`;
     case 'inputInterface':
       return `iifname ${quote(s.name)}`;
     case 'destinationIn':

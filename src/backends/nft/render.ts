@@ -169,39 +169,35 @@ export function desiredTable(
     t.keySetElements = keySetElements(family, elements);
     if (elements.length > 0) t.elements.push(t.keySetElements);
   }
-  let podMatch: Statement | undefined;
+  // Pod sources are matched by prefix in the rule itself, one rule per CIDR, not looked up in an
+  // interval set: a transaction that touches an interval set (even adding back an element it
+  // holds) can let a packet of the commit window through unmatched on the kernels users run
+  // (rbtree sets; fixed upstream in 2026), where rules swap atomically. A node has a few CIDRs.
+  let podMatches: Statement[] = [];
   switch (match.kind) {
     case 'cidrs':
-      t.sets.push(o.localPods);
-      if (match.cidrs.length > 0) {
-        t.elements.push({
-          kind: 'element',
-          family: o.table.family,
-          table: TABLE_NAME,
-          set: LOCAL_POD_SET,
-          elements: match.cidrs.map((c) => {
-            const [address, length] = c.split('/');
-            return { address: address!, length: Number(length) };
-          }),
-        });
-      }
-      podMatch = { kind: 'sourceInSet', set: LOCAL_POD_SET };
+      podMatches = match.cidrs.map((c) => {
+        const [address, length] = c.split('/');
+        return { kind: 'sourceInPrefix', address: address!, length: Number(length) };
+      });
+      if (podMatches.length === 0) t.notes!.push('no prerouting chain: no local pod CIDR');
       break;
     case 'interface':
-      podMatch = { kind: 'inputInterface', name: match.name };
+      podMatches = [{ kind: 'inputInterface', name: match.name }];
       break;
     case 'interfacePrefix':
-      podMatch = { kind: 'inputInterface', name: `${match.prefix}*` };
+      podMatches = [{ kind: 'inputInterface', name: `${match.prefix}*` }];
       break;
     case 'none':
       t.notes!.push(`no prerouting chain: ${match.reason}`);
       break;
   }
-  if (match.kind !== 'cidrs') t.unwanted.push(o.localPods);
+  // The pod set earlier versions kept: removed when the table is written.
+  t.unwanted.push(o.localPods);
   if (state.entries.length > 0) t.elements.push(mapElems);
-  if (podMatch) {
+  if (podMatches.length > 0) {
     t.chains.push(o.prerouting);
-    t.rules.push(rule(o.prerouting, [podMatch, keyIn, jump]));
+    for (const podMatch of podMatches) t.rules.push(rule(o.prerouting, [podMatch, keyIn, jump]));
   } else {
     t.unwanted.push(o.prerouting);
   }
@@ -266,18 +262,13 @@ function writeObjects(tx: Transaction, t: DesiredTable, map: 'replaced' | 'kept'
 
 /**
  * The first step of a periodic resync of a table that has the shape of `t`: declares the chains
- * again (which fails on a changed hook or priority, and puts back the policy) and adds back the
- * pod CIDRs. The rules and the map elements are verified against a listing afterwards: a
- * rule rewritten at every resync would also make every `nft monitor` lose track of the sets.
+ * again (which fails on a changed hook or priority, and puts back the policy). The rules (the
+ * pod CIDRs among them) and the map elements are verified against a listing afterwards: a rule
+ * rewritten at every resync would also make every `nft monitor` lose track of the sets.
  * A missing table, set or chain fails the transaction, and the caller rewrites the table.
  */
 export function resyncTable(tx: Transaction, t: DesiredTable): Transaction {
-  tx.add(...t.chains);
-  // The pod set is added to, never flushed: a flush and re-add of an interval set in one
-  // transaction let a pod connection through untranslated (seen once in 2,322 at 15,000 entries).
-  // A resync runs only while the pod CIDRs are those programmed, so `add` restores what went.
-  for (const e of t.elements) if (e !== t.mapElements && e !== t.keySetElements) tx.add(e);
-  return tx;
+  return tx.add(...t.chains);
 }
 
 /** Rewrites the rules of one chain. */

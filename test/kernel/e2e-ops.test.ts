@@ -292,22 +292,21 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
     };
     const panels = dashboard.panels.filter((p) => p.type !== 'row');
     expect(panels.length).to.be.greaterThan(10);
-    // The node selector offers this node.
-    const nodeVariable = dashboard.templating.list.find((v) => v.name === 'node')!;
-    const metric = /^label_values\((\w+), node\)$/.exec(nodeVariable.definition ?? '')?.[1];
+    // The node selector offers this node's controller (by its scrape address).
+    const nodeVariable = dashboard.templating.list.find((v) => v.name === 'instance')!;
+    const metric = /^label_values\((.+), instance\)$/.exec(nodeVariable.definition ?? '')?.[1];
     expect(metric, nodeVariable.definition).to.be.a('string');
     // A Service change while Prometheus scrapes: programming latency and sync counters move in the window.
     api.apply(wireService({ ...SERVICES[0]!, name: 'dashboard-change', ingress: [{ ip: '10.19.99.1' }] }));
     // Grafana's variables as a user with "All" nodes sees them.
-    const asGrafana = (expr: string) => expr.replaceAll('$node', '.*').replaceAll('$__rate_interval', '1m');
+    const asGrafana = (expr: string) =>
+      expr.replaceAll('$cluster', '.*').replaceAll('$instance', '.*').replaceAll('$__rate_interval', '1m');
     let missing: string[] = [];
     await eventually(
       'data from every panel',
       async () => {
-        const values = await httpGet(
-          `http://127.0.0.1:9090/api/v1/label/node/values?match[]=${encodeURIComponent(metric!)}`,
-        );
-        missing = (JSON.parse(values.body) as { data: string[] }).data.includes('node-1') ? [] : ['the node variable'];
+        const values = await prometheusQuery(asGrafana(metric!));
+        missing = values.some((r) => r.metric.instance === '127.0.0.1:9477') ? [] : ['the node variable'];
         for (const panel of panels) {
           expect(panel.targets?.length, panel.title).to.be.greaterThan(0);
           for (const target of panel.targets!) {

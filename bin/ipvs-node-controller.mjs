@@ -9,7 +9,10 @@
 // replaces itself with that process: same PID, so the controller receives every signal itself
 // and its exit code is the process's, and no second Node.js stays resident. On older Node.js it
 // runs the controller as a child, forwards SIGTERM, SIGINT and SIGHUP to it, and ends as the
-// child ended: with its exit code, or killed by the same signal.
+// child ended: with its exit code, or killed by the same signal. The child lives no longer than
+// the launcher: it holds the read end of a pipe whose other end only the launcher holds, and
+// when that end closes (the launcher ended in any way, SIGKILL included) it stops as on SIGTERM
+// (the rules stay in place), or is killed 10 s later if the stop has not ended it.
 //
 //   ipvs-node-controller --dry-run --from-file services.yaml     (npm's bin link)
 //   node bin/ipvs-node-controller.mjs --version                  (the image: /opt/ipvs-node-controller)
@@ -54,7 +57,30 @@ if (typeof process.execve === 'function') {
 // forwards it once. Were the child in the terminal's foreground group too, it would receive a
 // second SIGINT, and a second stop request makes the controller stop at once, not gracefully.
 // Without a controlling terminal it still reads and writes the terminal it inherited.
-const child = spawn(process.execPath, args, { stdio: 'inherit', detached: true });
+//
+// Out of the launcher's process group, the child is not reached by what reaches the group only
+// (a SIGKILL of the group, or of the launcher, cannot be forwarded): the lifeline below ends it.
+// It is file descriptor 3 of the child, read by a module the child imports before the bundle.
+const LIFELINE_FD = 3;
+const LIFELINE_GRACE_MS = 10_000;
+const lifeline = `
+import net from 'node:net';
+const line = new net.Socket({ fd: ${LIFELINE_FD}, readable: true, writable: false });
+const stop = () => {
+  process.kill(process.pid, 'SIGTERM');
+  setTimeout(() => process.kill(process.pid, 'SIGKILL'), ${LIFELINE_GRACE_MS}).unref();
+};
+line.on('end', stop);
+line.on('error', stop);
+line.resume();
+line.unref();
+`;
+const child = spawn(process.execPath, [`--import=data:text/javascript,${encodeURIComponent(lifeline)}`, ...args], {
+  stdio: ['inherit', 'inherit', 'inherit', 'pipe'],
+  detached: true,
+});
+// Never written, never read: it only has to stay open while the launcher lives.
+child.stdio[LIFELINE_FD]?.unref?.();
 const FORWARDED = ['SIGTERM', 'SIGINT', 'SIGHUP'];
 const forward = (signal) => child.kill(signal);
 for (const signal of FORWARDED) process.on(signal, forward);

@@ -1043,8 +1043,18 @@ export class ApiStandIn {
   private unavailable = false;
   private nextClusterIp = 10;
   private readonly reads = new Map<string, ClientReads>();
-  /** The next WatchList stream ends with this ERROR after so many of its initial events. */
-  private watchListBreak: { afterEvents: number; code: number } | undefined;
+  /**
+   * The next WatchList stream ends after so many of its initial events: with an ERROR of this
+   * code, or cleanly ('end').
+   */
+  private watchListBreak: { afterEvents: number; code: number | 'end' } | undefined;
+  /** The next list response is cut (its connection reset) after so many of its items. */
+  private listBreak: { afterItems: number } | undefined;
+  /**
+   * The watch cache that new requests reach is behind, at `rv` (lagWatchCache()): the objects
+   * it holds, and the watches it parked until it catches up.
+   */
+  private lag: { rv: number; objects: Map<Resource, KubeObject[]>; parked: Array<() => void> } | undefined;
 
   private constructor(
     private readonly server: https.Server,
@@ -1125,8 +1135,41 @@ export class ApiStandIn {
    * initial events, then an ERROR event with `code` (410: as if its resourceVersion had been
    * compacted meanwhile), and ends.
    */
-  breakNextWatchList(afterEvents: number, code = 410): void {
+  breakNextWatchList(afterEvents: number, code: number | 'end' = 410): void {
     this.watchListBreak = { afterEvents, code };
+  }
+
+  /**
+   * The next list response (a page, for a paginated list) sends `afterItems` of its items, then
+   * its connection is reset in the middle of the body, as when the API server or a proxy in
+   * front of it goes away while a list is being read.
+   */
+  breakNextList(afterItems: number): void {
+    this.listBreak = { afterItems };
+  }
+
+  /**
+   * From now on, the watch cache that new requests reach stays at the current resourceVersion,
+   * as an API server's cache that lags behind etcd (another API server behind the same address,
+   * or one busy catching up): a list at resourceVersion=0 (or at a version it has reached) is
+   * served the state it holds, older than etcd's; a list or WatchList stream asking for a version
+   * newer than it holds is answered 504 "Too large resource version", and so is a watch from such
+   * a version (as an ERROR event); a consistent list (resourceVersion unset) falls back to etcd, as
+   * ConsistentListFromCache does when the cache is not fresh. Watches opened before go on as
+   * they were (they are on a server that is up to date); watches opened meanwhile from a version
+   * it holds deliver their replay up to it and nothing newer until catchUpWatchCache().
+   */
+  lagWatchCache(): void {
+    if (this.lag) return;
+    const objects = new Map(RESOURCES.map((r) => [r, this.store.list(r).map((o) => structuredClone(o))] as const));
+    this.lag = { rv: this.store.resourceVersion, objects, parked: [] };
+  }
+
+  /** The watch cache is up to date again: the watches it parked get what they missed and go on. */
+  catchUpWatchCache(): void {
+    const lag = this.lag;
+    this.lag = undefined;
+    for (const resume of lag?.parked ?? []) resume();
   }
 
   private readsOf(req: IncomingMessage): ClientReads {
@@ -1497,10 +1540,15 @@ export class ApiStandIn {
     if (cont !== '' && rv !== '' && rv !== '0') {
       throw new ApiError(400, 'specifying resource version is not allowed when using continue');
     }
-    if (rv !== '' && rv !== '0' && match !== 'Exact' && Number(rv) > this.store.resourceVersion) {
-      throw tooLargeResourceVersion(rv, this.store.resourceVersion);
+    const lag = this.lag;
+    const cacheVersion = lag?.rv ?? this.store.resourceVersion;
+    if (rv !== '' && rv !== '0' && match !== 'Exact' && Number(rv) > cacheVersion) {
+      throw tooLargeResourceVersion(rv, cacheVersion);
     }
-    const path = this.listReadPath(rv, match, limit, cont !== '');
+    let path = this.listReadPath(rv, match, limit, cont !== '');
+    // A consistent read that a lagging cache cannot serve falls back to etcd.
+    if (lag && rv === '' && path.fromCache) path = { fromCache: false, revisionProbe: true };
+    const fromLaggingCache = lag !== undefined && path.fromCache && cont === '';
     // The watch cache ignores limit for resourceVersion=0 (cacher's computeListLimit): the whole list.
     const pageLimit = path.fromCache && rv === '0' ? 0 : limit;
     let snapshot: ListSnapshot;
@@ -1509,9 +1557,8 @@ export class ApiStandIn {
       ({ snapshot, offset } = this.resolveContinue(cont));
     } else {
       snapshot = {
-        rv: this.store.resourceVersion,
-        items: this.store
-          .list(resource)
+        rv: fromLaggingCache ? lag.rv : this.store.resourceVersion,
+        items: (fromLaggingCache ? lag.objects.get(resource)! : this.store.list(resource))
           .filter((o) => route.namespace === undefined || o.metadata.namespace === route.namespace)
           .filter((o) => selects(selection, o)),
       };
@@ -1538,6 +1585,16 @@ export class ApiStandIn {
       const { kind: _kind, apiVersion: _apiVersion, ...rest } = o;
       return rest;
     });
+    const cut = this.listBreak;
+    if (cut) {
+      this.listBreak = undefined;
+      // The beginning of the body, as far as the cut, then the connection goes away.
+      const head = JSON.stringify({ kind: `${resource.kind}List`, apiVersion: 'v1', metadata: listMeta, items: [] });
+      const sent = items.slice(0, cut.afterItems).map((o) => JSON.stringify(o) + ',');
+      res.writeHead(200, { 'Content-Type': 'application/json' });
+      res.write(head.slice(0, -2) + sent.join(''), () => res.socket?.destroy());
+      return;
+    }
     sendJson(res, 200, { kind: `${resource.kind}List`, apiVersion: 'v1', metadata: listMeta, items });
   }
 
@@ -1655,8 +1712,14 @@ export class ApiStandIn {
       throw new ApiError(400, `resourceVersion: Invalid value: "${from}": must be a non-negative integer`);
     }
     const initialEvents = this.initialEventsOf(query, from);
-    if (initialEvents !== undefined && from !== '' && from !== '0' && Number(from) > this.store.resourceVersion) {
-      throw tooLargeResourceVersion(from, this.store.resourceVersion);
+    const lag = this.lag;
+    const cacheVersion = lag?.rv ?? this.store.resourceVersion;
+    if (initialEvents !== undefined && from !== '' && from !== '0' && Number(from) > cacheVersion) {
+      throw tooLargeResourceVersion(from, cacheVersion);
+    }
+    // A consistent start waits for the cache to reach etcd's revision, in vain while it lags.
+    if (initialEvents === true && from === '' && lag && lag.rv < this.store.resourceVersion) {
+      throw tooLargeResourceVersion(String(this.store.resourceVersion), lag.rv);
     }
     // A consistent start (resourceVersion unset) reads etcd's current revision first.
     if (initialEvents !== undefined && from === '') reads.etcdRevisionReads++;
@@ -1703,13 +1766,18 @@ export class ApiStandIn {
     res.socket?.setNoDelay(true);
     res.on('error', () => undefined);
 
+    if (lag && from !== '' && from !== '0' && Number(from) > lag.rv) {
+      const status = tooLargeResourceVersion(from, lag.rv).toStatus();
+      write({ type: 'ERROR', object: status });
+      res.end();
+      return;
+    }
     // Unset or 0: start with the current state as synthetic ADDED events, as the real server does.
     let replay: Array<{ type: ChangeType; object: KubeObject }>;
     if (initialEvents === false) {
       replay = [];
     } else if (initialEvents === true || from === '' || from === '0') {
-      replay = this.store
-        .list(resource)
+      replay = (lag ? lag.objects.get(resource)! : this.store.list(resource))
         .filter(
           (o) => (route.namespace === undefined || o.metadata.namespace === route.namespace) && selects(selection, o),
         )
@@ -1723,6 +1791,7 @@ export class ApiStandIn {
         return;
       }
       replay = changes.flatMap((c) => {
+        if (lag && c.rv > lag.rv) return [];
         const type = visibleChange(c, watcher);
         return type ? [{ type, object: withTypeMeta(resource, c.object) }] : [];
       });
@@ -1734,8 +1803,10 @@ export class ApiStandIn {
     }
     if (breakAt) {
       for (const event of replay.slice(0, breakAt.afterEvents)) send(event.type, event.object);
-      const message = `too old resource version: ${from || this.store.resourceVersion}`;
-      write({ type: 'ERROR', object: failureStatus(breakAt.code, REASONS[breakAt.code] ?? 'Unknown', message) });
+      if (breakAt.code !== 'end') {
+        const message = `too old resource version: ${from || this.store.resourceVersion}`;
+        write({ type: 'ERROR', object: failureStatus(breakAt.code, REASONS[breakAt.code] ?? 'Unknown', message) });
+      }
       res.end();
       return;
     }
@@ -1743,7 +1814,7 @@ export class ApiStandIn {
     // of events, then a wait for the connection to drain, so that the client decodes the first
     // events while the server is still encoding the rest, and a slow client holds one slice, not
     // the whole state, in the server's memory. Changes meanwhile follow the replay in order.
-    const replayVersion = this.store.resourceVersion;
+    const replayVersion = cacheVersion;
     const endOfReplay = (): void => {
       if (initialEvents === true && bookmarks) {
         // The end of the initial state: the resourceVersion it is at, marked for WatchList clients.
@@ -1782,7 +1853,23 @@ export class ApiStandIn {
     };
     pump();
 
-    const unsubscribe = this.store.subscribe(watcher);
+    // A watch opened on a lagging cache gets nothing newer than it until the cache catches up.
+    let unsubscribe = () => undefined as unknown;
+    let parked = lag !== undefined;
+    let closed = false;
+    if (lag) {
+      lag.parked.push(() => {
+        parked = false;
+        if (closed || silent) return;
+        for (const c of this.store.changesSince(resource, lag.rv) ?? []) {
+          const type = visibleChange(c, watcher);
+          if (type) send(type, withTypeMeta(resource, c.object));
+        }
+        unsubscribe = this.store.subscribe(watcher);
+      });
+    } else {
+      unsubscribe = this.store.subscribe(watcher);
+    }
     const timers: NodeJS.Timeout[] = [];
     if (bookmarks) {
       timers.push(
@@ -1793,7 +1880,7 @@ export class ApiStandIn {
             object: {
               kind: resource.kind,
               apiVersion: 'v1',
-              metadata: { resourceVersion: String(this.store.resourceVersion) },
+              metadata: { resourceVersion: String(parked && lag ? lag.rv : this.store.resourceVersion) },
             },
           });
         }, this.bookmarkIntervalMs),
@@ -1814,6 +1901,7 @@ export class ApiStandIn {
     if (timeoutSeconds > 0) timers.push(setTimeout(() => !silent && open.close(), timeoutSeconds * 1000));
     this.openWatches.add(open);
     res.on('close', () => {
+      closed = true;
       unsubscribe();
       for (const t of timers) clearTimeout(t);
       this.openWatches.delete(open);

@@ -5,19 +5,28 @@
 //   watch with sendInitialEvents=true: the whole state as ADDED events, then a bookmark marked
 //   k8s.io/initial-events-end, then the watch goes on on the same stream), as client-go's
 //   reflector does. A server that refuses the parameters (422 before 1.27, or with the WatchList
-//   feature gate off) or ignores them (an unmarked bookmark, or the end of the stream, before the
-//   marked one) is read by lists from then on. A list asks for resourceVersion=0 at the first
-//   start and for "not older than the last version seen" afterwards, both served whole from the
-//   watch cache; each object is stripped as it arrives (list-stream.ts: memory stays flat).
-// - Either way the cache counts as synced only once the whole state has arrived; objects the
-//   state no longer holds are deleted then, and readers are told of the changes once.
+//   feature gate off) or ignores them (an unmarked bookmark before the marked one) is read by
+//   lists from then on. A stream that ends before the marked bookmark says nothing about the
+//   server (a restart, a proxy's timeout): that rebuild is made by a list, and the next rebuild
+//   tries a WatchList stream again, as client-go's reflector decides afresh at each ListAndWatch.
+//   A list asks for resourceVersion=0 at the first start only (the watch cache, whatever its
+//   age: nothing newer is known yet, as client-go), for "not older than the last version seen"
+//   afterwards, and for the newest state (resourceVersion unset, a consistent read) once the
+//   server said it cannot serve that version (410 Gone, or "Too large resource version" from an
+//   API server that is behind): never for resourceVersion=0 again, which a lagging watch cache
+//   would answer with a state older than the one already seen. Lists from the watch cache are
+//   whole; each object is stripped as it arrives (list-stream.ts: memory stays flat).
+// - Either way the new state is built aside and replaces the cache whole, only once it has all
+//   arrived (the cache counts as synced then): a list or stream that fails part-way leaves the
+//   cache as it was, a state the server did have. The swap is recorded object by object (added,
+//   changed, deleted) and readers are told once.
 // - Watches resume from the last resourceVersion seen (events and bookmarks), ask for bookmarks
 //   and for a server-side timeout randomised in [min, 2*min) as client-go does, so that a fleet
 //   does not re-watch in step. A watch that delivers nothing (no event, no bookmark) for a while
 //   past that timeout is a dead connection (a half-open one through a NAT or load balancer): it
 //   is aborted and replaced.
-// - 410 Gone (as an HTTP status or an ERROR event) relists; the relist replaces only what
-//   differs, so readers of changesSince() see a relist as a few changes.
+// - 410 Gone (as an HTTP status or an ERROR event) rebuilds; an object the new state holds
+//   unchanged keeps its identity, so readers of changesSince() see a rebuild as a few changes.
 // - A line that is not a watch event (not JSON, or JSON of the wrong shape) is skipped and
 //   counted; many in a row make the stream unusable and it is replaced, and so does a line too
 //   long to buffer (the same line again first thing on the stream that replaced it is an event
@@ -141,8 +150,12 @@ type WatchEnd =
    * (another API server behind the same address): a rebuild must ask for the newest state.
    */
   | { kind: 'expired'; tooLarge?: boolean }
-  /** A WatchList stream the server refused or ignored: build the cache with lists instead. */
-  | { kind: 'noWatchList'; why: string }
+  /**
+   * A WatchList stream the server refused or ignored: build the cache with lists instead.
+   * `thisOnce`: the stream ended before its initial state did, which says nothing about the
+   * server: this rebuild lists, the next one tries a stream again.
+   */
+  | { kind: 'noWatchList'; why: string; thisOnce?: boolean }
   /** Anything else: retry with backoff, from the last resourceVersion (or a new list). */
   | { kind: 'failed'; err: Error; relist?: boolean };
 
@@ -161,8 +174,8 @@ export class Informer<T> implements ChangeTracked<T> {
   private generation = 0;
   /** Ends what the loop waits for now (a retry delay, a watch), so that stop() is immediate. */
   private interrupt: (() => void) | undefined;
-  /** The info of each object by namespace/name. */
-  private readonly objects = new Map<string, T>();
+  /** The info of each object by namespace/name; replaced whole by a rebuild. */
+  private objects = new Map<string, T>();
   /** Changes since mark `logStart`, in order, for changesSince(). */
   private changeLog: Array<{ removed?: T; added?: T }> = [];
   private logStart = 0;
@@ -240,36 +253,46 @@ export class Informer<T> implements ChangeTracked<T> {
     let resourceVersion: string | undefined;
     /**
      * The newest resourceVersion the cache is known to be at: a rebuild asks for a state not
-     * older than it, which the server's cache serves. '' at the start, and once the server said
-     * it cannot serve it: the newest state then (a consistent read).
+     * older than it, which the server's cache serves. Undefined until the first state arrived
+     * (a list asks for resourceVersion=0 then); '' once the server said it cannot serve it: the
+     * newest state then (a consistent read), until a state arrives again.
      */
-    let known = '';
+    let known: string | undefined;
     /** No watch has delivered anything since the cache was built. */
     let justListed = false;
     /** The resourceVersion a watch resumed from and ended at a line too long, delivering nothing. */
     let tooLongFrom: string | undefined;
+    /** The WatchList stream of this rebuild ended early: this rebuild lists. */
+    let listThisOnce = false;
     while (this.current(generation)) {
       try {
-        const initial = resourceVersion === undefined && this.options.watchList === true && !this.noWatchList;
+        const initial =
+          resourceVersion === undefined && this.options.watchList === true && !this.noWatchList && !listThisOnce;
         if (resourceVersion === undefined && !initial) {
           resourceVersion = await this.relist(generation, known);
           if (resourceVersion !== '') known = resourceVersion;
-          this.failures = 0;
+          listThisOnce = false;
           justListed = true;
         }
         const started = Date.now();
-        const from = initial ? known : resourceVersion!;
+        const from = initial ? (known ?? '') : resourceVersion!;
         const outcome = await this.watchOnce(generation, from, initial);
         if (!this.current(generation)) break;
         const end = outcome.end;
         if (end.kind === 'noWatchList') {
+          resourceVersion = undefined;
+          if (end.thisOnce) {
+            listThisOnce = true;
+            throw Object.assign(new Error(`${end.why}: this rebuild lists, the next one tries a stream again`), {
+              retryAtOnce: true,
+            });
+          }
           this.noWatchList = true;
           try {
             this.options.observer?.onWatchListUnavailable?.(this.options.resource, end.why);
           } catch {
             // an observer's failure must not stop the informer
           }
-          resourceVersion = undefined;
           continue;
         }
         if (initial && outcome.synced) {
@@ -285,17 +308,26 @@ export class Informer<T> implements ChangeTracked<T> {
           tooLongFrom = undefined;
           resourceVersion = undefined;
         }
-        if (outcome.delivered) justListed = false;
+        // A watch that delivered is a working connection: the backoff starts again from its first
+        // delay. A list alone is not (a server that lists but cannot watch is retried ever slower).
+        if (outcome.delivered) {
+          justListed = false;
+          this.failures = 0;
+        }
         if (end.kind === 'expired') {
           resourceVersion = undefined;
           if (end.tooLarge || (initial && !outcome.synced)) {
-            // The server cannot serve a state not older than `known`: ask for the newest, at
-            // once, unless that is what it just refused.
-            if (from !== '') {
-              known = '';
-              continue;
+            // The server cannot serve a state not older than `known`: ask for the newest (a
+            // consistent read, never resourceVersion=0), at once, unless that is what it just
+            // refused, or what it just served.
+            if (from === '') {
+              throw Object.assign(new Error('the server cannot serve the newest state'), { statusCode: 410 });
             }
-            throw Object.assign(new Error('the server cannot serve the newest state'), { statusCode: 410 });
+            known = '';
+            if (!justListed) continue;
+            throw Object.assign(new Error('the server cannot serve the version of the state it just served'), {
+              statusCode: 504,
+            });
           }
           // Rebuild at once, unless the server says so again right after a rebuild.
           if (!justListed) continue;
@@ -311,14 +343,15 @@ export class Informer<T> implements ChangeTracked<T> {
         this.failures = 0;
       } catch (err) {
         if (!this.current(generation) || err instanceof Stale) break;
-        this.failures++;
-        const delay = backoffDelay(this.failures, this.options.backoff);
+        const atOnce = (err as { retryAtOnce?: unknown } | undefined)?.retryAtOnce === true;
+        if (!atOnce) this.failures++;
+        const delay = atOnce ? 0 : backoffDelay(this.failures, this.options.backoff);
         try {
           this.options.observer?.onError?.(this.options.resource, toError(err), delay);
         } catch {
           // an observer's failure must not stop the informer
         }
-        await this.pause(delay);
+        if (delay > 0) await this.pause(delay);
       }
     }
   }
@@ -338,37 +371,35 @@ export class Informer<T> implements ChangeTracked<T> {
 
   /**
    * Lists the whole state and makes the cache equal to it; returns its resourceVersion. Asks
-   * for a state not older than `known` (resourceVersion=0 when nothing is known yet); when the
-   * server cannot serve that (410 Gone, or a version it has not seen yet), for the newest.
+   * for a state not older than `known`: resourceVersion=0 when nothing is known yet, the newest
+   * (a consistent read) when `known` is ''; when the server cannot serve `known` (410 Gone, or a
+   * version it has not seen yet), for the newest.
    */
-  private async relist(generation: number, known: string): Promise<string> {
+  private async relist(generation: number, known: string | undefined): Promise<string> {
     const rebuild = this.rebuild(generation);
     let resourceVersion: string | undefined;
-    try {
-      if (this.options.list) {
-        const list = (rv: string, onItem: (raw: unknown) => void) => this.options.list!(rv, onItem);
-        const from = known === '' ? '0' : known;
-        try {
-          resourceVersion = await list(from, (raw) => void rebuild.apply(raw));
-        } catch (err) {
-          if (from === '0' || !unavailableVersion(err) || !this.current(generation)) throw err;
-          resourceVersion = await list('', (raw) => void rebuild.apply(raw));
-        }
-      } else {
-        let token: string | undefined;
-        do {
-          const page = await this.options.listPage!(token);
-          if (!this.current(generation)) throw new Stale();
-          for (const raw of page.items) rebuild.apply(raw);
-          resourceVersion = page.resourceVersion;
-          token = page.continue || undefined;
-        } while (token);
+    if (this.options.list) {
+      const list = (rv: string, onItem: (raw: unknown) => void) => this.options.list!(rv, onItem);
+      const from = known ?? '0';
+      try {
+        resourceVersion = await list(from, (raw) => void rebuild.apply(raw, false));
+      } catch (err) {
+        if (from === '0' || from === '' || !unavailableVersion(err) || !this.current(generation)) throw err;
+        rebuild.restart();
+        resourceVersion = await list('', (raw) => void rebuild.apply(raw, false));
       }
-      if (!this.current(generation)) throw new Stale();
-      rebuild.complete();
-    } finally {
-      rebuild.close();
+    } else {
+      let token: string | undefined;
+      do {
+        const page = await this.options.listPage!(token);
+        if (!this.current(generation)) throw new Stale();
+        for (const raw of page.items) rebuild.apply(raw, false);
+        resourceVersion = page.resourceVersion;
+        token = page.continue || undefined;
+      } while (token);
     }
+    if (!this.current(generation)) throw new Stale();
+    rebuild.swap();
     this.options.observer?.onList?.(this.options.resource);
     this.markSynced();
     // Without a resourceVersion, a watch from "" starts with the whole state (equal: no change).
@@ -376,40 +407,50 @@ export class Informer<T> implements ChangeTracked<T> {
   }
 
   /**
-   * Building the cache anew from a whole state: `apply` each object of it as it arrives, then
-   * `complete` (objects the state does not hold are deleted), then `close` (readers are told,
-   * once, also when the state did not arrive whole: what did arrive is newer than what it
-   * replaced).
+   * A new state of the cache, built aside from a whole state: `apply` each object of it as it
+   * arrives (or remove it: `deleted`), then `swap`: the new state replaces the cache whole, each
+   * difference is recorded (added, changed, deleted) and readers are told once. Until then the
+   * cache is left as it was, so a state that does not arrive whole changes nothing. An object
+   * equal to the cached one keeps the cached info (its identity, and no second copy in memory).
    */
   private rebuild(generation: number): {
-    apply: (raw: unknown) => boolean;
-    complete: () => void;
-    close: () => void;
+    apply: (raw: unknown, deleted: boolean) => boolean;
+    restart: () => void;
+    swap: () => void;
   } {
-    const seen = new Set<string>();
-    let changed = false;
+    let next = new Map<string, T>();
     return {
-      apply: (raw) => {
+      apply: (raw, deleted) => {
         if (!this.current(generation)) throw new Stale();
         const decoded = this.decodeObject(raw);
         if (!decoded) return false;
-        seen.add(decoded.key);
-        if (this.put(decoded.key, decoded.info)) changed = true;
+        if (deleted) {
+          next.delete(decoded.key);
+          return true;
+        }
+        const old = this.objects.get(decoded.key);
+        next.set(decoded.key, old !== undefined && sameInfo(old, decoded.info) ? old : decoded.info);
         return true;
       },
-      complete: () => {
-        for (const [key, info] of this.objects) {
-          if (seen.has(key)) continue;
-          this.record(info, undefined);
-          this.objects.delete(key);
+      restart: () => {
+        next = new Map<string, T>();
+      },
+      swap: () => {
+        let changed = false;
+        for (const [key, info] of next) {
+          const old = this.objects.get(key);
+          if (old === info) continue;
+          this.record(old, info);
           changed = true;
         }
-      },
-      close: () => {
-        if (changed && this.current(generation)) {
-          changed = false;
-          this.options.onChange();
+        for (const [key, old] of this.objects) {
+          if (next.has(key)) continue;
+          this.record(old, undefined);
+          changed = true;
         }
+        this.objects = next;
+        next = new Map<string, T>();
+        if (changed && this.current(generation)) this.options.onChange();
       },
     };
   }
@@ -487,7 +528,6 @@ export class Informer<T> implements ChangeTracked<T> {
         clearTimeout(idleTimer);
         if (this.interrupt === interrupted) this.interrupt = undefined;
         abort?.();
-        rebuild?.close();
         resolve({ end, resourceVersion, delivered, synced });
       };
       const interrupted = () => finish({ kind: 'closed' });
@@ -530,9 +570,9 @@ export class Informer<T> implements ChangeTracked<T> {
       };
       /** The marked bookmark: the state is whole at `rv`. */
       const initialStateEnds = (rv: string) => {
-        rebuild!.complete();
-        rebuild!.close();
+        const built = rebuild!;
         rebuild = undefined;
+        built.swap();
         synced = true;
         resourceVersion = rv;
         try {
@@ -547,7 +587,7 @@ export class Informer<T> implements ChangeTracked<T> {
         if (!rebuild) resourceVersion = rv;
       };
       const initialState = {
-        apply: (raw: unknown) => rebuild!.apply(raw),
+        apply: (raw: unknown, deleted: boolean) => rebuild!.apply(raw, deleted),
         end: initialStateEnds,
         ignored: (why: string) => finish({ kind: 'noWatchList', why }),
       };
@@ -561,7 +601,8 @@ export class Informer<T> implements ChangeTracked<T> {
             return;
           }
           decodeErrorsInARow = 0;
-          if (!inInitialState) delivered = true;
+          // An ERROR event ends the watch: it delivered nothing to resume from.
+          if (!inInitialState && !finished) delivered = true;
           armIdle();
         } catch (err) {
           // onChange or strip threw: the event may be half applied; relist to be sure.
@@ -571,9 +612,15 @@ export class Informer<T> implements ChangeTracked<T> {
       const onDone = (err: WatchStreamError | undefined) => {
         if (finished) return;
         if (!err) {
-          // A server that streams no initial state ends the watch without the marked bookmark.
-          if (rebuild)
-            return finish({ kind: 'noWatchList', why: 'the watch ended before the end of its initial state' });
+          // Ended before the marked bookmark: a server restarting, a proxy's timeout. Nothing
+          // of the state it streamed is kept; this rebuild lists.
+          if (rebuild) {
+            return finish({
+              kind: 'noWatchList',
+              why: 'the WatchList stream ended before the end of its initial state',
+              thisOnce: true,
+            });
+          }
           return finish({ kind: 'closed' });
         }
         const status = err.statusCode;
@@ -629,7 +676,11 @@ export class Informer<T> implements ChangeTracked<T> {
     line: unknown,
     setResourceVersion: (rv: string) => void,
     finish: (end: WatchEnd) => void,
-    initialState?: { apply(raw: unknown): boolean; end(rv: string): void; ignored(why: string): void },
+    initialState?: {
+      apply(raw: unknown, deleted: boolean): boolean;
+      end(rv: string): void;
+      ignored(why: string): void;
+    },
   ): string | undefined {
     const event = plainObject(line);
     if (!event) return 'not a JSON object';
@@ -639,8 +690,8 @@ export class Informer<T> implements ChangeTracked<T> {
       case 'ADDED':
       case 'MODIFIED':
       case 'DELETED': {
-        if (initialState && type !== 'DELETED') {
-          return initialState.apply(object) ? undefined : `a ${type} event without a usable object`;
+        if (initialState) {
+          return initialState.apply(object, type === 'DELETED') ? undefined : `a ${type} event without a usable object`;
         }
         const decoded = this.decodeObject(object);
         if (!decoded) return `a ${type} event without a usable object`;

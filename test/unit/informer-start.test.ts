@@ -45,6 +45,8 @@ describe('informer start: from the API server cache', function () {
   let unavailable: string[];
   let errors: string[];
   let changes: number;
+  /** Called when the Service informer reports an error, a list or a new watch. */
+  let onServiceReport: ((what: 'error' | 'list' | 'watch') => void) | undefined;
 
   async function startServer(options: ApiStandInOptions): Promise<void> {
     server = await ApiStandIn.start({ bookmarkIntervalMs: 100, ...options });
@@ -58,12 +60,21 @@ describe('informer start: from the API server cache', function () {
     unavailable = [];
     errors = [];
     changes = 0;
+    onServiceReport = undefined;
+    const report = (resource: string, what: 'error' | 'list' | 'watch') => {
+      if (resource === 'services') onServiceReport?.(what);
+    };
     caches = createClusterCaches(
       kc,
       'node-1',
       {
         onWatchListUnavailable: (resource, why) => unavailable.push(`${resource}: ${why}`),
-        onError: (resource, err) => errors.push(`${resource}: ${err.message}`),
+        onError: (resource, err) => {
+          errors.push(`${resource}: ${err.message}`);
+          report(resource, 'error');
+        },
+        onList: (resource) => report(resource, 'list'),
+        onWatch: (resource) => report(resource, 'watch'),
       },
       { minWatchTimeoutMs: 60_000 },
     );
@@ -208,4 +219,120 @@ describe('informer start: from the API server cache', function () {
       else expect(after.lists - before.lists).to.equal(1);
     });
   }
+  /** The cache as one string: each Service with its address, sorted. */
+  const cacheState = () =>
+    caches!.services
+      .list()
+      .map((s) => `${s.namespace}/${s.name} ${s.ingress?.[0]?.ip}`)
+      .sort()
+      .join('\n');
+
+  for (const { version, cut } of [
+    { version: '1.30' as const, cut: 'list' },
+    { version: '1.34' as const, cut: 'WatchList stream' },
+  ]) {
+    it(`a rebuild whose ${cut} is cut part-way leaves the cache as it was, then swaps the new state in whole (${version})`, async () => {
+      await startServer({ serverVersion: version });
+      const { services } = startCaches(false);
+      await services.waitForSync();
+      await waitFor(() => server.openWatchCount('Service') === 1, 'a watch');
+      const before = cacheState();
+      const kept = new Map(services.list().map((s) => [s.name, s]));
+      const mark = services.mark;
+      const changesBefore = changes;
+      const listsBefore = reads().lists;
+      // Seen from outside whenever the informer reports: never a mixture of two states.
+      const seen: string[] = [];
+      onServiceReport = () => seen.push(cacheState());
+      server.setUnavailable(true);
+      for (let i = 0; i < 10; i++) server.remove('Service', `ns-${i % 7}`, `svc-${i}`);
+      server.apply(service(20, '203.0.113.20'));
+      server.apply(service(N + 1));
+      server.expireHistory();
+      // The cut comes after the changed Service: a cache filled as the state arrives would hold it.
+      const cutAfter = serverNames().indexOf('ns-6/svc-20') + 1;
+      if (version === '1.30') server.breakNextList(cutAfter);
+      else server.breakNextWatchList(cutAfter, 410);
+      server.setUnavailable(false);
+      await waitFor(() => names(services.list()).join() === serverNames().join(), 'the new state');
+      const after = cacheState();
+      expect(after).to.not.equal(before);
+      expect(seen.length, 'reports between the cut and the new state').to.be.at.least(1);
+      for (const state of seen) expect([before, after], 'a state the server had').to.include(state);
+      // The cut list, and the whole one after it.
+      if (version === '1.30') expect(reads().lists - listsBefore, errors.join('\n')).to.equal(2);
+      // The swap, recorded exactly: the deleted, the changed (old and new), the added; told once.
+      const swap = services.changesSince(mark)!;
+      const removed = swap.removed.map((s) => `${s.name} ${s.ingress?.[0]?.ip}`).sort();
+      const expectedRemoved = [...Array.from({ length: 10 }, (_, i) => `svc-${i}`), 'svc-20'].map(
+        (name) => `${name} ${kept.get(name)!.ingress?.[0]?.ip}`,
+      );
+      expect(removed).to.deep.equal(expectedRemoved.sort());
+      expect(swap.added.map((s) => `${s.name} ${s.ingress?.[0]?.ip}`).sort()).to.deep.equal(
+        [`svc-${N + 1} ${ipOf(`svc-${N + 1}`)}`, 'svc-20 203.0.113.20'].sort(),
+      );
+      expect(changes - changesBefore, 'readers told once').to.equal(1);
+      // What did not change keeps its identity.
+      const same = services.list().filter((s) => kept.get(s.name) === s);
+      expect(same).to.have.length(N - 11);
+    });
+  }
+
+  it('lists a rebuild once when its WatchList stream ends before the end of its initial state, and streams the next', async () => {
+    await startServer({ serverVersion: '1.34' });
+    server.breakNextWatchList(N / 2, 'end');
+    const { services } = startCaches(false);
+    await services.waitForSync();
+    expect(names(services.list())).to.deep.equal(serverNames());
+    // The stream that ended early, then one list for this build: the server is not written off.
+    expect(reads()).to.include({ watchLists: 1, lists: 1 });
+    expect(unavailable).to.deep.equal([]);
+    expect(errors).to.have.length(1);
+    expect(errors[0]).to.include('ended before the end of its initial state');
+    await waitFor(() => server.openWatchCount('Service') === 1, 'a watch');
+    // The next rebuild (410 Gone) is a WatchList stream again.
+    server.setUnavailable(true);
+    server.remove('Service', 'ns-1', 'svc-1');
+    server.expireHistory();
+    server.setUnavailable(false);
+    await waitFor(() => ipOf('svc-1') === undefined, 'the rebuild');
+    expect(reads()).to.include({ watchLists: 2, lists: 1 });
+    expect(names(services.list())).to.deep.equal(serverNames());
+  });
+
+  it('after "Too large resource version" lists the newest state, never resourceVersion=0 from a lagging cache', async () => {
+    await startServer({ serverVersion: '1.30' });
+    const { services } = startCaches(false);
+    await services.waitForSync();
+    await waitFor(() => server.openWatchCount('Service') === 1, 'a watch');
+    const oldIp = ipOf('svc-2');
+    // The API server that new requests reach lags; the open watch is on one that does not.
+    server.lagWatchCache();
+    server.remove('Service', 'ns-1', 'svc-1');
+    server.apply(service(2, '203.0.113.2'));
+    await waitFor(() => ipOf('svc-1') === undefined && ipOf('svc-2') === '203.0.113.2', 'the changes');
+    let stale: string | undefined;
+    caches!.onChange(() => {
+      if (ipOf('svc-1') !== undefined || ipOf('svc-2') === oldIp) stale ??= cacheState();
+    });
+    let listed = 0;
+    onServiceReport = (what) => void (what === 'list' && listed++);
+    const before = reads();
+    // The watch is resumed on the lagging server: "Too large resource version".
+    server.setUnavailable(true);
+    server.setUnavailable(false);
+    await waitFor(() => listed >= 1, 'a list after the answer');
+    expect(stale, 'a state older than one already seen').to.equal(undefined);
+    expect(ipOf('svc-1')).to.equal(undefined);
+    // The newest state is a consistent read (etcd, while the cache lags), asked with a backoff.
+    expect(reads().etcdListReads - before.etcdListReads).to.be.at.least(1);
+    // Each answered with a backoff that grows, not at once (a list is pages here: count whole ones).
+    await sleep(1500);
+    expect(listed, `whole lists while the cache lags:\n${errors.join('\n')}`).to.be.at.most(4);
+    server.catchUpWatchCache();
+    server.apply(service(N + 1));
+    await waitFor(() => ipOf(`svc-${N + 1}`) !== undefined, 'a change once the cache caught up');
+    expect(stale).to.equal(undefined);
+    expect(names(services.list())).to.deep.equal(serverNames());
+  });
 });

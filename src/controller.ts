@@ -122,7 +122,7 @@ export class Controller {
   private readonly syncsUnderWay = new Set<{ startedAt: number }>();
 
   constructor(private readonly options: ControllerOptions) {
-    this.model = this.newModel(options.model);
+    this.model = this.newModel(options.model, 0);
     this.kubeProxyMode = options.kubeProxyMode ?? { mode: 'unknown', source: 'none', detail: 'not looked at' };
     this.status.kubeProxy = {
       mode: this.kubeProxyMode,
@@ -189,20 +189,23 @@ export class Controller {
     await this.runner.stop();
   }
 
-  /** A model with the limits in force: the backend's capacity, lowered by --max-entries. */
-  private newModel(model: ModelConfig): DesiredStateModel {
+  /**
+   * A model with the limits in force: the backend's capacity, lowered by --max-entries. Its
+   * generations come after `after`, the last of the model it replaces.
+   */
+  private newModel(model: ModelConfig, after: number): DesiredStateModel {
     const maxEntries = entryLimit(this.options.backend.capacity, this.options.maxEntries);
     const config = { ...model, maxEntries };
     this.status.limits = {
       maxEntriesPerService: config.maxEntriesPerService ?? DEFAULT_MAX_ENTRIES_PER_SERVICE,
       maxEntries,
     };
-    return new DesiredStateModel(config);
+    return new DesiredStateModel(config, after);
   }
 
   /** kube-proxy's configuration changed the model settings: everything is derived and programmed anew. */
   setModelConfig(model: ModelConfig, settings: string[]): void {
-    this.model = this.newModel(model);
+    this.model = this.newModel(model, this.model.lastGeneration);
     this.status.kubeProxy = { ...this.status.kubeProxy!, settings };
     if (this.started) this.runner.requestFull();
   }

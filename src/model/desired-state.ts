@@ -162,10 +162,22 @@ export class DesiredStateModel {
   /** The cooperative update under way: updates never interleave. */
   private running: Promise<unknown> = Promise.resolve();
   private work = 0;
+  /** The generation of the last update asked for (DesiredState.generation). */
+  private updates: number;
 
-  constructor(private readonly config: ModelConfig) {
+  /** `after`: the last generation of a model this one replaces; its own generations come after. */
+  constructor(
+    private readonly config: ModelConfig,
+    after = 0,
+  ) {
+    this.updates = after;
     this.maxEntries = config.maxEntries ?? Number.POSITIVE_INFINITY;
     this.context = requestContext(config, undefined, [], this.clusterIps);
+  }
+
+  /** The generation of the last update asked for: a model replacing this one starts after it. */
+  get lastGeneration(): number {
+    return this.updates;
   }
 
   /**
@@ -178,7 +190,7 @@ export class DesiredStateModel {
     node: NodeInfo | undefined,
     interfaceAddresses: readonly string[] = [],
   ): DesiredState {
-    const steps = this.steps(services, node, interfaceAddresses);
+    const steps = this.steps(services, node, interfaceAddresses, ++this.updates);
     for (;;) {
       const step = steps.next();
       if (step.done) return step.value;
@@ -194,8 +206,10 @@ export class DesiredStateModel {
     node: NodeInfo | undefined,
     interfaceAddresses: readonly string[] = [],
   ): Promise<DesiredState> {
+    // Numbered when asked for: calls are served, and their input read, in that order.
+    const generation = ++this.updates;
     const run = this.running.then(async () => {
-      const steps = this.steps(services, node, interfaceAddresses);
+      const steps = this.steps(services, node, interfaceAddresses, generation);
       let sliceStart = performance.now();
       for (;;) {
         const step = steps.next();
@@ -222,6 +236,7 @@ export class DesiredStateModel {
     services: Iterable<ServiceInfo> | ChangeTracked<ServiceInfo>,
     node: NodeInfo | undefined,
     interfaceAddresses: readonly string[],
+    generation: number,
   ): Steps<DesiredState> {
     this.followNode(node, interfaceAddresses);
     let changes: { added: ServiceRecord[]; removed: ServiceRecord[] };
@@ -304,6 +319,7 @@ export class DesiredStateModel {
       masqueradeMark: 2 ** this.config.masqueradeBit,
       skips: this.skips,
       conflicts: this.conflicts,
+      generation,
     };
   }
 

@@ -211,6 +211,12 @@ export interface DesiredState {
   masqueradeMark: number;
   skips: Skip[];
   conflicts: Conflict[];
+  /**
+   * Which update of the model gave it: a later update has a higher number, also across a model
+   * that replaces another (the controller's, when kube-proxy's configuration changes). Writes of
+   * an older state never take the kernel back from a newer one. Absent: as new as the newest.
+   */
+  generation?: number;
 }
 
 /**

@@ -4,7 +4,7 @@
 import { expect } from 'chai';
 import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, Entry, FamilyState, NodeInfo, ServiceInfo } from '../../src/model/types.js';
-import { CONFIG, seededRandom } from '../support/fixtures.js';
+import { CONFIG, lbService, seededRandom } from '../support/fixtures.js';
 
 const NODE: NodeInfo = { name: 'n1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
 /** The same node with addresses that Services of the pools below also claim. */
@@ -50,8 +50,11 @@ function serviceMaker(rnd: () => number, addresses: number) {
   };
 }
 
-/** The state without the change hints, which only a model that saw earlier input can give. */
-function withoutChanges(d: DesiredState): DesiredState {
+/**
+ * The state without the change hints and the generation, which only a model that saw earlier input
+ * can give.
+ */
+function withoutChanges({ generation: _generation, ...d }: DesiredState): DesiredState {
   const family = ({ changes: _changes, ...rest }: FamilyState): FamilyState => rest;
   return { ...d, ipv4: family(d.ipv4), ipv6: family(d.ipv6) };
 }
@@ -91,7 +94,7 @@ function check(seed: number, size: number, addresses: number, steps: number, cha
     const node = rnd() < 0.9 ? (rnd() < 0.8 ? NODE : NODE_WITH_ADDRESSES) : undefined;
     const desired = model.update(services, node);
     expect(withoutChanges(desired), `seed ${seed}, step ${step}`).to.deep.equal(
-      buildDesiredState([...services].reverse(), node, config),
+      withoutChanges(buildDesiredState([...services].reverse(), node, config)),
     );
     for (const family of ['ipv4', 'ipv6'] as const) {
       const changes = desired[family].changes;
@@ -139,10 +142,23 @@ describe('DesiredStateModel', () => {
     const first = model.updateCooperatively(services, NODE);
     const later = [...services.slice(0, 1500), ...Array.from({ length: 600 }, makeService)];
     const second = model.updateCooperatively(later, NODE);
-    expect(withoutChanges(await first)).to.deep.equal(buildDesiredState(services, NODE, config));
-    expect(withoutChanges(await second)).to.deep.equal(buildDesiredState(later, NODE, config));
+    expect(withoutChanges(await first)).to.deep.equal(withoutChanges(buildDesiredState(services, NODE, config)));
+    expect(withoutChanges(await second)).to.deep.equal(withoutChanges(buildDesiredState(later, NODE, config)));
     services = later;
     expect(model.update(services, NODE).ipv4.entries).to.equal((await second).ipv4.entries);
+  });
+
+  it('numbers its states in the order they are asked for, and a model replacing another goes on after it', async () => {
+    const model = new DesiredStateModel(CONFIG);
+    const services = [lbService(1), lbService(2)];
+    expect(model.update(services, NODE).generation).to.equal(1);
+    // Asked for together, served in turn: numbered as asked.
+    const first = model.updateCooperatively(services, NODE);
+    const second = model.updateCooperatively([lbService(1)], NODE);
+    expect([(await first).generation, (await second).generation]).to.deep.equal([2, 3]);
+    expect(model.lastGeneration).to.equal(3);
+    const replacing = new DesiredStateModel(CONFIG, model.lastGeneration);
+    expect(replacing.update(services, NODE).generation).to.equal(4);
   });
 
   it('keeps an unchanged entry as the same object, and unchanged lists as the same arrays', () => {

@@ -557,7 +557,7 @@ describe('model: addresses that belong to the cluster itself', () => {
     change([kubeDns], []);
     d = model.update(cache, NODE);
     expect(own(d)).to.include('10.96.0.10 UDP/53 -> 10.96.7.7 (tenant/grabby)');
-    expect(d).to.deep.equal({ ...build(current), ipv4: d.ipv4, ipv6: d.ipv6 });
+    expect(d).to.deep.equal({ ...build(current), ipv4: d.ipv4, ipv6: d.ipv6, generation: d.generation });
     expect(d.ipv4.entries).to.deep.equal(build(current).ipv4.entries);
   });
 
@@ -569,7 +569,7 @@ describe('model: addresses that belong to the cluster itself', () => {
     const d = model.update([v4Only, tenant], NODE);
     expect(own(d)).to.include('fd00:10:96::a UDP/53 -> fd00:10:96::77 (tenant/grabby)');
     expect(own(d)).to.not.include('10.96.0.10 UDP/53 -> 10.96.7.7 (tenant/grabby)');
-    expect(d).to.deep.equal({ ...build([v4Only, tenant]), ipv4: d.ipv4, ipv6: d.ipv6 });
+    expect(d).to.deep.equal({ ...build([v4Only, tenant]), ipv4: d.ipv4, ipv6: d.ipv6, generation: d.generation });
   });
 
   it('derives anew only the Services that asked for an address whose answer changed', () => {

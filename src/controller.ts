@@ -267,7 +267,8 @@ export class Controller {
         // Back from stepping aside: the kernel holds nothing of ours, program everything.
         const full = info.full || this.steppedAside;
         report.result = await backend.sync(desired, { full, onWritten });
-        if (this.steppedAside) {
+        // Stepped aside since this sync began: its writes were void, the controller stays aside.
+        if (this.steppedAside && !report.result.superseded) {
           this.steppedAside = false;
           this.status.kubeProxy = { ...this.status.kubeProxy!, steppedAside: false, reason: undefined };
           logger.info({ kubeProxyMode: this.kubeProxyMode.mode }, 'Translating again, kube-proxy is in IPVS mode');

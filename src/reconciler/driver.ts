@@ -33,6 +33,11 @@ export interface SyncResult {
   fallbackReason?: FallbackReason;
   /** Elements and chains a full sync found changed by someone else and wrote back. */
   repairedElements?: number;
+  /**
+   * A removal of our objects (cleanup, stepping aside) was asked for after this sync: what it
+   * would have written was left out or removed, and nothing of it is held.
+   */
+  superseded?: true;
 }
 
 /** How many entries per family a backend is given: a default, and what it can hold at all. */
@@ -174,7 +179,10 @@ export interface KernelChange {
 }
 
 export interface KernelSubscriber {
-  /** Awaited before the sync that made the change ends; a failure is the subscriber's own to report. */
+  /**
+   * Awaited before the sync that made the change ends; a failure is the subscriber's own to report.
+   * Changes come one at a time, in the order they were written: each `previous` is the `next` before.
+   */
   kernelChanged(change: KernelChange): Promise<void> | void;
 }
 

@@ -17,6 +17,13 @@
 //   writes only the element changes and reads nothing back.
 // - Writes run one at a time, in the order they were asked for: a partial sync may run while a
 //   full sync verifies (ordersOwnWrites).
+// - Every write carries the model's generation of the state it was asked for, and never takes a
+//   family back: a write whose family already holds a newer state writes that state instead (a
+//   full sync still repairs, toward the newer state). A removal of our objects (cleanup, stepping
+//   aside) voids every write asked for before it that has not run yet.
+// - What the kernel holds is recorded as each write commits, and subscribers are told in the
+//   order of the writes, each change starting where the one before ended: a sync that ends after
+//   a newer one never tells them of its older state.
 
 import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../model/types.js';
 import { ElementStorage, entryKey, isEmpty, type ElementChanges } from './element-storage.js';
@@ -54,6 +61,20 @@ interface ProgrammedFamily {
   room: number;
 }
 
+/** A sync or removal as asked for. */
+interface Call {
+  /** The generation of its state (DesiredState.generation). */
+  generation: number;
+  /** Removals asked for before it: one asked for since voids its writes. */
+  removals: number;
+}
+
+/** The state a family was last written with, and its generation. */
+interface Written {
+  generation: number;
+  desired: DesiredState;
+}
+
 function shapeOf(state: FamilyState, masqueradeMark: number): FamilyShape {
   return { state: { ...state, entries: [], changes: undefined }, masqueradeMark };
 }
@@ -80,8 +101,16 @@ export class Reconciler {
    */
   private readonly trustedAt = new Map<Family, number>();
   private writtenSinceRelease = 0;
-  /** What the kernel holds of ours after the last successful sync or removal (undefined: not known). */
+  /** Per family, the newest state written (recorded as each write commits); absent: none since the start or a removal. */
+  private readonly written = new Map<Family, Written>();
+  /** Removals of our objects asked for so far. */
+  private removals = 0;
+  /** The newest generation asked for: a state without one counts as that new. */
+  private newestGeneration = 0;
+  /** What subscribers were last told the kernel holds (undefined: not known). */
   private held: DesiredState | undefined;
+  /** Subscribers are told one change at a time, in the order of the writes. */
+  private publications: Promise<unknown> = Promise.resolve();
   private readonly subscribers: KernelSubscriber[] = [];
   /** Resyncs answered by the generation alone, without reading back (the tests read it). */
   verificationsSkipped = 0;
@@ -112,6 +141,7 @@ export class Reconciler {
   /** Makes the kernel hold `desired`. */
   async sync(desired: DesiredState, options: SyncOptions): Promise<SyncResult> {
     const { driver } = this;
+    const call = this.call(desired);
     await driver.prepare?.(desired, options.full);
     const mark = desired.masqueradeMark;
     const modes: Array<SyncResult['mode']> = [];
@@ -135,27 +165,28 @@ export class Reconciler {
         if (driver.capabilities.readsBack) resync.push(family);
         else rewrite.push(family);
       } else if (!driver.capabilities.writesElements) {
-        const changes = before.elements.changesTo(desired[family]);
-        if (!isEmpty(changes)) rewrite.push(family);
+        const target = this.target(call, family, desired);
+        const changes = target && before.elements.changesTo(target.desired[family]);
+        if (changes && !isEmpty(changes)) rewrite.push(family);
         else {
-          before.elements.commit(desired[family], changes);
+          if (target && changes) this.commit(family, before, target, changes);
           modes.push('noop');
         }
       } else {
-        const mode = await this.exclusive(() => this.writeChangedElements(family, desired[family]));
+        const mode = await this.exclusive(() => this.writeChangedElements(call, family, desired));
         if (mode) modes.push(mode);
         else fallBack(family, 'partial-failed');
       }
     }
     const verify: Family[] = [];
     for (const family of resync) {
-      const outcome = await this.exclusive(() => this.resync(family, desired[family], mark));
+      const outcome = await this.exclusive(() => this.resync(call, family, desired));
       if (outcome === 'verify') verify.push(family);
       else if (outcome === 'untouched') modes.push('full');
-      else rewrite.push(family);
+      else if (outcome === false) rewrite.push(family);
     }
     if (rewrite.length > 0) {
-      const written = await this.exclusive(() => this.writeWhole(rewrite, desired));
+      const written = await this.exclusive(() => this.writeWhole(call, rewrite, desired));
       failures.push(...written.failures);
       modes.push(written.wrote ? 'full' : 'noop');
     }
@@ -175,13 +206,18 @@ export class Reconciler {
       this.writtenSinceRelease = 0;
       await this.releaseMemory().catch(() => undefined);
     }
-    if (failures.length > 0) throw new BackendError(`${driver.label} sync failed: ${failures.join('; ')}`, driver.name);
+    const superseded = call.removals !== this.removals;
+    if (failures.length > 0 && !superseded) {
+      throw new BackendError(`${driver.label} sync failed: ${failures.join('; ')}`, driver.name);
+    }
     options.onWritten?.();
-    await this.publish(desired);
+    // A removal asked for since: it tells subscribers that nothing is held.
+    if (!superseded) await this.publish(this.holding(desired));
     const result: SyncResult = {
-      mode: modes.includes('full') ? 'full' : modes.includes('partial') ? 'partial' : 'noop',
-      entries: { ipv4: this.programmedCount(desired, 'ipv4'), ipv6: this.programmedCount(desired, 'ipv6') },
+      mode: superseded ? 'noop' : modes.includes('full') ? 'full' : modes.includes('partial') ? 'partial' : 'noop',
+      entries: { ipv4: this.programmedCount('ipv4'), ipv6: this.programmedCount('ipv6') },
     };
+    if (superseded) result.superseded = true;
     if (fallbackReason) result.fallbackReason = fallbackReason;
     if (repaired > 0) result.repairedElements = repaired;
     return result;
@@ -193,17 +229,32 @@ export class Reconciler {
    * was held last.
    */
   async cleanup(basis?: DesiredState): Promise<void> {
-    this.programmed.clear();
-    this.trustedAt.clear();
-    this.epoch++;
+    // A barrier: writes asked for before it and not yet run are void (target()).
+    this.removals++;
+    this.forget();
+    let told: Promise<void> | undefined;
     try {
-      await this.exclusive(() => this.driver.apply([{ kind: 'removeAll' }]));
+      await this.exclusive(async () => {
+        // A write that was under way when the removal was asked for may have recorded itself.
+        this.forget();
+        await this.driver.apply([{ kind: 'removeAll' }]);
+        // In the order of the writes: before any write that comes after the removal.
+        const held = basis ?? this.held;
+        if (held) told = this.publish(withoutEntries(held));
+      });
     } catch (err) {
       if (err instanceof BackendError) throw err;
       throw new BackendError(`${this.driver.label} cleanup failed: ${(err as Error).message}`, this.driver.name);
     }
-    const held = basis ?? this.held;
-    if (held) await this.publish(withoutEntries(held));
+    await told;
+  }
+
+  /** Forgets what was programmed and written: the kernel is to hold nothing of ours. */
+  private forget(): void {
+    this.programmed.clear();
+    this.trustedAt.clear();
+    this.written.clear();
+    this.epoch++;
   }
 
   /** Whether any object of ours exists in the kernel (used to find leftovers of another backend choice). */
@@ -220,14 +271,62 @@ export class Reconciler {
     await this.driver.close?.();
   }
 
-  private programmedCount(desired: DesiredState, family: Family): number {
-    return desired[family].entries.length - (this.programmed.get(family)?.leftOut ?? 0);
+  private programmedCount(family: Family): number {
+    const written = this.written.get(family)?.desired[family].entries.length ?? 0;
+    return written - (this.programmed.get(family)?.leftOut ?? 0);
   }
 
-  private async publish(next: DesiredState): Promise<void> {
+  private call(desired: DesiredState): Call {
+    const generation = desired.generation ?? this.newestGeneration;
+    this.newestGeneration = Math.max(this.newestGeneration, generation);
+    return { generation, removals: this.removals };
+  }
+
+  /**
+   * The state a write of `family` asked for by `call` makes the kernel hold, decided when the
+   * write's turn comes: the call's own, or the newer one the family was written with since (a
+   * write never takes a family back). Undefined: a removal was asked for since the call.
+   */
+  private target(call: Call, family: Family, desired: DesiredState): Written | undefined {
+    if (call.removals !== this.removals) return undefined;
+    const written = this.written.get(family);
+    return written && written.generation > call.generation ? written : { generation: call.generation, desired };
+  }
+
+  /** Records that the family's elements now hold `target`'s entries. */
+  private commit(family: Family, programmed: ProgrammedFamily, target: Written, changes: ElementChanges): void {
+    programmed.elements.commit(target.desired[family], changes);
+    this.written.set(family, target);
+  }
+
+  /**
+   * What the kernel holds of ours now, as written: each family's newest state. The other fields
+   * are those of the newest of them.
+   */
+  private holding(desired: DesiredState): DesiredState {
+    const ipv4 = this.written.get('ipv4');
+    const ipv6 = this.written.get('ipv6');
+    if (ipv4 && ipv4.desired === ipv6?.desired) return ipv4.desired;
+    const newest = [ipv4, ipv6].reduce<Written | undefined>(
+      (a, b) => (b && (!a || b.generation > a.generation) ? b : a),
+      undefined,
+    );
+    return {
+      ...(newest?.desired ?? desired),
+      ipv4: ipv4?.desired.ipv4 ?? desired.ipv4,
+      ipv6: ipv6?.desired.ipv6 ?? desired.ipv6,
+    };
+  }
+
+  /** Tells subscribers that the kernel holds `next`, after every change told before. */
+  private publish(next: DesiredState): Promise<void> {
     const previous = this.held;
     this.held = next;
-    for (const s of this.subscribers) await s.kernelChanged({ previous, next });
+    const told = this.publications.then(async () => {
+      for (const s of this.subscribers) await s.kernelChanged({ previous, next });
+    });
+    this.publications = told.catch(() => undefined);
+    return told;
   }
 
   /** Runs `work` after every write asked for before it. */
@@ -285,10 +384,16 @@ export class Reconciler {
    * A partial sync of one family: only the elements that changed. Undefined when the kernel
    * refused them (it no longer holds what we programmed): the family needs a whole write.
    */
-  private async writeChangedElements(family: Family, state: FamilyState): Promise<'partial' | 'noop' | undefined> {
+  private async writeChangedElements(
+    call: Call,
+    family: Family,
+    desired: DesiredState,
+  ): Promise<'partial' | 'noop' | undefined> {
+    const target = this.target(call, family, desired);
+    if (!target) return 'noop';
     const before = this.programmed.get(family);
     if (!before) return undefined;
-    const changes = before.elements.changesTo(state);
+    const changes = before.elements.changesTo(target.desired[family]);
     let wrote = !isEmpty(changes);
     if (wrote) {
       try {
@@ -304,7 +409,7 @@ export class Reconciler {
       this.noteWritten(family, changes);
       this.writtenSinceRelease += changes.removed.length + changes.added.length;
     }
-    before.elements.commit(state, changes);
+    this.commit(family, before, target, changes);
     return wrote ? 'partial' : 'noop';
   }
 
@@ -312,11 +417,20 @@ export class Reconciler {
    * The periodic resync of one family whose shape is unchanged. When nobody else has committed
    * since the kernel last held exactly what was programmed, only the element changes are written
    * ('untouched'). Otherwise the shape is written again with those changes, and the family is
-   * verified afterwards ('verify'). False when the kernel refused it.
+   * verified afterwards ('verify'). False when the kernel refused it. A family written since with
+   * a newer state is resynced to that state.
    */
-  private async resync(family: Family, state: FamilyState, mark: number): Promise<'verify' | 'untouched' | false> {
+  private async resync(
+    call: Call,
+    family: Family,
+    desired: DesiredState,
+  ): Promise<'verify' | 'untouched' | 'void' | false> {
+    const target = this.target(call, family, desired);
+    if (!target) return 'void';
     const before = this.programmed.get(family);
     if (!before) return false;
+    const state = target.desired[family];
+    const mark = target.desired.masqueradeMark;
     const changes = before.elements.changesTo(state);
     const untouched = await this.untouched(family);
     const { removed: remove, added: add } = changes;
@@ -332,7 +446,7 @@ export class Reconciler {
       return false;
     }
     this.noteWritten(family, changes);
-    before.elements.commit(state, changes);
+    this.commit(family, before, target, changes);
     if (!untouched) return 'verify';
     this.verificationsSkipped++;
     return 'untouched';
@@ -342,30 +456,44 @@ export class Reconciler {
    * Writes `families` whole: in one write where the driver's writes are atomic, else (or when
    * that fails) one by one, so that one family's problem neither blocks the other nor goes
    * unreported; a family whose objects were changed so that they cannot be declared again is
-   * replaced. Returns the failures.
+   * replaced. Returns the failures. A family written since with a newer state is written whole
+   * with that state.
    */
-  private async writeWhole(families: Family[], desired: DesiredState): Promise<{ failures: string[]; wrote: boolean }> {
+  private async writeWhole(
+    call: Call,
+    families: Family[],
+    desired: DesiredState,
+  ): Promise<{ failures: string[]; wrote: boolean }> {
     const { driver } = this;
+    const targets = new Map<Family, Written>();
+    for (const family of families) {
+      const target = this.target(call, family, desired);
+      if (!target) return { failures: [], wrote: false };
+      targets.set(family, target);
+    }
+    const stateOf = (family: Family) => targets.get(family)!.desired[family];
+    const markOf = (family: Family) => targets.get(family)!.desired.masqueradeMark;
     this.epoch++;
     for (const family of families) this.programmed.delete(family);
-    const mark = desired.masqueradeMark;
     let wrote = false;
     const write = (family: Family): DriverOperation => ({
       kind: 'writeFamily',
       family,
-      state: desired[family],
-      masqueradeMark: mark,
+      state: stateOf(family),
+      masqueradeMark: markOf(family),
     });
     const record = (family: Family, applied: Applied) => {
       if (!applied.unchanged) wrote = true;
-      const shape = shapeOf(desired[family], mark);
+      const state = stateOf(family);
+      const shape = shapeOf(state, markOf(family));
       this.programmed.set(family, {
-        elements: new ElementStorage(desired[family]),
+        elements: new ElementStorage(state),
         shape,
         shapeKey: driver.shapeKey(shape),
         leftOut: applied.leftOut?.[family] ?? 0,
-        room: driver.roomFor?.(desired[family].entries.length) ?? Number.POSITIVE_INFINITY,
+        room: driver.roomFor?.(state.entries.length) ?? Number.POSITIVE_INFINITY,
       });
+      this.written.set(family, targets.get(family)!);
     };
     if (driver.capabilities.atomicWrites || families.length === 1) {
       try {
@@ -390,8 +518,8 @@ export class Reconciler {
           const replace: DriverOperation = {
             kind: 'replaceFamily',
             family,
-            state: desired[family],
-            masqueradeMark: mark,
+            state: stateOf(family),
+            masqueradeMark: markOf(family),
           };
           applied = await this.apply([replace], { families: [family] });
         }

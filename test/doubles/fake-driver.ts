@@ -1,7 +1,8 @@
 // A driver without a kernel: it keeps what each family holds (the shape's key and the elements)
 // and applies typed operations to it as the nft driver's kernel would: atomically, failing on a
 // family that is not there, on an element removed that is not there or added again with another
-// value. Tests change `kernel` directly to play another writer, and `refuse` to make writes fail.
+// value. Tests change `kernel` directly to play another writer, `refuse` to make writes fail,
+// and `hold` to make a write wait.
 
 import type {
   Applied,
@@ -33,6 +34,10 @@ export class FakeDriver implements Driver {
   readonly applied: Array<readonly DriverOperation[]> = [];
   /** Makes matching writes fail, with this message. */
   refuse: ((operations: readonly DriverOperation[]) => string | undefined) | undefined;
+  /** Called as each write starts: the write waits for what it returns (a slow write). */
+  hold: ((operations: readonly DriverOperation[]) => Promise<void> | undefined) | undefined;
+  /** What the kernel held after each write, oldest first (`held()` per family). */
+  readonly history: Array<Record<Family, string[]>> = [];
   reads = 0;
   /** Called as each read back starts (to play a write that comes meanwhile). */
   duringRead: (() => void) | undefined;
@@ -79,8 +84,14 @@ export class FakeDriver implements Driver {
       .sort();
   }
 
+  /** What the kernel holds now, as `held()` per family. */
+  holding(): Record<Family, string[]> {
+    return { ipv4: this.held('ipv4'), ipv6: this.held('ipv6') };
+  }
+
   async apply(operations: readonly DriverOperation[]): Promise<Applied> {
     this.applied.push(operations);
+    await this.hold?.(operations);
     const refusal = this.refuse?.(operations);
     if (refusal !== undefined) throw new Error(refusal);
     const kernel = new Map([...this.kernel].map(([f, t]) => [f, { ...t, elements: new Map(t.elements) }]));
@@ -93,6 +104,7 @@ export class FakeDriver implements Driver {
       } else applyOne(kernel, op);
     }
     this.kernel = kernel;
+    this.history.push(this.holding());
     return {};
   }
 

@@ -294,6 +294,7 @@ export class Controller {
             modelMs: Math.round(report.modelMs ?? 0),
             fallbackReason: report.result.fallbackReason,
             repairedElements: report.result.repairedElements,
+            rejected: report.result.rejected?.length,
           },
           'Synced',
         );
@@ -332,7 +333,7 @@ export class Controller {
       );
       this.options.observer?.onKubeProxy?.(this.status.kubeProxy);
     }
-    return { mode: 'noop', entries: { ipv4: 0, ipv6: 0 } };
+    return { mode: 'noop', entries: { ipv4: 0, ipv6: 0 }, rejected: [] };
   }
 
   /** Deletes the conntrack entries that would keep translations the kernel no longer has. Never throws. */

@@ -310,10 +310,9 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
     this.conntrackErrors.inc(report.failures);
   }
 
-  /** Set from onSync's result, when the backend reports rejections. */
-  observeRejections(result: SyncReport['result']): void {
-    const rejected = (result as { rejected?: unknown[] } | undefined)?.rejected;
-    if (Array.isArray(rejected)) this.iptablesRejected.set(rejected.length);
+  /** Set from onSync's result: what the backend leaves out of the kernel now. */
+  private observeRejections(result: NonNullable<SyncReport['result']>): void {
+    if (result.rejected) this.iptablesRejected.set(result.rejected.length);
   }
 
   onDecodeError(resource: string): void {

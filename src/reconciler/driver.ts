@@ -33,11 +33,21 @@ export interface SyncResult {
   fallbackReason?: FallbackReason;
   /** Elements and chains a full sync found changed by someone else and wrote back. */
   repairedElements?: number;
+  /** What the driver left out of the kernel (a value it refuses), every family, as held after the sync. */
+  rejected?: Rejection[];
   /**
    * A removal of our objects (cleanup, stepping aside) was asked for after this sync: what it
    * would have written was left out or removed, and nothing of it is held.
    */
   superseded?: true;
+}
+
+/** An entry or a part of the shape a driver left out because it refuses a value; the rest is programmed. */
+export interface Rejection {
+  family: Family;
+  /** What was left out, for logs (`default/svc 192.0.2.1 tcp/80`, `pod bridge interface`). */
+  item: string;
+  reason: string;
 }
 
 /** How many entries per family a backend is given: a default, and what it can hold at all. */
@@ -116,6 +126,8 @@ export interface Applied {
   unchanged?: boolean;
   /** Entries per family left out of a whole write (a value the tools refuse): not programmed. */
   leftOut?: Partial<Record<Family, number>>;
+  /** Per family these operations wrote, everything the family now leaves out (not only this write's). */
+  rejected?: Partial<Record<Family, readonly Rejection[]>>;
 }
 
 /** A family's objects read back and compared with what was programmed. */

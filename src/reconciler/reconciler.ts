@@ -39,6 +39,7 @@ import {
   type KernelSubscriber,
   type ProbeResult,
   type ReadBack,
+  type Rejection,
   type SyncOptions,
   type SyncResult,
 } from './driver.js';
@@ -103,6 +104,8 @@ export class Reconciler {
   private writtenSinceRelease = 0;
   /** Per family, the newest state written (recorded as each write commits); absent: none since the start or a removal. */
   private readonly written = new Map<Family, Written>();
+  /** Per family, what the driver left out of it, as it last said. */
+  private readonly rejected = new Map<Family, readonly Rejection[]>();
   /** Removals of our objects asked for so far. */
   private removals = 0;
   /** The newest generation asked for: a state without one counts as that new. */
@@ -216,6 +219,7 @@ export class Reconciler {
     const result: SyncResult = {
       mode: superseded ? 'noop' : modes.includes('full') ? 'full' : modes.includes('partial') ? 'partial' : 'noop',
       entries: { ipv4: this.programmedCount('ipv4'), ipv6: this.programmedCount('ipv6') },
+      rejected: FAMILIES.flatMap((family) => this.rejected.get(family) ?? []),
     };
     if (superseded) result.superseded = true;
     if (fallbackReason) result.fallbackReason = fallbackReason;
@@ -254,6 +258,7 @@ export class Reconciler {
     this.programmed.clear();
     this.trustedAt.clear();
     this.written.clear();
+    this.rejected.clear();
     this.epoch++;
   }
 
@@ -352,6 +357,10 @@ export class Reconciler {
     } catch (err) {
       this.trustedAt.clear();
       throw err;
+    }
+    for (const family of FAMILIES) {
+      const rejected = applied.rejected?.[family];
+      if (rejected) this.rejected.set(family, rejected);
     }
     // Nothing committed (the kernel held it already): what was trusted still is.
     if (applied.unchanged) return applied;

@@ -2,7 +2,8 @@
 // and applies typed operations to it as the nft driver's kernel would: atomically, failing on a
 // family that is not there, on an element removed that is not there or added again with another
 // value. Tests change `kernel` directly to play another writer, `refuse` to make writes fail,
-// and `hold` to make a write wait.
+// `hold` to make a write wait, and `rejects` to have entries left out as a driver that refuses a
+// value does.
 
 import type {
   Applied,
@@ -14,6 +15,7 @@ import type {
   KernelElement,
   ProbeResult,
   ReadBack,
+  Rejection,
 } from '../../src/reconciler/driver.js';
 import { entryKey, type Entry, type Family } from '../../src/model/types.js';
 
@@ -36,6 +38,10 @@ export class FakeDriver implements Driver {
   refuse: ((operations: readonly DriverOperation[]) => string | undefined) | undefined;
   /** Called as each write starts: the write waits for what it returns (a slow write). */
   hold: ((operations: readonly DriverOperation[]) => Promise<void> | undefined) | undefined;
+  /** Entries it refuses to program, with the reason: left out, the rest written. */
+  rejects: ((entry: Entry) => string | undefined) | undefined;
+  /** Per family, the entries left out by key. */
+  private readonly leftOut = new Map<Family, Map<string, Rejection>>();
   /** What the kernel held after each write, oldest first (`held()` per family). */
   readonly history: Array<Record<Family, string[]>> = [];
   reads = 0;
@@ -95,7 +101,16 @@ export class FakeDriver implements Driver {
     const refusal = this.refuse?.(operations);
     if (refusal !== undefined) throw new Error(refusal);
     const kernel = new Map([...this.kernel].map(([f, t]) => [f, { ...t, elements: new Map(t.elements) }]));
-    for (const op of operations) {
+    const leftOut = new Map([...this.leftOut].map(([f, r]) => [f, new Map(r)]));
+    const applied: Applied = { rejected: {}, leftOut: {} };
+    for (let op of operations) {
+      if (op.kind === 'removeAll') leftOut.clear();
+      else op = this.leaveOut(op, leftOut);
+      for (const family of op.kind === 'removeAll' ? (['ipv4', 'ipv6'] as const) : [op.family]) {
+        applied.rejected![family] = [...(leftOut.get(family)?.values() ?? [])];
+        if (op.kind === 'writeFamily' || op.kind === 'replaceFamily')
+          applied.leftOut![family] = leftOut.get(family)?.size ?? 0;
+      }
       if (op.kind === 'repairShape' && this.writesLikeIptables) {
         const state = { entries: [...op.entries], localPodMatch: op.shape.state.localPodMatch };
         applyOne(kernel, { kind: 'writeFamily', family: op.family, state, masqueradeMark: op.shape.masqueradeMark });
@@ -104,8 +119,40 @@ export class FakeDriver implements Driver {
       } else applyOne(kernel, op);
     }
     this.kernel = kernel;
+    this.leftOut.clear();
+    for (const [f, r] of leftOut) this.leftOut.set(f, r);
     this.history.push(this.holding());
-    return {};
+    return applied;
+  }
+
+  /** The operation without the entries `rejects` refuses, noted in `leftOut` (removals of them dropped). */
+  private leaveOut(
+    op: Exclude<DriverOperation, { kind: 'removeAll' }>,
+    leftOut: Map<Family, Map<string, Rejection>>,
+  ): Exclude<DriverOperation, { kind: 'removeAll' }> {
+    const refused = leftOut.get(op.family) ?? new Map<string, Rejection>();
+    leftOut.set(op.family, refused);
+    const keep = (e: Entry): boolean => {
+      const reason = this.rejects?.(e);
+      if (reason === undefined) {
+        refused.delete(entryKey(e));
+        return true;
+      }
+      refused.set(entryKey(e), {
+        family: e.family,
+        item: `${e.service} ${e.externalIp} ${e.protocol}/${e.port}`,
+        reason,
+      });
+      return false;
+    };
+    if (op.kind === 'writeFamily' || op.kind === 'replaceFamily') {
+      refused.clear();
+      return { ...op, state: { ...op.state, entries: op.state.entries.filter(keep) } };
+    }
+    if (op.kind === 'repairShape') return op;
+    // Removed entries that were left out have nothing in the kernel to remove.
+    const remove = op.remove.filter((e) => !refused.delete(entryKey(e)));
+    return { ...op, remove, add: op.add.filter(keep) };
   }
 
   async readBack(family: Family, expected: readonly Entry[], shape: FamilyShape): Promise<ReadBack> {
@@ -115,7 +162,9 @@ export class FakeDriver implements Driver {
     if (!held) throw new Error('the table is missing');
     const foreign = new Map(held.elements);
     const missing: Entry[] = [];
+    const leftOut = this.leftOut.get(family);
     for (const e of expected) {
+      if (leftOut?.has(entryKey(e))) continue;
       const k = foreign.get(entryKey(e));
       if (k && k.clusterIp === e.clusterIp && k.service === e.service) foreign.delete(entryKey(e));
       else missing.push(e);

@@ -2,6 +2,7 @@
 
 import { expect } from 'chai';
 import { ControllerMetrics } from '../../src/metrics/controller-metrics.js';
+import type { Rejection } from '../../src/reconciler/driver.js';
 
 async function value(metrics: ControllerMetrics, name: string): Promise<number | undefined> {
   const line = (await metrics.exposition()).text.split('\n').find((l) => l.startsWith(`${name} `));
@@ -20,8 +21,8 @@ describe('conntrack and iptables rejection metrics', () => {
 
   it('shows how many entries the iptables backend left out in the last successful sync', async () => {
     const metrics = new ControllerMetrics({ defaultMetrics: false });
-    const rejected = [{ family: 'ipv4', item: 'pod bridge interface', reason: 'bad' }];
-    const report = (r: unknown[]) => ({
+    const rejected: Rejection[] = [{ family: 'ipv4', item: 'pod bridge interface', reason: 'bad' }];
+    const report = (r: Rejection[]) => ({
       backend: 'iptables',
       requested: 'full' as const,
       durationMs: 1,

@@ -1,7 +1,8 @@
 // The Controller without root: caches held in memory, the reconciler over a fake driver, and a
 // recording conntrack cleaner (the conntrack command itself is proven by the kernel tests).
 // Stepping aside and back, conntrack clean-up after every change, Services over a limit, a failed
-// write followed by a whole one, and drift found by reading back.
+// write followed by a whole one, drift found by reading back, and entries the driver leaves out
+// reaching the metrics.
 
 import { expect } from 'chai';
 import { Controller, type SyncReport } from '../../src/controller.js';
@@ -9,8 +10,9 @@ import type { ConntrackCleanupReport } from '../../src/conntrack/conntrack-clean
 import type { StaleTuple } from '../../src/conntrack/stale-tuples.js';
 import type { ClusterCaches } from '../../src/kube/cluster.js';
 import type { ModeVerdict } from '../../src/kubeproxy/mode.js';
+import { ControllerMetrics } from '../../src/metrics/controller-metrics.js';
 import { pino } from 'pino';
-import type { ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import type { Entry, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { FakeDriver } from '../doubles/fake-driver.js';
 import { CONFIG } from '../support/fixtures.js';
@@ -96,11 +98,19 @@ const running: Controller[] = [];
 
 async function rig(
   services: ServiceInfo[],
-  options: { model?: Partial<ModelConfig>; maxEntries?: number; mode?: ModeVerdict } = {},
+  options: {
+    model?: Partial<ModelConfig>;
+    maxEntries?: number;
+    mode?: ModeVerdict;
+    /** Entries the driver refuses. */
+    rejects?: (entry: Entry) => string | undefined;
+    metrics?: ControllerMetrics;
+  } = {},
 ): Promise<Rig> {
   const caches = new Caches();
   caches.services = services;
   const driver = new FakeDriver();
+  driver.rejects = options.rejects;
   const conntrack = new RecordingConntrack();
   const reports: SyncReport[] = [];
   const controller = new Controller({
@@ -111,7 +121,12 @@ async function rig(
     minSyncPeriodMs: 0,
     syncPeriodMs: 3_600_000,
     logger: pino({ level: 'silent' }),
-    observer: { onSync: (r) => reports.push(r) },
+    observer: {
+      onSync: (r) => {
+        options.metrics?.onSync(r);
+        reports.push(r);
+      },
+    },
     kubeProxyMode: options.mode ?? IPVS,
     conntrack,
     ...(options.maxEntries !== undefined ? { maxEntries: options.maxEntries } : {}),
@@ -166,7 +181,7 @@ describe('Controller on a fake driver (no root)', () => {
     const { controller, driver, conntrack, syncs } = await rig([service(1), service(2)]);
     controller.onKubeProxyMode(IPTABLES);
     const aside = await syncs(2);
-    expect(aside.result).to.deep.equal({ mode: 'noop', entries: { ipv4: 0, ipv6: 0 } });
+    expect(aside.result).to.deep.equal({ mode: 'noop', entries: { ipv4: 0, ipv6: 0 }, rejected: [] });
     expect(driver.kernel.size, 'nothing of ours in the kernel').to.equal(0);
     expect(driver.applied.at(-1)).to.deep.equal([{ kind: 'removeAll' }]);
     expect(controller.status.kubeProxy).to.include({ steppedAside: true });
@@ -250,5 +265,26 @@ describe('Controller on a fake driver (no root)', () => {
     const writes = driver.applied.at(-1)!;
     expect(writes).to.have.length(1);
     expect(writes[0]).to.include({ kind: 'elements' });
+  });
+
+  it('shows in the metrics how many entries the driver left out, as it leaves them out', async () => {
+    const metrics = new ControllerMetrics({ defaultMetrics: false });
+    const rejected = async () => {
+      const name = 'ipvs_node_controller_iptables_rejected_entries';
+      const line = (await metrics.exposition()).text.split('\n').find((l) => l.startsWith(`${name} `));
+      return line === undefined ? undefined : Number(line.split(' ')[1]);
+    };
+    const { caches, driver, syncs } = await rig([service(1), service(2, {}, 'UDP', [5353])], {
+      rejects: (e) => (e.port === 5353 ? 'port 5353 is refused' : undefined),
+      metrics,
+    });
+    expect(driver.held('ipv4')).to.deep.equal(['192.0.2.1 UDP 53 -> 10.96.0.1']);
+    expect(await rejected()).to.equal(1);
+    caches.set([service(1)]);
+    await syncs(2);
+    expect(await rejected()).to.equal(0);
+    caches.set([service(1), service(3, {}, 'UDP', [5353]), service(4, {}, 'UDP', [5353])]);
+    expect((await syncs(3)).result).to.include({ mode: 'partial' });
+    expect(await rejected()).to.equal(2);
   });
 });

@@ -167,7 +167,7 @@ for (const variant of ['legacy', 'nft'] as const) {
       await backend.sync(desired, { full: true });
       const calls = fake.calls.length;
       const result = await backend.sync(state([service(1), service(2)]), { full: false });
-      expect(result).to.deep.equal({ mode: 'noop', entries: { ipv4: 2, ipv6: 2 } });
+      expect(result).to.deep.equal({ mode: 'noop', entries: { ipv4: 2, ipv6: 2 }, rejected: [] });
       // Not even a read: the state decides.
       expect(fake.calls.length).to.equal(calls);
     });

@@ -55,7 +55,7 @@ describe('the reconciler and the nft driver on the fake executor', () => {
   it('a first sync writes both families in one transaction', async () => {
     const { fake, backend } = setUp();
     const result = await backend.sync(state([service(1), service(2)]), { full: true });
-    expect(result).to.deep.equal({ mode: 'full', entries: { ipv4: 2, ipv6: 2 } });
+    expect(result).to.deep.equal({ mode: 'full', entries: { ipv4: 2, ipv6: 2 }, rejected: [] });
     expect(fake.transactions).to.have.length(1);
     expect(elements(fake)).to.deep.equal([
       '{"concat":["192.0.2.1","tcp",80]} 10.96.0.1',

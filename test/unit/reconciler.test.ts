@@ -1,6 +1,6 @@
 // The reconciler on a fake driver, without root: what a verification repairs when a partial sync
 // writes between its read and its repair; syncs and removals that overlap (the kernel and what
-// subscribers are told never go back to an older state).
+// subscribers are told never go back to an older state); entries the driver leaves out.
 
 import { expect } from 'chai';
 import { buildDesiredState, DesiredStateModel } from '../../src/model/desired-state.js';
@@ -240,5 +240,36 @@ describe('Reconciler: syncs and removals that overlap (no root)', () => {
     expectToldAsWritten(driver, told);
     expect(fullResult).to.include({ superseded: true });
     expect(partialResult).to.include({ superseded: true });
+  });
+});
+
+describe('Reconciler: entries the driver leaves out (no root)', () => {
+  it('reports what the driver left out after each sync, full or partial', async () => {
+    const driver = new FakeDriver('iptables');
+    driver.rejects = (e) => (e.port === 8080 ? 'port 8080 is refused' : undefined);
+    const reconciler = new Reconciler(driver);
+    const model = new DesiredStateModel(CONFIG);
+    const odd = lbService(2, { ports: [{ port: 8080, protocol: 'TCP' }] });
+    const first = await reconciler.sync(model.update([lbService(1), odd], NODE), { full: true });
+    expect(first.rejected).to.deep.equal([
+      { family: 'ipv4', item: 'default/svc-2 192.0.2.2 TCP/8080', reason: 'port 8080 is refused' },
+    ]);
+    expect(first.entries).to.deep.equal({ ipv4: 1, ipv6: 0 });
+    expect(driver.held('ipv4')).to.deep.equal(['192.0.2.1 TCP 80 -> 10.96.0.1']);
+    // The refused entry goes: nothing is left out any more.
+    const fixed = await reconciler.sync(model.update([lbService(1)], NODE), { full: false });
+    expect(fixed.rejected).to.deep.equal([]);
+    // It comes back in a partial sync, another with it.
+    const again = await reconciler.sync(model.update([lbService(1), odd, lbService(3)], NODE), { full: false });
+    expect(again).to.include({ mode: 'partial' });
+    expect(again.rejected?.map((r) => r.item)).to.deep.equal(['default/svc-2 192.0.2.2 TCP/8080']);
+    expect(driver.held('ipv4')).to.have.length(2);
+    // A full sync reads back and repairs nothing: what was left out is not missing.
+    const resync = await reconciler.sync(model.update([lbService(1), odd, lbService(3)], NODE), { full: true });
+    expect(resync.repairedElements ?? 0).to.equal(0);
+    expect(resync.rejected).to.have.length(1);
+    // A removal leaves nothing out.
+    await reconciler.cleanup();
+    expect((await reconciler.sync(model.update([lbService(1)], NODE), { full: true })).rejected).to.deep.equal([]);
   });
 });

@@ -303,7 +303,13 @@ export class IptablesDriver implements Driver {
       }
     }
     if (this.written.size > 0) this.jumpGuard?.start();
-    const applied: Applied = { leftOut };
+    const rejected: NonNullable<Applied['rejected']> = {};
+    for (const op of operations) {
+      for (const family of op.kind === 'removeAll' ? FAMILIES : [op.family]) {
+        rejected[family] = this.written.get(family)?.rejected ?? [];
+      }
+    }
+    const applied: Applied = { leftOut, rejected };
     if (restores === 0) applied.unchanged = true;
     const after = restores === 1 ? await this.generation() : undefined;
     if (before !== undefined && after !== undefined) applied.generations = { before, after };

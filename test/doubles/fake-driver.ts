@@ -44,6 +44,12 @@ export class FakeDriver implements Driver {
   private readonly leftOut = new Map<Family, Map<string, Rejection>>();
   /** What the kernel held after each write, oldest first (`held()` per family). */
   readonly history: Array<Record<Family, string[]>> = [];
+  /**
+   * Keeps a ruleset generation, moved by each write, as nft's: a resync of a family nobody else
+   * touched writes only its changes and reads nothing back. Off: no generation is known.
+   */
+  keepsGeneration = false;
+  private ruleset = 0;
   reads = 0;
   /** Called as each read back starts (to play a write that comes meanwhile). */
   duringRead: (() => void) | undefined;
@@ -95,11 +101,16 @@ export class FakeDriver implements Driver {
     return { ipv4: this.held('ipv4'), ipv6: this.held('ipv6') };
   }
 
+  async generation(): Promise<number | undefined> {
+    return this.keepsGeneration ? this.ruleset : undefined;
+  }
+
   async apply(operations: readonly DriverOperation[]): Promise<Applied> {
     this.applied.push(operations);
     await this.hold?.(operations);
     const refusal = this.refuse?.(operations);
     if (refusal !== undefined) throw new Error(refusal);
+    const before = this.ruleset++;
     const kernel = new Map([...this.kernel].map(([f, t]) => [f, { ...t, elements: new Map(t.elements) }]));
     const leftOut = new Map([...this.leftOut].map(([f, r]) => [f, new Map(r)]));
     const applied: Applied = { rejected: {}, leftOut: {} };
@@ -122,6 +133,7 @@ export class FakeDriver implements Driver {
     this.leftOut.clear();
     for (const [f, r] of leftOut) this.leftOut.set(f, r);
     this.history.push(this.holding());
+    if (this.keepsGeneration) applied.generations = { before, after: this.ruleset };
     return applied;
   }
 

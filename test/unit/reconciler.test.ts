@@ -190,6 +190,40 @@ describe('Reconciler: syncs and removals that overlap (no root)', () => {
     expect(gone).to.deep.equal([]);
   });
 
+  it('a sync that ends while a newer one is half written tells what the kernel holds of each family', async () => {
+    const driver = new FakeDriver('nft', { hasGeneration: true });
+    driver.keepsGeneration = true;
+    const reconciler = new Reconciler(driver);
+    const told = new Told();
+    reconciler.subscribe(told);
+    const model = new DesiredStateModel(CONFIG);
+    await reconciler.sync(model.update([dual(1), dual(2)], DUAL_NODE), { full: true });
+    // Nobody else wrote since: the resync writes its changes and reads nothing back.
+    const periodic = model.update([dual(1)], DUAL_NODE);
+    const change = model.update([dual(1), dual(3)], DUAL_NODE);
+    const slow = holdWrite(driver, (ops) => ops.some((op) => op.kind !== 'removeAll' && op.family === 'ipv4'));
+    const full = reconciler.sync(periodic, { full: true });
+    await slow.held;
+    const partial = reconciler.sync(change, { full: false });
+    await settle();
+    // The partial sync's IPv6 write waits until the full sync ended.
+    const slowV6 = holdWrite(driver, (ops) =>
+      ops.some((op) => op.kind === 'elements' && op.family === 'ipv6' && op.add.length > 0),
+    );
+    slow.release();
+    expect(await full).to.include({ mode: 'full' });
+    expect(reconciler.verificationsSkipped).to.equal(2);
+    expect(driver.holding(), 'IPv4 as the change, IPv6 as the full sync left it').to.deep.equal({
+      ipv4: ['192.0.2.1 TCP 80 -> 10.96.0.1', '192.0.2.3 TCP 80 -> 10.96.0.3'],
+      ipv6: ['2001:db8::1 TCP 80 -> fd00::1'],
+    });
+    expectToldAsWritten(driver, told);
+    slowV6.release();
+    expect(await partial).to.include({ mode: 'partial' });
+    expect(driver.holding()).to.deep.equal(heldBy(change));
+    expectToldAsWritten(driver, told);
+  });
+
   it('a removal asked for while a full sync writes voids the writes the full sync has yet to make', async () => {
     const driver = new FakeDriver();
     const reconciler = new Reconciler(driver);

@@ -88,7 +88,8 @@ describe('command line', function () {
     };
     const r = await cli(['--dry-run', '--from-file', '-', '--node-name', 'b'], JSON.stringify(list));
     expect(r.exitCode, r.stderr).to.equal(0);
-    expect(r.stdout).to.match(/elements = \{ 10\.2\.0\.0\/24 \}/);
+    // Node b's pod CIDR, not node a's.
+    expect(r.stdout).to.match(/ip saddr 10\.2\.0\.0\/24 ip daddr/);
     expect(r.stdout).to.match(/203\.0\.113\.5 \. tcp \. 443 comment "shop\/web" : 10\.96\.0\.1/);
   });
 

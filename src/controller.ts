@@ -195,7 +195,7 @@ export class Controller {
    */
   private newModel(model: ModelConfig, after: number): DesiredStateModel {
     const maxEntries = entryLimit(this.options.backend.capacity, this.options.maxEntries);
-    const config = { ...model, maxEntries };
+    const config = { ...model, maxEntries, sourceRangesSupported: this.options.backend.filtersSources };
     this.status.limits = {
       maxEntriesPerService: config.maxEntriesPerService ?? DEFAULT_MAX_ENTRIES_PER_SERVICE,
       maxEntries,

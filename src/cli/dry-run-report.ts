@@ -72,7 +72,8 @@ function migrationReport(
   const byService = new Map<string, string[]>();
   for (const e of [...desired.ipv4.entries, ...desired.ipv6.entries]) {
     const list = byService.get(e.service) ?? [];
-    list.push(`${e.externalIp} ${e.protocol}/${e.port}`);
+    const from = e.sourceRanges ? ` (from ${e.sourceRanges.join(' ')} only: loadBalancerSourceRanges)` : '';
+    list.push(`${e.externalIp} ${e.protocol}/${e.port}${from}`);
     byService.set(e.service, list);
   }
   const policy = new Map(services.map((s) => [`${s.namespace}/${s.name}`, s.externalTrafficPolicy]));

@@ -164,6 +164,8 @@ async function dryRun(config: Config): Promise<number> {
   const model = {
     ...kubeProxy.settings.model,
     maxEntries: entryLimit(dryRunCapacity(config.backend), config.maxEntries),
+    // The eBPF backend cannot filter sources (its driver's filtersSources).
+    sourceRangesSupported: config.backend !== 'ebpf',
   };
   const desired = buildDesiredState(services, node, model);
   // The report, then what the chosen backend would program: iptables-restore input, or nft text.

@@ -5,7 +5,15 @@
 // must go (semantics.md, "Connection tracking"). TCP is left alone, as kube-proxy does. Pure.
 
 import { diffByKey } from '../reconciler/element-storage.js';
-import { FAMILIES, entryKey, type DesiredState, type Entry, type Family, type Protocol } from '../model/types.js';
+import {
+  FAMILIES,
+  entryKey,
+  sameSourceRanges,
+  type DesiredState,
+  type Entry,
+  type Family,
+  type Protocol,
+} from '../model/types.js';
 
 export type ConntrackProtocol = Extract<Protocol, 'UDP' | 'SCTP'>;
 
@@ -39,11 +47,12 @@ function tuple(
 
 /** Entries of one family that differ between two entry lists, as stale tuples (one diff: element-storage's). */
 function diffEntries(before: readonly Entry[], after: readonly Entry[]): StaleTuple[] {
-  // Only the target matters to a flow: a comment (the owning Service) change keeps its path.
+  // The target and the sources translated matter to a flow: a comment (the owning Service) change
+  // keeps its path, other source ranges change which flows are translated.
   const { removed, added } = diffByKey(
     before.filter(tracked),
     after.filter(tracked),
-    (a, b) => a.clusterIp === b.clusterIp,
+    (a, b) => a.clusterIp === b.clusterIp && sameSourceRanges(a, b),
   );
   const removedKeys = new Set(removed.map(entryKey));
   const addedKeys = new Set(added.map(entryKey));

@@ -41,6 +41,10 @@ export const SKIP_EXPLANATIONS: Record<SkipReason, string> = {
     'the Service asks for more entries (addresses x ports) than one Service may (--max-entries-per-service): none of them is translated',
   overCapacity:
     'the entries of all Services exceed what this node programs (--max-entries): older Services keep theirs, and this one is not translated until it fits',
+  tooManySourceRanges:
+    'the Service has more loadBalancerSourceRanges than one Service may (64): its LoadBalancer addresses are left to kube-proxy, which filters them',
+  sourceRangesUnsupported:
+    "the Service has loadBalancerSourceRanges, which this backend cannot filter (eBPF: a connect hook does not know an unbound socket's source; nft: a kernel that refuses the lookup of a concatenated interval set): its LoadBalancer address is left to kube-proxy, which filters it",
 };
 
 /** Skips that are the intended behaviour rather than a problem: reported as Normal, not Warning. */

@@ -96,6 +96,9 @@ export function toServiceInfo(raw: unknown): ServiceInfo | undefined {
     clusterIP,
     clusterIPs,
     externalIPs: strList(spec.externalIPs),
+    ...(Array.isArray(spec.loadBalancerSourceRanges) && spec.loadBalancerSourceRanges.length > 0
+      ? { loadBalancerSourceRanges: strList(spec.loadBalancerSourceRanges) }
+      : {}),
     externalTrafficPolicy: common(spec.externalTrafficPolicy),
     ports: portList(ports),
     ingress: Array.isArray(ingress)
@@ -114,15 +117,24 @@ export function toNodeInfo(raw: unknown): NodeInfo | undefined {
   const name = str(obj(o?.metadata)?.name);
   if (!o || !name) return undefined;
   const spec = obj(o.spec) ?? {};
-  const addresses = (Array.isArray(obj(o.status)?.addresses) ? (obj(o.status)!.addresses as unknown[]) : [])
-    .map((a) => obj(a))
+  const listed = (Array.isArray(obj(o.status)?.addresses) ? (obj(o.status)!.addresses as unknown[]) : []).map((a) =>
+    obj(a),
+  );
+  const ofType = (type: string) =>
+    listed
+      .filter((a) => a?.type === type)
+      .map((a) => str(a!.address))
+      .filter((a): a is string => a !== undefined);
+  const addresses = listed
     .filter((a) => a?.type === 'InternalIP' || a?.type === 'ExternalIP')
     .map((a) => str(a!.address))
     .filter((a): a is string => a !== undefined);
+  // kube-proxy's node IPs: InternalIP addresses first, then ExternalIP ones (GetNodeHostIPs).
+  const hostIPs = [...ofType('InternalIP'), ...ofType('ExternalIP')];
   return {
     name,
     podCIDR: str(spec.podCIDR),
     podCIDRs: strList(spec.podCIDRs),
-    ...(addresses.length > 0 ? { addresses } : {}),
+    ...(addresses.length > 0 ? { addresses, hostIPs } : {}),
   };
 }

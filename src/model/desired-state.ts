@@ -33,6 +33,7 @@ import {
   type ServiceRequest,
 } from './service-rules.js';
 import { compareKeys, SortedEntries } from './sorted-entries.js';
+import { FAMILIES } from './types.js';
 import type {
   Conflict,
   ChangeTracked,
@@ -308,8 +309,10 @@ export class DesiredStateModel {
     if (conflictsChanged) this.collectConflicts();
 
     const state = (family: Family): FamilyState => {
-      const { entries, changes } = this.entries[family].publish();
+      const sorted = this.entries[family];
+      const { entries, changes } = sorted.publish();
       const out: FamilyState = { entries, localPodMatch: localPodMatch(family, node, this.config) };
+      if (sorted.ranged > 0) out.sourceRanged = true;
       if (changes) out.changes = changes;
       return out;
     };
@@ -329,7 +332,9 @@ export class DesiredStateModel {
    */
   private followNode(node: NodeInfo | undefined, interfaceAddresses: readonly string[]): void {
     const context = requestContext(this.config, node, interfaceAddresses, this.clusterIps);
-    const key = [...context.nodeAddresses].sort().join(',');
+    const key = [...[...context.nodeAddresses].sort(), ...FAMILIES.map((f) => context.nodeIps[f]?.address ?? '')].join(
+      ',',
+    );
     if (key === this.nodeAddressKey) return;
     this.nodeAddressKey = key;
     this.context = context;
@@ -630,6 +635,7 @@ export class DesiredStateModel {
           clusterIp: address.clusterIp,
           service: record.service,
         };
+        if (address.sourceRanges) entry.sourceRanges = address.sourceRanges;
         // Addresses and ports are distinct (service-rules.ts): every key is claimed once.
         claims[n++] = {
           entry,

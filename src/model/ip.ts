@@ -167,3 +167,60 @@ export function nodeScopedKind(ip: ParsedIp): string | undefined {
   if (b[0] === 0xff) return 'multicast';
   return undefined;
 }
+
+/**
+ * Parses a CIDR as kube-proxy reads loadBalancerSourceRanges: surrounding spaces are trimmed and
+ * IPv4 octets may have leading zeros (read as decimal, as Go's ParseCIDRSloppy does); host bits
+ * are cleared.
+ */
+export function parseSourceRange(text: unknown): ParsedCidr | undefined {
+  if (typeof text !== 'string') return undefined;
+  const trimmed = text.trim();
+  const v4 = /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})(\/.*)$/.exec(trimmed);
+  if (v4) return parseCidr(`${v4.slice(1, 5).map(Number).join('.')}${v4[5]}`);
+  return parseCidr(trimmed);
+}
+
+/** Orders CIDRs by network address, then by prefix length (the wider first). */
+function compareCidrs(a: ParsedCidr, b: ParsedCidr): number {
+  const x = parsedIpSortKey(a);
+  const y = parsedIpSortKey(b);
+  if (x !== y) return x < y ? -1 : 1;
+  return a.prefixLength - b.prefixLength;
+}
+
+/** The same addresses as `cidrs` (one family): sorted, each CIDR inside another one left out. */
+export function disjointCidrs(cidrs: readonly ParsedCidr[]): ParsedCidr[] {
+  const sorted = [...cidrs].sort(compareCidrs);
+  const out: ParsedCidr[] = [];
+  for (const c of sorted) {
+    const last = out[out.length - 1];
+    if (last && cidrContains(last, c)) continue;
+    out.push(c);
+  }
+  return out;
+}
+
+/**
+ * `cidrs` (disjoint, sorted) without the one address `ip`: the CIDR that holds it is split into
+ * the CIDRs around it (one per prefix length below it, at most 32 or 128).
+ */
+export function cidrsWithout(cidrs: readonly ParsedCidr[], ip: ParsedIp): ParsedCidr[] {
+  const out: ParsedCidr[] = [];
+  const bits = ip.family === 'ipv4' ? 32 : 128;
+  const bytes = ipBytes(ip);
+  for (const c of cidrs) {
+    if (!cidrContains(c, ip)) {
+      out.push(c);
+      continue;
+    }
+    for (let length = c.prefixLength + 1; length <= bits; length++) {
+      // The sibling of the address's own prefix of this length.
+      const sibling = bytes.slice();
+      const bit = length - 1;
+      sibling[bit >> 3]! ^= 0x80 >> (bit & 7);
+      out.push(parseCidr(`${formatBytes(ip.family, sibling)}/${length}`)!);
+    }
+  }
+  return out.sort(compareCidrs);
+}

@@ -4,16 +4,21 @@
 
 import {
   cidrContains,
+  cidrsWithout,
+  disjointCidrs,
   formatCidr,
   nodeScopedKind,
   parseCidr,
   parsedIpSortKey,
   parseIp,
+  parseSourceRange,
   type ParsedCidr,
   type ParsedIp,
 } from './ip.js';
 import {
   DEFAULT_MAX_ENTRIES_PER_SERVICE,
+  FAMILIES,
+  MAX_SOURCE_RANGES_PER_SERVICE,
   PROTOCOLS,
   SKIP_ANNOTATION,
   type Family,
@@ -74,6 +79,10 @@ export interface RequestContext {
   serviceCidrs: ParsedCidr[];
   /** --node-address-ranges, parsed. */
   nodeAddressRanges: ParsedCidr[];
+  /** The node IP kube-proxy takes per family (its allowFromNode): the Node's first host IP of each. */
+  nodeIps: Partial<Record<Family, ParsedIp>>;
+  /** Whether the backend filters sources (ModelConfig.sourceRangesSupported). */
+  sourceRangesSupported: boolean;
 }
 
 /** Whether an address (canonical) is a ClusterIP of some Service. */
@@ -99,7 +108,64 @@ export function requestContext(
     clusterIps,
     serviceCidrs: cidrs(config.serviceCidrs) ?? [],
     nodeAddressRanges: cidrs(config.nodeAddressRanges) ?? [],
+    nodeIps: nodeIps(node?.hostIPs ?? []),
+    sourceRangesSupported: config.sourceRangesSupported !== false,
   };
+}
+
+/** The first address of each family, as kube-proxy picks its node IPs from the Node's host IPs. */
+function nodeIps(texts: readonly string[]): Partial<Record<Family, ParsedIp>> {
+  const out: Partial<Record<Family, ParsedIp>> = {};
+  for (const text of texts) {
+    const ip = parseIp(text);
+    if (ip) out[ip.family] ??= ip;
+  }
+  return out;
+}
+
+/**
+ * A Service's loadBalancerSourceRanges as kube-proxy reads them, per family: invalid ones left
+ * out (kube-proxy logs and ignores them), a family whose ranges include 0.0.0.0/0 or ::/0 not
+ * filtered, and a family with no range not filtered either. Undefined for a family kube-proxy does
+ * not filter; `invalid` lists what was left out.
+ */
+export function sourceRangesByFamily(texts: readonly unknown[] | undefined): {
+  ranges: Partial<Record<Family, ParsedCidr[]>>;
+  invalid: string[];
+  count: number;
+} {
+  const byFamily: Record<Family, ParsedCidr[]> = { ipv4: [], ipv6: [] };
+  const invalid: string[] = [];
+  let count = 0;
+  for (const text of texts ?? []) {
+    const cidr = parseSourceRange(text);
+    if (!cidr) {
+      // kube-proxy ignores an empty string without a word.
+      if (typeof text !== 'string' || text.trim() !== '') invalid.push(String(text));
+      continue;
+    }
+    byFamily[cidr.family].push(cidr);
+    count++;
+  }
+  const ranges: Partial<Record<Family, ParsedCidr[]>> = {};
+  for (const family of FAMILIES) {
+    const list = byFamily[family];
+    if (list.length === 0 || list.some((c) => c.prefixLength === 0)) continue;
+    ranges[family] = disjointCidrs(list);
+  }
+  return { ranges, invalid, count };
+}
+
+/**
+ * The sources of `ip` that kube-proxy lets through its source-ranges firewall: the ranges, but the
+ * LoadBalancer IP itself (the source a node process gets for an address bound on kube-ipvs0) only
+ * when the node IP of its family is inside a range (allowFromNode), whether a range holds it or not.
+ */
+function allowedSources(ranges: readonly ParsedCidr[], ip: ParsedIp, nodeIp: ParsedIp | undefined): string[] {
+  const fromNode = nodeIp !== undefined && ranges.some((c) => cidrContains(c, nodeIp));
+  let allowed = cidrsWithout(ranges, ip);
+  if (fromNode) allowed = disjointCidrs([...allowed, parseCidr(`${ip.address}/${ip.family === 'ipv4' ? 32 : 128}`)!]);
+  return allowed.map(formatCidr);
 }
 
 /**
@@ -144,6 +210,8 @@ export interface RequestedAddress {
   /** Orders addresses numerically (ip.ts ipSortKey). */
   sortKey: string;
   clusterIp: string;
+  /** The sources translated (Entry.sourceRanges); undefined: every source. */
+  sourceRanges?: readonly string[];
 }
 
 /**
@@ -304,6 +372,17 @@ function readRequest(
   }
   if (ports.length === 0) return NOTHING;
 
+  // kube-proxy filters the sources of LoadBalancer addresses only, never of externalIPs.
+  const hasIngress = requested.some((r) => !r.external);
+  const sources = hasIngress ? sourceRangesByFamily(svc.loadBalancerSourceRanges) : undefined;
+  for (const text of sources?.invalid.slice(0, 1) ?? []) {
+    skip(
+      'invalidAddress',
+      `loadBalancerSourceRanges ${text}${sources!.invalid.length > 1 ? ` and ${sources!.invalid.length - 1} more` : ''} (ignored, as kube-proxy does)`,
+    );
+  }
+  const tooManyRanges = sources !== undefined && sources.count > MAX_SOURCE_RANGES_PER_SERVICE;
+  /** The allowed sources of each family's addresses, made once per address. */
   const addresses: RequestedAddress[] = [];
   const seen = new Set<string>();
   for (const { text, external } of requested) {
@@ -342,7 +421,24 @@ function readRequest(
       skip('familyWithoutClusterIP', `${ip.address} has no ${ip.family} clusterIP`);
       continue;
     }
-    addresses.push({ ip, sortKey: parsedIpSortKey(ip), clusterIp });
+    const ranges = external ? undefined : sources?.ranges[ip.family];
+    if (ranges && tooManyRanges) {
+      skip(
+        'tooManySourceRanges',
+        `${ip.address}: ${sources!.count} loadBalancerSourceRanges, more than the ${MAX_SOURCE_RANGES_PER_SERVICE} one Service may have`,
+      );
+      continue;
+    }
+    if (ranges && !context.sourceRangesSupported) {
+      skip(
+        'sourceRangesUnsupported',
+        `${ip.address} has loadBalancerSourceRanges, which this backend cannot filter here`,
+      );
+      continue;
+    }
+    const address: RequestedAddress = { ip, sortKey: parsedIpSortKey(ip), clusterIp };
+    if (ranges) address.sourceRanges = allowedSources(ranges, ip, context.nodeIps[ip.family]);
+    addresses.push(address);
   }
   if (addresses.length === 0) return NOTHING;
 

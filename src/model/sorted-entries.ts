@@ -15,6 +15,8 @@ export class SortedEntries {
   private lastPublished: Entry[] | undefined;
   private readonly removed = new Set<Entry>();
   private readonly added = new Set<Entry>();
+  /** How many of the entries have source ranges. */
+  ranged = 0;
 
   publish(): { entries: Entry[]; changes?: EntryChanges } {
     if (this.published) return { entries: this.published, changes: { since: this.published, removed: [], added: [] } };
@@ -94,6 +96,8 @@ export class SortedEntries {
 
   /** Records a change since the last hand-out; an entry added and gone again in between nets out. */
   private note(out: Entry | undefined, into: Entry | undefined): void {
+    if (out?.sourceRanges) this.ranged--;
+    if (into?.sourceRanges) this.ranged++;
     if (out && !this.added.delete(out)) this.removed.add(out);
     if (into && !this.removed.delete(into)) this.added.add(into);
   }

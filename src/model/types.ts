@@ -21,6 +21,8 @@ export interface ServiceInfo {
   externalTrafficPolicy?: string;
   ports?: Array<{ protocol?: string; port?: number }>;
   ingress?: Array<{ ip?: string; hostname?: string; ipMode?: string }>;
+  /** `spec.loadBalancerSourceRanges`, as the API object has them (the model parses them). */
+  loadBalancerSourceRanges?: string[];
   /** The annotation `ipvs-node-controller/skip: "true"` (the operator's opt-out); no other annotation is kept. */
   skip?: boolean;
 }
@@ -38,6 +40,11 @@ export interface NodeInfo {
    * the controller adds those of the node's interfaces. Never translated (semantics.md).
    */
   addresses?: string[];
+  /**
+   * `status.addresses` of type InternalIP, then those of type ExternalIP, in order: the first of
+   * each family is the node IP kube-proxy takes for that family (its allowFromNode).
+   */
+  hostIPs?: string[];
 }
 
 export type DetectLocalMode = 'NodeCIDR' | 'ClusterCIDR' | 'BridgeInterface' | 'InterfaceNamePrefix';
@@ -92,7 +99,16 @@ export interface ModelConfig {
    * external address inside is skipped (`clusterAddress`).
    */
   nodeAddressRanges?: string[];
+  /**
+   * Whether the backend can translate only some sources of an address (loadBalancerSourceRanges).
+   * False (the eBPF backend): LoadBalancer addresses whose family has source ranges are skipped
+   * (`sourceRangesUnsupported`). Default true.
+   */
+  sourceRangesSupported?: boolean;
 }
+
+/** Source ranges one Service may carry (both families); beyond, its ranged addresses are skipped. */
+export const MAX_SOURCE_RANGES_PER_SERVICE = 64;
 
 /**
  * Beyond any ordinary Service (a few addresses times a few ports; a port range of a media server
@@ -110,6 +126,13 @@ export interface Entry {
   clusterIp: string;
   /** `namespace/name` of the owning Service. */
   service: string;
+  /**
+   * Only packets whose source is inside one of these (canonical CIDRs of the entry's family,
+   * disjoint, sorted) are translated: the Service's loadBalancerSourceRanges as kube-proxy
+   * filters them (semantics.md). Absent: every source. Part of the entry: other ranges are
+   * another entry.
+   */
+  sourceRanges?: readonly string[];
 }
 
 /** How packets from local pods are recognised in the prerouting hook, per family. */
@@ -139,7 +162,9 @@ export type SkipReason =
   | 'externalIpNotAllowed'
   | 'externalIpsDisabled'
   | 'tooManyEntries'
-  | 'overCapacity';
+  | 'overCapacity'
+  | 'tooManySourceRanges'
+  | 'sourceRangesUnsupported';
 
 export const SKIP_REASONS: readonly SkipReason[] = [
   'ipModeProxy',
@@ -161,6 +186,8 @@ export const SKIP_REASONS: readonly SkipReason[] = [
   'externalIpsDisabled',
   'tooManyEntries',
   'overCapacity',
+  'tooManySourceRanges',
+  'sourceRangesUnsupported',
 ];
 
 export interface Skip {
@@ -189,6 +216,11 @@ export interface FamilyState {
   /** Sorted by (externalIp, protocol, port); keys are unique. */
   entries: Entry[];
   localPodMatch: LocalPodMatch;
+  /**
+   * True when some entry has source ranges: the backend's objects then include what filters
+   * sources (part of the family's shape, not of its entries).
+   */
+  sourceRanged?: boolean;
   /**
    * How `entries` came from an earlier entries array of the same DesiredStateModel, when it
    * knows: a backend that programmed `since` can apply these changes without comparing lists.
@@ -242,4 +274,13 @@ export type EntryKeyFields = Pick<Entry, 'family' | 'externalIp' | 'port'> & { p
 export function entryKey(e: EntryKeyFields): string {
   // join() builds one flat string: the model keeps a key per claim for as long as a Service lives.
   return [e.family, e.externalIp, e.protocol, e.port].join('|');
+}
+
+/** Whether two entries filter sources alike (both unranged, or the same ranges). */
+export function sameSourceRanges(a: Pick<Entry, 'sourceRanges'>, b: Pick<Entry, 'sourceRanges'>): boolean {
+  const x = a.sourceRanges;
+  const y = b.sourceRanges;
+  if (x === y) return true;
+  if (!x || !y || x.length !== y.length) return false;
+  return x.every((r, i) => r === y[i]);
 }

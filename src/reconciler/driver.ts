@@ -86,6 +86,8 @@ export interface DriverCapabilities {
   writesElements: boolean;
   /** A full sync writes the shape again and reads back; otherwise it writes each family whole. */
   readsBack: boolean;
+  /** It translates an entry only for the sources of its sourceRanges; otherwise the model leaves those out. */
+  filtersSources: boolean;
 }
 
 /** The part of a family's state that is not its entries: what a partial sync cannot change. */

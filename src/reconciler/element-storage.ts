@@ -3,13 +3,13 @@
 // shared by the nft and eBPF backends.
 
 import { orderedChanges } from '../model/ordered-changes.js';
-import { entryKey, type Entry, type EntryKeyFields, type FamilyState } from '../model/types.js';
+import { entryKey, sameSourceRanges, type Entry, type EntryKeyFields, type FamilyState } from '../model/types.js';
 
 export { entryKey };
 
-/** Whether two entries of the same key program the same element (value and comment). */
+/** Whether two entries of the same key program the same element (value, comment, source ranges). */
 export function sameElement(a: Entry, b: Entry): boolean {
-  return a.clusterIp === b.clusterIp && a.service === b.service;
+  return a.clusterIp === b.clusterIp && a.service === b.service && sameSourceRanges(a, b);
 }
 
 export interface ElementChanges {

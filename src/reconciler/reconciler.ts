@@ -124,6 +124,11 @@ export class Reconciler {
     return this.driver.name;
   }
 
+  /** Whether the driver filters sources (entries with sourceRanges). */
+  get filtersSources(): boolean {
+    return this.driver.capabilities.filtersSources;
+  }
+
   get capacity(): EntryCapacity {
     return this.driver.capacity;
   }

@@ -73,6 +73,7 @@ export class FakeDriver implements Driver {
       readsAlongsideWrites: false,
       writesElements: true,
       readsBack: true,
+      filtersSources: true,
       ...capabilities,
     };
   }

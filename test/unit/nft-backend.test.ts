@@ -279,9 +279,24 @@ describe('the reconciler and the nft driver on the fake executor', () => {
     const { fake, backend } = setUp();
     expect(await backend.probe()).to.deep.equal({
       ok: true,
-      detail: 'nftables via cli, keys looked up in the map (this kernel looks a map up as a set)',
+      detail:
+        'nftables via cli, keys looked up in the map (this kernel looks a map up as a set); source ranges filtered',
       nftKeyLookup: 'map',
     });
+    expect(fake.tables.size).to.equal(0);
+  });
+
+  it('the probe finds a kernel that refuses the source-range set, and the driver then filters no sources', async () => {
+    const fake = new FakeNftExecutor();
+    const driver = new NftDriver(fake);
+    const backend = new Reconciler(driver);
+    // What Debian's 6.12.117 answered to a lookup of a concatenated interval set.
+    fake.refuse = (tx) => (text(tx).includes('"right":"@source-ranges"') ? 'Operation not supported' : undefined);
+    const probe = await backend.probe();
+    expect(probe.ok).to.equal(true);
+    expect(probe.detail).to.include('source ranges not filtered');
+    expect(driver.capabilities.filtersSources).to.equal(false);
+    expect(backend.filtersSources).to.equal(false);
     expect(fake.tables.size).to.equal(0);
   });
 

@@ -88,6 +88,8 @@ export class EbpfDriver implements Driver {
     readsAlongsideWrites: false,
     writesElements: true,
     readsBack: true,
+    // A cgroup connect hook does not know the source of an unbound socket (docs/ebpf.md).
+    filtersSources: false,
   };
   readonly cgroupPath: string;
   readonly bpffsPath: string;

@@ -162,6 +162,7 @@ export class IptablesDriver implements Driver {
       readsAlongsideWrites: true,
       writesElements: true,
       readsBack: true,
+      filtersSources: true,
     };
     const interval = options.jumpCheckIntervalMs ?? 1000;
     if (interval > 0) {

@@ -13,7 +13,7 @@
 // reported, and the rest is programmed. Rule lines are written in the order `iptables-save`
 // prints them, so what we render can be compared with what the kernel holds.
 
-import { formatCidr, parseCidr, parseIp } from '../../model/ip.js';
+import { cidrContains, formatCidr, parseCidr, parseIp } from '../../model/ip.js';
 import {
   JUMPS,
   KUBE_MARK_MASQ,
@@ -82,6 +82,12 @@ function entryProblem(family: Family, e: Entry): string | undefined {
     return `comment ${JSON.stringify(e.service)} has characters other than a-z 0-9 - . /`;
   }
   if (e.service.length > MAX_COMMENT_LENGTH) return `comment is longer than ${MAX_COMMENT_LENGTH} characters`;
+  for (const range of e.sourceRanges ?? []) {
+    const cidr = parseCidr(range);
+    if (!cidr || cidr.family !== family || formatCidr(cidr) !== range) {
+      return `source range ${JSON.stringify(range)} is not a canonical ${family} CIDR`;
+    }
+  }
   return undefined;
 }
 
@@ -146,7 +152,9 @@ function sourceMatches(family: Family, match: LocalPodMatch, rejected: Rejection
 
 /** `-s` comes before `-d` and `-i` after it in -save's order. */
 function withDestination(source: string, destination: string): string {
-  return source.startsWith('-s ') ? `${source} ${destination}` : `${destination} ${source}`;
+  if (!source.startsWith('-s ')) return `${destination} ${source}`;
+  const i = source.indexOf(' -i ');
+  return i < 0 ? `${source} ${destination}` : `${source.slice(0, i)} ${destination}${source.slice(i)}`;
 }
 
 export interface RenderedChains {
@@ -182,15 +190,40 @@ export function renderChainRules(
   const rules: string[] = [];
   for (const source of sources) {
     for (const e of valid) {
-      const head = match(e, `${PREROUTING_CHAIN} ${withDestination(source, `-d ${e.externalIp}/${prefix}`)}`, '');
-      rules.push(`${head} ${markTarget}`, `${head} -j DNAT --to-destination ${e.clusterIp}`);
+      // An entry with source ranges: one rule pair per range (kube-proxy's firewall lets those
+      // sources through), within the local pod match.
+      for (const addresses of rangedSources(source, e.sourceRanges)) {
+        const head = match(e, `${PREROUTING_CHAIN} ${withDestination(addresses, `-d ${e.externalIp}/${prefix}`)}`, '');
+        rules.push(`${head} ${markTarget}`, `${head} -j DNAT --to-destination ${e.clusterIp}`);
+      }
     }
   }
   for (const e of valid) {
-    const head = match(e, `${OUTPUT_CHAIN} -d ${e.externalIp}/${prefix}`, ' -m addrtype --src-type LOCAL');
-    rules.push(`${head} ${markTarget}`, `${head} -j DNAT --to-destination ${e.clusterIp}`);
+    for (const range of e.sourceRanges ?? ['']) {
+      const from = range === '' ? '' : `-s ${range} `;
+      const head = match(e, `${OUTPUT_CHAIN} ${from}-d ${e.externalIp}/${prefix}`, ' -m addrtype --src-type LOCAL');
+      rules.push(`${head} ${markTarget}`, `${head} -j DNAT --to-destination ${e.clusterIp}`);
+    }
   }
   return { rules, rejected, programmed: valid.length };
+}
+
+/**
+ * The prerouting source match of a local pod match (`-s CIDR` or `-i name`) within each source
+ * range: a pod CIDR and a range meet in the narrower of the two, or not at all; an interface
+ * match takes the range beside it. Without ranges, the pod match alone.
+ */
+function rangedSources(podMatch: string, ranges: readonly string[] | undefined): string[] {
+  if (!ranges) return [podMatch];
+  if (!podMatch.startsWith('-s ')) return ranges.map((r) => `-s ${r} ${podMatch}`);
+  const pods = parseCidr(podMatch.slice(3))!;
+  const out: string[] = [];
+  for (const text of ranges) {
+    const range = parseCidr(text)!;
+    if (cidrContains(pods, range) && range.prefixLength >= pods.prefixLength) out.push(`-s ${text}`);
+    else if (cidrContains(range, pods) && pods.prefixLength >= range.prefixLength) out.push(podMatch);
+  }
+  return out;
 }
 
 /**

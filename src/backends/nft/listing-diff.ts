@@ -29,6 +29,11 @@ export interface ListingDiff {
   residueInKeySet?: boolean[];
   /** With a key set: its keys (address, protocol, port as listed) that are neither expected nor in the map. */
   keyResidue?: unknown[][];
+  /**
+   * The source-range sets' elements, when the table has them: keys as `ip|proto|port`, sources as
+   * `ip|proto|port|address/length` (sourceRangeLines writes what is expected).
+   */
+  sourceRanges?: { keys: string[]; sources: string[] };
 }
 
 /**
@@ -37,6 +42,19 @@ export interface ListingDiff {
  */
 export function expectedLine(e: Entry): string {
   return `${e.externalIp}|${e.protocol.toLowerCase()}|${e.port}\t${e.clusterIp}\t${e.service}`;
+}
+
+/** The source-range elements `entries` need, as ListingDiff.sourceRanges lists them, sorted. */
+export function sourceRangeLines(entries: readonly Entry[]): { keys: string[]; sources: string[] } {
+  const keys: string[] = [];
+  const sources: string[] = [];
+  for (const e of entries) {
+    if (!e.sourceRanges) continue;
+    const key = `${e.externalIp}|${e.protocol.toLowerCase()}|${e.port}`;
+    keys.push(key);
+    for (const range of e.sourceRanges) sources.push(`${key}|${range}`);
+  }
+  return { keys: keys.sort(), sources: sources.sort() };
 }
 
 /** Entries per turn of the event loop while their lines are written. */
@@ -59,6 +77,13 @@ export async function expectedLines(entries: readonly Entry[]): Promise<string> 
  */
 const DIFF_BODY = `
   const doc = JSON.parse(listing);
+  let sourceRanges;
+  const prefixText = (p) => {
+    if (typeof p === 'string') return p + '/' + (p.includes(':') ? 128 : 32);
+    if (p && p.prefix) return p.prefix.addr + '/' + p.prefix.len;
+    if (p && p.range) return p.range[0] + '-' + p.range[1];
+    return JSON.stringify(p);
+  };
   const keySet = keySetName ? new Map() : undefined;
   const mapKeys = keySetName ? new Set() : undefined;
   const residueKeys = [];
@@ -80,6 +105,16 @@ const DIFF_BODY = `
     const rule = item.rule;
     if (rule && rule.chain !== undefined) (rules[rule.chain] || (rules[rule.chain] = [])).push(JSON.stringify(rule.expr));
     const set = item.set;
+    if (set && (set.name === 'source-ranged-keys' || set.name === 'source-ranges')) {
+      sourceRanges = sourceRanges || { keys: [], sources: [] };
+      for (const k of set.elem || []) {
+        const parts = (k && k.elem ? k.elem.val : k).concat;
+        if (!Array.isArray(parts)) throw new Error('unexpected element ' + JSON.stringify(k));
+        if (set.name === 'source-ranged-keys') sourceRanges.keys.push(parts.join('|'));
+        else sourceRanges.sources.push(parts.slice(0, 3).join('|') + '|' + prefixText(parts[3]));
+      }
+      continue;
+    }
     if (keySet && set && set.name === keySetName) {
       for (const k of set.elem || []) {
         const parts = partsOf(k);
@@ -112,11 +147,13 @@ const DIFF_BODY = `
   for (let i = 0; i < lines.length; i++) {
     if (matched[i] === 0 || (keySet && !keySet.has(lines[i].slice(0, lines[i].indexOf('\\t'))))) unmatched.push(i);
   }
-  if (!keySet) return { rules, unmatched, residue };
+  if (!keySet) return sourceRanges ? { rules, unmatched, residue, sourceRanges } : { rules, unmatched, residue };
   const residueInKeySet = residueKeys.map((k) => keySet.has(k));
   const keyResidue = [];
   for (const [k, parts] of keySet) if (!byKey.has(k) && !mapKeys.has(k)) keyResidue.push(parts);
-  return { rules, unmatched, residue, residueInKeySet, keyResidue };
+  const out = { rules, unmatched, residue, residueInKeySet, keyResidue };
+  if (sourceRanges) out.sourceRanges = sourceRanges;
+  return out;
 `;
 
 const DIFF_WORKER = `

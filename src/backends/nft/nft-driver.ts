@@ -36,11 +36,22 @@ import {
   type NftExecutor,
 } from './executor.js';
 import { JsonWriter, Transaction, type MapElement, type RuleObject } from './objects.js';
-import { ListingWorkerError, diffListing, expectedLines, listAndDiff, type ListingDiff } from './listing-diff.js';
+import {
+  ListingWorkerError,
+  diffListing,
+  expectedLines,
+  listAndDiff,
+  sourceRangeLines,
+  type ListingDiff,
+} from './listing-diff.js';
 import {
   KEY_SET_NAME,
   MAP_NAME,
   NFT_FAMILY,
+  SOURCE_RANGE_SET,
+  SOURCE_RANGED_KEY_SET,
+  sourceRangeChanges,
+  sourceRangeElements,
   type KeyLookup,
   TABLE_NAME,
   deleteTables,
@@ -98,6 +109,8 @@ export class NftDriver implements Driver {
   private readonly lookupChoice: 'auto' | KeyLookup;
   /** The key lookup in use, found once (keyLookup). */
   private lookup: Promise<{ lookup: KeyLookup; why: string }> | undefined;
+  /** Families this driver wrote with source-range sets: a whole write without them removes them. */
+  private readonly sourceRanged = new Set<Family>();
 
   constructor(
     readonly executor: NftExecutor,
@@ -116,6 +129,7 @@ export class NftDriver implements Driver {
       readsAlongsideWrites: true,
       writesElements: true,
       readsBack: true,
+      filtersSources: true,
     };
   }
 
@@ -176,13 +190,50 @@ export class NftDriver implements Driver {
     await this.executor.check(writeTable(new Transaction(), desiredTable(family, empty, 0x4000, lookup)));
   }
 
+  /**
+   * A check-mode write of a table with a source-ranged entry: the `source-ranges` set is a
+   * concatenation with an interval (nft_set_pipapo), whose lookup some kernels refuse
+   * (EOPNOTSUPP, seen on Debian's 6.12.117 in QEMU). Where refused, this driver does not filter
+   * sources and the model leaves ranged addresses to kube-proxy, as with the eBPF backend:
+   * one such Service must not make a whole family unprogrammable.
+   */
+  private async checkSourceRanges(lookup: KeyLookup): Promise<string | undefined> {
+    const ranged: FamilyState = {
+      entries: [
+        {
+          family: 'ipv4',
+          externalIp: '192.0.2.1',
+          protocol: 'TCP',
+          port: 80,
+          clusterIp: '192.0.2.2',
+          service: 'probe/probe',
+          sourceRanges: ['192.0.2.0/31'],
+        },
+      ],
+      localPodMatch: { kind: 'cidrs', cidrs: [] },
+      sourceRanged: true,
+    };
+    try {
+      await this.executor.check(writeTable(new Transaction(), desiredTable('ipv4', ranged, 0x4000, lookup)));
+      return undefined;
+    } catch (err) {
+      return (err as Error).message;
+    }
+  }
+
   async probe(): Promise<ProbeResult> {
     try {
       const { lookup, why } = await this.keyLookup();
       for (const family of FAMILIES) await this.checkEmptyTable(family, lookup);
+      const refused = await this.checkSourceRanges(lookup);
+      this.capabilities.filtersSources = refused === undefined;
+      const sources =
+        refused === undefined
+          ? 'source ranges filtered'
+          : `source ranges not filtered: this kernel refuses the lookup of a concatenated interval set (${refused}), so Services with loadBalancerSourceRanges are left to kube-proxy`;
       return {
         ok: true,
-        detail: `nftables via ${this.executor.kind}, keys looked up in the ${lookup} (${why})`,
+        detail: `nftables via ${this.executor.kind}, keys looked up in the ${lookup} (${why}); ${sources}`,
         nftKeyLookup: lookup,
       };
     } catch (err) {
@@ -198,7 +249,15 @@ export class NftDriver implements Driver {
     const { lookup } = await this.keyLookup();
     const keySet = lookup === 'set' ? KEY_SET_NAME : undefined;
     const [only] = operations;
-    if (operations.length === 1 && only?.kind === 'elements' && this.executor.applyElements) {
+    // Entries with source ranges are written with their sets' elements, in one JSON transaction.
+    const ranged = (entries: readonly KernelElement[]) => entries.some((e) => (e as Entry).sourceRanges);
+    if (
+      operations.length === 1 &&
+      only?.kind === 'elements' &&
+      this.executor.applyElements &&
+      !ranged(only.remove) &&
+      !ranged(only.add)
+    ) {
       const removed = only.remove.map(listedElement);
       // An element listed in one of the map and the key set but not the other is removed from
       // where it is, which the JSON path writes (a batch removes each key from both).
@@ -212,14 +271,27 @@ export class NftDriver implements Driver {
       }
     }
     const whole = operations.filter((op) => op.kind === 'writeFamily');
-    if (this.executor.writesElementBatches && whole.length > 0 && whole.length === operations.length) {
+    const rangedSetsMayExist = (family: Family) => this.sourceRanged.has(family);
+    if (
+      this.executor.writesElementBatches &&
+      whole.length > 0 &&
+      whole.length === operations.length &&
+      whole.every((op) => !op.state.sourceRanged && !rangedSetsMayExist(op.family))
+    ) {
       const applied = await this.writeByBatches(whole, lookup);
       if (applied) return applied;
     }
     const tx = new Transaction();
-    for (const op of operations) addOperation(tx, op, lookup);
+    for (const op of operations) addOperation(tx, op, lookup, rangedSetsMayExist);
     if (tx.size === 0) return {};
-    return (await this.executor.run(tx)) ?? {};
+    const applied = (await this.executor.run(tx)) ?? {};
+    for (const op of operations) {
+      if (op.kind === 'writeFamily' || op.kind === 'replaceFamily') {
+        if (op.state.sourceRanged) this.sourceRanged.add(op.family);
+        else this.sourceRanged.delete(op.family);
+      } else if (op.kind === 'removeAll') this.sourceRanged.clear();
+    }
+    return applied;
   }
 
   /**
@@ -285,6 +357,12 @@ export class NftDriver implements Driver {
         .map((r) => JSON.stringify(ruleExpressions(this.json, r)));
       const have = diff.rules[chain.name] ?? [];
       if (want.length !== have.length || want.some((w, i) => w !== have[i])) shapeDrift.push(chain.name);
+    }
+    if (shape.state.sourceRanged) {
+      const want = sourceRangeLines(expected);
+      const have = diff.sourceRanges ?? { keys: [], sources: [] };
+      const same = (a: string[], b: string[]) => a.length === b.length && [...b].sort().every((x, i) => x === a[i]);
+      if (!same(want.keys, have.keys) || !same(want.sources, have.sources)) shapeDrift.push(SOURCE_RANGE_SET);
     }
     const read: ReadBack = {
       missing: diff.unmatched.map((i) => expected[i]!),
@@ -388,15 +466,24 @@ function chainedCommits(commits: ReadonlyArray<NftCommit | void>): Applied {
 }
 
 /** One typed operation as verbs on our tables' objects. */
-function addOperation(tx: Transaction, op: DriverOperation, lookup: KeyLookup): void {
+function addOperation(
+  tx: Transaction,
+  op: DriverOperation,
+  lookup: KeyLookup,
+  rangedSetsMayExist: (family: Family) => boolean,
+): void {
   const changes = (family: Family, remove: readonly KernelElement[], add: readonly Entry[]) => {
     const inMap = remove.filter((e) => listedIn(e) !== 'keySet').map(listedElement);
     const inKeySet = remove.filter((e) => listedIn(e) !== 'map').map(listedElement);
+    // A programmed entry removed is the Entry itself: its source-range elements go with it.
+    const rangedRemoved = remove.filter((e): e is Entry => (e as Entry).sourceRanges !== undefined && !e.ref);
+    sourceRangeChanges(tx, family, rangedRemoved, []);
     mapChanges(tx, family, inMap, add.map(mapElement), lookup, inKeySet);
+    sourceRangeChanges(tx, family, [], add);
   };
   switch (op.kind) {
     case 'writeFamily':
-      writeTable(tx, desiredTable(op.family, op.state, op.masqueradeMark, lookup));
+      writeTable(tx, desiredTable(op.family, op.state, op.masqueradeMark, lookup, rangedSetsMayExist(op.family)));
       return;
     case 'replaceFamily':
       replaceTable(tx, desiredTable(op.family, op.state, op.masqueradeMark, lookup));
@@ -411,6 +498,13 @@ function addOperation(tx: Transaction, op: DriverOperation, lookup: KeyLookup): 
     case 'repairShape': {
       const table = desiredTable(op.family, op.shape.state, op.shape.masqueradeMark, lookup);
       for (const chain of table.chains) if (op.parts.includes(chain.name)) rewriteRules(tx, table, chain);
+      if (op.parts.includes(SOURCE_RANGE_SET) && op.shape.state.sourceRanged) {
+        // Both sets written again from the programmed entries.
+        const sets = table.sets.filter((s) => s.name === SOURCE_RANGE_SET || s.name === SOURCE_RANGED_KEY_SET);
+        const elements = sourceRangeElements(op.family, op.entries);
+        tx.add(...sets).flush(...sets);
+        for (const e of [elements.keys, elements.sources]) if (e.elements.length > 0) tx.add(e);
+      }
       return;
     }
     case 'removeAll':

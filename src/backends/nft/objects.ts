@@ -42,7 +42,10 @@ export type Statement =
   | { kind: 'orMark'; mark: number }
   /** dnat <family> to <family> daddr . meta l4proto . th dport map @map */
   | { kind: 'dnatByMap'; map: string }
-  | { kind: 'jump'; chain: string };
+  /** <family> daddr . meta l4proto . th dport . <family> saddr != @set */
+  | { kind: 'sourceNotInRanges'; set: string }
+  | { kind: 'jump'; chain: string }
+  | { kind: 'return' };
 
 export interface RuleObject {
   kind: 'rule';
@@ -96,10 +99,25 @@ export interface PrefixElement {
   length: number;
 }
 
+/** One element of a concatenated interval set: a map key and a source prefix. */
+export interface SourceRangeElement {
+  key: ReadonlyArray<string | number>;
+  source: PrefixElement;
+}
+
 export type ElementObject =
   | { kind: 'element'; family: NftFamily; table: string; set: string; map: true; elements: readonly MapElement[] }
   /** The keys of map elements, in a set of the same key type (their values are not written). */
   | { kind: 'element'; family: NftFamily; table: string; set: string; keys: true; elements: readonly MapElement[] }
+  /** Map keys, each with a source prefix, in a concatenated interval set. */
+  | {
+      kind: 'element';
+      family: NftFamily;
+      table: string;
+      set: string;
+      sources: true;
+      elements: readonly SourceRangeElement[];
+    }
   | { kind: 'element'; family: NftFamily; table: string; set: string; elements: readonly PrefixElement[] };
 
 export type NftObject = TableObject | ChainObject | RuleObject | SetObject | MapObject | ElementObject;
@@ -170,8 +188,23 @@ function statementJson(family: NftFamily, s: Statement): unknown {
     case 'dnatByMap':
       // No `family`: the table's family says it, and a listing leaves it out too.
       return { dnat: { addr: { map: { key: daddrKey(family), data: `@${s.map}` } } } };
+    case 'sourceNotInRanges':
+      return {
+        match: {
+          op: '!=',
+          left: {
+            concat: [
+              ...(daddrKey(family) as { concat: unknown[] }).concat,
+              { payload: { protocol: family, field: 'saddr' } },
+            ],
+          },
+          right: `@${s.set}`,
+        },
+      };
     case 'jump':
       return { jump: { target: s.chain } };
+    case 'return':
+      return { return: null };
   }
 }
 
@@ -240,6 +273,10 @@ export class JsonWriter {
         let elem: unknown[];
         if ('keys' in o) {
           elem = o.elements.map((e) => ({ concat: e.key }));
+        } else if ('sources' in o) {
+          elem = o.elements.map((e) => ({
+            concat: [...e.key, { prefix: { addr: e.source.address, len: e.source.length } }],
+          }));
         } else if ('map' in o) {
           // A deletion names keys only.
           elem =
@@ -278,8 +315,12 @@ export function statementText(family: NftFamily, s: Statement): string {
       return `meta mark set meta mark | 0x${s.mark.toString(16).padStart(8, '0')}`;
     case 'dnatByMap':
       return `dnat ${family} to ${key} map @${s.map}`;
+    case 'sourceNotInRanges':
+      return `${key} . ${family} saddr != @${s.set}`;
     case 'jump':
       return `jump ${s.chain}`;
+    case 'return':
+      return 'return';
   }
 }
 
@@ -295,6 +336,7 @@ export function mapElementText(e: MapElement): string {
 
 function elementsText(o: ElementObject): string[] {
   if ('keys' in o) return o.elements.map((e) => e.key.join(' . '));
+  if ('sources' in o) return o.elements.map((e) => `${e.key.join(' . ')} . ${e.source.address}/${e.source.length}`);
   return 'map' in o ? o.elements.map(mapElementText) : o.elements.map((e) => `${e.address}/${e.length}`);
 }
 

@@ -14,6 +14,7 @@ import {
   type NftFamily,
   type RuleObject,
   type SetObject,
+  type SourceRangeElement,
   type Statement,
   type TableContents,
   type TableObject,
@@ -26,6 +27,10 @@ export const MAP_NAME = 'external-ip-to-cluster-ip';
 /** The map's keys again, as a set: the lookup of kernels that refuse a map looked up as a set. */
 export const KEY_SET_NAME = 'external-ip-keys';
 export const LOCAL_POD_SET = 'local-pod-cidrs';
+/** The keys of entries that translate only some sources (loadBalancerSourceRanges). */
+export const SOURCE_RANGED_KEY_SET = 'source-ranged-keys';
+/** Those entries' keys, each with a source prefix translated. */
+export const SOURCE_RANGE_SET = 'source-ranges';
 export const PREROUTING_CHAIN = 'prerouting-from-local-pods';
 export const OUTPUT_CHAIN = 'output-from-node';
 export const TRANSLATE_CHAIN = 'mark-for-masquerade-and-dnat';
@@ -104,12 +109,38 @@ export function tableObjects(family: Family, entries = 0) {
     size: mapSize(entries),
     comment: `the keys of ${MAP_NAME}`,
   };
+  const rangedKeys: SetObject = {
+    kind: 'set',
+    ...inTable,
+    name: SOURCE_RANGED_KEY_SET,
+    type: keyType,
+    comment: 'keys translated only from their source ranges',
+  };
+  const sourceRanges: SetObject = {
+    kind: 'set',
+    ...inTable,
+    name: SOURCE_RANGE_SET,
+    type: [...keyType, ADDR_TYPE[family]],
+    flags: ['interval'],
+    comment: 'external IP . protocol . port . source range translated',
+  };
   const nat = (hook: 'prerouting' | 'output') =>
     ({ type: 'nat', hook, priority: CHAIN_PRIORITY, policy: 'accept' }) as const;
   const prerouting: ChainObject = { kind: 'chain', ...inTable, name: PREROUTING_CHAIN, base: nat('prerouting') };
   const output: ChainObject = { kind: 'chain', ...inTable, name: OUTPUT_CHAIN, base: nat('output') };
   const translate: ChainObject = { kind: 'chain', ...inTable, name: TRANSLATE_CHAIN };
-  return { table, map, keySet, localPods, prerouting, output, translate, chains: [prerouting, output, translate] };
+  return {
+    table,
+    map,
+    keySet,
+    localPods,
+    rangedKeys,
+    sourceRanges,
+    prerouting,
+    output,
+    translate,
+    chains: [prerouting, output, translate],
+  };
 }
 
 export function mapElements(family: Family, elements: readonly MapElement[]): ElementObject {
@@ -119,6 +150,29 @@ export function mapElements(family: Family, elements: readonly MapElement[]): El
 /** The keys of map elements as elements of the key set. */
 export function keySetElements(family: Family, elements: readonly MapElement[]): ElementObject {
   return { kind: 'element', family: NFT_FAMILY[family], table: TABLE_NAME, set: KEY_SET_NAME, keys: true, elements };
+}
+
+/** The elements of the two source-range sets for entries (those with sourceRanges). */
+export function sourceRangeElements(
+  family: Family,
+  entries: readonly Entry[],
+): { keys: ElementObject; sources: ElementObject } {
+  const keys: MapElement[] = [];
+  const sources: SourceRangeElement[] = [];
+  for (const e of entries) {
+    if (!e.sourceRanges) continue;
+    const key = [e.externalIp, e.protocol.toLowerCase(), e.port];
+    keys.push({ key, value: '' });
+    for (const range of e.sourceRanges) {
+      const [address, length] = range.split('/');
+      sources.push({ key, source: { address: address!, length: Number(length) } });
+    }
+  }
+  const inTable = { kind: 'element', family: NFT_FAMILY[family], table: TABLE_NAME } as const;
+  return {
+    keys: { ...inTable, set: SOURCE_RANGED_KEY_SET, keys: true, elements: keys },
+    sources: { ...inTable, set: SOURCE_RANGE_SET, sources: true, elements: sources },
+  };
 }
 
 /** What one family's table holds when it matches `state`. */
@@ -131,6 +185,8 @@ export interface DesiredTable extends TableContents {
   keySetElements?: ElementObject;
   /** Our objects that must not exist in this state (the pod set in interface modes, say). */
   unwanted: Array<ChainObject | SetObject>;
+  /** The source-range sets' elements (state.sourceRanged), also among `elements` when any. */
+  sourceRangeElements?: { keys: ElementObject; sources: ElementObject };
 }
 
 export function desiredTable(
@@ -138,6 +194,8 @@ export function desiredTable(
   state: FamilyState,
   masqueradeMark: number,
   lookup: KeyLookup = 'map',
+  /** Whether the source-range sets may exist from an earlier state and must go when unused. */
+  sourceRangeSetsMayExist = false,
 ): DesiredTable {
   const o = tableObjects(family, state.entries.length);
   const match = state.localPodMatch;
@@ -195,13 +253,31 @@ export function desiredTable(
   // The pod set earlier versions kept: removed when the table is written.
   t.unwanted.push(o.localPods);
   if (state.entries.length > 0) t.elements.push(mapElems);
+  // Entries with source ranges: a source outside them leaves the chain untranslated, before the
+  // jump (kube-proxy's own source-ranges firewall then sees the packet). Only in a table that has
+  // such entries: others keep the one-lookup path.
+  const gate: Statement[] = [
+    { kind: 'destinationIn', name: SOURCE_RANGED_KEY_SET },
+    { kind: 'sourceNotInRanges', set: SOURCE_RANGE_SET },
+    { kind: 'return' },
+  ];
+  if (state.sourceRanged) {
+    t.sets.push(o.rangedKeys, o.sourceRanges);
+    t.sourceRangeElements = sourceRangeElements(family, state.entries);
+    if (t.sourceRangeElements.keys.elements.length > 0) t.elements.push(t.sourceRangeElements.keys);
+    if (t.sourceRangeElements.sources.elements.length > 0) t.elements.push(t.sourceRangeElements.sources);
+  } else if (sourceRangeSetsMayExist) {
+    t.unwanted.push(o.rangedKeys, o.sourceRanges);
+  }
   if (podMatches.length > 0) {
     t.chains.push(o.prerouting);
+    if (state.sourceRanged) t.rules.push(rule(o.prerouting, gate));
     for (const podMatch of podMatches) t.rules.push(rule(o.prerouting, [podMatch, keyIn, jump]));
   } else {
     t.unwanted.push(o.prerouting);
   }
   t.chains.push(o.output, o.translate);
+  if (state.sourceRanged) t.rules.push(rule(o.output, gate));
   t.rules.push(
     rule(o.output, [{ kind: 'fromLocalAddress' }, keyIn, jump]),
     // One rule: mark, then DNAT.
@@ -215,8 +291,8 @@ export function desiredTable(
 
 /**
  * Brings one family's table to `t` without removing the table or the chains packets cross:
- * declares every object (`add` keeps what exists), flushes and rewrites our chains' rules and the
- * pod set, replaces the map (so that it has the size of `t`, whatever it had), and removes our
+ * declares every object (`add` keeps what exists), flushes and rewrites our chains' rules and
+ * other sets (the source ranges), replaces the map (so that it has the size of `t`, whatever it had), and removes our
  * objects this state has no use for. One atomic transaction: packets see the old table or the
  * new one.
  */
@@ -236,7 +312,8 @@ export function writeTableButElements(tx: Transaction, t: DesiredTable): Transac
 
 function writeObjects(tx: Transaction, t: DesiredTable, map: 'replaced' | 'kept'): Transaction {
   const all = tableObjects(t.table.family === 'ip' ? 'ipv4' : 'ipv6');
-  // The map and the key set hold the entries: replaced together, or kept together.
+  // The map and the key set hold the entries: replaced together, or kept together. The source-range
+  // sets are among the other sets: flushed and filled again.
   const keyed: Array<MapObject | SetObject> = [...t.maps, ...t.sets.filter((s) => s.name === KEY_SET_NAME)];
   const otherSets = t.sets.filter((s) => s.name !== KEY_SET_NAME);
   const entryElements = [t.mapElements, t.keySetElements];
@@ -300,6 +377,20 @@ export function mapChanges(
   if (removed.length > 0) tx.delete(mapElements(family, removed));
   if (added.length > 0) tx.add(mapElements(family, added));
   if (lookup === 'set' && added.length > 0) tx.add(keySetElements(family, added));
+  return tx;
+}
+
+/** The source-range elements of entries removed and added, around mapChanges (the sets exist). */
+export function sourceRangeChanges(
+  tx: Transaction,
+  family: Family,
+  removed: readonly Entry[],
+  added: readonly Entry[],
+): Transaction {
+  const gone = sourceRangeElements(family, removed);
+  const fresh = sourceRangeElements(family, added);
+  for (const e of [gone.sources, gone.keys]) if (e.elements.length > 0) tx.delete(e);
+  for (const e of [fresh.keys, fresh.sources]) if (e.elements.length > 0) tx.add(e);
   return tx;
 }
 

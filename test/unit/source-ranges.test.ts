@@ -1,0 +1,219 @@
+// loadBalancerSourceRanges (semantics.md, "Source ranges"): which sources of which addresses are
+// translated, as kube-proxy's source-ranges firewall lets them through; how the backends write it.
+
+import { expect } from 'chai';
+import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
+import { sourceRangesByFamily } from '../../src/model/service-rules.js';
+import { toNodeInfo, toServiceInfo } from '../../src/kube/objects.js';
+import type { DesiredState, Entry, FamilyState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import { staleTuples } from '../../src/conntrack/stale-tuples.js';
+import { diffProgrammed } from '../../src/reconciler/element-storage.js';
+import { renderChainRules } from '../../src/backends/iptables/render.js';
+import { desiredTable } from '../../src/backends/nft/render.js';
+import { tableText } from '../../src/backends/nft/objects.js';
+import { CONFIG } from '../support/fixtures.js';
+
+const NODE: NodeInfo = {
+  name: 'n1',
+  podCIDRs: ['10.244.1.0/24', 'fd01::/64'],
+  addresses: ['192.168.50.1'],
+  hostIPs: ['192.168.50.1', 'fd50::1'],
+};
+
+function lb(over: Partial<ServiceInfo> = {}): ServiceInfo {
+  return {
+    namespace: 'default',
+    name: 'web',
+    type: 'LoadBalancer',
+    creationTimestamp: '2024-01-01T00:00:00Z',
+    clusterIP: '10.96.0.10',
+    clusterIPs: ['10.96.0.10', 'fd00::10'],
+    ports: [{ port: 80, protocol: 'TCP' }],
+    ingress: [{ ip: '192.0.2.10' }, { ip: '2001:db8::10' }],
+    ...over,
+  };
+}
+
+function build(services: ServiceInfo[], config: Partial<ModelConfig> = {}, node: NodeInfo = NODE): DesiredState {
+  return buildDesiredState(services, node, { ...CONFIG, ...config });
+}
+
+function ranges(d: DesiredState): Record<string, readonly string[] | undefined> {
+  const out: Record<string, readonly string[] | undefined> = {};
+  for (const e of [...d.ipv4.entries, ...d.ipv6.entries]) out[`${e.externalIp}/${e.port}`] = e.sourceRanges;
+  return out;
+}
+
+describe('source ranges: the model', () => {
+  it('carries the ranges of each family on the LoadBalancer entries of that family, sorted and disjoint', () => {
+    const d = build([
+      lb({ loadBalancerSourceRanges: ['203.0.113.0/24', ' 10.0.0.0/8 ', '10.1.0.0/16', '2001:db8:1::/48'] }),
+    ]);
+    expect(ranges(d)).to.deep.equal({
+      '192.0.2.10/80': ['10.0.0.0/8', '203.0.113.0/24'],
+      '2001:db8::10/80': ['2001:db8:1::/48'],
+    });
+    expect(d.ipv4.sourceRanged).to.equal(true);
+    expect(d.ipv6.sourceRanged).to.equal(true);
+  });
+
+  it('leaves a family without any range of its own unfiltered, as kube-proxy does', () => {
+    const d = build([lb({ loadBalancerSourceRanges: ['203.0.113.0/24'] })]);
+    expect(ranges(d)).to.deep.equal({ '192.0.2.10/80': ['203.0.113.0/24'], '2001:db8::10/80': undefined });
+    expect(d.ipv6.sourceRanged).to.equal(undefined);
+  });
+
+  it('treats 0.0.0.0/0 as every source, and clears host bits and leading zeros as kube-proxy parses', () => {
+    expect(ranges(build([lb({ loadBalancerSourceRanges: ['0.0.0.0/0', '10.0.0.0/8'] })]))['192.0.2.10/80']).to.equal(
+      undefined,
+    );
+    expect(
+      sourceRangesByFamily(['010.001.2.3/16']).ranges.ipv4!.map((c) => `${c.address}/${c.prefixLength}`),
+    ).to.deep.equal(['10.1.0.0/16']);
+  });
+
+  it('ignores invalid ranges with a reason, and a family whose ranges are all invalid is unfiltered', () => {
+    const d = build([lb({ loadBalancerSourceRanges: ['not-a-cidr', '10.0.0.0/33', '203.0.113.0/24'] })]);
+    expect(ranges(d)['192.0.2.10/80']).to.deep.equal(['203.0.113.0/24']);
+    expect(d.skips.map((s) => s.reason)).to.deep.equal(['invalidAddress']);
+    expect(d.skips[0]!.detail).to.include('not-a-cidr and 1 more');
+    expect(ranges(build([lb({ loadBalancerSourceRanges: ['bogus'] })]))['192.0.2.10/80']).to.equal(undefined);
+  });
+
+  it('filters LoadBalancer addresses only, never spec.externalIPs', () => {
+    const d = build([lb({ externalIPs: ['198.51.100.7'], loadBalancerSourceRanges: ['203.0.113.0/24'] })]);
+    expect(ranges(d)['198.51.100.7/80']).to.equal(undefined);
+    expect(ranges(d)['192.0.2.10/80']).to.deep.equal(['203.0.113.0/24']);
+  });
+
+  it('adds the LoadBalancer IP itself as a source when a range holds the node IP (allowFromNode)', () => {
+    const d = build([lb({ loadBalancerSourceRanges: ['192.168.50.0/24'] })]);
+    expect(ranges(d)['192.0.2.10/80']).to.deep.equal(['192.0.2.10/32', '192.168.50.0/24']);
+    // The node IP of each family is the Node's first host IP of it: another address does not count.
+    const other = build(
+      [lb({ loadBalancerSourceRanges: ['192.168.50.0/24'] })],
+      {},
+      { ...NODE, hostIPs: ['192.168.60.1'] },
+    );
+    expect(ranges(other)['192.0.2.10/80']).to.deep.equal(['192.168.50.0/24']);
+  });
+
+  it('takes the LoadBalancer IP out of a range that holds it when the node IP is in none', () => {
+    const d = build([lb({ ingress: [{ ip: '10.1.2.3' }], loadBalancerSourceRanges: ['10.1.2.0/30'] })]);
+    expect(ranges(d)['10.1.2.3/80']).to.deep.equal(['10.1.2.0/31', '10.1.2.2/32']);
+  });
+
+  it('skips the ranged addresses of a Service with too many ranges, and those of a backend that cannot filter', () => {
+    const many = Array.from({ length: 65 }, (_, i) => `10.${i}.0.0/16`);
+    const d = build([lb({ externalIPs: ['198.51.100.7'], loadBalancerSourceRanges: many })]);
+    expect(Object.keys(ranges(d))).to.deep.equal(['198.51.100.7/80', '2001:db8::10/80']);
+    expect(d.skips.map((s) => s.reason)).to.deep.equal(['tooManySourceRanges']);
+    const ebpf = build([lb({ loadBalancerSourceRanges: ['203.0.113.0/24'] })], { sourceRangesSupported: false });
+    expect(Object.keys(ranges(ebpf))).to.deep.equal(['2001:db8::10/80']);
+    expect(ebpf.skips.map((s) => s.reason)).to.deep.equal(['sourceRangesUnsupported']);
+  });
+
+  it('makes a change of ranges a change of the entry: element diff and stale conntrack tuples', () => {
+    const model = new DesiredStateModel({ ...CONFIG });
+    const udp = { ports: [{ port: 53, protocol: 'UDP' }] };
+    const before = model.update([lb({ ...udp, loadBalancerSourceRanges: ['10.0.0.0/8'] })], NODE);
+    const after = model.update([lb({ ...udp, loadBalancerSourceRanges: ['10.0.0.0/16'] })], NODE);
+    const changes = diffProgrammed(
+      { entries: before.ipv4.entries, objects: new Set(before.ipv4.entries) },
+      after.ipv4.entries,
+    );
+    expect(changes.removed.map((e) => e.sourceRanges)).to.deep.equal([['10.0.0.0/8']]);
+    expect(changes.added.map((e) => e.sourceRanges)).to.deep.equal([['10.0.0.0/16']]);
+    expect(staleTuples(before, after).filter((t) => t.family === 'ipv4')).to.deep.equal([
+      {
+        family: 'ipv4',
+        externalIp: '192.0.2.10',
+        protocol: 'UDP',
+        port: 53,
+        untranslatedOnly: false,
+        why: 'retargeted',
+      },
+    ]);
+    // The family's shape says whether any entry is ranged, as entries come and go.
+    expect(model.update([lb(udp)], NODE).ipv4.sourceRanged).to.equal(undefined);
+  });
+
+  it('reads the ranges and the host IPs from API objects', () => {
+    const svc = toServiceInfo({
+      metadata: { name: 'a', namespace: 'b' },
+      spec: { loadBalancerSourceRanges: ['10.0.0.0/8'] },
+    });
+    expect(svc!.loadBalancerSourceRanges).to.deep.equal(['10.0.0.0/8']);
+    const node = toNodeInfo({
+      metadata: { name: 'n' },
+      status: {
+        addresses: [
+          { type: 'ExternalIP', address: '203.0.113.1' },
+          { type: 'Hostname', address: 'n' },
+          { type: 'InternalIP', address: '192.168.50.1' },
+        ],
+      },
+    });
+    expect(node!.hostIPs).to.deep.equal(['192.168.50.1', '203.0.113.1']);
+  });
+});
+
+describe('source ranges: what the backends write', () => {
+  const entry = (over: Partial<Entry> = {}): Entry => ({
+    family: 'ipv4',
+    externalIp: '192.0.2.10',
+    protocol: 'TCP',
+    port: 80,
+    clusterIp: '10.96.0.10',
+    service: 'default/web',
+    ...over,
+  });
+
+  it('iptables: one rule pair per range, within the pod CIDR, and with -s on the output chain', () => {
+    const { rules } = renderChainRules(
+      'ipv4',
+      {
+        entries: [entry({ sourceRanges: ['10.0.0.0/8', '10.244.1.2/32', '203.0.113.0/24'] })],
+        localPodMatch: { kind: 'cidrs', cidrs: ['10.244.1.0/24'] },
+      },
+      0x4000,
+      false,
+    );
+    const heads = [...new Set(rules.map((r) => r.replace(/ -p tcp .*/, '')))];
+    expect(heads).to.deep.equal([
+      '-A IPVS_PREROUTING -s 10.244.1.0/24 -d 192.0.2.10/32',
+      '-A IPVS_PREROUTING -s 10.244.1.2/32 -d 192.0.2.10/32',
+      '-A IPVS_OUTPUT -s 10.0.0.0/8 -d 192.0.2.10/32',
+      '-A IPVS_OUTPUT -s 10.244.1.2/32 -d 192.0.2.10/32',
+      '-A IPVS_OUTPUT -s 203.0.113.0/24 -d 192.0.2.10/32',
+    ]);
+    const byInterface = renderChainRules(
+      'ipv4',
+      {
+        entries: [entry({ sourceRanges: ['10.0.0.0/8'] })],
+        localPodMatch: { kind: 'interfacePrefix', prefix: 'veth' },
+      },
+      0x4000,
+      false,
+    );
+    expect(byInterface.rules[0]).to.match(
+      /^-A IPVS_PREROUTING -s 10\.0\.0\.0\/8 -d 192\.0\.2\.10\/32 -i veth\+ -p tcp/,
+    );
+  });
+
+  it('nft: the source-range sets and the rule before the jump only in a table with ranged entries', () => {
+    const state: FamilyState = {
+      entries: [entry({ sourceRanges: ['10.0.0.0/8', '192.0.2.10/32'] }), entry({ port: 443 })],
+      localPodMatch: { kind: 'cidrs', cidrs: ['10.244.1.0/24'] },
+      sourceRanged: true,
+    };
+    const text = tableText(desiredTable('ipv4', state, 0x4000));
+    expect(text).to.include('set source-ranged-keys {');
+    expect(text).to.include('192.0.2.10 . tcp . 80 . 10.0.0.0/8,\n\t\t\t192.0.2.10 . tcp . 80 . 192.0.2.10/32');
+    expect(text).to.include(
+      '\t\tip daddr . meta l4proto . th dport @source-ranged-keys ip daddr . meta l4proto . th dport . ip saddr != @source-ranges return\n\t\tfib saddr type local',
+    );
+    const plain = tableText(desiredTable('ipv4', { entries: [entry()], localPodMatch: state.localPodMatch }, 0x4000));
+    expect(plain).not.to.include('source-range');
+  });
+});

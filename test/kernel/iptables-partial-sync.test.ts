@@ -221,10 +221,13 @@ for (const variant of ['legacy', 'nft'] as const) {
         legacyTables: (family) => systemIptablesRunner.legacyTables(family),
         generation: () => systemIptablesRunner.generation!(),
       };
-      const removed = 100;
       const all = [...SERVICES, ...Array.from({ length: 1_000 }, (_, i) => filler(i))];
-      const kept = all.slice(0, all.length - removed);
-      for (const bound of [Number.POSITIVE_INFINITY, undefined]) {
+      // Without the bound (the control) a small removal: one -D per rule costs minutes past a few hundred.
+      for (const [bound, removed] of [
+        [Number.POSITIVE_INFINITY, 10],
+        [undefined, 100],
+      ] as const) {
+        const kept = all.slice(0, all.length - removed);
         backend = new Reconciler(
           new IptablesDriver(variant, {
             jumpCheckIntervalMs: 0,

@@ -17,12 +17,15 @@
 //   9. the nft key lookups side by side (key-lookup, bench/key-lookup.ts): the map looked up as a
 //      set against the key set, first full sync and one change at 10,000 Services, on this kernel
 //      (a lookup it refuses is printed as refused). Printed before the report, not part of it.
+//  10. the removal of one 10,000-entry Service from a 20,000-entry iptables table, both variants,
+//      with the bound on rule deletes and without it (iptables-removal, bench/iptables-removal.ts),
+//      and smaller removals with each path forced. Printed before the report, not part of it.
 // It opens with the targets' table: each figure before the footprint work and now.
 // Prints a table and writes bench/results/<timestamp>.json. Asserts nothing.
 //
 //   npm run bench [-- --sizes 1000,10000,50000 --changes 500 --rounds 5
 //                    --only full,latency,memory,first-packet,startup,packet-latency,heap,one-service,nft-floor,
-//                           key-lookup
+//                           key-lookup,iptables-removal
 //                    --backends nft,iptables-nft,iptables-legacy,ebpf --startup-runs 3 --iptables-changes 50
 //                    --latency-sync-period 3s --probe-from node|pod]
 // The latency measure runs the controller with --sync-period from --latency-sync-period (3s by
@@ -95,6 +98,7 @@ const MEASURES = [
   'one-service',
   'nft-floor',
   'key-lookup',
+  'iptables-removal',
 ] as const;
 type Measure = (typeof MEASURES)[number];
 const TABLE = 'ipvs-node-controller';
@@ -541,6 +545,13 @@ async function benchmark(argv: string[]): Promise<void> {
     if (run.status !== 0) throw new Error(`the key-lookup measure failed (exit ${run.status ?? run.signal})`);
     if (options.only.size === 2 && options.only.has('nft-floor')) return;
     if (options.only.size === 1) return;
+  }
+  if (options.only.has('iptables-removal')) {
+    log('iptables: removing one large Service, with and without the bound on rule deletes');
+    const run = spawnSync(process.execPath, [join(dirname(SELF), 'iptables-removal.js')], { stdio: 'inherit' });
+    if (run.status !== 0) throw new Error(`the iptables-removal measure failed (exit ${run.status ?? run.signal})`);
+    const printedOnly = ['nft-floor', 'key-lookup', 'iptables-removal'];
+    if ([...options.only].every((m) => printedOnly.includes(m))) return;
   }
   const results: BenchResults = {
     command: `npm run bench${argv.length > 0 ? ` -- ${argv.join(' ')}` : ''}`,

@@ -43,6 +43,8 @@ export interface ControllerObserver {
   /** kube-proxy's mode changed, or the controller stepped aside or back. */
   onKubeProxy?(status: KubeProxyStatus): void;
   onConntrackCleanup?(report: ConntrackCleanupReport): void;
+  /** Leftovers of another backend remain after a failed removal (true), or are gone (false). */
+  onLeftovers?(pending: boolean): void;
 }
 
 /** What the controller knows of kube-proxy, for /readyz, metrics and Events. */
@@ -72,6 +74,17 @@ export interface ControllerStatus {
   /** Why prerouting rules are missing for a family, when they are. */
   localPodMatchProblems: string[];
   kubeProxy?: KubeProxyStatus;
+  /** While leftovers of another backend could not be removed: since when, why, the next attempt. */
+  leftovers?: LeftoverStatus;
+}
+
+export interface LeftoverStatus {
+  /** Date.now() of the first failed attempt. */
+  failingSince: number;
+  attempts: number;
+  error: string;
+  /** Date.now() of the next attempt. */
+  retryAt: number;
 }
 
 export interface ControllerOptions {
@@ -83,8 +96,12 @@ export interface ControllerOptions {
   syncPeriodMs: number;
   logger: Logger;
   observer?: ControllerObserver;
-  /** Runs once, after the first successful sync (removing other backends' leftovers, say). */
-  afterFirstSync?: () => Promise<void>;
+  /**
+   * Removes what other backends left (their tables or chains would translate what this one no
+   * longer does): run after the first successful sync, and retried with back-off until it
+   * succeeds; meanwhile status.leftovers says why, and the observer's onLeftovers is told.
+   */
+  removeLeftovers?: () => Promise<void>;
   /** Step aside while kube-proxy is positively in iptables or nftables mode (default true). */
   kubeProxyStepAside?: boolean;
   /** kube-proxy's mode at start; unknown when not given. */
@@ -103,8 +120,19 @@ export interface ControllerOptions {
    * conntrack command where the backend's translations are conntrack's (not eBPF's: it translates
    * sockets); null: never.
    */
-  conntrack?: Pick<ConntrackCleaner, 'clean'> | null;
+  conntrack?: ConntrackClient | null;
+  /**
+   * Between retries of removeLeftovers: the first wait, doubled after each failure up to the
+   * second. Default LEFTOVER_RETRY_MS.
+   */
+  leftoverRetryMs?: { initial: number; max: number };
 }
+
+/** What the controller asks of the conntrack client: stale tuples, and (optionally) the flows a bypass pinned. */
+type ConntrackClient = Pick<ConntrackCleaner, 'clean'> & Partial<Pick<ConntrackCleaner, 'forgetUntranslated'>>;
+
+/** Retries of removeLeftovers: 5 s, then doubled up to 5 minutes. */
+export const LEFTOVER_RETRY_MS = { initial: 5_000, max: 300_000 };
 
 export class Controller {
   private readonly runner: SyncRunner;
@@ -117,6 +145,8 @@ export class Controller {
   private previousConflicts = new Set<string>();
   private previousLocalProblems = '';
   private started = false;
+  private stopped = false;
+  private leftoverTimer: NodeJS.Timeout | undefined;
   readonly status: ControllerStatus = { cachesSynced: false, localPodMatchProblems: [] };
   /** The syncs under way: a partial sync may run beside a full one. */
   private readonly syncsUnderWay = new Set<{ startedAt: number }>();
@@ -135,7 +165,17 @@ export class Controller {
           ? new ConntrackCleaner({ logger: options.logger })
           : undefined
         : (options.conntrack ?? undefined);
-    if (conntrack) options.backend.subscribe({ kernelChanged: (change) => this.cleanConntrack(conntrack, change) });
+    if (conntrack) {
+      const forget = conntrack.forgetUntranslated?.bind(conntrack);
+      options.backend.subscribe({
+        kernelChanged: (change) => this.cleanConntrack(conntrack, change),
+        // Outside every write and sync: a change never waits for this clean-up.
+        ...(forget && {
+          translationsBypassed: ({ family, entries }) =>
+            void forget(family, entries, (report) => this.options.observer?.onConntrackCleanup?.(report)),
+        }),
+      });
+    }
     this.runner = new SyncRunner({
       minIntervalMs: options.minSyncPeriodMs,
       fullIntervalMs: options.syncPeriodMs,
@@ -182,9 +222,50 @@ export class Controller {
     await this.options.backend.releaseMemory?.().catch(() => undefined);
   }
 
+  /**
+   * One attempt at removing other backends' leftovers; after a failure the next is scheduled
+   * with back-off, and status.leftovers says so until one succeeds. Never throws.
+   */
+  private async removeLeftovers(): Promise<void> {
+    const remove = this.options.removeLeftovers;
+    if (!remove || this.stopped) return;
+    this.leftoverTimer = undefined;
+    try {
+      await remove();
+      if (this.status.leftovers) {
+        this.options.logger.info(
+          { attempts: this.status.leftovers.attempts + 1 },
+          'Removed leftovers of other backends',
+        );
+        this.status.leftovers = undefined;
+        this.options.observer?.onLeftovers?.(false);
+      }
+    } catch (err) {
+      const retry = this.options.leftoverRetryMs ?? LEFTOVER_RETRY_MS;
+      const attempts = (this.status.leftovers?.attempts ?? 0) + 1;
+      const retryInMs = Math.min(retry.max, retry.initial * 2 ** (attempts - 1));
+      const now = Date.now();
+      this.status.leftovers = {
+        failingSince: this.status.leftovers?.failingSince ?? now,
+        attempts,
+        error: (err as Error).message,
+        retryAt: now + retryInMs,
+      };
+      this.options.logger.warn({ attempts, retryInMs, err }, 'Failed to remove leftovers of other backends');
+      this.options.observer?.onLeftovers?.(true);
+      if (this.stopped) return;
+      this.leftoverTimer = setTimeout(() => void this.removeLeftovers(), retryInMs);
+      // The controller's own work keeps the process alive, not this.
+      this.leftoverTimer.unref();
+    }
+  }
+
   /** Stops watching and syncing. The programmed rules stay in place. */
   async stop(): Promise<void> {
     this.started = false;
+    this.stopped = true;
+    if (this.leftoverTimer) clearTimeout(this.leftoverTimer);
+    this.leftoverTimer = undefined;
     await Promise.all([this.options.caches.services.stop(), this.options.caches.node.stop()]);
     await this.runner.stop();
   }
@@ -282,7 +363,7 @@ export class Controller {
       this.status.lastSuccessfulSyncAt = Date.now();
       this.status.lastError = undefined;
       if (first) {
-        await this.options.afterFirstSync?.();
+        await this.removeLeftovers();
         await this.compactMemory();
       }
       if (report.result.mode !== 'noop') {
@@ -337,7 +418,7 @@ export class Controller {
   }
 
   /** Deletes the conntrack entries that would keep translations the kernel no longer has. Never throws. */
-  private async cleanConntrack(conntrack: Pick<ConntrackCleaner, 'clean'>, change: KernelChange): Promise<void> {
+  private async cleanConntrack(conntrack: ConntrackClient, change: KernelChange): Promise<void> {
     const tuples = staleTuples(change.previous, change.next);
     if (tuples.length === 0) return;
     const report = await conntrack.clean(tuples);

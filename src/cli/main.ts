@@ -223,14 +223,13 @@ async function cleanup(config: Config, logger: Logger): Promise<number> {
   return 0;
 }
 
-/** After the first successful sync: remove what other backends left, so a node never carries two. */
+/**
+ * After the first successful sync: remove what other backends left, so a node never carries two.
+ * A failure is the controller's to retry and report.
+ */
 async function removeOtherBackends(config: Config, backend: BackendDescription, logger: Logger): Promise<void> {
-  try {
-    const checked = await removeLeftovers(backend, backendSettings(config));
-    logger.debug({ checked }, 'Removed leftovers of other backends');
-  } catch (err) {
-    logger.warn({ err }, 'Failed to remove leftovers of other backends');
-  }
+  const checked = await removeLeftovers(backend, backendSettings(config));
+  logger.debug({ checked }, 'Removed leftovers of other backends');
 }
 
 async function run(config: Config, logger: Logger): Promise<number> {
@@ -324,7 +323,7 @@ async function runController(
     minSyncPeriodMs: config.minSyncPeriodMs,
     syncPeriodMs: config.syncPeriodMs,
     logger,
-    afterFirstSync: () => removeOtherBackends(config, description, logger),
+    removeLeftovers: () => removeOtherBackends(config, description, logger),
   });
   operations.attach(controller);
   logger.info(

@@ -10,6 +10,7 @@
 
 import { execa } from 'execa';
 import type { Logger } from 'pino';
+import type { Entry, Family } from '../model/types.js';
 import type { ConntrackProtocol, StaleTuple } from './stale-tuples.js';
 
 export interface ConntrackCleanupReport {
@@ -35,6 +36,13 @@ export interface ConntrackCleanerOptions {
   listAbove?: number;
 }
 
+/** Flows of a bypass window deleted at most: the window is short, a flood is not ours to clear. */
+export const MAX_FORGOTTEN_FLOWS = 512;
+
+/** An unanswered flow: protocol, original source, destination and ports, then the reply's source. */
+const UNREPLIED_FLOW =
+  /^(tcp|udp|sctp)\s+\d+\s+\d+\s+(?:[A-Z_]+\s+)?src=(\S+) dst=(\S+) sport=(\d+) dport=(\d+) \[UNREPLIED\] src=(\S+) /;
+
 /** `conntrack -D` prints "N flow entries have been deleted." on stderr, and exits 1 for N = 0. */
 const DELETED = /(\d+) flow entries have been deleted/;
 
@@ -49,6 +57,9 @@ export const MAX_LISTED_LINE_BYTES = 64 << 10;
 /** What is read of a command's stderr: its message is one line. */
 const MAX_STDERR_BYTES = 64 << 10;
 
+/** What a bypass clean-up needs of an entry. */
+type ForgetKey = Pick<Entry, 'externalIp' | 'protocol' | 'port'>;
+
 /** conntrack prints IPv6 addresses in the canonical text form the model uses. */
 function key(ip: string, port: number): string {
   return `${ip}|${port}`;
@@ -59,6 +70,8 @@ export class ConntrackCleaner {
   private readonly timeoutMs: number;
   private readonly listAbove: number;
   private missingReported = false;
+  /** Per family, the bypass clean-up under way, and the entries of one asked for meanwhile. */
+  private readonly forgetting = new Map<Family, { run: Promise<void>; next?: readonly ForgetKey[] }>();
 
   constructor(private readonly options: ConntrackCleanerOptions) {
     this.command = options.command ?? 'conntrack';
@@ -113,6 +126,93 @@ export class ConntrackCleaner {
       this.options.logger.debug(
         { deleted: report.deleted, tuples: report.tuples, ms: Math.round(report.durationMs) },
         'Deleted stale conntrack entries',
+      );
+    }
+    return report;
+  }
+
+  /**
+   * Deletes the conntrack entries that a bypass window pinned (TranslationsBypassed): flows to one
+   * of `entries`' (external IP, protocol, port) whose first packet was not translated (the reply
+   * would come from the external IP itself) and that no reply has reached. NAT is decided on a
+   * flow's first packet: left alone, every retransmitted SYN of such a connection follows the
+   * untranslated entry until it times out; deleted, the next one meets our DNAT. Flows that were
+   * answered are left alone (they work, through whatever answered them). At most
+   * MAX_FORGOTTEN_FLOWS per call. One clean-up per family at a time: a call while one runs is
+   * done once after it (the latest entries), and `onReport` is given each report. Never throws.
+   */
+  forgetUntranslated(
+    family: Family,
+    entries: readonly ForgetKey[],
+    onReport?: (report: ConntrackCleanupReport) => void,
+  ): Promise<void> {
+    const under = this.forgetting.get(family);
+    if (under) {
+      under.next = entries;
+      return under.run;
+    }
+    const state: { run: Promise<void>; next?: readonly ForgetKey[] } = { run: Promise.resolve() };
+    state.run = (async () => {
+      let todo: readonly ForgetKey[] | undefined = entries;
+      while (todo) {
+        state.next = undefined;
+        const report = await this.forgetOnce(family, todo);
+        onReport?.(report);
+        todo = state.next;
+      }
+      this.forgetting.delete(family);
+    })();
+    this.forgetting.set(family, state);
+    return state.run;
+  }
+
+  private async forgetOnce(family: Family, entries: readonly ForgetKey[]): Promise<ConntrackCleanupReport> {
+    const started = performance.now();
+    const report: ConntrackCleanupReport = { tuples: entries.length, deleted: 0, failures: 0, durationMs: 0 };
+    const keys = new Set(entries.map((e) => `${e.externalIp} ${e.protocol.toLowerCase()} ${e.port}`));
+    const protocols = (['tcp', 'udp', 'sctp'] as const).filter((p) =>
+      entries.some((e) => e.protocol.toLowerCase() === p),
+    );
+    let firstError: unknown;
+    const flows: string[][] = [];
+    for (const protocol of protocols) {
+      if (flows.length >= MAX_FORGOTTEN_FLOWS) break;
+      try {
+        await this.list(['-L', '-f', family, '-p', protocol], (line) => {
+          const m = UNREPLIED_FLOW.exec(line);
+          if (!m) return true;
+          const [, proto, src, dst, sport, dport, replySrc] = m as unknown as string[];
+          if (replySrc !== dst || !keys.has(`${dst!} ${proto!} ${dport!}`)) return true;
+          flows.push(['-D', '-f', family, '-p', proto!, '-s', src!, '-d', dst!, '--sport', sport!, '--dport', dport!]);
+          return flows.length < MAX_FORGOTTEN_FLOWS;
+        });
+      } catch (err) {
+        report.failures++;
+        firstError ??= err;
+        if (this.missing(err)) break;
+      }
+    }
+    for (const args of flows) {
+      try {
+        report.deleted += Number(DELETED.exec(await this.run(args))?.[1] ?? 0);
+      } catch (err) {
+        report.failures++;
+        firstError ??= err;
+        if (this.missing(err)) break;
+      }
+    }
+    report.durationMs = performance.now() - started;
+    if (firstError !== undefined && !(this.missingReported && this.missing(firstError))) {
+      if (this.missing(firstError)) this.missingReported = true;
+      this.options.logger.warn(
+        { family, failures: report.failures, err: firstError },
+        'Failed to delete conntrack entries of connections that started untranslated while our jump was displaced',
+      );
+    }
+    if (report.deleted > 0) {
+      this.options.logger.info(
+        { family, deleted: report.deleted, ms: Math.round(report.durationMs) },
+        'Deleted conntrack entries of connections that started untranslated while our jump was displaced',
       );
     }
     return report;

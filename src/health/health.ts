@@ -13,7 +13,9 @@
 // first sync has succeeded, not while liveness fails, not when no sync has succeeded for
 // 2 x --sync-period, and not while the API server has been unreachable for longer than that (the
 // rules are kept, but may be stale). Services left out by a limit are warnings: the others are
-// translated, and one tenant's Service must not take every node out of service.
+// translated, and one tenant's Service must not take every node out of service. So are leftovers
+// of another backend that could not be removed yet (retried with back-off): what is ours is
+// current, and a node whose old objects resist removal is not made unready by it on every node at once.
 
 import type { ControllerStatus } from '../controller.js';
 import type { InformerObserver } from '../kube/informer.js';
@@ -143,6 +145,16 @@ function limitWarnings(status: ControllerStatus): string[] {
   return out;
 }
 
+/** Objects another backend left that could not be removed yet: they may translate what ours no longer does. */
+function leftoverWarnings(status: ControllerStatus, now: number): string[] {
+  const l = status.leftovers;
+  if (!l) return [];
+  return [
+    `leftovers of another backend could not be removed for ${seconds(now - l.failingSince)} (${l.attempts} attempts, ` +
+      `next in ${seconds(Math.max(0, l.retryAt - now))}); they may translate addresses this backend no longer does: ${l.error}`,
+  ];
+}
+
 export function judgeReadiness(inputs: HealthInputs): Judgement {
   const { status, api, syncPeriodMs, now } = inputs;
   const outage = api.unreachable();
@@ -171,6 +183,7 @@ export function judgeReadiness(inputs: HealthInputs): Judgement {
   const warnings = [
     ...status.localPodMatchProblems.map((p) => `traffic from pods is not translated: ${p}`),
     ...limitWarnings(status),
+    ...leftoverWarnings(status, now),
   ];
   if (outage && now - outage.since > 2 * syncPeriodMs) {
     return { ok: false, detail: `${outageLine}; the last programmed rules are kept`, warnings };

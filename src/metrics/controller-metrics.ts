@@ -305,6 +305,18 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
     registers: [this.registry],
   });
 
+  private readonly leftoversPending = new Gauge({
+    name: METRIC_PREFIX + 'leftovers_pending',
+    help:
+      '1 while objects another backend left (nft tables, iptables chains, eBPF pins) could not be removed; ' +
+      'removal is retried with back-off. They may translate what the backend in use no longer does.',
+    registers: [this.registry],
+  });
+
+  onLeftovers(pending: boolean): void {
+    this.leftoversPending.set(pending ? 1 : 0);
+  }
+
   onConntrackCleanup(report: ConntrackCleanupReport): void {
     this.conntrackDeleted.inc(report.deleted);
     this.conntrackErrors.inc(report.failures);

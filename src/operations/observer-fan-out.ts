@@ -16,6 +16,7 @@ export function allControllerObservers(
     onNewConflicts: (conflicts) => present.forEach((o) => o.onNewConflicts?.(conflicts)),
     onKubeProxy: (status) => present.forEach((o) => o.onKubeProxy?.(status)),
     onConntrackCleanup: (report) => present.forEach((o) => o.onConntrackCleanup?.(report)),
+    onLeftovers: (pending) => present.forEach((o) => o.onLeftovers?.(pending)),
   };
 }
 

@@ -177,6 +177,11 @@ export interface Driver {
     shape: FamilyShape,
     how: 'alongside-writes' | 'between-writes',
   ): Promise<ReadBack | 'unfinished' | 'not-alongside'>;
+  /**
+   * Listeners told, outside the driver's writes, when new connections may have passed our
+   * translations by (iptables: another writer's jump ran before ours until it was put back).
+   */
+  watchBypasses?(listener: (bypass: TranslationsBypassed) => void): void;
   /** Whether any object of ours exists in the kernel (a leftover of another backend choice). */
   hasState?(): Promise<boolean>;
   /** Hands memory freed by large work back to the kernel (malloc_trim). */
@@ -192,12 +197,25 @@ export interface KernelChange {
   next: DesiredState;
 }
 
+/**
+ * A window in which new connections to a family's translations may have gone untranslated
+ * (another writer's rule ran before ours); closed when this is told. Their flows, if nobody
+ * answered them, stay pinned to the untranslated path until forgotten.
+ */
+export interface TranslationsBypassed {
+  family: Family;
+  /** The family's programmed entries when the window closed. */
+  entries: readonly Entry[];
+}
+
 export interface KernelSubscriber {
   /**
    * Awaited before the sync that made the change ends; a failure is the subscriber's own to report.
    * Changes come one at a time, in the order they were written: each `previous` is the `next` before.
    */
   kernelChanged(change: KernelChange): Promise<void> | void;
+  /** Told outside every write and sync, not awaited (the driver's watchBypasses). */
+  translationsBypassed?(bypass: TranslationsBypassed): void;
 }
 
 /** An error a user can meet, carrying one line that says what to do. */

@@ -140,6 +140,7 @@ export class Reconciler {
   /** `subscriber` is told of every change of what the kernel holds, in order. */
   subscribe(subscriber: KernelSubscriber): void {
     this.subscribers.push(subscriber);
+    if (subscriber.translationsBypassed) this.driver.watchBypasses?.((b) => subscriber.translationsBypassed!(b));
   }
 
   probe(): Promise<ProbeResult> {

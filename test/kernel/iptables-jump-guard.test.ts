@@ -233,6 +233,56 @@ for (const variant of ['legacy', 'nft'] as const) {
       }
     });
 
+    it('leaves a writer that keeps a harmless jump above ours (a chain that only marks) alone, until it can take traffic', async () => {
+      const harmless = 'CALI-PREROUTING';
+      const backend = new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 200 }));
+      try {
+        await backend.sync(desired, { full: true });
+        restore(
+          variant,
+          [
+            '*nat',
+            `:${harmless} - [0:0]`,
+            `-A ${harmless} -j MARK --or-mark 0x1000`,
+            `-A ${harmless} -s 10.0.0.0/8 -j RETURN`,
+            `-I PREROUTING 1 -j ${harmless}`,
+            `-I OUTPUT 1 -j ${harmless}`,
+            'COMMIT',
+            '',
+          ].join('\n'),
+        );
+        // Many rounds of the guard (every 0.2 s; iptables-nft: the generation moved once).
+        await sleep(2500);
+        expect((backend.driver as IptablesDriver).jumpRepairs).to.equal(0);
+        expect(ruleSpecs(natSave(variant), 'PREROUTING')[0]).to.equal(`-A PREROUTING -j ${harmless}`);
+        expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
+        expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal('svc-a');
+        // A full resync finds nothing to repair either.
+        expect((await backend.sync(desired, { full: true })).repairedElements).to.equal(undefined);
+        expect(ruleSpecs(natSave(variant), 'OUTPUT')[0]).to.equal(`-A OUTPUT -j ${harmless}`);
+
+        // Now its chain ACCEPTs the load balancer IP: our jump goes back above it.
+        restore(variant, ['*nat', `-A ${harmless} -d ${LB_V4}/32 -j ACCEPT`, 'COMMIT', ''].join('\n'));
+        const driver = backend.driver as IptablesDriver;
+        let first = '';
+        for (let i = 0; i < 300 && (first !== '-A PREROUTING -j IPVS_PREROUTING' || driver.jumpRepairs === 0); i++) {
+          await sleep(100);
+          first = ruleSpecs(natSave(variant), 'PREROUTING')[0] ?? '';
+        }
+        expect(first).to.equal('-A PREROUTING -j IPVS_PREROUTING');
+        expect((backend.driver as IptablesDriver).jumpRepairs).to.be.at.least(1);
+        expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
+      } finally {
+        await backend.close();
+        const lines = ['*nat'];
+        for (const hook of ['PREROUTING', 'OUTPUT']) {
+          if (ruleSpecs(natSave(variant), hook).includes(`-A ${hook} -j ${harmless}`))
+            lines.push(`-D ${hook} -j ${harmless}`);
+        }
+        restore(variant, [...lines, `:${harmless} - [0:0]`, `-X ${harmless}`, 'COMMIT', ''].join('\n'));
+      }
+    });
+
     it('stops checking when the backend is closed', async () => {
       const backend = new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 200 }));
       await backend.sync(desired, { full: true });

@@ -15,6 +15,7 @@ import { expect } from 'chai';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { Reconciler } from '../../src/reconciler/reconciler.js';
+import { ConntrackCleaner } from '../../src/conntrack/conntrack-cleaner.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { assertIsolatedNetns, probe, sh } from '../../testbed/node-network.js';
 import { linesLogger } from '../support/log-lines.js';
@@ -91,12 +92,16 @@ for (const variant of ['nft', 'legacy'] as const) {
       forgetFlows: boolean,
     ): Promise<{ report: LoopReport; after: string[]; writer: string; log: string[]; nat: string }> {
       const log: string[] = [];
-      const backend = new Reconciler(
-        new IptablesDriver(variant, {
-          logger: linesLogger(log),
-          ...(forgetFlows ? {} : { forgetFlows: () => Promise.resolve(0) }),
-        }),
-      );
+      const logger = linesLogger(log);
+      const backend = new Reconciler(new IptablesDriver(variant, { logger }));
+      // The controller's wiring: the conntrack client forgets the flows a displacement pinned.
+      const conntrack = new ConntrackCleaner({ logger });
+      if (forgetFlows) {
+        backend.subscribe({
+          kernelChanged: () => undefined,
+          translationsBypassed: ({ family, entries }) => void conntrack.forgetUntranslated(family, entries),
+        });
+      }
       try {
         await backend.sync(buildDesiredState(SERVICES, NODE_INFO, CONFIG), { full: true });
         const loop = spawn(process.execPath, [CONNECT_LOOP, LB_V4, '80', 'svc-a', '20'], {

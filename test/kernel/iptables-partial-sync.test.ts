@@ -211,6 +211,71 @@ for (const variant of ['legacy', 'nft'] as const) {
       expect(ourRules(variant, 'ipv4')).to.deep.equal(rules);
     });
 
+    it('a removal past the bound on rule deletes writes our chains whole in its one restore, as a fresh write would', async () => {
+      const restores: string[] = [];
+      const runner: IptablesRunner = {
+        run: (command, args, input) => {
+          if (command.endsWith('-restore') && input !== undefined) restores.push(input);
+          return systemIptablesRunner.run(command, args, input);
+        },
+        legacyTables: (family) => systemIptablesRunner.legacyTables(family),
+        generation: () => systemIptablesRunner.generation!(),
+      };
+      const all = [...SERVICES, ...Array.from({ length: 1_000 }, (_, i) => filler(i))];
+      // Without the bound (the control) a small removal: one -D per rule costs minutes past a few hundred.
+      for (const [bound, removed] of [
+        [Number.POSITIVE_INFINITY, 10],
+        [undefined, 100],
+      ] as const) {
+        const kept = all.slice(0, all.length - removed);
+        backend = new Reconciler(
+          new IptablesDriver(variant, {
+            jumpCheckIntervalMs: 0,
+            runner,
+            ...(bound === undefined ? {} : { rewriteAboveDeletes: bound }),
+          }),
+        );
+        const model = new DesiredStateModel(CONFIG);
+        await backend.sync(model.update(all, NODE_INFO), { full: true });
+        const fromPod = new Loop(
+          spawn(
+            'ip',
+            ['netns', 'exec', scenario.network.pod.ns, process.execPath, CONNECT_LOOP, LB_V4, '80', 'svc-a', '5'],
+            { stdio: ['pipe', 'pipe', 'inherit'] },
+          ),
+        );
+        let report: LoopReport;
+        restores.length = 0;
+        try {
+          await fromPod.started();
+          expect((await backend.sync(model.update(kept, NODE_INFO), { full: false })).mode).to.equal('partial');
+        } finally {
+          report = await fromPod.stop();
+        }
+        expect(report.failures, 'connections through a Service that stays').to.deep.equal([]);
+        // One restore for IPv4 (the fillers are IPv4 only): deletes without the bound, the chains declared with it.
+        const ipv4 = restores.filter((r) => r.includes('198.18.'));
+        expect(ipv4).to.have.length(1);
+        const deletes = ipv4[0]!.split('\n').filter((l) => l.startsWith('-D '));
+        if (bound === undefined) {
+          expect(deletes, 'past the bound: no rule deleted one by one').to.deep.equal([]);
+          expect(ipv4[0]).to.match(/^:IPVS_PREROUTING - \[0:0\]$/m);
+          expect(ipv4[0]).to.match(/^:IPVS_OUTPUT - \[0:0\]$/m);
+          expect(ipv4[0], 'the jumps are not touched').to.not.match(/^-[DI] (PREROUTING|OUTPUT) /m);
+        } else {
+          expect(deletes).to.have.length(4 * removed);
+        }
+        const partial = { ipv4: ourRules(variant, 'ipv4'), ipv6: ourRules(variant, 'ipv6') };
+        await backend.cleanup();
+        const fresh = new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 0 }));
+        await fresh.sync(new DesiredStateModel(CONFIG).update(kept, NODE_INFO), { full: true });
+        expect(partial.ipv4).to.deep.equal(ourRules(variant, 'ipv4'));
+        expect(partial.ipv6).to.deep.equal(ourRules(variant, 'ipv6'));
+        await fresh.cleanup();
+        await backend.cleanup();
+      }
+    });
+
     it('a partial sync after a change writes nothing when the state comes again', async () => {
       const model = new DesiredStateModel(CONFIG);
       expect((await backend.sync(model.update(SERVICES.slice(1), NODE_INFO), { full: true })).mode).to.equal('full');

@@ -126,6 +126,10 @@ for (const variant of ['legacy', 'nft'] as const) {
     });
 
     it('a partial sync deletes the rules of what went by their spec and appends what came, in one restore', async () => {
+      // Six rule deletes: at the bound, not past it.
+      backend = new Reconciler(
+        new IptablesDriver(variant, { runner: fake, jumpCheckIntervalMs: 0, rewriteAboveDeletes: 6 }),
+      );
       await backend.sync(state([service(1), service(2), service(3)]), { full: true });
       const before = fake.restores().length;
       // Service 2 goes, service 3 gets another ClusterIP (its mark rules stay), service 4 comes.
@@ -195,6 +199,32 @@ for (const variant of ['legacy', 'nft'] as const) {
       expect(fake.nat(variant, 'ipv4').save()).to.equal(saved);
     });
 
+    it('past the bound on rule deletes, a partial sync writes our chains whole in its one restore', async () => {
+      backend = new Reconciler(
+        new IptablesDriver(variant, { runner: fake, jumpCheckIntervalMs: 0, rewriteAboveDeletes: 5 }),
+      );
+      await backend.sync(state([service(1), service(2), service(3)]), { full: true });
+      const before = fake.restores().length;
+      const retargeted: ServiceInfo = { ...service(3), clusterIP: '10.96.1.3', clusterIPs: ['10.96.1.3', 'fd00::1:3'] };
+      const result = await backend.sync(state([service(1), retargeted, service(4)]), { full: false });
+      expect(result.mode).to.equal('partial');
+      expect(result.entries).to.deep.equal({ ipv4: 3, ipv6: 3 });
+      const written = fake.restores().slice(before);
+      expect(written).to.have.length(2);
+      assertGolden('iptables-partial-rewrite.txt', written[0]!.input!);
+      const fresh = new FakeIptables();
+      await new Reconciler(new IptablesDriver(variant, { runner: fresh, jumpCheckIntervalMs: 0 })).sync(
+        state([service(1), retargeted, service(4)]),
+        { full: true },
+      );
+      for (const family of ['ipv4', 'ipv6'] as const) {
+        expect(ourChains(fake, variant, family)).to.deep.equal(ourChains(fresh, variant, family));
+      }
+      // What was written is known: the next change builds on it.
+      expect((await backend.sync(state([service(1), retargeted]), { full: false })).mode).to.equal('partial');
+      expect(fake.restores().at(-2)!.input).to.match(/^-D IPVS_OUTPUT -d 192\.0\.2\.4\/32 /m);
+    });
+
     it('a full resync after another commit compares our chains with what was written, and writes nothing', async () => {
       await backend.sync(state([service(1), service(2)]), { full: true });
       await backend.sync(state([service(2), service(3)]), { full: false });
@@ -239,7 +269,12 @@ for (const variant of ['legacy', 'nft'] as const) {
     });
 
     it('a full resync moves our jump back to rule 1 above another writer, once, keeping its rule', async () => {
-      fake.write(variant, 'ipv4', '*nat\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n');
+      // kube-proxy's IPVS-mode chain ACCEPTs the Services' addresses: above ours, it takes them.
+      fake.write(
+        variant,
+        'ipv4',
+        '*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -d 192.0.2.1/32 -j ACCEPT\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n',
+      );
       await backend.sync(state([service(1)]), { full: true });
       expect(fake.nat(variant, 'ipv4').rules('PREROUTING')).to.deep.equal(['-j IPVS_PREROUTING', '-j KUBE-SERVICES']);
       fake.write(variant, 'ipv4', '*nat\n-I OUTPUT 1 -j KUBE-SERVICES\nCOMMIT\n');
@@ -397,7 +432,17 @@ for (const variant of ['legacy', 'nft'] as const) {
       const restores = fake.restores().length;
       await guard.checkAll();
       expect(fake.restores().length).to.equal(restores);
-      fake.write(variant, 'ipv6', '*nat\n:KUBE-SERVICES - [0:0]\n-I PREROUTING 1 -j KUBE-SERVICES\nCOMMIT\n');
+      // A chain that only marks, above ours, takes nothing from it: left alone.
+      fake.write(
+        variant,
+        'ipv6',
+        '*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j MARK --or-mark 0x1000\n-I PREROUTING 1 -j KUBE-SERVICES\nCOMMIT\n',
+      );
+      await guard.checkAll();
+      expect(repaired).to.deep.equal([]);
+      expect(fake.nat(variant, 'ipv6').rules('PREROUTING')).to.deep.equal(['-j KUBE-SERVICES', '-j IPVS_PREROUTING']);
+      // Once it ACCEPTs an address, it is moved below ours.
+      fake.write(variant, 'ipv6', '*nat\n-A KUBE-SERVICES -d 2001:db8::1/128 -j ACCEPT\nCOMMIT\n');
       await guard.checkAll();
       expect(repaired).to.deep.equal(['ipv6']);
       expect(fake.nat(variant, 'ipv6').rules('PREROUTING')).to.deep.equal(['-j IPVS_PREROUTING', '-j KUBE-SERVICES']);

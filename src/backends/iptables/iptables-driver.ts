@@ -6,15 +6,17 @@
 // - A family written whole declares our chains (so flushes them), writes their rules and repairs
 //   the jump rules. With iptables-legacy the whole nat table is read anyway, so a table that
 //   already holds exactly our rules is left as it is (no rewrite, counters kept).
-// - Element changes are single-rule deletes and appends (render.ts renderPartialRestore).
+// - Element changes are single-rule deletes and appends (render.ts renderPartialRestore); past
+//   REWRITE_ABOVE_DELETES deletes, our chains written whole in the same restore instead.
 // - A read back lists our chains and the jumps and names what differs: 'chains' (written whole
 //   again) or 'jumps' (moved back to rule 1).
 // - With iptables-nft every commit bumps the nf_tables ruleset generation, read around each of
 //   ours: the reconciler trusts a family while every commit since it was exact was ours.
 // Between syncs a jump guard (jump-guard.ts) keeps our jumps at rule 1 when another writer
-// prepends its own.
+// prepends its own, unless what it prepends cannot take packets away from ours (precedence.ts).
+// After a repair the driver tells its bypass listeners which translations new connections may
+// have passed by; it never runs conntrack itself, so no write waits for a flow clean-up.
 
-import { execa } from 'execa';
 import type { Logger } from 'pino';
 import { FAMILIES, type Entry, type Family, type FamilyState, type LocalPodMatch } from '../../model/types.js';
 import type {
@@ -26,10 +28,12 @@ import type {
   FamilyShape,
   ProbeResult,
   ReadBack,
+  TranslationsBypassed,
 } from '../../reconciler/driver.js';
 import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './executor.js';
 import { KUBE_MARK_MASQ, OUR_CHAINS, emptyNatTable, parseNatSave, type NatTableView } from './parse.js';
 import {
+  assembleRestore,
   chainsHold,
   entryLabel,
   renderChainRules,
@@ -49,60 +53,26 @@ export interface IptablesDriverOptions {
   /** Runs the iptables commands; the real ones by default. */
   runner?: IptablesRunner;
   /**
-   * Deletes the flows a displacement of our jumps left untranslated (forgetUntranslatedFlows);
-   * by default the conntrack command with the real iptables commands, nothing with a stand-in runner.
+   * Rule deletes in one partial write above which our chains are written whole instead
+   * (REWRITE_ABOVE_DELETES by default; Infinity: never, 0: on every delete).
    */
-  forgetFlows?: (family: Family, keys: ReadonlySet<string>) => Promise<number>;
-}
-
-/** Conntrack entries deleted after one repair at most: the window is short, a flood is not ours to clear. */
-const MAX_FORGOTTEN_FLOWS = 512;
-const CONNTRACK_TIMEOUT_MS = 5000;
-/** `conntrack -L` output read: at most this much (a busy node's table can be far larger). */
-const MAX_CONNTRACK_LISTING_BYTES = 32 << 20;
-/** An unanswered flow: protocol, original source, destination and ports, then the reply's source. */
-const UNREPLIED_FLOW =
-  /^(tcp|udp)\s+\d+\s+\d+\s+(?:[A-Z_]+\s+)?src=(\S+) dst=(\S+) sport=(\d+) dport=(\d+) \[UNREPLIED\] src=(\S+) /;
-
-/** How forgetUntranslatedFlows names an (external IP, protocol, port). */
-function flowKey(e: Pick<Entry, 'externalIp' | 'protocol' | 'port'>): string {
-  return `${e.externalIp} ${e.protocol} ${e.port}`;
+  rewriteAboveDeletes?: number;
 }
 
 /**
- * Deletes the conntrack entries that a displacement of our jump pinned: flows to one of our
- * (external IP, protocol, port) whose first packet crossed the nat hook while another writer's
- * jump ran first, so that they were not translated (the reply would come from the external IP
- * itself), and that no reply has reached. NAT is decided on a flow's first packet: left alone,
- * every retransmitted SYN of such a connection follows the untranslated entry until it times
- * out. Deleted, the next retransmission starts a new entry and meets our DNAT. Flows that were
- * answered are left alone (they work, through whatever answered them). Returns how many went;
- * never throws (the conntrack command may be missing: a lost flow is a smaller harm).
+ * Rule deletes in one partial write above which the chains are written whole instead: a `-D`
+ * finds its rule by walking the chain (libiptc compares the rules one by one; iptables-nft
+ * converts every rule of the chain back to compare it), so N deletes cost N walks of the chain,
+ * while a write of the chain whole costs one. Chosen from `npm run bench -- --only
+ * iptables-removal` (docs/iptables.md, "Large removals"), with the removed rules at the end of
+ * 40,000-rule chains: legacy's deletes cost less than a rewrite up to 256 and ten times more at
+ * 1,024; iptables-nft's cost more than a rewrite from 16 on (and as much at 4, one entry's rules).
  */
-export async function forgetUntranslatedFlows(family: Family, keys: ReadonlySet<string>): Promise<number> {
-  if (keys.size === 0) return 0;
-  let deleted = 0;
-  for (const protocol of ['tcp', 'udp'] as const) {
-    const listing = await execa('conntrack', ['-L', '-f', family, '-p', protocol], {
-      reject: false,
-      timeout: CONNTRACK_TIMEOUT_MS,
-      stdin: 'ignore',
-      stderr: 'ignore',
-      maxBuffer: MAX_CONNTRACK_LISTING_BYTES,
-    });
-    if (typeof listing.stdout !== 'string') continue;
-    for (const line of listing.stdout.split('\n')) {
-      const m = UNREPLIED_FLOW.exec(line);
-      if (!m) continue;
-      const [, proto, src, dst, sport, dport, replySrc] = m as unknown as string[];
-      if (replySrc !== dst || !keys.has(`${dst!} ${proto!.toUpperCase()} ${dport!}`)) continue;
-      if (deleted >= MAX_FORGOTTEN_FLOWS) return deleted;
-      const args = ['-D', '-f', family, '-p', proto!, '-s', src!, '-d', dst!, '--sport', sport!, '--dport', dport!];
-      const result = await execa('conntrack', args, { reject: false, timeout: CONNTRACK_TIMEOUT_MS, stdin: 'ignore' });
-      if (result.exitCode === 0) deleted++;
-    }
-  }
-  return deleted;
+export const REWRITE_ABOVE_DELETES: Readonly<Record<IptablesVariant, number>> = { legacy: 256, nft: 4 };
+
+/** How a write names an (external IP, protocol, port). */
+function flowKey(e: Pick<Entry, 'externalIp' | 'protocol' | 'port'>): string {
+  return `${e.externalIp} ${e.protocol} ${e.port}`;
 }
 
 /** Two rules per entry, walked one by one by every new connection that leaves the node. */
@@ -117,8 +87,8 @@ interface WrittenFamily {
   masqueradeMark: number;
   /** Whether the mark rules jump to KUBE-MARK-MASQ (it existed when the chains were written). */
   useKubeMarkMasq: boolean;
-  /** The (external IP, protocol, port) of the entries written (flowKey), for forgetting pinned flows. */
-  keys: Set<string>;
+  /** The entries written, by (external IP, protocol, port) (flowKey): a chain written whole again holds them. */
+  entries: Map<string, Entry>;
   /** Entries with rules. */
   programmed: number;
   rejected: Rejection[];
@@ -139,6 +109,7 @@ export class IptablesDriver implements Driver {
   readonly capacity = IPTABLES_CAPACITY;
   readonly capabilities: DriverCapabilities;
   private readonly written = new Map<Family, WrittenFamily>();
+  private readonly rewriteAboveDeletes: number;
   /** Writes, removals and jump repairs write the same rules: one at a time. */
   private queue: Promise<unknown> = Promise.resolve();
   private readonly jumpGuard: JumpGuard | undefined;
@@ -147,12 +118,14 @@ export class IptablesDriver implements Driver {
   private writeEvents = 0;
   /** Per family, the rejections last logged. */
   private readonly reportedRejections = new Map<Family, string>();
+  private readonly bypassListeners: Array<(bypass: TranslationsBypassed) => void> = [];
 
   constructor(
     readonly variant: IptablesVariant,
     private readonly options: IptablesDriverOptions = {},
   ) {
     this.label = `iptables-${variant}`;
+    this.rewriteAboveDeletes = options.rewriteAboveDeletes ?? REWRITE_ABOVE_DELETES[variant];
     this.capabilities = {
       ordersOwnWrites: true,
       conntrackMatters: true,
@@ -175,7 +148,7 @@ export class IptablesDriver implements Driver {
         exclusive: (work) => this.exclusive(work, false),
         families: () => this.written.keys(),
         runner: options.runner,
-        afterRepair: (family) => this.forgetPinnedFlows(family),
+        onRepair: (family) => this.bypassed(family),
       });
     }
   }
@@ -206,18 +179,20 @@ export class IptablesDriver implements Driver {
     return run;
   }
 
-  /** After our jump was displaced and put back: the flows it left untranslated go (forgetUntranslatedFlows). */
-  private async forgetPinnedFlows(family: Family): Promise<void> {
-    const keys = this.written.get(family)?.keys;
-    if (!keys) return;
-    const forget = this.options.forgetFlows ?? (this.options.runner ? undefined : forgetUntranslatedFlows);
-    const deleted = forget ? await forget(family, keys).catch(() => 0) : 0;
-    if (deleted > 0) {
-      this.options.logger?.info(
-        { family, deleted },
-        'Deleted conntrack entries of connections that started untranslated while our jump was displaced',
-      );
-    }
+  /**
+   * Listeners told when our jump was displaced and put back: new connections to the family's
+   * translations may have passed them by meanwhile (the controller forgets their flows).
+   */
+  watchBypasses(listener: (bypass: TranslationsBypassed) => void): void {
+    this.bypassListeners.push(listener);
+  }
+
+  /** Tells the listeners, outside the queue of writes; what they do is not waited for. */
+  private bypassed(family: Family): void {
+    const entries = this.written.get(family)?.entries;
+    if (!entries || entries.size === 0) return;
+    const bypass: TranslationsBypassed = { family, entries: [...entries.values()] };
+    for (const listener of this.bypassListeners) listener(bypass);
   }
 
   private commands(family: Family): IptablesCommands {
@@ -291,10 +266,12 @@ export class IptablesDriver implements Driver {
               const repairs = renderJumpRepairs(await readJumpView(commands));
               if (repairs.length === 0) return false;
               await commands.restore(['*nat', ...repairs, 'COMMIT', ''].join('\n'));
-              await this.forgetPinnedFlows(op.family);
               return true;
             });
-            if (repaired) restores++;
+            if (repaired) {
+              restores++;
+              this.bypassed(op.family);
+            }
           }
           break;
         case 'removeAll':
@@ -333,7 +310,7 @@ export class IptablesDriver implements Driver {
       localPodMatch: state.localPodMatch,
       masqueradeMark,
       useKubeMarkMasq: result.useKubeMarkMasq,
-      keys: new Set(state.entries.map(flowKey)),
+      entries: new Map(state.entries.map((e) => [flowKey(e), e])),
       programmed: result.programmed,
       rejected: result.rejected,
     });
@@ -341,7 +318,13 @@ export class IptablesDriver implements Driver {
     return !result.upToDate;
   }
 
-  /** The rules of the entries that went and came, as one restore; false when no rule changes. */
+  /**
+   * The rules of the entries that went and came, as one restore; false when no rule changes.
+   * Above the variant's REWRITE_ABOVE_DELETES, our chains are declared (so flushed) and written
+   * with the entries that stay and come, in the same restore instead: one transaction either way
+   * (iptables-legacy replaces the table in one step; iptables-nft commits the restore as one
+   * nf_tables batch), so packets see the old rules or the new ones. The jumps are not touched.
+   */
   private async writeChanges(family: Family, removed: readonly Entry[], added: readonly Entry[]): Promise<boolean> {
     const before = this.written.get(family);
     if (!before) throw new Error('our chains were never written');
@@ -353,26 +336,35 @@ export class IptablesDriver implements Driver {
       before.masqueradeMark,
       before.useKubeMarkMasq,
     );
-    if (rendered.text !== undefined) {
-      const text = rendered.text;
+    const entries = new Map(before.entries);
+    for (const e of removed) entries.delete(flowKey(e));
+    for (const e of added) entries.set(flowKey(e), e);
+    let text = rendered.text;
+    let programmed = before.programmed - rendered.removedProgrammed + rendered.addedProgrammed;
+    if (text !== undefined && rendered.deletes > this.rewriteAboveDeletes) {
+      const whole = renderChainRules(
+        family,
+        { entries: [...entries.values()], localPodMatch: before.localPodMatch },
+        before.masqueradeMark,
+        before.useKubeMarkMasq,
+      );
+      text = assembleRestore(whole.rules, []);
+      programmed = whole.programmed;
+    }
+    if (text !== undefined) {
+      const input = text;
       try {
-        await this.exclusive(() => this.commands(family).restore(text));
+        await this.exclusive(() => this.commands(family).restore(input));
       } catch (err) {
         this.written.delete(family);
         throw err;
       }
     }
-    for (const e of removed) before.keys.delete(flowKey(e));
-    for (const e of added) before.keys.add(flowKey(e));
     const gone = new Set(removed.map(entryLabel));
     const rejected = [...before.rejected.filter((r) => !gone.has(r.item)), ...rendered.rejected];
-    this.written.set(family, {
-      ...before,
-      programmed: before.programmed - rendered.removedProgrammed + rendered.addedProgrammed,
-      rejected,
-    });
+    this.written.set(family, { ...before, entries, programmed, rejected });
     this.reportRejections(family, rejected);
-    return rendered.text !== undefined;
+    return text !== undefined;
   }
 
   /**
@@ -426,7 +418,7 @@ export class IptablesDriver implements Driver {
 
   /** Whether `expected` are the entries (by address, protocol and port) our last write of the family left. */
   private lastWritten(family: Family, expected: readonly Entry[]): boolean {
-    const keys = this.written.get(family)?.keys;
+    const keys = this.written.get(family)?.entries;
     if (!keys || keys.size !== expected.length) return false;
     return expected.every((e) => keys.has(flowKey(e)));
   }

@@ -2,8 +2,10 @@
 // writers) insert their own jump at rule 1 when they start or find theirs missing; if their
 // chain then ACCEPTs the LoadBalancer IP, as kube-proxy's IPVS-mode chains do, our DNAT never
 // runs until the next full resync (up to --sync-period). Asking for rule 1 of each hook once a
-// second formats one rule per hook; when it is not our jump, a restore that only moves the jump
-// back (nothing else is written) repairs it.
+// second formats one rule per hook; when it is not our jump and a rule above ours can take packets
+// away from it (precedence.ts), a restore that only moves the jump back (nothing else is written)
+// repairs it. A writer that keeps a harmless jump above ours (a chain that only marks, as
+// KUBE-MARK-MASQ, or only returns) is left alone: moving ours back would only start a tug of war.
 
 import type { Logger } from 'pino';
 import type { Family } from '../../model/types.js';
@@ -39,9 +41,11 @@ export interface JumpGuardOptions {
   runner?: IptablesRunner | undefined;
   /** Runs a repair's restore (the backend keeps track of what its commits leave); `commands.restore` by default. */
   commit?(commands: IptablesCommands, text: string): Promise<void>;
-  /** Runs after each repair, still excluded from writes (the driver forgets the flows the window pinned). */
-  afterRepair?(family: Family): Promise<void>;
-  /** Called after each repair, for metrics and tests. */
+  /**
+   * Called after each repair, once the queue of writes is free again: the driver says which
+   * translations new connections passed by meanwhile (their flows are forgotten elsewhere, never
+   * in the write path).
+   */
   onRepair?(family: Family): void;
 }
 
@@ -147,23 +151,31 @@ export class JumpGuard {
     for (const { from, to } of JUMPS) {
       if ((await commands.firstRule('nat', from)) !== `-j ${to}`) displaced = true;
     }
-    // Only the listing counts towards the pace: a repair waiting for a long sync is no reason to look less often.
+    if (!displaced) {
+      this.lastRoundMs += performance.now() - started;
+      return;
+    }
+    // Rules above ours that cannot take a packet away from it (precedence.ts) need no repair:
+    // judged on a listing outside the queue of writes, which a harmless writer's jump does not hold.
+    const needed = renderJumpRepairs(await readJumpView(commands)).length > 0;
+    // Only the listings count towards the pace: a repair waiting for a long sync is no reason to look less often.
     this.lastRoundMs += performance.now() - started;
-    if (!displaced) return;
-    await this.options.exclusive(async () => {
-      if (this.closed) return;
+    if (!needed) return;
+    const repaired = await this.options.exclusive(async () => {
+      if (this.closed) return false;
       const view = await readJumpView(commands);
       const repairs = renderJumpRepairs(view);
-      if (repairs.length === 0) return;
+      if (repairs.length === 0) return false;
       const text = ['*nat', ...repairs, 'COMMIT', ''].join('\n');
       await (this.options.commit ? this.options.commit(commands, text) : commands.restore(text));
       this.repairs++;
-      await this.options.afterRepair?.(family);
-      this.options.logger?.info(
-        { family },
-        'Moved our jump back to rule 1 of nat PREROUTING/OUTPUT, another writer had displaced it',
-      );
-      this.options.onRepair?.(family);
+      return true;
     });
+    if (!repaired) return;
+    this.options.logger?.info(
+      { family },
+      'Moved our jump back to rule 1 of nat PREROUTING/OUTPUT, another writer had displaced it',
+    );
+    this.options.onRepair?.(family);
   }
 }

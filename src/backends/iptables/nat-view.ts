@@ -11,6 +11,7 @@ import {
 } from './executor.js';
 import { JUMPS, KUBE_MARK_MASQ, emptyNatTable, hasOurObjects, parseNatSave, type NatTableView } from './parse.js';
 import { renderCleanupRestore } from './render.js';
+import { chainsJumpedTo } from './precedence.js';
 
 /** A restore can lose a race with another writer between our read and our write: read again. */
 const ATTEMPTS = 3;
@@ -53,8 +54,25 @@ export async function readNatTable(commands: IptablesCommands): Promise<NatTable
  */
 export async function readJumpView(commands: IptablesCommands): Promise<NatTableView> {
   if (commands.variant === 'legacy') return parseNatSave(await commands.save('nat'));
-  return readChains(commands, [...JUMPS.map((j) => j.from), KUBE_MARK_MASQ], emptyNatTable());
+  const view = await readChains(commands, [...JUMPS.map((j) => j.from), KUBE_MARK_MASQ], emptyNatTable());
+  // The chains that rules above our jumps lead to, to any depth: whether they can take a packet
+  // away from our jump (precedence.ts) depends on their rules.
+  let wanted = JUMPS.flatMap(({ from, to }) => {
+    const specs = view.rules.get(from) ?? [];
+    const ours = specs.indexOf(`-j ${to}`);
+    return chainsJumpedTo(ours < 0 ? [] : specs.slice(0, ours));
+  });
+  for (let depth = 0; depth < MAX_FOLLOWED_DEPTH && wanted.length > 0; depth++) {
+    const next = [...new Set(wanted)].filter((c) => !view.rules.has(c)).slice(0, MAX_FOLLOWED_CHAINS);
+    await readChains(commands, next, view);
+    wanted = next.flatMap((c) => chainsJumpedTo(view.rules.get(c) ?? []));
+  }
+  return view;
 }
+
+/** How far readJumpView follows jumps above ours, and how many chains it lists per step (more are judged harmful). */
+const MAX_FOLLOWED_DEPTH = 8;
+const MAX_FOLLOWED_CHAINS = 16;
 
 /** Adds the rules of `chains` (those that exist) to `view`, one listing each (iptables-nft). */
 export async function readChains(

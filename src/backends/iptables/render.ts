@@ -14,6 +14,7 @@
 // prints them, so what we render can be compared with what the kernel holds.
 
 import { cidrContains, formatCidr, parseCidr, parseIp } from '../../model/ip.js';
+import { ourJumpFirstInEffect } from './precedence.js';
 import {
   JUMPS,
   KUBE_MARK_MASQ,
@@ -228,15 +229,16 @@ function rangedSources(podMatch: string, ranges: readonly string[] | undefined):
 
 /**
  * Lines that make rule 1 of PREROUTING / OUTPUT the only jump to our chain: nothing when it is
- * already so; otherwise every jump to it is deleted (by its exact spec) and one is inserted at 1.
+ * already so, or when only rules that cannot take a packet away from it are above it
+ * (precedence.ts); otherwise every jump to it is deleted (by its exact spec) and one is inserted at 1.
  */
 export function renderJumpRepairs(current: NatTableView): string[] {
   const lines: string[] = [];
   for (const { from, to } of JUMPS) {
+    if (ourJumpFirstInEffect(current, from, to)) continue;
     const specs = current.rules.get(from) ?? [];
     const pattern = TARGET_IS.get(to)!;
     const ours = specs.filter((s) => pattern.test(s));
-    if (specs[0] === `-j ${to}` && ours.length === 1) continue;
     for (const spec of ours) lines.push(`-D ${from} ${spec}`);
     lines.push(`-I ${from} 1 -j ${to}`);
   }

@@ -1,0 +1,153 @@
+// Objects another backend left are removed after the first sync, and when the kernel refuses,
+// again with back-off until they are gone; meanwhile /readyz warns and
+// ipvs_node_controller_leftovers_pending is 1. The refusal is the kernel's own: an earlier run
+// with the iptables backend (iptables-nft) left its chains, and another agent's verdict map still
+// jumps to one of them, so deleting the chain fails with EBUSY until that agent drops its map.
+// The controller runs the nft backend, against the API stand-in.
+
+import { expect } from 'chai';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { pino } from 'pino';
+import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
+import { hasIptablesObjects } from '../../src/backends/iptables/nat-view.js';
+import { BACKENDS, cleanupAll, removeLeftovers, type BackendRegistry } from '../../src/backends/registry.js';
+import { Controller } from '../../src/controller.js';
+import { ApiReachability, judgeReadiness } from '../../src/health/health.js';
+import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
+import { ControllerMetrics } from '../../src/metrics/controller-metrics.js';
+import { buildDesiredState } from '../../src/model/desired-state.js';
+import { Reconciler } from '../../src/reconciler/reconciler.js';
+import { ApiStandIn } from '../../testbed/api-server.js';
+import { assertIsolatedNetns, probe, sh } from '../../testbed/node-network.js';
+import { CONFIG, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
+
+// These tests create no eBPF objects: the node's bpffs is not theirs to clean.
+const REGISTRY: BackendRegistry = { ...BACKENDS, ebpf: { ...BACKENDS.ebpf, leftovers: () => [] } };
+const OTHER_AGENT_MAP = ['ip', 'nat', 'other-agent'];
+
+async function pendingMetric(metrics: ControllerMetrics): Promise<number | undefined> {
+  const metric = await metrics.registry.getSingleMetric('ipvs_node_controller_leftovers_pending')?.get();
+  return metric?.values[0]?.value;
+}
+
+async function until(condition: () => boolean | Promise<boolean>, what: string): Promise<void> {
+  for (let i = 0; i < 300; i++) {
+    if (await condition()) return;
+    await sleep(100);
+  }
+  expect.fail(`timed out waiting for ${what}`);
+}
+
+describe('leftovers of another backend the kernel refuses to remove', function () {
+  this.timeout(120_000);
+  const scenario = new Scenario();
+  let dir: string;
+
+  before(async () => {
+    assertIsolatedNetns();
+    await scenario.setUp();
+    dir = mkdtempSync(join(tmpdir(), 'leftovers-'));
+  });
+
+  after(async () => {
+    try {
+      sh('nft', ['delete', 'map', ...OTHER_AGENT_MAP]);
+    } catch {
+      // gone already
+    }
+    try {
+      await cleanupAll({}, REGISTRY);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+      await scenario.tearDown();
+    }
+  });
+
+  it('are removed by a later attempt once the kernel allows it; /readyz and the metric say so meanwhile', async () => {
+    // An earlier run with the iptables backend (iptables-nft) left its chains and jumps.
+    const earlier = new Reconciler(new IptablesDriver('nft', { jumpCheckIntervalMs: 0 }));
+    await earlier.sync(buildDesiredState(SERVICES, NODE_INFO, CONFIG), { full: true });
+    await earlier.close();
+    // Another agent's verdict map jumps to our chain: the kernel refuses to delete a chain in use.
+    sh('nft', ['add', 'map', ...OTHER_AGENT_MAP, '{ type ipv4_addr : verdict; }']);
+    sh('nft', ['add', 'element', ...OTHER_AGENT_MAP, '{ 192.0.2.99 : jump IPVS_PREROUTING }']);
+
+    const api = await ApiStandIn.start({ bookmarkIntervalMs: 500 });
+    const selected = await BACKENDS.nft.create({});
+    const metrics = new ControllerMetrics({ defaultMetrics: false });
+    let controller: Controller | undefined;
+    try {
+      await api.writeKubeconfig(join(dir, 'kubeconfig'));
+      api.apply({
+        apiVersion: 'v1',
+        kind: 'Node',
+        metadata: { name: 'node-1' },
+        spec: { podCIDR: '10.244.1.0/24', podCIDRs: ['10.244.1.0/24'] },
+      });
+      api.apply({
+        apiVersion: 'v1',
+        kind: 'Service',
+        metadata: { name: 'svc-a', namespace: 'default' },
+        spec: {
+          type: 'LoadBalancer',
+          clusterIP: '10.96.0.10',
+          clusterIPs: ['10.96.0.10'],
+          ports: [{ port: 80, protocol: 'TCP' }],
+        },
+        status: { loadBalancer: { ingress: [{ ip: LB_V4 }] } },
+      });
+      controller = new Controller({
+        caches: createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), 'node-1'),
+        backend: selected.backend,
+        model: CONFIG,
+        nodeName: 'node-1',
+        minSyncPeriodMs: 0,
+        syncPeriodMs: 60_000,
+        logger: pino({ enabled: false }),
+        observer: metrics,
+        removeLeftovers: async () => {
+          await removeLeftovers(selected.description, {}, REGISTRY);
+        },
+        leftoverRetryMs: { initial: 200, max: 1_000 },
+      });
+      const status = controller.status;
+      const readiness = () =>
+        judgeReadiness({
+          status,
+          api: new ApiReachability(),
+          syncPeriodMs: 60_000,
+          startedAt: Date.now(),
+          now: Date.now(),
+        });
+      await controller.start();
+
+      // The first attempt and the next ones fail: the chain is in use.
+      await until(() => (status.leftovers?.attempts ?? 0) >= 3, 'three failed attempts');
+      expect(status.leftovers!.error).to.match(/Device or resource busy/);
+      expect(await hasIptablesObjects('nft'), 'our iptables-nft chains are still there').to.equal(true);
+      expect(await pendingMetric(metrics)).to.equal(1);
+      const meanwhile = readiness();
+      expect(meanwhile.ok).to.equal(true);
+      expect(meanwhile.warnings.join('\n')).to.match(/^leftovers of another backend could not be removed .*busy/m);
+      expect(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80)).to.equal('svc-a');
+
+      // The other agent drops its map: the next attempt removes the chains.
+      sh('nft', ['delete', 'map', ...OTHER_AGENT_MAP]);
+      await until(() => status.leftovers === undefined, 'the leftovers removed');
+      expect(await hasIptablesObjects('nft')).to.equal(false);
+      expect(await pendingMetric(metrics)).to.equal(0);
+      expect(readiness().warnings.filter((w) => w.includes('leftovers'))).to.deep.equal([]);
+      // The nft backend translates on its own.
+      expect(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80)).to.equal('svc-a');
+      expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal('svc-a');
+    } finally {
+      await controller?.stop();
+      await selected.backend.cleanup();
+      await selected.backend.close();
+      await api.stop();
+    }
+  });
+});

@@ -320,18 +320,25 @@ try {
   rmSync(work, { recursive: true, force: true });
 }
 
-/** `kubectl kustomize DIR` with the image set to REPO:<version>@DIGEST. */
+/**
+ * `kubectl kustomize DIR` with the image set to REPO:<version>@DIGEST. The overlay matches the
+ * image by the name deploy/components/image gives it, and the output must name the digest.
+ */
 function kustomizePinned(dir, repository, digest) {
   const scratch = mkdtempSync(join(tmpdir(), 'ipvs-node-controller-kustomize-'));
   try {
+    const component = YAML.parse(readFileSync(join(root, 'deploy/components/image/kustomization.yaml'), 'utf8'));
+    const named = component.images?.find((i) => i.name === 'ipvs-node-controller')?.newName ?? 'ipvs-node-controller';
     const kustomization = {
       apiVersion: 'kustomize.config.k8s.io/v1beta1',
       kind: 'Kustomization',
       resources: [relative(scratch, join(root, dir))],
-      images: [{ name: 'ipvs-node-controller', newName: repository, newTag: version, digest }],
+      images: [{ name: named, newName: repository, newTag: version, digest }],
     };
     writeFileSync(join(scratch, 'kustomization.yaml'), YAML.stringify(kustomization));
-    return run('kubectl', ['kustomize', scratch]);
+    const text = run('kubectl', ['kustomize', scratch]);
+    if (!text.includes(`@${digest}`)) throw new Error(`${dir}: kustomize did not pin the image to ${digest}`);
+    return text;
   } finally {
     rmSync(scratch, { recursive: true, force: true });
   }

@@ -329,7 +329,7 @@ class Kubelet {
   private image(container: Obj, override?: string): string {
     const pulled = this.pulled.get(container.image as string);
     if (pulled) return pulled;
-    expect(container.image).to.equal(`ipvs-node-controller:${VERSION}`);
+    expect(container.image).to.equal(`ghcr.io/ipvs-node-controller/ipvs-node-controller:${VERSION}`);
     return override ?? IMAGE;
   }
 

@@ -250,7 +250,7 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
     const pkg = JSON.parse(await readFile(join(repoRoot, 'package.json'), 'utf8')) as { version: string };
     for (const objects of rendered.values()) {
       const ds = only(objects, 'DaemonSet');
-      expect(container(ds).image).to.equal(`ipvs-node-controller:${pkg.version}`);
+      expect(container(ds).image).to.equal(`ghcr.io/ipvs-node-controller/ipvs-node-controller:${pkg.version}`);
       expect(ds.metadata.labels['app.kubernetes.io/version']).to.equal(pkg.version);
       expect(ds.spec.template.metadata.labels['app.kubernetes.io/version']).to.equal(pkg.version);
       expect(ds.spec.selector.matchLabels['app.kubernetes.io/version'], 'selectors are immutable').to.equal(undefined);
@@ -266,7 +266,7 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
     expect(pod.hostNetwork).to.equal(true);
     expect(pod.tolerations).to.deep.equal([{ operator: 'Exists' }]);
     const init = pod.initContainers[0];
-    expect(init.image).to.equal(`ipvs-node-controller:${pkg.version}`);
+    expect(init.image).to.equal(`ghcr.io/ipvs-node-controller/ipvs-node-controller:${pkg.version}`);
     const config = parseConfig(init.args, { NODE_NAME: 'n' });
     expect(config.cleanup).to.equal(true);
     expect(init.securityContext.capabilities).to.deep.equal({ drop: ['ALL'], add: ['NET_ADMIN', 'NET_RAW', 'BPF'] });

@@ -121,6 +121,18 @@ const NO_CLAIMS: Claim[] = Object.freeze([]) as unknown as Claim[];
 /** A step of the computation: yields where it may pause, returns its result. */
 type Steps<T> = Generator<void, T, void>;
 
+/** The last generation given to any state in this process. */
+let lastGeneration = 0;
+
+/**
+ * The next generation, after `after` and after every one given before in this process: the
+ * reconciler takes a state with an older generation for an older state, whichever model made it.
+ */
+function nextGeneration(after: number): number {
+  lastGeneration = Math.max(lastGeneration, after) + 1;
+  return lastGeneration;
+}
+
 /**
  * The desired state kept across syncs. update() gives exactly what buildDesiredState gives for
  * the same input; the arrays it returns are shared with later results and must not be modified.
@@ -166,7 +178,10 @@ export class DesiredStateModel {
   /** The generation of the last update asked for (DesiredState.generation). */
   private updates: number;
 
-  /** `after`: the last generation of a model this one replaces; its own generations come after. */
+  /**
+   * `after`: the last generation of a model this one replaces. Generations are numbered for the
+   * whole process, so a model's come after every state any model gave before, `after` or not.
+   */
   constructor(
     private readonly config: ModelConfig,
     after = 0,
@@ -191,7 +206,7 @@ export class DesiredStateModel {
     node: NodeInfo | undefined,
     interfaceAddresses: readonly string[] = [],
   ): DesiredState {
-    const steps = this.steps(services, node, interfaceAddresses, ++this.updates);
+    const steps = this.steps(services, node, interfaceAddresses, (this.updates = nextGeneration(this.updates)));
     for (;;) {
       const step = steps.next();
       if (step.done) return step.value;
@@ -208,7 +223,7 @@ export class DesiredStateModel {
     interfaceAddresses: readonly string[] = [],
   ): Promise<DesiredState> {
     // Numbered when asked for: calls are served, and their input read, in that order.
-    const generation = ++this.updates;
+    const generation = (this.updates = nextGeneration(this.updates));
     const run = this.running.then(async () => {
       const steps = this.steps(services, node, interfaceAddresses, generation);
       let sliceStart = performance.now();

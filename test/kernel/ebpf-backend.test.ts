@@ -281,7 +281,7 @@ describe('ebpf backend on the kernel', function () {
 
   it('attaches the eight programs to the cgroup and pins links, programs and maps', async function () {
     const result = await backend.sync(desiredOf(ALL_ENTRIES), { full: true });
-    expect(result).to.deep.equal({ mode: 'full', entries: { ipv4: 2, ipv6: 2 } });
+    expect(result).to.deep.equal({ mode: 'full', entries: { ipv4: 2, ipv6: 2 }, rejected: [] });
     const attached = cgroupPrograms(lab.cgroupPath);
     expect(attached.map((p) => p.attach_type).sort()).to.deep.equal([
       'cgroup_inet4_connect',

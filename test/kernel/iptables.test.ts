@@ -146,7 +146,13 @@ for (const variant of VARIANTS) {
       const desired = seedDesired();
       await backend.sync(desired, { full: true });
       const portals = '-m comment --comment "kubernetes service portals" -j KUBE-SERVICES';
-      restore(variant, `*nat\n:KUBE-SERVICES - [0:0]\n-I PREROUTING 1 ${portals}\n-A OUTPUT -j IPVS_OUTPUT\nCOMMIT\n`);
+      // KUBE-SERVICES as kube-proxy's IPVS mode fills it: its ACCEPT of ClusterIP traffic ends the
+      // nat walk, so a jump to it above ours can take packets first (an empty chain could not).
+      const accept = '-A KUBE-SERVICES -d 10.96.0.0/12 -j ACCEPT';
+      restore(
+        variant,
+        `*nat\n:KUBE-SERVICES - [0:0]\n${accept}\n-I PREROUTING 1 ${portals}\n-A OUTPUT -j IPVS_OUTPUT\nCOMMIT\n`,
+      );
       let view = parseNatSave(natSave(variant));
       expect(view.rules.get('PREROUTING')![0]).to.equal(portals);
       expect(view.rules.get('OUTPUT')!).to.have.lengthOf(2);

@@ -322,7 +322,8 @@ try {
 
 /**
  * `kubectl kustomize DIR` with the image set to REPO:<version>@DIGEST. The overlay matches the
- * image by the name deploy/components/image gives it, and the output must name the digest.
+ * image by the name deploy/components/image gives it, and every image of ours in the output must
+ * name the digest.
  */
 function kustomizePinned(dir, repository, digest) {
   const scratch = mkdtempSync(join(tmpdir(), 'ipvs-node-controller-kustomize-'));
@@ -337,7 +338,12 @@ function kustomizePinned(dir, repository, digest) {
     };
     writeFileSync(join(scratch, 'kustomization.yaml'), YAML.stringify(kustomization));
     const text = run('kubectl', ['kustomize', scratch]);
-    if (!text.includes(`@${digest}`)) throw new Error(`${dir}: kustomize did not pin the image to ${digest}`);
+    // Every image of ours the manifests name (deploy/monitoring names none) is pinned.
+    const unpinned = text
+      .split('\n')
+      .filter((l) => /image: .*ipvs-node-controller/.test(l) && !l.includes(`@${digest}`));
+    if (unpinned.length > 0)
+      throw new Error(`${dir}: kustomize did not pin the image to ${digest}: ${unpinned[0].trim()}`);
     return text;
   } finally {
     rmSync(scratch, { recursive: true, force: true });

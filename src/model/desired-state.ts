@@ -59,7 +59,10 @@ export function buildDesiredState(
   node: NodeInfo | undefined,
   config: ModelConfig,
 ): DesiredState {
-  return new DesiredStateModel(config).update(services, node);
+  // Built from nothing, outside any model's sequence: without a generation, which the
+  // reconciler takes for the newest state (a tool's or a test's state, given in any order).
+  const { generation: _generation, ...state } = new DesiredStateModel(config).update(services, node);
+  return state;
 }
 
 /** One Service's request for one map key. */

@@ -270,7 +270,7 @@ async function benchmark(): Promise<void> {
     );
     const nft = new Reconciler(new NftDriver(new NftCliExecutor()));
     for (const b of [ebpf, nft]) {
-      const probe = await b.probe();
+      const probe = await b.driver.probe();
       if (!probe.ok) throw new Error(`${b.name}: ${probe.detail}`);
     }
 

@@ -2,29 +2,30 @@
 // and applies typed operations to it as the nft driver's kernel would: atomically, failing on a
 // family that is not there, on an element removed that is not there or added again with another
 // value. Tests change `kernel` directly to play another writer, `refuse` to make writes fail,
-// `hold` to make a write wait, and `rejects` to have entries left out as a driver that refuses a
-// value does.
+// `hold` to make a write wait, `rejects` to have entries left out as a driver that refuses a
+// value does, and call `bypass` to play a window in which our translations were passed by.
 
-import type {
-  Applied,
-  BackendName,
-  Driver,
-  DriverCapabilities,
-  DriverOperation,
-  FamilyShape,
-  KernelElement,
-  ProbeResult,
-  ReadBack,
-  Rejection,
-} from '../../src/reconciler/driver.js';
+import {
+  holdsEntry,
+  podMatchShapeKey,
+  type Applied,
+  type BackendName,
+  type Driver,
+  type DriverCapabilities,
+  type DriverOperation,
+  type FamilyShape,
+  type KernelElement,
+  type ProbeResult,
+  type ReadBack,
+  type Rejection,
+} from '../../src/driver/driver.js';
+import type { TranslationsBypassed } from '../../src/driver/kernel-change.js';
 import { entryKey, type Entry, type Family } from '../../src/model/types.js';
 
 export interface FakeFamily {
   shape: string;
   elements: Map<string, KernelElement>;
 }
-
-const shapeKeyOf = (shape: FamilyShape) => JSON.stringify([shape.state.localPodMatch, shape.masqueradeMark]);
 
 export class FakeDriver implements Driver {
   readonly label: string;
@@ -58,6 +59,7 @@ export class FakeDriver implements Driver {
    * are not written again), and a repairShape writes the family whole with the operation's entries.
    */
   writesLikeIptables = false;
+  private readonly bypassListeners: Array<(bypass: TranslationsBypassed) => void> = [];
 
   constructor(
     readonly name: BackendName = 'nft',
@@ -67,12 +69,9 @@ export class FakeDriver implements Driver {
     this.capabilities = {
       ordersOwnWrites: true,
       conntrackMatters: true,
-      hasGeneration: false,
       atomicWrites: true,
       replacesFamilies: true,
       readsAlongsideWrites: false,
-      writesElements: true,
-      readsBack: true,
       filtersSources: true,
       ...capabilities,
     };
@@ -83,11 +82,20 @@ export class FakeDriver implements Driver {
   }
 
   shapeKey(shape: FamilyShape): string {
-    return shapeKeyOf(shape);
+    return podMatchShapeKey(shape);
   }
 
   async probe(): Promise<ProbeResult> {
     return { ok: true, detail: 'a fake driver' };
+  }
+
+  watchBypasses(listener: (bypass: TranslationsBypassed) => void): void {
+    this.bypassListeners.push(listener);
+  }
+
+  /** Plays a window in which new connections passed the family's translations by (iptables: a jump displaced). */
+  bypass(bypass: TranslationsBypassed): void {
+    for (const listener of this.bypassListeners) listener(bypass);
   }
 
   /** The entries of a family as `externalIp proto port -> clusterIp`, sorted. */
@@ -179,13 +187,13 @@ export class FakeDriver implements Driver {
     for (const e of expected) {
       if (leftOut?.has(entryKey(e))) continue;
       const k = foreign.get(entryKey(e));
-      if (k && k.clusterIp === e.clusterIp && k.service === e.service) foreign.delete(entryKey(e));
+      if (k && holdsEntry(k, e)) foreign.delete(entryKey(e));
       else missing.push(e);
     }
     return {
       missing,
       foreign: [...foreign.values()],
-      shapeDrift: held.shape === shapeKeyOf(shape) ? [] : ['rules'],
+      shapeDrift: held.shape === podMatchShapeKey(shape) ? [] : ['rules'],
     };
   }
 }
@@ -201,13 +209,13 @@ function applyOne(kernel: Map<Family, FakeFamily>, op: DriverOperation): void {
     return;
   }
   if (op.kind === 'writeFamily' || op.kind === 'replaceFamily') {
-    const shape = shapeKeyOf({ state: op.state, masqueradeMark: op.masqueradeMark });
+    const shape = podMatchShapeKey({ state: op.state, masqueradeMark: op.masqueradeMark });
     kernel.set(op.family, { shape, elements: new Map(op.state.entries.map((e) => [entryKey(e), element(e)])) });
     return;
   }
   const held = kernel.get(op.family);
   if (!held) throw new Error('No such file or directory');
-  if (op.kind === 'writeShape' || op.kind === 'repairShape') held.shape = shapeKeyOf(op.shape);
+  if (op.kind === 'writeShape' || op.kind === 'repairShape') held.shape = podMatchShapeKey(op.shape);
   if (op.kind === 'repairShape') return;
   for (const e of op.remove) {
     if (!held.elements.delete(entryKey(e))) throw new Error('No such file or directory');

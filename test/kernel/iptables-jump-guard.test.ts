@@ -12,6 +12,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pino } from 'pino';
+import { composeReconciler } from '../../src/cli/compose.js';
 import { Controller } from '../../src/controller.js';
 import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
@@ -180,7 +181,8 @@ for (const variant of ['legacy', 'nft'] as const) {
     it('through the controller with a 60 s sync period: a probe loop sees the translation back within seconds', async () => {
       const api = await ApiStandIn.start({ bookmarkIntervalMs: 500 });
       const dir = mkdtempSync(join(tmpdir(), 'jump-guard-'));
-      const backend = new Reconciler(new IptablesDriver(variant));
+      // As the composition root builds it, the conntrack clean-up subscribed.
+      const backend = composeReconciler(new IptablesDriver(variant), { logger: pino({ enabled: false }) });
       let controller: Controller | undefined;
       try {
         await api.writeKubeconfig(join(dir, 'kubeconfig'));
@@ -205,7 +207,7 @@ for (const variant of ['legacy', 'nft'] as const) {
         const caches = createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), 'node-1');
         controller = new Controller({
           caches,
-          backend,
+          reconciler: backend,
           model: CONFIG,
           nodeName: 'node-1',
           minSyncPeriodMs: 0,

@@ -16,9 +16,9 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { pino } from 'pino';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
+import { composeReconciler } from '../../src/cli/compose.js';
 import { Controller } from '../../src/controller.js';
 import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
-import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { assertIsolatedNetns, probe, sh } from '../../testbed/node-network.js';
 import { CONFIG, LB_V4, Scenario } from './scenario.js';
@@ -91,7 +91,10 @@ for (const variant of ['nft', 'legacy'] as const) {
 
     it('is in the kernel while the clean-up of the flows the displacement pinned still waits', async () => {
       const api = await ApiStandIn.start({ bookmarkIntervalMs: 500 });
-      const backend = new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 200 }));
+      // As the composition root builds it: the conntrack clean-up (the gated command) subscribed.
+      const backend = composeReconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 200 }), {
+        logger: pino({ enabled: false }),
+      });
       let controller: Controller | undefined;
       const log = join(dir, 'log');
       try {
@@ -105,7 +108,7 @@ for (const variant of ['nft', 'legacy'] as const) {
         api.apply(service('svc-a', '10.96.0.10', LB_V4, 80));
         controller = new Controller({
           caches: createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), 'node-1'),
-          backend,
+          reconciler: backend,
           model: CONFIG,
           nodeName: 'node-1',
           minSyncPeriodMs: 0,

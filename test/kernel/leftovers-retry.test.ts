@@ -14,6 +14,7 @@ import { pino } from 'pino';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { hasIptablesObjects } from '../../src/backends/iptables/nat-view.js';
 import { BACKENDS, cleanupAll, removeLeftovers, type BackendRegistry } from '../../src/backends/registry.js';
+import { composeReconciler } from '../../src/cli/compose.js';
 import { Controller } from '../../src/controller.js';
 import { ApiReachability, judgeReadiness } from '../../src/health/health.js';
 import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
@@ -78,6 +79,10 @@ describe('leftovers of another backend the kernel refuses to remove', function (
     const api = await ApiStandIn.start({ bookmarkIntervalMs: 500 });
     const selected = await BACKENDS.nft.create({});
     const metrics = new ControllerMetrics({ defaultMetrics: false });
+    const reconciler = composeReconciler(selected.driver, {
+      logger: pino({ enabled: false }),
+      onConntrackCleanup: (r) => metrics.onConntrackCleanup(r),
+    });
     let controller: Controller | undefined;
     try {
       await api.writeKubeconfig(join(dir, 'kubeconfig'));
@@ -101,7 +106,7 @@ describe('leftovers of another backend the kernel refuses to remove', function (
       });
       controller = new Controller({
         caches: createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), 'node-1'),
-        backend: selected.backend,
+        reconciler,
         model: CONFIG,
         nodeName: 'node-1',
         minSyncPeriodMs: 0,
@@ -145,8 +150,8 @@ describe('leftovers of another backend the kernel refuses to remove', function (
       expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal('svc-a');
     } finally {
       await controller?.stop();
-      await selected.backend.cleanup();
-      await selected.backend.close();
+      await reconciler.cleanup();
+      await reconciler.close();
       await api.stop();
     }
   });

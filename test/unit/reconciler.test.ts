@@ -5,7 +5,8 @@
 import { expect } from 'chai';
 import { buildDesiredState, DesiredStateModel } from '../../src/model/desired-state.js';
 import type { DesiredState, Family, NodeInfo, ServiceInfo } from '../../src/model/types.js';
-import type { DriverOperation, KernelChange } from '../../src/reconciler/driver.js';
+import type { DriverOperation } from '../../src/driver/driver.js';
+import type { KernelChange } from '../../src/driver/kernel-change.js';
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { FakeDriver } from '../doubles/fake-driver.js';
 import { CONFIG, lbService } from '../support/fixtures.js';
@@ -128,9 +129,8 @@ const writesIpv4Shape = (ops: readonly DriverOperation[]) =>
 describe('Reconciler: syncs and removals that overlap (no root)', () => {
   it('a partial sync that writes while a full sync is under way is not undone by the full sync', async () => {
     const driver = new FakeDriver();
-    const reconciler = new Reconciler(driver);
     const told = new Told();
-    reconciler.subscribe(told);
+    const reconciler = new Reconciler(driver, [told]);
     const model = new DesiredStateModel(CONFIG);
     await reconciler.sync(model.update([dual(1), dual(2)], DUAL_NODE), { full: true });
     expectToldAsWritten(driver, told);
@@ -158,9 +158,8 @@ describe('Reconciler: syncs and removals that overlap (no root)', () => {
 
   it('subscribers are told in the order of the writes, not the order the syncs end', async () => {
     const driver = new FakeDriver();
-    const reconciler = new Reconciler(driver);
     const told = new Told();
-    reconciler.subscribe(told);
+    const reconciler = new Reconciler(driver, [told]);
     const model = new DesiredStateModel(CONFIG);
     await reconciler.sync(model.update([dual(1), dual(2)], DUAL_NODE), { full: true });
     const periodic = model.update([dual(1), dual(2)], DUAL_NODE);
@@ -191,11 +190,10 @@ describe('Reconciler: syncs and removals that overlap (no root)', () => {
   });
 
   it('a sync that ends while a newer one is half written tells what the kernel holds of each family', async () => {
-    const driver = new FakeDriver('nft', { hasGeneration: true });
+    const driver = new FakeDriver();
     driver.keepsGeneration = true;
-    const reconciler = new Reconciler(driver);
     const told = new Told();
-    reconciler.subscribe(told);
+    const reconciler = new Reconciler(driver, [told]);
     const model = new DesiredStateModel(CONFIG);
     await reconciler.sync(model.update([dual(1), dual(2)], DUAL_NODE), { full: true });
     // Nobody else wrote since: the resync writes its changes and reads nothing back.
@@ -226,9 +224,8 @@ describe('Reconciler: syncs and removals that overlap (no root)', () => {
 
   it('a removal asked for while a full sync writes voids the writes the full sync has yet to make', async () => {
     const driver = new FakeDriver();
-    const reconciler = new Reconciler(driver);
     const told = new Told();
-    reconciler.subscribe(told);
+    const reconciler = new Reconciler(driver, [told]);
     const model = new DesiredStateModel(CONFIG);
     await reconciler.sync(model.update([dual(1), dual(2)], DUAL_NODE), { full: true });
     const periodic = model.update([dual(1), dual(2), dual(3)], DUAL_NODE);
@@ -257,9 +254,8 @@ describe('Reconciler: syncs and removals that overlap (no root)', () => {
 
   it('a removal asked for while a partial sync waits for its turn voids it', async () => {
     const driver = new FakeDriver();
-    const reconciler = new Reconciler(driver);
     const told = new Told();
-    reconciler.subscribe(told);
+    const reconciler = new Reconciler(driver, [told]);
     const model = new DesiredStateModel(CONFIG);
     await reconciler.sync(model.update([dual(1)], DUAL_NODE), { full: true });
     const slow = holdWrite(driver, writesIpv4Shape);

@@ -16,17 +16,18 @@
 
 import { FAMILIES, type Entry, type Family, type FamilyState } from '../../model/types.js';
 import { parseIp } from '../../model/ip.js';
-import type {
-  Applied,
-  Driver,
-  DriverCapabilities,
-  DriverOperation,
-  EntryCapacity,
-  FamilyShape,
-  KernelElement,
-  ProbeResult,
-  ReadBack,
-} from '../../reconciler/driver.js';
+import {
+  podMatchShapeKey,
+  type Applied,
+  type Driver,
+  type DriverCapabilities,
+  type DriverOperation,
+  type EntryCapacity,
+  type FamilyShape,
+  type KernelElement,
+  type ProbeResult,
+  type ReadBack,
+} from '../../driver/driver.js';
 import {
   MAX_LISTED_ELEMENTS,
   NftCliExecutor,
@@ -123,12 +124,9 @@ export class NftDriver implements Driver {
     this.capabilities = {
       ordersOwnWrites: true,
       conntrackMatters: true,
-      hasGeneration: executor.generation !== undefined,
       atomicWrites: true,
       replacesFamilies: true,
       readsAlongsideWrites: true,
-      writesElements: true,
-      readsBack: true,
       filtersSources: true,
     };
   }
@@ -138,7 +136,7 @@ export class NftDriver implements Driver {
   }
 
   shapeKey(shape: FamilyShape): string {
-    return JSON.stringify([shape.state.localPodMatch, shape.masqueradeMark]);
+    return podMatchShapeKey(shape);
   }
 
   /** The map is declared with a size: more entries need it replaced, which a whole write does. */

@@ -24,14 +24,8 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { elementLines, loadNftAddon, type NftablesAddon } from '../src/backends/nft/addon-executor.js';
 import { JsonWriter, Transaction, type MapObject } from '../src/backends/nft/objects.js';
-import {
-  MAP_NAME,
-  TABLE_NAME,
-  desiredTable,
-  mapElement,
-  deleteTables,
-  writeTable,
-} from '../src/backends/nft/render.js';
+import { MAP_NAME, TABLE_NAME, desiredTable, mapElement } from '../src/backends/nft/render.js';
+import { deleteTables, writeTable } from '../src/backends/nft/transactions.js';
 import { toNodeInfo, toServiceInfo } from '../src/kube/objects.js';
 import { buildDesiredState } from '../src/model/desired-state.js';
 import { FAMILIES, type DesiredState, type ModelConfig } from '../src/model/types.js';

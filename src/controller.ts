@@ -256,7 +256,14 @@ export class Controller {
       report.modelMs = performance.now() - started;
       this.modelReport.report(desired);
       observer?.onDesiredState?.(desired);
-      report.result = await this.stepAside.sync(desired, info.full, onWritten);
+      const plan = this.stepAside.plan();
+      if (plan.aside !== undefined) {
+        report.result = await this.stepAside.stepAside(plan.aside, desired);
+        onWritten();
+      } else {
+        report.result = await reconciler.sync(desired, { full: info.full || plan.full, onWritten });
+        this.stepAside.translated(report.result);
+      }
       const ended = written ?? performance.now();
       report.durationMs = ended - started;
       if (info.changedAt !== undefined) report.changeLatencyMs = ended - info.changedAt;

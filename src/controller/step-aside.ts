@@ -3,7 +3,8 @@
 // is removed (once) and nothing is programmed until kube-proxy is in IPVS mode again. Once
 // stepped aside, only a positive IPVS brings the translation back: kube-proxy restarting (mode
 // unknown) leaves its rules in place. With --kube-proxy-step-aside=false the controller
-// translates anyway, and its status says why it should not.
+// translates anyway, and its status says why it should not. The controller asks plan() before
+// each sync; a sync that translates goes to the reconciler as any other.
 
 import type { Logger } from '../log.js';
 import { isNonIpvsMode, type ModeVerdict } from '../kubeproxy/mode.js';
@@ -23,7 +24,8 @@ export interface KubeProxyStatus {
 }
 
 export interface StepAsideOptions {
-  reconciler: Pick<Reconciler, 'sync' | 'cleanup'>;
+  /** Removes our objects when the controller steps aside. */
+  reconciler: Pick<Reconciler, 'cleanup'>;
   logger: Logger;
   /** Step aside while kube-proxy is positively in iptables or nftables mode (default true). */
   enabled?: boolean;
@@ -61,34 +63,34 @@ export class StepAside {
   }
 
   /**
-   * Makes the kernel hold `desired` (everything of it when back from stepping aside), or, while
-   * kube-proxy is not in IPVS mode, nothing of ours.
+   * What the next sync does: step aside (remove our objects, once) while kube-proxy is not in
+   * IPVS mode; else translate, everything (`full`) when back from stepping aside. With stepping
+   * aside off, it translates anyway and says why it should not (logged once, in the status).
    */
-  async sync(desired: DesiredState, full: boolean, onWritten: () => void): Promise<SyncResult> {
-    const { logger } = this.options;
+  plan(): { aside: string } | { aside?: undefined; full: boolean } {
     const reason = this.reason();
-    if (reason && this.options.enabled !== false) {
-      const result = await this.stepAside(reason, desired);
-      onWritten();
-      return result;
-    }
+    if (reason && this.options.enabled !== false) return { aside: reason };
     if (reason && !this.current.reason) {
-      logger.warn(
+      this.options.logger.warn(
         { kubeProxyMode: this.current.mode.mode, reason, kubeProxyStepAside: false },
         'Translating although kube-proxy is not in IPVS mode',
       );
     }
     this.current.reason = reason;
     // Back from stepping aside: the kernel holds nothing of ours, program everything.
-    const steppedAside = this.current.steppedAside;
-    const result = await this.options.reconciler.sync(desired, { full: full || steppedAside, onWritten });
+    return { full: this.current.steppedAside };
+  }
+
+  /** A sync planned to translate ended with `result`: the controller is back, unless a removal came since. */
+  translated(result: SyncResult): void {
     // Stepped aside since this sync began: its writes were void, the controller stays aside.
-    if (this.current.steppedAside && !result.superseded) {
-      this.current = { ...this.current, steppedAside: false, reason: undefined };
-      logger.info({ kubeProxyMode: this.current.mode.mode }, 'Translating again, kube-proxy is in IPVS mode');
-      this.options.onChange?.(this.current);
-    }
-    return result;
+    if (!this.current.steppedAside || result.superseded) return;
+    this.current = { ...this.current, steppedAside: false, reason: undefined };
+    this.options.logger.info(
+      { kubeProxyMode: this.current.mode.mode },
+      'Translating again, kube-proxy is in IPVS mode',
+    );
+    this.options.onChange?.(this.current);
   }
 
   /**
@@ -108,7 +110,7 @@ export class StepAside {
    * Removes every object of ours (once, when kube-proxy turns non-IPVS), then programs nothing
    * until kube-proxy is in IPVS mode again. The controller stays ready and says why.
    */
-  private async stepAside(reason: string, desired: DesiredState): Promise<SyncResult> {
+  async stepAside(reason: string, desired: DesiredState): Promise<SyncResult> {
     if (!this.current.steppedAside) {
       // The kernel then holds none of our translations: flows they made go too (conntrack).
       await this.options.reconciler.cleanup(desired);

@@ -111,7 +111,10 @@ export interface Applied {
   generations?: { before: number; after: number };
   /** The kernel already held it all: nothing was written (iptables-legacy compares before writing). */
   unchanged?: boolean;
-  /** Entries per family left out of a whole write (a value the tools refuse): not programmed. */
+  /**
+   * Per family these operations wrote, the entries it holds none of (a value the tools refuse):
+   * required after a whole write; after element changes, when the driver keeps count.
+   */
   leftOut?: Partial<Record<Family, number>>;
   /** Per family these operations wrote, everything the family now leaves out (not only this write's). */
   rejected?: Partial<Record<Family, readonly Rejection[]>>;

@@ -36,10 +36,6 @@ export class ElementStorage {
     this.objects = new Set(state.entries);
   }
 
-  get size(): number {
-    return this.objects.size;
-  }
-
   values(): IterableIterator<Entry> {
     return this.objects.values();
   }

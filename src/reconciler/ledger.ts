@@ -138,20 +138,14 @@ export class Ledger {
 
   /**
    * What the kernel holds of ours now, as written: each family's newest state. The other fields
-   * are those of the newest of them; `desired` stands in for a family not written.
+   * are those of the newest of them. Every family is written by then: a sync that neither failed
+   * nor was superseded by a removal wrote each family, whole or by its changes.
    */
-  holding(desired: DesiredState): DesiredState {
-    const ipv4 = this.written.get('ipv4');
-    const ipv6 = this.written.get('ipv6');
-    if (ipv4 && ipv4.desired === ipv6?.desired) return ipv4.desired;
-    const newest = [ipv4, ipv6].reduce<Written | undefined>(
-      (a, b) => (b && (!a || b.generation > a.generation) ? b : a),
-      undefined,
-    );
-    return {
-      ...(newest?.desired ?? desired),
-      ipv4: ipv4?.desired.ipv4 ?? desired.ipv4,
-      ipv6: ipv6?.desired.ipv6 ?? desired.ipv6,
-    };
+  holding(): DesiredState {
+    const ipv4 = this.written.get('ipv4')!;
+    const ipv6 = this.written.get('ipv6')!;
+    if (ipv4.desired === ipv6.desired) return ipv4.desired;
+    const newest = ipv6.generation > ipv4.generation ? ipv6 : ipv4;
+    return { ...newest.desired, ipv4: ipv4.desired.ipv4, ipv6: ipv6.desired.ipv6 };
   }
 }

@@ -162,7 +162,7 @@ export class Reconciler {
     }
     options.onWritten?.();
     // A removal asked for since: it tells subscribers that nothing is held.
-    if (!superseded) await this.publication.publish(ledger.holding(desired));
+    if (!superseded) await this.publication.publish(ledger.holding());
     const result: SyncResult = {
       mode: superseded ? 'noop' : modes.includes('full') ? 'full' : modes.includes('partial') ? 'partial' : 'noop',
       entries: { ipv4: ledger.count('ipv4'), ipv6: ledger.count('ipv6') },

@@ -110,61 +110,62 @@ export class Controller {
   private readonly modelReport: ModelReport;
   private readonly leftovers: LeftoverRemoval;
   private started = false;
-  private cachesSynced = false;
-  private limits: ControllerStatus['limits'];
-  private lastSuccessfulSyncAt: number | undefined;
-  private lastSyncEndedAt: number | undefined;
-  private lastError: string | undefined;
+  /**
+   * What /readyz, the logs and the tests see of the controller, read live: the controller's own
+   * fields, and those of its parts (the model report, stepping aside, the leftovers' removal).
+   */
+  readonly status: ControllerStatus;
   /** The syncs under way: a partial sync may run beside a full one. */
   private readonly syncsUnderWay = new Set<{ startedAt: number }>();
 
   constructor(private readonly options: ControllerOptions) {
     const { reconciler, logger, observer } = options;
-    this.model = this.newModel(options.model, 0);
-    this.stepAside = new StepAside({
+    const syncsUnderWay = this.syncsUnderWay;
+    const modelReport = (this.modelReport = new ModelReport(logger, observer));
+    const leftovers = (this.leftovers = new LeftoverRemoval({
+      remove: options.removeLeftovers,
+      logger,
+      retryMs: options.leftoverRetryMs,
+      onPending: (pending) => observer?.onLeftovers?.(pending),
+    }));
+    const stepAside = (this.stepAside = new StepAside({
       reconciler,
       logger,
       enabled: options.kubeProxyStepAside,
       mode: options.kubeProxyMode,
       settings: options.kubeProxySettings,
       onChange: (status) => observer?.onKubeProxy?.(status),
-    });
-    this.modelReport = new ModelReport(logger, observer);
-    this.leftovers = new LeftoverRemoval({
-      remove: options.removeLeftovers,
-      logger,
-      retryMs: options.leftoverRetryMs,
-      onPending: (pending) => observer?.onLeftovers?.(pending),
-    });
+    }));
+    this.status = {
+      cachesSynced: false,
+      get syncStartedAt() {
+        return oldestStart(syncsUnderWay);
+      },
+      get servicesOverLimits() {
+        return modelReport.servicesOverLimits;
+      },
+      get localPodMatchProblems() {
+        return modelReport.localPodMatchProblems;
+      },
+      get kubeProxy() {
+        return stepAside.status;
+      },
+      get leftovers() {
+        return leftovers.status;
+      },
+    };
+    this.model = this.newModel(options.model, 0);
     this.runner = new SyncRunner({
       minIntervalMs: options.minSyncPeriodMs,
       fullIntervalMs: options.syncPeriodMs,
       sync: (info) => this.sync(info),
       partialDuringFull: reconciler.capabilities.ordersOwnWrites,
       onError: (err, retryInMs) => {
-        this.lastError = err.message;
+        this.status.lastError = err.message;
         logger.error({ retryInMs, err }, 'Sync failed, keeping the rules in place');
       },
     });
     options.caches.onChange(() => this.onCacheChange());
-  }
-
-  /** What /readyz, the logs and the tests see of the controller now. */
-  get status(): ControllerStatus {
-    const status: ControllerStatus = {
-      cachesSynced: this.cachesSynced,
-      localPodMatchProblems: this.modelReport.localPodMatchProblems,
-      kubeProxy: this.stepAside.status,
-    };
-    if (this.modelReport.servicesOverLimits) status.servicesOverLimits = this.modelReport.servicesOverLimits;
-    if (this.lastSuccessfulSyncAt !== undefined) status.lastSuccessfulSyncAt = this.lastSuccessfulSyncAt;
-    if (this.lastSyncEndedAt !== undefined) status.lastSyncEndedAt = this.lastSyncEndedAt;
-    const syncStartedAt = this.oldestSyncStart();
-    if (syncStartedAt !== undefined) status.syncStartedAt = syncStartedAt;
-    if (this.limits) status.limits = this.limits;
-    if (this.lastError !== undefined) status.lastError = this.lastError;
-    if (this.leftovers.status) status.leftovers = this.leftovers.status;
-    return status;
   }
 
   /** A cache changed. Before the caches synced, nothing is programmed (previous rules stay). */
@@ -178,7 +179,7 @@ export class Controller {
     caches.node.start();
     logger.info('Waiting for the Service and Node caches to sync, the kernel is not touched until then');
     await Promise.all([caches.services.waitForSync(), caches.node.waitForSync()]);
-    this.cachesSynced = true;
+    this.status.cachesSynced = true;
     logger.info({ services: caches.services.list().length }, 'Caches synced');
     this.started = true;
     this.options.observer?.onKubeProxy?.(this.stepAside.status);
@@ -216,7 +217,7 @@ export class Controller {
     const { capacity, capabilities } = this.options.reconciler;
     const maxEntries = entryLimit(capacity, this.options.maxEntries);
     const config = { ...model, maxEntries, sourceRangesSupported: capabilities.filtersSources };
-    this.limits = {
+    this.status.limits = {
       maxEntriesPerService: config.maxEntriesPerService ?? DEFAULT_MAX_ENTRIES_PER_SERVICE,
       maxEntries,
     };
@@ -267,9 +268,9 @@ export class Controller {
       const ended = written ?? performance.now();
       report.durationMs = ended - started;
       if (info.changedAt !== undefined) report.changeLatencyMs = ended - info.changedAt;
-      const first = this.lastSuccessfulSyncAt === undefined;
-      this.lastSuccessfulSyncAt = Date.now();
-      this.lastError = undefined;
+      const first = this.status.lastSuccessfulSyncAt === undefined;
+      this.status.lastSuccessfulSyncAt = Date.now();
+      this.status.lastError = undefined;
       if (first) {
         await this.leftovers.attempt();
         await this.compactMemory();
@@ -294,14 +295,15 @@ export class Controller {
       throw report.error;
     } finally {
       this.syncsUnderWay.delete(underWay);
-      this.lastSyncEndedAt = Date.now();
+      this.status.lastSyncEndedAt = Date.now();
       observer?.onSync?.(report);
     }
   }
+}
 
-  private oldestSyncStart(): number | undefined {
-    let oldest: number | undefined;
-    for (const s of this.syncsUnderWay) oldest = Math.min(oldest ?? s.startedAt, s.startedAt);
-    return oldest;
-  }
+/** When the oldest of the syncs under way started, if one is. */
+function oldestStart(syncs: ReadonlySet<{ startedAt: number }>): number | undefined {
+  let oldest: number | undefined;
+  for (const s of syncs) oldest = Math.min(oldest ?? s.startedAt, s.startedAt);
+  return oldest;
 }

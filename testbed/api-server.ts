@@ -309,8 +309,9 @@ export class ApiStandIn {
       const selection = parseSelection(resource, query, name);
       const counts = watch ? this.stats.watches : this.stats.lists;
       counts[resource.plural] = (counts[resource.plural] ?? 0) + 1;
-      if (watch) this.watches.serve(req, res, route, selection, query, reads);
-      else this.lists.serve(req, res, route, selection, query, reads);
+      const read = { req, res, route, selection, query, reads };
+      if (watch) this.watches.serve(read);
+      else this.lists.serve(read);
       return;
     }
     if (name === undefined) {

@@ -5,6 +5,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { ApiError, type KubeObject } from './errors.js';
 import { RESOURCES, isPlainObject, resourceOfPlural, type Resource } from './resources.js';
 import type { ClientReads } from './read-path.js';
+import type { Selection } from './selectors.js';
 
 export interface Route {
   resource: Resource;
@@ -14,6 +15,17 @@ export interface Route {
   subresource?: 'status';
   /** Reached through the legacy /api/v1/watch/ prefix. */
   watchPath: boolean;
+}
+
+/** A list or watch request, parsed: what the list and watch servers are handed. */
+export interface ReadRequest {
+  req: IncomingMessage;
+  res: ServerResponse;
+  route: Route;
+  selection: Selection;
+  query: URLSearchParams;
+  /** The reads of the client that asks. */
+  reads: ClientReads;
 }
 
 export function parseRoute(path: string): Route | undefined {

@@ -3,13 +3,12 @@
 // over a snapshot taken at the first page, as Tables for kubectl, or cut short by breakNextList.
 
 import { randomBytes } from 'node:crypto';
-import type { IncomingMessage, ServerResponse } from 'node:http';
 import { ApiError, invalidListOptions, tooLargeResourceVersion, type KubeObject } from './errors.js';
 import type { Faults } from './faults.js';
-import { sendJson, type Route } from './http.js';
-import { listReadPath, type ClientReads, type ReadPathFeatures } from './read-path.js';
+import { sendJson, type ReadRequest } from './http.js';
+import { listReadPath, type ReadPathFeatures } from './read-path.js';
 import { withoutTypeMeta } from './resources.js';
-import { inScope, type Selection } from './selectors.js';
+import { inScope } from './selectors.js';
 import type { ObjectStore } from './store.js';
 import { toTable, wantsTable } from './table.js';
 
@@ -61,14 +60,7 @@ export class ListServer {
     this.snapshots.clear();
   }
 
-  serve(
-    req: IncomingMessage,
-    res: ServerResponse,
-    route: Route,
-    selection: Selection,
-    query: URLSearchParams,
-    reads: ClientReads,
-  ): void {
+  serve({ req, res, route, selection, query, reads }: ReadRequest): void {
     const { resource } = route;
     reads.lists++;
     const limit = Number(query.get('limit') ?? 0);

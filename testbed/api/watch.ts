@@ -5,13 +5,13 @@
 // at timeoutSeconds. The faults of faults.ts and the tests' own (a line injected, a watch made
 // silent) act on the open streams.
 
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { ServerResponse } from 'node:http';
 import { ApiError, REASONS, failureStatus, tooLargeResourceVersion, type KubeObject } from './errors.js';
 import type { Faults } from './faults.js';
-import type { Route } from './http.js';
+import type { ReadRequest } from './http.js';
 import { initialEventsOf, type ClientReads, type ReadPathFeatures } from './read-path.js';
 import { withTypeMeta, type Resource } from './resources.js';
-import { inScope, type Selection } from './selectors.js';
+import { inScope } from './selectors.js';
 import { visibleChange, type ChangeType, type ObjectStore, type Watcher } from './store.js';
 import { toTable, wantsTable } from './table.js';
 
@@ -134,14 +134,7 @@ export class WatchServer {
     for (const watch of this.open) watch.close();
   }
 
-  serve(
-    req: IncomingMessage,
-    res: ServerResponse,
-    route: Route,
-    selection: Selection,
-    query: URLSearchParams,
-    reads: ClientReads,
-  ): void {
+  serve({ req, res, route, selection, query, reads }: ReadRequest): void {
     const { resource } = route;
     reads.watches++;
     const from = query.get('resourceVersion') ?? '';

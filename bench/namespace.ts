@@ -50,6 +50,11 @@ export async function waitForOwnNetworkNamespace(pid: number, timeoutMs = 5000):
 /** The argument a benchmark re-run by inPrivateNamespaces is given. */
 const IN_NAMESPACE_FLAG = '--in-private-namespaces';
 
+/** The benchmark's own arguments, without the one inPrivateNamespaces adds. */
+export function benchmarkArgs(): string[] {
+  return process.argv.slice(2).filter((a) => a !== IN_NAMESPACE_FLAG);
+}
+
 /**
  * Runs `main` in network and mount namespaces of its own, with its loopback up: the script
  * (`moduleUrl`, its import.meta.url) runs itself again under `unshare --net --mount` with the
@@ -62,11 +67,11 @@ export async function inPrivateNamespaces(
   name: string,
   main: (args: string[]) => Promise<void> | void,
 ): Promise<void> {
-  const args = process.argv.slice(2);
-  if (args.includes(IN_NAMESPACE_FLAG)) {
+  const args = benchmarkArgs();
+  if (process.argv.includes(IN_NAMESPACE_FLAG)) {
     spawnSync('ip', ['link', 'set', 'lo', 'up']);
     try {
-      await main(args.filter((a) => a !== IN_NAMESPACE_FLAG));
+      await main(args);
     } catch (err) {
       console.error(`${name}: ${(err as Error).stack ?? String(err)}`);
       process.exitCode = 1;

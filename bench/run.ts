@@ -48,7 +48,7 @@ import {
 import { measureOneService, type OneServiceContext } from './one-service.js';
 import { ElementMonitor } from './kernel-monitor.js';
 import { compilePacketProbe, probeNode } from './packet-probe.js';
-import { inPrivateNamespaces } from './namespace.js';
+import { benchmarkArgs, inPrivateNamespaces } from './namespace.js';
 import {
   formatReport,
   type BenchResults,
@@ -642,5 +642,18 @@ async function benchmark(argv: string[]): Promise<void> {
   process.stdout.write(`\nresults: ${relative(process.cwd(), path)}\n`);
 }
 
-if (process.argv.includes('--help') || process.argv.includes('-h')) console.log(USAGE);
-else await inPrivateNamespaces(import.meta.url, 'bench', benchmark);
+const args = benchmarkArgs();
+if (args.includes('--help') || args.includes('-h')) {
+  console.log(USAGE);
+} else {
+  // The options are checked before any namespace is made; a wrong one prints the usage.
+  let usable = true;
+  try {
+    parseOptions(args);
+  } catch (err) {
+    console.error(`bench: ${(err as Error).message}`);
+    process.exitCode = 2;
+    usable = false;
+  }
+  if (usable) await inPrivateNamespaces(import.meta.url, 'bench', benchmark);
+}

@@ -73,7 +73,8 @@ export interface InformerOptions<T> {
   ): Promise<{ items: unknown[]; resourceVersion?: string; continue?: string }>;
   /** Build the cache with a WatchList stream where the server offers one (see above). Default false. */
   watchList?: boolean;
-  strip(raw: unknown): T | undefined;
+  /** The fields kept of a raw object (undefined: not kept); called on its own, not on these options. */
+  strip(this: void, raw: unknown): T | undefined;
   fieldSelector?: string;
   onChange(): void;
   observer?: InformerObserver;
@@ -129,7 +130,7 @@ export class Informer<T> implements ChangeFeed<T> {
     private readonly kubeConfig: KubeConfig,
     private readonly options: InformerOptions<T>,
   ) {
-    this.store = new ObjectStore<T>((raw) => options.strip(raw));
+    this.store = new ObjectStore<T>(options.strip);
   }
 
   get resource(): string {

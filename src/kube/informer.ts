@@ -76,7 +76,8 @@ export interface InformerOptions<T> {
   /** The fields kept of a raw object (undefined: not kept); called on its own, not on these options. */
   strip(this: void, raw: unknown): T | undefined;
   fieldSelector?: string;
-  onChange(): void;
+  /** The cache changed; called on its own, not on these options. */
+  onChange(this: void): void;
   observer?: InformerObserver;
   /**
    * Lower bound of the server-side watch timeout; each watch asks for a random one in
@@ -203,7 +204,7 @@ export class Informer<T> implements ChangeFeed<T> {
       minWatchTimeoutMs: this.options.minWatchTimeoutMs,
       watchIdleTimeoutMs: this.options.watchIdleTimeoutMs,
       store: this.store,
-      onChange: () => this.options.onChange(),
+      onChange: this.options.onChange,
       current: () => this.current(generation),
       interrupt: this.interrupt,
       opened: () => this.report((o) => o.onWatch?.(resource)),

@@ -1,5 +1,6 @@
 // Memory of the running controller (the real CLI against the API stand-in, nft backend) with N
-// LoadBalancer Services, started as the image starts it (package.json's bin: the bundle under
+// LoadBalancer Services of the benchmark (bench/services.ts: one port each, with the metadata a
+// real API server serves), started as the image starts it (package.json's bin: the bundle under
 // Node with ipvsNodeController.nodeFlags), and where that memory goes: the resident set after the
 // first sync, a few full resyncs and V8's compaction of the start's garbage (SETTLE_MS), split
 // into file pages (the node binary, the shared libraries and addons) and anonymous memory (V8's
@@ -21,57 +22,12 @@ import { once } from 'node:events';
 import { mkdtempSync, readFileSync, readlinkSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { ApiStandIn } from '../testbed/api-server.js';
 import { NODE_FLAGS, shippedArgs } from '../testbed/shipped-controller.js';
 import { SETTLE_MS } from './controller-process.js';
+import { inPrivateNamespaces } from './namespace.js';
+import { NODE_NAME, benchNode, benchService } from './services.js';
 import { httpGet, scrapeMetrics } from '../test/support/scrape.js';
-
-const ISOLATED = 'IPVS_NODE_CONTROLLER_BENCH_ISOLATED';
-
-if (process.env[ISOLATED] !== '1') {
-  if (process.getuid?.() !== 0) {
-    console.error('controller-memory: run as root (it programs nftables in a namespace of its own)');
-    process.exit(2);
-  }
-  const self = fileURLToPath(import.meta.url);
-  const r = spawnSync(
-    'unshare',
-    ['--net', '--mount', '--propagation', 'private', '--', process.execPath, self, ...process.argv.slice(2)],
-    {
-      stdio: 'inherit',
-      env: { ...process.env, [ISOLATED]: '1' },
-    },
-  );
-  process.exit(r.status ?? 1);
-}
-
-/** A Service as a real API server serves it, with the fields the controller strips. */
-function service(i: number): Record<string, unknown> {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: {
-      name: `svc-${i}`,
-      namespace: `ns-${i % 50}`,
-      labels: { app: `app-${i}`, team: 'bench' },
-      annotations: { 'kubectl.kubernetes.io/last-applied-configuration': 'x'.repeat(600) },
-      managedFields: [{ manager: 'kubectl', operation: 'Apply', fieldsV1: { 'f:spec': { 'f:ports': {} } } }],
-    },
-    spec: {
-      type: 'LoadBalancer',
-      clusterIP: `10.96.${(i >> 8) & 255}.${i & 255}`,
-      clusterIPs: [`10.96.${(i >> 8) & 255}.${i & 255}`],
-      selector: { app: `app-${i}` },
-      externalTrafficPolicy: 'Local',
-      ports: [
-        { name: 'http', port: 80, protocol: 'TCP', targetPort: 8080 },
-        { name: 'https', port: 443, protocol: 'TCP', targetPort: 8443 },
-      ],
-    },
-    status: { loadBalancer: { ingress: [{ ip: `172.${16 + ((i >> 16) & 15)}.${(i >> 8) & 255}.${i & 255}` }] } },
-  };
-}
 
 function statusKb(pid: number, field: string): number {
   const m = new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
@@ -154,13 +110,8 @@ async function floor(): Promise<string> {
 
 async function measure(n: number, dir: string): Promise<string> {
   const api = await ApiStandIn.start();
-  api.apply({
-    apiVersion: 'v1',
-    kind: 'Node',
-    metadata: { name: 'bench-node' },
-    spec: { podCIDRs: ['10.244.0.0/24'] },
-  });
-  for (let i = 0; i < n; i++) api.apply(service(i));
+  api.apply(benchNode());
+  for (let i = 0; i < n; i++) api.apply(benchService(i));
   const kubeconfig = join(dir, `kubeconfig-${n}`);
   await api.writeKubeconfig(kubeconfig);
   const child = spawn(
@@ -168,7 +119,7 @@ async function measure(n: number, dir: string): Promise<string> {
     shippedArgs(
       [
         `--kubeconfig=${kubeconfig}`,
-        '--node-name=bench-node',
+        `--node-name=${NODE_NAME}`,
         '--sync-period=2s',
         '--metrics-bind-address=127.0.0.1:9477',
         '--healthz-bind-address=127.0.0.1:9478',
@@ -213,23 +164,21 @@ async function measure(n: number, dir: string): Promise<string> {
   }
 }
 
-spawnSync('ip', ['link', 'set', 'lo', 'up']);
-const sizes = process.argv
-  .slice(2)
-  .map(Number)
-  .filter((x) => x >= 0 && Number.isInteger(x));
-const dir = mkdtempSync(join(tmpdir(), 'bench-memory-'));
-try {
-  console.log(
-    `node ${process.version} ${[...NODE_FLAGS, ...extraNodeFlags].join(' ')}` +
-      `${process.env.BENCH_ENV ? `, env ${process.env.BENCH_ENV}` : ''}; resident ${SETTLE_MS / 1000} s after three resyncs (MiB)`,
-  );
-  console.log(
-    '| Services | entries | RSS | node binary | other files | anonymous | peak RSS | V8 heap used / total | code space | old + new space | external | CPU to ready (ms) | full sync (ms) | largest files |',
-  );
-  console.log('| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |');
-  if (process.env.BENCH_FLOOR === '1') console.log(await floor());
-  for (const n of sizes.length > 0 ? sizes : [0, 1, 10_000]) console.log(await measure(n, dir));
-} finally {
-  rmSync(dir, { recursive: true, force: true });
-}
+await inPrivateNamespaces(import.meta.url, 'controller-memory', async (args) => {
+  const sizes = args.map(Number).filter((x) => x >= 0 && Number.isInteger(x));
+  const dir = mkdtempSync(join(tmpdir(), 'bench-memory-'));
+  try {
+    console.log(
+      `node ${process.version} ${[...NODE_FLAGS, ...extraNodeFlags].join(' ')}` +
+        `${process.env.BENCH_ENV ? `, env ${process.env.BENCH_ENV}` : ''}; resident ${SETTLE_MS / 1000} s after three resyncs (MiB)`,
+    );
+    console.log(
+      '| Services | entries | RSS | node binary | other files | anonymous | peak RSS | V8 heap used / total | code space | old + new space | external | CPU to ready (ms) | full sync (ms) | largest files |',
+    );
+    console.log('| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |');
+    if (process.env.BENCH_FLOOR === '1') console.log(await floor());
+    for (const n of sizes.length > 0 ? sizes : [0, 1, 10_000]) console.log(await measure(n, dir));
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});

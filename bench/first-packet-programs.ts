@@ -2,9 +2,7 @@
 // A connect loop in C: Node's event loop would cost more per connection than the NAT lookup
 // being measured. Each connection is closed with a reset, so no TIME_WAIT piles up.
 
-import { spawnSync } from 'node:child_process';
-import { writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { compileC } from './packet-probe.js';
 
 /** connect-loop ADDRESS PORT COUNT: prints {"answer","failures","p50Us","p90Us","p99Us","meanUs"}. */
 const CONNECT_LOOP_C = String.raw`
@@ -100,20 +98,9 @@ export interface Programs {
   acceptLoop: string;
 }
 
-function compile(dir: string, name: string, source: string): string {
-  const sourcePath = join(dir, `${name}.c`);
-  const binary = join(dir, name);
-  writeFileSync(sourcePath, source);
-  for (const compiler of ['cc', 'clang']) {
-    const result = spawnSync(compiler, ['-O2', '-Wall', '-o', binary, sourcePath], { stdio: 'inherit' });
-    if (result.status === 0) return binary;
-  }
-  throw new Error('the first-packet measure needs a C compiler: install gcc (or clang)');
-}
-
 export function compilePrograms(dir: string): Programs {
   return {
-    connectLoop: compile(dir, 'connect-loop', CONNECT_LOOP_C),
-    acceptLoop: compile(dir, 'accept-loop', ACCEPT_LOOP_C),
+    connectLoop: compileC(dir, 'connect-loop', CONNECT_LOOP_C, 'the first-packet measure'),
+    acceptLoop: compileC(dir, 'accept-loop', ACCEPT_LOOP_C, 'the first-packet measure'),
   };
 }

@@ -4,10 +4,10 @@
 // removals, the deletes and the rewrite each forced, which is where the bound was chosen.
 //
 // A table of --entries LoadBalancer entries (one pod CIDR: four rules each): --entries minus the
-// removed size one-port Services written whole, then the Service to remove (one address, that many
+// removed size one-port Services of the benchmark (bench/services.ts) written whole, then the Service to remove (one address, that many
 // ports) added by a partial sync, so its rules sit at the end of the chains, where a Service
 // created last sits; then the timed partial sync that removes it. Each run starts from empty
-// chains. Prints figures; asserts nothing. Re-runs itself inside `unshare --net`.
+// chains. Prints figures; asserts nothing. Re-runs itself inside `unshare --net --mount`.
 //
 //   node dist/bench/iptables-removal.js [--entries 20000] [--remove 10000] [--sweep 1,4,16,64,256]
 //                                       [--variants legacy,nft]
@@ -20,24 +20,12 @@ import { IptablesDriver, REWRITE_ABOVE_DELETES } from '../src/backends/iptables/
 import { Reconciler } from '../src/reconciler/reconciler.js';
 import type { SyncResult } from '../src/reconciler/sync-result.js';
 import { buildDesiredState } from '../src/model/desired-state.js';
-import type { DesiredState, ServiceInfo } from '../src/model/types.js';
-import { inPrivateNetworkNamespace } from './namespace.js';
+import type { DesiredState, NodeInfo, ServiceInfo } from '../src/model/types.js';
+import { inPrivateNamespaces } from './namespace.js';
+import { BENCH_MODEL, benchModelInput } from './services.js';
 
-const POD_CIDR = '10.244.1.0/24';
 /** Rules per entry: a mark and a DNAT rule in each of our two chains (one pod CIDR). */
 const RULES_PER_ENTRY = 4;
-
-function smallServices(n: number): ServiceInfo[] {
-  return Array.from({ length: n }, (_, i) => ({
-    namespace: 'bench',
-    name: `service-${i}`,
-    type: 'LoadBalancer',
-    creationTimestamp: '2024-01-01T00:00:00Z',
-    clusterIP: `10.96.${(i >> 8) & 255}.${i & 255}`,
-    ports: [{ port: 443, protocol: 'TCP' }],
-    ingress: [{ ip: `198.${18 + ((i >> 16) & 1)}.${(i >> 8) & 255}.${i & 255}` }],
-  }));
-}
 
 /** One address, `entries` ports: the Service that is removed. */
 function largeService(entries: number): ServiceInfo {
@@ -52,19 +40,8 @@ function largeService(entries: number): ServiceInfo {
   };
 }
 
-function desiredState(list: ServiceInfo[], total: number): DesiredState {
-  return buildDesiredState(
-    list,
-    { name: 'bench-node', podCIDRs: [POD_CIDR] },
-    {
-      detectLocalMode: 'NodeCIDR',
-      clusterCidrs: [],
-      masqueradeBit: 14,
-      localTrafficPolicyOnly: false,
-      maxEntries: total,
-      maxEntriesPerService: total,
-    },
-  );
+function desiredState(list: ServiceInfo[], node: NodeInfo, total: number): DesiredState {
+  return buildDesiredState(list, node, { ...BENCH_MODEL, maxEntries: total, maxEntriesPerService: total });
 }
 
 async function createKubeMarkMasq(variant: IptablesVariant): Promise<void> {
@@ -85,9 +62,9 @@ async function removal(
   removed: number,
   rewriteAboveDeletes: number | undefined,
 ): Promise<Removal> {
-  const base = smallServices(entries - removed);
-  const without = desiredState(base, entries);
-  const withLarge = desiredState([...base, largeService(removed)], entries);
+  const { services: base, node } = benchModelInput(entries - removed);
+  const without = desiredState(base, node, entries);
+  const withLarge = desiredState([...base, largeService(removed)], node, entries);
   const backend = new Reconciler(
     new IptablesDriver(variant, {
       jumpCheckIntervalMs: 0,
@@ -199,4 +176,4 @@ async function benchmark(args: string[]): Promise<void> {
   console.log("* the deletes ran past the restore's time limit; the sync then wrote the chains whole (partial-failed)");
 }
 
-await inPrivateNetworkNamespace(import.meta.url, benchmark);
+await inPrivateNamespaces(import.meta.url, 'iptables-removal', benchmark);

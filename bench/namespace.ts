@@ -1,5 +1,6 @@
 // The benchmark programs nftables and iptables: it only ever does so in network namespaces it
-// creates, never in the machine's own.
+// creates, never in the machine's own. Each benchmark that runs alone re-runs itself inside them
+// (inPrivateNamespaces).
 
 import { spawnSync } from 'node:child_process';
 import { readFileSync, readlinkSync } from 'node:fs';
@@ -46,27 +47,48 @@ export async function waitForOwnNetworkNamespace(pid: number, timeoutMs = 5000):
   throw new Error(`process ${pid} did not enter a network namespace of its own`);
 }
 
-/** The argument a benchmark re-run by inPrivateNetworkNamespace is given. */
-const IN_NAMESPACE_FLAG = '--in-private-network-namespace';
+/** The argument a benchmark re-run by inPrivateNamespaces is given. */
+const IN_NAMESPACE_FLAG = '--in-private-namespaces';
+
+/** The benchmark's own arguments, without the one inPrivateNamespaces adds. */
+export function benchmarkArgs(): string[] {
+  return process.argv.slice(2).filter((a) => a !== IN_NAMESPACE_FLAG);
+}
 
 /**
- * Runs `main` in a network namespace of its own: the script (`moduleUrl`, its import.meta.url)
- * runs itself again under `unshare --net` with the same arguments, and `main` runs there. The
- * exit status is the re-run's. `args`: the arguments `main` is given, without the flag.
+ * Runs `main` in network and mount namespaces of its own, with its loopback up: the script
+ * (`moduleUrl`, its import.meta.url) runs itself again under `unshare --net --mount` with the
+ * same arguments, and `main` runs there; this process takes the re-run's exit status. `args`:
+ * the arguments `main` is given, without the flag. Root only (`name` names the benchmark in
+ * the error otherwise).
  */
-export async function inPrivateNetworkNamespace(
+export async function inPrivateNamespaces(
   moduleUrl: string,
+  name: string,
   main: (args: string[]) => Promise<void> | void,
 ): Promise<void> {
-  const args = process.argv.slice(2);
-  if (args.includes(IN_NAMESPACE_FLAG)) {
-    await main(args.filter((a) => a !== IN_NAMESPACE_FLAG));
+  const args = benchmarkArgs();
+  if (process.argv.includes(IN_NAMESPACE_FLAG)) {
+    spawnSync('ip', ['link', 'set', 'lo', 'up']);
+    try {
+      await main(args);
+    } catch (err) {
+      console.error(`${name}: ${(err as Error).stack ?? String(err)}`);
+      process.exitCode = 1;
+    }
+    return;
+  }
+  if (process.getuid?.() !== 0) {
+    console.error(`${name}: run it as root (it programs the kernel in network namespaces of its own)`);
+    process.exitCode = 1;
     return;
   }
   const self = fileURLToPath(moduleUrl);
-  const run = spawnSync('unshare', ['--net', '--', process.execPath, self, IN_NAMESPACE_FLAG, ...args], {
-    stdio: 'inherit',
-  });
-  if (run.error) throw new Error(`cannot start the benchmark in a network namespace (unshare): ${run.error.message}`);
+  const run = spawnSync(
+    'unshare',
+    ['--net', '--mount', '--propagation', 'private', '--', process.execPath, self, IN_NAMESPACE_FLAG, ...args],
+    { stdio: 'inherit' },
+  );
+  if (run.error) console.error(`${name}: cannot create a network namespace (unshare): ${run.error.message}`);
   process.exitCode = run.status ?? 1;
 }

@@ -89,15 +89,20 @@ export function probeNode(layout: ProbeNodeLayout): void {
   }
 }
 
-export function compilePacketProbe(dir: string): string {
-  const source = join(dir, 'packet-probe.c');
-  const binary = join(dir, 'packet-probe');
-  writeFileSync(source, PACKET_PROBE_C);
+/** Compiles C `source` into `dir`/`name` with the first compiler found; `what` names the program in the error. */
+export function compileC(dir: string, name: string, source: string, what: string): string {
+  const sourcePath = join(dir, `${name}.c`);
+  const binary = join(dir, name);
+  writeFileSync(sourcePath, source);
   for (const compiler of ['cc', 'clang']) {
-    const r = spawnSync(compiler, ['-O2', '-Wall', '-o', binary, source], { stdio: 'inherit' });
+    const r = spawnSync(compiler, ['-O2', '-Wall', '-o', binary, sourcePath], { stdio: 'inherit' });
     if (r.status === 0) return binary;
   }
-  throw new Error('the packet prober needs a C compiler: install gcc (or clang)');
+  throw new Error(`${what} needs a C compiler: install gcc (or clang)`);
+}
+
+export function compilePacketProbe(dir: string): string {
+  return compileC(dir, 'packet-probe', PACKET_PROBE_C, 'the packet prober');
 }
 
 export class PacketProbe {

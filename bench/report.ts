@@ -211,7 +211,7 @@ function summary(r: BenchResults): string[] {
     '',
     'Targets: before (as measured on the test node before this work) and now (this run). 10,000 Services.',
     ...table(['figure', 'before', 'now', 'target', ''], rows).map((l) => `   ${l}`),
-    '   consistent reads per agent start (etcd before 1.31): bench/fleet.ts prints them (before: 20 list pages; target: 0).',
+    '   consistent reads per agent start (etcd before 1.31): docs/operations.md, "The API\'s cost of a fleet" (before: 20 list pages; target: 0).',
   ];
 }
 

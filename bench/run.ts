@@ -11,23 +11,11 @@
 //   6. a heap profile per Service at 10,000 (heap): which structures hold the bytes;
 //   7. one tenant's Service of 10,000, 50,000 and 100,000 entries (one-service), per backend
 //      (--backends): time to program it, /healthz meanwhile, the next Service, memory;
-//   8. the kernel's floor under an nft full sync at each size (nft-floor, bench/nft-floor.ts): the
-//      map elements as one netlink batch (kernel time alone), against the JSON path, with the map
-//      unsized and sized. Printed before the report, not part of it.
-//   9. the nft key lookups side by side (key-lookup, bench/key-lookup.ts): the map looked up as a
-//      set against the key set, first full sync and one change at 10,000 Services, on this kernel
-//      (a lookup it refuses is printed as refused). Printed before the report, not part of it.
-//  10. the removal of one 10,000-entry Service from a 20,000-entry iptables table, both variants,
+//   8. the removal of one 10,000-entry Service from a 20,000-entry iptables table, both variants,
 //      with the bound on rule deletes and without it (iptables-removal, bench/iptables-removal.ts),
 //      and smaller removals with each path forced. Printed before the report, not part of it.
 // It opens with the targets' table: each figure before the footprint work and now.
 // Prints a table and writes bench/results/<timestamp>.json. Asserts nothing.
-//
-//   npm run bench [-- --sizes 1000,10000,50000 --changes 500 --rounds 5
-//                    --only full,latency,memory,first-packet,startup,packet-latency,heap,one-service,nft-floor,
-//                           key-lookup,iptables-removal
-//                    --backends nft,iptables-nft,iptables-legacy,ebpf --startup-runs 3 --iptables-changes 50
-//                    --latency-sync-period 3s --probe-from node|pod]
 // The latency measure runs the controller with --sync-period from --latency-sync-period (3s by
 // default: changes then meet periodic resyncs, as the target says).
 
@@ -44,7 +32,7 @@ import { mapChanges, writeTable } from '../src/backends/nft/transactions.js';
 import { Transaction } from '../src/backends/nft/objects.js';
 import { toNodeInfo, toServiceInfo } from '../src/kube/objects.js';
 import { buildDesiredState } from '../src/model/desired-state.js';
-import { FAMILIES, type Entry, type ModelConfig } from '../src/model/types.js';
+import { FAMILIES, type Entry } from '../src/model/types.js';
 import { ApiStandIn } from '../testbed/api-server.js';
 import { ControllerProcess, SETTLE_MS, type ControllerFlags } from './controller-process.js';
 import { measureFirstPacket, originalIptablesRules, type FirstPacketScenario } from './first-packet.js';
@@ -61,8 +49,7 @@ import {
 import { measureOneService, type OneServiceContext } from './one-service.js';
 import { ElementMonitor } from './kernel-monitor.js';
 import { compilePacketProbe, probeNode } from './packet-probe.js';
-import { isolatedFromMachine } from './namespace.js';
-import { runNftFloor } from './nft-floor.js';
+import { benchmarkArgs, inPrivateNamespaces } from './namespace.js';
 import {
   formatReport,
   type BenchResults,
@@ -71,6 +58,7 @@ import {
   type MemoryResult,
 } from './report.js';
 import {
+  BENCH_MODEL,
   CLUSTER_RANGE,
   INGRESS_RANGE,
   MOVED_RANGE,
@@ -97,8 +85,6 @@ const MEASURES = [
   'packet-latency',
   'heap',
   'one-service',
-  'nft-floor',
-  'key-lookup',
   'iptables-removal',
 ] as const;
 type Measure = (typeof MEASURES)[number];
@@ -120,13 +106,17 @@ const FLOOR_ENTRY: Entry = {
   service: 'bench-floor/element',
 };
 const floorIp = (k: number) => `100.100.${(k >> 8) & 255}.${k & 255}`;
-/** The controller's defaults (the benchmark passes no model flags). */
-const BENCH_MODEL: ModelConfig = {
-  detectLocalMode: 'NodeCIDR',
-  clusterCidrs: [],
-  masqueradeBit: 14,
-  localTrafficPolicyOnly: false,
-};
+
+const USAGE = `usage (root): npm run bench [-- OPTIONS]
+  --sizes 1000,10000,50000     numbers of Services for full, memory (and latency, first-packet at 10,000)
+  --only ${MEASURES.join(',')}
+                               the measures to run (default: all)
+  --backends nft,iptables-nft,iptables-legacy,ebpf
+                               backends of startup, packet-latency, memory and one-service (default nft)
+  --changes 500 --iptables-changes 50 --rounds 5 --connects 10000 --full-syncs 5 --startup-runs 3
+  --latency-sync-period 3s     the controller's --sync-period while latencies are measured
+  --probe-from node|pod        where the end-to-end connections start
+Prints a report and writes bench/results/<timestamp>.json; asserts nothing.`;
 
 interface Options {
   sizes: number[];
@@ -148,6 +138,14 @@ function probeFrom(text: string): 'node' | 'pod' {
 }
 
 function parseOptions(argv: string[]): Options {
+  try {
+    return optionsOf(argv);
+  } catch (err) {
+    throw new Error(`${(err as Error).message}\n${USAGE}`);
+  }
+}
+
+function optionsOf(argv: string[]): Options {
   const { values } = parseArgs({
     args: argv,
     options: {
@@ -524,35 +522,11 @@ function tool(cmd: string, args: string[]): string {
 
 async function benchmark(argv: string[]): Promise<void> {
   const options = parseOptions(argv);
-  execFileSync('ip', ['link', 'set', 'lo', 'up']);
-  if (options.only.has('nft-floor')) {
-    log('nft floor: element batches against the JSON path');
-    await runNftFloor(options.sizes, options.fullSyncs);
-    if (options.only.size === 1) return;
-  }
-  if (options.only.has('key-lookup')) {
-    log('nft key lookup: the map looked up as a set against the key set');
-    const run = spawnSync(
-      process.execPath,
-      [
-        join(dirname(SELF), 'key-lookup.js'),
-        '--services',
-        String(LATENCY_SERVICES),
-        '--changes',
-        String(options.changes),
-      ],
-      { stdio: 'inherit' },
-    );
-    if (run.status !== 0) throw new Error(`the key-lookup measure failed (exit ${run.status ?? run.signal})`);
-    if (options.only.size === 2 && options.only.has('nft-floor')) return;
-    if (options.only.size === 1) return;
-  }
   if (options.only.has('iptables-removal')) {
     log('iptables: removing one large Service, with and without the bound on rule deletes');
     const run = spawnSync(process.execPath, [join(dirname(SELF), 'iptables-removal.js')], { stdio: 'inherit' });
     if (run.status !== 0) throw new Error(`the iptables-removal measure failed (exit ${run.status ?? run.signal})`);
-    const printedOnly = ['nft-floor', 'key-lookup', 'iptables-removal'];
-    if ([...options.only].every((m) => printedOnly.includes(m))) return;
+    if (options.only.size === 1) return;
   }
   const results: BenchResults = {
     command: `npm run bench${argv.length > 0 ? ` -- ${argv.join(' ')}` : ''}`,
@@ -655,7 +629,7 @@ async function benchmark(argv: string[]): Promise<void> {
     }
     if (options.only.has('heap')) {
       log('heap profile, 0 and 10,000 Services');
-      results.heapProfile = formatHeapProfile(await heapProfile({ sizes: [0, LATENCY_SERVICES] }));
+      results.heapProfile = formatHeapProfile(await heapProfile([0, LATENCY_SERVICES]));
     }
   } finally {
     await bench.close();
@@ -669,24 +643,18 @@ async function benchmark(argv: string[]): Promise<void> {
   process.stdout.write(`\nresults: ${relative(process.cwd(), path)}\n`);
 }
 
-const argv = process.argv.slice(2);
-if (process.getuid?.() !== 0) {
-  console.error('the benchmark programs nftables and iptables in network namespaces of its own: run it as root');
-  process.exit(1);
-} else if (isolatedFromMachine()) {
-  benchmark(argv).catch((err: unknown) => {
-    console.error(`bench: ${(err as Error).stack ?? String(err)}`);
-    process.exit(1);
-  });
+const args = benchmarkArgs();
+if (args.includes('--help') || args.includes('-h')) {
+  console.log(USAGE);
 } else {
-  // Never the machine's own firewall: the whole suite runs in new network and mount namespaces.
-  const r = spawnSync(
-    'unshare',
-    ['--net', '--mount', '--propagation', 'private', '--', process.execPath, SELF, ...argv],
-    {
-      stdio: 'inherit',
-    },
-  );
-  if (r.error) console.error(`bench: cannot create a network namespace (unshare): ${r.error.message}`);
-  process.exit(r.status ?? 1);
+  // The options are checked before any namespace is made; a wrong one prints the usage.
+  let usable = true;
+  try {
+    parseOptions(args);
+  } catch (err) {
+    console.error(`bench: ${(err as Error).message}`);
+    process.exitCode = 2;
+    usable = false;
+  }
+  if (usable) await inPrivateNamespaces(import.meta.url, 'bench', benchmark);
 }

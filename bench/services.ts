@@ -3,6 +3,9 @@
 // ports), so that listing, watching and stripping do the work they do on a real cluster.
 // Service i has one TCP port and one ingress IP: one map element per Service.
 
+import { toNodeInfo, toServiceInfo } from '../src/kube/objects.js';
+import type { ModelConfig, NodeInfo, ServiceInfo } from '../src/model/types.js';
+
 export const BENCH_PORT = 443;
 export const NODE_NAME = 'bench-node';
 /** The node's InternalIP (also the source address of the packet prober's connections). */
@@ -148,4 +151,18 @@ export function benchNode(): Json {
     spec: { podCIDR: POD_CIDR, podCIDRs: [POD_CIDR] },
     status: { addresses: [{ type: 'InternalIP', address: NODE_ADDRESS }] },
   };
+}
+
+/** The model's configuration of the controller's defaults (the benchmark passes no model flags). */
+export const BENCH_MODEL: Readonly<ModelConfig> = Object.freeze({
+  detectLocalMode: 'NodeCIDR',
+  clusterCidrs: [],
+  masqueradeBit: 14,
+  localTrafficPolicyOnly: false,
+});
+
+/** Services 0..n-1 and the node as the model takes them: what the controller reads of benchService(i) and benchNode(). */
+export function benchModelInput(n: number): { services: ServiceInfo[]; node: NodeInfo } {
+  const services = Array.from({ length: n }, (_, i) => toServiceInfo(benchService(i))!);
+  return { services, node: toNodeInfo(benchNode())! };
 }

@@ -1,172 +1,22 @@
 // The Service rules of design/semantics.md for one Service: which of its addresses are
-// translated, to which ClusterIP, which are skipped and why, and which Service holds an address
-// that several claim. test/unit/model.test.ts covers each row.
+// translated, to which ClusterIP, and which are skipped and why. What they read beyond the Service
+// is its RequestContext (request-context.ts); which Service holds an address that several claim
+// is decided by the key contests (key-contests.ts). test/unit/model.test.ts covers each row.
 
+import { cidrContains, formatCidr, nodeScopedKind, parsedIpSortKey, parseIp, type ParsedIp } from './ip.js';
+import type { RequestContext } from './request-context.js';
+import { serviceKey } from './service-identity.js';
+import { allowedSources, sourceRangesByFamily } from './source-ranges.js';
 import {
-  cidrContains,
-  cidrsWithout,
-  disjointCidrs,
-  formatCidr,
-  nodeScopedKind,
-  parseCidr,
-  parsedIpSortKey,
-  parseIp,
-  parseSourceRange,
-  type ParsedCidr,
-  type ParsedIp,
-} from './ip.js';
-import {
-  DEFAULT_MAX_ENTRIES_PER_SERVICE,
-  FAMILIES,
   MAX_SOURCE_RANGES_PER_SERVICE,
   PROTOCOLS,
   SKIP_ANNOTATION,
   type Family,
-  type ModelConfig,
-  type NodeInfo,
   type Protocol,
   type ServiceInfo,
   type Skip,
   type SkipReason,
 } from './types.js';
-
-export function serviceKey(svc: Pick<ServiceInfo, 'namespace' | 'name'>): string {
-  return flat([svc.namespace, '/', svc.name]);
-}
-
-/**
- * A string kept for as long as its Service: joined, it is one flat string; a template literal
- * would be a tree of pieces, several times its size.
- */
-export function flat(parts: unknown[]): string {
-  return parts.join('');
-}
-
-/** What decides which of several Services claiming one map key holds it. */
-export interface Precedence {
-  created: number;
-  service: string;
-  /** Order of first sight: breaks ties between two objects of one name (possible in files only). */
-  seq: number;
-}
-
-/** The holder of a key: the oldest Service, ties broken by namespace/name (then by first sight). */
-export function precedes(a: Precedence, b: Precedence): boolean {
-  if (a.created !== b.created) return a.created < b.created;
-  if (a.service !== b.service) return a.service < b.service;
-  return a.seq < b.seq;
-}
-
-/** Milliseconds since the epoch; a Service without a valid time is the youngest. */
-export function creationTime(svc: ServiceInfo): number {
-  const t = svc.creationTimestamp ? Date.parse(svc.creationTimestamp) : NaN;
-  return Number.isFinite(t) ? t : Number.POSITIVE_INFINITY;
-}
-
-/** What the rules read beyond the Service itself, prepared once per model. */
-export interface RequestContext {
-  config: ModelConfig;
-  maxEntriesPerService: number;
-  /** The node's own addresses, canonical. */
-  nodeAddresses: ReadonlySet<string>;
-  /** --service-external-ip-range, parsed; undefined: any address. */
-  externalIpRanges: ParsedCidr[] | undefined;
-  /** kube-proxy's AllowServiceExternalIPs gate. */
-  allowServiceExternalIPs: boolean;
-  /** The ClusterIPs of every Service (canonical), kept by the model as Services come and go. */
-  clusterIps: ClusterIpLookup;
-  /** --service-cluster-ip-range, parsed. */
-  serviceCidrs: ParsedCidr[];
-  /** --node-address-ranges, parsed. */
-  nodeAddressRanges: ParsedCidr[];
-  /** The node IP kube-proxy takes per family (its allowFromNode): the Node's first host IP of each. */
-  nodeIps: Partial<Record<Family, ParsedIp>>;
-  /** Whether the backend filters sources (ModelConfig.sourceRangesSupported). */
-  sourceRangesSupported: boolean;
-}
-
-/** Whether an address (canonical) is a ClusterIP of some Service. */
-export interface ClusterIpLookup {
-  has(address: string): boolean;
-}
-
-const NO_CLUSTER_IPS: ClusterIpLookup = { has: () => false };
-
-export function requestContext(
-  config: ModelConfig,
-  node: NodeInfo | undefined,
-  interfaceAddresses: readonly string[] = [],
-  clusterIps: ClusterIpLookup = NO_CLUSTER_IPS,
-): RequestContext {
-  const cidrs = (texts: string[] | undefined) => texts?.map((text) => parseCidr(text)).filter((c) => c !== undefined);
-  return {
-    config,
-    maxEntriesPerService: config.maxEntriesPerService ?? DEFAULT_MAX_ENTRIES_PER_SERVICE,
-    nodeAddresses: nodeAddresses([...(node?.addresses ?? []), ...interfaceAddresses]),
-    externalIpRanges: cidrs(config.externalIpRanges),
-    allowServiceExternalIPs: config.allowServiceExternalIPs !== false,
-    clusterIps,
-    serviceCidrs: cidrs(config.serviceCidrs) ?? [],
-    nodeAddressRanges: cidrs(config.nodeAddressRanges) ?? [],
-    nodeIps: nodeIps(node?.hostIPs ?? []),
-    sourceRangesSupported: config.sourceRangesSupported !== false,
-  };
-}
-
-/** The first address of each family, as kube-proxy picks its node IPs from the Node's host IPs. */
-function nodeIps(texts: readonly string[]): Partial<Record<Family, ParsedIp>> {
-  const out: Partial<Record<Family, ParsedIp>> = {};
-  for (const text of texts) {
-    const ip = parseIp(text);
-    if (ip) out[ip.family] ??= ip;
-  }
-  return out;
-}
-
-/**
- * A Service's loadBalancerSourceRanges as kube-proxy reads them, per family: invalid ones left
- * out (kube-proxy logs and ignores them), a family whose ranges include 0.0.0.0/0 or ::/0 not
- * filtered, and a family with no range not filtered either. Undefined for a family kube-proxy does
- * not filter; `invalid` lists what was left out.
- */
-export function sourceRangesByFamily(texts: readonly unknown[] | undefined): {
-  ranges: Partial<Record<Family, ParsedCidr[]>>;
-  invalid: string[];
-  count: number;
-} {
-  const byFamily: Record<Family, ParsedCidr[]> = { ipv4: [], ipv6: [] };
-  const invalid: string[] = [];
-  let count = 0;
-  for (const text of texts ?? []) {
-    const cidr = parseSourceRange(text);
-    if (!cidr) {
-      // kube-proxy ignores an empty string without a word.
-      if (typeof text !== 'string' || text.trim() !== '') invalid.push(String(text));
-      continue;
-    }
-    byFamily[cidr.family].push(cidr);
-    count++;
-  }
-  const ranges: Partial<Record<Family, ParsedCidr[]>> = {};
-  for (const family of FAMILIES) {
-    const list = byFamily[family];
-    if (list.length === 0 || list.some((c) => c.prefixLength === 0)) continue;
-    ranges[family] = disjointCidrs(list);
-  }
-  return { ranges, invalid, count };
-}
-
-/**
- * The sources of `ip` that kube-proxy lets through its source-ranges firewall: the ranges, but the
- * LoadBalancer IP itself (the source a node process gets for an address bound on kube-ipvs0) only
- * when the node IP of its family is inside a range (allowFromNode), whether a range holds it or not.
- */
-function allowedSources(ranges: readonly ParsedCidr[], ip: ParsedIp, nodeIp: ParsedIp | undefined): string[] {
-  const fromNode = nodeIp !== undefined && ranges.some((c) => cidrContains(c, nodeIp));
-  let allowed = cidrsWithout(ranges, ip);
-  if (fromNode) allowed = disjointCidrs([...allowed, parseCidr(`${ip.address}/${ip.family === 'ipv4' ? 32 : 128}`)!]);
-  return allowed.map(formatCidr);
-}
 
 /**
  * Calls `each` with every ClusterIP of a Service (canonical), `spec.clusterIPs` and
@@ -192,16 +42,6 @@ function clusterAddressKind(ip: ParsedIp, context: RequestContext): string | und
   const nodes = context.nodeAddressRanges.find((c) => cidrContains(c, ip));
   if (nodes) return `inside the node address range ${formatCidr(nodes)} (--node-address-ranges)`;
   return undefined;
-}
-
-/** The node's own addresses, canonical; what is not an address is ignored. */
-function nodeAddresses(texts: readonly string[]): Set<string> {
-  const out = new Set<string>();
-  for (const text of texts) {
-    const ip = parseIp(text);
-    if (ip) out.add(ip.address);
-  }
-  return out;
 }
 
 /** One external address a Service asks to have translated, with the ClusterIP of its family. */

@@ -251,22 +251,6 @@ export interface DesiredState {
   generation?: number;
 }
 
-/**
- * A collection that can say which of its objects changed since an earlier look, as the
- * informers can (kube-proxy's change trackers are the model). Objects are never modified: a
- * changed object is a new one, and the old one counts as removed.
- */
-export interface ChangeTracked<T> {
-  list(): T[];
-  /** A position in the collection's history, to ask changesSince() with later. */
-  readonly mark: number;
-  /**
-   * Objects there at `mark` and gone now (`removed`), and objects there now that were not at
-   * `mark` (`added`); undefined when the collection no longer knows (then list() it).
-   */
-  changesSince(mark: number): { removed: T[]; added: T[] } | undefined;
-}
-
 /** The fields of an entry's match; a protocol read back from a kernel map may be a number. */
 export type EntryKeyFields = Pick<Entry, 'family' | 'externalIp' | 'port'> & { protocol: Protocol | number };
 

@@ -6,8 +6,8 @@
 // address is translated, which shows that the controller did program the tenant.
 
 import { expect } from 'chai';
-import { sh } from '../../testbed/node-network.js';
-import { TenantNode, UNTRANSLATED, type TenantBackend } from './tenant-node.js';
+import { BACKEND_VARIANTS, variantNodeHooks } from '../support/variant-node.js';
+import { TenantNode, UNTRANSLATED } from './tenant-node.js';
 
 const KUBE_DNS = '10.96.0.10';
 const KUBERNETES = '10.96.0.1';
@@ -58,22 +58,14 @@ const grabby = service(
   { loadBalancer: { ingress: [{ ip: KUBERNETES }] } },
 );
 
-/** The backends, iptables in both variants: the kubelet's hint chain makes the controller take legacy. */
-const VARIANTS: Array<{ name: string; backend: TenantBackend; legacy?: boolean }> = [
-  { name: 'nft', backend: 'nft' },
-  { name: 'iptables (nft)', backend: 'iptables' },
-  { name: 'iptables (legacy)', backend: 'iptables', legacy: true },
-  { name: 'ebpf', backend: 'ebpf' },
-];
-
-for (const variant of VARIANTS) {
+for (const variant of BACKEND_VARIANTS) {
   describe(`addresses of the cluster itself are never translated, ${variant.name}`, function () {
     this.timeout(120_000);
     const node = new TenantNode(variant.backend);
 
+    variantNodeHooks(variant, node);
+
     before(async () => {
-      await node.setUp();
-      if (variant.legacy) sh('iptables-legacy', ['-w', '-t', 'mangle', '-N', 'KUBE-IPTABLES-HINT']);
       // Servers on the ClusterIPs stand for IPVS and the endpoints behind them.
       await node.serve(KUBE_DNS, 53, 'kube-dns');
       await node.serve(KUBERNETES, 443, 'kubernetes');
@@ -89,27 +81,6 @@ for (const variant of VARIANTS) {
       await node.eventually(TENANT_OWN, 53, answer('grabby', TENANT_OWN), 20_000, { protocol: 'udp' });
       await node.eventually(TENANT_OWN, 53, answer('grabby', TENANT_OWN), 20_000, { protocol: 'udp', from: 'pod' });
     });
-
-    after(async () => {
-      if (variant.legacy) {
-        try {
-          sh('iptables-legacy', ['-w', '-t', 'mangle', '-X', 'KUBE-IPTABLES-HINT']);
-        } catch {
-          // already gone
-        }
-      }
-      await node.tearDown();
-    });
-
-    afterEach(function () {
-      if (this.currentTest?.state === 'failed') console.log(node.tail());
-    });
-
-    if (variant.backend === 'iptables') {
-      it(`runs on iptables-${variant.legacy ? 'legacy' : 'nft'}`, () => {
-        expect(node.output).to.include(`iptables-${variant.legacy ? 'legacy' : 'nft'}`);
-      });
-    }
 
     it("keeps a pod's and the node's DNS and API traffic on the real ClusterIPs while a tenant claims them", async () => {
       for (const from of ['pod', 'node'] as const) {

@@ -7,7 +7,7 @@
 import { expect } from 'chai';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -18,6 +18,8 @@ import { NODE, probe, requireTools, sh } from '../../testbed/node-network.js';
 import { Exposition, httpGet, promtoolCheckMetrics, scrapeMetrics } from '../support/scrape.js';
 import { LB_PATH, LB_V4, SERVICES, Scenario } from './scenario.js';
 import { rejectionOf } from '../support/assertions.js';
+import { eventually } from '../support/eventually.js';
+import { PrometheusServer } from '../support/prometheus.js';
 import { shippedArgs } from '../../testbed/shipped-controller.js';
 
 const METRICS = 'http://127.0.0.1:9477';
@@ -44,22 +46,6 @@ function wireService(s: ServiceInfo): Json {
   };
 }
 
-/** Polls until `check` resolves truthy; the deadline only keeps a broken run from hanging. */
-async function eventually<T>(what: string, check: () => Promise<T | undefined | false>, limitMs = 30_000): Promise<T> {
-  const deadline = Date.now() + limitMs;
-  let last: unknown;
-  for (;;) {
-    try {
-      const v = await check();
-      if (v) return v;
-    } catch (err) {
-      last = err;
-    }
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}${last ? `: ${String(last)}` : ''}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
 async function health(path: '/healthz' | '/readyz'): Promise<{ status: number; detail: string }> {
   const a = await httpGet(HEALTH + path);
   return { status: a.status, detail: String(JSON.parse(a.body).detail) };
@@ -81,23 +67,13 @@ const syncCount = (e: Exposition) => e.sum(`${P}sync_duration_seconds_count`);
 
 const REPO_ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 
-/** An instant query to the Prometheus server the tests start. */
-async function prometheusQuery(q: string): Promise<Array<{ metric: Json; value: [number, string] }>> {
-  const a = await httpGet(`http://127.0.0.1:9090/api/v1/query?query=${encodeURIComponent(q)}`);
-  const body = JSON.parse(a.body) as {
-    status: string;
-    data: { result: Array<{ metric: Json; value: [number, string] }> };
-  };
-  return body.data.result;
-}
-
 describe('operating the controller (real CLI, API stand-in, metrics, health, Prometheus)', function () {
   this.timeout(180_000);
   const scenario = new Scenario();
   let api: ApiStandIn;
   let dir: string;
   let controller: ChildProcess | undefined;
-  let prometheus: ChildProcess | undefined;
+  const prometheus = new PrometheusServer();
   let tableHolder: ChildProcess | undefined;
   const logLines: string[] = [];
 
@@ -121,7 +97,8 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
   });
 
   after(async () => {
-    for (const child of [tableHolder, prometheus, controller]) {
+    await prometheus.stop();
+    for (const child of [tableHolder, controller]) {
       if (child && child.exitCode === null) {
         child.kill('SIGTERM');
         await once(child, 'exit');
@@ -250,36 +227,25 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
   });
 
   it('a Prometheus server scrapes it: up == 1, and our series are queryable', async () => {
-    const config = join(dir, 'prometheus.yml');
-    await writeFile(
-      config,
-      [
-        'global:',
-        '  scrape_interval: 1s',
-        'scrape_configs:',
-        '  - job_name: ipvs-node-controller',
-        '    static_configs:',
-        "      - targets: ['127.0.0.1:9477']",
-        // As the PodMonitor's relabeling names the series: by the node.
-        '        labels: { node: node-1 }',
-        '',
-      ].join('\n'),
-    );
-    prometheus = spawn(
-      'prometheus',
-      [`--config.file=${config}`, `--storage.tsdb.path=${join(dir, 'tsdb')}`, '--web.listen-address=127.0.0.1:9090'],
-      { stdio: 'ignore' },
-    );
+    await prometheus.start(dir, {
+      scrape_configs: [
+        {
+          job_name: 'ipvs-node-controller',
+          // As the PodMonitor's relabeling names the series: by the node.
+          static_configs: [{ targets: ['127.0.0.1:9477'], labels: { node: 'node-1' } }],
+        },
+      ],
+    });
     const up = await eventually(
       'up{job="ipvs-node-controller"} == 1',
       async () => {
-        const r = await prometheusQuery('up{job="ipvs-node-controller"}');
+        const r = await prometheus.query('up{job="ipvs-node-controller"}');
         return r.length === 1 && r[0]!.value[1] === '1' && r;
       },
       60_000,
     );
     expect(up[0]!.metric.instance).to.equal('127.0.0.1:9477');
-    const entries = await prometheusQuery(`${P}programmed_entries{family="ipv4"}`);
+    const entries = await prometheus.query(`${P}programmed_entries{family="ipv4"}`);
     expect(entries).to.have.lengthOf(1);
     expect(entries[0]!.value[1]).to.equal('5');
     expect(entries[0]!.metric.backend).to.equal('nft');
@@ -305,12 +271,12 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
     await eventually(
       'data from every panel',
       async () => {
-        const values = await prometheusQuery(asGrafana(metric!));
+        const values = await prometheus.query(asGrafana(metric!));
         missing = values.some((r) => r.metric.instance === '127.0.0.1:9477') ? [] : ['the node variable'];
         for (const panel of panels) {
           expect(panel.targets?.length, panel.title).to.be.greaterThan(0);
           for (const target of panel.targets!) {
-            const result = await prometheusQuery(asGrafana(target.expr));
+            const result = await prometheus.query(asGrafana(target.expr));
             if (!result.some((r) => Number.isFinite(Number(r.value[1]))))
               missing.push(`${panel.title}: ${target.expr}`);
           }

@@ -6,64 +6,21 @@
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
-import type { IptablesVariant } from '../../src/backends/iptables/executor.js';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { pino } from 'pino';
+import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { composeReconciler } from '../../src/cli/compose.js';
-import { Controller } from '../../src/controller.js';
-import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
-import { ApiStandIn } from '../../testbed/api-server.js';
-import { probe, sh } from '../../testbed/node-network.js';
+import { probe } from '../../testbed/node-network.js';
+import { ControllerOnStandIn, wireLbService } from '../support/controller-on-stand-in.js';
+import {
+  WRITER_CHAIN,
+  installWriterChain,
+  natRestore,
+  natSave,
+  prependWriterJumps,
+  removeWriterObjects,
+} from '../support/kube-proxy-jump.js';
 import { CONFIG, LB_PATH, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
-
-const WRITER_CHAIN = 'KUBE-SERVICES';
-
-function natSave(variant: IptablesVariant, counters = false): string {
-  return sh(`iptables-${variant}-save`, ['-t', 'nat', ...(counters ? ['-c'] : [])]);
-}
-
-function restore(variant: IptablesVariant, input: string): void {
-  sh(`iptables-${variant}-restore`, ['--noflush', '-w'], input);
-}
-
-/** kube-proxy's shape: a chain that ACCEPTs the load balancer IP, and a masquerade rule. */
-function installWriterChains(variant: IptablesVariant): void {
-  restore(
-    variant,
-    [
-      '*nat',
-      `:${WRITER_CHAIN} - [0:0]`,
-      `-A ${WRITER_CHAIN} -d ${LB_V4}/32 -j ACCEPT`,
-      '-A POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE',
-      'COMMIT',
-      '',
-    ].join('\n'),
-  );
-}
-
-/** What a restarting kube-proxy does: its jump goes to rule 1 of both hooks. */
-function prependWriterJumps(variant: IptablesVariant): void {
-  restore(
-    variant,
-    ['*nat', `-I PREROUTING 1 -j ${WRITER_CHAIN}`, `-I OUTPUT 1 -j ${WRITER_CHAIN}`, 'COMMIT', ''].join('\n'),
-  );
-}
-
-function removeWriterObjects(variant: IptablesVariant): void {
-  const save = natSave(variant);
-  const lines = ['*nat'];
-  for (const line of save.split('\n')) {
-    if (/^-A (PREROUTING|OUTPUT) .*-j KUBE-SERVICES/.test(line) || /^-A POSTROUTING .*MASQUERADE/.test(line)) {
-      lines.push(line.replace(/^-A /, '-D '));
-    }
-  }
-  if (save.includes(`:${WRITER_CHAIN} `)) lines.push(`:${WRITER_CHAIN} - [0:0]`, `-X ${WRITER_CHAIN}`);
-  if (lines.length > 1) restore(variant, `${lines.join('\n')}\nCOMMIT\n`);
-}
 
 /** Rule lines of a chain with their `[packets:bytes]` counters. */
 function countedRules(save: string, chain: string): Array<{ rule: string; packets: number }> {
@@ -88,7 +45,7 @@ for (const variant of ['legacy', 'nft'] as const) {
 
     before(async () => {
       await scenario.setUp();
-      installWriterChains(variant);
+      installWriterChain(variant, LB_V4);
     });
 
     after(async () => {
@@ -103,7 +60,7 @@ for (const variant of ['legacy', 'nft'] as const) {
     afterEach(() => {
       // Each test starts with only our jump at rule 1 and the writer's chain not jumped to.
       removeWriterObjects(variant);
-      installWriterChains(variant);
+      installWriterChain(variant, LB_V4);
     });
 
     it('the writer blackholes the translation when nothing repairs it (the control)', async () => {
@@ -179,42 +136,11 @@ for (const variant of ['legacy', 'nft'] as const) {
     });
 
     it('through the controller with a 60 s sync period: a probe loop sees the translation back within seconds', async () => {
-      const api = await ApiStandIn.start({ bookmarkIntervalMs: 500 });
-      const dir = mkdtempSync(join(tmpdir(), 'jump-guard-'));
       // As the composition root builds it, the conntrack clean-up subscribed.
       const backend = composeReconciler(new IptablesDriver(variant), { logger: pino({ enabled: false }) });
-      let controller: Controller | undefined;
+      let running: ControllerOnStandIn | undefined;
       try {
-        await api.writeKubeconfig(join(dir, 'kubeconfig'));
-        api.apply({
-          apiVersion: 'v1',
-          kind: 'Node',
-          metadata: { name: 'node-1' },
-          spec: { podCIDR: '10.244.1.0/24', podCIDRs: ['10.244.1.0/24'] },
-        });
-        api.apply({
-          apiVersion: 'v1',
-          kind: 'Service',
-          metadata: { name: 'svc-a', namespace: 'default' },
-          spec: {
-            type: 'LoadBalancer',
-            clusterIP: '10.96.0.10',
-            clusterIPs: ['10.96.0.10'],
-            ports: [{ port: 80, protocol: 'TCP' }],
-          },
-          status: { loadBalancer: { ingress: [{ ip: LB_V4 }] } },
-        });
-        const caches = createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), 'node-1');
-        controller = new Controller({
-          caches,
-          reconciler: backend,
-          model: CONFIG,
-          nodeName: 'node-1',
-          minSyncPeriodMs: 0,
-          syncPeriodMs: 60_000,
-          logger: pino({ enabled: false }),
-        });
-        await controller.start();
+        running = await ControllerOnStandIn.start(backend, [wireLbService('svc-a', '10.96.0.10', LB_V4)]);
         const translated = async () =>
           (await probe(pod(), 'tcp', LB_V4, 80, 500)) === 'svc-a' &&
           (await probe(undefined, 'tcp', LB_V4, 80, 500)) === 'svc-a';
@@ -228,10 +154,8 @@ for (const variant of ['legacy', 'nft'] as const) {
         expect(ok, 'translated again after the displacement').to.equal(true);
         expect((backend.driver as IptablesDriver).jumpRepairs).to.be.at.least(1);
       } finally {
-        await controller?.stop();
+        await running?.stop();
         await backend.close();
-        await api.stop();
-        rmSync(dir, { recursive: true, force: true });
       }
     });
 
@@ -240,7 +164,7 @@ for (const variant of ['legacy', 'nft'] as const) {
       const backend = new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 200 }));
       try {
         await backend.sync(desired, { full: true });
-        restore(
+        natRestore(
           variant,
           [
             '*nat',
@@ -264,7 +188,7 @@ for (const variant of ['legacy', 'nft'] as const) {
         expect(ruleSpecs(natSave(variant), 'OUTPUT')[0]).to.equal(`-A OUTPUT -j ${harmless}`);
 
         // Now its chain ACCEPTs the load balancer IP: our jump goes back above it.
-        restore(variant, ['*nat', `-A ${harmless} -d ${LB_V4}/32 -j ACCEPT`, 'COMMIT', ''].join('\n'));
+        natRestore(variant, ['*nat', `-A ${harmless} -d ${LB_V4}/32 -j ACCEPT`, 'COMMIT', ''].join('\n'));
         const driver = backend.driver as IptablesDriver;
         let first = '';
         for (let i = 0; i < 300 && (first !== '-A PREROUTING -j IPVS_PREROUTING' || driver.jumpRepairs === 0); i++) {
@@ -281,7 +205,7 @@ for (const variant of ['legacy', 'nft'] as const) {
           if (ruleSpecs(natSave(variant), hook).includes(`-A ${hook} -j ${harmless}`))
             lines.push(`-D ${hook} -j ${harmless}`);
         }
-        restore(variant, [...lines, `:${harmless} - [0:0]`, `-X ${harmless}`, 'COMMIT', ''].join('\n'));
+        natRestore(variant, [...lines, `:${harmless} - [0:0]`, `-X ${harmless}`, 'COMMIT', ''].join('\n'));
       }
     });
 

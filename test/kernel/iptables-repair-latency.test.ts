@@ -17,23 +17,10 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { pino } from 'pino';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { composeReconciler } from '../../src/cli/compose.js';
-import { Controller } from '../../src/controller.js';
-import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
-import { ApiStandIn } from '../../testbed/api-server.js';
-import { assertIsolatedNetns, probe, sh } from '../../testbed/node-network.js';
-import { CONFIG, LB_V4, Scenario } from './scenario.js';
-
-const WRITER_CHAIN = 'KUBE-SERVICES';
-
-function service(name: string, clusterIp: string, lb: string, port: number): object {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { name, namespace: 'default' },
-    spec: { type: 'LoadBalancer', clusterIP: clusterIp, clusterIPs: [clusterIp], ports: [{ port, protocol: 'TCP' }] },
-    status: { loadBalancer: { ingress: [{ ip: lb }] } },
-  };
-}
+import { assertIsolatedNetns, probe } from '../../testbed/node-network.js';
+import { ControllerOnStandIn, wireLbService } from '../support/controller-on-stand-in.js';
+import { installWriterChain, natSave, prependWriterJumps, removeWriterObjects } from '../support/kube-proxy-jump.js';
+import { LB_V4, Scenario } from './scenario.js';
 
 /** The runs of the gated conntrack (each logs its PID as it starts) whose process still lives. */
 function runsUnderWay(log: string): number {
@@ -45,7 +32,6 @@ for (const variant of ['nft', 'legacy'] as const) {
   describe(`iptables-${variant}: a change while our jump is put back`, function () {
     this.timeout(120_000);
     const scenario = new Scenario();
-    const restore = (input: string) => sh(`iptables-${variant}-restore`, ['--noflush', '-w'], input);
     let dir: string;
     let path: string | undefined;
 
@@ -53,7 +39,7 @@ for (const variant of ['nft', 'legacy'] as const) {
       assertIsolatedNetns();
       await scenario.setUp();
       // kube-proxy's IPVS-mode shape: above ours, its chain ACCEPTs the load balancer IP.
-      restore(`*nat\n:${WRITER_CHAIN} - [0:0]\n-A ${WRITER_CHAIN} -d ${LB_V4}/32 -j ACCEPT\nCOMMIT\n`);
+      installWriterChain(variant, LB_V4, false);
       dir = mkdtempSync(join(tmpdir(), 'repair-latency-'));
       const real = execFileSync('sh', ['-c', 'command -v conntrack'], { encoding: 'utf8' }).trim();
       writeFileSync(
@@ -76,13 +62,7 @@ for (const variant of ['nft', 'legacy'] as const) {
     after(async () => {
       process.env.PATH = path;
       try {
-        const lines = ['*nat'];
-        for (const hook of ['PREROUTING', 'OUTPUT']) {
-          if (sh(`iptables-${variant}-save`, ['-t', 'nat']).includes(`-A ${hook} -j ${WRITER_CHAIN}`)) {
-            lines.push(`-D ${hook} -j ${WRITER_CHAIN}`);
-          }
-        }
-        restore([...lines, `:${WRITER_CHAIN} - [0:0]`, `-X ${WRITER_CHAIN}`, 'COMMIT', ''].join('\n'));
+        removeWriterObjects(variant);
       } finally {
         rmSync(dir, { recursive: true, force: true });
         await scenario.tearDown();
@@ -90,51 +70,33 @@ for (const variant of ['nft', 'legacy'] as const) {
     });
 
     it('is in the kernel while the clean-up of the flows the displacement pinned still waits', async () => {
-      const api = await ApiStandIn.start({ bookmarkIntervalMs: 500 });
       // As the composition root builds it: the conntrack clean-up (the gated command) subscribed.
       const backend = composeReconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 200 }), {
         logger: pino({ enabled: false }),
       });
-      let controller: Controller | undefined;
+      let running: ControllerOnStandIn | undefined;
       const log = join(dir, 'log');
       try {
-        await api.writeKubeconfig(join(dir, 'kubeconfig'));
-        api.apply({
-          apiVersion: 'v1',
-          kind: 'Node',
-          metadata: { name: 'node-1' },
-          spec: { podCIDR: '10.244.1.0/24', podCIDRs: ['10.244.1.0/24'] },
-        });
-        api.apply(service('svc-a', '10.96.0.10', LB_V4, 80));
-        controller = new Controller({
-          caches: createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), 'node-1'),
-          reconciler: backend,
-          model: CONFIG,
-          nodeName: 'node-1',
-          minSyncPeriodMs: 0,
-          syncPeriodMs: 60_000,
-          logger: pino({ enabled: false }),
-        });
-        await controller.start();
+        running = await ControllerOnStandIn.start(backend, [wireLbService('svc-a', '10.96.0.10', LB_V4)]);
         let ok = false;
         for (let i = 0; i < 100 && !ok; i++) ok = (await probe(undefined, 'tcp', LB_V4, 80, 500)) === 'svc-a';
         expect(ok, 'translated after the first sync').to.equal(true);
         expect(runsUnderWay(log), 'no conntrack run before the displacement').to.equal(0);
 
         // kube-proxy restarts: its jump goes first; ours is put back, and the clean-up starts and waits.
-        restore(`*nat\n-I PREROUTING 1 -j ${WRITER_CHAIN}\n-I OUTPUT 1 -j ${WRITER_CHAIN}\nCOMMIT\n`);
+        prependWriterJumps(variant);
         // iptables-legacy paces its checks by what a listing costs (seconds in a slow guest).
         for (let i = 0; i < 4000 && runsUnderWay(log) === 0; i++) await sleep(50);
         expect(runsUnderWay(log), 'the clean-up of the repair is under way').to.equal(1);
         expect((backend.driver as IptablesDriver).jumpRepairs).to.be.at.least(1);
 
         // The change, and the kernel looked at until it holds it.
-        api.apply(service('svc-new', '10.96.0.11', '192.0.2.99', 8080));
+        running.api.apply(wireLbService('svc-new', '10.96.0.11', '192.0.2.99', 8080));
         let programmed = false;
         let waiting = 0;
         for (let i = 0; i < 300 && !programmed; i++) {
           await sleep(50);
-          programmed = sh(`iptables-${variant}-save`, ['-t', 'nat']).includes('default/svc-new');
+          programmed = natSave(variant).includes('default/svc-new');
           waiting = runsUnderWay(log);
         }
         expect(programmed, 'the new Service is programmed').to.equal(true);
@@ -147,9 +109,8 @@ for (const variant of ['nft', 'legacy'] as const) {
         expect(readFileSync(log, 'utf8')).to.match(/^start \d+ -L -f ipv4 -p tcp$/m);
         expect(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80)).to.equal('svc-a');
       } finally {
-        await controller?.stop();
+        await running?.stop();
         await backend.cleanup();
-        await api.stop();
         rmSync(join(dir, 'gate'), { force: true });
         rmSync(log, { force: true });
       }

@@ -6,23 +6,18 @@
 // The controller runs the nft backend, against the API stand-in.
 
 import { expect } from 'chai';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { pino } from 'pino';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { hasIptablesObjects } from '../../src/backends/iptables/nat-view.js';
 import { BACKENDS, cleanupAll, removeLeftovers, type BackendRegistry } from '../../src/backends/registry.js';
 import { composeReconciler } from '../../src/cli/compose.js';
-import { Controller } from '../../src/controller.js';
 import { ApiReachability, judgeReadiness } from '../../src/health/health.js';
-import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
 import { ControllerMetrics } from '../../src/metrics/controller-metrics.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { Reconciler } from '../../src/reconciler/reconciler.js';
-import { ApiStandIn } from '../../testbed/api-server.js';
 import { assertIsolatedNetns, probe, sh } from '../../testbed/node-network.js';
+import { ControllerOnStandIn, wireLbService } from '../support/controller-on-stand-in.js';
+import { eventually } from '../support/eventually.js';
 import { CONFIG, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
 
 // These tests create no eBPF objects: the node's bpffs is not theirs to clean.
@@ -34,23 +29,13 @@ async function pendingMetric(metrics: ControllerMetrics): Promise<number | undef
   return metric?.values[0]?.value;
 }
 
-async function until(condition: () => boolean | Promise<boolean>, what: string): Promise<void> {
-  for (let i = 0; i < 300; i++) {
-    if (await condition()) return;
-    await sleep(100);
-  }
-  expect.fail(`timed out waiting for ${what}`);
-}
-
 describe('leftovers of another backend the kernel refuses to remove', function () {
   this.timeout(120_000);
   const scenario = new Scenario();
-  let dir: string;
 
   before(async () => {
     assertIsolatedNetns();
     await scenario.setUp();
-    dir = mkdtempSync(join(tmpdir(), 'leftovers-'));
   });
 
   after(async () => {
@@ -62,7 +47,6 @@ describe('leftovers of another backend the kernel refuses to remove', function (
     try {
       await cleanupAll({}, REGISTRY);
     } finally {
-      rmSync(dir, { recursive: true, force: true });
       await scenario.tearDown();
     }
   });
@@ -76,49 +60,23 @@ describe('leftovers of another backend the kernel refuses to remove', function (
     sh('nft', ['add', 'map', ...OTHER_AGENT_MAP, '{ type ipv4_addr : verdict; }']);
     sh('nft', ['add', 'element', ...OTHER_AGENT_MAP, '{ 192.0.2.99 : jump IPVS_PREROUTING }']);
 
-    const api = await ApiStandIn.start({ bookmarkIntervalMs: 500 });
     const selected = await BACKENDS.nft.create({});
     const metrics = new ControllerMetrics({ defaultMetrics: false });
+    // As the composition root builds it, the conntrack clean-up subscribed and counted.
     const reconciler = composeReconciler(selected.driver, {
       logger: pino({ enabled: false }),
-      onConntrackCleanup: (r) => metrics.onConntrackCleanup(r),
+      onConntrackCleanup: (report) => metrics.onConntrackCleanup(report),
     });
-    let controller: Controller | undefined;
+    let running: ControllerOnStandIn | undefined;
     try {
-      await api.writeKubeconfig(join(dir, 'kubeconfig'));
-      api.apply({
-        apiVersion: 'v1',
-        kind: 'Node',
-        metadata: { name: 'node-1' },
-        spec: { podCIDR: '10.244.1.0/24', podCIDRs: ['10.244.1.0/24'] },
-      });
-      api.apply({
-        apiVersion: 'v1',
-        kind: 'Service',
-        metadata: { name: 'svc-a', namespace: 'default' },
-        spec: {
-          type: 'LoadBalancer',
-          clusterIP: '10.96.0.10',
-          clusterIPs: ['10.96.0.10'],
-          ports: [{ port: 80, protocol: 'TCP' }],
-        },
-        status: { loadBalancer: { ingress: [{ ip: LB_V4 }] } },
-      });
-      controller = new Controller({
-        caches: createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), 'node-1'),
-        reconciler,
-        model: CONFIG,
-        nodeName: 'node-1',
-        minSyncPeriodMs: 0,
-        syncPeriodMs: 60_000,
-        logger: pino({ enabled: false }),
+      running = await ControllerOnStandIn.start(reconciler, [wireLbService('svc-a', '10.96.0.10', LB_V4)], {
         observer: metrics,
         removeLeftovers: async () => {
           await removeLeftovers(selected.description, {}, REGISTRY);
         },
         leftoverRetryMs: { initial: 200, max: 1_000 },
       });
-      const status = controller.status;
+      const status = running.controller.status;
       const readiness = () =>
         judgeReadiness({
           status,
@@ -127,10 +85,9 @@ describe('leftovers of another backend the kernel refuses to remove', function (
           startedAt: Date.now(),
           now: Date.now(),
         });
-      await controller.start();
 
       // The first attempt and the next ones fail: the chain is in use.
-      await until(() => (status.leftovers?.attempts ?? 0) >= 3, 'three failed attempts');
+      await eventually('three failed attempts', () => (status.leftovers?.attempts ?? 0) >= 3);
       expect(status.leftovers!.error).to.match(/Device or resource busy/);
       expect(await hasIptablesObjects('nft'), 'our iptables-nft chains are still there').to.equal(true);
       expect(await pendingMetric(metrics)).to.equal(1);
@@ -141,7 +98,7 @@ describe('leftovers of another backend the kernel refuses to remove', function (
 
       // The other agent drops its map: the next attempt removes the chains.
       sh('nft', ['delete', 'map', ...OTHER_AGENT_MAP]);
-      await until(() => status.leftovers === undefined, 'the leftovers removed');
+      await eventually('the leftovers removed', () => status.leftovers === undefined);
       expect(await hasIptablesObjects('nft')).to.equal(false);
       expect(await pendingMetric(metrics)).to.equal(0);
       expect(readiness().warnings.filter((w) => w.includes('leftovers'))).to.deep.equal([]);
@@ -149,10 +106,9 @@ describe('leftovers of another backend the kernel refuses to remove', function (
       expect(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80)).to.equal('svc-a');
       expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal('svc-a');
     } finally {
-      await controller?.stop();
+      await running?.stop();
       await reconciler.cleanup();
       await reconciler.close();
-      await api.stop();
     }
   });
 });

@@ -7,8 +7,8 @@
 // inside a range (allowFromNode). The eBPF backend cannot filter sources and translates neither.
 
 import { expect } from 'chai';
-import { sh } from '../../testbed/node-network.js';
-import { TenantNode, UNTRANSLATED, lbService, type TenantBackend } from './tenant-node.js';
+import { BACKEND_VARIANTS, variantNodeHooks, type BackendVariant } from '../support/variant-node.js';
+import { TenantNode, UNTRANSLATED, lbService } from './tenant-node.js';
 
 const CLUSTER_IP = '10.96.0.40';
 const LB_IP = '198.51.100.40';
@@ -27,18 +27,11 @@ function ranged(ranges: string[]) {
   return { ...svc, spec: { ...svc.spec, loadBalancerSourceRanges: ranges } };
 }
 
-const VARIANTS: Array<{
-  name: string;
-  backend: TenantBackend;
-  args?: string[];
-  legacy?: boolean;
-  executor?: 'addon' | 'cli';
-}> = [
+/** Every backend, nft through each of its executors. */
+const VARIANTS: Array<BackendVariant & { args?: string[]; executor?: 'addon' | 'cli' }> = [
   { name: 'nft (addon)', backend: 'nft', args: ['--nft-executor=addon'], executor: 'addon' },
   { name: 'nft (CLI)', backend: 'nft', args: ['--nft-executor=cli'], executor: 'cli' },
-  { name: 'iptables (nft)', backend: 'iptables' },
-  { name: 'iptables (legacy)', backend: 'iptables', legacy: true },
-  { name: 'ebpf', backend: 'ebpf' },
+  ...BACKEND_VARIANTS.filter((v) => v.backend !== 'nft'),
 ];
 
 for (const variant of VARIANTS) {
@@ -53,9 +46,9 @@ for (const variant of VARIANTS) {
     /** What a source inside the ranges reaches. */
     let inside = filters ? 'filtered' : UNTRANSLATED;
 
+    variantNodeHooks(variant, node);
+
     before(async () => {
-      await node.setUp();
-      if (variant.legacy) sh('iptables-legacy', ['-w', '-t', 'mangle', '-N', 'KUBE-IPTABLES-HINT']);
       await node.serve(CLUSTER_IP, 80, 'filtered');
       await node.serve(LB_IP, 80, UNTRANSLATED);
       await node.serve(OPEN_CLUSTER_IP, 80, 'open');
@@ -73,30 +66,9 @@ for (const variant of VARIANTS) {
       await node.eventually(OPEN_LB_IP, 80, 'open', WAIT, { from: 'node' });
     });
 
-    after(async () => {
-      if (variant.legacy) {
-        try {
-          sh('iptables-legacy', ['-w', '-t', 'mangle', '-X', 'KUBE-IPTABLES-HINT']);
-        } catch {
-          // already gone
-        }
-      }
-      await node.tearDown();
-    });
-
-    afterEach(function () {
-      if (this.currentTest?.state === 'failed') console.log(node.tail());
-    });
-
     if (variant.executor) {
       it(`programs nftables through the ${variant.executor}`, () => {
         expect(node.output).to.include(`nftables via ${variant.executor}`);
-      });
-    }
-
-    if (variant.backend === 'iptables') {
-      it(`runs on iptables-${variant.legacy ? 'legacy' : 'nft'}`, () => {
-        expect(node.output).to.include(`iptables-${variant.legacy ? 'legacy' : 'nft'}`);
       });
     }
 

@@ -1,7 +1,7 @@
 // The API stand-in's model of a kube-apiserver's read path, release by release: which lists its
 // watch cache serves and which reach etcd (counted per client), how limit and continue tokens
 // are treated, and how a watch that asks for its initial state (WatchList) is served, refused or
-// ignored. The figures of the fleet benchmark rest on these.
+// ignored. The fleet figures of docs/operations.md ("The API's cost of a fleet") rest on these.
 
 import { KubeConfig } from '@kubernetes/client-node';
 import { expect } from 'chai';

@@ -2,7 +2,8 @@
 
 import { expect } from 'chai';
 import { parseDuration } from '../../src/config/duration.js';
-import { buildCommand, parseConfig, UsageError } from '../../src/config/options.js';
+import { buildCommand } from '../../src/config/flags.js';
+import { parseConfig, UsageError } from '../../src/config/options.js';
 
 function fails(argv: string[], pattern: RegExp, env: NodeJS.ProcessEnv = {}): void {
   expect(() => parseConfig(argv, env))

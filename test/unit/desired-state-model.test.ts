@@ -120,7 +120,11 @@ function check(seed: number, size: number, addresses: number, steps: number, cha
   return hints;
 }
 
-describe('DesiredStateModel', () => {
+describe('DesiredStateModel', function () {
+  // Hundreds of random change sequences, each checked against a state built from nothing: seconds
+  // of work that a loaded machine stretches. What is checked is the result, never the time.
+  this.timeout(30_000);
+
   it('after any changes equals the state built from nothing, collisions and skips included', () => {
     let hints = 0;
     for (let seed = 1; seed <= 60; seed++) hints += check(seed, 30, 24, 12, () => 1 + (seed % 4));

@@ -199,7 +199,7 @@ describe('informer start: from the API server cache', function () {
       await services.waitForSync();
       await waitFor(() => server.openWatchCount('Service') === 1, 'a watch');
       const before = reads();
-      const mark = services.mark;
+      const mark = services.cursor;
       // While the agent is cut off: deletes, a change, and the history it would resume from is gone.
       server.setUnavailable(true);
       for (let i = 0; i < 10; i++) server.remove('Service', `ns-${i % 7}`, `svc-${i}`);
@@ -238,7 +238,7 @@ describe('informer start: from the API server cache', function () {
       await waitFor(() => server.openWatchCount('Service') === 1, 'a watch');
       const before = cacheState();
       const kept = new Map(services.list().map((s) => [s.name, s]));
-      const mark = services.mark;
+      const mark = services.cursor;
       const changesBefore = changes;
       const listsBefore = reads().lists;
       // Seen from outside whenever the informer reports: never a mixture of two states.

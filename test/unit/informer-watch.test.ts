@@ -10,13 +10,9 @@ import { fileURLToPath } from 'node:url';
 import { KubeConfig } from '@kubernetes/client-node';
 import { expect } from 'chai';
 import { listPageJson } from '../../src/kube/cluster.js';
-import {
-  Informer,
-  backoffDelay,
-  sameInfo,
-  watchTimeoutSeconds,
-  type InformerOptions,
-} from '../../src/kube/informer.js';
+import { Informer, backoffDelay, type InformerOptions } from '../../src/kube/informer.js';
+import { sameInfo } from '../../src/kube/store.js';
+import { watchTimeoutSeconds } from '../../src/kube/watch-session.js';
 import { toNodeInfo, toServiceInfo } from '../../src/kube/objects.js';
 import type { NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
@@ -219,7 +215,7 @@ describe('informer list+watch loop', function () {
     informer.start();
     await informer.waitForSync();
     const lists = server.stats.lists.services ?? 0;
-    const mark = informer.mark;
+    const mark = informer.cursor;
     const before = informer.list();
     server.setUnavailable(true);
     server.apply(service('svc-3', '198.18.9.9'));
@@ -302,8 +298,8 @@ describe('informer list+watch loop', function () {
     nodes.start();
     services.start();
     await Promise.all([nodes.waitForSync(), services.waitForSync()]);
-    const nodeMark = nodes.mark;
-    const serviceMark = services.mark;
+    const nodeMark = nodes.cursor;
+    const serviceMark = services.cursor;
     const changesBefore = { nodes: nodeChanges, services: rec.changes };
 
     // Heartbeats and labels: not what we keep.

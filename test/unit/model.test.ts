@@ -2,7 +2,8 @@
 
 import { expect } from 'chai';
 import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
-import type { ChangeTracked, DesiredState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import type { ChangeFeed } from '../../src/model/change-feed.js';
+import type { DesiredState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { CONFIG } from '../support/fixtures.js';
 
 const NODE: NodeInfo = { name: 'n1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
@@ -533,15 +534,22 @@ describe('model: addresses that belong to the cluster itself', () => {
     // A cache that tracks its changes, as the informer does: one object replaced, added or removed at a time.
     const history: Array<{ removed: ServiceInfo[]; added: ServiceInfo[] }> = [];
     let current: ServiceInfo[] = [];
-    const cache: ChangeTracked<ServiceInfo> = {
+    let released = 0;
+    const cache: ChangeFeed<ServiceInfo> = {
       list: () => current,
-      get mark() {
+      get cursor() {
         return history.length;
       },
-      changesSince: (mark) => ({
-        removed: history.slice(mark).flatMap((c) => c.removed),
-        added: history.slice(mark).flatMap((c) => c.added),
-      }),
+      changesSince: (cursor) =>
+        cursor < released
+          ? undefined
+          : {
+              removed: history.slice(cursor).flatMap((c) => c.removed),
+              added: history.slice(cursor).flatMap((c) => c.added),
+            },
+      release: (cursor) => {
+        released = Math.max(released, cursor);
+      },
     };
     const change = (removed: ServiceInfo[], added: ServiceInfo[]) => {
       history.push({ removed, added });
@@ -559,6 +567,7 @@ describe('model: addresses that belong to the cluster itself', () => {
     expect(own(d)).to.include('10.96.0.10 UDP/53 -> 10.96.7.7 (tenant/grabby)');
     expect(d).to.deep.equal({ ...build(current), ipv4: d.ipv4, ipv6: d.ipv6, generation: d.generation });
     expect(d.ipv4.entries).to.deep.equal(build(current).ipv4.entries);
+    expect(released, 'the model released what it read, and no more').to.equal(history.length);
   });
 
   it('follows a ClusterIP that moves from one object of a Service to the next', () => {

@@ -12,11 +12,10 @@
 //   and "Skipped addresses" is one node's count, not the sum over nodes.
 
 import { expect } from 'chai';
-import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { createServer, type Server } from 'node:http';
-import { createServer as createNetServer, type AddressInfo } from 'node:net';
+import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -24,6 +23,8 @@ import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import YAML from 'yaml';
 import { ControllerMetrics } from '../../src/metrics/controller-metrics.js';
+import { eventually } from '../support/eventually.js';
+import { PrometheusServer } from '../support/prometheus.js';
 
 const run = promisify(execFile);
 const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
@@ -40,16 +41,6 @@ async function kustomize(dir: string): Promise<Json[]> {
 
 const selected = (objects: Json[], kind: string) =>
   objects.filter((o) => o.kind === kind && o.metadata?.labels?.release === HELM_RELEASE);
-
-async function freePort(): Promise<number> {
-  const s = createNetServer();
-  s.listen(0, '127.0.0.1');
-  await once(s, 'listening');
-  const { port } = s.address() as AddressInfo;
-  s.close();
-  await once(s, 'close');
-  return port;
-}
 
 interface NodeFixture {
   node: string;
@@ -198,71 +189,6 @@ function operatorScrapeConfig(podMonitor: Json, pods: Array<{ target: string; no
   };
 }
 
-class PrometheusServer {
-  private child?: ChildProcess;
-  url = '';
-  async start(dir: string, config: Json, rules: Json): Promise<void> {
-    await writeFile(join(dir, 'rules.yaml'), YAML.stringify(rules));
-    await writeFile(
-      join(dir, 'prometheus.yml'),
-      YAML.stringify({
-        global: { scrape_interval: '1s', evaluation_interval: '1s' },
-        rule_files: [join(dir, 'rules.yaml')],
-        ...config,
-      }),
-    );
-    const port = await freePort();
-    this.url = `http://127.0.0.1:${port}`;
-    const log: string[] = [];
-    this.child = spawn(
-      'prometheus',
-      [
-        `--config.file=${join(dir, 'prometheus.yml')}`,
-        `--storage.tsdb.path=${join(dir, 'tsdb')}`,
-        `--web.listen-address=127.0.0.1:${port}`,
-      ],
-      { stdio: ['ignore', 'ignore', 'pipe'] },
-    );
-    this.child.stderr!.on('data', (b: Buffer) => log.push(b.toString()));
-    await eventually('Prometheus ready', async () => {
-      if (this.child!.exitCode !== null) throw new Error(`prometheus exited: ${log.join('').slice(-2000)}`);
-      return (await fetch(`${this.url}/-/ready`)).ok;
-    });
-  }
-  async query(q: string): Promise<Array<{ metric: Json; value: [number, string] }>> {
-    const r = (await (await fetch(`${this.url}/api/v1/query?query=${encodeURIComponent(q)}`)).json()) as Json;
-    if (r.status !== 'success') throw new Error(`${q}: ${JSON.stringify(r)}`);
-    return r.data.result;
-  }
-  async alerts(): Promise<Array<{ labels: Json; annotations: Json; state: string }>> {
-    return ((await (await fetch(`${this.url}/api/v1/alerts`)).json()) as Json).data.alerts;
-  }
-  async rules(): Promise<Json[]> {
-    return ((await (await fetch(`${this.url}/api/v1/rules`)).json()) as Json).data.groups;
-  }
-  async stop(): Promise<void> {
-    if (this.child && this.child.exitCode === null) {
-      this.child.kill('SIGTERM');
-      await once(this.child, 'exit');
-    }
-  }
-}
-
-async function eventually<T>(what: string, check: () => Promise<T | undefined | false>, limitMs = 60_000): Promise<T> {
-  const deadline = Date.now() + limitMs;
-  let last: unknown;
-  for (;;) {
-    try {
-      const v = await check();
-      if (v) return v;
-    } catch (err) {
-      last = err;
-    }
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}${last ? `: ${String(last)}` : ''}`);
-    await new Promise((r) => setTimeout(r, 250));
-  }
-}
-
 describe('deploy/monitoring in a real Prometheus, two nodes (kube-prometheus-stack selection, with and without the node label)', function () {
   this.timeout(180_000);
   const fixtures: NodeFixture[] = [
@@ -355,10 +281,14 @@ describe('deploy/monitoring in a real Prometheus, two nodes (kube-prometheus-sta
       after(() => prometheus.stop());
 
       it('scrapes both nodes under job="ipvs-node-controller"', async () => {
-        const up = await eventually('two targets up', async () => {
-          const r = await prometheus.query('up{job="ipvs-node-controller"} == 1');
-          return r.length === 2 && r;
-        });
+        const up = await eventually(
+          'two targets up',
+          async () => {
+            const r = await prometheus.query('up{job="ipvs-node-controller"} == 1');
+            return r.length === 2 && r;
+          },
+          60_000,
+        );
         const nodes = up.map((r) => r.metric.node).sort();
         expect(nodes).to.deep.equal(byPodMonitor ? ['n1', 'n2'] : [undefined, undefined]);
         if (byPodMonitor) expect(up.map((r) => r.metric.namespace)).to.deep.equal(['kube-system', 'kube-system']);
@@ -368,15 +298,19 @@ describe('deploy/monitoring in a real Prometheus, two nodes (kube-prometheus-sta
         const groups = await prometheus.rules();
         expect(groups.flatMap((g) => g.rules as Json[]).filter((r) => r.health !== 'ok')).to.deep.equal([]);
         const count = (alerts: Json[], name: string) => alerts.filter((a) => a.labels.alertname === name);
-        const alerts = await eventually('the alerts pending', async () => {
-          const a = await prometheus.alerts();
-          return count(a, 'IpvsNodeControllerSteppedAside').length === 2 &&
-            count(a, 'IpvsNodeControllerConflicts').length === 1 &&
-            count(a, 'IpvsNodeControllerVersionsDiffer').length === 1 &&
-            count(a, 'IpvsNodeControllerMissing').length === 1
-            ? a
-            : undefined;
-        });
+        const alerts = await eventually(
+          'the alerts pending',
+          async () => {
+            const a = await prometheus.alerts();
+            return count(a, 'IpvsNodeControllerSteppedAside').length === 2 &&
+              count(a, 'IpvsNodeControllerConflicts').length === 1 &&
+              count(a, 'IpvsNodeControllerVersionsDiffer').length === 1 &&
+              count(a, 'IpvsNodeControllerMissing').length === 1
+              ? a
+              : undefined;
+          },
+          60_000,
+        );
         // Waited for above, and nothing more than that appears after a few more evaluations.
         await new Promise((r) => setTimeout(r, 3000));
         const later = await prometheus.alerts();

@@ -1,0 +1,26 @@
+// Waiting in tests for a condition, not for a time: the deadline only keeps a broken run from
+// hanging (pass/fail never depends on timing beyond it).
+
+/**
+ * Polls `check` every `everyMs` until it returns a truthy value, and returns that value. A check
+ * that throws counts as not yet; past `limitMs` the wait fails, naming `what` and the last error.
+ */
+export async function eventually<T>(
+  what: string,
+  check: () => T | undefined | false | Promise<T | undefined | false>,
+  limitMs = 30_000,
+  everyMs = 100,
+): Promise<T> {
+  const deadline = Date.now() + limitMs;
+  let last: unknown;
+  for (;;) {
+    try {
+      const v = await check();
+      if (v) return v;
+    } catch (err) {
+      last = err;
+    }
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}${last ? `: ${String(last)}` : ''}`);
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+}

@@ -18,7 +18,7 @@ import { performance } from 'node:perf_hooks';
 import { IptablesCommands, type IptablesVariant } from '../src/backends/iptables/executor.js';
 import { IptablesDriver, REWRITE_ABOVE_DELETES } from '../src/backends/iptables/iptables-driver.js';
 import { Reconciler } from '../src/reconciler/reconciler.js';
-import type { SyncResult } from '../src/reconciler/driver.js';
+import type { SyncResult } from '../src/reconciler/sync-result.js';
 import { buildDesiredState } from '../src/model/desired-state.js';
 import type { DesiredState, NodeInfo, ServiceInfo } from '../src/model/types.js';
 import { inPrivateNamespaces } from './namespace.js';

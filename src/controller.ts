@@ -1,25 +1,26 @@
 // Wires caches -> model -> reconciler through the sync runner. Every sync derives the desired
-// state from the caches (the model keeps only what lets a change cost what it touches). What the
-// kernel holds of ours is the reconciler's to know: the translation, or nothing while the
-// controller steps aside because kube-proxy is not in IPVS mode (design/semantics.md,
-// "kube-proxy's mode"); it tells conntrack clean-up what changed.
+// state from the caches (the model keeps only what lets a change cost what it touches) and has
+// the reconciler program it, unless the controller steps aside because kube-proxy is not in IPVS
+// mode (controller/step-aside.ts). What the kernel holds of ours is the reconciler's to know, and
+// its subscribers' to hear of (the composition root, src/cli/, gives it both). Beside the syncs:
+// what the model says logged once per change (controller/model-report.ts), and the removal of
+// other backends' leftovers (controller/leftover-removal.ts).
 
-import { kobj, type Logger } from './log.js';
-import { entryLimit, type KernelChange, type SyncResult } from './reconciler/driver.js';
-import type { Reconciler } from './reconciler/reconciler.js';
+import type { Logger } from './log.js';
+import type { ConntrackCleanupReport } from './conntrack/conntrack-cleaner.js';
+import { entryLimit } from './driver/driver.js';
 import type { ClusterCaches } from './kube/cluster.js';
-import { ConntrackCleaner, type ConntrackCleanupReport } from './conntrack/conntrack-cleaner.js';
-import { staleTuples } from './conntrack/stale-tuples.js';
+import type { ModeVerdict } from './kubeproxy/mode.js';
 import { DesiredStateModel } from './model/desired-state.js';
-import {
-  DEFAULT_MAX_ENTRIES_PER_SERVICE,
-  type Conflict,
-  type DesiredState,
-  type ModelConfig,
-  type Skip,
-} from './model/types.js';
-import { isNonIpvsMode, type ModeVerdict } from './kubeproxy/mode.js';
+import { DEFAULT_MAX_ENTRIES_PER_SERVICE, type DesiredState, type ModelConfig } from './model/types.js';
+import type { Reconciler } from './reconciler/reconciler.js';
+import type { SyncResult } from './reconciler/sync-result.js';
 import { SyncRunner, type SyncRequestInfo } from './sync/runner.js';
+import { LeftoverRemoval, type LeftoverStatus } from './controller/leftover-removal.js';
+import { ModelReport, type ModelReportObserver, type ServicesOverLimits } from './controller/model-report.js';
+import { StepAside, type KubeProxyStatus } from './controller/step-aside.js';
+
+export type { KubeProxyStatus } from './controller/step-aside.js';
 
 export interface SyncReport {
   backend: string;
@@ -34,28 +35,15 @@ export interface SyncReport {
 }
 
 /** Hooks for metrics and events; every method is optional. */
-export interface ControllerObserver {
+export interface ControllerObserver extends ModelReportObserver {
   onDesiredState?(desired: DesiredState): void;
   onSync?(report: SyncReport): void;
-  /** Skips whose reason is new or changed since the previous sync. */
-  onNewSkips?(skips: Skip[]): void;
-  onNewConflicts?(conflicts: Conflict[]): void;
   /** kube-proxy's mode changed, or the controller stepped aside or back. */
   onKubeProxy?(status: KubeProxyStatus): void;
+  /** A conntrack clean-up: told by the reconciler's conntrack subscriber (src/cli/compose.ts). */
   onConntrackCleanup?(report: ConntrackCleanupReport): void;
   /** Leftovers of another backend remain after a failed removal (true), or are gone (false). */
   onLeftovers?(pending: boolean): void;
-}
-
-/** What the controller knows of kube-proxy, for /readyz, metrics and Events. */
-export interface KubeProxyStatus {
-  mode: ModeVerdict;
-  /** True while our rules are removed because kube-proxy is not in IPVS mode. */
-  steppedAside: boolean;
-  /** Why the controller stepped aside (or, with stepping aside off, why it should have). */
-  reason?: string;
-  /** Effective kube-proxy-related settings, `name=value (source)`. */
-  settings: string[];
 }
 
 export interface ControllerStatus {
@@ -67,7 +55,7 @@ export interface ControllerStatus {
   /** Date.now() when the oldest sync under way started, if one is. */
   syncStartedAt?: number;
   /** Services not translated because of a limit, per reason (tooManyEntries, overCapacity). */
-  servicesOverLimits?: Partial<Record<'tooManyEntries' | 'overCapacity', number>>;
+  servicesOverLimits?: ServicesOverLimits;
   /** The limits in force: entries per Service, and per family in all. */
   limits?: { maxEntriesPerService: number; maxEntries: number };
   lastError?: string;
@@ -78,18 +66,10 @@ export interface ControllerStatus {
   leftovers?: LeftoverStatus;
 }
 
-export interface LeftoverStatus {
-  /** Date.now() of the first failed attempt. */
-  failingSince: number;
-  attempts: number;
-  error: string;
-  /** Date.now() of the next attempt. */
-  retryAt: number;
-}
-
 export interface ControllerOptions {
   caches: ClusterCaches;
-  backend: Reconciler;
+  /** Programs the kernel; its driver and subscribers are the composition root's choice. */
+  reconciler: Reconciler;
   model: ModelConfig;
   nodeName: string;
   minSyncPeriodMs: number;
@@ -116,74 +96,73 @@ export interface ControllerOptions {
    */
   interfaceAddresses?: () => readonly string[];
   /**
-   * Deletes conntrack entries made stale by a change of the programmed translations. Default: the
-   * conntrack command where the backend's translations are conntrack's (not eBPF's: it translates
-   * sockets); null: never.
-   */
-  conntrack?: ConntrackClient | null;
-  /**
    * Between retries of removeLeftovers: the first wait, doubled after each failure up to the
-   * second. Default LEFTOVER_RETRY_MS.
+   * second. Default LEFTOVER_RETRY_MS (controller/leftover-removal.ts).
    */
   leftoverRetryMs?: { initial: number; max: number };
 }
-
-/** What the controller asks of the conntrack client: stale tuples, and (optionally) the flows a bypass pinned. */
-type ConntrackClient = Pick<ConntrackCleaner, 'clean'> & Partial<Pick<ConntrackCleaner, 'forgetUntranslated'>>;
-
-/** Retries of removeLeftovers: 5 s, then doubled up to 5 minutes. */
-export const LEFTOVER_RETRY_MS = { initial: 5_000, max: 300_000 };
 
 export class Controller {
   private readonly runner: SyncRunner;
   /** Derives the desired state from the caches at every sync, redoing only what changed. */
   private model: DesiredStateModel;
-  private kubeProxyMode: ModeVerdict;
-  /** True once backend.cleanup() removed our objects for kube-proxy's sake, until a sync programs again. */
-  private steppedAside = false;
-  private previousSkips = new Set<string>();
-  private previousConflicts = new Set<string>();
-  private previousLocalProblems = '';
+  private readonly stepAside: StepAside;
+  private readonly modelReport: ModelReport;
+  private readonly leftovers: LeftoverRemoval;
   private started = false;
-  private stopped = false;
-  private leftoverTimer: NodeJS.Timeout | undefined;
-  readonly status: ControllerStatus = { cachesSynced: false, localPodMatchProblems: [] };
+  /**
+   * What /readyz, the logs and the tests see of the controller, read live: the controller's own
+   * fields, and those of its parts (the model report, stepping aside, the leftovers' removal).
+   */
+  readonly status: ControllerStatus;
   /** The syncs under way: a partial sync may run beside a full one. */
   private readonly syncsUnderWay = new Set<{ startedAt: number }>();
 
   constructor(private readonly options: ControllerOptions) {
-    this.model = this.newModel(options.model, 0);
-    this.kubeProxyMode = options.kubeProxyMode ?? { mode: 'unknown', source: 'none', detail: 'not looked at' };
-    this.status.kubeProxy = {
-      mode: this.kubeProxyMode,
-      steppedAside: false,
-      settings: options.kubeProxySettings ?? [],
+    const { reconciler, logger, observer } = options;
+    const syncsUnderWay = this.syncsUnderWay;
+    const modelReport = (this.modelReport = new ModelReport(logger, observer));
+    const leftovers = (this.leftovers = new LeftoverRemoval({
+      remove: options.removeLeftovers,
+      logger,
+      retryMs: options.leftoverRetryMs,
+      onPending: (pending) => observer?.onLeftovers?.(pending),
+    }));
+    const stepAside = (this.stepAside = new StepAside({
+      reconciler,
+      logger,
+      enabled: options.kubeProxyStepAside,
+      mode: options.kubeProxyMode,
+      settings: options.kubeProxySettings,
+      onChange: (status) => observer?.onKubeProxy?.(status),
+    }));
+    this.status = {
+      cachesSynced: false,
+      get syncStartedAt() {
+        return oldestStart(syncsUnderWay);
+      },
+      get servicesOverLimits() {
+        return modelReport.servicesOverLimits;
+      },
+      get localPodMatchProblems() {
+        return modelReport.localPodMatchProblems;
+      },
+      get kubeProxy() {
+        return stepAside.status;
+      },
+      get leftovers() {
+        return leftovers.status;
+      },
     };
-    const conntrack =
-      options.conntrack === undefined
-        ? options.backend.capabilities.conntrackMatters
-          ? new ConntrackCleaner({ logger: options.logger })
-          : undefined
-        : (options.conntrack ?? undefined);
-    if (conntrack) {
-      const forget = conntrack.forgetUntranslated?.bind(conntrack);
-      options.backend.subscribe({
-        kernelChanged: (change) => this.cleanConntrack(conntrack, change),
-        // Outside every write and sync: a change never waits for this clean-up.
-        ...(forget && {
-          translationsBypassed: ({ family, entries }) =>
-            void forget(family, entries, (report) => this.options.observer?.onConntrackCleanup?.(report)),
-        }),
-      });
-    }
+    this.model = this.newModel(options.model, 0);
     this.runner = new SyncRunner({
       minIntervalMs: options.minSyncPeriodMs,
       fullIntervalMs: options.syncPeriodMs,
       sync: (info) => this.sync(info),
-      partialDuringFull: options.backend.capabilities.ordersOwnWrites,
+      partialDuringFull: reconciler.capabilities.ordersOwnWrites,
       onError: (err, retryInMs) => {
         this.status.lastError = err.message;
-        options.logger.error({ retryInMs, err }, 'Sync failed, keeping the rules in place');
+        logger.error({ retryInMs, err }, 'Sync failed, keeping the rules in place');
       },
     });
     options.caches.onChange(() => this.onCacheChange());
@@ -203,7 +182,7 @@ export class Controller {
     this.status.cachesSynced = true;
     logger.info({ services: caches.services.list().length }, 'Caches synced');
     this.started = true;
-    this.options.observer?.onKubeProxy?.(this.status.kubeProxy!);
+    this.options.observer?.onKubeProxy?.(this.stepAside.status);
     this.runner.start();
   }
 
@@ -219,53 +198,13 @@ export class Controller {
   private async compactMemory(): Promise<void> {
     const gc = (globalThis as { gc?: (options?: { type: string; execution: string; flavor: string }) => void }).gc;
     gc?.({ type: 'major', execution: 'sync', flavor: 'last-resort' });
-    await this.options.backend.releaseMemory?.().catch(() => undefined);
-  }
-
-  /**
-   * One attempt at removing other backends' leftovers; after a failure the next is scheduled
-   * with back-off, and status.leftovers says so until one succeeds. Never throws.
-   */
-  private async removeLeftovers(): Promise<void> {
-    const remove = this.options.removeLeftovers;
-    if (!remove || this.stopped) return;
-    this.leftoverTimer = undefined;
-    try {
-      await remove();
-      if (this.status.leftovers) {
-        this.options.logger.info(
-          { attempts: this.status.leftovers.attempts + 1 },
-          'Removed leftovers of other backends',
-        );
-        this.status.leftovers = undefined;
-        this.options.observer?.onLeftovers?.(false);
-      }
-    } catch (err) {
-      const retry = this.options.leftoverRetryMs ?? LEFTOVER_RETRY_MS;
-      const attempts = (this.status.leftovers?.attempts ?? 0) + 1;
-      const retryInMs = Math.min(retry.max, retry.initial * 2 ** (attempts - 1));
-      const now = Date.now();
-      this.status.leftovers = {
-        failingSince: this.status.leftovers?.failingSince ?? now,
-        attempts,
-        error: (err as Error).message,
-        retryAt: now + retryInMs,
-      };
-      this.options.logger.warn({ attempts, retryInMs, err }, 'Failed to remove leftovers of other backends');
-      this.options.observer?.onLeftovers?.(true);
-      if (this.stopped) return;
-      this.leftoverTimer = setTimeout(() => void this.removeLeftovers(), retryInMs);
-      // The controller's own work keeps the process alive, not this.
-      this.leftoverTimer.unref();
-    }
+    await this.options.reconciler.releaseMemory().catch(() => undefined);
   }
 
   /** Stops watching and syncing. The programmed rules stay in place. */
   async stop(): Promise<void> {
     this.started = false;
-    this.stopped = true;
-    if (this.leftoverTimer) clearTimeout(this.leftoverTimer);
-    this.leftoverTimer = undefined;
+    this.leftovers.stop();
     await Promise.all([this.options.caches.services.stop(), this.options.caches.node.stop()]);
     await this.runner.stop();
   }
@@ -275,8 +214,9 @@ export class Controller {
    * generations come after `after`, the last of the model it replaces.
    */
   private newModel(model: ModelConfig, after: number): DesiredStateModel {
-    const maxEntries = entryLimit(this.options.backend.capacity, this.options.maxEntries);
-    const config = { ...model, maxEntries, sourceRangesSupported: this.options.backend.filtersSources };
+    const { capacity, capabilities } = this.options.reconciler;
+    const maxEntries = entryLimit(capacity, this.options.maxEntries);
+    const config = { ...model, maxEntries, sourceRangesSupported: capabilities.filtersSources };
     this.status.limits = {
       maxEntriesPerService: config.maxEntriesPerService ?? DEFAULT_MAX_ENTRIES_PER_SERVICE,
       maxEntries,
@@ -287,29 +227,14 @@ export class Controller {
   /** kube-proxy's configuration changed the model settings: everything is derived and programmed anew. */
   setModelConfig(model: ModelConfig, settings: string[]): void {
     this.model = this.newModel(model, this.model.lastGeneration);
-    this.status.kubeProxy = { ...this.status.kubeProxy!, settings };
+    this.stepAside.setSettings(settings);
     if (this.started) this.runner.requestFull();
   }
 
   /** kube-proxy's mode changed (after the monitor's confirmation): the next sync steps aside or back. */
   onKubeProxyMode(verdict: ModeVerdict): void {
-    this.kubeProxyMode = verdict;
-    this.status.kubeProxy = { ...this.status.kubeProxy!, mode: verdict };
-    this.options.observer?.onKubeProxy?.(this.status.kubeProxy);
+    this.stepAside.setMode(verdict);
     if (this.started) this.runner.requestFull();
-  }
-
-  /**
-   * Why our translation must not be in the kernel now, if it must not. kube-proxy positively in
-   * iptables or nftables mode: our DNAT would preempt its own. Once stepped aside, only a positive
-   * IPVS brings the translation back: kube-proxy restarting (unknown) leaves its rules in place.
-   */
-  private stepAsideReason(): string | undefined {
-    const { mode } = this.kubeProxyMode;
-    if (isNonIpvsMode(mode) || (this.steppedAside && mode === 'unknown')) {
-      return `kube-proxy is in ${mode === 'unknown' ? 'no known' : mode} mode (${this.kubeProxyMode.detail}): our DNAT would preempt kube-proxy's own`;
-    }
-    return undefined;
   }
 
   /** What the caches ask for now; a large change is derived in slices, the event loop served between them. */
@@ -320,41 +245,25 @@ export class Controller {
   }
 
   private async sync(info: SyncRequestInfo): Promise<void> {
-    const { backend, logger, observer } = this.options;
+    const { reconciler, logger, observer } = this.options;
     const underWay = { startedAt: Date.now() };
     this.syncsUnderWay.add(underWay);
-    this.status.syncStartedAt = this.oldestSyncStart();
     const started = performance.now();
     let written: number | undefined;
     const onWritten = () => (written = performance.now());
-    const report: SyncReport = { backend: backend.name, requested: info.full ? 'full' : 'partial', durationMs: 0 };
+    const report: SyncReport = { backend: reconciler.name, requested: info.full ? 'full' : 'partial', durationMs: 0 };
     try {
       const desired = await this.desiredState();
       report.modelMs = performance.now() - started;
-      this.reportModelChanges(desired);
+      this.modelReport.report(desired);
       observer?.onDesiredState?.(desired);
-      const reason = this.stepAsideReason();
-      if (reason && this.options.kubeProxyStepAside !== false) {
-        report.result = await this.stepAside(reason, desired);
+      const plan = this.stepAside.plan();
+      if (plan.aside !== undefined) {
+        report.result = await this.stepAside.stepAside(plan.aside, desired);
         onWritten();
       } else {
-        if (reason && !this.status.kubeProxy!.reason) {
-          logger.warn(
-            { kubeProxyMode: this.kubeProxyMode.mode, reason, kubeProxyStepAside: false },
-            'Translating although kube-proxy is not in IPVS mode',
-          );
-        }
-        this.status.kubeProxy!.reason = reason;
-        // Back from stepping aside: the kernel holds nothing of ours, program everything.
-        const full = info.full || this.steppedAside;
-        report.result = await backend.sync(desired, { full, onWritten });
-        // Stepped aside since this sync began: its writes were void, the controller stays aside.
-        if (this.steppedAside && !report.result.superseded) {
-          this.steppedAside = false;
-          this.status.kubeProxy = { ...this.status.kubeProxy!, steppedAside: false, reason: undefined };
-          logger.info({ kubeProxyMode: this.kubeProxyMode.mode }, 'Translating again, kube-proxy is in IPVS mode');
-          observer?.onKubeProxy?.(this.status.kubeProxy);
-        }
+        report.result = await reconciler.sync(desired, { full: info.full || plan.full, onWritten });
+        this.stepAside.translated(report.result);
       }
       const ended = written ?? performance.now();
       report.durationMs = ended - started;
@@ -363,7 +272,7 @@ export class Controller {
       this.status.lastSuccessfulSyncAt = Date.now();
       this.status.lastError = undefined;
       if (first) {
-        await this.removeLeftovers();
+        await this.leftovers.attempt();
         await this.compactMemory();
       }
       if (report.result.mode !== 'noop') {
@@ -386,108 +295,15 @@ export class Controller {
       throw report.error;
     } finally {
       this.syncsUnderWay.delete(underWay);
-      this.status.syncStartedAt = this.oldestSyncStart();
       this.status.lastSyncEndedAt = Date.now();
       observer?.onSync?.(report);
     }
   }
+}
 
-  private oldestSyncStart(): number | undefined {
-    let oldest: number | undefined;
-    for (const s of this.syncsUnderWay) oldest = Math.min(oldest ?? s.startedAt, s.startedAt);
-    return oldest;
-  }
-
-  /**
-   * Stepping aside: removes every object of ours (once, when kube-proxy turns non-IPVS), then
-   * programs nothing until kube-proxy is in IPVS mode again. The controller stays ready and says why.
-   */
-  private async stepAside(reason: string, desired: DesiredState): Promise<SyncResult> {
-    if (!this.steppedAside) {
-      // The kernel then holds none of our translations: flows they made go too (conntrack).
-      await this.options.backend.cleanup(desired);
-      this.steppedAside = true;
-      this.status.kubeProxy = { ...this.status.kubeProxy!, steppedAside: true, reason };
-      this.options.logger.warn(
-        { kubeProxyMode: this.kubeProxyMode.mode, reason },
-        'Stepped aside, our rules are removed and nothing is programmed',
-      );
-      this.options.observer?.onKubeProxy?.(this.status.kubeProxy);
-    }
-    return { mode: 'noop', entries: { ipv4: 0, ipv6: 0 }, rejected: [] };
-  }
-
-  /** Deletes the conntrack entries that would keep translations the kernel no longer has. Never throws. */
-  private async cleanConntrack(conntrack: ConntrackClient, change: KernelChange): Promise<void> {
-    const tuples = staleTuples(change.previous, change.next);
-    if (tuples.length === 0) return;
-    const report = await conntrack.clean(tuples);
-    this.options.observer?.onConntrackCleanup?.(report);
-  }
-
-  /** Logs skips, conflicts and missing local-pod detection once per change, not on every sync. */
-  private reportModelChanges(desired: DesiredState): void {
-    const { logger, observer } = this.options;
-    const skipKey = (s: Skip) => `${s.service}|${s.reason}|${s.detail}`;
-    const newSkips = desired.skips.filter((s) => !this.previousSkips.has(skipKey(s)));
-    for (const s of newSkips) {
-      const fields = { service: kobj(s.service), reason: s.reason, detail: s.detail, count: s.count };
-      logger.info(fields, 'Service address skipped');
-    }
-    this.previousSkips = new Set(desired.skips.map(skipKey));
-    if (newSkips.length > 0) observer?.onNewSkips?.(newSkips);
-
-    const conflictKey = (c: Conflict) => `${c.family}|${c.externalIp}|${c.protocol}|${c.port}|${c.winner}|${c.loser}`;
-    const newConflicts = desired.conflicts.filter((c) => !this.previousConflicts.has(conflictKey(c)));
-    // One line per losing Service and winner: two Services that collide on 10,000 keys are one story.
-    const byPair = new Map<string, Conflict[]>();
-    for (const c of newConflicts) {
-      const pair = `${c.loser}|${c.winner}`;
-      const list = byPair.get(pair);
-      if (list) list.push(c);
-      else byPair.set(pair, [c]);
-    }
-    for (const [, [c, ...more]] of byPair) {
-      // The first entry of the pair stands for all of them; `entries` says how many.
-      const { externalIp, protocol, port, family } = c!;
-      logger.warn(
-        {
-          service: kobj(c!.loser),
-          winner: kobj(c!.winner),
-          externalIp,
-          protocol,
-          port,
-          family,
-          entries: more.length + 1,
-        },
-        'Service conflict, the older Service keeps the address',
-      );
-    }
-    this.previousConflicts = new Set(desired.conflicts.map(conflictKey));
-    if (newConflicts.length > 0) observer?.onNewConflicts?.(newConflicts);
-
-    const overLimits: NonNullable<ControllerStatus['servicesOverLimits']> = {};
-    for (const s of desired.skips) {
-      if (s.reason === 'tooManyEntries' || s.reason === 'overCapacity')
-        overLimits[s.reason] = (overLimits[s.reason] ?? 0) + 1;
-    }
-    this.status.servicesOverLimits = overLimits;
-
-    const problems = (['ipv4', 'ipv6'] as const).flatMap((f) => {
-      // A family without entries needs no pod detection (an IPv4-only cluster has no IPv6 podCIDR).
-      const m = desired[f].localPodMatch;
-      return m.kind === 'none' && desired[f].entries.length > 0 ? [`${f}: ${m.reason}`] : [];
-    });
-    this.status.localPodMatchProblems = problems;
-    const joined = problems.join('; ');
-    if (joined !== this.previousLocalProblems) {
-      if (problems.length > 0) {
-        logger.warn(
-          { problems },
-          'Traffic from pods not translated for some families, traffic from host-network processes still is',
-        );
-      } else if (this.previousLocalProblems) logger.info('Local pod detection complete again');
-      this.previousLocalProblems = joined;
-    }
-  }
+/** When the oldest of the syncs under way started, if one is. */
+function oldestStart(syncs: ReadonlySet<{ startedAt: number }>): number | undefined {
+  let oldest: number | undefined;
+  for (const s of syncs) oldest = Math.min(oldest ?? s.startedAt, s.startedAt);
+  return oldest;
 }

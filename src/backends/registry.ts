@@ -1,13 +1,14 @@
-// Every backend by name (--backend=nft|iptables|ebpf): how it is built from the configuration,
-// how it is described in metrics, what its objects on a node are and how they are removed, and
-// what --dry-run prints for it. --backend=auto and the removal of leftovers, so that a node never
-// carries two translations at once, go through this table: callers know no backend class.
+// Every backend by name (--backend=nft|iptables|ebpf): how its driver is built from the
+// configuration, how it is described in metrics, what its objects on a node are and how they are
+// removed, and what --dry-run prints for it. --backend=auto and the removal of leftovers, so that
+// a node never carries two translations at once, go through this table: callers know no backend
+// class. It hands out drivers (src/driver/driver.ts); the composition root (src/cli/) puts the
+// reconciler over the one chosen.
 
 import type { Logger } from 'pino';
 import { access, constants } from 'node:fs/promises';
 import { delimiter, join } from 'node:path';
-import { BackendError, type BackendName, type EntryCapacity, type ProbeResult } from '../reconciler/driver.js';
-import { Reconciler } from '../reconciler/reconciler.js';
+import { BackendError, type BackendName, type Driver, type EntryCapacity, type ProbeResult } from '../driver/driver.js';
 import { DEFAULT_BPFFS_PATH, EBPF_CAPACITY, EbpfDriver, defaultCgroupPath } from './ebpf/ebpf-driver.js';
 import { selectNftExecutor, type NftExecutorPreference } from './nft/addon-executor.js';
 import { NFT_CAPACITY, NftDriver } from './nft/nft-driver.js';
@@ -46,7 +47,7 @@ export interface BackendDescription {
 }
 
 export interface SelectedBackend {
-  backend: Reconciler;
+  driver: Driver;
   /** What metrics show of it, known where its driver was built (no cast of the driver later). */
   description: BackendDescription;
   /** One line saying which backend and why, to log once. */
@@ -95,7 +96,7 @@ export const INSTEAD: Readonly<Record<BackendName, string>> = {
 
 function iptables(variant: IptablesVariant, options: { logger?: Logger | undefined }, reason: string): SelectedBackend {
   return {
-    backend: new Reconciler(new IptablesDriver(variant, options)),
+    driver: new IptablesDriver(variant, options),
     description: { backend: 'iptables', iptablesVariant: variant },
     reason,
   };
@@ -106,7 +107,7 @@ export const BACKENDS: BackendRegistry = {
     async create(settings) {
       const { executor, reason } = selectNftExecutor(settings.nftExecutor ?? 'auto');
       return {
-        backend: new Reconciler(new NftDriver(executor, { lookup: settings.nftKeyLookup ?? 'auto' })),
+        driver: new NftDriver(executor, { lookup: settings.nftKeyLookup ?? 'auto' }),
         description: { backend: 'nft', nftExecutor: executor.kind },
         reason,
       };
@@ -137,7 +138,7 @@ export const BACKENDS: BackendRegistry = {
         throw new BackendError('no cgroup v2 mount in /proc/mounts: mount cgroup2 or pass --cgroup-path', 'ebpf');
       }
       return {
-        backend: new Reconciler(new EbpfDriver({ cgroupPath, bpffsPath: bpffsPath(settings) })),
+        driver: new EbpfDriver({ cgroupPath, bpffsPath: bpffsPath(settings) }),
         description: { backend: 'ebpf' },
         reason: '',
       };
@@ -149,7 +150,7 @@ export const BACKENDS: BackendRegistry = {
   },
 };
 
-/** Builds the backend for --backend; for 'auto', the first of AUTO_ORDER whose probe passes. */
+/** Builds the driver for --backend and probes it; for 'auto', the first of AUTO_ORDER whose probe passes. */
 export async function selectBackend(
   choice: BackendChoice,
   settings: BackendSettings = {},
@@ -157,10 +158,10 @@ export async function selectBackend(
 ): Promise<SelectedBackend> {
   if (choice !== 'auto') {
     const created = await backends[choice].create(settings);
-    const { backend, reason } = created;
-    const probe = await backend.probe();
+    const { driver, reason } = created;
+    const probe = await driver.probe();
     if (!probe.ok) {
-      await backend.close?.();
+      await driver.close?.();
       throw new BackendError(`${probe.detail} (on this kernel, try ${INSTEAD[choice]})`, choice);
     }
     return {
@@ -171,8 +172,8 @@ export async function selectBackend(
   const failed: string[] = [];
   for (const name of AUTO_ORDER) {
     const created = await backends[name].create(settings);
-    const { backend, reason } = created;
-    const probe = await backend.probe();
+    const { driver, reason } = created;
+    const probe = await driver.probe();
     if (probe.ok) {
       return {
         ...probed(created, probe),
@@ -182,7 +183,7 @@ export async function selectBackend(
             : `--backend=auto chose ${name} (${reason}) because ${failed.join('; ')}`,
       };
     }
-    await backend.close?.();
+    await driver.close?.();
     failed.push(probe.detail);
   }
   throw new BackendError(`no backend can program this node: ${failed.join('; ')}`, AUTO_ORDER.at(-1)!);
@@ -267,9 +268,9 @@ function nftLeftovers(settings: BackendSettings): LeftoverCleanup {
     backend: 'nft',
     description: 'nft tables ip/ip6 ipvs-node-controller',
     async cleanup() {
-      const { backend, description } = await BACKENDS.nft.create({ ...settings, nftExecutor: 'auto' });
+      const { driver, description } = await BACKENDS.nft.create({ ...settings, nftExecutor: 'auto' });
       if (description.nftExecutor === 'cli' && !(await onPath('nft'))) return;
-      if (await backend.hasState()) await backend.cleanup();
+      if (await driver.hasState?.()) await driver.apply([{ kind: 'removeAll' }]);
     },
   };
 }
@@ -290,13 +291,13 @@ function ebpfLeftovers(settings: BackendSettings): LeftoverCleanup {
   return {
     backend: 'ebpf',
     description: `eBPF programs and maps pinned under ${bpffsPath(settings)}`,
-    cleanup: () =>
-      new Reconciler(
-        new EbpfDriver({
-          cgroupPath: settings.cgroupPath ?? defaultCgroupPath() ?? '/sys/fs/cgroup',
-          bpffsPath: bpffsPath(settings),
-        }),
-      ).cleanup(),
+    async cleanup() {
+      const driver = new EbpfDriver({
+        cgroupPath: settings.cgroupPath ?? defaultCgroupPath() ?? '/sys/fs/cgroup',
+        bpffsPath: bpffsPath(settings),
+      });
+      await driver.apply([{ kind: 'removeAll' }]);
+    },
   };
 }
 

@@ -3,6 +3,9 @@
 // the API server) are one line and exit code 2, before anything else happens; runtime errors a
 // user can meet (no kernel support, API unreachable for --dry-run) one line and exit 1. Exit 0
 // only after the job is done or a SIGTERM/SIGINT asked for the stop.
+//
+// The composition root: the registry (src/backends/registry.ts) chooses and probes the driver,
+// compose.ts puts the reconciler over it with its subscribers, the controller runs that.
 
 import { CommanderError } from 'commander';
 import { accessSync, constants as fsConstants, existsSync, statSync } from 'node:fs';
@@ -19,8 +22,9 @@ import {
   type BackendSettings,
   type SelectedBackend,
 } from '../backends/registry.js';
-import { entryLimit } from '../reconciler/driver.js';
+import { entryLimit } from '../driver/driver.js';
 import { Controller } from '../controller.js';
+import { composeReconciler } from './compose.js';
 import { buildDesiredState } from '../model/desired-state.js';
 import type { NodeInfo, ServiceInfo } from '../model/types.js';
 import { parseConfig, UsageError, type Config } from '../config/options.js';
@@ -208,7 +212,7 @@ async function createBackend(config: Config, logger: Logger): Promise<SelectedBa
   } catch (err) {
     throw new FatalError((err as Error).message);
   }
-  logger.info({ backend: selected.backend.name, reason: selected.reason, probe: selected.probe }, 'Backend selected');
+  logger.info({ backend: selected.driver.name, reason: selected.reason, probe: selected.probe }, 'Backend selected');
   return selected;
 }
 
@@ -281,7 +285,7 @@ async function runController(
   kc: Awaited<ReturnType<typeof kubeConfigOrFail>>,
   stopped: Promise<void>,
 ): Promise<number> {
-  const { backend, description } = await createBackend(config, logger);
+  const { driver, description } = await createBackend(config, logger);
   operations.describeBackend(description);
   const { createClusterCaches } = await import('../kube/cluster.js');
   let controller: Controller | undefined;
@@ -309,10 +313,16 @@ async function runController(
     onSettings: (settings) => controller?.setModelConfig(settings.model, describeSettings(settings)),
     onMode: (verdict) => controller?.onKubeProxyMode(verdict),
   });
+  const observer = operations.controllerObserver(kc, caches.services);
+  // The composition: the reconciler over the chosen driver, the conntrack clean-up among its subscribers.
+  const reconciler = composeReconciler(driver, {
+    logger,
+    onConntrackCleanup: (report) => observer.onConntrackCleanup?.(report),
+  });
   controller = new Controller({
-    observer: operations.controllerObserver(kc, caches.services),
+    observer,
     caches,
-    backend,
+    reconciler,
     model: kubeProxy.settings.model,
     kubeProxyStepAside: config.kubeProxyStepAside,
     kubeProxyMode: kubeProxy.mode,
@@ -328,7 +338,7 @@ async function runController(
   operations.attach(controller);
   logger.info(
     {
-      backend: backend.name,
+      backend: driver.name,
       kernel: buildInfo().kernel,
       detectLocalMode: kubeProxy.settings.model.detectLocalMode,
       kubeProxyMode: kubeProxy.mode.mode,
@@ -345,7 +355,7 @@ async function runController(
   await stopped;
   await kubeProxy.stop();
   await controller.stop();
-  await backend.close?.();
+  await reconciler.close();
   return 0;
 }
 

@@ -2,14 +2,13 @@
 // nftElementStorage is the model): one record of what was programmed, one entry key, one diff,
 // shared by the nft and eBPF backends.
 
+import { holdsEntry } from '../driver/driver.js';
 import { orderedChanges } from '../model/ordered-changes.js';
 import { entryKey, sameSourceRanges, type Entry, type EntryKeyFields, type FamilyState } from '../model/types.js';
 
-export { entryKey };
-
 /** Whether two entries of the same key program the same element (value, comment, source ranges). */
-export function sameElement(a: Entry, b: Entry): boolean {
-  return a.clusterIp === b.clusterIp && a.service === b.service && sameSourceRanges(a, b);
+function sameElement(a: Entry, b: Entry): boolean {
+  return holdsEntry(a, b) && sameSourceRanges(a, b);
 }
 
 export interface ElementChanges {
@@ -35,10 +34,6 @@ export class ElementStorage {
   constructor(state: Pick<FamilyState, 'entries' | 'changes'>) {
     this.entries = state.changes ? state.entries : state.entries.slice();
     this.objects = new Set(state.entries);
-  }
-
-  get size(): number {
-    return this.objects.size;
   }
 
   values(): IterableIterator<Entry> {

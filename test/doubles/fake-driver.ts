@@ -2,29 +2,32 @@
 // and applies typed operations to it as the nft driver's kernel would: atomically, failing on a
 // family that is not there, on an element removed that is not there or added again with another
 // value. Tests change `kernel` directly to play another writer, `refuse` to make writes fail,
-// `hold` to make a write wait, and `rejects` to have entries left out as a driver that refuses a
-// value does.
+// `hold` to make a write wait, `rejects` to have entries left out as a driver that refuses a
+// value does, and call `bypass` to play a window in which our translations were passed by.
 
-import type {
-  Applied,
-  BackendName,
-  Driver,
-  DriverCapabilities,
-  DriverOperation,
-  FamilyShape,
-  KernelElement,
-  ProbeResult,
-  ReadBack,
-  Rejection,
-} from '../../src/reconciler/driver.js';
-import { entryKey, type Entry, type Family } from '../../src/model/types.js';
+import {
+  holdsEntry,
+  podMatchShapeKey,
+  type Applied,
+  type BackendName,
+  type Driver,
+  type DriverCapabilities,
+  type DriverOperation,
+  type FamilyShape,
+  type KernelElement,
+  type ProbeResult,
+  type ReadBack,
+  type Rejection,
+} from '../../src/driver/driver.js';
+import type { TranslationsBypassed } from '../../src/driver/kernel-change.js';
+import { entryKey, type DesiredState, type Entry, type Family } from '../../src/model/types.js';
+
+type ReadBackAnswer = ReadBack | 'unfinished' | 'not-alongside';
 
 export interface FakeFamily {
   shape: string;
   elements: Map<string, KernelElement>;
 }
-
-const shapeKeyOf = (shape: FamilyShape) => JSON.stringify([shape.state.localPodMatch, shape.masqueradeMark]);
 
 export class FakeDriver implements Driver {
   readonly label: string;
@@ -58,6 +61,21 @@ export class FakeDriver implements Driver {
    * are not written again), and a repairShape writes the family whole with the operation's entries.
    */
   writesLikeIptables = false;
+  /**
+   * Off: elements hold no Service name, and a write that leaves the kernel as it was says so
+   * (`unchanged`), as the eBPF driver's maps do.
+   */
+  keepsComments = true;
+  /** Changes what a read back returns (to play a driver's listing, or one that cannot finish). */
+  alterRead:
+    ((read: ReadBack, how: 'alongside-writes' | 'between-writes', family: Family) => ReadBackAnswer) | undefined;
+  /** Before each sync, when set (the eBPF driver checks limits and attaches its programs). */
+  prepare: ((desired: DesiredState, full: boolean) => Promise<void>) | undefined;
+  /** When set, the driver hands memory back (and may fail to). */
+  releaseMemory: (() => Promise<void>) | undefined;
+  /** When set, the driver has resources to release. */
+  close: (() => Promise<void>) | undefined;
+  private readonly bypassListeners: Array<(bypass: TranslationsBypassed) => void> = [];
 
   constructor(
     readonly name: BackendName = 'nft',
@@ -67,12 +85,9 @@ export class FakeDriver implements Driver {
     this.capabilities = {
       ordersOwnWrites: true,
       conntrackMatters: true,
-      hasGeneration: false,
       atomicWrites: true,
       replacesFamilies: true,
       readsAlongsideWrites: false,
-      writesElements: true,
-      readsBack: true,
       filtersSources: true,
       ...capabilities,
     };
@@ -83,11 +98,20 @@ export class FakeDriver implements Driver {
   }
 
   shapeKey(shape: FamilyShape): string {
-    return shapeKeyOf(shape);
+    return podMatchShapeKey(shape);
   }
 
   async probe(): Promise<ProbeResult> {
     return { ok: true, detail: 'a fake driver' };
+  }
+
+  watchBypasses(listener: (bypass: TranslationsBypassed) => void): void {
+    this.bypassListeners.push(listener);
+  }
+
+  /** Plays a window in which new connections passed the family's translations by (iptables: a jump displaced). */
+  bypass(bypass: TranslationsBypassed): void {
+    for (const listener of this.bypassListeners) listener(bypass);
   }
 
   /** The entries of a family as `externalIp proto port -> clusterIp`, sorted. */
@@ -120,16 +144,22 @@ export class FakeDriver implements Driver {
       else op = this.leaveOut(op, leftOut);
       for (const family of op.kind === 'removeAll' ? (['ipv4', 'ipv6'] as const) : [op.family]) {
         applied.rejected![family] = [...(leftOut.get(family)?.values() ?? [])];
-        if (op.kind === 'writeFamily' || op.kind === 'replaceFamily')
-          applied.leftOut![family] = leftOut.get(family)?.size ?? 0;
+        // What it left out after every write, element changes too (it keeps count).
+        if (op.kind !== 'removeAll') applied.leftOut![family] = leftOut.get(family)?.size ?? 0;
       }
       if (op.kind === 'repairShape' && this.writesLikeIptables) {
         const state = { entries: [...op.entries], localPodMatch: op.shape.state.localPodMatch };
-        applyOne(kernel, { kind: 'writeFamily', family: op.family, state, masqueradeMark: op.shape.masqueradeMark });
+        this.applyOne(kernel, {
+          kind: 'writeFamily',
+          family: op.family,
+          state,
+          masqueradeMark: op.shape.masqueradeMark,
+        });
       } else if (op.kind === 'writeShape' && this.writesLikeIptables) {
-        applyOne(kernel, { kind: 'elements', family: op.family, remove: op.remove, add: op.add });
-      } else applyOne(kernel, op);
+        this.applyOne(kernel, { kind: 'elements', family: op.family, remove: op.remove, add: op.add });
+      } else this.applyOne(kernel, op);
     }
+    if (!this.keepsComments && snapshot(kernel) === snapshot(this.kernel)) applied.unchanged = true;
     this.kernel = kernel;
     this.leftOut.clear();
     for (const [f, r] of leftOut) this.leftOut.set(f, r);
@@ -168,7 +198,12 @@ export class FakeDriver implements Driver {
     return { ...op, remove, add: op.add.filter(keep) };
   }
 
-  async readBack(family: Family, expected: readonly Entry[], shape: FamilyShape): Promise<ReadBack> {
+  async readBack(
+    family: Family,
+    expected: readonly Entry[],
+    shape: FamilyShape,
+    how: 'alongside-writes' | 'between-writes',
+  ): Promise<ReadBackAnswer> {
     this.reads++;
     this.duringRead?.();
     const held = this.kernel.get(family);
@@ -179,42 +214,54 @@ export class FakeDriver implements Driver {
     for (const e of expected) {
       if (leftOut?.has(entryKey(e))) continue;
       const k = foreign.get(entryKey(e));
-      if (k && k.clusterIp === e.clusterIp && k.service === e.service) foreign.delete(entryKey(e));
+      if (k && holdsEntry(k, this.element(e))) foreign.delete(entryKey(e));
       else missing.push(e);
     }
-    return {
+    const read: ReadBack = {
       missing,
       foreign: [...foreign.values()],
-      shapeDrift: held.shape === shapeKeyOf(shape) ? [] : ['rules'],
+      shapeDrift: held.shape === podMatchShapeKey(shape) ? [] : ['rules'],
     };
+    return this.alterRead ? this.alterRead(read, how, family) : read;
+  }
+
+  /** An entry's element as this kernel keeps it. */
+  private element(e: KernelElement): Entry {
+    const { family, externalIp, protocol, port, clusterIp, service } = e;
+    const kept = this.keepsComments && service !== undefined;
+    return { family, externalIp, protocol, port, clusterIp, ...(kept ? { service } : {}) } as Entry;
+  }
+
+  private applyOne(kernel: Map<Family, FakeFamily>, op: DriverOperation): void {
+    if (op.kind === 'removeAll') {
+      kernel.clear();
+      return;
+    }
+    if (op.kind === 'writeFamily' || op.kind === 'replaceFamily') {
+      const shape = podMatchShapeKey({ state: op.state, masqueradeMark: op.masqueradeMark });
+      const elements = new Map(op.state.entries.map((e) => [entryKey(e), this.element(e)]));
+      kernel.set(op.family, { shape, elements });
+      return;
+    }
+    const held = kernel.get(op.family);
+    if (!held) throw new Error('No such file or directory');
+    if (op.kind === 'writeShape' || op.kind === 'repairShape') held.shape = podMatchShapeKey(op.shape);
+    if (op.kind === 'repairShape') return;
+    for (const e of op.remove) {
+      if (!held.elements.delete(entryKey(e))) throw new Error('No such file or directory');
+    }
+    for (const e of op.add) {
+      const old = held.elements.get(entryKey(e));
+      if (old && old.clusterIp !== e.clusterIp) throw new Error('Device or resource busy');
+      held.elements.set(entryKey(e), this.element(e));
+    }
   }
 }
 
-function element(e: KernelElement): KernelElement {
-  const { family, externalIp, protocol, port, clusterIp, service } = e;
-  return { family, externalIp, protocol, port, clusterIp, ...(service !== undefined ? { service } : {}) };
-}
-
-function applyOne(kernel: Map<Family, FakeFamily>, op: DriverOperation): void {
-  if (op.kind === 'removeAll') {
-    kernel.clear();
-    return;
-  }
-  if (op.kind === 'writeFamily' || op.kind === 'replaceFamily') {
-    const shape = shapeKeyOf({ state: op.state, masqueradeMark: op.masqueradeMark });
-    kernel.set(op.family, { shape, elements: new Map(op.state.entries.map((e) => [entryKey(e), element(e)])) });
-    return;
-  }
-  const held = kernel.get(op.family);
-  if (!held) throw new Error('No such file or directory');
-  if (op.kind === 'writeShape' || op.kind === 'repairShape') held.shape = shapeKeyOf(op.shape);
-  if (op.kind === 'repairShape') return;
-  for (const e of op.remove) {
-    if (!held.elements.delete(entryKey(e))) throw new Error('No such file or directory');
-  }
-  for (const e of op.add) {
-    const old = held.elements.get(entryKey(e));
-    if (old && old.clusterIp !== e.clusterIp) throw new Error('Device or resource busy');
-    held.elements.set(entryKey(e), element(e));
-  }
+/** What a kernel holds, as one string: the same string, the same kernel. */
+function snapshot(kernel: Map<Family, FakeFamily>): string {
+  const families = [...kernel].sort(([a], [b]) => a.localeCompare(b));
+  return JSON.stringify(
+    families.map(([f, t]) => [f, t.shape, [...t.elements.values()].map((e) => JSON.stringify(e)).sort()]),
+  );
 }

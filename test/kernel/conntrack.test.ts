@@ -4,7 +4,7 @@
 // Senders in the pod namespace and on the node send every 20 ms; servers on the ClusterIPs and
 // on the LoadBalancer IPs (the untranslated path) on the kube-ipvs0 stand-in count what arrives.
 
-import { Reconciler } from '../../src/reconciler/reconciler.js';
+import type { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -13,7 +13,9 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
 import { NftDriver } from '../../src/backends/nft/nft-driver.js';
+import { composeReconciler } from '../../src/cli/compose.js';
 import { Controller } from '../../src/controller.js';
+import type { Driver } from '../../src/driver/driver.js';
 import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { NODE, NodeNetwork, requireTools, sh } from '../../testbed/node-network.js';
@@ -52,7 +54,7 @@ function dnsService(clusterIps: { v4: string; v6: string }, ipMode4: 'VIP' | 'Pr
 
 interface BackendCase {
   name: string;
-  make(): Reconciler;
+  make(): Driver;
 }
 
 const BACKENDS: BackendCase[] = [
@@ -61,12 +63,12 @@ const BACKENDS: BackendCase[] = [
     make: () => {
       const load = loadNftAddon();
       if (!load.executor) throw new Error(`the nftables addon must be built for kernel tests: ${load.reason}`);
-      return new Reconciler(new NftDriver(load.executor));
+      return new NftDriver(load.executor);
     },
   },
   ...(['legacy', 'nft'] as const).map((variant) => ({
     name: `iptables (${variant})`,
-    make: () => new Reconciler(new IptablesDriver(variant)),
+    make: () => new IptablesDriver(variant),
   })),
 ];
 
@@ -145,8 +147,12 @@ for (const backendCase of CASES) {
       dir = mkdtempSync(join(tmpdir(), 'conntrack-'));
       await api.writeKubeconfig(join(dir, 'kubeconfig'));
       api.apply(NODE_OBJECT);
-      backend = backendCase.make();
-      const probed = await backend.probe();
+      // As the composition root builds it: the conntrack clean-up subscribed, or (the control) not.
+      backend = composeReconciler(backendCase.make(), {
+        logger: linesLogger(logLines, 'debug'),
+        ...(backendCase.cleanup ? {} : { conntrack: null }),
+      });
+      const probed = await backend.driver.probe();
       expect(probed.ok, probed.detail).to.equal(true);
       await startController();
     });
@@ -156,13 +162,12 @@ for (const backendCase of CASES) {
       const caches = createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), 'node-1');
       controller = new Controller({
         caches,
-        backend,
+        reconciler: backend,
         model: CONFIG,
         nodeName: 'node-1',
         minSyncPeriodMs: 0,
         syncPeriodMs: 60_000,
         logger,
-        ...(backendCase.cleanup ? {} : { conntrack: null }),
       });
       await controller.start();
       // The first sync puts NAT hooks in place: from then on the kernel tracks the flows.

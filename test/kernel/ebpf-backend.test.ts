@@ -240,7 +240,7 @@ describe('ebpf backend on the kernel', function () {
   });
 
   it('probe finds everything it needs on this kernel', async function () {
-    const probe = await backend.probe();
+    const probe = await backend.driver.probe();
     expect(probe.ok, probe.detail).to.equal(true);
     expect(probe.detail).to.match(/libbpf/);
     expect(probe.detail).to.match(/is not the root cgroup: only processes below it are translated/);
@@ -248,7 +248,7 @@ describe('ebpf backend on the kernel', function () {
 
   it('probe names a missing cgroup v2 directory and a path that is not on bpffs', async function () {
     const wrong = new Reconciler(new EbpfDriver({ cgroupPath: lab.scratch, bpffsPath: join(lab.scratch, 'pins') }));
-    const probe = await wrong.probe();
+    const probe = await wrong.driver.probe();
     expect(probe.ok).to.equal(false);
     expect(probe.detail).to.match(/is not a cgroup v2 directory/);
     expect(probe.detail).to.match(/is not on a bpffs mount/);
@@ -590,11 +590,11 @@ describe('ebpf backend on the kernel', function () {
     expect(links).to.have.lengthOf(8);
 
     const fresh = new Reconciler(new EbpfDriver({ cgroupPath: lab.cgroupPath, bpffsPath: lab.bpffsPath }));
-    expect(await fresh.hasState()).to.equal(true);
+    expect(await fresh.driver.hasState!()).to.equal(true);
     await fresh.cleanup();
     expect(cgroupPrograms(lab.cgroupPath)).to.deep.equal([]);
     expect(existsSync(lab.bpffsPath)).to.equal(false);
-    expect(await fresh.hasState()).to.equal(false);
+    expect(await fresh.driver.hasState!()).to.equal(false);
     await waitUntil(
       'links and programs are freed',
       () => links.every((l) => !objectExists('link', l.id)) && ids.every((id) => !objectExists('prog', id)),

@@ -6,7 +6,9 @@
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { pino } from 'pino';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
+import { composeReconciler } from '../../src/cli/compose.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { probe } from '../../testbed/node-network.js';
 import { ControllerOnStandIn, wireLbService } from '../support/controller-on-stand-in.js';
@@ -134,7 +136,8 @@ for (const variant of ['legacy', 'nft'] as const) {
     });
 
     it('through the controller with a 60 s sync period: a probe loop sees the translation back within seconds', async () => {
-      const backend = new Reconciler(new IptablesDriver(variant));
+      // As the composition root builds it, the conntrack clean-up subscribed.
+      const backend = composeReconciler(new IptablesDriver(variant), { logger: pino({ enabled: false }) });
       let running: ControllerOnStandIn | undefined;
       try {
         running = await ControllerOnStandIn.start(backend, [wireLbService('svc-a', '10.96.0.10', LB_V4)]);

@@ -93,15 +93,19 @@ for (const variant of ['nft', 'legacy'] as const) {
     ): Promise<{ report: LoopReport; after: string[]; writer: string; log: string[]; nat: string }> {
       const log: string[] = [];
       const logger = linesLogger(log);
-      const backend = new Reconciler(new IptablesDriver(variant, { logger }));
-      // The controller's wiring: the conntrack client forgets the flows a displacement pinned.
+      // The composition root's wiring: the conntrack client forgets the flows a displacement pinned.
       const conntrack = new ConntrackCleaner({ logger });
-      if (forgetFlows) {
-        backend.subscribe({
-          kernelChanged: () => undefined,
-          translationsBypassed: ({ family, entries }) => void conntrack.forgetUntranslated(family, entries),
-        });
-      }
+      const backend = new Reconciler(
+        new IptablesDriver(variant, { logger }),
+        forgetFlows
+          ? [
+              {
+                kernelChanged: () => undefined,
+                translationsBypassed: ({ family, entries }) => void conntrack.forgetUntranslated(family, entries),
+              },
+            ]
+          : [],
+      );
       try {
         await backend.sync(buildDesiredState(SERVICES, NODE_INFO, CONFIG), { full: true });
         const loop = spawn(process.execPath, [CONNECT_LOOP, LB_V4, '80', 'svc-a', '20'], {

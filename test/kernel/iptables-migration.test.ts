@@ -4,7 +4,7 @@
 
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
-import { BackendError } from '../../src/reconciler/driver.js';
+import { BackendError } from '../../src/driver/driver.js';
 import { NftCliExecutor } from '../../src/backends/nft/executor.js';
 import { NftDriver } from '../../src/backends/nft/nft-driver.js';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
@@ -24,7 +24,7 @@ import { CONFIG, LB_PATH, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenari
 import { rejectionOf } from '../support/assertions.js';
 
 const desired = () => buildDesiredState(SERVICES, NODE_INFO, CONFIG);
-const nftTablesExist = () => new Reconciler(new NftDriver(new NftCliExecutor())).hasState();
+const nftTablesExist = () => new NftDriver(new NftCliExecutor()).hasState();
 
 /** The registry with these cleanups standing in for the eBPF backend's. */
 function withEbpf(...ebpf: LeftoverCleanup[]): BackendRegistry {
@@ -74,27 +74,28 @@ describe('backend selection and migration', function () {
       await syncAndClose(new Reconciler(new IptablesDriver(other)));
 
       let selected = await selectBackend('nft');
-      expect(selected.backend.name).to.equal('nft');
+      expect(selected.driver.name).to.equal('nft');
       await removeLeftovers({ backend: 'nft' }, {}, REGISTRY);
-      await selected.backend.sync(desired(), { full: true });
+      await new Reconciler(selected.driver).sync(desired(), { full: true });
       expect(await where()).to.deep.equal({ nft: true, legacy: false, iptablesNft: false });
       expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
 
       selected = await selectBackend('iptables', { iptablesVariant: variant });
-      if (!(selected.backend.driver instanceof IptablesDriver))
-        expect.fail('expected selected.backend.driver instanceof IptablesDriver');
-      expect(selected.backend.driver.variant).to.equal(variant);
+      if (!(selected.driver instanceof IptablesDriver))
+        expect.fail('expected selected.driver instanceof IptablesDriver');
+      expect(selected.driver.variant).to.equal(variant);
       await removeLeftovers({ backend: 'iptables', iptablesVariant: variant }, {}, REGISTRY);
-      await selected.backend.sync(desired(), { full: true });
+      const iptables = new Reconciler(selected.driver);
+      await iptables.sync(desired(), { full: true });
       expect(await where()).to.deep.equal({ nft: false, legacy: variant === 'legacy', iptablesNft: variant === 'nft' });
       expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
       expect(await probe(undefined, 'tcp', LB_V4, 8080)).to.equal('svc-b');
       // One backend per process, as in the controller: its jump guard ends with it.
-      await selected.backend.close?.();
+      await iptables.close();
 
       selected = await selectBackend('nft');
       await removeLeftovers({ backend: 'nft' }, {}, REGISTRY);
-      await selected.backend.sync(desired(), { full: true });
+      await new Reconciler(selected.driver).sync(desired(), { full: true });
       expect(await where()).to.deep.equal({ nft: true, legacy: false, iptablesNft: false });
       expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
     });
@@ -111,7 +112,7 @@ describe('backend selection and migration', function () {
   it('cleanupAll removes ours from every backend and both variants, and a second run succeeds', async () => {
     await syncAndClose(new Reconciler(new IptablesDriver('legacy')));
     await syncAndClose(new Reconciler(new IptablesDriver('nft')));
-    const nft = (await selectBackend('nft')).backend;
+    const nft = new Reconciler((await selectBackend('nft')).driver);
     await nft.sync(desired(), { full: true });
     const checked = await cleanupAll({}, REGISTRY);
     expect(checked).to.have.lengthOf(3);
@@ -143,24 +144,24 @@ describe('backend selection and migration', function () {
 
   it('auto chooses nft where the nft backend works; a named backend is built by its registry entry', async () => {
     const auto = await selectBackend('auto');
-    expect(auto.backend.name).to.equal('nft');
+    expect(auto.driver.name).to.equal('nft');
     expect(auto.reason).to.match(/^--backend=auto chose nft/);
-    const stand = new Reconciler(new IptablesDriver('nft')) as Reconciler;
+    const stand = new IptablesDriver('nft');
     const registry = {
       ...BACKENDS,
       ebpf: {
         ...BACKENDS.ebpf,
-        create: async () => ({ backend: stand, description: { backend: 'ebpf' as const }, reason: '' }),
+        create: async () => ({ driver: stand, description: { backend: 'ebpf' as const }, reason: '' }),
       },
     };
     const chosen = await selectBackend('ebpf', {}, registry);
-    expect(chosen.backend).to.equal(stand);
+    expect(chosen.driver).to.equal(stand);
     expect(chosen.reason).to.equal('ebpf backend, as configured');
   });
 
   it('iptables with variant auto follows the detected variant', async () => {
     const selected = await selectBackend('iptables');
-    expect(selected.backend).to.be.instanceOf(Reconciler);
+    expect(selected.driver).to.be.instanceOf(IptablesDriver);
     expect(selected.reason).to.match(/^iptables backend, as configured: iptables-(nft|legacy): /);
   });
 });

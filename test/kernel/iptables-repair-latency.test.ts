@@ -14,8 +14,9 @@ import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { pino } from 'pino';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
-import { Reconciler } from '../../src/reconciler/reconciler.js';
+import { composeReconciler } from '../../src/cli/compose.js';
 import { assertIsolatedNetns, probe } from '../../testbed/node-network.js';
 import { ControllerOnStandIn, wireLbService } from '../support/controller-on-stand-in.js';
 import { installWriterChain, natSave, prependWriterJumps, removeWriterObjects } from '../support/kube-proxy-jump.js';
@@ -69,7 +70,10 @@ for (const variant of ['nft', 'legacy'] as const) {
     });
 
     it('is in the kernel while the clean-up of the flows the displacement pinned still waits', async () => {
-      const backend = new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 200 }));
+      // As the composition root builds it: the conntrack clean-up (the gated command) subscribed.
+      const backend = composeReconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 200 }), {
+        logger: pino({ enabled: false }),
+      });
       let running: ControllerOnStandIn | undefined;
       const log = join(dir, 'log');
       try {

@@ -245,7 +245,7 @@ for (const variant of VARIANTS) {
         expect((await rejectionOf(missing.sync(seedDesired(), { full: true }))).message).to.match(
           /install the iptables package/,
         );
-        const probed = await missing.probe();
+        const probed = await missing.driver.probe();
         expect(probed.ok).to.equal(false);
         expect(probed.detail).to.match(/install the iptables package/);
       } finally {

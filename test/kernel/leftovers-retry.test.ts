@@ -6,9 +6,11 @@
 // The controller runs the nft backend, against the API stand-in.
 
 import { expect } from 'chai';
+import { pino } from 'pino';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { hasIptablesObjects } from '../../src/backends/iptables/nat-view.js';
 import { BACKENDS, cleanupAll, removeLeftovers, type BackendRegistry } from '../../src/backends/registry.js';
+import { composeReconciler } from '../../src/cli/compose.js';
 import { ApiReachability, judgeReadiness } from '../../src/health/health.js';
 import { ControllerMetrics } from '../../src/metrics/controller-metrics.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
@@ -60,9 +62,14 @@ describe('leftovers of another backend the kernel refuses to remove', function (
 
     const selected = await BACKENDS.nft.create({});
     const metrics = new ControllerMetrics({ defaultMetrics: false });
+    // As the composition root builds it, the conntrack clean-up subscribed and counted.
+    const reconciler = composeReconciler(selected.driver, {
+      logger: pino({ enabled: false }),
+      onConntrackCleanup: (report) => metrics.onConntrackCleanup(report),
+    });
     let running: ControllerOnStandIn | undefined;
     try {
-      running = await ControllerOnStandIn.start(selected.backend, [wireLbService('svc-a', '10.96.0.10', LB_V4)], {
+      running = await ControllerOnStandIn.start(reconciler, [wireLbService('svc-a', '10.96.0.10', LB_V4)], {
         observer: metrics,
         removeLeftovers: async () => {
           await removeLeftovers(selected.description, {}, REGISTRY);
@@ -100,8 +107,8 @@ describe('leftovers of another backend the kernel refuses to remove', function (
       expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal('svc-a');
     } finally {
       await running?.stop();
-      await selected.backend.cleanup();
-      await selected.backend.close();
+      await reconciler.cleanup();
+      await reconciler.close();
     }
   });
 });

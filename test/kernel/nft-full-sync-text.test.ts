@@ -11,15 +11,8 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
-import {
-  KEY_SET_NAME,
-  NFT_FAMILY,
-  TABLE_NAME,
-  deleteTables,
-  desiredTable,
-  writeTable,
-  type KeyLookup,
-} from '../../src/backends/nft/render.js';
+import { KEY_SET_NAME, NFT_FAMILY, TABLE_NAME, desiredTable, type KeyLookup } from '../../src/backends/nft/render.js';
+import { deleteTables, writeTable } from '../../src/backends/nft/transactions.js';
 import { Transaction, tableText } from '../../src/backends/nft/objects.js';
 import { NftDriver } from '../../src/backends/nft/nft-driver.js';
 import type { DesiredState, Entry, Family, FamilyState, LocalPodMatch } from '../../src/model/types.js';

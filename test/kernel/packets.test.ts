@@ -88,7 +88,7 @@ for (const backendUnderTest of BACKENDS) {
     before(async () => {
       await scenario.setUp();
       backend = backendUnderTest.make();
-      const probed = await backend!.probe();
+      const probed = await backend!.driver.probe();
       expect(probed.ok, probed.detail).to.equal(true);
     });
     after(async () => {

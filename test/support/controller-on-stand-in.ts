@@ -1,4 +1,4 @@
-// The controller's loop in this process (src/controller.ts, given one backend) against the API
+// The controller's loop in this process (src/controller.ts, given one reconciler) against the API
 // stand-in: the set-up of the kernel tests that change Services through the API and watch what a
 // backend does between syncs. The sync period is 60 s, so only changes and the backend's own
 // checks reach the kernel while a test runs; the log is off.
@@ -35,11 +35,11 @@ export class ControllerOnStandIn {
 
   /**
    * Starts the API stand-in with node-1 (pod CIDR 10.244.1.0/24) and `services`, then the
-   * controller on `backend` against it; `options` adds to or replaces the controller's options.
-   * Resolves once the controller started (its first sync done). Stopping the backend is the caller's.
+   * controller on `reconciler` against it; `options` adds to or replaces the controller's options.
+   * Resolves once the controller started (its first sync done). Stopping the reconciler is the caller's.
    */
   static async start(
-    backend: ControllerOptions['backend'],
+    reconciler: ControllerOptions['reconciler'],
     services: object[],
     options: Partial<ControllerOptions> = {},
   ): Promise<ControllerOnStandIn> {
@@ -57,7 +57,7 @@ export class ControllerOnStandIn {
       for (const service of services) api.apply(service);
       controller = new Controller({
         caches: createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), NODE_NAME),
-        backend,
+        reconciler,
         model: CONFIG,
         nodeName: NODE_NAME,
         minSyncPeriodMs: 0,

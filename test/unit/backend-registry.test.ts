@@ -15,7 +15,7 @@ const descriptions = (cleanups: LeftoverCleanup[]) => cleanups.map((c) => c.desc
 describe('backend registry', () => {
   it('builds nft with the executor asked for and iptables with the variant asked for, and describes them', async () => {
     const nft = await BACKENDS.nft.create({ nftExecutor: 'cli' });
-    expect(nft.backend.name).to.equal('nft');
+    expect(nft.driver.name).to.equal('nft');
     expect(nft.description).to.deep.equal({ backend: 'nft', nftExecutor: 'cli' });
     const ipt = await BACKENDS.iptables.create({ iptablesVariant: 'legacy' });
     expect(ipt.reason).to.equal('iptables-legacy, as configured');
@@ -24,7 +24,7 @@ describe('backend registry', () => {
 
   it('builds ebpf on the cgroup and bpffs given', async () => {
     const ebpf = await BACKENDS.ebpf.create({ cgroupPath: '/sys/fs/cgroup', bpffsPath: '/sys/fs/bpf/x' });
-    expect(ebpf.backend.name).to.equal('ebpf');
+    expect(ebpf.driver.name).to.equal('ebpf');
     expect(ebpf.description).to.deep.equal({ backend: 'ebpf' });
     expect(descriptions(BACKENDS.ebpf.leftovers({ bpffsPath: '/sys/fs/bpf/x' }))).to.deep.equal([
       'eBPF programs and maps pinned under /sys/fs/bpf/x',

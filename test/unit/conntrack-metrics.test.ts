@@ -2,7 +2,7 @@
 
 import { expect } from 'chai';
 import { ControllerMetrics } from '../../src/metrics/controller-metrics.js';
-import type { Rejection } from '../../src/reconciler/driver.js';
+import type { Rejection } from '../../src/driver/driver.js';
 
 async function value(metrics: ControllerMetrics, name: string): Promise<number | undefined> {
   const line = (await metrics.exposition()).text.split('\n').find((l) => l.startsWith(`${name} `));

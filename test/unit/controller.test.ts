@@ -1,8 +1,8 @@
 // The Controller without root: caches held in memory, the reconciler over a fake driver, and a
 // recording conntrack cleaner (the conntrack command itself is proven by the kernel tests).
 // Stepping aside and back, conntrack clean-up after every change, Services over a limit, a failed
-// write followed by a whole one, drift found by reading back, and entries the driver leaves out
-// reaching the metrics.
+// write followed by a whole one, drift found by reading back, entries the driver leaves out
+// reaching the metrics, and a bypass the driver tells reaching the conntrack client.
 
 import { expect } from 'chai';
 import { Controller, type SyncReport } from '../../src/controller.js';
@@ -12,8 +12,8 @@ import type { ClusterCaches } from '../../src/kube/cluster.js';
 import type { ModeVerdict } from '../../src/kubeproxy/mode.js';
 import { ControllerMetrics } from '../../src/metrics/controller-metrics.js';
 import { pino } from 'pino';
-import type { Entry, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
-import { Reconciler } from '../../src/reconciler/reconciler.js';
+import type { Entry, Family, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import { composeReconciler } from '../../src/cli/compose.js';
 import { FakeDriver } from '../doubles/fake-driver.js';
 import { CONFIG } from '../support/fixtures.js';
 
@@ -73,9 +73,22 @@ class Caches {
 /** A ConntrackCleaner that records what it is asked to delete, and deletes nothing. */
 class RecordingConntrack {
   readonly calls: StaleTuple[][] = [];
+  /** Per bypass clean-up asked for: the family and its entries as `externalIp/protocol/port`. */
+  readonly forgotten: string[] = [];
+  /** What the composition's onConntrackCleanup was told. */
+  readonly reports: ConntrackCleanupReport[] = [];
   async clean(tuples: readonly StaleTuple[]): Promise<ConntrackCleanupReport> {
     this.calls.push([...tuples]);
     return { tuples: tuples.length, deleted: 0, failures: 0, durationMs: 0 };
+  }
+
+  async forgetUntranslated(
+    family: Family,
+    entries: readonly Pick<Entry, 'externalIp' | 'protocol' | 'port'>[],
+    onReport?: (report: ConntrackCleanupReport) => void,
+  ): Promise<void> {
+    this.forgotten.push(`${family} ${entries.map((e) => `${e.externalIp}/${e.protocol}/${e.port}`).join(' ')}`);
+    onReport?.({ tuples: entries.length, deleted: 1, failures: 0, durationMs: 0 });
   }
 
   /** The tuples of the last call, as `why externalIp/protocol/port`, sorted. */
@@ -113,14 +126,21 @@ async function rig(
   driver.rejects = options.rejects;
   const conntrack = new RecordingConntrack();
   const reports: SyncReport[] = [];
+  const logger = pino({ level: 'silent' });
+  // As the composition root wires it, with the recording client for the conntrack command.
+  const reconciler = composeReconciler(driver, {
+    logger,
+    conntrack,
+    onConntrackCleanup: (report) => conntrack.reports.push(report),
+  });
   const controller = new Controller({
     caches: caches.caches,
-    backend: new Reconciler(driver),
+    reconciler,
     model: { ...CONFIG, ...options.model },
     nodeName: NODE.name,
     minSyncPeriodMs: 0,
     syncPeriodMs: 3_600_000,
-    logger: pino({ level: 'silent' }),
+    logger,
     observer: {
       onSync: (r) => {
         options.metrics?.onSync(r);
@@ -128,7 +148,6 @@ async function rig(
       },
     },
     kubeProxyMode: options.mode ?? IPVS,
-    conntrack,
     ...(options.maxEntries !== undefined ? { maxEntries: options.maxEntries } : {}),
   });
   caches.controller = controller;
@@ -177,14 +196,29 @@ describe('Controller on a fake driver (no root)', () => {
     expect(conntrack.calls).to.have.length(calls);
   });
 
+  it('tells each clean-up to the observer the composition gave, the clean-ups after changes and after a bypass', async () => {
+    const { caches, driver, conntrack, syncs } = await rig([service(1)]);
+    caches.set([service(1), service(2)]);
+    await syncs(2);
+    expect(conntrack.reports).to.have.length(conntrack.calls.length).and.length.at.least(2);
+    // The driver saw our translations passed by (iptables: a jump displaced): the reconciler
+    // tells its subscribers, and the conntrack client forgets the flows pinned meanwhile.
+    const [entry] = driver.applied.flatMap((ops) => ops.flatMap((op) => (op.kind === 'elements' ? op.add : [])));
+    driver.bypass({ family: 'ipv4', entries: [entry!] });
+    expect(conntrack.forgotten).to.deep.equal(['ipv4 192.0.2.2/UDP/53']);
+    expect(conntrack.reports.at(-1)).to.include({ tuples: 1, deleted: 1 });
+  });
+
   it('steps aside when kube-proxy turns to iptables mode, and back when it is in IPVS mode again', async () => {
     const { controller, driver, conntrack, syncs } = await rig([service(1), service(2)]);
+    // The status is read live, as /readyz reads it: taken once, it shows what comes after.
+    const status = controller.status;
     controller.onKubeProxyMode(IPTABLES);
     const aside = await syncs(2);
     expect(aside.result).to.deep.equal({ mode: 'noop', entries: { ipv4: 0, ipv6: 0 }, rejected: [] });
     expect(driver.kernel.size, 'nothing of ours in the kernel').to.equal(0);
     expect(driver.applied.at(-1)).to.deep.equal([{ kind: 'removeAll' }]);
-    expect(controller.status.kubeProxy).to.include({ steppedAside: true });
+    expect(status.kubeProxy).to.include({ steppedAside: true });
     // Flows our translations made go with them.
     expect(conntrack.last()).to.deep.equal(['removed 192.0.2.1/UDP/53', 'removed 192.0.2.2/UDP/53']);
     controller.onKubeProxyMode(IPVS);

@@ -78,13 +78,13 @@ describe('ebpf host support', () => {
           objectPath: join(dir, 'missing.bpf.o'),
         }),
       );
-      const probe = await backend.probe();
+      const probe = await backend.driver.probe();
       expect(probe.ok).to.equal(false);
       expect(probe.detail).to.not.match(/\n/);
       expect(probe.detail).to.match(/missing\.bpf\.o is not built/);
       expect(probe.detail).to.match(/no-such-cgroup is not a cgroup v2 directory/);
       expect(probe.detail).to.match(/pins is not on a bpffs mount/);
-      expect(await backend.hasState()).to.equal(false);
+      expect(await backend.driver.hasState!()).to.equal(false);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

@@ -15,8 +15,8 @@ import {
   type MapChanges,
   type MapEntry,
 } from '../../src/backends/ebpf/map-codec.js';
-import { diffByKey, entryKey } from '../../src/reconciler/element-storage.js';
-import type { Entry } from '../../src/model/types.js';
+import { diffByKey } from '../../src/reconciler/element-storage.js';
+import { entryKey, type Entry } from '../../src/model/types.js';
 
 /** The map element an entry becomes. */
 function toMapEntry(e: Entry): MapEntry {

@@ -9,7 +9,7 @@ import { IptablesCommands } from '../../src/backends/iptables/executor.js';
 import { FakeIptables } from '../doubles/fake-iptables.js';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { JumpGuard } from '../../src/backends/iptables/jump-guard.js';
-import { BackendError } from '../../src/reconciler/driver.js';
+import { BackendError } from '../../src/driver/driver.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, Family, ModelConfig, ServiceInfo } from '../../src/model/types.js';
 import { CONFIG, lbService } from '../support/fixtures.js';
@@ -411,11 +411,11 @@ for (const variant of ['legacy', 'nft'] as const) {
     });
 
     it('probes with a test restore that commits nothing', async () => {
-      expect(await backend.probe()).to.deep.equal({ ok: true, detail: `iptables via iptables-${variant}` });
+      expect(await backend.driver.probe()).to.deep.equal({ ok: true, detail: `iptables via iptables-${variant}` });
       expect(fake.calls.map((c) => c.args.includes('--test'))).to.deep.equal([true, true]);
       expect(fake.nat(variant, 'ipv4').save()).to.not.include('IPVS_');
       fake.missing.add(variant);
-      expect((await backend.probe()).ok).to.equal(false);
+      expect((await backend.driver.probe()).ok).to.equal(false);
     });
 
     it('the jump guard moves our jump back to rule 1 between syncs, and does nothing when it is there', async () => {

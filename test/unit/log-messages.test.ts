@@ -140,13 +140,12 @@ describe('log messages: the controller writes values as fields', function () {
     ];
     const controller = new Controller({
       caches: cachesOf(services, { name: 'node-1', podCIDRs: ['10.244.1.0/24'] }),
-      backend: new Reconciler(new FakeDriver()),
+      reconciler: new Reconciler(new FakeDriver()),
       model: { ...CONFIG, maxEntriesPerService: 2 },
       nodeName: 'node-1',
       minSyncPeriodMs: 0,
       syncPeriodMs: 60_000,
       logger,
-      conntrack: null,
       kubeProxyMode: { mode: 'ipvs', source: 'proxyMode', detail: 'kube-proxy answers /proxyMode: ipvs' },
     });
     const lines = () => raw.map((l) => JSON.parse(l) as Record<string, unknown>);

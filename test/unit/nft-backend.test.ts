@@ -277,7 +277,7 @@ describe('the reconciler and the nft driver on the fake executor', () => {
 
   it('the probe checks a full sync of an empty state and commits nothing', async () => {
     const { fake, backend } = setUp();
-    expect(await backend.probe()).to.deep.equal({
+    expect(await backend.driver.probe()).to.deep.equal({
       ok: true,
       detail:
         'nftables via cli, keys looked up in the map (this kernel looks a map up as a set); source ranges filtered',
@@ -292,11 +292,11 @@ describe('the reconciler and the nft driver on the fake executor', () => {
     const backend = new Reconciler(driver);
     // What Debian's 6.12.117 answered to a lookup of a concatenated interval set.
     fake.refuse = (tx) => (text(tx).includes('"right":"@source-ranges"') ? 'Operation not supported' : undefined);
-    const probe = await backend.probe();
+    const probe = await backend.driver.probe();
     expect(probe.ok).to.equal(true);
     expect(probe.detail).to.include('source ranges not filtered');
     expect(driver.capabilities.filtersSources).to.equal(false);
-    expect(backend.filtersSources).to.equal(false);
+    expect(backend.capabilities.filtersSources, 'what the controller reads').to.equal(false);
     expect(fake.tables.size).to.equal(0);
   });
 
@@ -312,7 +312,7 @@ describe('the reconciler and the nft driver on the fake executor', () => {
     it('the probe finds the key set, says why, and commits nothing', async () => {
       const { fake, backend } = setUp();
       refuseMapAsSet(fake);
-      const probe = await backend.probe();
+      const probe = await backend.driver.probe();
       expect(probe).to.include({ ok: true, nftKeyLookup: 'set' });
       expect(probe.detail).to.match(
         /refuses a map looked up as a set \(Error: Could not process rule: Invalid argument\)/,

@@ -5,7 +5,8 @@ import { expect } from 'chai';
 import { FakeNftExecutor } from '../doubles/fake-nft-executor.js';
 import { diffListing, expectedLines } from '../../src/backends/nft/listing-diff.js';
 import { Transaction } from '../../src/backends/nft/objects.js';
-import { MAP_NAME, OUTPUT_CHAIN, TABLE_NAME, desiredTable, writeTable } from '../../src/backends/nft/render.js';
+import { MAP_NAME, OUTPUT_CHAIN, TABLE_NAME, desiredTable } from '../../src/backends/nft/render.js';
+import { writeTable } from '../../src/backends/nft/transactions.js';
 import type { Entry } from '../../src/model/types.js';
 
 function entry(i: number, clusterIp = `10.96.0.${i}`): Entry {

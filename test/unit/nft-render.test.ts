@@ -5,15 +5,8 @@ import { readFileSync } from 'node:fs';
 import { parseObjects } from '../../src/cli/objects-file.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { Entry } from '../../src/model/types.js';
-import {
-  deleteTables,
-  renderDesiredStateText,
-  desiredTable,
-  mapChanges,
-  mapElement,
-  replaceTable,
-  writeTable,
-} from '../../src/backends/nft/render.js';
+import { renderDesiredStateText, desiredTable, mapElement } from '../../src/backends/nft/render.js';
+import { deleteTables, mapChanges, replaceTable, writeTable } from '../../src/backends/nft/transactions.js';
 import { JsonWriter, Transaction, type NftCommand } from '../../src/backends/nft/objects.js';
 import type { Family, FamilyState } from '../../src/model/types.js';
 import { diffByKey } from '../../src/reconciler/element-storage.js';

@@ -5,9 +5,11 @@
 import { expect } from 'chai';
 import { buildDesiredState, DesiredStateModel } from '../../src/model/desired-state.js';
 import type { DesiredState, Family, NodeInfo, ServiceInfo } from '../../src/model/types.js';
-import type { DriverOperation, KernelChange } from '../../src/reconciler/driver.js';
+import { BackendError, type DriverOperation } from '../../src/driver/driver.js';
+import type { KernelChange } from '../../src/driver/kernel-change.js';
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { FakeDriver } from '../doubles/fake-driver.js';
+import { rejectionOf } from '../support/assertions.js';
 import { CONFIG, lbService } from '../support/fixtures.js';
 
 const NODE: NodeInfo = { name: 'node-1', podCIDRs: ['10.244.1.0/24'] };
@@ -128,9 +130,8 @@ const writesIpv4Shape = (ops: readonly DriverOperation[]) =>
 describe('Reconciler: syncs and removals that overlap (no root)', () => {
   it('a partial sync that writes while a full sync is under way is not undone by the full sync', async () => {
     const driver = new FakeDriver();
-    const reconciler = new Reconciler(driver);
     const told = new Told();
-    reconciler.subscribe(told);
+    const reconciler = new Reconciler(driver, [told]);
     const model = new DesiredStateModel(CONFIG);
     await reconciler.sync(model.update([dual(1), dual(2)], DUAL_NODE), { full: true });
     expectToldAsWritten(driver, told);
@@ -158,9 +159,8 @@ describe('Reconciler: syncs and removals that overlap (no root)', () => {
 
   it('subscribers are told in the order of the writes, not the order the syncs end', async () => {
     const driver = new FakeDriver();
-    const reconciler = new Reconciler(driver);
     const told = new Told();
-    reconciler.subscribe(told);
+    const reconciler = new Reconciler(driver, [told]);
     const model = new DesiredStateModel(CONFIG);
     await reconciler.sync(model.update([dual(1), dual(2)], DUAL_NODE), { full: true });
     const periodic = model.update([dual(1), dual(2)], DUAL_NODE);
@@ -191,11 +191,10 @@ describe('Reconciler: syncs and removals that overlap (no root)', () => {
   });
 
   it('a sync that ends while a newer one is half written tells what the kernel holds of each family', async () => {
-    const driver = new FakeDriver('nft', { hasGeneration: true });
+    const driver = new FakeDriver();
     driver.keepsGeneration = true;
-    const reconciler = new Reconciler(driver);
     const told = new Told();
-    reconciler.subscribe(told);
+    const reconciler = new Reconciler(driver, [told]);
     const model = new DesiredStateModel(CONFIG);
     await reconciler.sync(model.update([dual(1), dual(2)], DUAL_NODE), { full: true });
     // Nobody else wrote since: the resync writes its changes and reads nothing back.
@@ -226,9 +225,8 @@ describe('Reconciler: syncs and removals that overlap (no root)', () => {
 
   it('a removal asked for while a full sync writes voids the writes the full sync has yet to make', async () => {
     const driver = new FakeDriver();
-    const reconciler = new Reconciler(driver);
     const told = new Told();
-    reconciler.subscribe(told);
+    const reconciler = new Reconciler(driver, [told]);
     const model = new DesiredStateModel(CONFIG);
     await reconciler.sync(model.update([dual(1), dual(2)], DUAL_NODE), { full: true });
     const periodic = model.update([dual(1), dual(2), dual(3)], DUAL_NODE);
@@ -257,9 +255,8 @@ describe('Reconciler: syncs and removals that overlap (no root)', () => {
 
   it('a removal asked for while a partial sync waits for its turn voids it', async () => {
     const driver = new FakeDriver();
-    const reconciler = new Reconciler(driver);
     const told = new Told();
-    reconciler.subscribe(told);
+    const reconciler = new Reconciler(driver, [told]);
     const model = new DesiredStateModel(CONFIG);
     await reconciler.sync(model.update([dual(1)], DUAL_NODE), { full: true });
     const slow = holdWrite(driver, writesIpv4Shape);
@@ -293,10 +290,13 @@ describe('Reconciler: entries the driver leaves out (no root)', () => {
     // The refused entry goes: nothing is left out any more.
     const fixed = await reconciler.sync(model.update([lbService(1)], NODE), { full: false });
     expect(fixed.rejected).to.deep.equal([]);
+    expect(fixed.entries).to.deep.equal({ ipv4: 1, ipv6: 0 });
     // It comes back in a partial sync, another with it.
     const again = await reconciler.sync(model.update([lbService(1), odd, lbService(3)], NODE), { full: false });
     expect(again).to.include({ mode: 'partial' });
     expect(again.rejected?.map((r) => r.item)).to.deep.equal(['default/svc-2 192.0.2.2 TCP/8080']);
+    // What a partial write left out is not counted as programmed.
+    expect(again.entries).to.deep.equal({ ipv4: 2, ipv6: 0 });
     expect(driver.held('ipv4')).to.have.length(2);
     // A full sync reads back and repairs nothing: what was left out is not missing.
     const resync = await reconciler.sync(model.update([lbService(1), odd, lbService(3)], NODE), { full: true });
@@ -305,5 +305,305 @@ describe('Reconciler: entries the driver leaves out (no root)', () => {
     // A removal leaves nothing out.
     await reconciler.cleanup();
     expect((await reconciler.sync(model.update([lbService(1)], NODE), { full: true })).rejected).to.deep.equal([]);
+  });
+});
+
+/** The entries of `state` for Service `i` (192.0.2.i). */
+const entryOf = (state: DesiredState, i: number) => state.ipv4.entries.find((e) => e.externalIp === `192.0.2.${i}`)!;
+
+/** Refuses the first write that `matches`, with `message`. */
+function refuseOnce(driver: FakeDriver, matches: (ops: readonly DriverOperation[]) => boolean, message: string) {
+  driver.refuse = (ops) => {
+    if (!matches(ops)) return undefined;
+    driver.refuse = undefined;
+    return message;
+  };
+}
+
+describe('Reconciler: a verification, and what it repairs (no root)', () => {
+  it('repairs an element another writer retargeted: theirs removed, ours added', async () => {
+    const driver = new FakeDriver();
+    const reconciler = new Reconciler(driver);
+    await reconciler.sync(desired(1, 2), { full: true });
+    const theirs = { ...driver.kernel.get('ipv4')!.elements.get('ipv4|192.0.2.1|TCP|80')!, clusterIp: '10.1.1.1' };
+    driver.kernel.get('ipv4')!.elements.set('ipv4|192.0.2.1|TCP|80', theirs);
+    const repaired = await reconciler.sync(desired(1, 2), { full: true });
+    expect(repaired).to.include({ mode: 'full', repairedElements: 2 });
+    const repair = driver.applied.at(-1)!;
+    expect(repair).to.have.length(1);
+    expect(repair[0]).to.deep.include({ kind: 'elements', remove: [theirs] });
+    expect(driver.held('ipv4')).to.deep.equal(['192.0.2.1 TCP 80 -> 10.96.0.1', '192.0.2.2 TCP 80 -> 10.96.0.2']);
+  });
+
+  it('repairs nothing where a read names an entry missing and its element foreign, but the element holds it', async () => {
+    // The nft driver's listing does so when it prints an address otherwise than the model writes it.
+    const driver = new FakeDriver();
+    const reconciler = new Reconciler(driver);
+    const state = desired(1, 2);
+    await reconciler.sync(state, { full: true });
+    const element = driver.kernel.get('ipv4')!.elements.get('ipv4|192.0.2.1|TCP|80')!;
+    driver.alterRead = (read, _how, family) =>
+      family === 'ipv4' ? { ...read, missing: [entryOf(state, 1)], foreign: [element] } : read;
+    const writes = driver.applied.length;
+    const resync = await reconciler.sync(desired(1, 2), { full: true });
+    expect(resync).to.include({ mode: 'full' });
+    expect(resync.repairedElements).to.equal(undefined);
+    // Each family's shape, and no repair after the reads.
+    const kinds = driver.applied.slice(writes).map((ops) => ops.map((op) => op.kind));
+    expect(kinds).to.deep.equal([['writeShape'], ['writeShape']]);
+  });
+
+  it('does not put back what a partial sync removed while the verification read', async () => {
+    const driver = new FakeDriver();
+    const reconciler = new Reconciler(driver);
+    const model = new DesiredStateModel(CONFIG);
+    await reconciler.sync(model.update([lbService(1), lbService(2), lbService(3)], NODE), { full: true });
+    // Another writer retargeted svc-3's element: the read finds ours missing and theirs foreign.
+    const v4 = driver.kernel.get('ipv4')!;
+    v4.elements.set('ipv4|192.0.2.3|TCP|80', { ...v4.elements.get('ipv4|192.0.2.3|TCP|80')!, clusterIp: '10.1.1.3' });
+    let partial: Promise<unknown> | undefined;
+    driver.duringRead = () => {
+      driver.duringRead = undefined;
+      // svc-3 goes while the verification reads: its partial sync removes the element.
+      partial = reconciler.sync(model.update([lbService(1), lbService(2)], NODE), { full: false });
+    };
+    const full = await reconciler.sync(model.update([lbService(1), lbService(2), lbService(3)], NODE), {
+      full: true,
+    });
+    expect(await partial).to.include({ mode: 'partial' });
+    expect(full.repairedElements ?? 0, 'nothing of svc-3 repaired').to.equal(0);
+    expect(driver.held('ipv4')).to.deep.equal(['192.0.2.1 TCP 80 -> 10.96.0.1', '192.0.2.2 TCP 80 -> 10.96.0.2']);
+  });
+
+  it('a read that fails fails the sync, and the next full sync writes the family whole', async () => {
+    const driver = new FakeDriver();
+    const reconciler = new Reconciler(driver);
+    await reconciler.sync(desired(1, 2), { full: true });
+    // Someone removed our table while the read began.
+    driver.duringRead = () => {
+      driver.duringRead = undefined;
+      driver.kernel.delete('ipv4');
+    };
+    const err = await rejectionOf(reconciler.sync(desired(1, 2), { full: true }), BackendError);
+    expect(err.message).to.equal('nft sync failed: ipv4: verifying the map: the table is missing');
+    const again = await reconciler.sync(desired(1, 2), { full: true });
+    expect(again).to.include({ mode: 'full' });
+    expect(driver.applied.at(-1)!.map((op) => op.kind)).to.deep.equal(['writeFamily']);
+    expect(driver.held('ipv4')).to.have.length(2);
+  });
+
+  it('a repair the kernel refuses fails the sync, and the next sync writes the family whole', async () => {
+    const driver = new FakeDriver();
+    const reconciler = new Reconciler(driver);
+    const model = new DesiredStateModel(CONFIG);
+    await reconciler.sync(model.update([lbService(1), lbService(2)], NODE), { full: true });
+    driver.kernel.get('ipv4')!.elements.delete('ipv4|192.0.2.2|TCP|80');
+    refuseOnce(driver, (ops) => ops.some((op) => op.kind === 'elements'), 'Cannot allocate memory');
+    const err = await rejectionOf(
+      reconciler.sync(model.update([lbService(1), lbService(2)], NODE), { full: true }),
+      BackendError,
+    );
+    expect(err.message).to.equal('nft sync failed: ipv4: verifying the map: Cannot allocate memory');
+    // A change now finds the family not programmed.
+    const next = await reconciler.sync(model.update([lbService(1), lbService(2), lbService(3)], NODE), {
+      full: false,
+    });
+    expect(next).to.include({ mode: 'full', fallbackReason: 'not-programmed' });
+    expect(driver.held('ipv4')).to.have.length(3);
+  });
+
+  it('a read that cannot finish between our writes either fails the verification', async () => {
+    const driver = new FakeDriver('nft', { readsAlongsideWrites: true });
+    const reconciler = new Reconciler(driver);
+    await reconciler.sync(desired(1), { full: true });
+    const asked: string[] = [];
+    driver.alterRead = (_read, how) => {
+      asked.push(how);
+      return how === 'alongside-writes' ? 'not-alongside' : 'unfinished';
+    };
+    const err = await rejectionOf(reconciler.sync(desired(1), { full: true }), BackendError);
+    expect(err.message).to.equal(
+      'nft sync failed: ipv4: verifying the map: nft could not read back; ipv6: verifying the map: nft could not read back',
+    );
+    // Asked alongside our writes first, then, as it cannot read that way, between them.
+    expect(asked.slice(0, 2)).to.deep.equal(['alongside-writes', 'between-writes']);
+  });
+});
+
+describe('Reconciler: writes refused, and writes that overlap a refusal (no root)', () => {
+  it('a family a partial sync finds unprogrammed at its turn (a resync before it was refused) is written whole', async () => {
+    const driver = new FakeDriver();
+    const told = new Told();
+    const reconciler = new Reconciler(driver, [told]);
+    const model = new DesiredStateModel(CONFIG);
+    await reconciler.sync(model.update([dual(1), dual(2)], DUAL_NODE), { full: true });
+    const slow = holdWrite(driver, writesIpv4Shape);
+    const full = reconciler.sync(model.update([dual(1), dual(2)], DUAL_NODE), { full: true });
+    await slow.held;
+    const change = model.update([dual(1), dual(2), dual(3)], DUAL_NODE);
+    const partial = reconciler.sync(change, { full: false });
+    await settle();
+    refuseOnce(driver, writesIpv4Shape, 'No such file or directory');
+    slow.release();
+    const [, partialResult] = await Promise.all([full, partial]);
+    expect(partialResult).to.include({ mode: 'full', fallbackReason: 'partial-failed' });
+    expect(driver.holding()).to.deep.equal(heldBy(change));
+    expectToldAsWritten(driver, told);
+  });
+
+  it('a family a resync finds unprogrammed at its turn (a partial write before it was refused) is written whole', async () => {
+    const driver = new FakeDriver();
+    const told = new Told();
+    const reconciler = new Reconciler(driver, [told]);
+    const model = new DesiredStateModel(CONFIG);
+    await reconciler.sync(model.update([dual(1), dual(2)], DUAL_NODE), { full: true });
+    const writes = driver.applied.length;
+    const writesIpv4Elements = (ops: readonly DriverOperation[]) =>
+      ops.some((op) => op.kind === 'elements' && op.family === 'ipv4');
+    const slow = holdWrite(driver, writesIpv4Elements);
+    const partial = reconciler.sync(model.update([dual(1), dual(2), dual(3)], DUAL_NODE), { full: false });
+    await slow.held;
+    const periodic = model.update([dual(1), dual(2), dual(3)], DUAL_NODE);
+    const full = reconciler.sync(periodic, { full: true });
+    await settle();
+    refuseOnce(driver, writesIpv4Elements, 'No such file or directory');
+    slow.release();
+    const [partialResult, fullResult] = await Promise.all([partial, full]);
+    expect(partialResult).to.include({ mode: 'full', fallbackReason: 'partial-failed' });
+    expect(fullResult).to.include({ mode: 'full' });
+    const whole = driver.applied
+      .slice(writes)
+      .filter((ops) => ops.some((op) => op.kind === 'writeFamily' && op.family === 'ipv4'));
+    expect(whole, 'IPv4 written whole, by each sync').to.have.length(2);
+    expect(driver.holding()).to.deep.equal(heldBy(periodic));
+    expectToldAsWritten(driver, told);
+  });
+
+  it('a driver that can neither write families together nor replace one reports a refused family at once', async () => {
+    const driver = new FakeDriver('iptables', { atomicWrites: false, replacesFamilies: false });
+    const reconciler = new Reconciler(driver);
+    const model = new DesiredStateModel(CONFIG);
+    await reconciler.sync(model.update([dual(1)], DUAL_NODE), { full: true });
+    // The IPv4 pod range moves: IPv4 alone is written whole, and the kernel refuses it.
+    refuseOnce(driver, (ops) => ops.some((op) => op.kind === 'writeFamily'), 'Resource temporarily unavailable');
+    const writes = driver.applied.length;
+    const err = await rejectionOf(reconciler.sync(model.update([dual(1)], DUAL_NODE_MOVED), { full: false }));
+    expect(err.message).to.equal('iptables sync failed: ipv4: Resource temporarily unavailable');
+    const tried = driver.applied
+      .slice(writes)
+      .flatMap((ops) => ops.map((op) => `${op.kind} ${'family' in op ? op.family : ''}`));
+    expect(tried, 'one attempt, no replacement').to.deep.equal(['writeFamily ipv4']);
+  });
+});
+
+describe('Reconciler: what the driver brings to a sync (no root)', () => {
+  it("checks a state with the driver's prepare before anything is written, and a refusal fails the sync", async () => {
+    const driver = new FakeDriver('ebpf');
+    const prepared: string[] = [];
+    driver.prepare = async (state, full) => {
+      prepared.push(`${state.ipv4.entries.length} ${full ? 'full' : 'partial'}`);
+      if (state.ipv4.entries.length > 2) throw new BackendError('3 ipv4 entries exceed the map capacity', 'ebpf');
+    };
+    const reconciler = new Reconciler(driver);
+    await reconciler.sync(desired(1, 2), { full: true });
+    const writes = driver.applied.length;
+    const err = await rejectionOf(reconciler.sync(desired(1, 2, 3), { full: false }), BackendError);
+    expect(err.message).to.equal('3 ipv4 entries exceed the map capacity');
+    expect(driver.applied.length, 'nothing written').to.equal(writes);
+    expect(prepared).to.deep.equal(['2 full', '3 partial']);
+  });
+
+  it('hands memory back after a full sync, and a failure to do so fails nothing', async () => {
+    const driver = new FakeDriver();
+    let asked = 0;
+    driver.releaseMemory = async () => {
+      asked++;
+      throw new Error('malloc_trim is not there');
+    };
+    const reconciler = new Reconciler(driver);
+    expect(await reconciler.sync(desired(1), { full: true })).to.include({ mode: 'full' });
+    expect(asked).to.equal(1);
+    await reconciler.sync(desired(1, 2), { full: false });
+    expect(asked, 'not after a small partial sync').to.equal(1);
+  });
+
+  it('releases the driver on close, and says which driver a refused removal was', async () => {
+    const driver = new FakeDriver();
+    let closed = false;
+    driver.close = async () => void (closed = true);
+    const reconciler = new Reconciler(driver);
+    await reconciler.sync(desired(1), { full: true });
+    refuseOnce(driver, (ops) => ops.some((op) => op.kind === 'removeAll'), 'Operation not permitted');
+    const err = await rejectionOf(reconciler.cleanup(), BackendError);
+    expect(err).to.include({ message: 'nft cleanup failed: Operation not permitted', backend: 'nft' });
+    await reconciler.close();
+    expect(closed).to.equal(true);
+  });
+
+  it('writes nothing for a change the driver elements cannot hold (a Service renamed, in eBPF maps)', async () => {
+    const driver = new FakeDriver('ebpf');
+    driver.keepsComments = false;
+    const reconciler = new Reconciler(driver);
+    const model = new DesiredStateModel(CONFIG);
+    await reconciler.sync(model.update([lbService(1)], NODE), { full: true });
+    const renamed = await reconciler.sync(model.update([lbService(1, { name: 'renamed' })], NODE), { full: false });
+    expect(renamed).to.include({ mode: 'noop' });
+    expect(driver.applied.at(-1)![0]).to.include({ kind: 'elements' });
+    // What it holds is what it was asked to hold: the next full sync repairs nothing.
+    const resync = await reconciler.sync(model.update([lbService(1, { name: 'renamed' })], NODE), { full: true });
+    expect(resync.repairedElements ?? 0).to.equal(0);
+  });
+
+  it('a subscriber that fails fails the sync that told it, and the next change is told from where that one ended', async () => {
+    const driver = new FakeDriver();
+    const told = new Told();
+    let fail = true;
+    const reconciler = new Reconciler(driver, [
+      {
+        kernelChanged: (change) => {
+          told.kernelChanged(change);
+          if (fail) throw new Error('the subscriber broke');
+        },
+      },
+    ]);
+    const err = await rejectionOf(reconciler.sync(desired(1), { full: true }));
+    expect(err.message).to.equal('the subscriber broke');
+    fail = false;
+    await reconciler.sync(desired(1, 2), { full: false });
+    expect(told.changes.map((c) => c.next.ipv4.length)).to.deep.equal([1, 2]);
+    expectToldAsWritten(driver, told);
+  });
+});
+
+describe('Reconciler: entries given out of order, or twice (no root)', () => {
+  it('finds the changes by key when known entries come out of order, and follows the new order', async () => {
+    const driver = new FakeDriver();
+    const reconciler = new Reconciler(driver);
+    const first = desired(1, 2, 3);
+    await reconciler.sync(first, { full: true });
+    const reordered = (entries: DesiredState['ipv4']['entries']): DesiredState => ({
+      ...first,
+      ipv4: { ...first.ipv4, entries, changes: undefined },
+    });
+    const added = entryOf(desired(4), 4);
+    const shuffled = reordered([...first.ipv4.entries].reverse().concat(added));
+    expect(await reconciler.sync(shuffled, { full: false })).to.include({ mode: 'partial' });
+    expect(driver.applied.at(-1)).to.deep.equal([{ kind: 'elements', family: 'ipv4', remove: [], add: [added] }]);
+    // The record follows the entries it was given: the same objects in their first order are no change.
+    expect(await reconciler.sync(reordered([...first.ipv4.entries, added]), { full: false })).to.include({
+      mode: 'noop',
+    });
+    expect(driver.held('ipv4')).to.have.length(4);
+  });
+
+  it('keeps an entry a state lists twice, when the next state lists it once', async () => {
+    const driver = new FakeDriver();
+    const reconciler = new Reconciler(driver);
+    const first = desired(1, 2);
+    const [one, two] = first.ipv4.entries;
+    await reconciler.sync({ ...first, ipv4: { ...first.ipv4, entries: [one!, one!, two!] } }, { full: true });
+    const next = await reconciler.sync({ ...first, ipv4: { ...first.ipv4, entries: [one!, two!] } }, { full: false });
+    expect(next).to.include({ mode: 'noop' });
+    expect(driver.held('ipv4')).to.deep.equal(['192.0.2.1 TCP 80 -> 10.96.0.1', '192.0.2.2 TCP 80 -> 10.96.0.2']);
   });
 });

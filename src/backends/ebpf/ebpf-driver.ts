@@ -23,7 +23,7 @@ import {
   type KernelElement,
   type ProbeResult,
   type ReadBack,
-} from '../../reconciler/driver.js';
+} from '../../driver/driver.js';
 import {
   BPF_FS_MAGIC,
   CGROUP2_SUPER_MAGIC,
@@ -79,15 +79,13 @@ export class EbpfDriver implements Driver {
   readonly label = 'ebpf';
   readonly capacity = EBPF_CAPACITY;
   readonly capabilities: DriverCapabilities = {
+    // A full sync's prepare() attaches the programs again and reopens the maps: no partial sync beside it.
     ordersOwnWrites: false,
     // Sockets are translated before conntrack sees them: no NAT decision to go stale.
     conntrackMatters: false,
-    hasGeneration: false,
     atomicWrites: false,
     replacesFamilies: false,
     readsAlongsideWrites: false,
-    writesElements: true,
-    readsBack: true,
     // A cgroup connect hook does not know the source of an unbound socket (docs/ebpf.md).
     filtersSources: false,
   };

@@ -7,8 +7,7 @@
 //   IPv6 value (20): address[16] port[2]  pad[2]
 
 import { ipBytes, parseIp } from '../../model/ip.js';
-import { entryKey } from '../../reconciler/element-storage.js';
-import type { Entry, Family, Protocol } from '../../model/types.js';
+import { entryKey, type Entry, type Family, type Protocol } from '../../model/types.js';
 
 /** Must equal MAX_ENTRIES in the BPF source: the size the entry maps are created with. */
 export const ENTRY_MAP_CAPACITY = 65536;

@@ -28,8 +28,8 @@ import type {
   FamilyShape,
   ProbeResult,
   ReadBack,
-  TranslationsBypassed,
-} from '../../reconciler/driver.js';
+} from '../../driver/driver.js';
+import type { TranslationsBypassed } from '../../driver/kernel-change.js';
 import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './executor.js';
 import { KUBE_MARK_MASQ, OUR_CHAINS, emptyNatTable, parseNatSave, type NatTableView } from './parse.js';
 import {
@@ -129,12 +129,9 @@ export class IptablesDriver implements Driver {
     this.capabilities = {
       ordersOwnWrites: true,
       conntrackMatters: true,
-      hasGeneration: variant === 'nft',
       atomicWrites: false,
       replacesFamilies: false,
       readsAlongsideWrites: true,
-      writesElements: true,
-      readsBack: true,
       filtersSources: true,
     };
     const interval = options.jumpCheckIntervalMs ?? 1000;

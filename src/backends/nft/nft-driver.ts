@@ -9,62 +9,53 @@
 //   transaction, which is also the fallback when a batch is refused.
 // - The shape written again (a resync) declares the chains again, with the element changes,
 //   without touching the map's other elements.
-// - A read back lists the table through the nft command when the addon programs: another
-//   process, from a worker, so that changes are never queued behind the listing.
+// - A read back (read-back.ts) lists the table through the nft command when the addon programs:
+//   another process, from a worker, so that changes are never queued behind the listing.
+// - The probe (probe.ts) finds how our rules look keys up on this kernel, and whether it takes
+//   the source-range set.
 // - The executor reads the ruleset generation (NFT_MSG_GETGEN) around each commit where it can
 //   (the addon); the reconciler trusts a family while every commit since it was exact was ours.
 
-import { FAMILIES, type Entry, type Family, type FamilyState } from '../../model/types.js';
-import { parseIp } from '../../model/ip.js';
-import type {
-  Applied,
-  Driver,
-  DriverCapabilities,
-  DriverOperation,
-  EntryCapacity,
-  FamilyShape,
-  KernelElement,
-  ProbeResult,
-  ReadBack,
-} from '../../reconciler/driver.js';
+import { FAMILIES, type Entry, type Family } from '../../model/types.js';
 import {
-  MAX_LISTED_ELEMENTS,
-  NftCliExecutor,
-  NftError,
-  NftTimeoutError,
-  type NftCommit,
-  type NftExecutor,
-} from './executor.js';
-import { JsonWriter, Transaction, type MapElement, type RuleObject } from './objects.js';
-import {
-  ListingWorkerError,
-  diffListing,
-  expectedLines,
-  listAndDiff,
-  sourceRangeLines,
-  type ListingDiff,
-} from './listing-diff.js';
+  podMatchShapeKey,
+  type Applied,
+  type Driver,
+  type DriverCapabilities,
+  type DriverOperation,
+  type EntryCapacity,
+  type FamilyShape,
+  type KernelElement,
+  type ProbeResult,
+  type ReadBack,
+} from '../../driver/driver.js';
+import { MAX_LISTED_ELEMENTS, NftCliExecutor, type NftCommit, type NftExecutor } from './executor.js';
+import { Transaction } from './objects.js';
+import { NftKernelProbe } from './probe.js';
+import { NftReader, listedElement, listedIn, type NftLister } from './read-back.js';
 import {
   KEY_SET_NAME,
   MAP_NAME,
   NFT_FAMILY,
   SOURCE_RANGE_SET,
   SOURCE_RANGED_KEY_SET,
-  sourceRangeChanges,
-  sourceRangeElements,
-  type KeyLookup,
   TABLE_NAME,
-  deleteTables,
   desiredTable,
-  mapChanges,
   mapElement,
   mapSize,
+  sourceRangeElements,
+  type KeyLookup,
+} from './render.js';
+import {
+  deleteTables,
+  mapChanges,
   replaceTable,
   resyncTable,
   rewriteRules,
+  sourceRangeChanges,
   writeTable,
   writeTableButElements,
-} from './render.js';
+} from './transactions.js';
 
 export interface NftDriverOptions {
   /**
@@ -78,11 +69,6 @@ export interface NftDriverOptions {
    * itself when it is the nft command); for another executor, it lists between our writes.
    */
   lister?: NftLister;
-}
-
-/** Lists a table as `nft -j list table` prints it; NftCliExecutor is one. */
-export interface NftLister {
-  listTable(family: 'ip' | 'ip6', name: string, timeoutMs?: number): Promise<string | undefined>;
 }
 
 /**
@@ -101,14 +87,8 @@ export class NftDriver implements Driver {
   readonly label = 'nft';
   readonly capacity = NFT_CAPACITY;
   readonly capabilities: DriverCapabilities;
-  private readonly json = new JsonWriter();
-  /** Lists without holding back our writes (the nft command); undefined: list between writes. */
-  private lister: NftLister | undefined;
-  /** False once a worker thread could not be used: listings are then compared on the event loop. */
-  private workers = true;
-  private readonly lookupChoice: 'auto' | KeyLookup;
-  /** The key lookup in use, found once (keyLookup). */
-  private lookup: Promise<{ lookup: KeyLookup; why: string }> | undefined;
+  private readonly kernel: NftKernelProbe;
+  private readonly reader: NftReader;
   /** Families this driver wrote with source-range sets: a whole write without them removes them. */
   private readonly sourceRanged = new Set<Family>();
 
@@ -116,19 +96,17 @@ export class NftDriver implements Driver {
     readonly executor: NftExecutor,
     options: NftDriverOptions = {},
   ) {
-    this.lister =
+    const lister =
       options.lister ??
       (executor.kind === 'addon' ? new NftCliExecutor() : executor instanceof NftCliExecutor ? executor : undefined);
-    this.lookupChoice = options.lookup ?? 'auto';
+    this.kernel = new NftKernelProbe(executor, options.lookup ?? 'auto');
+    this.reader = new NftReader(executor, lister);
     this.capabilities = {
       ordersOwnWrites: true,
       conntrackMatters: true,
-      hasGeneration: executor.generation !== undefined,
       atomicWrites: true,
       replacesFamilies: true,
       readsAlongsideWrites: true,
-      writesElements: true,
-      readsBack: true,
       filtersSources: true,
     };
   }
@@ -138,7 +116,7 @@ export class NftDriver implements Driver {
   }
 
   shapeKey(shape: FamilyShape): string {
-    return JSON.stringify([shape.state.localPodMatch, shape.masqueradeMark]);
+    return podMatchShapeKey(shape);
   }
 
   /** The map is declared with a size: more entries need it replaced, which a whole write does. */
@@ -146,99 +124,15 @@ export class NftDriver implements Driver {
     return mapSize(entries);
   }
 
-  /**
-   * How our rules look keys up on this kernel: the map itself when a check-mode write of that
-   * shape passes, else the key set when that one passes (the kernel refuses a map looked up as a
-   * set: Linux 6.1 and older). Found once; a failure is not kept, so the next use tries again.
-   */
+  /** How our rules look keys up on this kernel (probe.ts), found once. */
   keyLookup(): Promise<{ lookup: KeyLookup; why: string }> {
-    this.lookup ??= this.findKeyLookup().catch((err: unknown) => {
-      this.lookup = undefined;
-      throw err;
-    });
-    return this.lookup;
-  }
-
-  private async findKeyLookup(): Promise<{ lookup: KeyLookup; why: string }> {
-    if (this.lookupChoice !== 'auto') return { lookup: this.lookupChoice, why: 'as configured' };
-    // A family the kernel refuses whatever the lookup must not decide it for the other.
-    let mapRefused: Error | undefined;
-    for (const lookup of ['map', 'set'] as const) {
-      for (const family of FAMILIES) {
-        try {
-          await this.checkEmptyTable(family, lookup);
-        } catch (err) {
-          if (lookup === 'map') mapRefused ??= err as Error;
-          continue;
-        }
-        if (lookup === 'map') return { lookup, why: 'this kernel looks a map up as a set' };
-        return {
-          lookup,
-          why: `this kernel refuses a map looked up as a set (${mapRefused?.message}): keys go in a set beside the map`,
-        };
-      }
-    }
-    throw mapRefused!;
-  }
-
-  /**
-   * A check-mode write of an empty state: proves the nft userspace, the nat hooks, fib and
-   * concatenated maps (and sets) in this kernel, and the permission to program them.
-   */
-  private async checkEmptyTable(family: Family, lookup: KeyLookup): Promise<void> {
-    const empty: FamilyState = { entries: [], localPodMatch: { kind: 'cidrs', cidrs: [] } };
-    await this.executor.check(writeTable(new Transaction(), desiredTable(family, empty, 0x4000, lookup)));
-  }
-
-  /**
-   * A check-mode write of a table with a source-ranged entry: the `source-ranges` set is a
-   * concatenation with an interval (nft_set_pipapo), whose lookup some kernels refuse
-   * (EOPNOTSUPP, seen on Debian's 6.12.117 in QEMU). Where refused, this driver does not filter
-   * sources and the model leaves ranged addresses to kube-proxy, as with the eBPF backend:
-   * one such Service must not make a whole family unprogrammable.
-   */
-  private async checkSourceRanges(lookup: KeyLookup): Promise<string | undefined> {
-    const ranged: FamilyState = {
-      entries: [
-        {
-          family: 'ipv4',
-          externalIp: '192.0.2.1',
-          protocol: 'TCP',
-          port: 80,
-          clusterIp: '192.0.2.2',
-          service: 'probe/probe',
-          sourceRanges: ['192.0.2.0/31'],
-        },
-      ],
-      localPodMatch: { kind: 'cidrs', cidrs: [] },
-      sourceRanged: true,
-    };
-    try {
-      await this.executor.check(writeTable(new Transaction(), desiredTable('ipv4', ranged, 0x4000, lookup)));
-      return undefined;
-    } catch (err) {
-      return (err as Error).message;
-    }
+    return this.kernel.keyLookup();
   }
 
   async probe(): Promise<ProbeResult> {
-    try {
-      const { lookup, why } = await this.keyLookup();
-      for (const family of FAMILIES) await this.checkEmptyTable(family, lookup);
-      const refused = await this.checkSourceRanges(lookup);
-      this.capabilities.filtersSources = refused === undefined;
-      const sources =
-        refused === undefined
-          ? 'source ranges filtered'
-          : `source ranges not filtered: this kernel refuses the lookup of a concatenated interval set (${refused}), so Services with loadBalancerSourceRanges are left to kube-proxy`;
-      return {
-        ok: true,
-        detail: `nftables via ${this.executor.kind}, keys looked up in the ${lookup} (${why}); ${sources}`,
-        nftKeyLookup: lookup,
-      };
-    } catch (err) {
-      return { ok: false, detail: `nftables cannot be programmed: ${(err as Error).message}` };
-    }
+    const { filtersSources, ...result } = await this.kernel.probe();
+    if (filtersSources !== undefined) this.capabilities.filtersSources = filtersSources;
+    return result;
   }
 
   /**
@@ -330,103 +224,13 @@ export class NftDriver implements Driver {
     return this.executor.generation?.() ?? Promise.resolve(undefined);
   }
 
-  async readBack(
+  readBack(
     family: Family,
     expected: readonly Entry[],
     shape: FamilyShape,
     how: 'alongside-writes' | 'between-writes',
   ): Promise<ReadBack | 'unfinished' | 'not-alongside'> {
-    if (how === 'alongside-writes' && !this.lister) return 'not-alongside';
-    const { lookup } = await this.keyLookup();
-    const keySetName = lookup === 'set' ? KEY_SET_NAME : '';
-    const lines = await expectedLines(expected);
-    // The generation the listing will see, if nothing commits meanwhile: then a repair computed
-    // from it leaves the kernel exactly as programmed.
-    const generation = await this.executor.generation?.();
-    const listed =
-      how === 'alongside-writes' ? await this.listAlongside(family, lines, expected.length, keySetName) : undefined;
-    if (listed === 'unfinished' || listed === 'not-alongside') return listed;
-    const diff =
-      listed ?? (await this.diff(await this.executor.listTable(NFT_FAMILY[family], TABLE_NAME), lines, keySetName));
-    if (diff === undefined) throw new NftError('the table is missing');
-    const table = desiredTable(family, shape.state, shape.masqueradeMark, lookup);
-    const shapeDrift: string[] = [];
-    for (const chain of table.chains) {
-      const want = table.rules
-        .filter((r) => r.chain === chain.name)
-        .map((r) => JSON.stringify(ruleExpressions(this.json, r)));
-      const have = diff.rules[chain.name] ?? [];
-      if (want.length !== have.length || want.some((w, i) => w !== have[i])) shapeDrift.push(chain.name);
-    }
-    if (shape.state.sourceRanged) {
-      const want = sourceRangeLines(expected);
-      const have = diff.sourceRanges ?? { keys: [], sources: [] };
-      const same = (a: string[], b: string[]) => a.length === b.length && [...b].sort().every((x, i) => x === a[i]);
-      if (!same(want.keys, have.keys) || !same(want.sources, have.sources)) shapeDrift.push(SOURCE_RANGE_SET);
-    }
-    const read: ReadBack = {
-      missing: diff.unmatched.map((i) => expected[i]!),
-      foreign: [
-        ...parseListedElements(family, diff.residue, diff.residueInKeySet),
-        ...(diff.keyResidue ?? []).map((key) => keyOnlyElement(family, key)),
-      ],
-      shapeDrift,
-    };
-    if (generation !== undefined) read.generation = generation;
-    return read;
-  }
-
-  /**
-   * The listing compared with `lines` in another process (the nft command, from a worker): nft
-   * starts a listing again whenever the ruleset changes under it, so while changes flow it may
-   * not finish ('unfinished').
-   */
-  private async listAlongside(
-    family: Family,
-    lines: string,
-    entries: number,
-    keySetName: string,
-  ): Promise<ListingDiff | 'unfinished' | 'not-alongside'> {
-    const nf = NFT_FAMILY[family];
-    const lister = this.lister!;
-    const timeoutMs = Math.ceil(1_000 + entries / 10);
-    try {
-      let diff: ListingDiff | undefined;
-      try {
-        diff =
-          lister instanceof NftCliExecutor && this.workers
-            ? await listAndDiff(lister.binary, nf, TABLE_NAME, lines, MAP_NAME, timeoutMs, undefined, keySetName)
-            : await this.diff(await lister.listTable(nf, TABLE_NAME, timeoutMs), lines, keySetName);
-      } catch (err) {
-        if (!(err instanceof ListingWorkerError)) throw err;
-        // No worker threads here: compare on the event loop from now on.
-        this.workers = false;
-        diff = await this.diff(await lister.listTable(nf, TABLE_NAME, timeoutMs), lines, keySetName);
-      }
-      if (diff === undefined) throw new NftError('the table is missing');
-      return diff;
-    } catch (err) {
-      if (err instanceof NftTimeoutError) return 'unfinished';
-      if (!/not found/.test((err as Error).message)) throw err;
-      // No nft command beside the addon: list between our writes.
-      this.lister = undefined;
-      return 'not-alongside';
-    }
-  }
-
-  private async diff(
-    listing: string | undefined,
-    expected: string,
-    keySetName: string,
-  ): Promise<ListingDiff | undefined> {
-    if (listing === undefined) return undefined;
-    try {
-      return await diffListing(listing, expected, MAP_NAME, this.workers ? undefined : Infinity, keySetName);
-    } catch (err) {
-      if (!(err instanceof ListingWorkerError)) throw err;
-      this.workers = false;
-      return diffListing(listing, expected, MAP_NAME, Infinity, keySetName);
-    }
+    return this.reader.readBack(family, expected, shape, how, () => this.keyLookup());
   }
 
   async releaseMemory(): Promise<void> {
@@ -511,84 +315,4 @@ function addOperation(
       deleteTables(tx, FAMILIES);
       return;
   }
-}
-
-/**
- * Where a read back found an element (ListedRef): in the map and the key set ('both', also what
- * the elements we programmed are), or in one of them only.
- */
-interface ListedRef {
-  element: MapElement;
-  in: 'both' | 'map' | 'keySet';
-}
-
-function listedIn(e: KernelElement): ListedRef['in'] {
-  return (e.ref as ListedRef | undefined)?.in ?? 'both';
-}
-
-/** An element to delete: as it was listed when it was read back, else as we write it. */
-function listedElement(e: KernelElement): MapElement {
-  return (e.ref as ListedRef | undefined)?.element ?? mapElement(e as Entry);
-}
-
-type Json = unknown;
-
-/**
- * A key of the key set that neither the map nor the programmed entries have: it translates
- * nothing (the DNAT finds no element), but marks the packets for masquerade, so it is removed.
- */
-function keyOnlyElement(family: Family, key: readonly Json[]): KernelElement {
-  const [ip, proto, port] = key as [string, string | number, number | string];
-  const unspecified = family === 'ipv6' ? '::' : '0.0.0.0';
-  return {
-    family,
-    externalIp: family === 'ipv6' ? (parseIp(ip)?.address ?? ip) : ip,
-    protocol: (typeof proto === 'string' ? proto.toUpperCase() : proto) as never,
-    port: Number(port),
-    clusterIp: unspecified,
-    ref: { element: { key: [ip, proto, port], value: unspecified }, in: 'keySet' } satisfies ListedRef,
-  };
-}
-
-/** The expressions of a rule as nft JSON: what a listing shows of it. */
-function ruleExpressions(json: JsonWriter, rule: RuleObject): unknown {
-  const [command] = json.commands(new Transaction().add(rule));
-  return (command!.add as { rule: { expr: unknown } }).rule.expr;
-}
-
-/**
- * Map elements as a listing shows them (`[key, value]` pairs), typed; `inKeySet[i]` says whether
- * the key set (when there is one) holds the key of `pairs[i]` too.
- */
-function parseListedElements(family: Family, pairs: readonly Json[], inKeySet?: readonly boolean[]): KernelElement[] {
-  const elements: KernelElement[] = [];
-  for (const [i, pair] of pairs.entries()) {
-    if (!Array.isArray(pair) || pair.length !== 2) throw new NftError(`unexpected map element ${JSON.stringify(pair)}`);
-    const [k, value] = pair as [Json, Json];
-    const wrapped = (k as { elem?: { val: Json; comment?: string } }).elem;
-    const val = wrapped ? wrapped.val : k;
-    const parts = (val as { concat?: Json[] }).concat;
-    if (!Array.isArray(parts) || parts.length !== 3 || typeof value !== 'string') {
-      throw new NftError(`unexpected map element ${JSON.stringify(pair)}`);
-    }
-    const [ip, proto, port] = parts as [string, string | number, number | string];
-    // nft prints addresses as the model writes them (RFC 5952 for IPv6); parse only what differs.
-    const address = family === 'ipv6' ? (parseIp(ip)?.address ?? ip) : ip;
-    const protocol = typeof proto === 'string' ? proto.toUpperCase() : proto;
-    const element: KernelElement = {
-      family,
-      externalIp: address,
-      protocol: protocol as never,
-      port: Number(port),
-      clusterIp: family === 'ipv6' ? (parseIp(value)?.address ?? value) : value,
-      // Deleted by key: written back as it was read.
-      ref: {
-        element: { key: [ip, proto, port], value },
-        in: inKeySet?.[i] === false ? 'map' : 'both',
-      } satisfies ListedRef,
-    };
-    if (wrapped?.comment !== undefined) element.service = wrapped.comment;
-    elements.push(element);
-  }
-  return elements;
 }

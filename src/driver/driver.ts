@@ -1,8 +1,10 @@
-// What the reconciler asks of a backend's driver, and what the controller, the registry and the
-// sync runner see of a backend. A driver knows how to write its kind of kernel objects and how
-// to read them back; the reconciler (reconciler.ts) decides what to write and when.
+// What a backend's driver is to the rest of the program: the contract drivers implement, the
+// reconciler (src/reconciler/) calls and the composition root (src/cli/) chooses from. A driver
+// knows how to write its kind of kernel objects and how to read them back; the reconciler decides
+// what to write and when. Neither side imports the other: both import this.
 
 import type { DesiredState, Entry, EntryKeyFields, Family, FamilyState } from '../model/types.js';
+import type { TranslationsBypassed } from './kernel-change.js';
 
 export type BackendName = 'nft' | 'iptables' | 'ebpf';
 
@@ -12,34 +14,6 @@ export interface ProbeResult {
   detail: string;
   /** nft: how the rules look keys up on this kernel (nft/render.ts, KeyLookup). */
   nftKeyLookup?: 'map' | 'set';
-}
-
-export interface SyncOptions {
-  /** Rebuild everything we own, repairing drift. Otherwise only what changed may be written. */
-  full: boolean;
-  /** Called when the kernel writes are done, before subscribers are told (they may take long). */
-  onWritten?: () => void;
-}
-
-/** Why a family that was asked for a partial sync got a full one (the `fallback_reason` label). */
-export type FallbackReason = 'not-programmed' | 'table-shape-changed' | 'partial-failed';
-
-export interface SyncResult {
-  /** What was actually done: a partial request can turn into a full sync (state lost, first run). */
-  mode: 'full' | 'partial' | 'noop';
-  /** Programmed entries per family after the sync. */
-  entries: { ipv4: number; ipv6: number };
-  /** Why a partial request became a full sync, when it did (a metric label and a debug log). */
-  fallbackReason?: FallbackReason;
-  /** Elements and chains a full sync found changed by someone else and wrote back. */
-  repairedElements?: number;
-  /** What the driver left out of the kernel (a value it refuses), every family, as held after the sync. */
-  rejected?: Rejection[];
-  /**
-   * A removal of our objects (cleanup, stepping aside) was asked for after this sync: what it
-   * would have written was left out or removed, and nothing of it is held.
-   */
-  superseded?: true;
 }
 
 /** An entry or a part of the shape a driver left out because it refuses a value; the rest is programmed. */
@@ -65,27 +39,25 @@ export function entryLimit(capacity: EntryCapacity, maxEntriesFlag: number | und
   return Math.min(maxEntriesFlag ?? capacity.defaultEntries, capacity.maxEntries ?? Number.POSITIVE_INFINITY);
 }
 
-/** What a driver declares of itself; the reconciler and the controller read nothing else. */
+/**
+ * What a driver declares of itself, where the drivers differ (nft, iptables, eBPF); the
+ * reconciler, the controller and the composition root read nothing else of it.
+ */
 export interface DriverCapabilities {
   /**
-   * Its writes go through the reconciler's queue in order, and a verification reads without
-   * holding them back: a partial sync may run while a full sync is under way.
+   * A partial sync may run while a full sync is under way: the driver's state (its key lookup,
+   * its programs) needs no preparation a concurrent sync could disturb. Not eBPF (prepare()
+   * attaches its programs).
    */
   ordersOwnWrites: boolean;
-  /** Its translations are NAT decisions that conntrack keeps: stale flows must be deleted. */
+  /** Its translations are NAT decisions that conntrack keeps: stale flows must be deleted. Not eBPF. */
   conntrackMatters: boolean;
-  /** It reads the ruleset generation around each commit (apply's `generations`, generation()). */
-  hasGeneration: boolean;
-  /** One apply() of several families is one transaction: all of it happens or none. */
+  /** One apply() of several families is one transaction: all of it happens or none (nft). */
   atomicWrites: boolean;
-  /** replaceFamily is a last resort distinct from writeFamily (the table is removed and written anew). */
+  /** replaceFamily is a last resort distinct from writeFamily: the table is removed and written anew (nft). */
   replacesFamilies: boolean;
-  /** readBack(..., 'alongside-writes') may be tried: it reads in another process. */
+  /** readBack(..., 'alongside-writes') may be tried: it reads in another process (nft, iptables). */
   readsAlongsideWrites: boolean;
-  /** It writes element changes alone; otherwise a change writes its family whole. */
-  writesElements: boolean;
-  /** A full sync writes the shape again and reads back; otherwise it writes each family whole. */
-  readsBack: boolean;
   /** It translates an entry only for the sources of its sourceRanges; otherwise the model leaves those out. */
   filtersSources: boolean;
 }
@@ -97,6 +69,14 @@ export interface FamilyShape {
   masqueradeMark: number;
 }
 
+/**
+ * The shape key of a driver whose objects besides the map depend on the local-pod match and the
+ * masquerade mark (nft's chains, iptables' rules): Driver.shapeKey for such a driver.
+ */
+export function podMatchShapeKey(shape: FamilyShape): string {
+  return JSON.stringify([shape.state.localPodMatch, shape.masqueradeMark]);
+}
+
 /** A map element read back from the kernel, or one of ours to remove. */
 export interface KernelElement extends EntryKeyFields {
   clusterIp: string;
@@ -104,6 +84,11 @@ export interface KernelElement extends EntryKeyFields {
   service?: string;
   /** How the driver removes exactly this element (its bytes or its listed form), when it must. */
   ref?: unknown;
+}
+
+/** Whether an element of the same key as `entry` holds what `entry` programs: its ClusterIP and comment. */
+export function holdsEntry(element: Pick<KernelElement, 'clusterIp' | 'service'>, entry: Entry): boolean {
+  return element.clusterIp === entry.clusterIp && element.service === entry.service;
 }
 
 /** One typed write. A driver applies a list of them in order (atomically when atomicWrites). */
@@ -126,7 +111,10 @@ export interface Applied {
   generations?: { before: number; after: number };
   /** The kernel already held it all: nothing was written (iptables-legacy compares before writing). */
   unchanged?: boolean;
-  /** Entries per family left out of a whole write (a value the tools refuse): not programmed. */
+  /**
+   * Per family these operations wrote, the entries it holds none of (a value the tools refuse):
+   * required after a whole write; after element changes, when the driver keeps count.
+   */
   leftOut?: Partial<Record<Family, number>>;
   /** Per family these operations wrote, everything the family now leaves out (not only this write's). */
   rejected?: Partial<Record<Family, readonly Rejection[]>>;
@@ -164,7 +152,10 @@ export interface Driver {
   /** Before each sync: checks limits, and puts back what writes rest on (eBPF: programs and links). */
   prepare?(desired: DesiredState, full: boolean): Promise<void>;
   apply(operations: readonly DriverOperation[]): Promise<Applied>;
-  /** The ruleset generation now (hasGeneration); undefined when it cannot be read. */
+  /**
+   * The ruleset generation now, where the driver reads one around each commit (apply's
+   * `generations`); undefined when it cannot be read.
+   */
   generation?(): Promise<number | undefined>;
   /**
    * Reads a family back and compares it with `expected` and `shape`. 'alongside-writes': in
@@ -180,6 +171,7 @@ export interface Driver {
   /**
    * Listeners told, outside the driver's writes, when new connections may have passed our
    * translations by (iptables: another writer's jump ran before ours until it was put back).
+   * The reconciler listens, and tells its subscribers.
    */
   watchBypasses?(listener: (bypass: TranslationsBypassed) => void): void;
   /** Whether any object of ours exists in the kernel (a leftover of another backend choice). */
@@ -188,34 +180,6 @@ export interface Driver {
   releaseMemory?(): Promise<void>;
   /** Releases resources (native handles, timers); leaves kernel state in place. */
   close?(): Promise<void>;
-}
-
-/** What the kernel held of ours before a change and holds after it: what subscribers are told. */
-export interface KernelChange {
-  /** Undefined: not known (nothing programmed since the start). */
-  previous: DesiredState | undefined;
-  next: DesiredState;
-}
-
-/**
- * A window in which new connections to a family's translations may have gone untranslated
- * (another writer's rule ran before ours); closed when this is told. Their flows, if nobody
- * answered them, stay pinned to the untranslated path until forgotten.
- */
-export interface TranslationsBypassed {
-  family: Family;
-  /** The family's programmed entries when the window closed. */
-  entries: readonly Entry[];
-}
-
-export interface KernelSubscriber {
-  /**
-   * Awaited before the sync that made the change ends; a failure is the subscriber's own to report.
-   * Changes come one at a time, in the order they were written: each `previous` is the `next` before.
-   */
-  kernelChanged(change: KernelChange): Promise<void> | void;
-  /** Told outside every write and sync, not awaited (the driver's watchBypasses). */
-  translationsBypassed?(bypass: TranslationsBypassed): void;
 }
 
 /** An error a user can meet, carrying one line that says what to do. */

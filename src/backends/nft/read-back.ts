@@ -1,0 +1,228 @@
+// The nft driver's read back of one family: the table listed (`nft -j list table`), compared with
+// the map elements and rules we programmed, and what differs named for the reconciler to repair
+// (chains whose rules differ, the source-range sets, elements missing or foreign). Where the
+// addon programs, the listing runs in another process (the nft command, from a worker) so that
+// changes are never queued behind it; the elements it finds carry how to remove exactly them
+// (ListedRef), which the driver's writes use.
+
+import { parseIp } from '../../model/ip.js';
+import type { Entry, Family } from '../../model/types.js';
+import type { FamilyShape, KernelElement, ReadBack } from '../../driver/driver.js';
+import { NftCliExecutor, NftError, NftTimeoutError, type NftExecutor } from './executor.js';
+import {
+  ListingWorkerError,
+  diffListing,
+  expectedLines,
+  listAndDiff,
+  sourceRangeLines,
+  type ListingDiff,
+} from './listing-diff.js';
+import { JsonWriter, Transaction, type MapElement, type RuleObject } from './objects.js';
+import {
+  KEY_SET_NAME,
+  MAP_NAME,
+  NFT_FAMILY,
+  SOURCE_RANGE_SET,
+  TABLE_NAME,
+  desiredTable,
+  mapElement,
+  type KeyLookup,
+} from './render.js';
+
+/** Lists a table as `nft -j list table` prints it; NftCliExecutor is one. */
+export interface NftLister {
+  listTable(family: 'ip' | 'ip6', name: string, timeoutMs?: number): Promise<string | undefined>;
+}
+
+export class NftReader {
+  private readonly json = new JsonWriter();
+  /** False once a worker thread could not be used: listings are then compared on the event loop. */
+  private workers = true;
+
+  constructor(
+    private readonly executor: NftExecutor,
+    /** Lists without holding back our writes (the nft command); undefined: list between writes. */
+    private lister: NftLister | undefined,
+  ) {}
+
+  /** Driver.readBack; `keyLookup` gives the key lookup in use. */
+  async readBack(
+    family: Family,
+    expected: readonly Entry[],
+    shape: FamilyShape,
+    how: 'alongside-writes' | 'between-writes',
+    keyLookup: () => Promise<{ lookup: KeyLookup }>,
+  ): Promise<ReadBack | 'unfinished' | 'not-alongside'> {
+    if (how === 'alongside-writes' && !this.lister) return 'not-alongside';
+    const { lookup } = await keyLookup();
+    const keySetName = lookup === 'set' ? KEY_SET_NAME : '';
+    const lines = await expectedLines(expected);
+    // The generation the listing will see, if nothing commits meanwhile: then a repair computed
+    // from it leaves the kernel exactly as programmed.
+    const generation = await this.executor.generation?.();
+    const listed =
+      how === 'alongside-writes' ? await this.listAlongside(family, lines, expected.length, keySetName) : undefined;
+    if (listed === 'unfinished' || listed === 'not-alongside') return listed;
+    const diff =
+      listed ?? (await this.diff(await this.executor.listTable(NFT_FAMILY[family], TABLE_NAME), lines, keySetName));
+    if (diff === undefined) throw new NftError('the table is missing');
+    const table = desiredTable(family, shape.state, shape.masqueradeMark, lookup);
+    const shapeDrift: string[] = [];
+    for (const chain of table.chains) {
+      const want = table.rules
+        .filter((r) => r.chain === chain.name)
+        .map((r) => JSON.stringify(ruleExpressions(this.json, r)));
+      const have = diff.rules[chain.name] ?? [];
+      if (want.length !== have.length || want.some((w, i) => w !== have[i])) shapeDrift.push(chain.name);
+    }
+    if (shape.state.sourceRanged) {
+      const want = sourceRangeLines(expected);
+      const have = diff.sourceRanges ?? { keys: [], sources: [] };
+      const same = (a: string[], b: string[]) => a.length === b.length && [...b].sort().every((x, i) => x === a[i]);
+      if (!same(want.keys, have.keys) || !same(want.sources, have.sources)) shapeDrift.push(SOURCE_RANGE_SET);
+    }
+    const read: ReadBack = {
+      missing: diff.unmatched.map((i) => expected[i]!),
+      foreign: [
+        ...parseListedElements(family, diff.residue, diff.residueInKeySet),
+        ...(diff.keyResidue ?? []).map((key) => keyOnlyElement(family, key)),
+      ],
+      shapeDrift,
+    };
+    if (generation !== undefined) read.generation = generation;
+    return read;
+  }
+
+  /**
+   * The listing compared with `lines` in another process (the nft command, from a worker): nft
+   * starts a listing again whenever the ruleset changes under it, so while changes flow it may
+   * not finish ('unfinished').
+   */
+  private async listAlongside(
+    family: Family,
+    lines: string,
+    entries: number,
+    keySetName: string,
+  ): Promise<ListingDiff | 'unfinished' | 'not-alongside'> {
+    const nf = NFT_FAMILY[family];
+    const lister = this.lister!;
+    const timeoutMs = Math.ceil(1_000 + entries / 10);
+    try {
+      let diff: ListingDiff | undefined;
+      try {
+        diff =
+          lister instanceof NftCliExecutor && this.workers
+            ? await listAndDiff(lister.binary, nf, TABLE_NAME, lines, MAP_NAME, timeoutMs, undefined, keySetName)
+            : await this.diff(await lister.listTable(nf, TABLE_NAME, timeoutMs), lines, keySetName);
+      } catch (err) {
+        if (!(err instanceof ListingWorkerError)) throw err;
+        // No worker threads here: compare on the event loop from now on.
+        this.workers = false;
+        diff = await this.diff(await lister.listTable(nf, TABLE_NAME, timeoutMs), lines, keySetName);
+      }
+      if (diff === undefined) throw new NftError('the table is missing');
+      return diff;
+    } catch (err) {
+      if (err instanceof NftTimeoutError) return 'unfinished';
+      if (!/not found/.test((err as Error).message)) throw err;
+      // No nft command beside the addon: list between our writes.
+      this.lister = undefined;
+      return 'not-alongside';
+    }
+  }
+
+  private async diff(
+    listing: string | undefined,
+    expected: string,
+    keySetName: string,
+  ): Promise<ListingDiff | undefined> {
+    if (listing === undefined) return undefined;
+    try {
+      return await diffListing(listing, expected, MAP_NAME, this.workers ? undefined : Infinity, keySetName);
+    } catch (err) {
+      if (!(err instanceof ListingWorkerError)) throw err;
+      this.workers = false;
+      return diffListing(listing, expected, MAP_NAME, Infinity, keySetName);
+    }
+  }
+}
+
+/**
+ * Where a read back found an element (ListedRef): in the map and the key set ('both', also what
+ * the elements we programmed are), or in one of them only.
+ */
+interface ListedRef {
+  element: MapElement;
+  in: 'both' | 'map' | 'keySet';
+}
+
+export function listedIn(e: KernelElement): ListedRef['in'] {
+  return (e.ref as ListedRef | undefined)?.in ?? 'both';
+}
+
+/** An element to delete: as it was listed when it was read back, else as we write it. */
+export function listedElement(e: KernelElement): MapElement {
+  return (e.ref as ListedRef | undefined)?.element ?? mapElement(e as Entry);
+}
+
+type Json = unknown;
+
+/**
+ * A key of the key set that neither the map nor the programmed entries have: it translates
+ * nothing (the DNAT finds no element), but marks the packets for masquerade, so it is removed.
+ */
+function keyOnlyElement(family: Family, key: readonly Json[]): KernelElement {
+  const [ip, proto, port] = key as [string, string | number, number | string];
+  const unspecified = family === 'ipv6' ? '::' : '0.0.0.0';
+  return {
+    family,
+    externalIp: family === 'ipv6' ? (parseIp(ip)?.address ?? ip) : ip,
+    protocol: (typeof proto === 'string' ? proto.toUpperCase() : proto) as never,
+    port: Number(port),
+    clusterIp: unspecified,
+    ref: { element: { key: [ip, proto, port], value: unspecified }, in: 'keySet' } satisfies ListedRef,
+  };
+}
+
+/** The expressions of a rule as nft JSON: what a listing shows of it. */
+function ruleExpressions(json: JsonWriter, rule: RuleObject): unknown {
+  const [command] = json.commands(new Transaction().add(rule));
+  return (command!.add as { rule: { expr: unknown } }).rule.expr;
+}
+
+/**
+ * Map elements as a listing shows them (`[key, value]` pairs), typed; `inKeySet[i]` says whether
+ * the key set (when there is one) holds the key of `pairs[i]` too.
+ */
+function parseListedElements(family: Family, pairs: readonly Json[], inKeySet?: readonly boolean[]): KernelElement[] {
+  const elements: KernelElement[] = [];
+  for (const [i, pair] of pairs.entries()) {
+    if (!Array.isArray(pair) || pair.length !== 2) throw new NftError(`unexpected map element ${JSON.stringify(pair)}`);
+    const [k, value] = pair as [Json, Json];
+    const wrapped = (k as { elem?: { val: Json; comment?: string } }).elem;
+    const val = wrapped ? wrapped.val : k;
+    const parts = (val as { concat?: Json[] }).concat;
+    if (!Array.isArray(parts) || parts.length !== 3 || typeof value !== 'string') {
+      throw new NftError(`unexpected map element ${JSON.stringify(pair)}`);
+    }
+    const [ip, proto, port] = parts as [string, string | number, number | string];
+    // nft prints addresses as the model writes them (RFC 5952 for IPv6); parse only what differs.
+    const address = family === 'ipv6' ? (parseIp(ip)?.address ?? ip) : ip;
+    const protocol = typeof proto === 'string' ? proto.toUpperCase() : proto;
+    const element: KernelElement = {
+      family,
+      externalIp: address,
+      protocol: protocol as never,
+      port: Number(port),
+      clusterIp: family === 'ipv6' ? (parseIp(value)?.address ?? value) : value,
+      // Deleted by key: written back as it was read.
+      ref: {
+        element: { key: [ip, proto, port], value },
+        in: inKeySet?.[i] === false ? 'map' : 'both',
+      } satisfies ListedRef,
+    };
+    if (wrapped?.comment !== undefined) element.service = wrapped.comment;
+    elements.push(element);
+  }
+  return elements;
+}

@@ -1,0 +1,129 @@
+// The transactions made of our tables' objects (render.ts): the full sync (writeTable, or
+// writeTableButElements and a netlink batch), the periodic resync, the repair of a chain, the
+// replacement, the partial sync's element changes, the cleanup. Pure: no I/O.
+
+import type { Entry, Family } from '../../model/types.js';
+import type { ChainObject, MapElement, MapObject, SetObject, Transaction } from './objects.js';
+import {
+  KEY_SET_NAME,
+  keySetElements,
+  mapElements,
+  sourceRangeElements,
+  tableObjects,
+  type DesiredTable,
+  type KeyLookup,
+} from './render.js';
+
+/**
+ * Brings one family's table to `t` without removing the table or the chains packets cross:
+ * declares every object (`add` keeps what exists), flushes and rewrites our chains' rules and
+ * other sets (the source ranges), replaces the map (so that it has the size of `t`, whatever it had), and removes our
+ * objects this state has no use for. One atomic transaction: packets see the old table or the
+ * new one.
+ */
+export function writeTable(tx: Transaction, t: DesiredTable): Transaction {
+  return writeObjects(tx, t, 'replaced');
+}
+
+/**
+ * writeTable without the map's elements: the map is declared (`add` keeps an existing one and
+ * its elements), everything else is written as writeTable writes it. The elements follow in a
+ * second transaction that refills the map whole (a netlink batch: flush, then every element);
+ * until then packets meet the new rules and the map as it was.
+ */
+export function writeTableButElements(tx: Transaction, t: DesiredTable): Transaction {
+  return writeObjects(tx, t, 'kept');
+}
+
+function writeObjects(tx: Transaction, t: DesiredTable, map: 'replaced' | 'kept'): Transaction {
+  const all = tableObjects(t.table.family === 'ip' ? 'ipv4' : 'ipv6');
+  // The map and the key set hold the entries: replaced together, or kept together. The source-range
+  // sets are among the other sets: flushed and filled again.
+  const keyed: Array<MapObject | SetObject> = [...t.maps, ...t.sets.filter((s) => s.name === KEY_SET_NAME)];
+  const otherSets = t.sets.filter((s) => s.name !== KEY_SET_NAME);
+  const entryElements = [t.mapElements, t.keySetElements];
+  tx.add(t.table, ...t.maps, ...t.sets);
+  // Our chains that exist now are emptied first: a rule of the old state may name the pod set,
+  // and every rule names the map or the key set, which can only be deleted once no rule does.
+  const unwantedChains = t.unwanted.filter((o): o is ChainObject => o.kind === 'chain');
+  tx.add(...t.chains, ...unwantedChains);
+  tx.flush(...all.chains, ...otherSets);
+  // Replaced rather than flushed: whether a kernel takes a new size for a map that exists varies
+  // (6.18 does), and a deletion is one transaction entry where a flush is one per element.
+  if (map === 'replaced') tx.delete(...keyed).add(...keyed);
+  // Rules before elements: the kernel checks every element of a map when a rule that reads data
+  // from it is added (nf_tables_bind_set walks the map), so the map should be empty by then
+  // (50,000 elements: 3% of the transaction).
+  tx.add(...t.rules, ...(map === 'replaced' ? t.elements : t.elements.filter((e) => !entryElements.includes(e))));
+  // Declared, then deleted: `delete` alone fails on what does not exist.
+  const unwantedSets = t.unwanted.filter((o): o is SetObject => o.kind === 'set');
+  tx.add(...unwantedSets);
+  tx.delete(...unwantedChains, ...unwantedSets);
+  return tx;
+}
+
+/**
+ * The first step of a periodic resync of a table that has the shape of `t`: declares the chains
+ * again (which fails on a changed hook or priority, and puts back the policy). The rules (the
+ * pod CIDRs among them) and the map elements are verified against a listing afterwards: a rule
+ * rewritten at every resync would also make every `nft monitor` lose track of the sets.
+ * A missing table, set or chain fails the transaction, and the caller rewrites the table.
+ */
+export function resyncTable(tx: Transaction, t: DesiredTable): Transaction {
+  return tx.add(...t.chains);
+}
+
+/** Rewrites the rules of one chain. */
+export function rewriteRules(tx: Transaction, t: DesiredTable, chain: ChainObject): Transaction {
+  return tx.flush(chain).add(...t.rules.filter((r) => r.chain === chain.name));
+}
+
+/** Replaces the table: the last resort, when an object of ours was changed so `add` cannot fit it. */
+export function replaceTable(tx: Transaction, t: DesiredTable): Transaction {
+  tx.add(t.table).delete(t.table).add(t.table);
+  for (const o of [...t.maps, ...t.sets, ...t.chains]) tx.add(o);
+  // Rules before elements, as in writeTable.
+  return tx.add(...t.rules, ...t.elements);
+}
+
+/**
+ * Entry changes only: deletions first, then additions, in one transaction; with the `set` lookup,
+ * of the key set too (`keysRemoved`: the removals whose key the set holds, by default all).
+ */
+export function mapChanges(
+  tx: Transaction,
+  family: Family,
+  removed: readonly MapElement[],
+  added: readonly MapElement[],
+  lookup: KeyLookup = 'map',
+  keysRemoved: readonly MapElement[] = removed,
+): Transaction {
+  if (lookup === 'set' && keysRemoved.length > 0) tx.delete(keySetElements(family, keysRemoved));
+  if (removed.length > 0) tx.delete(mapElements(family, removed));
+  if (added.length > 0) tx.add(mapElements(family, added));
+  if (lookup === 'set' && added.length > 0) tx.add(keySetElements(family, added));
+  return tx;
+}
+
+/** The source-range elements of entries removed and added, around mapChanges (the sets exist). */
+export function sourceRangeChanges(
+  tx: Transaction,
+  family: Family,
+  removed: readonly Entry[],
+  added: readonly Entry[],
+): Transaction {
+  const gone = sourceRangeElements(family, removed);
+  const fresh = sourceRangeElements(family, added);
+  for (const e of [gone.sources, gone.keys]) if (e.elements.length > 0) tx.delete(e);
+  for (const e of [fresh.keys, fresh.sources]) if (e.elements.length > 0) tx.add(e);
+  return tx;
+}
+
+export function deleteTables(tx: Transaction, families: readonly Family[]): Transaction {
+  for (const f of families) {
+    const { table } = tableObjects(f);
+    const bare = { ...table, comment: undefined };
+    tx.add(bare).delete(bare);
+  }
+  return tx;
+}

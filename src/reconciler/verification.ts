@@ -1,0 +1,148 @@
+// A full sync's verification of one family: reads it back and repairs only what drifted from
+// what was programmed (the shape's parts the driver names, elements missing or foreign).
+//
+// - The read runs alongside our writes where the driver can (another process): partial syncs go
+//   on meanwhile, and the elements they write are left to the next verification.
+// - A read that cannot finish (the nft command restarts its listing whenever the ruleset
+//   changes) skips the verification, at most MAX_SKIPPED_VERIFICATIONS times in a row, after
+//   which it runs between our writes (changes wait for it, once).
+// - A repair is computed from the read, and written in the reconciler's order of writes; one
+//   that finds the family written whole since the read began (the ledger's epoch moved) is void.
+
+import {
+  holdsEntry,
+  type Applied,
+  type Driver,
+  type DriverOperation,
+  type FamilyShape,
+  type KernelElement,
+  type ReadBack,
+} from '../driver/driver.js';
+import { entryKey, type Entry, type Family } from '../model/types.js';
+import type { ElementChanges } from './element-storage.js';
+import type { Exact, Ledger } from './ledger.js';
+
+/** Verifications skipped in a row (the read could not finish) before one holds back our writes. */
+export const MAX_SKIPPED_VERIFICATIONS = 10;
+
+/** What a verification uses of the reconciler: its driver, its ledger, its order of writes. */
+export interface VerifierHost {
+  readonly driver: Driver;
+  readonly ledger: Ledger;
+  /** Runs `work` after every write asked for before it. */
+  exclusive<T>(work: () => Promise<T>): Promise<T>;
+  /** Has the driver apply `operations`, and notes in the ledger what they did. */
+  apply(operations: DriverOperation[], exact?: Exact): Promise<Applied>;
+}
+
+export class Verifier {
+  /** Keys written per family while a verification read was under way: not judged by it. */
+  private readonly writtenDuringRead = new Map<Family, Set<string>>();
+  private readonly skipped = new Map<Family, number>();
+
+  constructor(private readonly host: VerifierHost) {}
+
+  /** Element changes a partial sync or resync wrote: a read under way does not judge them. */
+  noteWritten(family: Family, changes: Pick<ElementChanges, 'removed' | 'added'>): void {
+    const written = this.writtenDuringRead.get(family);
+    if (!written) return;
+    for (const e of changes.removed) written.add(entryKey(e));
+    for (const e of changes.added) written.add(entryKey(e));
+  }
+
+  /**
+   * Reads the family back and repairs the shape and elements that differ from what was
+   * programmed. Elements written by partial syncs while the read ran are left to the next
+   * verification. Returns how many elements and parts of the shape were repaired.
+   */
+  async verify(family: Family): Promise<number> {
+    const { ledger, driver } = this.host;
+    const epoch = ledger.epoch;
+    const written = new Set<string>();
+    this.writtenDuringRead.set(family, written);
+    // What partial syncs write from now on is in `written` and left out below, so the elements
+    // can be taken now.
+    const programmed = ledger.programmed.get(family);
+    if (!programmed) return 0;
+    const snapshot = [...programmed.elements.values()];
+    let read: ReadBack | undefined;
+    try {
+      read = await this.read(family, snapshot, programmed.shape);
+    } catch (err) {
+      this.writtenDuringRead.delete(family);
+      throw err;
+    }
+    return this.host.exclusive(async () => {
+      // Every partial sync that may have committed after the read has noted its keys by now.
+      this.writtenDuringRead.delete(family);
+      const now = ledger.programmed.get(family);
+      if (epoch !== ledger.epoch || !now || read === undefined) return 0;
+      const { remove, add } = repairs(read, written);
+      const operations: DriverOperation[] = [];
+      if (read.shapeDrift.length > 0) {
+        // The entries programmed now, not the snapshot the read was compared with: a partial sync
+        // may have written between the read and this turn, and a driver that repairs by writing
+        // the family whole (iptables) would otherwise undo it.
+        const entries = [...now.elements.values()];
+        operations.push({ kind: 'repairShape', family, shape: now.shape, parts: read.shapeDrift, entries });
+      }
+      if (remove.length > 0 || add.length > 0) operations.push({ kind: 'elements', family, remove, add });
+      const listedAt = read.generation;
+      if (operations.length === 0) {
+        if (listedAt !== undefined && (await driver.generation?.()) === listedAt) ledger.trust(family, listedAt);
+        return 0;
+      }
+      try {
+        await this.host.apply(operations, listedAt !== undefined ? { families: [family], since: listedAt } : undefined);
+      } catch (err) {
+        ledger.programmed.delete(family);
+        throw err;
+      }
+      return read.shapeDrift.length + remove.length + add.length;
+    });
+  }
+
+  /**
+   * The family read back: alongside our writes where the driver can, but a read that cannot
+   * finish is skipped (undefined), up to MAX_SKIPPED_VERIFICATIONS times in a row, after which it
+   * runs between our writes.
+   */
+  private async read(family: Family, expected: readonly Entry[], shape: FamilyShape): Promise<ReadBack | undefined> {
+    const { driver } = this.host;
+    const skipped = this.skipped.get(family) ?? 0;
+    if (driver.capabilities.readsAlongsideWrites && skipped < MAX_SKIPPED_VERIFICATIONS) {
+      const read = await driver.readBack(family, expected, shape, 'alongside-writes');
+      if (read === 'unfinished') {
+        this.skipped.set(family, skipped + 1);
+        return undefined;
+      }
+      if (read !== 'not-alongside') {
+        this.skipped.delete(family);
+        return read;
+      }
+    }
+    this.skipped.delete(family);
+    const read = await this.host.exclusive(() => driver.readBack(family, expected, shape, 'between-writes'));
+    if (read === 'unfinished' || read === 'not-alongside') throw new Error(`${driver.label} could not read back`);
+    return read;
+  }
+}
+
+/** What to write so that the kernel holds the programmed elements again, the keys in `written` aside. */
+function repairs(read: ReadBack, written: ReadonlySet<string>): { remove: KernelElement[]; add: Entry[] } {
+  const foreign = new Map<string, KernelElement>();
+  for (const k of read.foreign) foreign.set(entryKey(k), k);
+  const remove: KernelElement[] = [];
+  const add: Entry[] = [];
+  for (const e of read.missing) {
+    const key = entryKey(e);
+    if (written.has(key)) continue;
+    const kernel = foreign.get(key);
+    foreign.delete(key);
+    if (kernel && holdsEntry(kernel, e)) continue;
+    if (kernel) remove.push(kernel);
+    add.push(e);
+  }
+  for (const [key, kernel] of foreign) if (!written.has(key)) remove.push(kernel);
+  return { remove, add };
+}

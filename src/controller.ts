@@ -241,7 +241,7 @@ export class Controller {
   desiredState(): Promise<DesiredState> {
     const { caches, nodeName } = this.options;
     const node = caches.node.list().find((n) => n.name === nodeName);
-    return this.model.updateCooperatively(caches.services, node, this.options.interfaceAddresses?.() ?? []);
+    return this.model.updateCooperatively(caches.services.changes, node, this.options.interfaceAddresses?.() ?? []);
   }
 
   private async sync(info: SyncRequestInfo): Promise<void> {

@@ -1,20 +1,24 @@
-// The log of a cache's changes behind its ChangeFeed (src/model/change-feed.ts): each change
+// A cache's changes, offered as its ChangeFeed (src/model/change-feed.ts): each change
 // is an object gone and/or an object come, at a position (the cursor) that only grows. Reading
 // it changes nothing; what is before a cursor is dropped when the consumer releases it, and the
 // whole log when it grows past its bound (a consumer that does not come back, or falls that far
 // behind, rebuilds from the cache's list).
 
-import type { Changes } from '../model/change-feed.js';
+import type { ChangeFeed, Changes } from '../model/change-feed.js';
 
 /** Changes kept for a consumer that does not come (the log is short when the controller syncs). */
 export const MAX_CHANGE_LOG = 10_000;
 
-export class ChangeLog<T> {
+export class ChangeLog<T> implements ChangeFeed<T> {
   /** Changes since position `start`, in order. */
   private entries: Array<{ removed?: T; added?: T }> = [];
   private start = 0;
 
-  constructor(private readonly max = MAX_CHANGE_LOG) {}
+  /** `list`: every object of the cache now (the store's). */
+  constructor(
+    readonly list: () => T[],
+    private readonly max = MAX_CHANGE_LOG,
+  ) {}
 
   /** The position after the last change. */
   get cursor(): number {

@@ -31,11 +31,11 @@
 // - Failures retry forever with jittered exponential backoff. The cache keeps its content
 //   meanwhile, so an unreachable API server never empties the desired state, and the retry
 //   timer keeps the process alive.
-// - The informer is the ChangeFeed of its cache (src/model/change-feed.ts): the model reads what
-//   changed since its cursor, and releases it.
+// - The informer offers its cache's change log (`changes`, a ChangeFeed: src/model/change-feed.ts)
+//   to the model, which reads what changed since its cursor and releases it, with no hop between.
 
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
-import type { ChangeFeed, Changes } from '../model/change-feed.js';
+import type { ChangeFeed } from '../model/change-feed.js';
 import { ObjectStore } from './store.js';
 import { WatchLineTooLongError } from './watch.js';
 import { toError, watchSession, type WatchSessionContext } from './watch-session.js';
@@ -114,7 +114,7 @@ export function backoffDelay(
 /** A loop of an earlier generation (stopped, or restarted): it ends without touching the cache. */
 class Stale extends Error {}
 
-export class Informer<T> implements ChangeFeed<T> {
+export class Informer<T> {
   private synced = false;
   private syncWaiters: Array<() => void> = [];
   private failures = 0;
@@ -152,16 +152,9 @@ export class Informer<T> implements ChangeFeed<T> {
     return this.store.list();
   }
 
-  get cursor(): number {
-    return this.store.cursor;
-  }
-
-  changesSince(cursor: number): Changes<T> | undefined {
-    return this.store.changesSince(cursor);
-  }
-
-  release(cursor: number): void {
-    this.store.release(cursor);
+  /** The feed of the cache's changes (its store's log): what the model reads. */
+  get changes(): ChangeFeed<T> {
+    return this.store.changes;
   }
 
   start(): void {

@@ -7,7 +7,6 @@
 //   the cache at once (rebuild): an object it holds unchanged keeps its identity, so a consumer of
 //   the feed sees a rebuild as the few changes it made.
 
-import type { ChangeFeed, Changes } from '../model/change-feed.js';
 import { ChangeLog } from './change-log.js';
 
 /** Structural equality of stripped infos (plain JSON: objects, arrays, primitives, undefined). */
@@ -49,16 +48,17 @@ export interface Rebuild {
   swap(): boolean;
 }
 
-export class ObjectStore<T> implements ChangeFeed<T> {
+export class ObjectStore<T> {
   /** The info of each object by namespace/name; replaced whole by a rebuild. */
   private objects = new Map<string, T>();
-  private readonly log: ChangeLog<T>;
+  /** The feed of this cache's changes, read by the model directly. */
+  readonly changes: ChangeLog<T>;
 
   constructor(
     private readonly strip: (raw: unknown) => T | undefined,
     maxChangeLog?: number,
   ) {
-    this.log = new ChangeLog<T>(maxChangeLog);
+    this.changes = new ChangeLog<T>(() => this.list(), maxChangeLog);
   }
 
   /** The cached objects; a changed object keeps its place, so a sync can compare by identity. */
@@ -66,22 +66,10 @@ export class ObjectStore<T> implements ChangeFeed<T> {
     return Array.from(this.objects.values());
   }
 
-  get cursor(): number {
-    return this.log.cursor;
-  }
-
-  changesSince(cursor: number): Changes<T> | undefined {
-    return this.log.changesSince(cursor);
-  }
-
-  release(cursor: number): void {
-    this.log.release(cursor);
-  }
-
   /** Empties the cache for a new start: no cursor given before is valid any more. */
   clear(): void {
     this.objects.clear();
-    this.log.restart();
+    this.changes.restart();
   }
 
   /** namespace/name, the stripped info and the resourceVersion of an object; undefined if unusable. */
@@ -101,7 +89,7 @@ export class ObjectStore<T> implements ChangeFeed<T> {
   put(key: string, info: T): boolean {
     const old = this.objects.get(key);
     if (old !== undefined && sameInfo(old, info)) return false;
-    this.log.record(old, info);
+    this.changes.record(old, info);
     this.objects.set(key, info);
     return true;
   }
@@ -110,7 +98,7 @@ export class ObjectStore<T> implements ChangeFeed<T> {
   remove(key: string): boolean {
     const gone = this.objects.get(key);
     if (gone === undefined) return false;
-    this.log.record(gone, undefined);
+    this.changes.record(gone, undefined);
     this.objects.delete(key);
     return true;
   }
@@ -144,12 +132,12 @@ export class ObjectStore<T> implements ChangeFeed<T> {
         for (const [key, info] of next) {
           const old = this.objects.get(key);
           if (old === info) continue;
-          this.log.record(old, info);
+          this.changes.record(old, info);
           changed = true;
         }
         for (const [key, old] of this.objects) {
           if (next.has(key)) continue;
-          this.log.record(old, undefined);
+          this.changes.record(old, undefined);
           changed = true;
         }
         this.objects = next;

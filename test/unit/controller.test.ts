@@ -53,7 +53,8 @@ class Caches {
         waitForSync: async () => undefined,
         hasSynced: () => true,
         list: () => items(),
-        [Symbol.iterator]: () => items()[Symbol.iterator](),
+        // The model reads a list it is given whole (no change feed): every sync compares it.
+        changes: { [Symbol.iterator]: () => items()[Symbol.iterator]() },
       }) as unknown;
     this.caches = {
       services: cache(() => this.services) as ClusterCaches['services'],

@@ -61,46 +61,46 @@ describe('the change feed of a cache', () => {
   it('answers a read asked twice the same: reading changes nothing', () => {
     const store = serviceStore();
     put(store, service('a', '198.18.0.1', '10.96.0.1'));
-    const cursor = store.cursor;
+    const cursor = store.changes.cursor;
     put(store, service('b', '198.18.0.2', '10.96.0.2'));
     put(store, service('a', '198.18.0.9', '10.96.0.1'));
     remove(store, service('b', '198.18.0.2', '10.96.0.2'));
-    const first = store.changesSince(cursor)!;
-    const second = store.changesSince(cursor)!;
+    const first = store.changes.changesSince(cursor)!;
+    const second = store.changes.changesSince(cursor)!;
     expect(second).to.deep.equal(first);
     expect(second.removed).to.have.members(first.removed);
     expect(second.added).to.have.members(first.added);
     // b came and went between the two looks: neither; a was replaced.
     expect(names(first.removed)).to.deep.equal(['ns-1/a 198.18.0.1']);
     expect(names(first.added)).to.deep.equal(['ns-1/a 198.18.0.9']);
-    expect(store.cursor).to.equal(cursor + 3);
+    expect(store.changes.cursor).to.equal(cursor + 3);
   });
 
   it('lets the log go only when told, and only what is before the cursor it is told', () => {
     const store = serviceStore();
-    const start = store.cursor;
+    const start = store.changes.cursor;
     put(store, service('a', '198.18.0.1', '10.96.0.1'));
-    const middle = store.cursor;
+    const middle = store.changes.cursor;
     put(store, service('bb', '198.18.0.2', '10.96.0.2'));
-    for (let i = 0; i < 3; i++) store.changesSince(start);
-    expect(names(store.changesSince(start)!.added), 'after reads').to.deep.equal([
+    for (let i = 0; i < 3; i++) store.changes.changesSince(start);
+    expect(names(store.changes.changesSince(start)!.added), 'after reads').to.deep.equal([
       'ns-1/a 198.18.0.1',
       'ns-2/bb 198.18.0.2',
     ]);
-    store.release(middle);
-    expect(store.changesSince(start), 'released').to.equal(undefined);
-    expect(names(store.changesSince(middle)!.added)).to.deep.equal(['ns-2/bb 198.18.0.2']);
+    store.changes.release(middle);
+    expect(store.changes.changesSince(start), 'released').to.equal(undefined);
+    expect(names(store.changes.changesSince(middle)!.added)).to.deep.equal(['ns-2/bb 198.18.0.2']);
     // A cursor outside the log releases nothing.
-    store.release(start);
-    store.release(store.cursor + 1);
-    expect(names(store.changesSince(middle)!.added)).to.deep.equal(['ns-2/bb 198.18.0.2']);
-    store.release(store.cursor);
-    expect(store.changesSince(middle)).to.equal(undefined);
-    expect(store.changesSince(store.cursor)).to.deep.equal({ removed: [], added: [] });
+    store.changes.release(start);
+    store.changes.release(store.changes.cursor + 1);
+    expect(names(store.changes.changesSince(middle)!.added)).to.deep.equal(['ns-2/bb 198.18.0.2']);
+    store.changes.release(store.changes.cursor);
+    expect(store.changes.changesSince(middle)).to.equal(undefined);
+    expect(store.changes.changesSince(store.changes.cursor)).to.deep.equal({ removed: [], added: [] });
   });
 
   it('is bounded: a consumer that falls behind is told to rebuild, one that keeps up is not', () => {
-    const log = new ChangeLog<number>(4);
+    const log = new ChangeLog<number>(() => [], 4);
     const behind = log.cursor;
     for (let i = 0; i < 4; i++) log.record(undefined, i);
     expect(log.changesSince(behind)!.added).to.deep.equal([0, 1, 2, 3]);
@@ -122,20 +122,20 @@ describe('the change feed of a cache', () => {
     const store = serviceStore(8);
     const model = new DesiredStateModel(CONFIG);
     for (let i = 0; i < 5; i++) put(store, service(`svc-${i}`, `198.18.0.${i}`, `10.96.0.${i}`));
-    const before = store.cursor;
-    model.update(store, NODE);
-    expect(store.changesSince(before), 'read, not yet released: the log is kept').to.not.equal(undefined);
+    const before = store.changes.cursor;
+    model.update(store.changes, NODE);
+    expect(store.changes.changesSince(before), 'read, not yet released: the log is kept').to.not.equal(undefined);
     put(store, service('svc-1', '198.18.1.1', '10.96.0.1'));
     const expected = () => withoutChanges(buildDesiredState(store.list(), NODE, CONFIG));
-    expect(withoutChanges(model.update(store, NODE))).to.deep.equal(expected());
-    expect(store.changesSince(before), 'released by the model').to.equal(undefined);
-    const modelCursor = store.cursor;
+    expect(withoutChanges(model.update(store.changes, NODE))).to.deep.equal(expected());
+    expect(store.changes.changesSince(before), 'released by the model').to.equal(undefined);
+    const modelCursor = store.changes.cursor;
     // More changes than the log holds: the model's cursor falls out of it, and it reads the list.
     for (let i = 0; i < 20; i++) put(store, service(`svc-${i % 7}`, `198.18.2.${i}`, `10.96.0.${i % 7}`));
     remove(store, service('svc-2', '', '10.96.0.2'));
-    expect(store.changesSince(modelCursor), "past the log's bound").to.equal(undefined);
-    expect(withoutChanges(model.update(store, NODE))).to.deep.equal(expected());
-    expect(model.update(store, NODE).ipv4.entries).to.have.length(6);
+    expect(store.changes.changesSince(modelCursor), "past the log's bound").to.equal(undefined);
+    expect(withoutChanges(model.update(store.changes, NODE))).to.deep.equal(expected());
+    expect(model.update(store.changes, NODE).ipv4.entries).to.have.length(6);
   });
 });
 
@@ -173,11 +173,11 @@ describe('Service informer change tracking', function () {
         .sort();
     const converged = () => caches.services.list().map(describeService).sort().join() === expected().join();
     const model = new DesiredStateModel(CONFIG);
-    model.update(caches.services, NODE);
+    model.update(caches.services.changes, NODE);
 
     let rounds = 0;
     for (let step = 0; step < 12; step++) {
-      const mark = caches.services.cursor;
+      const mark = caches.services.changes.cursor;
       const before = new Set(caches.services.list());
       for (let k = 0; k < 3; k++) {
         const at = (step * 7 + k * 5) % names.length;
@@ -195,15 +195,15 @@ describe('Service informer change tracking', function () {
       }
       await waitFor(converged, `the informer to converge (step ${step})`);
 
-      const changes = caches.services.changesSince(mark);
+      const changes = caches.services.changes.changesSince(mark);
       if (!changes) expect.fail('the informer knows what changed');
-      expect(caches.services.changesSince(mark), 'the same answer again').to.deep.equal(changes);
+      expect(caches.services.changes.changesSince(mark), 'the same answer again').to.deep.equal(changes);
       const after = new Set(before);
       for (const s of changes.removed) expect(after.delete(s), 'a removed object was there before').to.equal(true);
       for (const s of changes.added) after.add(s);
       expect([...after], `step ${step}`).to.have.deep.members([...new Set(caches.services.list())]);
 
-      expect(withoutChanges(model.update(caches.services, NODE)), `step ${step}`).to.deep.equal(
+      expect(withoutChanges(model.update(caches.services.changes, NODE)), `step ${step}`).to.deep.equal(
         withoutChanges(buildDesiredState(caches.services.list(), NODE, CONFIG)),
       );
       rounds++;
@@ -222,10 +222,10 @@ describe('Service informer change tracking', function () {
     caches = createClusterCaches(kc, NODE.name);
     caches.services.start();
     await caches.services.waitForSync();
-    const mark = caches.services.cursor;
+    const mark = caches.services.changes.cursor;
     await caches.services.stop();
     caches.services.start();
     await waitFor(() => caches.services.list().length === 1, 'the list after the restart');
-    expect(caches.services.changesSince(mark)).to.equal(undefined);
+    expect(caches.services.changes.changesSince(mark)).to.equal(undefined);
   });
 });

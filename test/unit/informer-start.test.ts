@@ -199,7 +199,7 @@ describe('informer start: from the API server cache', function () {
       await services.waitForSync();
       await waitFor(() => server.openWatchCount('Service') === 1, 'a watch');
       const before = reads();
-      const mark = services.cursor;
+      const mark = services.changes.cursor;
       // While the agent is cut off: deletes, a change, and the history it would resume from is gone.
       server.setUnavailable(true);
       for (let i = 0; i < 10; i++) server.remove('Service', `ns-${i % 7}`, `svc-${i}`);
@@ -208,7 +208,7 @@ describe('informer start: from the API server cache', function () {
       server.setUnavailable(false);
       await waitFor(() => names(services.list()).join() === serverNames().join(), 'the cache to catch up');
       expect(ipOf('svc-20')).to.equal('203.0.113.20');
-      const seen = services.changesSince(mark)!;
+      const seen = services.changes.changesSince(mark)!;
       expect(seen.removed.map((s) => s.name).sort()).to.include.members(['svc-0', 'svc-9', 'svc-20']);
       expect(seen.added.map((s) => s.name)).to.deep.equal(['svc-20']);
       const after = reads();
@@ -238,7 +238,7 @@ describe('informer start: from the API server cache', function () {
       await waitFor(() => server.openWatchCount('Service') === 1, 'a watch');
       const before = cacheState();
       const kept = new Map(services.list().map((s) => [s.name, s]));
-      const mark = services.cursor;
+      const mark = services.changes.cursor;
       const changesBefore = changes;
       const listsBefore = reads().lists;
       // Seen from outside whenever the informer reports: never a mixture of two states.
@@ -262,7 +262,7 @@ describe('informer start: from the API server cache', function () {
       // The cut list, and the whole one after it.
       if (version === '1.30') expect(reads().lists - listsBefore, errors.join('\n')).to.equal(2);
       // The swap, recorded exactly: the deleted, the changed (old and new), the added; told once.
-      const swap = services.changesSince(mark)!;
+      const swap = services.changes.changesSince(mark)!;
       const removed = swap.removed.map((s) => `${s.name} ${s.ingress?.[0]?.ip}`).sort();
       const expectedRemoved = [...Array.from({ length: 10 }, (_, i) => `svc-${i}`), 'svc-20'].map(
         (name) => `${name} ${kept.get(name)!.ingress?.[0]?.ip}`,

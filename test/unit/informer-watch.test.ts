@@ -215,7 +215,7 @@ describe('informer list+watch loop', function () {
     informer.start();
     await informer.waitForSync();
     const lists = server.stats.lists.services ?? 0;
-    const mark = informer.cursor;
+    const mark = informer.changes.cursor;
     const before = informer.list();
     server.setUnavailable(true);
     server.apply(service('svc-3', '198.18.9.9'));
@@ -224,7 +224,7 @@ describe('informer list+watch loop', function () {
     server.setUnavailable(false);
     await waitFor(() => ipOf(informer, 'svc-3') === '198.18.9.9' && informer.list().length === 19, 'the relist');
     expect(server.stats.lists.services ?? 0).to.be.greaterThan(lists);
-    const changes = informer.changesSince(mark);
+    const changes = informer.changes.changesSince(mark);
     expect(changes?.removed.map((s) => `${s.name} ${s.ingress?.[0]?.ip}`).sort()).to.deep.equal([
       'svc-3 198.18.0.3',
       'svc-4 198.18.0.4',
@@ -298,8 +298,8 @@ describe('informer list+watch loop', function () {
     nodes.start();
     services.start();
     await Promise.all([nodes.waitForSync(), services.waitForSync()]);
-    const nodeMark = nodes.cursor;
-    const serviceMark = services.cursor;
+    const nodeMark = nodes.changes.cursor;
+    const serviceMark = services.changes.cursor;
     const changesBefore = { nodes: nodeChanges, services: rec.changes };
 
     // Heartbeats and labels: not what we keep.
@@ -313,10 +313,10 @@ describe('informer list+watch loop', function () {
 
     expect(nodeChanges - changesBefore.nodes).to.equal(1);
     expect(rec.changes - changesBefore.services).to.equal(1);
-    const nodeDiff = nodes.changesSince(nodeMark);
+    const nodeDiff = nodes.changes.changesSince(nodeMark);
     expect(nodeDiff?.removed.map((n) => n.podCIDRs)).to.deep.equal([['10.244.1.0/24']]);
     expect(nodeDiff?.added.map((n) => n.podCIDRs)).to.deep.equal([['10.244.2.0/24']]);
-    const serviceDiff = services.changesSince(serviceMark);
+    const serviceDiff = services.changes.changesSince(serviceMark);
     expect(serviceDiff?.removed).to.have.length(1);
     expect(serviceDiff?.added).to.have.length(1);
   });

@@ -102,7 +102,7 @@ function cachesOf(services: ServiceInfo[], node: NodeInfo): ClusterCaches {
       waitForSync: async () => undefined,
       hasSynced: () => true,
       list: () => items,
-      [Symbol.iterator]: () => items[Symbol.iterator](),
+      changes: { [Symbol.iterator]: () => items[Symbol.iterator]() },
     }) as unknown as ClusterCaches['services'];
   return {
     services: cache(services),

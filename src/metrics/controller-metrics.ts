@@ -299,9 +299,9 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
     help: 'Failed deletions of stale conntrack entries; those flows keep their old translation until idle.',
     registers: [this.registry],
   });
-  private readonly iptablesRejected = new Gauge({
-    name: METRIC_PREFIX + 'iptables_rejected_entries',
-    help: 'Entries and local-pod matches the iptables renderer left out after the last successful sync (each is logged once).',
+  private readonly rejected = new Gauge({
+    name: METRIC_PREFIX + 'rejected_entries',
+    help: 'Entries and local-pod matches the backend left out after the last successful sync because it refuses a value (each is logged once).',
     registers: [this.registry],
   });
 
@@ -324,7 +324,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
 
   /** Set from onSync's result: what the backend leaves out of the kernel now. */
   private observeRejections(result: NonNullable<SyncReport['result']>): void {
-    if (result.rejected) this.iptablesRejected.set(result.rejected.length);
+    if (result.rejected) this.rejected.set(result.rejected.length);
   }
 
   onDecodeError(resource: string): void {

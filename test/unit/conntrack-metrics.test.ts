@@ -29,8 +29,8 @@ describe('conntrack and iptables rejection metrics', () => {
       result: { mode: 'full' as const, entries: { ipv4: 1, ipv6: 0 }, rejected: r },
     });
     metrics.onSync(report(rejected));
-    expect(await value(metrics, 'ipvs_node_controller_iptables_rejected_entries')).to.equal(1);
+    expect(await value(metrics, 'ipvs_node_controller_rejected_entries')).to.equal(1);
     metrics.onSync(report([]));
-    expect(await value(metrics, 'ipvs_node_controller_iptables_rejected_entries')).to.equal(0);
+    expect(await value(metrics, 'ipvs_node_controller_rejected_entries')).to.equal(0);
   });
 });

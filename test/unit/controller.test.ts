@@ -305,7 +305,7 @@ describe('Controller on a fake driver (no root)', () => {
   it('shows in the metrics how many entries the driver left out, as it leaves them out', async () => {
     const metrics = new ControllerMetrics({ defaultMetrics: false });
     const rejected = async () => {
-      const name = 'ipvs_node_controller_iptables_rejected_entries';
+      const name = 'ipvs_node_controller_rejected_entries';
       const line = (await metrics.exposition()).text.split('\n').find((l) => l.startsWith(`${name} `));
       return line === undefined ? undefined : Number(line.split(' ')[1]);
     };

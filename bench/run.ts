@@ -20,6 +20,7 @@
 //  10. the removal of one 10,000-entry Service from a 20,000-entry iptables table, both variants,
 //      with the bound on rule deletes and without it (iptables-removal, bench/iptables-removal.ts),
 //      and smaller removals with each path forced. Printed before the report, not part of it.
+//  11. react (bench/react.ts, alone): this tree against another build, as users run them.
 // It opens with the targets' table: each figure before the footprint work and now.
 // Prints a table and writes bench/results/<timestamp>.json. Asserts nothing.
 //
@@ -62,6 +63,7 @@ import { ElementMonitor } from './kernel-monitor.js';
 import { compilePacketProbe, probeNode } from './packet-probe.js';
 import { isolatedFromMachine } from './namespace.js';
 import { runNftFloor } from './nft-floor.js';
+import { reactRequested, runReact } from './react.js';
 import {
   formatReport,
   type BenchResults,
@@ -669,7 +671,8 @@ async function benchmark(argv: string[]): Promise<void> {
 }
 
 const argv = process.argv.slice(2);
-if (process.getuid?.() !== 0) {
+if (reactRequested(argv)) void runReact(argv);
+else if (process.getuid?.() !== 0) {
   console.error('the benchmark programs nftables and iptables in network namespaces of its own: run it as root');
   process.exit(1);
 } else if (isolatedFromMachine()) {

@@ -8,7 +8,7 @@
 //   memory at N: VmRSS SETTLE_MS after that;
 //   react: PATCH the UDP Service's status to a fresh ingress IP; from the PATCH's answer to the
 //     first datagram through the new address that reaches the Service (bench/react-udp-probe.ts,
-//     an attempt every 2 ms), for each change;
+//     an attempt every 2 ms), for each change, 50-100 ms apart;
 //   memory with one Service: the controller started again against the second stand-in, VmRSS
 //     SETTLE_MS after the Service answered.
 // The nft ruleset is flushed before each start. Results go to spec.resultsFile as they come.
@@ -75,8 +75,11 @@ export interface RunResult {
   rssOneMiB?: number;
   /** Controller CPU time during the changes, per change. */
   cpuPerChangeMs?: number;
-  /** The change phase on the probers' clock (CLOCK_MONOTONIC, us), for a CPU profile's samples. */
-  changeWindowUs?: [number, number];
+  /**
+   * Per change that answered, on the probers' clock (CLOCK_MONOTONIC, us, a CPU profile's too):
+   * from sending the PATCH to the first datagram through the new address.
+   */
+  reactWindowsUs?: Array<[number, number]>;
   /** Pid of the controller of the change phase (names its CPU profile). */
   pid?: number;
   loadAverage: number[];
@@ -229,20 +232,25 @@ async function changes(ctx: RunContext, c: ShippedController, result: RunResult,
   // The same pauses for every build and round.
   const random = seededRandom(28);
   const cpuBefore = c.cpuMs();
-  const firstNs = process.hrtime.bigint();
+  const windows: Array<[number, number]> = [];
   for (let k = 0; k < ctx.spec.changes; k++) {
     const address = movedIp(ctx.moved++);
     const probing = await ctx.udp.begin(address, BENCH_PORT, CHANGE_TIMEOUT_MS, PROBE_INTERVAL_US, 0);
     if (performance.now() > answeredAt + SYNC_PERIOD_MS - 500) result.afterResync++;
+    const sentNs = process.hrtime.bigint();
     const answeredNs = await ctx.many.moveIngress(namespace, name, address);
     const outcome = await probing.outcome;
-    if (outcome.ok) result.reactMs.push(Number(outcome.firstOkNs - answeredNs) / 1e6);
-    else result.lost++;
+    if (outcome.ok) {
+      result.reactMs.push(Number(outcome.firstOkNs - answeredNs) / 1e6);
+      windows.push([Number(sentNs / 1000n), Number(outcome.firstOkNs / 1000n)]);
+    } else result.lost++;
     if (result.lost >= 3 && result.reactMs.length === 0)
       throw new Error(`the first changes never reached the Service (${outcome.firstError || 'no error'})`);
     c.checkRunning();
-    await sleep(10 + Math.floor(random() * 20));
+    // 50-100 ms apart: a change meets a controller done with the one before (a UDP change's
+    // conntrack clean-up spawns processes after the write, for milliseconds on a busy machine).
+    await sleep(50 + Math.floor(random() * 50));
   }
   result.cpuPerChangeMs = (c.cpuMs() - cpuBefore) / ctx.spec.changes;
-  result.changeWindowUs = [Number(firstNs / 1000n), Number(process.hrtime.bigint() / 1000n)];
+  result.reactWindowsUs = windows;
 }

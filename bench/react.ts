@@ -19,7 +19,7 @@
 // started go away at the end, on failure and on SIGINT.
 
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -148,7 +148,7 @@ async function runOuter(argv: string[]): Promise<void> {
     if (spec.cpuProfileDir) mkdirSync(spec.cpuProfileDir);
     const specFile = join(workDir, 'spec.json');
     writeFileSync(specFile, JSON.stringify(spec, null, 2));
-    const perRunS = 2 * (SETTLE_MS / 1000) + 5 + options.changes * 0.04;
+    const perRunS = 2 * (SETTLE_MS / 1000) + 5 + options.changes * 0.09;
     log(
       `${builds.length * options.rounds * nodes.length} runs of about ${Math.round(perRunS)} s each: ` +
         builds.map((b) => b.label).join(' vs ') +
@@ -200,6 +200,11 @@ async function runOuter(argv: string[]): Promise<void> {
       JSON.stringify({ command, startedAt, loadAtStart, loadAtEnd, builds, nodes, runs: results }, null, 2) + '\n',
     );
     process.stdout.write(`results: ${relative(process.cwd(), path)}\n`);
+    if (spec.cpuProfileDir) {
+      const profiles = path.replace(/\.json$/, '-profiles');
+      cpSync(spec.cpuProfileDir, profiles, { recursive: true });
+      process.stdout.write(`CPU profiles: ${relative(process.cwd(), profiles)}\n`);
+    }
     if (code !== 0) process.exitCode = 1;
   } finally {
     process.off('SIGINT', onSignal);
@@ -251,7 +256,7 @@ function formatTable(spec: ReactSpec, node: string, results: RunResult[]): strin
     table += `| ${label} | ${spec.builds.map((b) => cell(runs(b.label))).join(' | ')} |\n`;
   const notes: string[] = [
     `Cells: round 1 / round 2${spec.rounds > 2 ? ' / ...' : ''}, run in the order ${spec.builds.map((b) => b.label).join(', ')} each round; memory: at ${n} / with one Service, per round.`,
-    `react: ${spec.changes} changes per round of one UDP Service's ingress IP (status PATCH answered -> first datagram through the new address, an attempt every 2 ms).`,
+    `react: ${spec.changes} changes per round of one UDP Service's ingress IP, 50-100 ms apart (status PATCH answered -> first datagram through the new address, an attempt every 2 ms).`,
   ];
   for (const b of spec.builds) {
     const rs = runs(b.label);

@@ -8,7 +8,7 @@
 //   memory at N: VmRSS SETTLE_MS after that;
 //   react: PATCH the UDP Service's status to a fresh ingress IP; from the PATCH's answer to the
 //     first datagram through the new address that reaches the Service (bench/react-udp-probe.ts,
-//     an attempt every 2 ms), for each change, 50-100 ms apart;
+//     an attempt every 2 ms), for each change, spec.spacingMs apart;
 //   memory with one Service: the controller started again against the second stand-in, VmRSS
 //     SETTLE_MS after the Service answered.
 // The nft ruleset is flushed before each start. Results go to spec.resultsFile as they come.
@@ -45,6 +45,8 @@ export interface NodeBinary {
 export interface ReactSpec {
   services: number;
   changes: number;
+  /** The pause between two changes is drawn in [min, max) ms. */
+  spacingMs: [number, number];
   rounds: number;
   /** In the order each round runs them. */
   builds: Build[];
@@ -247,9 +249,11 @@ async function changes(ctx: RunContext, c: ShippedController, result: RunResult,
     if (result.lost >= 3 && result.reactMs.length === 0)
       throw new Error(`the first changes never reached the Service (${outcome.firstError || 'no error'})`);
     c.checkRunning();
-    // 50-100 ms apart: a change meets a controller done with the one before (a UDP change's
-    // conntrack clean-up spawns processes after the write, for milliseconds on a busy machine).
-    await sleep(50 + Math.floor(random() * 50));
+    // 50-100 ms apart by default: a change meets a controller done with the one before (a UDP
+    // change's conntrack clean-up spawns processes after the write, for milliseconds on a busy
+    // machine); closer, it measures changes in a burst.
+    const [min, max] = ctx.spec.spacingMs;
+    await sleep(min + Math.floor(random() * (max - min)));
   }
   result.cpuPerChangeMs = (c.cpuMs() - cpuBefore) / ctx.spec.changes;
   result.reactWindowsUs = windows;

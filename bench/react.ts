@@ -1,7 +1,7 @@
 // Speed and memory of the controller as users run it, side by side with another build:
 //
 //   npm run bench -- --only react [--compare REF|none] [--rounds 2] [--changes 100]
-//                    [--services 10000] [--node 24[,20|current|PATH]] [--cpu-prof]
+//                    [--spacing 50-100] [--services 10000] [--node 24[,20|current|PATH]] [--cpu-prof]
 //
 // Each build (REF, checked out and built in a temporary git worktree; and this tree) runs as the
 // image runs it: its bundle under Node.js 24 (the image's version, from the npm package
@@ -10,11 +10,11 @@
 // the nft backend in a network namespace the bench creates (bench/react-measure.ts). The builds
 // run interleaved, REF first, for --rounds rounds, and the bench prints one table:
 //   start to the last Service answered; react p50 and p99 (a Service's status PATCH answered ->
-//   first datagram through its new address, --changes per round); resident memory at 10,000
+//   first datagram through its new address, --changes per round, --spacing ms apart); resident memory at 10,000
 //   and with one Service (VmRSS after SETTLE_MS).
 // REF defaults to the latest tag (none: this tree alone). --node takes several binaries: one
-// table each. --cpu-prof writes a CPU profile of each build's controller and prints where the
-// change phase spent its CPU (bench/react-profile.ts). Progress goes to stderr; the table, and
+// table each. --cpu-prof writes a CPU profile of each build's controller and prints what its main
+// thread did during the changes (bench/react-profile.ts). Progress goes to stderr; the table, and
 // bench/results/react-<time>.json, are the output. The worktree, the namespace and every process
 // started go away at the end, on failure and on SIGINT.
 
@@ -47,6 +47,7 @@ interface Options {
   compare: string | undefined;
   rounds: number;
   changes: number;
+  spacingMs: [number, number];
   services: number;
   nodes: string[];
   cpuProfile: boolean;
@@ -60,6 +61,7 @@ function parseOptions(argv: string[]): Options {
       compare: { type: 'string' },
       rounds: { type: 'string', default: '2' },
       changes: { type: 'string', default: '100' },
+      spacing: { type: 'string', default: '50-100' },
       services: { type: 'string', default: '10000' },
       node: { type: 'string', default: '24' },
       'cpu-prof': { type: 'boolean', default: false },
@@ -80,10 +82,18 @@ function parseOptions(argv: string[]): Options {
     compare: compare === 'none' ? undefined : compare,
     rounds: count('rounds', values.rounds, 1),
     changes: count('changes', values.changes, 1),
+    spacingMs: spacing(values.spacing),
     services: count('services', values.services, 2),
     nodes: values.node.split(','),
     cpuProfile: values['cpu-prof'],
   };
+}
+
+/** `--spacing MIN-MAX`: the pause between two changes, in ms, drawn at random in [MIN, MAX). */
+function spacing(text: string): [number, number] {
+  const m = /^(\d+)-(\d+)$/.exec(text);
+  if (!m || Number(m[1]) > Number(m[2])) throw new Error(`--spacing: '${text}' is not MIN-MAX in ms (e.g. 50-100)`);
+  return [Number(m[1]), Number(m[2])];
 }
 
 /** Runs the measure (outer: builds, namespace, table; inner: in the namespace). Sets the exit code. */
@@ -136,6 +146,7 @@ async function runOuter(argv: string[]): Promise<void> {
     const spec: ReactSpec = {
       services: options.services,
       changes: options.changes,
+      spacingMs: options.spacingMs,
       rounds: options.rounds,
       builds,
       nodes,
@@ -148,7 +159,8 @@ async function runOuter(argv: string[]): Promise<void> {
     if (spec.cpuProfileDir) mkdirSync(spec.cpuProfileDir);
     const specFile = join(workDir, 'spec.json');
     writeFileSync(specFile, JSON.stringify(spec, null, 2));
-    const perRunS = 2 * (SETTLE_MS / 1000) + 5 + options.changes * 0.09;
+    const perRunS =
+      2 * (SETTLE_MS / 1000) + 5 + (options.changes * (options.spacingMs[0] + options.spacingMs[1] + 10)) / 2000;
     log(
       `${builds.length * options.rounds * nodes.length} runs of about ${Math.round(perRunS)} s each: ` +
         builds.map((b) => b.label).join(' vs ') +
@@ -256,7 +268,7 @@ function formatTable(spec: ReactSpec, node: string, results: RunResult[]): strin
     table += `| ${label} | ${spec.builds.map((b) => cell(runs(b.label))).join(' | ')} |\n`;
   const notes: string[] = [
     `Cells: round 1 / round 2${spec.rounds > 2 ? ' / ...' : ''}, run in the order ${spec.builds.map((b) => b.label).join(', ')} each round; memory: at ${n} / with one Service, per round.`,
-    `react: ${spec.changes} changes per round of one UDP Service's ingress IP, 50-100 ms apart (status PATCH answered -> first datagram through the new address, an attempt every 2 ms).`,
+    `react: ${spec.changes} changes per round of one UDP Service's ingress IP, ${spec.spacingMs.join('-')} ms apart (status PATCH answered -> first datagram through the new address, an attempt every 2 ms).`,
   ];
   for (const b of spec.builds) {
     const rs = runs(b.label);

@@ -28,6 +28,9 @@ export interface ControllerArgs {
 export class ShippedController {
   private readonly lastLines: string[] = [];
   private exitedWith: string | undefined;
+  /** process.hrtime.bigint() when its first log line was read (its code is loaded) and 'Caches synced'. */
+  firstLineNs: bigint | undefined;
+  cachesSyncedNs: bigint | undefined;
 
   private constructor(
     private readonly child: ChildProcess,
@@ -38,7 +41,12 @@ export class ShippedController {
       this.lastLines.push(line);
       if (this.lastLines.length > 10) this.lastLines.shift();
     };
-    createInterface({ input: child.stdout! }).on('line', keep);
+    createInterface({ input: child.stdout! }).on('line', (line) => {
+      this.firstLineNs ??= process.hrtime.bigint();
+      if (this.cachesSyncedNs === undefined && line.includes('"msg":"Caches synced"'))
+        this.cachesSyncedNs = process.hrtime.bigint();
+      keep(line);
+    });
     createInterface({ input: child.stderr! }).on('line', keep);
     child.on('exit', (code, signal) => {
       this.exitedWith = signal ?? String(code);

@@ -67,6 +67,9 @@ export interface RunResult {
   round: number;
   /** spawn -> first connection through the last Service's LoadBalancer IP. */
   startMs?: number;
+  /** Of it: spawn -> the controller's first log line (its code loaded), and -> 'Caches synced'. */
+  firstLogMs?: number;
+  cachesSyncedMs?: number;
   /** Per change: the PATCH's answer -> first datagram through the new address. */
   reactMs: number[];
   /** Changes whose new address did not answer within 5 s. */
@@ -199,6 +202,9 @@ async function measureRun(ctx: RunContext, node: NodeBinary, build: Build, round
     result.pid = c.pid;
     try {
       result.startMs = startedAfter(c, await probing.outcome, target);
+      const since = (ns: bigint | undefined) => (ns === undefined ? undefined : Number(ns - c.spawnedNs) / 1e6);
+      result.firstLogMs = since(c.firstLineNs);
+      result.cachesSyncedMs = since(c.cachesSyncedNs);
       const answeredAt = performance.now();
       log(`  started: ${(result.startMs / 1000).toFixed(2)} s; settling ${SETTLE_MS / 1000} s`);
       await sleep(SETTLE_MS);

@@ -275,8 +275,15 @@ function formatTable(spec: ReactSpec, node: string, results: RunResult[]): strin
     const cpu = rs.map((r) => r.cpuPerChangeMs);
     const lost = rs.reduce((s, r) => s + r.lost, 0);
     const late = rs.reduce((s, r) => s + r.afterResync, 0);
+    const ms = (v: number | undefined) => v && v / 1000;
     notes.push(
-      `${b.label}: controller CPU per change ${join(cpu, 2)} ms; load average at each run's start ${rs
+      `${b.label}: start: first log line at ${join(
+        rs.map((r) => ms(r.firstLogMs)),
+        2,
+      )} s, caches synced at ${join(
+        rs.map((r) => ms(r.cachesSyncedMs)),
+        2,
+      )} s; controller CPU per change ${join(cpu, 2)} ms; load average at each run's start ${rs
         .map((r) => r.loadAverage[0]!.toFixed(1))
         .join(' / ')}` +
         (lost ? `; ${lost} changes never answered` : '') +

@@ -43,7 +43,8 @@ export class ShippedController {
     };
     createInterface({ input: child.stdout! }).on('line', (line) => {
       this.firstLineNs ??= process.hrtime.bigint();
-      if (this.cachesSyncedNs === undefined && line.includes('"msg":"Caches synced"'))
+      // 'caches synced' before the log messages were capitalised (a89b78b and earlier).
+      if (this.cachesSyncedNs === undefined && /"msg":"[Cc]aches synced"/.test(line))
         this.cachesSyncedNs = process.hrtime.bigint();
       keep(line);
     });

@@ -14,6 +14,7 @@
 //   8. the removal of one 10,000-entry Service from a 20,000-entry iptables table, both variants,
 //      with the bound on rule deletes and without it (iptables-removal, bench/iptables-removal.ts),
 //      and smaller removals with each path forced. Printed before the report, not part of it.
+//  11. react (bench/react.ts, alone): this tree against another build, as users run them.
 // It opens with the targets' table: each figure before the footprint work and now.
 // Prints a table and writes bench/results/<timestamp>.json. Asserts nothing.
 // The latency measure runs the controller with --sync-period from --latency-sync-period (3s by
@@ -50,6 +51,7 @@ import { measureOneService, type OneServiceContext } from './one-service.js';
 import { ElementMonitor } from './kernel-monitor.js';
 import { compilePacketProbe, probeNode } from './packet-probe.js';
 import { benchmarkArgs, inPrivateNamespaces } from './namespace.js';
+import { reactRequested, runReact } from './react.js';
 import {
   formatReport,
   type BenchResults,
@@ -116,6 +118,8 @@ const USAGE = `usage (root): npm run bench [-- OPTIONS]
   --changes 500 --iptables-changes 50 --rounds 5 --connects 10000 --full-syncs 5 --startup-runs 3
   --latency-sync-period 3s     the controller's --sync-period while latencies are measured
   --probe-from node|pod        where the end-to-end connections start
+  --only react [--compare REF|none] [--node 24,20] [--cpu-prof] ...
+                               alone: this tree against another build as users run them (bench/react.ts)
 Prints a report and writes bench/results/<timestamp>.json; asserts nothing.`;
 
 interface Options {
@@ -646,6 +650,9 @@ async function benchmark(argv: string[]): Promise<void> {
 const args = benchmarkArgs();
 if (args.includes('--help') || args.includes('-h')) {
   console.log(USAGE);
+} else if (reactRequested(args)) {
+  // Builds, namespaces and processes of its own (bench/react.ts).
+  void runReact(args);
 } else {
   // The options are checked before any namespace is made; a wrong one prints the usage.
   let usable = true;

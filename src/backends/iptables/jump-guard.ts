@@ -10,8 +10,8 @@
 import type { Logger } from 'pino';
 import type { Family } from '../../model/types.js';
 import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './executor.js';
-import { JUMPS } from './parse.js';
-import { renderJumpRepairs } from './render.js';
+import { JUMPS } from './layout.js';
+import { renderJumpRepairs } from './precedence.js';
 import { readJumpView } from './nat-view.js';
 
 /**

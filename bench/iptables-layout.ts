@@ -1,10 +1,14 @@
 // What one change costs iptables-restore at N entries, for two layouts of the same rules: the
-// backend's (IPVS_PREROUTING and IPVS_OUTPUT hold one rule per entry each) and one spread over 256
-// chains per hook by the last byte of the destination (`-d 0.0.0.B/0.0.0.255 -j <hook>_B`, about
-// N/256 rules per chain). A change is what a partial sync writes for one entry whose address
-// moved: a `-D` by spec and an `-A` in each hook's chain, one `-restore --noflush -w`. Both
-// variants. Prints figures; asserts nothing. Re-runs itself inside `unshare --net`, so the
-// machine's own firewall is never touched.
+// backend's (IPVS_PREROUTING and IPVS_OUTPUT go to bucket chains by the destination's last byte,
+// src/backends/iptables/layout.ts) and the flat one of earlier versions (every rule in
+// IPVS_PREROUTING / IPVS_OUTPUT themselves). The rules are the backend's own (render.ts and
+// partial-write.ts): one TCP port per entry, one local pod CIDR, so a mark and a DNAT rule per
+// entry in each hook (4 N rules). A change is what a partial sync writes for one entry whose
+// address moved to another with the same last byte: two `-D` by spec and two `-A` per family, one
+// `-restore --noflush -w`. "floor": the same restore process appending and deleting one rule of a
+// one-rule chain of another writer in the same table: for iptables-legacy, the whole-table replace
+// that any write costs. Both variants, IPv4. Prints figures; asserts nothing. Re-runs itself
+// inside `unshare --net`, so the machine's own firewall is never touched.
 //
 //   node dist/bench/iptables-layout.js [--entries 10000] [--changes 10]
 
@@ -12,22 +16,35 @@ import { execFileSync } from 'node:child_process';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { variantCommand, type IptablesVariant } from '../src/backends/iptables/executor.js';
+import { emptyNatTable } from '../src/backends/iptables/parse.js';
+import { planPartialWrite } from '../src/backends/iptables/partial-write.js';
+import { FamilyRecord } from '../src/backends/iptables/record.js';
+import { renderFamilyRestore } from '../src/backends/iptables/render.js';
+import type { Entry, LocalPodMatch } from '../src/model/types.js';
 import { inPrivateNetworkNamespace } from './namespace.js';
 import { median } from './stats.js';
 
-const BUCKETS = 256;
 type Layout = 'flat' | 'buckets';
+const POD_MATCH: LocalPodMatch = { kind: 'cidrs', cidrs: ['10.244.1.0/24'] };
+const MARK = 0x4000;
 
 const address = (i: number) => `100.64.${Math.floor(i / 250)}.${(i % 250) + 1}`;
-const preRule = (ip: string, i: number) =>
-  `-s 10.244.1.0/24 -d ${ip}/32 -p tcp -m comment --comment "bench/svc-${i}" -m tcp --dport 80 -j DNAT --to-destination 10.96.0.1`;
-const outRule = (ip: string, i: number) =>
-  `-d ${ip}/32 -p tcp -m comment --comment "bench/svc-${i}" -m addrtype --src-type LOCAL -m tcp --dport 80 -j DNAT --to-destination 10.96.0.1`;
+const entry = (i: number, externalIp = address(i)): Entry => ({
+  family: 'ipv4',
+  externalIp,
+  protocol: 'TCP',
+  port: 80,
+  clusterIp: `10.96.${(i >> 8) & 255}.${i & 255}`,
+  service: `bench/svc-${i}`,
+});
 
-function chains(layout: Layout, ip: string): [string, string] {
-  if (layout === 'flat') return ['IPVS_PREROUTING', 'IPVS_OUTPUT'];
-  const bucket = Number(ip.split('.')[3]);
-  return [`IPVS_PRE_${bucket}`, `IPVS_OUT_${bucket}`];
+/** The flat layout of the same restore input: no bucket chains, no gotos, every rule in its entry chain. */
+function flat(text: string): string {
+  return text
+    .split('\n')
+    .filter((l) => !/^:IPVS_\w+_\w+ /.test(l) && !/ -g IPVS_/.test(l))
+    .map((l) => l.replace(/^(-[AD]) (IPVS_PREROUTING|IPVS_OUTPUT)_\w+ /, '$1 $2 '))
+    .join('\n');
 }
 
 function restore(variant: IptablesVariant, text: string): number {
@@ -36,80 +53,66 @@ function restore(variant: IptablesVariant, text: string): number {
   return performance.now() - start;
 }
 
-function wholeTable(layout: Layout, entries: number): string {
-  const lines = ['*nat', ':IPVS_PREROUTING - [0:0]', ':IPVS_OUTPUT - [0:0]'];
-  if (layout === 'buckets') {
-    for (let b = 0; b < BUCKETS; b++) {
-      lines.push(`:IPVS_PRE_${b} - [0:0]`, `:IPVS_OUT_${b} - [0:0]`);
-      lines.push(`-A IPVS_PREROUTING -d 0.0.0.${b}/0.0.0.255 -j IPVS_PRE_${b}`);
-      lines.push(`-A IPVS_OUTPUT -d 0.0.0.${b}/0.0.0.255 -j IPVS_OUT_${b}`);
-    }
-  }
-  for (let i = 0; i < entries; i++) {
-    const ip = address(i);
-    const [pre, out] = chains(layout, ip);
-    lines.push(`-A ${pre} ${preRule(ip, i)}`, `-A ${out} ${outRule(ip, i)}`);
-  }
-  lines.push('-I PREROUTING 1 -j IPVS_PREROUTING', '-I OUTPUT 1 -j IPVS_OUTPUT', 'COMMIT', '');
-  return lines.join('\n');
-}
-
-function removeAll(variant: IptablesVariant, layout: Layout): void {
+function removeAll(variant: IptablesVariant): void {
+  const save = execFileSync(variantCommand(variant, 'ipv4', 'save'), ['-t', 'nat'], {
+    encoding: 'utf8',
+    maxBuffer: 1 << 30,
+  });
+  const chains = [...save.matchAll(/^:(IPVS_\w+|BENCH-FLOOR) /gm)].map((m) => m[1]!);
   const lines = ['*nat', '-D PREROUTING -j IPVS_PREROUTING', '-D OUTPUT -j IPVS_OUTPUT'];
-  const names = ['IPVS_PREROUTING', 'IPVS_OUTPUT'];
-  if (layout === 'buckets') for (let b = 0; b < BUCKETS; b++) names.push(`IPVS_PRE_${b}`, `IPVS_OUT_${b}`);
-  for (const name of names) lines.push(`:${name} - [0:0]`);
-  for (const name of names) lines.push(`-X ${name}`);
-  restore(variant, [...lines, 'COMMIT', ''].join('\n'));
+  restore(
+    variant,
+    [...lines, ...chains.map((c) => `:${c} - [0:0]`), ...chains.map((c) => `-X ${c}`), 'COMMIT', ''].join('\n'),
+  );
 }
 
 function measure(variant: IptablesVariant, layout: Layout, entries: number, changes: number): string[] {
-  const wholeMs = restore(variant, wholeTable(layout, entries));
+  const all = Array.from({ length: entries }, (_, i) => entry(i));
+  const whole = renderFamilyRestore('ipv4', { entries: all, localPodMatch: POD_MATCH }, MARK, emptyNatTable());
+  const shape = { localPodMatch: POD_MATCH, masqueradeMark: MARK, useKubeMarkMasq: false };
+  const record = FamilyRecord.of(whole, shape);
+  const as = (text: string) => (layout === 'flat' ? flat(text) : text);
+  const wholeMs = restore(variant, as(whole.text));
+  restore(variant, '*nat\n:BENCH-FLOOR - [0:0]\n-A BENCH-FLOOR -j RETURN\nCOMMIT\n');
   // One entry moves back and forth between its address and one in another range, same last byte.
   const i = Math.floor(entries / 2);
-  let [from, to] = [address(i), address(i).replace(/^100\.64\./, '100.99.')];
+  let [from, to] = [entry(i), entry(i, address(i).replace(/^100\.64\./, '100.99.'))];
   const changeMs: number[] = [];
+  const floorMs: number[] = [];
   for (let k = 0; k < changes; k++) {
-    const [preFrom, outFrom] = chains(layout, from);
-    const [preTo, outTo] = chains(layout, to);
-    changeMs.push(
-      restore(
-        variant,
-        [
-          '*nat',
-          `-D ${preFrom} ${preRule(from, i)}`,
-          `-D ${outFrom} ${outRule(from, i)}`,
-          `-A ${preTo} ${preRule(to, i)}`,
-          `-A ${outTo} ${outRule(to, i)}`,
-          'COMMIT',
-          '',
-        ].join('\n'),
-      ),
-    );
+    const write = planPartialWrite('ipv4', record, [from], [to], Number.POSITIVE_INFINITY);
+    changeMs.push(restore(variant, as(write.text!)));
+    for (const [bucket, held] of write.buckets) record.setBucket(bucket, held);
     [from, to] = [to, from];
+    floorMs.push(restore(variant, '*nat\n-A BENCH-FLOOR -j RETURN\n-D BENCH-FLOOR -j RETURN\nCOMMIT\n'));
   }
-  removeAll(variant, layout);
+  removeAll(variant);
   const ms = (v: number) => `${v.toFixed(1)} ms`;
+  const rules = as(whole.text)
+    .split('\n')
+    .filter((l) => l.startsWith('-A ')).length;
   return [
     `iptables-${variant}`,
     layout,
-    String(2 * entries),
+    String(rules),
     ms(wholeMs),
     ms(median(changeMs)),
     ms(Math.max(...changeMs)),
+    ms(median(floorMs)),
   ];
 }
 
 function benchmark(entries: number, changes: number): void {
-  const header = ['variant', 'layout', 'rules', 'whole write', 'change p50', 'change max'];
+  const header = ['variant', 'layout', 'rules', 'whole write', 'change p50', 'change max', 'floor p50'];
   const rows: string[][] = [];
   for (const variant of ['legacy', 'nft'] as const) {
     for (const layout of ['flat', 'buckets'] as const) rows.push(measure(variant, layout, entries, changes));
   }
   const widths = header.map((h, c) => Math.max(h.length, ...rows.map((r) => r[c]!.length)));
   const line = (cells: string[]) => cells.map((v, c) => (c < 2 ? v.padEnd(widths[c]!) : v.padStart(widths[c]!)));
-  console.log(`${entries} entries, one DNAT rule per entry and hook; a change: a -D and an -A per hook,`);
-  console.log(`one -restore --noflush -w (${changes} changes; p50 and the slowest).`);
+  console.log(`${entries} entries (one TCP port, one pod CIDR: a mark and a DNAT rule per entry and hook, and`);
+  console.log(`the gotos of the bucket layout); a change: two -D and two -A, one -restore --noflush -w`);
+  console.log(`(${changes} changes; p50 and the slowest). floor: a restore of one rule in another chain.`);
   for (const cells of [header, ...rows]) console.log(`   ${line(cells).join('  ')}`);
 }
 

@@ -516,12 +516,52 @@ for (const variant of ['legacy', 'nft'] as const) {
       await guard.checkAll();
       expect(repaired).to.deep.equal(['ipv6']);
       expect(fake.nat(variant, 'ipv6').rules('PREROUTING')).to.deep.equal(['-j IPVS_PREROUTING', '-j KUBE-SERVICES']);
-      // It asked for rule 1 only, holding the lock.
-      const listings = fake.calls.filter((c) => c.command === `ip6tables-${variant}`).map((c) => c.args.join(' '));
-      expect(listings).to.include('-w 30 -t nat -S PREROUTING 1');
+      // iptables-nft asked for rule 1 only, holding the lock; iptables-legacy, which reads the
+      // whole table for any listing, read it with -save, which takes no lock.
+      const listings = fake.calls
+        .filter((c) => c.command.startsWith('ip6tables-'))
+        .map((c) => `${c.command} ${c.args.join(' ')}`);
+      if (variant === 'nft') {
+        expect(listings).to.include('ip6tables-nft -w 30 -t nat -S PREROUTING 1');
+      } else {
+        expect(listings).to.include('ip6tables-legacy-save -t nat');
+        expect(listings.filter((l) => l.startsWith('ip6tables-legacy '))).to.deep.equal([]);
+      }
     });
   });
 }
+
+describe('the jump guard of iptables-nft and our own commits', () => {
+  it('needs no round for a commit of ours, and makes one for anybody else’s', async () => {
+    const fake = new FakeIptables();
+    const backend = new Reconciler(new IptablesDriver('nft', { runner: fake, jumpCheckIntervalMs: 0 }));
+    await backend.sync(state([service(1)]), { full: true });
+    const guard = new JumpGuard({
+      variant: 'nft',
+      intervalMs: 60_000,
+      runner: fake,
+      exclusive: (work) => work(),
+      families: () => ['ipv4', 'ipv6'],
+    });
+    // Rule 1 of a hook, as the guard asks for it.
+    const firstRules = () => fake.calls.filter((c) => c.args.at(-1) === '1' && c.args.includes('-S')).length;
+    await guard.checkAll();
+    expect(firstRules(), 'the first round asks for rule 1 of both hooks in both families').to.equal(4);
+    // A change of ours: one commit per family, each of which the driver reports.
+    const before = fake.nftGeneration;
+    await backend.sync(state([service(1), service(2)]), { full: false });
+    expect(fake.nftGeneration).to.equal(before + 2);
+    guard.ownCommit(before, before + 1);
+    guard.ownCommit(before + 1, before + 2);
+    await guard.checkAll();
+    expect(firstRules(), 'nothing asked for after our commits').to.equal(4);
+    // Another writer's commit, even one that leaves our jumps alone, makes a round.
+    fake.write('nft', 'ipv4', '*nat\n:OTHER - [0:0]\nCOMMIT\n');
+    guard.ownCommit(fake.nftGeneration, fake.nftGeneration + 1);
+    await guard.checkAll();
+    expect(firstRules()).to.equal(8);
+  });
+});
 
 describe('the iptables stand-in refuses what the real commands refuse', () => {
   it('a restore without the lock wait, a deleted rule that is not there, a chain still jumped to', async () => {

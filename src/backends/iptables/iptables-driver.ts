@@ -209,6 +209,7 @@ export class IptablesDriver implements Driver {
     if (operations.some((op) => op.kind === 'removeAll')) await this.jumpGuard?.stop();
     const { applied, repairedJumps } = await this.turn(() => this.tracked(() => this.applyInTurn(operations)));
     for (const family of repairedJumps) this.bypassed(family);
+    if (applied.generations) this.jumpGuard?.ownCommit(applied.generations.before, applied.generations.after);
     if (this.written.size > 0) this.jumpGuard?.start();
     return applied;
   }

@@ -20,7 +20,6 @@
 // that gives it its first one declares it and adds its goto; the one that takes its last removes
 // both), so a node with a few Services lists a few buckets.
 
-import { ipBytes, parseIp } from '../../model/ip.js';
 import type { Family } from '../../model/types.js';
 
 export const PREROUTING_CHAIN = 'IPVS_PREROUTING';
@@ -37,12 +36,15 @@ export const JUMPS: ReadonlyArray<{ from: string; to: string }> = [
 /** The last byte of a destination as a bucket's name: decimal for IPv4, hexadecimal for IPv6. */
 export type Bucket = string;
 
-/** The bucket of a canonical address of `family`; undefined when it is not one. */
-export function bucketOf(family: Family, address: string): Bucket | undefined {
-  const ip = parseIp(address);
-  if (!ip || ip.family !== family) return undefined;
-  const last = ipBytes(ip).at(-1)!;
-  return family === 'ipv4' ? String(last) : last.toString(16);
+/**
+ * The bucket of a canonical address of `family` (one that passed rules.ts's checks): its last
+ * byte, read from the text without parsing the rest.
+ */
+export function bucketOf(family: Family, address: string): Bucket {
+  if (family === 'ipv4') return address.slice(address.lastIndexOf('.') + 1);
+  // Canonical IPv6 text ends with its last group, or with `::` when that group is 0.
+  const group = address.slice(address.lastIndexOf(':') + 1);
+  return group === '' ? '0' : (parseInt(group, 16) & 0xff).toString(16);
 }
 
 /** The byte a bucket stands for. */

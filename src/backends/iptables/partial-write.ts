@@ -76,7 +76,7 @@ export function planPartialWrite(
     if (problem) {
       leftOut.added.push(e);
       rejections.push({ family, item: entryLabel(e), reason: problem });
-    } else touch(bucketOf(family, e.externalIp)!).come.push(e);
+    } else touch(bucketOf(family, e.externalIp)).come.push(e);
   }
 
   const declare: string[] = [];

@@ -60,13 +60,12 @@ export class FamilyRecord {
   }
 
   /** Whether `expected` are the entries (by address, protocol and port) this record was written with. */
-  holds(expected: readonly Entry[], bucketOf: (e: Entry) => Bucket | undefined): boolean {
+  holds(expected: readonly Entry[], bucketOf: (e: Entry) => Bucket): boolean {
     if (expected.length !== this.programmed + this.leftOut.size) return false;
     return expected.every((e) => {
       const key = flowKey(e);
       if (this.leftOut.has(key)) return true;
-      const bucket = bucketOf(e);
-      return bucket !== undefined && this.buckets.get(bucket)?.has(key) === true;
+      return this.buckets.get(bucketOf(e))?.has(key) === true;
     });
   }
 }

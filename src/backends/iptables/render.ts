@@ -56,7 +56,7 @@ export function renderChainRules(
       leftOut.push(e);
       continue;
     }
-    const bucket = bucketOf(family, e.externalIp)!;
+    const bucket = bucketOf(family, e.externalIp);
     const list = buckets.get(bucket);
     if (list) list.push(e);
     else buckets.set(bucket, [e]);
@@ -76,12 +76,20 @@ export function renderChainRules(
         rules.get(b)!.flatMap((r) => r[of]),
       );
   }
-  const lines = (chain: string) => chains.get(chain)!.map((spec) => `-A ${chain} ${spec}`);
-  const all = [...chains.keys()];
+  const lines = (entries: boolean) =>
+    [...chains].flatMap(([chain, specs]) =>
+      ENTRY_CHAINS.includes(chain) === entries ? specs.map((spec) => `-A ${chain} ${spec}`) : [],
+    );
+  // The `-A` lines only when asked for: a verification compares `chains`, and at 10,000 entries
+  // another 40,000 strings would only make garbage.
   return {
     chains,
-    gotos: all.filter((c) => ENTRY_CHAINS.includes(c)).flatMap(lines),
-    rules: all.filter((c) => !ENTRY_CHAINS.includes(c)).flatMap(lines),
+    get gotos() {
+      return lines(true);
+    },
+    get rules() {
+      return lines(false);
+    },
     buckets,
     rejected,
     leftOut,
@@ -106,20 +114,27 @@ export function chainsHold(current: NatTableView, layout: RenderedChains): boole
   for (const [chain, specs] of layout.chains) {
     const held = current.rules.get(chain);
     if (!current.chains.has(chain) || held === undefined || held.length !== specs.length) return false;
-    const wanted = new Map<string, number>();
-    for (const spec of specs) {
-      const saved = asSaved(spec);
-      wanted.set(saved, (wanted.get(saved) ?? 0) + 1);
-    }
-    const marked = new Set<string>();
-    for (const spec of held) {
-      const left = wanted.get(spec);
-      if (!left) return false;
-      wanted.set(spec, left - 1);
-      if (spec.includes(' -j DNAT ')) {
-        if (!marked.has(headOf(spec))) return false;
-      } else marked.add(headOf(spec));
-    }
+    // A chain written whole and not changed since holds the rendered order: no counting needed.
+    if (!specs.every((spec, i) => asSaved(spec) === held[i]) && !sameRules(held, specs)) return false;
+  }
+  return true;
+}
+
+/** Whether `held` are `specs` as -save prints them, in another order with each mark rule before its DNAT rule. */
+function sameRules(held: readonly string[], specs: readonly string[]): boolean {
+  const wanted = new Map<string, number>();
+  for (const spec of specs) {
+    const saved = asSaved(spec);
+    wanted.set(saved, (wanted.get(saved) ?? 0) + 1);
+  }
+  const marked = new Set<string>();
+  for (const spec of held) {
+    const left = wanted.get(spec);
+    if (!left) return false;
+    wanted.set(spec, left - 1);
+    if (spec.includes(' -j DNAT ')) {
+      if (!marked.has(headOf(spec))) return false;
+    } else marked.add(headOf(spec));
   }
   return true;
 }

@@ -209,7 +209,10 @@ export function entryRules(ctx: RuleContext, e: Entry): EntryRules {
 
 /** A rendered rule as `-save` prints it back: `--or-mark X` is kept as `--set-xmark X/X`. */
 export function asSaved(rule: string): string {
-  return rule.replace(/ --or-mark (0x[0-9a-f]+)$/, ' --set-xmark $1/$1');
+  const at = rule.lastIndexOf(' --or-mark ');
+  if (at < 0) return rule;
+  const mark = rule.slice(at + ' --or-mark '.length);
+  return `${rule.slice(0, at)} --set-xmark ${mark}/${mark}`;
 }
 
 /** An entry chain that gets bucket chains, and which of an entry's rules its buckets hold. */

@@ -71,7 +71,7 @@ export const REWRITE_ABOVE_DELETES: Readonly<Record<IptablesVariant, number>> = 
 /** Two rules per entry and hook; a new connection walks at most 256 gotos and the rules of one bucket. */
 export const IPTABLES_CAPACITY: EntryCapacity = {
   defaultEntries: 20_000,
-  why: 'two rules per entry and hook, a whole-table replace per write with iptables-legacy',
+  why: 'each write of iptables-legacy replaces the whole table, whose size grows with the rules',
 };
 
 export class IptablesDriver implements Driver {

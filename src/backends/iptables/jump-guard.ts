@@ -41,8 +41,6 @@ export interface JumpGuardOptions {
   families(): Iterable<Family>;
   /** Runs the iptables commands; the real ones by default. */
   runner?: IptablesRunner | undefined;
-  /** Runs a repair's restore (the backend keeps track of what its commits leave); `commands.restore` by default. */
-  commit?(commands: IptablesCommands, text: string): Promise<void>;
   /**
    * Called after each repair, once the queue of writes is free again: the driver says which
    * translations new connections passed by meanwhile (their flows are forgotten elsewhere, never
@@ -194,7 +192,7 @@ export class JumpGuard {
       const repairs = renderJumpRepairs(view);
       if (repairs.length === 0) return false;
       const text = ['*nat', ...repairs, 'COMMIT', ''].join('\n');
-      await (this.options.commit ? this.options.commit(commands, text) : commands.restore(text));
+      await commands.restore(text);
       this.repairs++;
       return true;
     });

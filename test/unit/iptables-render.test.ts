@@ -1,5 +1,6 @@
-// The iptables renderer: golden restore inputs, the original controller's listing shape, jump
-// repairs, cleanup input and render-time validation. Pure: no iptables is run here.
+// The iptables renderer: golden restore inputs, the original controller's listing shape, the
+// comparison of a table with what our chains must hold, jump repairs, cleanup input and
+// render-time validation. Pure: no iptables is run here.
 // UPDATE_GOLDEN=1 rewrites the golden files from the current renderer (review the diff).
 
 import { expect } from 'chai';
@@ -12,9 +13,11 @@ import {
   type NatTableView,
 } from '../../src/backends/iptables/parse.js';
 import {
+  chainsHold,
   renderChainRules,
   renderDesiredStateRestoreText,
   renderFamilyRestore,
+  stateHeld,
 } from '../../src/backends/iptables/render.js';
 import { formatMark, interfaceNameProblem } from '../../src/backends/iptables/rules.js';
 import { renderJumpRepairs } from '../../src/backends/iptables/precedence.js';
@@ -179,6 +182,80 @@ describe('iptables renderer', () => {
         ['80', '10.96.0.10'],
         ['8080', '10.96.0.11'],
       ]);
+    });
+  });
+
+  describe('comparing a nat table with what our chains must hold', () => {
+    const state: FamilyState = {
+      entries: Array.from({ length: 300 }, (_, i) =>
+        entry({ externalIp: `192.0.${2 + (i >> 8)}.${i & 255}`, service: `default/svc-${i}` }),
+      ),
+      localPodMatch: { kind: 'cidrs', cidrs: ['10.244.1.0/24'] },
+    };
+    /** The nat table after a whole write of `state` (its jumps inserted), KUBE-MARK-MASQ present. */
+    const written = () =>
+      parseNatSave(
+        renderFamilyRestore('ipv4', state, 0x4000, withKubeMarkMasq())
+          .text.replace('*nat\n', '*nat\n:KUBE-MARK-MASQ - [0:0]\n')
+          .replace(/^-I (PREROUTING|OUTPUT) 1 /gm, '-A $1 '),
+      );
+
+    it('finds a table written whole, or changed in order only, to hold it; a missing rule or goto not', async () => {
+      let pauses = 0;
+      const pause = () => {
+        pauses++;
+        return Promise.resolve();
+      };
+      const view = written();
+      const layout = renderChainRules('ipv4', state, 0x4000, true);
+      expect(chainsHold(view, layout)).to.equal(true);
+      expect(await stateHeld(view, 'ipv4', state, 0x4000, pause)).to.equal(true);
+      // 2 entry chains and 2 x 256 buckets, the event loop given back every 32 chains.
+      expect(layout.chains.size).to.equal(514);
+      expect(pauses).to.equal(16);
+      // Appended rules come last in their bucket: the same translations.
+      const bucket = view.rules.get('IPVS_OUTPUT_7')!;
+      view.rules.set('IPVS_OUTPUT_7', [...bucket.slice(2), ...bucket.slice(0, 2)]);
+      expect(await stateHeld(view, 'ipv4', state, 0x4000, pause)).to.equal(true);
+      // A DNAT rule before its mark rule is not.
+      view.rules.set('IPVS_OUTPUT_7', [bucket[1]!, bucket[0]!, ...bucket.slice(2)]);
+      expect(await stateHeld(view, 'ipv4', state, 0x4000, pause)).to.equal(false);
+      const noRule = written();
+      noRule.rules.get('IPVS_PREROUTING_9')!.pop();
+      expect(await stateHeld(noRule, 'ipv4', state, 0x4000, pause)).to.equal(false);
+      expect(chainsHold(noRule, layout)).to.equal(false);
+      const noGoto = written();
+      noGoto.rules.get('IPVS_OUTPUT')!.splice(3, 1);
+      expect(await stateHeld(noGoto, 'ipv4', state, 0x4000, pause)).to.equal(false);
+      // A bucket chain no goto reaches is walked by no packet: not looked at.
+      const stray = written();
+      stray.chains.add('IPVS_OUTPUT_c9');
+      stray.rules.set('IPVS_OUTPUT_c9', ['-j ACCEPT']);
+      expect(await stateHeld(stray, 'ipv4', state, 0x4000, pause)).to.equal(true);
+      // Without KUBE-MARK-MASQ the mark rules differ.
+      const withoutChain = written();
+      withoutChain.chains.delete(KUBE_MARK_MASQ);
+      expect(await stateHeld(withoutChain, 'ipv4', state, 0x4000, pause)).to.equal(false);
+    });
+
+    it('a whole write removes the bucket chains of ours the state no longer needs, and nothing is up to date then', () => {
+      const view = written();
+      const fewer: FamilyState = { ...state, entries: state.entries.slice(0, 200) };
+      const r = renderFamilyRestore('ipv4', fewer, 0x4000, view);
+      expect(r.upToDate).to.equal(false);
+      // Entries 200..255 had the buckets 200..255 to themselves.
+      const removed = r.text.split('\n').filter((l) => l.startsWith('-X '));
+      expect(removed).to.have.length(2 * 56);
+      expect(removed).to.include('-X IPVS_OUTPUT_255');
+      expect(r.text).to.match(/^:IPVS_OUTPUT_255 - \[0:0\]$/m);
+      expect(r.text.indexOf(':IPVS_OUTPUT_255 - [0:0]')).to.be.lessThan(r.text.indexOf('-X IPVS_OUTPUT_255'));
+      // The whole state: the table holds it, nothing to write.
+      expect(renderFamilyRestore('ipv4', state, 0x4000, view).upToDate).to.equal(true);
+      const stray = written();
+      stray.chains.add('IPVS_OUTPUT_c9');
+      expect(renderFamilyRestore('ipv4', state, 0x4000, stray).upToDate, 'a stray bucket chain to remove').to.equal(
+        false,
+      );
     });
   });
 

@@ -95,7 +95,7 @@ export function planPartialWrite(
     if (before === undefined && after.size === 0) continue;
     for (const { entry, of } of hooksOf(ctx)) {
       const chain = bucketChain(entry, bucket);
-      const rulesOf = (entries: Iterable<Entry>) => [...entries].flatMap((e) => entryRules(ctx, e)[of]);
+      const rulesOf = (entries: Iterable<Entry>) => [...entries].flatMap((e) => entryRules(ctx, e, of));
       if (before === undefined) {
         declare.push(`:${chain} - [0:0]`);
         append.push(`-A ${entry} ${gotoSpec(family, entry, bucket)}`);

@@ -14,8 +14,8 @@ import {
   entryRules,
   hooksOf,
   ruleContext,
-  type EntryRules,
   type Rejection,
+  type RuleContext,
 } from './rules.js';
 import type { DesiredState, Entry, Family, FamilyState } from '../../model/types.js';
 
@@ -39,13 +39,18 @@ export interface RenderedChains {
   programmed: number;
 }
 
-/** What our chains must hold for one family. */
-export function renderChainRules(
-  family: Family,
-  state: FamilyState,
-  masqueradeMark: number,
-  useKubeMarkMasq: boolean,
-): RenderedChains {
+/** A family's entries sorted into buckets, and what their rules share. */
+interface Sorted {
+  family: Family;
+  ctx: RuleContext;
+  /** The buckets with entries, in the order of their byte. */
+  order: Bucket[];
+  buckets: Map<Bucket, Entry[]>;
+  leftOut: Entry[];
+  rejected: Rejection[];
+}
+
+function sortEntries(family: Family, state: FamilyState, masqueradeMark: number, useKubeMarkMasq: boolean): Sorted {
   const rejected: Rejection[] = [];
   const leftOut: Entry[] = [];
   const buckets = new Map<Bucket, Entry[]>();
@@ -62,26 +67,38 @@ export function renderChainRules(
     else buckets.set(bucket, [e]);
   }
   const ctx = ruleContext(family, state.localPodMatch, masqueradeMark, useKubeMarkMasq, rejected);
-  const order = [...buckets.keys()].sort(byBucket(family));
-  const rules = new Map<Bucket, EntryRules[]>(order.map((b) => [b, buckets.get(b)!.map((e) => entryRules(ctx, e))]));
-  const chains = new Map<string, string[]>(ENTRY_CHAINS.map((c) => [c, []]));
-  for (const { entry, of } of hooksOf(ctx)) {
-    chains.set(
-      entry,
-      order.map((b) => gotoSpec(family, entry, b)),
-    );
-    for (const b of order)
-      chains.set(
-        bucketChain(entry, b),
-        rules.get(b)!.flatMap((r) => r[of]),
-      );
+  return { family, ctx, order: [...buckets.keys()].sort(byBucket(family)), buckets, leftOut, rejected };
+}
+
+/**
+ * Our chains and their rule specs, one at a time, in the order a whole write declares and fills
+ * them: the entry chains (their gotos, by bucket), then the bucket chains of each hook.
+ */
+function* chainsOf(sorted: Sorted): Generator<[string, string[]]> {
+  const { family, ctx, order, buckets } = sorted;
+  const hooks = hooksOf(ctx);
+  for (const entry of ENTRY_CHAINS) {
+    yield [entry, hooks.some((h) => h.entry === entry) ? order.map((b) => gotoSpec(family, entry, b)) : []];
   }
+  for (const { entry, of } of hooks) {
+    for (const b of order) yield [bucketChain(entry, b), buckets.get(b)!.flatMap((e) => entryRules(ctx, e, of))];
+  }
+}
+
+/** What our chains must hold for one family. */
+export function renderChainRules(
+  family: Family,
+  state: FamilyState,
+  masqueradeMark: number,
+  useKubeMarkMasq: boolean,
+): RenderedChains {
+  const sorted = sortEntries(family, state, masqueradeMark, useKubeMarkMasq);
+  const chains = new Map(chainsOf(sorted));
   const lines = (entries: boolean) =>
     [...chains].flatMap(([chain, specs]) =>
       ENTRY_CHAINS.includes(chain) === entries ? specs.map((spec) => `-A ${chain} ${spec}`) : [],
     );
-  // The `-A` lines only when asked for: a verification compares `chains`, and at 10,000 entries
-  // another 40,000 strings would only make garbage.
+  // The `-A` lines only when asked for: at 10,000 entries another 40,000 strings.
   return {
     chains,
     get gotos() {
@@ -90,10 +107,10 @@ export function renderChainRules(
     get rules() {
       return lines(false);
     },
-    buckets,
-    rejected,
-    leftOut,
-    programmed: state.entries.length - leftOut.length,
+    buckets: sorted.buckets,
+    rejected: sorted.rejected,
+    leftOut: sorted.leftOut,
+    programmed: state.entries.length - sorted.leftOut.length,
   };
 }
 
@@ -111,13 +128,39 @@ function headOf(spec: string): string {
  * port). A bucket chain of ours that no goto reaches is not looked at: no packet walks it.
  */
 export function chainsHold(current: NatTableView, layout: RenderedChains): boolean {
-  for (const [chain, specs] of layout.chains) {
-    const held = current.rules.get(chain);
-    if (!current.chains.has(chain) || held === undefined || held.length !== specs.length) return false;
-    // A chain written whole and not changed since holds the rendered order: no counting needed.
-    if (!specs.every((spec, i) => asSaved(spec) === held[i]) && !sameRules(held, specs)) return false;
+  for (const [chain, specs] of layout.chains) if (!chainHolds(current, chain, specs)) return false;
+  return true;
+}
+
+/**
+ * chainsHold for the chains `state` makes, rendered and compared one chain at a time, `pause()`
+ * awaited every few chains: at 10,000 entries the whole comparison takes a few hundred ms of the
+ * controller's thread, which a change that comes meanwhile then does not wait for.
+ */
+export async function stateHeld(
+  current: NatTableView,
+  family: Family,
+  state: FamilyState,
+  masqueradeMark: number,
+  pause: () => Promise<void>,
+): Promise<boolean> {
+  const sorted = sortEntries(family, state, masqueradeMark, current.chains.has(KUBE_MARK_MASQ));
+  let compared = 0;
+  for (const [chain, specs] of chainsOf(sorted)) {
+    if (!chainHolds(current, chain, specs)) return false;
+    if (++compared % CHAINS_BETWEEN_PAUSES === 0) await pause();
   }
   return true;
+}
+
+/** About 2,500 rules at 10,000 one-port entries. */
+const CHAINS_BETWEEN_PAUSES = 32;
+
+function chainHolds(current: NatTableView, chain: string, specs: readonly string[]): boolean {
+  const held = current.rules.get(chain);
+  if (!current.chains.has(chain) || held === undefined || held.length !== specs.length) return false;
+  // A chain written whole and not changed since holds the rendered order: no counting needed.
+  return specs.every((spec, i) => asSaved(spec) === held[i]) || sameRules(held, specs);
 }
 
 /** Whether `held` are `specs` as -save prints them, in another order with each mark rule before its DNAT rule. */

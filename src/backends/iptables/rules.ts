@@ -172,39 +172,36 @@ export function ruleContext(
   return { family, sources: sourceMatches(family, localPodMatch, rejected), markTarget };
 }
 
-/** The rules of one entry that passed entryProblem, per hook: specs without `-A CHAIN`. */
-export interface EntryRules {
-  prerouting: string[];
-  output: string[];
-}
+/** The hooks an entry has rules in. */
+export type HookName = 'prerouting' | 'output';
 
-/** A mark rule then a DNAT rule per source match, in each hook. */
-export function entryRules(ctx: RuleContext, e: Entry): EntryRules {
+/**
+ * The rules of one entry that passed entryProblem in one hook, specs without `-A CHAIN`: a mark
+ * rule then a DNAT rule per source match.
+ */
+export function entryRules(ctx: RuleContext, e: Entry, hook: HookName): string[] {
   const prefix = ctx.family === 'ipv4' ? 32 : 128;
   const proto = e.protocol.toLowerCase();
   const comment = `-m comment --comment "${e.service}"`;
-  const pair = (head: string) => [`${head} ${ctx.markTarget}`, `${head} -j DNAT --to-destination ${e.clusterIp}`];
   const destination = `-d ${e.externalIp}/${prefix}`;
-  const prerouting: string[] = [];
-  for (const source of ctx.sources) {
-    // An entry with source ranges: one rule pair per range (kube-proxy's firewall lets those
-    // sources through), within the local pod match.
-    for (const addresses of rangedSources(source, e.sourceRanges)) {
-      prerouting.push(
-        ...pair(`${withDestination(addresses, destination)} -p ${proto} ${comment} -m ${proto} --dport ${e.port}`),
-      );
+  const rules: string[] = [];
+  const pair = (head: string) =>
+    rules.push(`${head} ${ctx.markTarget}`, `${head} -j DNAT --to-destination ${e.clusterIp}`);
+  if (hook === 'prerouting') {
+    for (const source of ctx.sources) {
+      // An entry with source ranges: one rule pair per range (kube-proxy's firewall lets those
+      // sources through), within the local pod match.
+      for (const addresses of rangedSources(source, e.sourceRanges)) {
+        pair(`${withDestination(addresses, destination)} -p ${proto} ${comment} -m ${proto} --dport ${e.port}`);
+      }
+    }
+  } else {
+    for (const range of e.sourceRanges ?? ['']) {
+      const from = range === '' ? '' : `-s ${range} `;
+      pair(`${from}${destination} -p ${proto} ${comment} -m addrtype --src-type LOCAL -m ${proto} --dport ${e.port}`);
     }
   }
-  const output: string[] = [];
-  for (const range of e.sourceRanges ?? ['']) {
-    const from = range === '' ? '' : `-s ${range} `;
-    output.push(
-      ...pair(
-        `${from}${destination} -p ${proto} ${comment} -m addrtype --src-type LOCAL -m ${proto} --dport ${e.port}`,
-      ),
-    );
-  }
-  return { prerouting, output };
+  return rules;
 }
 
 /** A rendered rule as `-save` prints it back: `--or-mark X` is kept as `--set-xmark X/X`. */
@@ -218,7 +215,7 @@ export function asSaved(rule: string): string {
 /** An entry chain that gets bucket chains, and which of an entry's rules its buckets hold. */
 export interface Hook {
   entry: string;
-  of: keyof EntryRules;
+  of: HookName;
 }
 
 const BOTH_HOOKS: readonly Hook[] = [

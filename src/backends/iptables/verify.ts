@@ -4,49 +4,40 @@
 // process per chain (iptables-legacy reads the whole table for any listing anyway).
 
 import type { Entry, Family } from '../../model/types.js';
-import type { FamilyShape, ReadBack } from '../../reconciler/driver.js';
+import type { FamilyShape } from '../../reconciler/driver.js';
 import type { IptablesCommands } from './executor.js';
-import { KUBE_MARK_MASQ, parseNatSave, type NatTableView } from './parse.js';
+import { parseNatSave, type NatTableView } from './parse.js';
 import { renderJumpRepairs } from './precedence.js';
-import { chainsHold, renderChainRules } from './render.js';
+import { stateHeld } from './render.js';
 
-/** The nat table as a verification compares it. */
-export async function readVerificationView(commands: IptablesCommands): Promise<NatTableView> {
-  return parseNatSave(await commands.save('nat'));
+/**
+ * The nat table as a verification compares it, with the ruleset generation it was read at when
+ * nobody committed meanwhile (iptables-nft).
+ */
+export async function readVerificationView(
+  commands: IptablesCommands,
+): Promise<{ view: NatTableView; generation?: number }> {
+  const basis = await commands.generation();
+  const view = parseNatSave(await commands.save('nat'));
+  const settled = basis !== undefined && (await commands.generation()) === basis;
+  return settled ? { view, generation: basis } : { view };
 }
 
 /**
  * What differs between `view` and the chains `expected` and `shape` make: 'chains' when our
  * chains differ (they are written whole again), else 'jumps' when a jump must be moved back to
  * rule 1, else nothing. KUBE-MARK-MASQ as it is in `view`: kube-proxy may have created it since
- * our chains were written.
+ * our chains were written. The comparison gives the event loop back every few chains.
  */
-export function shapeDrift(
+export async function shapeDrift(
   family: Family,
   view: NatTableView,
   expected: readonly Entry[],
   shape: FamilyShape,
-): string[] {
-  const layout = renderChainRules(
-    family,
-    { entries: [...expected], localPodMatch: shape.state.localPodMatch },
-    shape.masqueradeMark,
-    view.chains.has(KUBE_MARK_MASQ),
-  );
-  if (!chainsHold(view, layout)) return ['chains'];
+): Promise<string[]> {
+  const state = { entries: [...expected], localPodMatch: shape.state.localPodMatch };
+  if (!(await stateHeld(view, family, state, shape.masqueradeMark, () => new Promise((r) => setImmediate(r))))) {
+    return ['chains'];
+  }
   return renderJumpRepairs(view).length > 0 ? ['jumps'] : [];
-}
-
-/** A read back of one family, with the ruleset generation it was read at when nobody committed meanwhile. */
-export async function readBackFamily(
-  commands: IptablesCommands,
-  expected: readonly Entry[],
-  shape: FamilyShape,
-): Promise<ReadBack> {
-  const basis = await commands.generation();
-  const view = await readVerificationView(commands);
-  const settled = basis !== undefined && (await commands.generation()) === basis;
-  const read: ReadBack = { missing: [], foreign: [], shapeDrift: shapeDrift(commands.family, view, expected, shape) };
-  if (settled) read.generation = basis;
-  return read;
 }

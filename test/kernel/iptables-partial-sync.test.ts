@@ -2,7 +2,9 @@
 // other ClusterIPs while connections from a pod (nat PREROUTING) and from the node (nat OUTPUT)
 // run through a Service that stays; none is lost and the kernel retransmits no SYN. Afterwards
 // our chains hold exactly the rules a fresh full write of the same state holds. Also: a partial
-// sync writes nothing for the state it wrote last, and entries left out are logged once.
+// sync writes nothing for the state it wrote last, entries left out are logged once, a removal
+// past the bound on deletes writes its buckets whole, and the flat chains of earlier versions
+// become the bucket layout in one restore.
 
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
@@ -11,6 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
 import { systemIptablesRunner, type IptablesRunner } from '../../src/backends/iptables/executor.js';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
+import { renderChainRules } from '../../src/backends/iptables/render.js';
 import { DesiredStateModel } from '../../src/model/desired-state.js';
 import type { ServiceInfo } from '../../src/model/types.js';
 import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
@@ -30,6 +33,19 @@ function filler(i: number, clusterShift = 0): ServiceInfo {
     clusterIP: `10.97.${(c >> 8) & 255}.${c & 255}`,
     ports: [{ port: 443, protocol: 'TCP' }],
     ingress: [{ ip: `198.18.${(i >> 8) & 255}.${i & 255}` }],
+  };
+}
+
+/** One address, `ports` ports, IPv4 only: a Service whose rules all sit in one bucket per hook. */
+function large(ports: number): ServiceInfo {
+  return {
+    namespace: 'tenant',
+    name: 'large',
+    type: 'LoadBalancer',
+    creationTimestamp: '2024-02-02T00:00:00Z',
+    clusterIP: '10.98.0.1',
+    ports: Array.from({ length: ports }, (_, i) => ({ port: 20_000 + i, protocol: 'TCP' as const })),
+    ingress: [{ ip: '203.0.113.7' }],
   };
 }
 
@@ -211,7 +227,7 @@ for (const variant of ['legacy', 'nft'] as const) {
       expect(ourRules(variant, 'ipv4')).to.deep.equal(rules);
     });
 
-    it('a removal past the bound on rule deletes writes our chains whole in its one restore, as a fresh write would', async () => {
+    it('a removal past the bound on rule deletes writes its bucket chains whole in its one restore, as a fresh write would', async () => {
       const restores: string[] = [];
       const runner: IptablesRunner = {
         run: (command, args, input) => {
@@ -221,13 +237,15 @@ for (const variant of ['legacy', 'nft'] as const) {
         legacyTables: (family) => systemIptablesRunner.legacyTables(family),
         generation: () => systemIptablesRunner.generation!(),
       };
-      const all = [...SERVICES, ...Array.from({ length: 1_000 }, (_, i) => filler(i))];
-      // Without the bound (the control) a small removal: one -D per rule costs minutes past a few hundred.
+      const base = [...SERVICES, ...Array.from({ length: 1_000 }, (_, i) => filler(i))];
+      // Without the bound (the control) a small removal: one -D per rule costs minutes past a few
+      // hundred in one chain. The removed Service's ports all sit in the buckets of its address's
+      // last byte (7), which fillers 7, 263, 519 and 775 keep.
       for (const [bound, removed] of [
         [Number.POSITIVE_INFINITY, 10],
-        [undefined, 100],
+        [undefined, 200],
       ] as const) {
-        const kept = all.slice(0, all.length - removed);
+        const all = [...base, large(removed)];
         backend = new Reconciler(
           new IptablesDriver(variant, {
             jumpCheckIntervalMs: 0,
@@ -248,32 +266,108 @@ for (const variant of ['legacy', 'nft'] as const) {
         restores.length = 0;
         try {
           await fromPod.started();
-          expect((await backend.sync(model.update(kept, NODE_INFO), { full: false })).mode).to.equal('partial');
+          expect((await backend.sync(model.update(base, NODE_INFO), { full: false })).mode).to.equal('partial');
         } finally {
           report = await fromPod.stop();
         }
         expect(report.failures, 'connections through a Service that stays').to.deep.equal([]);
-        // One restore for IPv4 (the fillers are IPv4 only): deletes without the bound, the chains declared with it.
-        const ipv4 = restores.filter((r) => r.includes('198.18.'));
-        expect(ipv4).to.have.length(1);
-        const deletes = ipv4[0]!.split('\n').filter((l) => l.startsWith('-D '));
+        // One restore, IPv4's (the removed Service is IPv4 only): deletes without the bound, the
+        // two bucket chains declared with it.
+        expect(restores).to.have.length(1);
+        const deletes = restores[0]!.split('\n').filter((l) => l.startsWith('-D '));
         if (bound === undefined) {
           expect(deletes, 'past the bound: no rule deleted one by one').to.deep.equal([]);
-          expect(ipv4[0]).to.match(/^:IPVS_PREROUTING - \[0:0\]$/m);
-          expect(ipv4[0]).to.match(/^:IPVS_OUTPUT - \[0:0\]$/m);
-          expect(ipv4[0], 'the jumps are not touched').to.not.match(/^-[DI] (PREROUTING|OUTPUT) /m);
+          expect(restores[0]!.split('\n').filter((l) => l.startsWith(':'))).to.deep.equal([
+            ':IPVS_PREROUTING_7 - [0:0]',
+            ':IPVS_OUTPUT_7 - [0:0]',
+          ]);
+          expect(restores[0], 'the jumps and gotos are not touched').to.not.match(
+            /^-[DI] (PREROUTING|OUTPUT|IPVS_\w+) -[dj] /m,
+          );
         } else {
           expect(deletes).to.have.length(4 * removed);
         }
         const partial = { ipv4: ourRules(variant, 'ipv4'), ipv6: ourRules(variant, 'ipv6') };
         await backend.cleanup();
         const fresh = new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 0 }));
-        await fresh.sync(new DesiredStateModel(CONFIG).update(kept, NODE_INFO), { full: true });
+        await fresh.sync(new DesiredStateModel(CONFIG).update(base, NODE_INFO), { full: true });
         expect(partial.ipv4).to.deep.equal(ourRules(variant, 'ipv4'));
         expect(partial.ipv6).to.deep.equal(ourRules(variant, 'ipv6'));
         await fresh.cleanup();
         await backend.cleanup();
       }
+    });
+
+    it('an upgraded node: the flat chains of earlier versions become the bucket layout in one restore, losing no connection', async () => {
+      const restores: string[] = [];
+      const runner: IptablesRunner = {
+        run: (command, args, input) => {
+          if (command.endsWith('-restore') && input !== undefined) restores.push(input);
+          return systemIptablesRunner.run(command, args, input);
+        },
+        legacyTables: (family) => systemIptablesRunner.legacyTables(family),
+        generation: () => systemIptablesRunner.generation!(),
+      };
+      const services = [...SERVICES, ...Array.from({ length: FILLERS }, (_, i) => filler(i))];
+      const desired = new DesiredStateModel(CONFIG).update(services, NODE_INFO);
+      // What an earlier version wrote: every rule in IPVS_PREROUTING / IPVS_OUTPUT themselves.
+      for (const family of ['ipv4', 'ipv6'] as const) {
+        const rendered = renderChainRules(family, desired[family], desired.masqueradeMark, false);
+        const flat = rendered.rules.map((r) => r.replace(/^-A (IPVS_PREROUTING|IPVS_OUTPUT)_\w+ /, '-A $1 '));
+        const input = [
+          '*nat',
+          ':IPVS_PREROUTING - [0:0]',
+          ':IPVS_OUTPUT - [0:0]',
+          '-I PREROUTING 1 -j IPVS_PREROUTING',
+        ];
+        input.push('-I OUTPUT 1 -j IPVS_OUTPUT', ...flat, 'COMMIT', '');
+        sh(`${family === 'ipv4' ? 'iptables' : 'ip6tables'}-${variant}-restore`, ['--noflush', '-w'], input.join('\n'));
+      }
+      expect(ourRules(variant, 'ipv4').filter((r) => r.startsWith('-A IPVS_OUTPUT '))).to.have.length(
+        2 * desired.ipv4.entries.length,
+      );
+      const fromPod = new Loop(
+        spawn(
+          'ip',
+          ['netns', 'exec', scenario.network.pod.ns, process.execPath, CONNECT_LOOP, LB_V4, '80', 'svc-a', '2'],
+          { stdio: ['pipe', 'pipe', 'inherit'] },
+        ),
+      );
+      const fromNode = new Loop(
+        spawn(process.execPath, [CONNECT_LOOP, LB_V4, '80', 'svc-a', '2'], { stdio: ['pipe', 'pipe', 'inherit'] }),
+      );
+      backend = new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 0, runner }));
+      let reports: LoopReport[];
+      try {
+        await fromPod.started();
+        await fromNode.started();
+        expect((await backend.sync(desired, { full: false })).mode).to.equal('full');
+        // Connections keep starting after the write, through the new chains.
+        await new Promise((r) => setTimeout(r, 200));
+      } finally {
+        reports = [await fromPod.stop(), await fromNode.stop()];
+      }
+      for (const [where, report] of [
+        ['pod', reports[0]!],
+        ['node', reports[1]!],
+      ] as const) {
+        expect(report.failures, `${where}: ${report.failed} of ${report.total} lost`).to.deep.equal([]);
+        expect(report.answered, where).to.equal(report.total);
+        expect(report.synRetransmits, `${where}: SYN retransmits`).to.equal(0);
+      }
+      // One restore per family, which flushed the flat chains and filled the buckets.
+      expect(restores).to.have.length(2);
+      for (const input of restores) expect(input).to.match(/^:IPVS_OUTPUT - \[0:0\]$/m);
+      const migrated = { ipv4: ourRules(variant, 'ipv4'), ipv6: ourRules(variant, 'ipv6') };
+      expect(
+        migrated.ipv4.filter((r) => r.startsWith('-A IPVS_OUTPUT ')).every((r) => / -g IPVS_OUTPUT_\d+$/.test(r)),
+      ).to.equal(true);
+      await backend.cleanup();
+      const fresh = new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 0 }));
+      await fresh.sync(desired, { full: true });
+      expect(ourRules(variant, 'ipv4')).to.deep.equal(migrated.ipv4);
+      expect(ourRules(variant, 'ipv6')).to.deep.equal(migrated.ipv6);
+      await fresh.cleanup();
     });
 
     it('a partial sync after a change writes nothing when the state comes again', async () => {

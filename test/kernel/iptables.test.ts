@@ -1,7 +1,7 @@
-// The iptables backend against the real kernel, for both variants: the listing reads like the
-// original controller's, KUBE-MARK-MASQ is used when present, rule 1 is kept, a kube-proxy
-// stand-in writing the same nat table concurrently loses nothing and neither do we, cleanup is
-// idempotent and safe without the tools. Runs as root inside `unshare --net --mount`.
+// The iptables backend against the real kernel, for both variants: each bucket chain lists like
+// the original controller's chain, KUBE-MARK-MASQ is used when present, rule 1 is kept, a
+// kube-proxy stand-in writing the same nat table concurrently loses nothing and neither do we,
+// cleanup is idempotent and safe without the tools. Runs as root inside `unshare --net --mount`.
 
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
@@ -12,7 +12,8 @@ import { execa } from 'execa';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { hasIptablesObjects } from '../../src/backends/iptables/nat-view.js';
 import { parseNatSave } from '../../src/backends/iptables/parse.js';
-import { asSaved, renderChainRules } from '../../src/backends/iptables/render.js';
+import { renderChainRules } from '../../src/backends/iptables/render.js';
+import { asSaved } from '../../src/backends/iptables/rules.js';
 import { detectIptablesVariant, type IptablesVariant } from '../../src/backends/iptables/variant.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { Family } from '../../src/model/types.js';
@@ -63,6 +64,29 @@ function ruleLines(save: string, chain: string): string[] {
   return save.split('\n').filter((l) => l.startsWith(`-A ${chain} `) || l === `-A ${chain}`);
 }
 
+/** The bucket chains of an entry chain, in the order of its gotos. */
+function bucketsOf(save: string, entry: string): string[] {
+  return ruleLines(save, entry).map((l) => / -g (\S+)$/.exec(l)![1]!);
+}
+
+/** The rules of an entry chain's buckets, bucket after bucket. */
+function bucketRuleLines(save: string, entry: string): string[] {
+  return bucketsOf(save, entry).flatMap((chain) => ruleLines(save, chain));
+}
+
+/** Every rule of our chains (gotos and translations), sorted: -save lists chains in its own order. */
+function ourRuleLines(save: string): string[] {
+  return save
+    .split('\n')
+    .filter((l) => /^-A IPVS_(PREROUTING|OUTPUT)(_\w+)? /.test(l))
+    .sort();
+}
+
+/** The rendered gotos and rules of a state, as -save prints them, sorted. */
+function renderedLines(rendered: { gotos: string[]; rules: string[] }): string[] {
+  return [...rendered.gotos, ...rendered.rules].map(asSaved).sort();
+}
+
 function createKubeMarkMasq(variant: IptablesVariant): void {
   restore(variant, '*nat\n:KUBE-MARK-MASQ - [0:0]\n-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\nCOMMIT\n');
 }
@@ -100,9 +124,14 @@ for (const variant of VARIANTS) {
       expect(result.entries).to.deep.equal({ ipv4: desired.ipv4.entries.length, ipv6: desired.ipv6.entries.length });
       for (const family of ['ipv4', 'ipv6'] as const) {
         const save = natSave(variant, family);
-        const { rules } = renderChainRules(family, desired[family], desired.masqueradeMark, false);
-        const held = [...ruleLines(save, 'IPVS_PREROUTING'), ...ruleLines(save, 'IPVS_OUTPUT')];
-        expect(held).to.deep.equal(rules.map(asSaved));
+        const rendered = renderChainRules(family, desired[family], desired.masqueradeMark, false);
+        expect(ourRuleLines(save)).to.deep.equal(renderedLines(rendered));
+        // Each bucket holds its rules in the rendered order.
+        for (const chain of bucketsOf(save, 'IPVS_OUTPUT')) {
+          expect(ruleLines(save, chain)).to.deep.equal(
+            rendered.rules.filter((r) => r.startsWith(`-A ${chain} `)).map(asSaved),
+          );
+        }
         const view = parseNatSave(save);
         expect(view.rules.get('PREROUTING')![0]).to.equal('-j IPVS_PREROUTING');
         expect(view.rules.get('OUTPUT')![0]).to.equal('-j IPVS_OUTPUT');
@@ -114,30 +143,41 @@ for (const variant of VARIANTS) {
       expect((await backend.sync(desired, { full: false })).mode).to.equal('noop');
     });
 
-    it('lists IPVS_OUTPUT and IPVS_PREROUTING like the original controller (with KUBE-MARK-MASQ)', async () => {
+    it('lists each bucket chain of IPVS_OUTPUT and IPVS_PREROUTING like the original controller (with KUBE-MARK-MASQ)', async () => {
       createKubeMarkMasq(variant);
       await backend.sync(seedDesired(), { full: true });
       for (const chain of ['IPVS_OUTPUT', 'IPVS_PREROUTING'] as const) {
-        const text = listing(variant, chain);
-        expect(text).to.match(new RegExp(`^Chain ${chain} \\(1 references\\)`));
-        // Each port adds a pair of rows; without protocol and port they are the original's rows.
-        const rows = listingRows(text).filter((row, i, all) => i < 2 || all[i - 2]!.join() !== row.join());
-        expect(rows).to.deep.equal(SEED[chain]);
+        const entry = listing(variant, chain);
+        expect(entry).to.match(new RegExp(`^Chain ${chain} \\(1 references\\)`));
+        // The entry chain goes to one bucket per last byte of the seed's addresses.
+        const buckets = listingRows(entry).map((row) => row[0]);
+        expect(buckets).to.deep.equal([`${chain}_57`, `${chain}_201`]);
+        const listings = [entry];
+        for (const bucket of buckets) {
+          const text = listing(variant, bucket);
+          expect(text).to.match(new RegExp(`^Chain ${bucket} \\(1 references\\)`));
+          // Each port adds a pair of rows; without protocol and port they are the original's rows
+          // of the bucket's address.
+          const rows = listingRows(text).filter((row, i, all) => i < 2 || all[i - 2]!.join() !== row.join());
+          expect(rows).to.deep.equal(SEED[chain].filter((row) => row[2] === rows[0]![2]));
+          listings.push(text);
+        }
         // Both variants list the same text.
-        assertGolden(`iptables-listing-${chain}.txt`, text);
+        assertGolden(`iptables-listing-${chain}.txt`, listings.join('\n\n'));
       }
     });
 
     it('uses KUBE-MARK-MASQ when it exists and sets the mark itself when it does not', async () => {
       const desired = seedDesired();
       await backend.sync(desired, { full: true });
-      let rules = ruleLines(natSave(variant), 'IPVS_OUTPUT');
+      let rules = bucketRuleLines(natSave(variant), 'IPVS_OUTPUT');
       expect(
         rules.filter((_, i) => i % 2 === 0).every((r) => r.endsWith('-j MARK --set-xmark 0x4000/0x4000')),
       ).to.equal(true);
       createKubeMarkMasq(variant);
       await backend.sync(desired, { full: true });
-      rules = ruleLines(natSave(variant), 'IPVS_OUTPUT');
+      rules = bucketRuleLines(natSave(variant), 'IPVS_OUTPUT');
+      expect(rules).to.have.length(8);
       expect(rules.filter((_, i) => i % 2 === 0).every((r) => r.endsWith('-j KUBE-MARK-MASQ'))).to.equal(true);
       expect(rules.filter((_, i) => i % 2 === 1).every((r) => r.includes('-j DNAT --to-destination'))).to.equal(true);
     });
@@ -215,10 +255,7 @@ for (const variant of VARIANTS) {
         `-d 10.97.0.${last}/32 -p tcp -m tcp --dport 80 -j KUBE-SEP-${last}`,
       ]);
       expect([...view.chains].filter((c) => c.startsWith('KUBE-SEP-'))).to.deep.equal([`KUBE-SEP-${last}`]);
-      const { rules } = renderChainRules('ipv4', b.ipv4, b.masqueradeMark, true);
-      expect([...ruleLines(save, 'IPVS_PREROUTING'), ...ruleLines(save, 'IPVS_OUTPUT')]).to.deep.equal(
-        rules.map(asSaved),
-      );
+      expect(ourRuleLines(save)).to.deep.equal(renderedLines(renderChainRules('ipv4', b.ipv4, b.masqueradeMark, true)));
     });
 
     it('cleanup removes chains and jumps only, and a second cleanup succeeds', async () => {

@@ -9,6 +9,7 @@ import { IptablesCommands } from '../../src/backends/iptables/executor.js';
 import { FakeIptables } from '../doubles/fake-iptables.js';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { JumpGuard } from '../../src/backends/iptables/jump-guard.js';
+import { parseBucketChain } from '../../src/backends/iptables/layout.js';
 import { BackendError } from '../../src/driver/driver.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, Family, ModelConfig, ServiceInfo } from '../../src/model/types.js';
@@ -29,12 +30,20 @@ function service(i: number): ServiceInfo {
 const state = (services: ServiceInfo[], config: Partial<ModelConfig> = {}): DesiredState =>
   buildDesiredState(services, NODE, { ...CONFIG, ...config });
 
-/** Our rules as `-save` prints them, for one family's nat table. */
+/** The rules of an entry chain's buckets, chain after chain; undefined when the entry chain does not exist. */
+function bucketRules(fake: FakeIptables, variant: 'legacy' | 'nft', family: Family, entry: string) {
+  const nat = fake.nat(variant, family);
+  if (!nat.chains.has(entry)) return undefined;
+  return [...nat.chains.keys()].filter((c) => parseBucketChain(c)?.entry === entry).flatMap((c) => nat.rules(c)!);
+}
+
+/** Our rules as `-save` prints them, for one family's nat table: the translations, the gotos and the jumps. */
 function ourChains(fake: FakeIptables, variant: 'legacy' | 'nft', family: Family) {
   const nat = fake.nat(variant, family);
   return {
-    prerouting: nat.rules('IPVS_PREROUTING'),
-    output: nat.rules('IPVS_OUTPUT'),
+    prerouting: bucketRules(fake, variant, family, 'IPVS_PREROUTING'),
+    output: bucketRules(fake, variant, family, 'IPVS_OUTPUT'),
+    gotos: { PREROUTING: nat.rules('IPVS_PREROUTING'), OUTPUT: nat.rules('IPVS_OUTPUT') },
     jumps: {
       PREROUTING: nat.rules('PREROUTING')?.filter((r) => r.includes('IPVS_')),
       OUTPUT: nat.rules('OUTPUT')?.filter((r) => r.includes('IPVS_')),
@@ -96,6 +105,16 @@ for (const variant of ['legacy', 'nft'] as const) {
         expect(chains.output).to.have.length(4);
       }
       const v4 = ourChains(fake, variant, 'ipv4');
+      // Each address in the bucket of its last byte, gone to from the entry chain.
+      expect(v4.gotos.OUTPUT).to.deep.equal([
+        '-d 0.0.0.1/0.0.0.255 -g IPVS_OUTPUT_1',
+        '-d 0.0.0.2/0.0.0.255 -g IPVS_OUTPUT_2',
+      ]);
+      expect(fake.nat(variant, 'ipv4').rules('IPVS_OUTPUT_2')).to.have.length(2);
+      expect(ourChains(fake, variant, 'ipv6').gotos.PREROUTING).to.deep.equal([
+        '-d ::1/::ff -g IPVS_PREROUTING_1',
+        '-d ::2/::ff -g IPVS_PREROUTING_2',
+      ]);
       expect(v4.output?.[0]).to.equal(
         '-d 192.0.2.1/32 -p tcp -m comment --comment "default/svc-1" -m addrtype --src-type LOCAL -m tcp --dport 80 -j MARK --set-xmark 0x4000/0x4000',
       );
@@ -126,13 +145,10 @@ for (const variant of ['legacy', 'nft'] as const) {
     });
 
     it('a partial sync deletes the rules of what went by their spec and appends what came, in one restore', async () => {
-      // Six rule deletes: at the bound, not past it.
-      backend = new Reconciler(
-        new IptablesDriver(variant, { runner: fake, jumpCheckIntervalMs: 0, rewriteAboveDeletes: 6 }),
-      );
       await backend.sync(state([service(1), service(2), service(3)]), { full: true });
       const before = fake.restores().length;
-      // Service 2 goes, service 3 gets another ClusterIP (its mark rules stay), service 4 comes.
+      // Service 2 goes (its buckets with it), service 3 gets another ClusterIP (its mark rules
+      // stay), service 4 comes (in new buckets).
       const retargeted: ServiceInfo = { ...service(3), clusterIP: '10.96.1.3', clusterIPs: ['10.96.1.3', 'fd00::1:3'] };
       const result = await backend.sync(state([service(1), retargeted, service(4)]), { full: false });
       expect(result.mode).to.equal('partial');
@@ -151,19 +167,30 @@ for (const variant of ['legacy', 'nft'] as const) {
         const want = ourChains(fresh, variant, family);
         expect([...got.output!].sort()).to.deep.equal([...want.output!].sort());
         expect([...got.prerouting!].sort()).to.deep.equal([...want.prerouting!].sort());
+        expect(got.gotos).to.deep.equal(want.gotos);
         expect(got.jumps).to.deep.equal(want.jumps);
+        expect([...fake.nat(variant, family).chains.keys()].sort()).to.deep.equal(
+          [...fresh.nat(variant, family).chains.keys()].sort(),
+        );
       }
     });
 
     it('a partial write the kernel refuses (the chains changed under it) becomes a whole write', async () => {
-      await backend.sync(state([service(1), service(2)]), { full: true });
-      const rules = ourChains(fake, variant, 'ipv4').output!;
+      // Service 258's address shares service 2's last byte: bucket 2 keeps it when service 2 goes.
+      const neighbour = lbService(258, {
+        clusterIPs: ['10.96.1.2'],
+        clusterIP: '10.96.1.2',
+        ingress: [{ ip: '192.0.3.2' }],
+      });
+      await backend.sync(state([service(1), service(2), neighbour]), { full: true });
+      const rules = fake.nat(variant, 'ipv4').rules('IPVS_OUTPUT_2')!;
+      expect(rules).to.have.length(4);
       // Someone deleted service 2's DNAT rule: deleting it again fails the partial write.
-      fake.write(variant, 'ipv4', `*nat\n-D IPVS_OUTPUT ${rules[3]!}\nCOMMIT\n`);
-      const result = await backend.sync(state([service(1)]), { full: false });
+      fake.write(variant, 'ipv4', `*nat\n-D IPVS_OUTPUT_2 ${rules[1]!}\nCOMMIT\n`);
+      const result = await backend.sync(state([service(1), neighbour]), { full: false });
       expect(result.mode).to.equal('full');
       expect(result.fallbackReason).to.equal('partial-failed');
-      expect(ourChains(fake, variant, 'ipv4').output).to.deep.equal(rules.slice(0, 2));
+      expect(fake.nat(variant, 'ipv4').rules('IPVS_OUTPUT_2')).to.deep.equal(rules.slice(2));
     });
 
     it('a partial sync of the state written last writes nothing and repeats the counts', async () => {
@@ -199,30 +226,68 @@ for (const variant of ['legacy', 'nft'] as const) {
       expect(fake.nat(variant, 'ipv4').save()).to.equal(saved);
     });
 
-    it('past the bound on rule deletes, a partial sync writes our chains whole in its one restore', async () => {
+    it('past the bound on rule deletes in a chain, a partial sync writes that chain whole in its one restore', async () => {
       backend = new Reconciler(
         new IptablesDriver(variant, { runner: fake, jumpCheckIntervalMs: 0, rewriteAboveDeletes: 5 }),
       );
-      await backend.sync(state([service(1), service(2), service(3)]), { full: true });
+      // Service 3 on three ports, and service 259 in the same bucket (its address ends in 3 too).
+      const threePorts = (s: ServiceInfo, n: number): ServiceInfo => ({
+        ...s,
+        ports: [80, 81, 82].slice(0, n).map((port) => ({ port, protocol: 'TCP' as const })),
+      });
+      const neighbour = lbService(259, {
+        clusterIPs: ['10.96.1.3'],
+        clusterIP: '10.96.1.3',
+        ingress: [{ ip: '192.0.3.3' }],
+      });
+      await backend.sync(state([service(1), threePorts(service(3), 3), neighbour]), { full: true });
       const before = fake.restores().length;
-      const retargeted: ServiceInfo = { ...service(3), clusterIP: '10.96.1.3', clusterIPs: ['10.96.1.3', 'fd00::1:3'] };
-      const result = await backend.sync(state([service(1), retargeted, service(4)]), { full: false });
+      // Two ports go: four deletes in each of service 3's bucket chains, at the bound: deleted.
+      expect(
+        (await backend.sync(state([service(1), threePorts(service(3), 1), neighbour]), { full: false })).mode,
+      ).to.equal('partial');
+      expect(fake.restores()[before]!.input).to.match(/^-D IPVS_OUTPUT_3 -d 192\.0\.2\.3\/32 .* --dport 82 -j DNAT/m);
+      expect(fake.restores()[before]!.input).to.not.match(/^:/m);
+      // Then service 3 comes back on three ports and goes with its address moved: six deletes per
+      // chain, past the bound: bucket 3's chains are written whole with service 259 alone, and the
+      // moved address is appended to the chains of its new bucket.
+      await backend.sync(state([service(1), threePorts(service(3), 3), neighbour]), { full: false });
+      const moved: ServiceInfo = {
+        ...threePorts(service(3), 3),
+        ingress: [{ ip: '192.0.2.103' }, { ip: '2001:db8::103' }],
+      };
+      const start = fake.restores().length;
+      const result = await backend.sync(state([service(1), moved, neighbour]), { full: false });
       expect(result.mode).to.equal('partial');
-      expect(result.entries).to.deep.equal({ ipv4: 3, ipv6: 3 });
-      const written = fake.restores().slice(before);
+      expect(result.entries).to.deep.equal({ ipv4: 5, ipv6: 4 });
+      const written = fake.restores().slice(start);
       expect(written).to.have.length(2);
       assertGolden('iptables-partial-rewrite.txt', written[0]!.input!);
       const fresh = new FakeIptables();
       await new Reconciler(new IptablesDriver(variant, { runner: fresh, jumpCheckIntervalMs: 0 })).sync(
-        state([service(1), retargeted, service(4)]),
+        state([service(1), moved, neighbour]),
         { full: true },
       );
       for (const family of ['ipv4', 'ipv6'] as const) {
-        expect(ourChains(fake, variant, family)).to.deep.equal(ourChains(fresh, variant, family));
+        const got = ourChains(fake, variant, family);
+        const want = ourChains(fresh, variant, family);
+        expect([...got.output!].sort()).to.deep.equal([...want.output!].sort());
+        expect([...got.prerouting!].sort()).to.deep.equal([...want.prerouting!].sort());
+        expect([...got.gotos.OUTPUT!].sort()).to.deep.equal([...want.gotos.OUTPUT!].sort());
+        // The chain written whole holds what a fresh write puts there, in its order.
+        expect(fake.nat(variant, family).rules('IPVS_OUTPUT_3')).to.deep.equal(
+          fresh.nat(variant, family).rules('IPVS_OUTPUT_3'),
+        );
       }
-      // What was written is known: the next change builds on it.
-      expect((await backend.sync(state([service(1), retargeted]), { full: false })).mode).to.equal('partial');
-      expect(fake.restores().at(-2)!.input).to.match(/^-D IPVS_OUTPUT -d 192\.0\.2\.4\/32 /m);
+      // What was written is known: the next change builds on it; a bucket that loses its last
+      // entry goes with its goto.
+      expect((await backend.sync(state([service(1), moved]), { full: false })).mode).to.equal('partial');
+      // Service 259 has no IPv6 address: one restore.
+      const last = fake.restores().at(-1)!.input!;
+      expect(last).to.include('-D IPVS_OUTPUT -d 0.0.0.3/0.0.0.255 -g IPVS_OUTPUT_3\n');
+      expect(last).to.include('-X IPVS_OUTPUT_3\n');
+      expect(fake.nat(variant, 'ipv4').chains.has('IPVS_OUTPUT_3')).to.equal(false);
+      expect(fake.nat(variant, 'ipv4').chains.has('IPVS_PREROUTING_3')).to.equal(false);
     });
 
     it('a full resync after another commit compares our chains with what was written, and writes nothing', async () => {
@@ -250,14 +315,19 @@ for (const variant of ['legacy', 'nft'] as const) {
       expect(fake.calls.length).to.be.greaterThan(calls);
     });
 
-    it('a full resync repairs our chain flushed by someone else', async () => {
+    it('a full resync repairs a bucket chain, or an entry chain, flushed by someone else', async () => {
       await backend.sync(state([service(1)]), { full: true });
       const rules = ourChains(fake, variant, 'ipv4').output;
-      fake.write(variant, 'ipv4', '*nat\n-F IPVS_OUTPUT\nCOMMIT\n');
+      const gotos = ourChains(fake, variant, 'ipv4').gotos;
+      fake.write(variant, 'ipv4', '*nat\n-F IPVS_OUTPUT_1\nCOMMIT\n');
       expect(ourChains(fake, variant, 'ipv4').output).to.deep.equal([]);
-      const result = await backend.sync(state([service(1)]), { full: true });
+      let result = await backend.sync(state([service(1)]), { full: true });
       expect(result.mode).to.equal('full');
       expect(ourChains(fake, variant, 'ipv4').output).to.deep.equal(rules);
+      fake.write(variant, 'ipv4', '*nat\n-F IPVS_PREROUTING\nCOMMIT\n');
+      result = await backend.sync(state([service(1)]), { full: true });
+      expect(result.mode).to.equal('full');
+      expect(ourChains(fake, variant, 'ipv4').gotos).to.deep.equal(gotos);
     });
 
     it('a full resync puts back our jump when someone removed it', async () => {
@@ -446,12 +516,52 @@ for (const variant of ['legacy', 'nft'] as const) {
       await guard.checkAll();
       expect(repaired).to.deep.equal(['ipv6']);
       expect(fake.nat(variant, 'ipv6').rules('PREROUTING')).to.deep.equal(['-j IPVS_PREROUTING', '-j KUBE-SERVICES']);
-      // It asked for rule 1 only, holding the lock.
-      const listings = fake.calls.filter((c) => c.command === `ip6tables-${variant}`).map((c) => c.args.join(' '));
-      expect(listings).to.include('-w 30 -t nat -S PREROUTING 1');
+      // iptables-nft asked for rule 1 only, holding the lock; iptables-legacy, which reads the
+      // whole table for any listing, read it with -save, which takes no lock.
+      const listings = fake.calls
+        .filter((c) => c.command.startsWith('ip6tables-'))
+        .map((c) => `${c.command} ${c.args.join(' ')}`);
+      if (variant === 'nft') {
+        expect(listings).to.include('ip6tables-nft -w 30 -t nat -S PREROUTING 1');
+      } else {
+        expect(listings).to.include('ip6tables-legacy-save -t nat');
+        expect(listings.filter((l) => l.startsWith('ip6tables-legacy '))).to.deep.equal([]);
+      }
     });
   });
 }
+
+describe('the jump guard of iptables-nft and our own commits', () => {
+  it('needs no round for a commit of ours, and makes one for anybody else’s', async () => {
+    const fake = new FakeIptables();
+    const backend = new Reconciler(new IptablesDriver('nft', { runner: fake, jumpCheckIntervalMs: 0 }));
+    await backend.sync(state([service(1)]), { full: true });
+    const guard = new JumpGuard({
+      variant: 'nft',
+      intervalMs: 60_000,
+      runner: fake,
+      exclusive: (work) => work(),
+      families: () => ['ipv4', 'ipv6'],
+    });
+    // Rule 1 of a hook, as the guard asks for it.
+    const firstRules = () => fake.calls.filter((c) => c.args.at(-1) === '1' && c.args.includes('-S')).length;
+    await guard.checkAll();
+    expect(firstRules(), 'the first round asks for rule 1 of both hooks in both families').to.equal(4);
+    // A change of ours: one commit per family, each of which the driver reports.
+    const before = fake.nftGeneration;
+    await backend.sync(state([service(1), service(2)]), { full: false });
+    expect(fake.nftGeneration).to.equal(before + 2);
+    guard.ownCommit(before, before + 1);
+    guard.ownCommit(before + 1, before + 2);
+    await guard.checkAll();
+    expect(firstRules(), 'nothing asked for after our commits').to.equal(4);
+    // Another writer's commit, even one that leaves our jumps alone, makes a round.
+    fake.write('nft', 'ipv4', '*nat\n:OTHER - [0:0]\nCOMMIT\n');
+    guard.ownCommit(fake.nftGeneration, fake.nftGeneration + 1);
+    await guard.checkAll();
+    expect(firstRules()).to.equal(8);
+  });
+});
 
 describe('the iptables stand-in refuses what the real commands refuse', () => {
   it('a restore without the lock wait, a deleted rule that is not there, a chain still jumped to', async () => {

@@ -4,8 +4,7 @@
 
 import { expect } from 'chai';
 import { parseNatSave } from '../../src/backends/iptables/parse.js';
-import { ourJumpFirstInEffect, targetOf } from '../../src/backends/iptables/precedence.js';
-import { renderJumpRepairs } from '../../src/backends/iptables/render.js';
+import { ourJumpFirstInEffect, renderJumpRepairs, targetOf } from '../../src/backends/iptables/precedence.js';
 
 /** A nat table with these extra chains and the given rules above ours in PREROUTING (OUTPUT: ours alone). */
 function table(above: string[], chains: Record<string, string[]> = {}): string {

@@ -1,5 +1,6 @@
-// The iptables renderer: golden restore inputs, the original controller's listing shape, jump
-// repairs, cleanup input and render-time validation. Pure: no iptables is run here.
+// The iptables renderer: golden restore inputs, the original controller's listing shape, the
+// comparison of a table with what our chains must hold, jump repairs, cleanup input and
+// render-time validation. Pure: no iptables is run here.
 // UPDATE_GOLDEN=1 rewrites the golden files from the current renderer (review the diff).
 
 import { expect } from 'chai';
@@ -12,14 +13,16 @@ import {
   type NatTableView,
 } from '../../src/backends/iptables/parse.js';
 import {
-  formatMark,
-  interfaceNameProblem,
+  chainsHold,
   renderChainRules,
-  renderCleanupRestore,
   renderDesiredStateRestoreText,
   renderFamilyRestore,
-  renderJumpRepairs,
+  stateHeld,
 } from '../../src/backends/iptables/render.js';
+import { formatMark, interfaceNameProblem } from '../../src/backends/iptables/rules.js';
+import { renderJumpRepairs } from '../../src/backends/iptables/precedence.js';
+import { renderCleanupRestore } from '../../src/backends/iptables/nat-view.js';
+import { parseBucketChain } from '../../src/backends/iptables/layout.js';
 import { countForeignRules, countHintChains } from '../../src/backends/iptables/variant.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { assertGolden } from '../support/golden.js';
@@ -145,10 +148,19 @@ describe('iptables renderer', () => {
       const desired = seedDesired();
       const { rules } = renderChainRules('ipv4', desired.ipv4, desired.masqueradeMark, true);
       for (const chain of ['IPVS_OUTPUT', 'IPVS_PREROUTING'] as const) {
-        const listed = rules.map(asListingRow).filter((v) => v.chain === chain);
-        // Each port adds a pair; seen without protocol and port, the pairs collapse to the seed's rows.
-        const rows = listed.map((v) => v.row).filter((row, i, all) => i < 2 || all[i - 2]!.join() !== row.join());
-        expect(rows).to.deep.equal(SEED[chain]);
+        const listed = rules.map(asListingRow).filter((v) => parseBucketChain(v.chain)?.entry === chain);
+        // Each address in the bucket chain of its last byte; each port adds a pair. Seen without
+        // protocol and port, a bucket's pairs collapse to the seed's rows of its address.
+        const buckets = [...new Set(listed.map((v) => v.chain))];
+        expect(buckets).to.deep.equal([`${chain}_57`, `${chain}_201`]);
+        for (const bucket of buckets) {
+          const rows = listed
+            .filter((v) => v.chain === bucket)
+            .map((v) => v.row)
+            .filter((row, i, all) => i < 2 || all[i - 2]!.join() !== row.join());
+          const address = `10.19.${bucket.endsWith('_57') ? '22.57' : '20.201'}`;
+          expect(rows).to.deep.equal(SEED[chain].filter((row) => row[2] === address));
+        }
       }
     });
 
@@ -170,6 +182,80 @@ describe('iptables renderer', () => {
         ['80', '10.96.0.10'],
         ['8080', '10.96.0.11'],
       ]);
+    });
+  });
+
+  describe('comparing a nat table with what our chains must hold', () => {
+    const state: FamilyState = {
+      entries: Array.from({ length: 300 }, (_, i) =>
+        entry({ externalIp: `192.0.${2 + (i >> 8)}.${i & 255}`, service: `default/svc-${i}` }),
+      ),
+      localPodMatch: { kind: 'cidrs', cidrs: ['10.244.1.0/24'] },
+    };
+    /** The nat table after a whole write of `state` (its jumps inserted), KUBE-MARK-MASQ present. */
+    const written = () =>
+      parseNatSave(
+        renderFamilyRestore('ipv4', state, 0x4000, withKubeMarkMasq())
+          .text.replace('*nat\n', '*nat\n:KUBE-MARK-MASQ - [0:0]\n')
+          .replace(/^-I (PREROUTING|OUTPUT) 1 /gm, '-A $1 '),
+      );
+
+    it('finds a table written whole, or changed in order only, to hold it; a missing rule or goto not', async () => {
+      let pauses = 0;
+      const pause = () => {
+        pauses++;
+        return Promise.resolve();
+      };
+      const view = written();
+      const layout = renderChainRules('ipv4', state, 0x4000, true);
+      expect(chainsHold(view, layout)).to.equal(true);
+      expect(await stateHeld(view, 'ipv4', state, 0x4000, pause)).to.equal(true);
+      // 2 entry chains and 2 x 256 buckets, the event loop given back every 32 chains.
+      expect(layout.chains.size).to.equal(514);
+      expect(pauses).to.equal(16);
+      // Appended rules come last in their bucket: the same translations.
+      const bucket = view.rules.get('IPVS_OUTPUT_7')!;
+      view.rules.set('IPVS_OUTPUT_7', [...bucket.slice(2), ...bucket.slice(0, 2)]);
+      expect(await stateHeld(view, 'ipv4', state, 0x4000, pause)).to.equal(true);
+      // A DNAT rule before its mark rule is not.
+      view.rules.set('IPVS_OUTPUT_7', [bucket[1]!, bucket[0]!, ...bucket.slice(2)]);
+      expect(await stateHeld(view, 'ipv4', state, 0x4000, pause)).to.equal(false);
+      const noRule = written();
+      noRule.rules.get('IPVS_PREROUTING_9')!.pop();
+      expect(await stateHeld(noRule, 'ipv4', state, 0x4000, pause)).to.equal(false);
+      expect(chainsHold(noRule, layout)).to.equal(false);
+      const noGoto = written();
+      noGoto.rules.get('IPVS_OUTPUT')!.splice(3, 1);
+      expect(await stateHeld(noGoto, 'ipv4', state, 0x4000, pause)).to.equal(false);
+      // A bucket chain no goto reaches is walked by no packet: not looked at.
+      const stray = written();
+      stray.chains.add('IPVS_OUTPUT_c9');
+      stray.rules.set('IPVS_OUTPUT_c9', ['-j ACCEPT']);
+      expect(await stateHeld(stray, 'ipv4', state, 0x4000, pause)).to.equal(true);
+      // Without KUBE-MARK-MASQ the mark rules differ.
+      const withoutChain = written();
+      withoutChain.chains.delete(KUBE_MARK_MASQ);
+      expect(await stateHeld(withoutChain, 'ipv4', state, 0x4000, pause)).to.equal(false);
+    });
+
+    it('a whole write removes the bucket chains of ours the state no longer needs, and nothing is up to date then', () => {
+      const view = written();
+      const fewer: FamilyState = { ...state, entries: state.entries.slice(0, 200) };
+      const r = renderFamilyRestore('ipv4', fewer, 0x4000, view);
+      expect(r.upToDate).to.equal(false);
+      // Entries 200..255 had the buckets 200..255 to themselves.
+      const removed = r.text.split('\n').filter((l) => l.startsWith('-X '));
+      expect(removed).to.have.length(2 * 56);
+      expect(removed).to.include('-X IPVS_OUTPUT_255');
+      expect(r.text).to.match(/^:IPVS_OUTPUT_255 - \[0:0\]$/m);
+      expect(r.text.indexOf(':IPVS_OUTPUT_255 - [0:0]')).to.be.lessThan(r.text.indexOf('-X IPVS_OUTPUT_255'));
+      // The whole state: the table holds it, nothing to write.
+      expect(renderFamilyRestore('ipv4', state, 0x4000, view).upToDate).to.equal(true);
+      const stray = written();
+      stray.chains.add('IPVS_OUTPUT_c9');
+      expect(renderFamilyRestore('ipv4', state, 0x4000, stray).upToDate, 'a stray bucket chain to remove').to.equal(
+        false,
+      );
     });
   });
 
@@ -249,11 +335,15 @@ describe('iptables renderer', () => {
       ':OUTPUT ACCEPT [0:0]',
       ':IPVS_OUTPUT - [0:0]',
       ':IPVS_PREROUTING - [0:0]',
+      ':IPVS_OUTPUT_10 - [0:0]',
       ':KUBE-MARK-MASQ - [0:0]',
       '-A PREROUTING -j IPVS_PREROUTING',
       '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
       '-A OUTPUT -j IPVS_OUTPUT',
+      // A rule of the flat layout of earlier versions, beside a bucket chain of the current one.
       '-A IPVS_OUTPUT -d 192.0.2.10/32 -p tcp -m comment --comment "default/svc-a" -m tcp --dport 80 -j KUBE-MARK-MASQ',
+      '-A IPVS_OUTPUT -d 0.0.0.10/0.0.0.255 -g IPVS_OUTPUT_10',
+      '-A IPVS_OUTPUT_10 -d 192.0.2.10/32 -p tcp -m comment --comment "default/svc-a" -m tcp --dport 80 -j KUBE-MARK-MASQ',
       '-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000',
       'COMMIT',
       '',
@@ -261,7 +351,14 @@ describe('iptables renderer', () => {
 
     it('parses the nat section only', () => {
       const v = parseNatSave(SAVE);
-      expect([...v.chains]).to.deep.equal(['PREROUTING', 'OUTPUT', 'IPVS_OUTPUT', 'IPVS_PREROUTING', 'KUBE-MARK-MASQ']);
+      expect([...v.chains]).to.deep.equal([
+        'PREROUTING',
+        'OUTPUT',
+        'IPVS_OUTPUT',
+        'IPVS_PREROUTING',
+        'IPVS_OUTPUT_10',
+        'KUBE-MARK-MASQ',
+      ]);
       expect(v.rules.get('PREROUTING')!).to.have.lengthOf(2);
       expect(v.rules.get('IPVS_PREROUTING')).to.deep.equal([]);
       expect(hasOurObjects(v)).to.equal(true);
@@ -272,14 +369,22 @@ describe('iptables renderer', () => {
     it('tells our rules from others, and counts the others and the kubelet hint chains', () => {
       expect(isOurRule('-A IPVS_OUTPUT -d 192.0.2.10/32 -j KUBE-MARK-MASQ')).to.equal(true);
       expect(isOurRule('-A PREROUTING -j IPVS_PREROUTING')).to.equal(true);
+      expect(isOurRule('-A IPVS_OUTPUT -d 0.0.0.10/0.0.0.255 -g IPVS_OUTPUT_10')).to.equal(true);
+      expect(isOurRule('-A IPVS_OUTPUT_10 -d 192.0.2.10/32 -j KUBE-MARK-MASQ')).to.equal(true);
+      expect(isOurRule('-A IPVS_PREROUTING_c9 -d 2001:db8::c9/128 -j KUBE-MARK-MASQ')).to.equal(true);
       expect(isOurRule('-A PREROUTING -j IPVS_PREROUTING_OTHER')).to.equal(false);
+      expect(isOurRule('-A IPVS_OUTPUT_OTHER -j ACCEPT')).to.equal(false);
+      expect(isOurRule('-A OTHER -m comment --comment "-j IPVS_OUTPUT" -j ACCEPT')).to.equal(false);
       expect(isOurRule('-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000')).to.equal(false);
       expect(countForeignRules(SAVE)).to.equal(3);
       expect(countHintChains(SAVE)).to.equal(1);
     });
 
-    it('renders a cleanup that removes jumps, then flushes and deletes our chains', () => {
-      assertGolden('iptables-cleanup.txt', renderCleanupRestore(parseNatSave(SAVE))!);
+    it('renders a cleanup that removes jumps, then flushes and deletes our chains, buckets included', () => {
+      const cleanup = renderCleanupRestore(parseNatSave(SAVE))!;
+      expect(cleanup).to.include(':IPVS_OUTPUT_10 - [0:0]');
+      expect(cleanup.indexOf('-X IPVS_OUTPUT_10')).to.be.greaterThan(cleanup.indexOf(':IPVS_OUTPUT - [0:0]'));
+      assertGolden('iptables-cleanup.txt', cleanup);
       const others = parseNatSave('*nat\n:OUTPUT ACCEPT [0:0]\n-A OUTPUT -j KUBE-SERVICES\nCOMMIT\n');
       expect(renderCleanupRestore(others)).to.equal(undefined);
     });
@@ -310,7 +415,13 @@ describe('iptables renderer', () => {
       expect(r.rejected).to.have.lengthOf(bad.length);
       bad.forEach(([, reason], i) => expect(r.rejected[i]!.reason).to.match(reason));
       expect(r.text, 'nothing of a bad value reaches the restore input').to.not.include('INPUT');
-      expect(r.text.split('\n').filter((l) => l.startsWith('-A '))).to.have.lengthOf(4);
+      expect(r.rules).to.have.lengthOf(4);
+      // One bucket (192.0.2.10: 10) in each hook.
+      expect(r.gotos).to.deep.equal([
+        '-A IPVS_PREROUTING -d 0.0.0.10/0.0.0.255 -g IPVS_PREROUTING_10',
+        '-A IPVS_OUTPUT -d 0.0.0.10/0.0.0.255 -g IPVS_OUTPUT_10',
+      ]);
+      expect(r.text.split('\n').filter((l) => l.startsWith('-A '))).to.have.lengthOf(6);
       expect(r.text).to.include('--comment "default/good"');
     });
 
@@ -320,7 +431,7 @@ describe('iptables renderer', () => {
         localPodMatch: { kind: 'cidrs', cidrs: ['10.244.1.7/24', 'fd01::/64', 'nonsense'] },
       };
       const r = renderChainRules('ipv4', state, 0x4000, false);
-      expect(r.rules.some((l) => l.startsWith('-A IPVS_PREROUTING -s 10.244.1.0/24 '))).to.equal(true);
+      expect(r.rules.some((l) => l.startsWith('-A IPVS_PREROUTING_10 -s 10.244.1.0/24 '))).to.equal(true);
       expect(r.rejected.map((x) => x.item)).to.deep.equal(['local pod CIDR "fd01::/64"', 'local pod CIDR "nonsense"']);
       const v6 = renderChainRules(
         'ipv6',

@@ -181,11 +181,11 @@ describe('source ranges: what the backends write', () => {
     );
     const heads = [...new Set(rules.map((r) => r.replace(/ -p tcp .*/, '')))];
     expect(heads).to.deep.equal([
-      '-A IPVS_PREROUTING -s 10.244.1.0/24 -d 192.0.2.10/32',
-      '-A IPVS_PREROUTING -s 10.244.1.2/32 -d 192.0.2.10/32',
-      '-A IPVS_OUTPUT -s 10.0.0.0/8 -d 192.0.2.10/32',
-      '-A IPVS_OUTPUT -s 10.244.1.2/32 -d 192.0.2.10/32',
-      '-A IPVS_OUTPUT -s 203.0.113.0/24 -d 192.0.2.10/32',
+      '-A IPVS_PREROUTING_10 -s 10.244.1.0/24 -d 192.0.2.10/32',
+      '-A IPVS_PREROUTING_10 -s 10.244.1.2/32 -d 192.0.2.10/32',
+      '-A IPVS_OUTPUT_10 -s 10.0.0.0/8 -d 192.0.2.10/32',
+      '-A IPVS_OUTPUT_10 -s 10.244.1.2/32 -d 192.0.2.10/32',
+      '-A IPVS_OUTPUT_10 -s 203.0.113.0/24 -d 192.0.2.10/32',
     ]);
     const byInterface = renderChainRules(
       'ipv4',
@@ -197,7 +197,7 @@ describe('source ranges: what the backends write', () => {
       false,
     );
     expect(byInterface.rules[0]).to.match(
-      /^-A IPVS_PREROUTING -s 10\.0\.0\.0\/8 -d 192\.0\.2\.10\/32 -i veth\+ -p tcp/,
+      /^-A IPVS_PREROUTING_10 -s 10\.0\.0\.0\/8 -d 192\.0\.2\.10\/32 -i veth\+ -p tcp/,
     );
   });
 

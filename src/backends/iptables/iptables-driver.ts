@@ -1,14 +1,15 @@
-// The iptables driver: chains IPVS_PREROUTING and IPVS_OUTPUT in the nat table of one iptables
-// variant (legacy or nft), for IPv4 (iptables) and IPv6 (ip6tables), each write one
-// `-restore --noflush` transaction per family; the xtables lock (-w) keeps kube-proxy's own
-// restores and ours from interleaving.
+// The iptables driver: our chains in the nat table of one iptables variant (legacy or nft), for
+// IPv4 (iptables) and IPv6 (ip6tables), each write one `-restore --noflush` transaction per
+// family; the xtables lock (-w) keeps kube-proxy's own restores and ours from interleaving.
 //
-// - A family written whole declares our chains (so flushes them), writes their rules and repairs
-//   the jump rules. With iptables-legacy the whole nat table is read anyway, so a table that
-//   already holds exactly our rules is left as it is (no rewrite, counters kept).
-// - Element changes are single-rule deletes and appends (render.ts renderPartialRestore); past
-//   REWRITE_ABOVE_DELETES deletes, our chains written whole in the same restore instead.
-// - A read back lists our chains and the jumps and names what differs: 'chains' (written whole
+// - Where the rules sit: layout.ts (entry chains IPVS_PREROUTING / IPVS_OUTPUT going to bucket
+//   chains by the destination's last byte); what they are: rules.ts.
+// - A family written whole (render.ts) declares our chains (so flushes them), writes their rules,
+//   removes the bucket chains no longer needed and repairs the jump rules. With iptables-legacy
+//   the whole nat table is read anyway, so a table that already holds exactly our rules is left
+//   as it is (no rewrite, counters kept).
+// - Element changes are deletes and appends in the buckets they touch (partial-write.ts).
+// - A read back (verify.ts) reads the nat table and names what differs: 'chains' (written whole
 //   again) or 'jumps' (moved back to rule 1).
 // - With iptables-nft every commit bumps the nf_tables ruleset generation, read around each of
 //   ours: the reconciler trusts a family while every commit since it was exact was ours.
@@ -18,7 +19,7 @@
 // have passed by; it never runs conntrack itself, so no write waits for a flow clean-up.
 
 import type { Logger } from 'pino';
-import { FAMILIES, type Entry, type Family, type FamilyState, type LocalPodMatch } from '../../model/types.js';
+import { FAMILIES, type Entry, type Family, type FamilyState } from '../../model/types.js';
 import type {
   Applied,
   Driver,
@@ -31,19 +32,16 @@ import type {
 } from '../../driver/driver.js';
 import type { TranslationsBypassed } from '../../driver/kernel-change.js';
 import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './executor.js';
-import { KUBE_MARK_MASQ, OUR_CHAINS, emptyNatTable, parseNatSave, type NatTableView } from './parse.js';
-import {
-  assembleRestore,
-  chainsHold,
-  entryLabel,
-  renderChainRules,
-  renderFamilyRestore,
-  renderJumpRepairs,
-  renderPartialRestore,
-  type Rejection,
-} from './render.js';
+import { bucketOf } from './layout.js';
+import { KUBE_MARK_MASQ, emptyNatTable } from './parse.js';
+import { planPartialWrite, recordPartialWrite } from './partial-write.js';
+import { renderJumpRepairs } from './precedence.js';
+import { FamilyRecord } from './record.js';
+import { renderFamilyRestore } from './render.js';
+import type { Rejection } from './rules.js';
+import { readVerificationView, shapeDrift } from './verify.js';
 import { JumpGuard } from './jump-guard.js';
-import { readChains, readJumpView, removeIptablesObjects, withRetries } from './nat-view.js';
+import { readJumpView, readWriteView, removeIptablesObjects, withRetries } from './nat-view.js';
 
 export interface IptablesDriverOptions {
   /** Rejections (once per change) and jump repairs are logged here. */
@@ -53,67 +51,45 @@ export interface IptablesDriverOptions {
   /** Runs the iptables commands; the real ones by default. */
   runner?: IptablesRunner;
   /**
-   * Rule deletes in one partial write above which our chains are written whole instead
-   * (REWRITE_ABOVE_DELETES by default; Infinity: never, 0: on every delete).
+   * Rule deletes in one chain of one partial write above which that chain is written whole
+   * instead (REWRITE_ABOVE_DELETES by default; Infinity: never, 0: on every delete).
    */
   rewriteAboveDeletes?: number;
 }
 
 /**
- * Rule deletes in one partial write above which the chains are written whole instead: a `-D`
- * finds its rule by walking the chain (libiptc compares the rules one by one; iptables-nft
- * converts every rule of the chain back to compare it), so N deletes cost N walks of the chain,
- * while a write of the chain whole costs one. Chosen from `npm run bench -- --only
- * iptables-removal` (docs/iptables.md, "Large removals"), with the removed rules at the end of
- * 40,000-rule chains: legacy's deletes cost less than a rewrite up to 256 and ten times more at
- * 1,024; iptables-nft's cost more than a rewrite from 16 on (and as much at 4, one entry's rules).
+ * Rule deletes in one chain of a partial write above which the chain is written whole instead: a
+ * `-D` finds its rule by walking the chain, so N deletes cost N walks of it, while a write of the
+ * chain whole costs one. Chosen from `npm run bench -- --only iptables-removal` (docs/iptables.md,
+ * "Large removals"), with the removed rules at the end of 40,000-rule chains (one Service of
+ * 10,000 ports on one address: one bucket chain per hook holds them all): legacy's deletes cost
+ * less than a rewrite up to 256 and ten times more at 1,024; iptables-nft's cost more than a
+ * rewrite from 16 on (and as much at 4).
  */
 export const REWRITE_ABOVE_DELETES: Readonly<Record<IptablesVariant, number>> = { legacy: 256, nft: 4 };
 
-/** How a write names an (external IP, protocol, port). */
-function flowKey(e: Pick<Entry, 'externalIp' | 'protocol' | 'port'>): string {
-  return `${e.externalIp} ${e.protocol} ${e.port}`;
-}
-
-/** Two rules per entry, walked one by one by every new connection that leaves the node. */
+/** Two rules per entry and hook; a new connection walks at most 256 gotos and the rules of one bucket. */
 export const IPTABLES_CAPACITY: EntryCapacity = {
   defaultEntries: 20_000,
-  why: 'every new connection walks two rules per entry',
+  why: 'each write of iptables-legacy replaces the whole table, whose size grows with the rules',
 };
-
-/** What the rules of a family were last written with, besides the entries. */
-interface WrittenFamily {
-  localPodMatch: LocalPodMatch;
-  masqueradeMark: number;
-  /** Whether the mark rules jump to KUBE-MARK-MASQ (it existed when the chains were written). */
-  useKubeMarkMasq: boolean;
-  /** The entries written, by (external IP, protocol, port) (flowKey): a chain written whole again holds them. */
-  entries: Map<string, Entry>;
-  /** Entries with rules. */
-  programmed: number;
-  rejected: Rejection[];
-}
-
-/**
- * Our chains and the jumps as a verification needs them: legacy reads the whole nat table (one
- * -save, what any listing costs there); iptables-nft lists the four chains it needs.
- */
-async function readVerificationView(commands: IptablesCommands): Promise<NatTableView> {
-  if (commands.variant === 'legacy') return parseNatSave(await commands.save('nat'));
-  return readChains(commands, OUR_CHAINS, await readJumpView(commands));
-}
 
 export class IptablesDriver implements Driver {
   readonly name = 'iptables' as const;
   readonly label: string;
   readonly capacity = IPTABLES_CAPACITY;
   readonly capabilities: DriverCapabilities;
-  private readonly written = new Map<Family, WrittenFamily>();
+  private readonly written = new Map<Family, FamilyRecord>();
   private readonly rewriteAboveDeletes: number;
-  /** Writes, removals and jump repairs write the same rules: one at a time. */
-  private queue: Promise<unknown> = Promise.resolve();
+  /**
+   * The reconciler runs its writes one at a time, but the jump guard repairs our jumps on a timer,
+   * outside its syncs; both delete jump rules by their spec, computed from a listing. So a repair
+   * and an apply() take turns here: neither deletes a jump the other just moved (which would fail
+   * the restore), and a verification's jump repair reads and writes in one turn.
+   */
+  private turns: Promise<unknown> = Promise.resolve();
   private readonly jumpGuard: JumpGuard | undefined;
-  /** Our writes under way, and a count that moves as each starts and ends: a read alongside them sees one it overlapped. */
+  /** Applies under way, and a count that moves as each starts and ends: a read alongside them sees one it overlapped. */
   private writesUnderWay = 0;
   private writeEvents = 0;
   /** Per family, the rejections last logged. */
@@ -142,7 +118,7 @@ export class IptablesDriver implements Driver {
         logger: options.logger,
         // Its repairs touch only the jumps, which a verification reads again before it repairs
         // them: they do not make a listing alongside our writes unfinished.
-        exclusive: (work) => this.exclusive(work, false),
+        exclusive: (work) => this.turn(work),
         families: () => this.written.keys(),
         runner: options.runner,
         onRepair: (family) => this.bypassed(family),
@@ -168,11 +144,10 @@ export class IptablesDriver implements Driver {
     return JSON.stringify([shape.state.localPodMatch, shape.masqueradeMark]);
   }
 
-  /** Runs `work` after the writes before it; `tracked`: a write of our chains, which a listing alongside must not overlap. */
-  private exclusive<T>(work: () => Promise<T>, tracked = true): Promise<T> {
-    const next = tracked ? () => this.tracked(work) : work;
-    const run = this.queue.then(next, next);
-    this.queue = run.catch(() => undefined);
+  /** Runs `work` once the turn before it has ended. */
+  private turn<T>(work: () => Promise<T>): Promise<T> {
+    const run = this.turns.then(work, work);
+    this.turns = run.catch(() => undefined);
     return run;
   }
 
@@ -184,12 +159,11 @@ export class IptablesDriver implements Driver {
     this.bypassListeners.push(listener);
   }
 
-  /** Tells the listeners, outside the queue of writes; what they do is not waited for. */
+  /** Tells the listeners, outside the turns of writes; what they do is not waited for. */
   private bypassed(family: Family): void {
-    const entries = this.written.get(family)?.entries;
-    if (!entries || entries.size === 0) return;
-    const bypass: TranslationsBypassed = { family, entries: [...entries.values()] };
-    for (const listener of this.bypassListeners) listener(bypass);
+    const entries = this.written.get(family)?.programmedEntries();
+    if (!entries || entries.length === 0) return;
+    for (const listener of this.bypassListeners) listener({ family, entries });
   }
 
   private commands(family: Family): IptablesCommands {
@@ -198,7 +172,7 @@ export class IptablesDriver implements Driver {
 
   async probe(): Promise<ProbeResult> {
     // A test restore (parsed and built, not committed) of rules of our shape proves the tools,
-    // the nat table and the extensions used (comment, addrtype, tcp, MARK, DNAT).
+    // the nat table and the extensions used (comment, addrtype, tcp, MARK, DNAT, goto, masks).
     const sample: FamilyState = {
       entries: [],
       localPodMatch: { kind: 'interfacePrefix', prefix: 'veth' },
@@ -226,11 +200,24 @@ export class IptablesDriver implements Driver {
     return this.commands('ipv4').generation();
   }
 
-  /** One restore per operation; the jump guard runs once a family is written. */
+  /** One restore per operation, all in one turn; the jump guard runs once a family is written. */
   async apply(operations: readonly DriverOperation[]): Promise<Applied> {
+    // Stopped before the turn: a round under way may be waiting for one.
+    if (operations.some((op) => op.kind === 'removeAll')) await this.jumpGuard?.stop();
+    const { applied, repairedJumps } = await this.turn(() => this.tracked(() => this.applyInTurn(operations)));
+    for (const family of repairedJumps) this.bypassed(family);
+    if (applied.generations) this.jumpGuard?.ownCommit(applied.generations.before, applied.generations.after);
+    if (this.written.size > 0) this.jumpGuard?.start();
+    return applied;
+  }
+
+  private async applyInTurn(
+    operations: readonly DriverOperation[],
+  ): Promise<{ applied: Applied; repairedJumps: Family[] }> {
     const before = await this.generation();
     let restores = 0;
     const leftOut: Partial<Record<Family, number>> = {};
+    const repairedJumps: Family[] = [];
     const count = (family: Family, entries: number, wrote: boolean) => {
       if (wrote) restores++;
       leftOut[family] = entries - (this.written.get(family)?.programmed ?? 0);
@@ -242,11 +229,9 @@ export class IptablesDriver implements Driver {
           count(op.family, op.state.entries.length, await this.writeWhole(op.family, op.state, op.masqueradeMark));
           break;
         case 'writeShape':
-        case 'elements': {
-          const wrote = await this.writeChanges(op.family, op.remove as readonly Entry[], op.add);
-          if (wrote) restores++;
+        case 'elements':
+          if (await this.writeChanges(op.family, op.remove as readonly Entry[], op.add)) restores++;
           break;
-        }
         case 'repairShape':
           if (op.parts.includes('chains')) {
             const state = { entries: [...op.entries], localPodMatch: op.shape.state.localPodMatch };
@@ -256,18 +241,14 @@ export class IptablesDriver implements Driver {
             );
             count(op.family, op.entries.length, await this.writeWhole(op.family, state, op.shape.masqueradeMark));
           } else if (op.parts.includes('jumps')) {
+            // Read again in this turn: the jump guard may have repaired the jumps since the read
+            // back, and deletes computed from an older view would fail.
             const commands = this.commands(op.family);
-            // Read and written in one turn of the queue: the jump guard may have repaired the
-            // jumps since the read back, and deletes computed from an older view would fail.
-            const repaired = await this.exclusive(async () => {
-              const repairs = renderJumpRepairs(await readJumpView(commands));
-              if (repairs.length === 0) return false;
+            const repairs = renderJumpRepairs(await readJumpView(commands));
+            if (repairs.length > 0) {
               await commands.restore(['*nat', ...repairs, 'COMMIT', ''].join('\n'));
-              return true;
-            });
-            if (repaired) {
               restores++;
-              this.bypassed(op.family);
+              repairedJumps.push(op.family);
             }
           }
           break;
@@ -277,7 +258,6 @@ export class IptablesDriver implements Driver {
           break;
       }
     }
-    if (this.written.size > 0) this.jumpGuard?.start();
     const rejected: NonNullable<Applied['rejected']> = {};
     for (const op of operations) {
       for (const family of op.kind === 'removeAll' ? FAMILIES : [op.family]) {
@@ -288,88 +268,50 @@ export class IptablesDriver implements Driver {
     if (restores === 0) applied.unchanged = true;
     const after = restores === 1 ? await this.generation() : undefined;
     if (before !== undefined && after !== undefined) applied.generations = { before, after };
-    return applied;
+    return { applied, repairedJumps };
   }
 
   /** Our chains written whole (declared, so flushed) and the jumps repaired; false: the kernel held them already. */
   private async writeWhole(family: Family, state: FamilyState, masqueradeMark: number): Promise<boolean> {
     this.written.delete(family);
     const commands = this.commands(family);
-    const result = await this.exclusive(() =>
-      withRetries(async () => {
-        const current = await readJumpView(commands);
-        const rendered = renderFamilyRestore(family, state, masqueradeMark, current);
-        if (!rendered.upToDate) await commands.restore(rendered.text);
-        return { ...rendered, useKubeMarkMasq: current.chains.has(KUBE_MARK_MASQ) };
-      }),
-    );
-    this.written.set(family, {
-      localPodMatch: state.localPodMatch,
-      masqueradeMark,
-      useKubeMarkMasq: result.useKubeMarkMasq,
-      entries: new Map(state.entries.map((e) => [flowKey(e), e])),
-      programmed: result.programmed,
-      rejected: result.rejected,
+    const { rendered, useKubeMarkMasq } = await withRetries(async () => {
+      const current = await readWriteView(commands);
+      const rendered = renderFamilyRestore(family, state, masqueradeMark, current);
+      if (!rendered.upToDate) await commands.restore(rendered.text);
+      return { rendered, useKubeMarkMasq: current.chains.has(KUBE_MARK_MASQ) };
     });
-    this.reportRejections(family, result.rejected);
-    return !result.upToDate;
+    const shape = { localPodMatch: state.localPodMatch, masqueradeMark, useKubeMarkMasq };
+    this.written.set(family, FamilyRecord.of(rendered, shape));
+    this.reportRejections(family, rendered.rejected);
+    return !rendered.upToDate;
   }
 
-  /**
-   * The rules of the entries that went and came, as one restore; false when no rule changes.
-   * Above the variant's REWRITE_ABOVE_DELETES, our chains are declared (so flushed) and written
-   * with the entries that stay and come, in the same restore instead: one transaction either way
-   * (iptables-legacy replaces the table in one step; iptables-nft commits the restore as one
-   * nf_tables batch), so packets see the old rules or the new ones. The jumps are not touched.
-   */
+  /** The rules of the entries that went and came, as one restore (partial-write.ts); false when no rule changes. */
   private async writeChanges(family: Family, removed: readonly Entry[], added: readonly Entry[]): Promise<boolean> {
-    const before = this.written.get(family);
-    if (!before) throw new Error('our chains were never written');
-    const rendered = renderPartialRestore(
-      family,
-      removed,
-      added,
-      before.localPodMatch,
-      before.masqueradeMark,
-      before.useKubeMarkMasq,
-    );
-    const entries = new Map(before.entries);
-    for (const e of removed) entries.delete(flowKey(e));
-    for (const e of added) entries.set(flowKey(e), e);
-    let text = rendered.text;
-    let programmed = before.programmed - rendered.removedProgrammed + rendered.addedProgrammed;
-    if (text !== undefined && rendered.deletes > this.rewriteAboveDeletes) {
-      const whole = renderChainRules(
-        family,
-        { entries: [...entries.values()], localPodMatch: before.localPodMatch },
-        before.masqueradeMark,
-        before.useKubeMarkMasq,
-      );
-      text = assembleRestore(whole.rules, []);
-      programmed = whole.programmed;
-    }
-    if (text !== undefined) {
-      const input = text;
+    const record = this.written.get(family);
+    if (!record) throw new Error('our chains were never written');
+    const write = planPartialWrite(family, record, removed, added, this.rewriteAboveDeletes);
+    if (write.text !== undefined) {
       try {
-        await this.exclusive(() => this.commands(family).restore(input));
+        await this.commands(family).restore(write.text);
       } catch (err) {
+        // The chains are not what was recorded: the reconciler writes the family whole.
         this.written.delete(family);
         throw err;
       }
     }
-    const gone = new Set(removed.map(entryLabel));
-    const rejected = [...before.rejected.filter((r) => !gone.has(r.item)), ...rendered.rejected];
-    this.written.set(family, { ...before, entries, programmed, rejected });
-    this.reportRejections(family, rejected);
-    return text !== undefined;
+    recordPartialWrite(record, write);
+    this.reportRejections(family, record.rejected);
+    return write.text !== undefined;
   }
 
   /**
-   * Our chains and jumps read back and compared with the rules `expected` and `shape` make:
-   * 'chains' when our chains differ, else 'jumps' when a jump is not at rule 1.
-   * 'alongside-writes': read while our writes go on (a change does not wait for the listing, which
-   * takes a few hundred ms at 10,000 entries); a read that one of our writes overlapped, or whose
-   * `expected` is not what was last written, is 'unfinished' and the verification is skipped.
+   * Our chains and jumps read back and compared with the rules `expected` and `shape` make
+   * (verify.ts). 'alongside-writes': read while our writes go on (a change does not wait for the
+   * listing, which takes a few hundred ms at 10,000 entries); a read that one of our writes
+   * overlapped, or whose `expected` is not what was last written, is 'unfinished' and the
+   * verification is skipped.
    */
   async readBack(
     family: Family,
@@ -380,25 +322,11 @@ export class IptablesDriver implements Driver {
     const alongside = how === 'alongside-writes';
     const events = this.writeEvents;
     if (alongside && (this.writesUnderWay > 0 || !this.lastWritten(family, expected))) return 'unfinished';
-    const commands = this.commands(family);
-    const basis = await commands.generation();
-    const view = await readVerificationView(commands);
+    const { view, generation } = await readVerificationView(this.commands(family));
     if (alongside && this.writeEvents !== events) return 'unfinished';
-    const settled = basis !== undefined && (await commands.generation()) === basis;
-    // KUBE-MARK-MASQ as it is now: kube-proxy may have created it since our chains were written.
-    const rules = renderChainRules(
-      family,
-      { entries: [...expected], localPodMatch: shape.state.localPodMatch },
-      shape.masqueradeMark,
-      view.chains.has(KUBE_MARK_MASQ),
-    );
-    const shapeDrift = !chainsHold(view, rules.rules)
-      ? ['chains']
-      : renderJumpRepairs(view).length > 0
-        ? ['jumps']
-        : [];
-    const read: ReadBack = { missing: [], foreign: [], shapeDrift };
-    if (settled) read.generation = basis;
+    // What our writes change from now on does not make the table read untrue: compared at leisure.
+    const read: ReadBack = { missing: [], foreign: [], shapeDrift: await shapeDrift(family, view, expected, shape) };
+    if (generation !== undefined) read.generation = generation;
     return read;
   }
 
@@ -415,9 +343,7 @@ export class IptablesDriver implements Driver {
 
   /** Whether `expected` are the entries (by address, protocol and port) our last write of the family left. */
   private lastWritten(family: Family, expected: readonly Entry[]): boolean {
-    const keys = this.written.get(family)?.entries;
-    if (!keys || keys.size !== expected.length) return false;
-    return expected.every((e) => keys.has(flowKey(e)));
+    return this.written.get(family)?.holds(expected, (e) => bucketOf(family, e.externalIp)) ?? false;
   }
 
   /** Each rejection is logged once, when the set of them for its family changes. */
@@ -430,12 +356,10 @@ export class IptablesDriver implements Driver {
     }
   }
 
+  /** Called in a turn, the jump guard stopped. */
   private async removeAll(): Promise<void> {
-    await this.jumpGuard?.stop();
-    await this.exclusive(async () => {
-      this.written.clear();
-      for (const family of FAMILIES) await removeIptablesObjects(this.variant, family, this.options.runner);
-    });
+    this.written.clear();
+    for (const family of FAMILIES) await removeIptablesObjects(this.variant, family, this.options.runner);
   }
 
   /** Stops the jump checks; the rules stay. */

@@ -1,17 +1,19 @@
 // Keeps our jumps at rule 1 of nat PREROUTING and OUTPUT between syncs. kube-proxy (and other
 // writers) insert their own jump at rule 1 when they start or find theirs missing; if their
 // chain then ACCEPTs the LoadBalancer IP, as kube-proxy's IPVS-mode chains do, our DNAT never
-// runs until the next full resync (up to --sync-period). Asking for rule 1 of each hook once a
-// second formats one rule per hook; when it is not our jump and a rule above ours can take packets
-// away from it (precedence.ts), a restore that only moves the jump back (nothing else is written)
-// repairs it. A writer that keeps a harmless jump above ours (a chain that only marks, as
+// runs until the next full resync (up to --sync-period). Rule 1 of each hook is looked at once a
+// second (iptables-nft: `-S CHAIN 1`, and only when the ruleset generation moved by another
+// commit than ours; iptables-legacy: one `-save` per family, paced to its cost); when it is not
+// our jump and a rule above ours can take packets away from it (precedence.ts), a restore that
+// only moves the jump back (nothing else is written) repairs it. A writer that keeps a harmless jump above ours (a chain that only marks, as
 // KUBE-MARK-MASQ, or only returns) is left alone: moving ours back would only start a tug of war.
 
 import type { Logger } from 'pino';
 import type { Family } from '../../model/types.js';
 import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './executor.js';
-import { JUMPS } from './parse.js';
-import { renderJumpRepairs } from './render.js';
+import { JUMPS } from './layout.js';
+import { parseNatSave, type NatTableView } from './parse.js';
+import { renderJumpRepairs } from './precedence.js';
 import { readJumpView } from './nat-view.js';
 
 /**
@@ -39,8 +41,6 @@ export interface JumpGuardOptions {
   families(): Iterable<Family>;
   /** Runs the iptables commands; the real ones by default. */
   runner?: IptablesRunner | undefined;
-  /** Runs a repair's restore (the backend keeps track of what its commits leave); `commands.restore` by default. */
-  commit?(commands: IptablesCommands, text: string): Promise<void>;
   /**
    * Called after each repair, once the queue of writes is free again: the driver says which
    * translations new connections passed by meanwhile (their flows are forgotten elsewhere, never
@@ -144,20 +144,45 @@ export class JumpGuard {
     }
   }
 
+  /**
+   * Our own commit moved the ruleset generation from `before` to `after` (iptables-nft): a write
+   * of ours leaves our jumps first (a whole write repairs them, a partial one does not touch
+   * them), so a table checked at `before` needs no round for it.
+   */
+  ownCommit(before: number, after: number): void {
+    if (after === before + 1 && this.checkedGeneration === before) this.checkedGeneration = after;
+  }
+
+  /**
+   * Whether rule 1 of a hook is not our jump, and, when it is read anyway, the view of the nat
+   * table. iptables-nft formats one rule per hook (`-S CHAIN 1`, the chain alone is fetched).
+   * iptables-legacy reads the whole table for any listing, and `iptables -S` holds the xtables
+   * lock meanwhile (a write of ours or kube-proxy's would wait for it): one `-save` per family,
+   * which takes no lock, gives both hooks.
+   */
+  private async displaced(commands: IptablesCommands): Promise<{ displaced: boolean; view?: NatTableView }> {
+    if (this.options.variant === 'legacy') {
+      const save = await commands.save('nat');
+      const displaced = JUMPS.some(({ from, to }) => firstRuleOf(save, from) !== `-j ${to}`);
+      return displaced ? { displaced, view: parseNatSave(save) } : { displaced };
+    }
+    for (const { from, to } of JUMPS) {
+      if ((await commands.firstRule('nat', from)) !== `-j ${to}`) return { displaced: true };
+    }
+    return { displaced: false };
+  }
+
   private async check(family: Family): Promise<void> {
     const commands = new IptablesCommands(this.options.variant, family, this.options.runner);
-    let displaced = false;
     const started = performance.now();
-    for (const { from, to } of JUMPS) {
-      if ((await commands.firstRule('nat', from)) !== `-j ${to}`) displaced = true;
-    }
+    const { displaced, view } = await this.displaced(commands);
     if (!displaced) {
       this.lastRoundMs += performance.now() - started;
       return;
     }
     // Rules above ours that cannot take a packet away from it (precedence.ts) need no repair:
     // judged on a listing outside the queue of writes, which a harmless writer's jump does not hold.
-    const needed = renderJumpRepairs(await readJumpView(commands)).length > 0;
+    const needed = renderJumpRepairs(view ?? (await readJumpView(commands))).length > 0;
     // Only the listings count towards the pace: a repair waiting for a long sync is no reason to look less often.
     this.lastRoundMs += performance.now() - started;
     if (!needed) return;
@@ -167,7 +192,7 @@ export class JumpGuard {
       const repairs = renderJumpRepairs(view);
       if (repairs.length === 0) return false;
       const text = ['*nat', ...repairs, 'COMMIT', ''].join('\n');
-      await (this.options.commit ? this.options.commit(commands, text) : commands.restore(text));
+      await commands.restore(text);
       this.repairs++;
       return true;
     });
@@ -178,4 +203,9 @@ export class JumpGuard {
     );
     this.options.onRepair?.(family);
   }
+}
+
+/** The spec of rule 1 of `chain` in `-save` output ('' when it has none), without parsing the rest. */
+function firstRuleOf(save: string, chain: string): string {
+  return new RegExp(`^-A ${chain}(?: (.*))?$`, 'm').exec(save)?.[1] ?? '';
 }

@@ -9,9 +9,16 @@ import {
   type IptablesRunner,
   type IptablesVariant,
 } from './executor.js';
-import { JUMPS, KUBE_MARK_MASQ, emptyNatTable, hasOurObjects, parseNatSave, type NatTableView } from './parse.js';
-import { renderCleanupRestore } from './render.js';
-import { chainsJumpedTo } from './precedence.js';
+import { ENTRY_CHAINS, JUMPS, isOurChain, parseBucketChain } from './layout.js';
+import {
+  KUBE_MARK_MASQ,
+  emptyNatTable,
+  hasOurObjects,
+  jumpsToOurChain,
+  parseNatSave,
+  type NatTableView,
+} from './parse.js';
+import { chainsJumpedTo, targetOf } from './precedence.js';
 
 /** A restore can lose a race with another writer between our read and our write: read again. */
 const ATTEMPTS = 3;
@@ -70,6 +77,26 @@ export async function readJumpView(commands: IptablesCommands): Promise<NatTable
   return view;
 }
 
+/**
+ * What a whole write needs to know of the nat table: the jump view, and the bucket chains of ours
+ * that exist, which it removes when the state no longer needs them. iptables-legacy has read the
+ * whole table; iptables-nft lists our entry chains (at most 256 gotos each; the whole flat chain of
+ * an earlier version once) and takes the bucket chains they go to (a bucket chain no goto reaches
+ * is walked by no packet: it stays until --cleanup, which lists the whole table).
+ */
+export async function readWriteView(commands: IptablesCommands): Promise<NatTableView> {
+  const view = await readJumpView(commands);
+  if (commands.variant === 'legacy') return view;
+  await readChains(commands, ENTRY_CHAINS, view);
+  for (const entry of ENTRY_CHAINS) {
+    for (const spec of view.rules.get(entry) ?? []) {
+      const target = targetOf(spec)?.name;
+      if (target !== undefined && parseBucketChain(target)) view.chains.add(target);
+    }
+  }
+  return view;
+}
+
 /** How far readJumpView follows jumps above ours, and how many chains it lists per step (more are judged harmful). */
 const MAX_FOLLOWED_DEPTH = 8;
 const MAX_FOLLOWED_CHAINS = 16;
@@ -90,6 +117,25 @@ export async function readChains(
     );
   }
   return view;
+}
+
+/**
+ * Removes every object of ours from the nat table: jumps to our chains from other chains
+ * (wherever they are), then our chains, emptied first so that none is still jumped to.
+ * Undefined when there is nothing of ours.
+ */
+export function renderCleanupRestore(current: NatTableView): string | undefined {
+  if (!hasOurObjects(current)) return undefined;
+  const lines = ['*nat'];
+  for (const [chain, specs] of current.rules) {
+    if (isOurChain(chain)) continue;
+    for (const spec of specs) if (jumpsToOurChain(spec)) lines.push(`-D ${chain} ${spec}`);
+  }
+  const ours = [...current.chains].filter(isOurChain);
+  for (const chain of ours) lines.push(`:${chain} - [0:0]`);
+  for (const chain of ours) lines.push(`-X ${chain}`);
+  lines.push('COMMIT', '');
+  return lines.join('\n');
 }
 
 /** Removes our chains and jumps from one variant and family. Idempotent; nothing to do without the tools. */

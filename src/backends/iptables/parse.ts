@@ -1,16 +1,10 @@
 // Reading the nat table: `-save` output parsed into a view of chains and rule specs, and which
-// of those chains and rules are ours (our two chains and the jumps to them). Pure.
+// of those chains and rules are ours (our entry and bucket chains, layout.ts, and the jumps to
+// them). Pure.
 
-export const PREROUTING_CHAIN = 'IPVS_PREROUTING';
-export const OUTPUT_CHAIN = 'IPVS_OUTPUT';
-export const OUR_CHAINS: readonly string[] = [PREROUTING_CHAIN, OUTPUT_CHAIN];
+import { ENTRY_CHAINS, isOurChain } from './layout.js';
+
 export const KUBE_MARK_MASQ = 'KUBE-MARK-MASQ';
-
-/** Built-in nat chain -> our chain, jumped to from rule 1. */
-export const JUMPS: ReadonlyArray<{ from: string; to: string }> = [
-  { from: 'PREROUTING', to: PREROUTING_CHAIN },
-  { from: 'OUTPUT', to: OUTPUT_CHAIN },
-];
 
 /** The nat table as `-save -t nat` shows it: chain names and each chain's rule specs in order. */
 export interface NatTableView {
@@ -51,23 +45,25 @@ export function parseNatSave(saveOutput: string): NatTableView {
 function targetPattern(chains: readonly string[]): RegExp {
   return new RegExp(`(^|\\s)-[jg] (${chains.join('|')})(\\s|$)`);
 }
-const TARGET_OF_OURS = targetPattern(OUR_CHAINS);
-export const TARGET_IS = new Map(OUR_CHAINS.map((c) => [c, targetPattern([c])]));
+/** A rule whose target is exactly one of our entry chains, by chain. */
+export const TARGET_IS = new Map(ENTRY_CHAINS.map((c) => [c, targetPattern([c])]));
 
-/** A rule spec that jumps (or goes) to one of our chains. */
+/** A rule spec that jumps (or goes) to one of our chains. Quoted text (comments) is skipped. */
 export function jumpsToOurChain(spec: string): boolean {
-  return TARGET_OF_OURS.test(spec);
+  const target = /(?:^|\s)-[jg] (\S+)/.exec(spec.replace(/"(?:[^"\\]|\\.)*"/g, '""'))?.[1];
+  return target !== undefined && isOurChain(target);
 }
 
-/** A `-save` line that belongs to us: a rule in our chains, or a jump to them. */
+/** A `-save` line that belongs to us: a rule in one of our chains, or a jump to one. */
 export function isOurRule(saveLine: string): boolean {
-  if (OUR_CHAINS.some((c) => saveLine.startsWith(`-A ${c} `) || saveLine === `-A ${c}`)) return true;
-  return saveLine.startsWith('-A ') && jumpsToOurChain(saveLine);
+  if (!saveLine.startsWith('-A ')) return false;
+  const chain = saveLine.slice(3).split(' ', 1)[0]!;
+  return isOurChain(chain) || jumpsToOurChain(saveLine);
 }
 
 /** Whether the nat table holds anything of ours (chains or jumps to them). */
 export function hasOurObjects(view: NatTableView): boolean {
-  if (OUR_CHAINS.some((c) => view.chains.has(c))) return true;
+  for (const chain of view.chains) if (isOurChain(chain)) return true;
   for (const specs of view.rules.values()) if (specs.some(jumpsToOurChain)) return true;
   return false;
 }

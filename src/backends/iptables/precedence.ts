@@ -1,5 +1,5 @@
 // Whether rules that another writer keeps above our jump in nat PREROUTING/OUTPUT can take a
-// packet away from it. The first NAT decision of a new connection wins, so only a rule that ends
+// packet away from it, and the lines that put our jump back first when they can. The first NAT decision of a new connection wins, so only a rule that ends
 // the packet's walk of the hook before our jump is reached matters. A rule whose walk always
 // goes on to the next rule of the hook cannot: it is harmless, and our jump below it still sees
 // every packet first among the NAT targets. Pure.
@@ -14,7 +14,8 @@
 // chain's policy decides), DNAT, SNAT, REDIRECT, MASQUERADE and every other target, a goto
 // (`-g`: a RETURN there leaves the hook), a chain the view does not list, a loop.
 
-import type { NatTableView } from './parse.js';
+import { JUMPS } from './layout.js';
+import { TARGET_IS, type NatTableView } from './parse.js';
 
 /** Targets that mark or log a packet and let its walk go on to the next rule. */
 const PASSING_TARGETS: ReadonlySet<string> = new Set(['MARK', 'CONNMARK', 'LOG', 'NFLOG']);
@@ -94,4 +95,22 @@ export function ourJumpFirstInEffect(view: NatTableView, from: string, to: strin
   const others = specs.filter((s, i) => i !== ours && targetOf(s)?.name === to);
   if (others.length > 0) return false;
   return specs.slice(0, ours).every((spec) => harmlessRule(view, spec));
+}
+
+/**
+ * Lines that make rule 1 of PREROUTING / OUTPUT the only jump to our entry chain: nothing when it
+ * is already so, or when only rules that cannot take a packet away from it are above it;
+ * otherwise every jump to it is deleted (by its exact spec) and one is inserted at 1. A whole
+ * write, a verification's repair and the jump guard all write these.
+ */
+export function renderJumpRepairs(current: NatTableView): string[] {
+  const lines: string[] = [];
+  for (const { from, to } of JUMPS) {
+    if (ourJumpFirstInEffect(current, from, to)) continue;
+    const specs = current.rules.get(from) ?? [];
+    const pattern = TARGET_IS.get(to)!;
+    for (const spec of specs.filter((s) => pattern.test(s))) lines.push(`-D ${from} ${spec}`);
+    lines.push(`-I ${from} 1 -j ${to}`);
+  }
+  return lines;
 }

@@ -1,269 +1,117 @@
-// Desired state -> `iptables-restore --noflush` input for the nat table of one family. Pure: the
-// caller passes what the nat table holds now (`-save` output read by parse.ts), which decides the jump
-// repairs and whether KUBE-MARK-MASQ can be used.
-//
-// The chains keep the original controller's names and shape (IPVS_PREROUTING, IPVS_OUTPUT; per
-// entry a masquerade-mark rule then a DNAT rule, commented `namespace/name`), with one change the
-// contract asks for: every rule also matches protocol and destination port, so that traffic to a
-// port no Service lists is left alone and Services sharing an address each reach their own ClusterIP.
-// The address-only shape of the original is never equivalent (no Service lists every port of
-// every protocol), so it is not used.
-//
-// Every value written into a rule is checked again here; an entry that fails is left out and
-// reported, and the rest is programmed. Rule lines are written in the order `iptables-save`
-// prints them, so what we render can be compared with what the kernel holds.
+// A family's desired state -> what our chains must hold (layout.ts: entry chains going to bucket
+// chains by the destination's last byte; rules.ts: each entry's rules), whether a nat table holds
+// exactly that, and the whole write that makes it so: one `iptables-restore --noflush`
+// transaction. Pure: the caller passes what the nat table holds now (parse.ts), which decides the
+// jump repairs, the bucket chains to remove and whether KUBE-MARK-MASQ can be used.
 
-import { cidrContains, formatCidr, parseCidr, parseIp } from '../../model/ip.js';
-import { ourJumpFirstInEffect } from './precedence.js';
+import { ENTRY_CHAINS, bucketChain, bucketOf, byBucket, gotoSpec, parseBucketChain, type Bucket } from './layout.js';
+import { renderJumpRepairs } from './precedence.js';
+import { KUBE_MARK_MASQ, emptyNatTable, type NatTableView } from './parse.js';
 import {
-  JUMPS,
-  KUBE_MARK_MASQ,
-  OUR_CHAINS,
-  OUTPUT_CHAIN,
-  PREROUTING_CHAIN,
-  TARGET_IS,
-  emptyNatTable,
-  hasOurObjects,
-  jumpsToOurChain,
-  type NatTableView,
-} from './parse.js';
-import {
-  PROTOCOLS,
-  type DesiredState,
-  type Entry,
-  type Family,
-  type FamilyState,
-  type LocalPodMatch,
-} from '../../model/types.js';
-
-/** xt_comment keeps 255 bytes. */
-const MAX_COMMENT_LENGTH = 255;
-/** IFNAMSIZ is 16 with the terminating NUL. */
-const MAX_INTERFACE_NAME_LENGTH = 15;
-
-export interface Rejection {
-  family: Family;
-  /** The entry or match that was left out, for logs (`default/svc 192.0.2.1 tcp/80`). */
-  item: string;
-  reason: string;
-}
-
-// ---- values -------------------------------------------------------------------------------
-
-/** The mark as iptables writes it; the model's `1 << 31` is negative in JavaScript. */
-export function formatMark(mark: number): string {
-  const unsigned = mark >>> 0;
-  if (!Number.isInteger(mark) || unsigned === 0 || (unsigned & (unsigned - 1)) !== 0) {
-    throw new RangeError(`the masquerade mark must be a single bit, got ${mark}`);
-  }
-  return `0x${unsigned.toString(16)}`;
-}
-
-function hostPrefix(family: Family): number {
-  return family === 'ipv4' ? 32 : 128;
-}
-
-function addressProblem(family: Family, what: string, text: string): string | undefined {
-  const ip = parseIp(text);
-  if (!ip) return `${what} ${JSON.stringify(text)} is not an IP address`;
-  if (ip.family !== family) return `${what} ${text} is not ${family}`;
-  if (ip.address !== text) return `${what} ${text} is not in canonical form`;
-  return undefined;
-}
-
-function entryProblem(family: Family, e: Entry): string | undefined {
-  if (e.family !== family) return `entry of ${e.family} in the ${family} state`;
-  const external = addressProblem(family, 'external IP', e.externalIp);
-  if (external) return external;
-  const cluster = addressProblem(family, 'ClusterIP', e.clusterIp);
-  if (cluster) return cluster;
-  if (!PROTOCOLS.includes(e.protocol)) return `protocol ${JSON.stringify(e.protocol)} is not TCP, UDP or SCTP`;
-  if (!Number.isInteger(e.port) || e.port < 1 || e.port > 65535) return `port ${String(e.port)} is not in 1..65535`;
-  if (typeof e.service !== 'string' || !/^[a-z0-9./-]+$/.test(e.service)) {
-    return `comment ${JSON.stringify(e.service)} has characters other than a-z 0-9 - . /`;
-  }
-  if (e.service.length > MAX_COMMENT_LENGTH) return `comment is longer than ${MAX_COMMENT_LENGTH} characters`;
-  for (const range of e.sourceRanges ?? []) {
-    const cidr = parseCidr(range);
-    if (!cidr || cidr.family !== family || formatCidr(cidr) !== range) {
-      return `source range ${JSON.stringify(range)} is not a canonical ${family} CIDR`;
-    }
-  }
-  return undefined;
-}
-
-/**
- * Linux's rules for interface names (1..15 bytes, not `.` or `..`, no `/`, `:` or whitespace),
- * narrowed to printable ASCII without the characters iptables-restore would not take literally.
- */
-export function interfaceNameProblem(name: unknown, wildcard: boolean): string | undefined {
-  const max = wildcard ? MAX_INTERFACE_NAME_LENGTH - 1 : MAX_INTERFACE_NAME_LENGTH;
-  if (typeof name !== 'string' || name.length === 0 || name.length > max) {
-    return `interface ${wildcard ? 'prefix' : 'name'} ${JSON.stringify(name)} must be 1 to ${max} characters`;
-  }
-  if (name === '.' || name === '..') return `interface name ${JSON.stringify(name)} is not allowed by Linux`;
-  if (!/^[\x21-\x7e]+$/.test(name) || /[/:]/.test(name)) {
-    return `interface name ${JSON.stringify(name)} has a character Linux does not allow`;
-  }
-  if (/["'\\!+*#]/.test(name) || name.startsWith('-')) {
-    return `interface name ${JSON.stringify(name)} has a character iptables would not read literally`;
-  }
-  return undefined;
-}
-
-export function entryLabel(e: Entry): string {
-  return `${String(e.service)} ${String(e.externalIp)} ${String(e.protocol).toLowerCase()}/${String(e.port)}`;
-}
-
-/** The prerouting source matches for local pods: `-s CIDR` each, or one `-i` match; none for 'none'. */
-function sourceMatches(family: Family, match: LocalPodMatch, rejected: Rejection[]): string[] {
-  switch (match.kind) {
-    case 'none':
-      return [];
-    case 'cidrs': {
-      const out: string[] = [];
-      for (const cidr of match.cidrs) {
-        const parsed = parseCidr(cidr);
-        if (!parsed || parsed.family !== family) {
-          rejected.push({ family, item: `local pod CIDR ${JSON.stringify(cidr)}`, reason: `not an ${family} CIDR` });
-        } else {
-          out.push(`-s ${formatCidr(parsed)}`);
-        }
-      }
-      return out;
-    }
-    case 'interface': {
-      const problem = interfaceNameProblem(match.name, false);
-      if (problem) {
-        rejected.push({ family, item: 'pod bridge interface', reason: problem });
-        return [];
-      }
-      return [`-i ${match.name}`];
-    }
-    case 'interfacePrefix': {
-      const problem = interfaceNameProblem(match.prefix, true);
-      if (problem) {
-        rejected.push({ family, item: 'pod interface name prefix', reason: problem });
-        return [];
-      }
-      return [`-i ${match.prefix}+`];
-    }
-  }
-}
-
-/** `-s` comes before `-d` and `-i` after it in -save's order. */
-function withDestination(source: string, destination: string): string {
-  if (!source.startsWith('-s ')) return `${destination} ${source}`;
-  const i = source.indexOf(' -i ');
-  return i < 0 ? `${source} ${destination}` : `${source.slice(0, i)} ${destination}${source.slice(i)}`;
-}
+  asSaved,
+  entryLabel,
+  entryProblem,
+  entryRules,
+  hooksOf,
+  ruleContext,
+  type Rejection,
+  type RuleContext,
+} from './rules.js';
+import type { DesiredState, Entry, Family, FamilyState } from '../../model/types.js';
 
 export interface RenderedChains {
-  /** `-A IPVS_PREROUTING ...` then `-A IPVS_OUTPUT ...` lines. */
+  /**
+   * Our chains and their rule specs (without `-A CHAIN`), in the order a whole write declares and
+   * fills them: the entry chains (their gotos, by bucket), then the bucket chains.
+   */
+  chains: Map<string, string[]>;
+  /** `-A IPVS_OUTPUT -d 0.0.0.201/0.0.0.255 -g IPVS_OUTPUT_201` lines: the entry chains' gotos. */
+  gotos: string[];
+  /** `-A IPVS_OUTPUT_201 ...` lines: the bucket chains' rules, the translations. */
   rules: string[];
+  /** The entries that have rules, by bucket. */
+  buckets: Map<Bucket, Entry[]>;
+  /** Entries and matches left out because a value failed validation. */
   rejected: Rejection[];
+  /** The entries left out. */
+  leftOut: Entry[];
   /** Entries that have rules. */
   programmed: number;
 }
 
-/** The rules of our two chains for one family. */
+/** A family's entries sorted into buckets, and what their rules share. */
+interface Sorted {
+  family: Family;
+  ctx: RuleContext;
+  /** The buckets with entries, in the order of their byte. */
+  order: Bucket[];
+  buckets: Map<Bucket, Entry[]>;
+  leftOut: Entry[];
+  rejected: Rejection[];
+}
+
+function sortEntries(family: Family, state: FamilyState, masqueradeMark: number, useKubeMarkMasq: boolean): Sorted {
+  const rejected: Rejection[] = [];
+  const leftOut: Entry[] = [];
+  const buckets = new Map<Bucket, Entry[]>();
+  for (const e of state.entries) {
+    const problem = entryProblem(family, e);
+    if (problem) {
+      rejected.push({ family, item: entryLabel(e), reason: problem });
+      leftOut.push(e);
+      continue;
+    }
+    const bucket = bucketOf(family, e.externalIp);
+    const list = buckets.get(bucket);
+    if (list) list.push(e);
+    else buckets.set(bucket, [e]);
+  }
+  const ctx = ruleContext(family, state.localPodMatch, masqueradeMark, useKubeMarkMasq, rejected);
+  return { family, ctx, order: [...buckets.keys()].sort(byBucket(family)), buckets, leftOut, rejected };
+}
+
+/**
+ * Our chains and their rule specs, one at a time, in the order a whole write declares and fills
+ * them: the entry chains (their gotos, by bucket), then the bucket chains of each hook.
+ */
+function* chainsOf(sorted: Sorted): Generator<[string, string[]]> {
+  const { family, ctx, order, buckets } = sorted;
+  const hooks = hooksOf(ctx);
+  for (const entry of ENTRY_CHAINS) {
+    yield [entry, hooks.some((h) => h.entry === entry) ? order.map((b) => gotoSpec(family, entry, b)) : []];
+  }
+  for (const { entry, of } of hooks) {
+    for (const b of order) yield [bucketChain(entry, b), buckets.get(b)!.flatMap((e) => entryRules(ctx, e, of))];
+  }
+}
+
+/** What our chains must hold for one family. */
 export function renderChainRules(
   family: Family,
   state: FamilyState,
   masqueradeMark: number,
   useKubeMarkMasq: boolean,
 ): RenderedChains {
-  const markTarget = useKubeMarkMasq ? `-j ${KUBE_MARK_MASQ}` : `-j MARK --or-mark ${formatMark(masqueradeMark)}`;
-  const rejected: Rejection[] = [];
-  const valid: Entry[] = [];
-  for (const e of state.entries) {
-    const problem = entryProblem(family, e);
-    if (problem) rejected.push({ family, item: entryLabel(e), reason: problem });
-    else valid.push(e);
-  }
-  const sources = sourceMatches(family, state.localPodMatch, rejected);
-  const prefix = hostPrefix(family);
-  const match = (e: Entry, chainAndAddresses: string, extra: string) => {
-    const proto = e.protocol.toLowerCase();
-    const comment = `-m comment --comment "${e.service}"`;
-    return `-A ${chainAndAddresses} -p ${proto} ${comment}${extra} -m ${proto} --dport ${e.port}`;
+  const sorted = sortEntries(family, state, masqueradeMark, useKubeMarkMasq);
+  const chains = new Map(chainsOf(sorted));
+  const lines = (entries: boolean) =>
+    [...chains].flatMap(([chain, specs]) =>
+      ENTRY_CHAINS.includes(chain) === entries ? specs.map((spec) => `-A ${chain} ${spec}`) : [],
+    );
+  // The `-A` lines only when asked for: at 10,000 entries another 40,000 strings.
+  return {
+    chains,
+    get gotos() {
+      return lines(true);
+    },
+    get rules() {
+      return lines(false);
+    },
+    buckets: sorted.buckets,
+    rejected: sorted.rejected,
+    leftOut: sorted.leftOut,
+    programmed: state.entries.length - sorted.leftOut.length,
   };
-  const rules: string[] = [];
-  for (const source of sources) {
-    for (const e of valid) {
-      // An entry with source ranges: one rule pair per range (kube-proxy's firewall lets those
-      // sources through), within the local pod match.
-      for (const addresses of rangedSources(source, e.sourceRanges)) {
-        const head = match(e, `${PREROUTING_CHAIN} ${withDestination(addresses, `-d ${e.externalIp}/${prefix}`)}`, '');
-        rules.push(`${head} ${markTarget}`, `${head} -j DNAT --to-destination ${e.clusterIp}`);
-      }
-    }
-  }
-  for (const e of valid) {
-    for (const range of e.sourceRanges ?? ['']) {
-      const from = range === '' ? '' : `-s ${range} `;
-      const head = match(e, `${OUTPUT_CHAIN} ${from}-d ${e.externalIp}/${prefix}`, ' -m addrtype --src-type LOCAL');
-      rules.push(`${head} ${markTarget}`, `${head} -j DNAT --to-destination ${e.clusterIp}`);
-    }
-  }
-  return { rules, rejected, programmed: valid.length };
-}
-
-/**
- * The prerouting source match of a local pod match (`-s CIDR` or `-i name`) within each source
- * range: a pod CIDR and a range meet in the narrower of the two, or not at all; an interface
- * match takes the range beside it. Without ranges, the pod match alone.
- */
-function rangedSources(podMatch: string, ranges: readonly string[] | undefined): string[] {
-  if (!ranges) return [podMatch];
-  if (!podMatch.startsWith('-s ')) return ranges.map((r) => `-s ${r} ${podMatch}`);
-  const pods = parseCidr(podMatch.slice(3))!;
-  const out: string[] = [];
-  for (const text of ranges) {
-    const range = parseCidr(text)!;
-    if (cidrContains(pods, range) && range.prefixLength >= pods.prefixLength) out.push(`-s ${text}`);
-    else if (cidrContains(range, pods) && pods.prefixLength >= range.prefixLength) out.push(podMatch);
-  }
-  return out;
-}
-
-/**
- * Lines that make rule 1 of PREROUTING / OUTPUT the only jump to our chain: nothing when it is
- * already so, or when only rules that cannot take a packet away from it are above it
- * (precedence.ts); otherwise every jump to it is deleted (by its exact spec) and one is inserted at 1.
- */
-export function renderJumpRepairs(current: NatTableView): string[] {
-  const lines: string[] = [];
-  for (const { from, to } of JUMPS) {
-    if (ourJumpFirstInEffect(current, from, to)) continue;
-    const specs = current.rules.get(from) ?? [];
-    const pattern = TARGET_IS.get(to)!;
-    const ours = specs.filter((s) => pattern.test(s));
-    for (const spec of ours) lines.push(`-D ${from} ${spec}`);
-    lines.push(`-I ${from} 1 -j ${to}`);
-  }
-  return lines;
-}
-
-/** The whole transaction for one family: declaring our chains flushes them (--noflush keeps the rest). */
-export function assembleRestore(chainRules: string[], jumpRepairs: string[]): string {
-  const lines = ['*nat', ...OUR_CHAINS.map((c) => `:${c} - [0:0]`), ...jumpRepairs, ...chainRules, 'COMMIT', ''];
-  return lines.join('\n');
-}
-
-export interface RenderedFamily extends RenderedChains {
-  /** iptables-restore --noflush input. */
-  text: string;
-  /**
-   * The nat table already holds exactly these rules and jumps (known only when `current` lists
-   * our chains): applying `text` would change nothing but the counters.
-   */
-  upToDate: boolean;
-}
-
-/** A rendered rule as `-save` prints it back: `--or-mark X` is kept as `--set-xmark X/X`. */
-export function asSaved(rule: string): string {
-  return rule.replace(/ --or-mark (0x[0-9a-f]+)$/, ' --set-xmark $1/$1');
 }
 
 /** The part of a rule spec before its target: a MARK rule and its DNAT rule share it. */
@@ -273,145 +121,117 @@ function headOf(spec: string): string {
 }
 
 /**
- * Whether our chains in `current` hold exactly `rules`, in any order but each entry's mark rule
- * before its DNAT rule (DNAT ends the walk). Partial syncs append, so a chain that went through
- * changes holds the rules of a fresh write in another order: the same translations.
+ * Whether the chains of `layout` are in `current` holding exactly their rules, in any order but
+ * each entry's mark rule before its DNAT rule (DNAT ends the walk). Partial writes append, so a
+ * chain that went through changes holds the rules of a fresh write in another order: the same
+ * translations (the gotos match disjoint bytes; each rule of a bucket one address, protocol and
+ * port). A bucket chain of ours that no goto reaches is not looked at: no packet walks it.
  */
-export function chainsHold(current: NatTableView, rules: readonly string[]): boolean {
-  for (const chain of OUR_CHAINS) {
-    const held = current.rules.get(chain);
-    if (!current.chains.has(chain) || held === undefined) return false;
-    const prefix = `-A ${chain} `;
-    const wanted = new Map<string, number>();
-    let count = 0;
-    for (const r of rules) {
-      if (!r.startsWith(prefix)) continue;
-      const spec = asSaved(r).slice(prefix.length);
-      wanted.set(spec, (wanted.get(spec) ?? 0) + 1);
-      count++;
-    }
-    if (held.length !== count) return false;
-    const marked = new Set<string>();
-    for (const spec of held) {
-      const left = wanted.get(spec);
-      if (!left) return false;
-      wanted.set(spec, left - 1);
-      if (/ -j DNAT /.test(spec)) {
-        if (!marked.has(headOf(spec))) return false;
-      } else marked.add(headOf(spec));
-    }
+export function chainsHold(current: NatTableView, layout: RenderedChains): boolean {
+  for (const [chain, specs] of layout.chains) if (!chainHolds(current, chain, specs)) return false;
+  return true;
+}
+
+/**
+ * chainsHold for the chains `state` makes, rendered and compared one chain at a time, `pause()`
+ * awaited every few chains: at 10,000 entries the whole comparison takes a few hundred ms of the
+ * controller's thread, which a change that comes meanwhile then does not wait for.
+ */
+export async function stateHeld(
+  current: NatTableView,
+  family: Family,
+  state: FamilyState,
+  masqueradeMark: number,
+  pause: () => Promise<void>,
+): Promise<boolean> {
+  const sorted = sortEntries(family, state, masqueradeMark, current.chains.has(KUBE_MARK_MASQ));
+  let compared = 0;
+  for (const [chain, specs] of chainsOf(sorted)) {
+    if (!chainHolds(current, chain, specs)) return false;
+    if (++compared % CHAINS_BETWEEN_PAUSES === 0) await pause();
   }
   return true;
 }
 
-/** Desired state of one family + what the nat table holds now -> one restore transaction. */
+/** About 2,500 rules at 10,000 one-port entries. */
+const CHAINS_BETWEEN_PAUSES = 32;
+
+function chainHolds(current: NatTableView, chain: string, specs: readonly string[]): boolean {
+  const held = current.rules.get(chain);
+  if (!current.chains.has(chain) || held === undefined || held.length !== specs.length) return false;
+  // A chain written whole and not changed since holds the rendered order: no counting needed.
+  return specs.every((spec, i) => asSaved(spec) === held[i]) || sameRules(held, specs);
+}
+
+/** Whether `held` are `specs` as -save prints them, in another order with each mark rule before its DNAT rule. */
+function sameRules(held: readonly string[], specs: readonly string[]): boolean {
+  const wanted = new Map<string, number>();
+  for (const spec of specs) {
+    const saved = asSaved(spec);
+    wanted.set(saved, (wanted.get(saved) ?? 0) + 1);
+  }
+  const marked = new Set<string>();
+  for (const spec of held) {
+    const left = wanted.get(spec);
+    if (!left) return false;
+    wanted.set(spec, left - 1);
+    if (spec.includes(' -j DNAT ')) {
+      if (!marked.has(headOf(spec))) return false;
+    } else marked.add(headOf(spec));
+  }
+  return true;
+}
+
+/** Bucket chains of ours in `current` that `layout` does not have: a whole write removes them. */
+function staleBuckets(current: NatTableView, layout: RenderedChains): string[] {
+  return [...current.chains].filter((c) => parseBucketChain(c) !== undefined && !layout.chains.has(c));
+}
+
+export interface RenderedFamily extends RenderedChains {
+  /** iptables-restore --noflush input. */
+  text: string;
+  /**
+   * The nat table already holds exactly these chains, rules and jumps, and no other bucket chain
+   * of ours (known only when `current` lists them all): applying `text` would change nothing but
+   * the counters.
+   */
+  upToDate: boolean;
+}
+
+/**
+ * The whole write of one family, one transaction: our chains declared (which flushes them;
+ * --noflush keeps the rest of the table), the jumps repaired, every rule written, and the bucket
+ * chains of ours that `current` lists and the state no longer needs emptied and deleted. From any
+ * earlier content of our chains, the flat layout of earlier versions included, packets meet the
+ * old rules or the new ones, never none.
+ */
 export function renderFamilyRestore(
   family: Family,
   state: FamilyState,
   masqueradeMark: number,
   current: NatTableView,
 ): RenderedFamily {
-  const chains = renderChainRules(family, state, masqueradeMark, current.chains.has(KUBE_MARK_MASQ));
+  const layout = renderChainRules(family, state, masqueradeMark, current.chains.has(KUBE_MARK_MASQ));
   const repairs = renderJumpRepairs(current);
+  const stale = staleBuckets(current, layout);
+  const lines = [
+    '*nat',
+    ...[...layout.chains.keys(), ...stale].map((c) => `:${c} - [0:0]`),
+    ...repairs,
+    ...layout.gotos,
+    ...layout.rules,
+    ...stale.map((c) => `-X ${c}`),
+    'COMMIT',
+    '',
+  ];
   return {
-    ...chains,
-    text: assembleRestore(chains.rules, repairs),
-    upToDate: repairs.length === 0 && chainsHold(current, chains.rules),
+    ...layout,
+    text: lines.join('\n'),
+    upToDate: repairs.length === 0 && stale.length === 0 && chainsHold(current, layout),
   };
 }
 
-export interface RenderedPartial {
-  /** iptables-restore --noflush input; undefined when no rule changes. */
-  text: string | undefined;
-  deletes: number;
-  appends: number;
-  /** The added entries that were left out. */
-  rejected: Rejection[];
-  /** Removed entries that had rules (valid ones) and added entries that get them. */
-  removedProgrammed: number;
-  addedProgrammed: number;
-}
-
-function byKey(a: Entry, b: Entry): number {
-  const ka = `${String(a.externalIp)} ${String(a.protocol)} ${String(a.port)}`;
-  const kb = `${String(b.externalIp)} ${String(b.protocol)} ${String(b.port)}`;
-  return ka < kb ? -1 : ka > kb ? 1 : 0;
-}
-
-/**
- * The rules that change when `removed` entries go and `added` ones come, as one restore: every
- * rule of a removed entry deleted by its spec, then every rule of an added entry appended, a
- * rule both sides render (an entry whose ClusterIP alone changed keeps its mark rule) neither.
- * Nothing is declared, so nothing is flushed. Deletes name the rule by its spec, not its
- * number: no position is assumed, and on both variants the cost is the same (finding a rule
- * means reading the chain either way). Appended pairs keep the mark rule before the DNAT rule.
- * Pure; the order of the lines does not depend on the order of the arrays.
- */
-export function renderPartialRestore(
-  family: Family,
-  removed: readonly Entry[],
-  added: readonly Entry[],
-  localPodMatch: LocalPodMatch,
-  masqueradeMark: number,
-  useKubeMarkMasq: boolean,
-): RenderedPartial {
-  const gone = renderChainRules(
-    family,
-    { entries: [...removed].sort(byKey), localPodMatch },
-    masqueradeMark,
-    useKubeMarkMasq,
-  );
-  const sortedAdded = [...added].sort(byKey);
-  const come = renderChainRules(family, { entries: sortedAdded, localPodMatch }, masqueradeMark, useKubeMarkMasq);
-  const goneSet = new Set(gone.rules);
-  const comeSet = new Set(come.rules);
-  const lines = ['*nat'];
-  let deletes = 0;
-  let appends = 0;
-  for (const rule of gone.rules) {
-    if (comeSet.has(rule)) continue;
-    lines.push(`-D ${rule.slice(3)}`);
-    deletes++;
-  }
-  for (const rule of come.rules) {
-    if (goneSet.has(rule)) continue;
-    lines.push(rule);
-    appends++;
-  }
-  lines.push('COMMIT', '');
-  const rejected: Rejection[] = [];
-  for (const e of sortedAdded) {
-    const problem = entryProblem(family, e);
-    if (problem) rejected.push({ family, item: entryLabel(e), reason: problem });
-  }
-  return {
-    text: deletes + appends > 0 ? lines.join('\n') : undefined,
-    deletes,
-    appends,
-    rejected,
-    removedProgrammed: gone.programmed,
-    addedProgrammed: come.programmed,
-  };
-}
-
-/**
- * Removes every object of ours from the nat table: jumps to our chains (wherever they are),
- * then the chains. Undefined when there is nothing of ours.
- */
-export function renderCleanupRestore(current: NatTableView): string | undefined {
-  if (!hasOurObjects(current)) return undefined;
-  const lines = ['*nat'];
-  for (const [chain, specs] of current.rules) {
-    if (OUR_CHAINS.includes(chain)) continue;
-    for (const spec of specs) if (jumpsToOurChain(spec)) lines.push(`-D ${chain} ${spec}`);
-  }
-  for (const chain of OUR_CHAINS) if (current.chains.has(chain)) lines.push(`:${chain} - [0:0]`);
-  for (const chain of OUR_CHAINS) if (current.chains.has(chain)) lines.push(`-X ${chain}`);
-  lines.push('COMMIT', '');
-  return lines.join('\n');
-}
-
-/** Both families as restore input, for --dry-run: assumes fresh chains in a nat table without KUBE-MARK-MASQ. */
+/** Both families as restore input, for --dry-run: assumes a nat table without our chains. */
 export function renderDesiredStateRestoreText(
   desired: DesiredState,
   options: { useKubeMarkMasq?: boolean } = {},

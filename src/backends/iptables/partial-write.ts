@@ -1,0 +1,142 @@
+// A partial write: the entries that went and came -> the lines that change our chains, as one
+// `iptables-restore --noflush` transaction, bucket by bucket (layout.ts). Pure.
+//
+// In a bucket that keeps entries, each rule of an entry that went is deleted by its spec and each
+// rule of one that came is appended; a rule both sides render (an entry whose ClusterIP alone
+// changed keeps its mark rule) is neither. A bucket that gets its first entry is declared and its
+// goto appended to the entry chain; one that loses its last is emptied (declared), its goto
+// deleted and the chain removed. Nothing else is declared, so nothing else is flushed and the
+// counters of the other rules stay. Rules appended sit at the end of their bucket: the order
+// differs from a fresh write, the translations do not.
+//
+// A `-D` finds its rule by walking its chain (libiptc compares the rules one by one; iptables-nft
+// fetches the chain and converts each rule back to compare it), so N deletes cost N walks of the
+// chain while writing the chain whole costs one: past a number of deletes in one bucket chain, that
+// chain is declared (so flushed) and written whole with the entries that stay and come, in the same
+// restore. One transaction either way: packets see the old rules or the new ones.
+
+import { bucketChain, bucketOf, byBucket, gotoSpec, type Bucket } from './layout.js';
+import { flowKey, type FamilyRecord } from './record.js';
+import { entryLabel, entryProblem, entryRules, hooksOf, ruleContext, type Rejection } from './rules.js';
+import type { Entry, Family } from '../../model/types.js';
+
+export interface PartialWrite {
+  /** iptables-restore --noflush input; undefined when no rule changes. */
+  text: string | undefined;
+  /** `-D` lines: rules and gotos deleted by their spec (a chain emptied by declaring it is not counted). */
+  deletes: number;
+  /** Bucket chains written whole because their deletes went past the bound. */
+  rewritten: number;
+  /** The buckets the write touches, with their entries after it (empty: the bucket goes). */
+  buckets: Map<Bucket, Map<string, Entry>>;
+  /** Keys of removed entries that were left out, and added entries that are. */
+  leftOut: { removed: string[]; added: Entry[] };
+  /** The family's rejections after the write. */
+  rejected: Rejection[];
+}
+
+function byKey(a: Entry, b: Entry): number {
+  const ka = `${String(a.externalIp)} ${String(a.protocol)} ${String(a.port)}`;
+  const kb = `${String(b.externalIp)} ${String(b.protocol)} ${String(b.port)}`;
+  return ka < kb ? -1 : ka > kb ? 1 : 0;
+}
+
+/**
+ * The write that takes the family from `record` to `record` less `removed` plus `added`;
+ * `rewriteAboveDeletes`: deletes in one chain past which it is written whole. The order of the
+ * lines does not depend on the order of the arrays.
+ */
+export function planPartialWrite(
+  family: Family,
+  record: FamilyRecord,
+  removed: readonly Entry[],
+  added: readonly Entry[],
+  rewriteAboveDeletes: number,
+): PartialWrite {
+  const ctx = ruleContext(family, record.localPodMatch, record.masqueradeMark, record.useKubeMarkMasq, []);
+  const touched = new Map<Bucket, { gone: Entry[]; come: Entry[] }>();
+  const touch = (bucket: Bucket) => {
+    let t = touched.get(bucket);
+    if (!t) touched.set(bucket, (t = { gone: [], come: [] }));
+    return t;
+  };
+  const leftOut: PartialWrite['leftOut'] = { removed: [], added: [] };
+  const rejections: Rejection[] = [];
+  for (const e of [...removed].sort(byKey)) {
+    const key = flowKey(e);
+    if (record.leftOut.has(key)) leftOut.removed.push(key);
+    else {
+      // An entry that cannot have rules and was not left out is not in the kernel either.
+      const bucket = entryProblem(family, e) ? undefined : bucketOf(family, e.externalIp);
+      if (bucket !== undefined) touch(bucket).gone.push(e);
+    }
+  }
+  for (const e of [...added].sort(byKey)) {
+    const problem = entryProblem(family, e);
+    if (problem) {
+      leftOut.added.push(e);
+      rejections.push({ family, item: entryLabel(e), reason: problem });
+    } else touch(bucketOf(family, e.externalIp)).come.push(e);
+  }
+
+  const declare: string[] = [];
+  const remove: string[] = [];
+  const append: string[] = [];
+  const drop: string[] = [];
+  let rewritten = 0;
+  const buckets = new Map<Bucket, Map<string, Entry>>();
+  for (const bucket of [...touched.keys()].sort(byBucket(family))) {
+    const { gone, come } = touched.get(bucket)!;
+    const before = record.buckets.get(bucket);
+    const after = new Map(before);
+    for (const e of gone) after.delete(flowKey(e));
+    for (const e of come) after.set(flowKey(e), e);
+    buckets.set(bucket, after);
+    if (before === undefined && after.size === 0) continue;
+    for (const { entry, of } of hooksOf(ctx)) {
+      const chain = bucketChain(entry, bucket);
+      const rulesOf = (entries: Iterable<Entry>) => [...entries].flatMap((e) => entryRules(ctx, e, of));
+      if (before === undefined) {
+        declare.push(`:${chain} - [0:0]`);
+        append.push(`-A ${entry} ${gotoSpec(family, entry, bucket)}`);
+        append.push(...rulesOf(after.values()).map((r) => `-A ${chain} ${r}`));
+      } else if (after.size === 0) {
+        declare.push(`:${chain} - [0:0]`);
+        remove.push(`-D ${entry} ${gotoSpec(family, entry, bucket)}`);
+        drop.push(`-X ${chain}`);
+      } else {
+        const goneRules = rulesOf(gone);
+        const comeRules = rulesOf(come);
+        const goneSet = new Set(goneRules);
+        const comeSet = new Set(comeRules);
+        const deletes = goneRules.filter((r) => !comeSet.has(r));
+        if (deletes.length > rewriteAboveDeletes) {
+          rewritten++;
+          declare.push(`:${chain} - [0:0]`);
+          append.push(...rulesOf(after.values()).map((r) => `-A ${chain} ${r}`));
+        } else {
+          remove.push(...deletes.map((r) => `-D ${chain} ${r}`));
+          append.push(...comeRules.filter((r) => !goneSet.has(r)).map((r) => `-A ${chain} ${r}`));
+        }
+      }
+    }
+  }
+  const lines = [...declare, ...remove, ...append, ...drop];
+  const gone = new Set(removed.map(entryLabel));
+  return {
+    text: lines.length > 0 ? ['*nat', ...lines, 'COMMIT', ''].join('\n') : undefined,
+    deletes: remove.length,
+    rewritten,
+    buckets,
+    leftOut,
+    rejected: [...record.rejected.filter((r) => !gone.has(r.item)), ...rejections],
+  };
+}
+
+/** Records a partial write that the kernel took. */
+export function recordPartialWrite(record: FamilyRecord, write: PartialWrite): void {
+  for (const [bucket, entries] of write.buckets) record.setBucket(bucket, entries);
+  for (const key of write.leftOut.removed) record.leftOut.delete(key);
+  for (const e of write.leftOut.added) record.leftOut.set(flowKey(e), e);
+  record.rejected = write.rejected;
+}

@@ -19,13 +19,15 @@
 // every connection (an attempt that reads ECONNRESET had thus connected): the ClusterIPs are local addresses of the bench's node, so an attempt that
 // was translated is answered here, and one that was not is never answered (its address is routed
 // to a device where packets vanish).
-export const PACKET_PROBE_C = String.raw`
+/** What both probers begin with: headers, limits, the clock, the listening socket. */
+export const PROBER_PRELUDE_C = String.raw`
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +47,15 @@ static long long now_ns(void) {
 
 static int listener = -1;
 
+struct attempt {
+  int fd;
+  long long started;
+};
+`;
+
+export const PACKET_PROBE_C =
+  PROBER_PRELUDE_C +
+  String.raw`
 static void accept_all(void) {
   for (;;) {
     int c = accept4(listener, NULL, NULL, SOCK_NONBLOCK);
@@ -60,11 +71,6 @@ static void close_reset(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
   close(fd);
 }
-
-struct attempt {
-  int fd;
-  long long started;
-};
 
 static void probe(const char *address, int port, long timeout_ms, long interval_us, long spread) {
   struct sockaddr_in to = {0};
@@ -185,20 +191,35 @@ static void probe(const char *address, int port, long timeout_ms, long interval_
   accept_all();
 }
 
+` +
+  proberMainC({ socketType: 'SOCK_STREAM', drain: 'accept_all', name: 'packet-probe' });
+
+/**
+ * Both probers' main(): listens on LISTEN_PORT (default 443) with a socket of `socketType`
+ * (`listen` for a stream socket), prints `ready`, then serves `probe` lines from stdin, calling
+ * `drain` whenever the listener has something waiting.
+ */
+export function proberMainC(options: {
+  socketType: 'SOCK_STREAM' | 'SOCK_DGRAM';
+  drain: string;
+  name: string;
+}): string {
+  const stream = options.socketType === 'SOCK_STREAM';
+  return String.raw`
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   struct rlimit files = {MAX_OPEN + 64, MAX_OPEN + 64};
   setrlimit(RLIMIT_NOFILE, &files);
   const char *port_text = getenv("LISTEN_PORT");
   int listen_port = port_text ? atoi(port_text) : 443;
-  listener = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  listener = socket(AF_INET, ${options.socketType} | SOCK_NONBLOCK, 0);
   int one = 1;
   setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   struct sockaddr_in any = {0};
   any.sin_family = AF_INET;
   any.sin_port = htons((unsigned short)listen_port);
-  if (bind(listener, (struct sockaddr *)&any, sizeof any) != 0 || listen(listener, 4096) != 0) {
-    fprintf(stderr, "packet-probe: cannot listen on port %d: %s\n", listen_port, strerror(errno));
+  if (bind(listener, (struct sockaddr *)&any, sizeof any) != 0${stream ? ' || listen(listener, 4096) != 0' : ''}) {
+    fprintf(stderr, "${options.name}: cannot listen on port %d: %s\n", listen_port, strerror(errno));
     return 1;
   }
   printf("ready\n");
@@ -208,7 +229,7 @@ int main(void) {
   for (;;) {
     idle[0].revents = idle[1].revents = 0;
     if (poll(idle, 2, -1) < 0 && errno != EINTR) return 1;
-    if (idle[1].revents) accept_all();
+    if (idle[1].revents) ${options.drain}();
     if (!idle[0].revents) continue;
     if (!fgets(line, sizeof line, stdin)) return 0;
     char address[64];
@@ -223,3 +244,4 @@ int main(void) {
   }
 }
 `;
+}

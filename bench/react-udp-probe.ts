@@ -13,44 +13,21 @@
 // translated never does (its address is routed to a device where packets vanish). Each datagram
 // carries the probe's serial number and the attempt's index, so what arrives names its attempt.
 
-import { spawnSync } from 'node:child_process';
-import { writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { compileC } from './packet-probe.js';
+import { PROBER_PRELUDE_C, proberMainC } from './packet-probe-program.js';
 
-const UDP_PROBE_C = String.raw`
-#define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <signal.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
-
-#define MAX_OPEN 4000
+const UDP_PROBE_C =
+  PROBER_PRELUDE_C +
+  String.raw`
 #define MAX_ATTEMPTS 65536
-#define ATTEMPT_LIFE_NS (100LL * 1000 * 1000)
 /* After the first arrival, how long an earlier attempt still in flight may take to arrive. */
 #define GRACE_NS (300LL * 1000)
-
-static long long now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
-}
 
 struct datagram {
   uint32_t serial;
   uint32_t index;
 };
 
-static int listener = -1;
 static uint32_t serial = 0;
 static long long starts[MAX_ATTEMPTS];
 static long attempts = 0;
@@ -70,11 +47,6 @@ static void drain(void) {
     }
   }
 }
-
-struct attempt {
-  int fd;
-  long long started;
-};
 
 static void probe(const char *address, int port, long timeout_ms, long interval_us, long spread) {
   struct sockaddr_in to = {0};
@@ -167,51 +139,10 @@ static void probe(const char *address, int port, long timeout_ms, long interval_
   fflush(stdout);
 }
 
-int main(void) {
-  signal(SIGPIPE, SIG_IGN);
-  struct rlimit files = {MAX_OPEN + 64, MAX_OPEN + 64};
-  setrlimit(RLIMIT_NOFILE, &files);
-  const char *port_text = getenv("LISTEN_PORT");
-  int listen_port = port_text ? atoi(port_text) : 443;
-  listener = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
-  struct sockaddr_in any = {0};
-  any.sin_family = AF_INET;
-  any.sin_port = htons((unsigned short)listen_port);
-  if (bind(listener, (struct sockaddr *)&any, sizeof any) != 0) {
-    fprintf(stderr, "react-udp-probe: cannot listen on UDP port %d: %s\n", listen_port, strerror(errno));
-    return 1;
-  }
-  printf("ready\n");
-  fflush(stdout);
-  char line[256];
-  struct pollfd idle[2] = {{0, POLLIN, 0}, {listener, POLLIN, 0}};
-  for (;;) {
-    idle[0].revents = idle[1].revents = 0;
-    if (poll(idle, 2, -1) < 0 && errno != EINTR) return 1;
-    if (idle[1].revents) drain();
-    if (!idle[0].revents) continue;
-    if (!fgets(line, sizeof line, stdin)) return 0;
-    char address[64];
-    int port;
-    long timeout_ms, interval_us, spread;
-    if (sscanf(line, "probe %63s %d %ld %ld %ld", address, &port, &timeout_ms, &interval_us, &spread) == 5) {
-      probe(address, port, timeout_ms, interval_us, spread);
-    } else {
-      printf("{\"error\":\"bad command\"}\n");
-      fflush(stdout);
-    }
-  }
-}
-`;
+` +
+  proberMainC({ socketType: 'SOCK_DGRAM', drain: 'drain', name: 'react-udp-probe' });
 
 /** Compiles the UDP prober into `dir`; returns the binary's path. */
 export function compileUdpProbe(dir: string): string {
-  const source = join(dir, 'react-udp-probe.c');
-  const binary = join(dir, 'react-udp-probe');
-  writeFileSync(source, UDP_PROBE_C);
-  for (const compiler of ['cc', 'clang']) {
-    const r = spawnSync(compiler, ['-O2', '-Wall', '-o', binary, source], { stdio: 'inherit' });
-    if (r.status === 0) return binary;
-  }
-  throw new Error('the UDP prober needs a C compiler: install gcc (or clang)');
+  return compileC(dir, 'react-udp-probe', UDP_PROBE_C, 'the UDP prober');
 }

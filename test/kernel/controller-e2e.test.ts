@@ -211,8 +211,10 @@ for (const backendName of ['nft', 'iptables'] as const)
         expect(text).to.match(/192\.0\.2\.10 \. tcp \. 80 comment "default\/web" : 10\.96\.0\.10/);
         sh('nft', ['-c', '-f', '-'], text);
       } else {
+        // The entry chain goes to the bucket of the address's last byte, which holds its rules.
+        expect(text).to.match(/-A IPVS_OUTPUT -d 0\.0\.0\.10\/0\.0\.0\.255 -g IPVS_OUTPUT_10/);
         expect(text).to.match(
-          /-A IPVS_OUTPUT -d 192\.0\.2\.10\/32 -p tcp -m comment --comment "default\/web" .*-j DNAT --to-destination 10\.96\.0\.10/,
+          /-A IPVS_OUTPUT_10 -d 192\.0\.2\.10\/32 -p tcp -m comment --comment "default\/web" .*-j DNAT --to-destination 10\.96\.0\.10/,
         );
         const ipv4Part = text.split('# ipv6')[0]!.replace(/^#.*$/gm, '');
         sh('iptables-restore', ['--test', '--noflush', '-w'], ipv4Part);

@@ -84,8 +84,12 @@ export function staleTuples(previous: DesiredState | undefined, next: DesiredSta
     }
     if (after.entries === before.entries) continue;
     // The model says what changed since the list the kernel holds: no need to compare the lists.
-    if (after.changes?.since === before.entries) out.push(...diffEntries(after.changes.removed, after.changes.added));
-    else out.push(...diffEntries(before.entries, after.entries));
+    // One push per tuple: a change may hold more than a call can take arguments.
+    const changed =
+      after.changes?.since === before.entries
+        ? diffEntries(after.changes.removed, after.changes.added)
+        : diffEntries(before.entries, after.entries);
+    for (const tuple of changed) out.push(tuple);
   }
   return out;
 }

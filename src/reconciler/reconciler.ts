@@ -137,7 +137,7 @@ export class Reconciler {
     }
     if (rewrite.length > 0) {
       const written = await this.exclusive(() => this.writeWhole(call, rewrite, desired));
-      failures.push(...written.failures);
+      for (const failure of written.failures) failures.push(failure);
       modes.push(written.wrote ? 'full' : 'noop');
     }
     let repaired = 0;

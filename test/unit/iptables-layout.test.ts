@@ -10,7 +10,12 @@ import {
   isOurChain,
   parseBucketChain,
 } from '../../src/backends/iptables/layout.js';
+import { emptyNatTable } from '../../src/backends/iptables/parse.js';
+import { planPartialWrite } from '../../src/backends/iptables/partial-write.js';
+import { FamilyRecord } from '../../src/backends/iptables/record.js';
+import { renderFamilyRestore } from '../../src/backends/iptables/render.js';
 import { ipBytes, parseIp } from '../../src/model/ip.js';
+import type { Entry } from '../../src/model/types.js';
 import { seededRandom } from '../support/fixtures.js';
 
 describe('iptables layout', () => {
@@ -53,5 +58,61 @@ describe('iptables layout', () => {
     for (const name of ['IPVS_OUTPUT_OTHER', 'IPVS_OUTPUT_1234', 'IPVS_POSTROUTING', 'KUBE-SERVICES', 'IPVS_OUTPUT_']) {
       expect(isOurChain(name), name).to.equal(false);
     }
+  });
+});
+
+describe('iptables partial write of one large bucket', function () {
+  // Seconds of string work on a loaded machine; what is checked is the lines, never the time.
+  this.timeout(60_000);
+  // One tenant's Service can put tens of thousands of ports on one address, so one bucket can hold
+  // more rules than a JavaScript call takes arguments (about 120,000 here).
+  const shape = { localPodMatch: { kind: 'cidrs' as const, cidrs: ['10.244.1.0/24'] }, masqueradeMark: 0x4000 };
+  const entry = ([protocol, port]: [Entry['protocol'], number], clusterIp = '10.96.0.7'): Entry => ({
+    family: 'ipv4',
+    externalIp: '203.0.113.7',
+    protocol,
+    port,
+    clusterIp,
+    service: 'tenant/large',
+  });
+  const ports = (['TCP', 'UDP'] as const).flatMap((protocol) =>
+    Array.from({ length: 60_000 }, (_, i): [Entry['protocol'], number] => [protocol, 1 + i]),
+  );
+
+  it('adds, rewrites and deletes rules of a bucket of 240,000 rules per hook', () => {
+    const empty = FamilyRecord.of(
+      renderFamilyRestore('ipv4', { entries: [], localPodMatch: shape.localPodMatch }, 0x4000, emptyNatTable()),
+      { ...shape, useKubeMarkMasq: false },
+    );
+    const added = planPartialWrite(
+      'ipv4',
+      empty,
+      [],
+      ports.map((p) => entry(p)),
+      Number.POSITIVE_INFINITY,
+    );
+    const appended = added.text!.split('\n').filter((l) => l.startsWith('-A IPVS_OUTPUT_7 '));
+    expect(appended).to.have.length(240_000);
+    for (const [bucket, held] of added.buckets) empty.setBucket(bucket, held);
+    // Every entry moves to another ClusterIP: past the bound the bucket is written whole, under it
+    // each rule is deleted and added.
+    const moved = ports.map((p) => entry(p, '10.96.0.8'));
+    const rewrite = planPartialWrite(
+      'ipv4',
+      empty,
+      ports.map((p) => entry(p)),
+      moved,
+      4,
+    );
+    expect(rewrite.rewritten).to.equal(2);
+    const spelled = planPartialWrite(
+      'ipv4',
+      empty,
+      ports.map((p) => entry(p)),
+      moved,
+      Number.POSITIVE_INFINITY,
+    );
+    // The mark rules stay (they do not name the ClusterIP): one DNAT rule per entry and hook goes.
+    expect(spelled.deletes).to.equal(240_000);
   });
 });

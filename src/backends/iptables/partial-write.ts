@@ -99,7 +99,7 @@ export function planPartialWrite(
       if (before === undefined) {
         declare.push(`:${chain} - [0:0]`);
         append.push(`-A ${entry} ${gotoSpec(family, entry, bucket)}`);
-        append.push(...rulesOf(after.values()).map((r) => `-A ${chain} ${r}`));
+        for (const r of rulesOf(after.values())) append.push(`-A ${chain} ${r}`);
       } else if (after.size === 0) {
         declare.push(`:${chain} - [0:0]`);
         remove.push(`-D ${entry} ${gotoSpec(family, entry, bucket)}`);
@@ -113,10 +113,11 @@ export function planPartialWrite(
         if (deletes.length > rewriteAboveDeletes) {
           rewritten++;
           declare.push(`:${chain} - [0:0]`);
-          append.push(...rulesOf(after.values()).map((r) => `-A ${chain} ${r}`));
+          for (const r of rulesOf(after.values())) append.push(`-A ${chain} ${r}`);
         } else {
-          remove.push(...deletes.map((r) => `-D ${chain} ${r}`));
-          append.push(...comeRules.filter((r) => !goneSet.has(r)).map((r) => `-A ${chain} ${r}`));
+          // One push per line: a bucket may hold more rules than a call can take arguments.
+          for (const r of deletes) remove.push(`-D ${chain} ${r}`);
+          for (const r of comeRules) if (!goneSet.has(r)) append.push(`-A ${chain} ${r}`);
         }
       }
     }

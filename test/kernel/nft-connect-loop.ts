@@ -30,6 +30,8 @@ const ANSWER_TIMEOUT_MS = 10_000;
 
 interface Failure {
   startedMs: number;
+  /** When it started, in ms since the epoch (performance.timeOrigin): comparable with the parent's clock. */
+  at: number;
   answer: string;
   /** Time to connect (undefined: it never connected). */
   connectMs?: number;
@@ -59,7 +61,12 @@ function connectOnce(): void {
     if (answer === expected) {
       if (answered++ === 0) process.stdout.write('started\n');
     } else {
-      failures.push({ startedMs: Math.round(t0 - started), answer, connectMs: connectMs && Math.round(connectMs) });
+      failures.push({
+        startedMs: Math.round(t0 - started),
+        at: Math.round(performance.timeOrigin + t0),
+        answer,
+        connectMs: connectMs && Math.round(connectMs),
+      });
     }
     if (stopping && open === 0) report();
   };

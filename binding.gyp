@@ -25,6 +25,7 @@
     'have_libnftables%': '<!(pkg-config --exists libnftables && echo 1 || echo 0)',
     'have_libbpf%': '<!(pkg-config --exists libbpf && echo 1 || echo 0)',
     'have_libnftnl%': '<!(pkg-config --exists libnftnl libmnl && echo 1 || echo 0)',
+    'have_libmnl%': '<!(pkg-config --exists libmnl && echo 1 || echo 0)',
   },
   'targets': [
     {
@@ -50,6 +51,23 @@
               'libraries': ['<!@(pkg-config --libs libnftnl libmnl)'],
             }],
           ],
+        }, {
+          'type': 'none',
+        }],
+      ],
+    },
+    {
+      # Conntrack entries deleted through ctnetlink, in the process (src/conntrack/): without
+      # libmnl-dev, the conntrack command does it, a process per tuple.
+      'target_name': 'conntrack_addon',
+      'conditions': [
+        ['have_libmnl==1', {
+          'sources': ['native/conntrack_addon.cc'],
+          'dependencies': ["<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"],
+          'defines': ['NAPI_VERSION=8'],
+          'cflags_cc': ['-std=c++17', '-Wall', '-Wextra', '-Wunused-parameter', '<!@(pkg-config --cflags libmnl)'],
+          'cflags_cc!': ['-std=gnu++17'],
+          'libraries': ['<!@(pkg-config --libs libmnl)'],
         }, {
           'type': 'none',
         }],

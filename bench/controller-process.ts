@@ -104,7 +104,6 @@ export class ControllerProcess {
     const args = [
       ...NODE_FLAGS,
       ...(flags.nodeFlags ?? []),
-      '--expose-gc',
       '--import',
       GC_HOOK,
       CLI,

@@ -22,6 +22,12 @@ const NATIVE_LIBRARIES = [
     fallback: 'the `nft` CLI will be used',
   },
   {
+    pkgConfigName: 'libmnl',
+    debianPackage: 'libmnl-dev',
+    addon: 'conntrack addon',
+    fallback: 'stale conntrack entries are deleted by the `conntrack` command',
+  },
+  {
     pkgConfigName: 'libbpf',
     debianPackage: 'libbpf-dev',
     addon: 'eBPF addon',

@@ -91,10 +91,15 @@ export interface ControllerOptions {
   /** --max-entries: entries per family programmed at most; default and ceiling: the backend's capacity. */
   maxEntries?: number;
   /**
-   * The addresses of the node's interfaces, read at every sync (src/node/interface-addresses.ts);
-   * none by default.
+   * The addresses of the node's interfaces, asked at every sync (src/node/interface-addresses.ts:
+   * the CLI reads them once a second and calls nodeAddressesChanged); none by default.
    */
   interfaceAddresses?: () => readonly string[];
+  /**
+   * One collection of the whole heap that also shrinks it (cli/v8-settings.ts), run after the
+   * first sync; without it (tests), the heap is left to V8.
+   */
+  collectGarbage?: () => void;
   /**
    * Between retries of removeLeftovers: the first wait, doubled after each failure up to the
    * second. Default LEFTOVER_RETRY_MS (controller/leftover-removal.ts).
@@ -173,6 +178,11 @@ export class Controller {
     if (this.started) this.runner.request();
   }
 
+  /** The node's interface addresses changed: a sync asks the model again. */
+  nodeAddressesChanged(): void {
+    this.onCacheChange();
+  }
+
   async start(): Promise<void> {
     const { caches, logger } = this.options;
     caches.services.start();
@@ -189,15 +199,14 @@ export class Controller {
   /**
    * After the first sync, the garbage of the initial list (pages of full objects, tens of MiB at
    * 10,000 Services) would stay resident until V8 next needs the space: one collection now (the
-   * image runs Node with --expose-gc), then the backend hands back what glibc kept. The collection
-   * is V8's last-resort one, which also shrinks the heap V8 grew for the start and returns its
-   * free pages: about 18 MiB less resident memory at 10,000 Services and 65 MiB at 50,000 than a
-   * plain full collection, with Node.js 24 (docs/operations.md, Resources). Rules are in the
-   * kernel already, so nothing waits for it.
+   * CLI's collectGarbage), then the backend hands back what glibc kept. The collection is V8's
+   * last-resort one, which also shrinks the heap V8 grew for the start and returns its free
+   * pages: about 18 MiB less resident memory at 10,000 Services and 65 MiB at 50,000 than a plain
+   * full collection, with Node.js 24 (docs/operations.md, Resources). Rules are in the kernel
+   * already, so nothing waits for it.
    */
   private async compactMemory(): Promise<void> {
-    const gc = (globalThis as { gc?: (options?: { type: string; execution: string; flavor: string }) => void }).gc;
-    gc?.({ type: 'major', execution: 'sync', flavor: 'last-resort' });
+    this.options.collectGarbage?.();
     await this.options.reconciler.releaseMemory().catch(() => undefined);
   }
 

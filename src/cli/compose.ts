@@ -5,6 +5,7 @@
 
 import type { Logger } from 'pino';
 import { ConntrackCleaner, type ConntrackCleanupReport } from '../conntrack/conntrack-cleaner.js';
+import { loadConntrackNetlink } from '../conntrack/conntrack-netlink.js';
 import { ConntrackSubscriber, type ConntrackClient } from '../conntrack/conntrack-subscriber.js';
 import type { Driver } from '../driver/driver.js';
 import { Reconciler } from '../reconciler/reconciler.js';
@@ -14,8 +15,9 @@ export interface ReconcilerWiring {
   /** Told of every conntrack clean-up (the metrics). */
   onConntrackCleanup?: (report: ConntrackCleanupReport) => void;
   /**
-   * The conntrack client. Default: the conntrack command, where the driver's translations are
-   * conntrack's (capabilities.conntrackMatters: not eBPF's, which translates sockets); null: none.
+   * The conntrack client. Default: ctnetlink in the process (the conntrack addon), else the
+   * conntrack command, where the driver's translations are conntrack's
+   * (capabilities.conntrackMatters: not eBPF's, which translates sockets); null: none.
    */
   conntrack?: ConntrackClient | null;
 }
@@ -25,7 +27,7 @@ export function composeReconciler(driver: Driver, wiring: ReconcilerWiring): Rec
   const conntrack =
     wiring.conntrack === undefined
       ? driver.capabilities.conntrackMatters
-        ? new ConntrackCleaner({ logger: wiring.logger })
+        ? new ConntrackCleaner({ logger: wiring.logger, netlink: loadConntrackNetlink().netlink })
         : undefined
       : (wiring.conntrack ?? undefined);
   return new Reconciler(driver, conntrack ? [new ConntrackSubscriber(conntrack, wiring.onConntrackCleanup)] : []);

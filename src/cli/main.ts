@@ -7,6 +7,8 @@
 // The composition root: the registry (src/backends/registry.ts) chooses and probes the driver,
 // compose.ts puts the reconciler over it with its subscribers, the controller runs that.
 
+// First: V8's settings, before any other module of ours runs (v8-settings.ts).
+import { collectEverything } from './v8-settings.js';
 import { CommanderError } from 'commander';
 import { accessSync, constants as fsConstants, existsSync, statSync } from 'node:fs';
 import { homedir } from 'node:os';
@@ -34,7 +36,7 @@ import { toNodeInfo, toServiceInfo } from '../kube/objects.js';
 import type { Operations } from '../operations/operations.js';
 import { describeSettings } from '../kubeproxy/config.js';
 import { buildInfo } from '../build-info/version.js';
-import { interfaceAddresses } from '../node/interface-addresses.js';
+import { InterfaceAddressWatch } from '../node/interface-addresses.js';
 
 /** An error with a message meant for the user as it is. */
 class FatalError extends Error {
@@ -319,6 +321,7 @@ async function runController(
     logger,
     onConntrackCleanup: (report) => observer.onConntrackCleanup?.(report),
   });
+  const interfaces = new InterfaceAddressWatch();
   controller = new Controller({
     observer,
     caches,
@@ -329,7 +332,8 @@ async function runController(
     kubeProxySettings: kubeProxy.describe(),
     nodeName: config.nodeName,
     maxEntries: config.maxEntries,
-    interfaceAddresses,
+    interfaceAddresses: () => interfaces.current(),
+    collectGarbage: collectEverything,
     minSyncPeriodMs: config.minSyncPeriodMs,
     syncPeriodMs: config.syncPeriodMs,
     logger,
@@ -351,8 +355,10 @@ async function runController(
     },
     'Starting',
   );
+  interfaces.start(() => controller?.nodeAddressesChanged());
   await Promise.race([controller.start(), stopped]);
   await stopped;
+  interfaces.stop();
   await kubeProxy.stop();
   await controller.stop();
   await reconciler.close();

@@ -1,7 +1,9 @@
-// Deletes stale conntrack entries with the `conntrack` command (conntrack-tools), after the
-// kernel holds the new rules: a flow's next packet then starts a new entry and meets the new
-// translation (or none). Failures are reported, never thrown: a stale UDP flow is a smaller harm
-// than a sync that does not finish.
+// Deletes stale conntrack entries after the kernel holds the new rules: a flow's next packet then
+// starts a new entry and meets the new translation (or none). Through ctnetlink in the process
+// where the conntrack addon is built (conntrack-netlink.ts: one dump per family and call, no
+// process), else with the `conntrack` command (conntrack-tools), which is also what a failed
+// netlink call falls back to. Failures are reported, never thrown: a stale UDP flow is a smaller
+// harm than a sync that does not finish.
 //
 // Memory does not grow with the conntrack table: a listing (millions of entries on a busy node
 // print hundreds of megabytes) is read line by line and only the tuples asked for are kept, and
@@ -11,6 +13,7 @@
 import { execa } from 'execa';
 import type { Logger } from 'pino';
 import type { Entry, Family } from '../model/types.js';
+import type { ConntrackNetlink } from './conntrack-netlink.js';
 import type { ConntrackProtocol, StaleTuple } from './stale-tuples.js';
 
 export interface ConntrackCleanupReport {
@@ -34,6 +37,8 @@ export interface ConntrackCleanerOptions {
    * tuples that have entries are deleted (a process per tuple costs milliseconds each).
    */
   listAbove?: number;
+  /** Deletes through ctnetlink in the process (conntrack-netlink.ts); without it, the command. */
+  netlink?: ConntrackNetlink;
 }
 
 /** Flows of a bypass window deleted at most: the window is short, a flood is not ours to clear. */
@@ -70,6 +75,7 @@ export class ConntrackCleaner {
   private readonly timeoutMs: number;
   private readonly listAbove: number;
   private missingReported = false;
+  private netlinkFailureReported = false;
   /** Per family, the bypass clean-up under way, and the entries of one asked for meanwhile. */
   private readonly forgetting = new Map<Family, { run: Promise<void>; next?: readonly ForgetKey[] }>();
 
@@ -85,8 +91,30 @@ export class ConntrackCleaner {
     const report: ConntrackCleanupReport = { tuples: tuples.length, deleted: 0, failures: 0, durationMs: 0 };
     const errors: string[] = [];
     let firstError: unknown;
+    let viaCommand: readonly StaleTuple[] = tuples;
+    if (this.options.netlink) {
+      const failed: StaleTuple[] = [];
+      for (const family of ['ipv4', 'ipv6'] as const) {
+        const ofFamily = tuples.filter((t) => t.family === family);
+        if (ofFamily.length === 0) continue;
+        try {
+          report.deleted += await this.options.netlink.deleteMatching(family, ofFamily, this.timeoutMs);
+        } catch (err) {
+          // The command may still manage; it reports its own failures. Said once per run.
+          if (!this.netlinkFailureReported) {
+            this.netlinkFailureReported = true;
+            this.options.logger.warn(
+              { family, err },
+              'Deleting conntrack entries in process failed, the conntrack command does it instead',
+            );
+          }
+          for (const t of ofFamily) failed.push(t);
+        }
+      }
+      viaCommand = failed;
+    }
     const groups = new Map<string, StaleTuple[]>();
-    for (const t of tuples) {
+    for (const t of viaCommand) {
       const g = `${t.family}|${t.protocol}`;
       if (!groups.has(g)) groups.set(g, []);
       groups.get(g)!.push(t);

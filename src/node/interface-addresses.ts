@@ -9,6 +9,9 @@ import { networkInterfaces } from 'node:os';
  */
 export const IPVS_DUMMY_INTERFACE = 'kube-ipvs0';
 
+/** How often InterfaceAddressWatch reads the interfaces again. */
+export const INTERFACE_READ_INTERVAL_MS = 1000;
+
 /** Every address on the node's interfaces but kube-ipvs0, as the kernel lists them now. */
 export function interfaceAddresses(): string[] {
   const out: string[] = [];
@@ -17,4 +20,54 @@ export function interfaceAddresses(): string[] {
     for (const a of addresses ?? []) out.push(a.address.split('%')[0]!);
   }
   return out;
+}
+
+/**
+ * The node's interface addresses, read once a second rather than at every sync: a read is one
+ * getifaddrs() over every interface (a node with a hundred pods has a hundred veths), about
+ * 0.1 ms on a bare machine, and a Service change should not pay it. A read that finds other
+ * addresses calls `onChange`, so an address added to the node is known within a second even
+ * when no Service changes (a sync asks the model again).
+ */
+export class InterfaceAddressWatch {
+  private addresses: readonly string[];
+  private key: string;
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(
+    private readonly read: () => string[] = interfaceAddresses,
+    private readonly intervalMs = INTERFACE_READ_INTERVAL_MS,
+  ) {
+    this.addresses = read();
+    this.key = this.addresses.join(' ');
+  }
+
+  /** The addresses of the last read. */
+  current(): readonly string[] {
+    return this.addresses;
+  }
+
+  /** Reads every interval until stop(); `onChange` after a read that found other addresses. */
+  start(onChange: () => void): void {
+    this.stop();
+    this.timer = setInterval(() => {
+      let next: string[];
+      try {
+        next = this.read();
+      } catch {
+        return; // the last read stays; the next tick tries again
+      }
+      const key = next.join(' ');
+      if (key === this.key) return;
+      this.addresses = next;
+      this.key = key;
+      onChange();
+    }, this.intervalMs);
+    this.timer.unref();
+  }
+
+  stop(): void {
+    clearInterval(this.timer);
+    this.timer = undefined;
+  }
 }

@@ -18,6 +18,7 @@ import {
 } from '../../src/backends/nft/addon-executor.js';
 import { NftCliExecutor, NftError } from '../../src/backends/nft/executor.js';
 import { defaultAddonPath as ebpfAddonPath } from '../../src/backends/ebpf/native.js';
+import { addonPath } from '../../src/native-addon.js';
 
 /** readelf's output (binutils, which g++ needs to build the addons at all). */
 function readelf(args: string[], file: string): string {
@@ -170,10 +171,13 @@ describe('scripts/build-native.mjs without the libraries', () => {
   it('succeeds with one line per library naming its -dev package and what happens without it, when pkg-config cannot find them', () => {
     const { status, lines } = buildNative({ ...process.env, PKG_CONFIG_LIBDIR: join(scratch, 'no-pkgconfig') });
     expect(status).to.equal(0);
-    expect(lines, lines.join('\n')).to.have.lengthOf(2);
+    expect(lines, lines.join('\n')).to.have.lengthOf(3);
     expect(lines[0] ?? '').to.match(/libnftables not found by pkg-config: install .*libnftables-dev/);
     expect(lines[0] ?? '').to.match(/until then the `nft` CLI will be used\.$/);
     expect(lines[1] ?? '').to.match(
+      /libmnl not found by pkg-config: install .*libmnl-dev.*deleted by the `conntrack` command\.$/,
+    );
+    expect(lines[2] ?? '').to.match(
       /libbpf not found by pkg-config: install .*libbpf-dev.*--backend=ebpf is not available\.$/,
     );
     expect(existsSync(join(scratch, 'build')), 'a stale addon was left behind').to.equal(false);
@@ -182,9 +186,10 @@ describe('scripts/build-native.mjs without the libraries', () => {
   it('succeeds with one line per library when pkg-config itself is missing', () => {
     const { status, lines } = buildNative({ PATH: join(scratch, 'empty-path') });
     expect(status).to.equal(0);
-    expect(lines, lines.join('\n')).to.have.lengthOf(2);
+    expect(lines, lines.join('\n')).to.have.lengthOf(3);
     expect(lines[0] ?? '').to.match(/pkg-config not found: install the Debian packages pkg-config and libnftables-dev/);
-    expect(lines[1] ?? '').to.match(/pkg-config not found: install the Debian packages pkg-config and libbpf-dev/);
+    expect(lines[1] ?? '').to.match(/pkg-config not found: install the Debian packages pkg-config and libmnl-dev/);
+    expect(lines[2] ?? '').to.match(/pkg-config not found: install the Debian packages pkg-config and libbpf-dev/);
   });
 
   it('goes on to build the eBPF addon when libbpf is there and libnftables is not', () => {
@@ -208,9 +213,28 @@ describe('scripts/build-native.mjs without the libraries', () => {
   });
 });
 
-for (const [name, path] of [
-  ['nftables', defaultAddonPath],
-  ['eBPF', ebpfAddonPath],
+describe('conntrack addon build', () => {
+  const path = addonPath('conntrack_addon.node');
+
+  it('exists, linked with libmnl, and checks its arguments before any work is queued', () => {
+    expect(existsSync(path), `${path} is missing: install libmnl-dev and run \`npm run build:native\``).to.equal(true);
+    expect(execFileSync('ldd', [path], { encoding: 'utf8' })).to.match(/libmnl\.so/);
+    const addon = createRequire(import.meta.url)(path) as {
+      deleteMatching(family: string, targets: string, timeoutMs?: number): Promise<unknown>;
+    };
+    expect(() => addon.deleteMatching('inet', '')).to.throw(TypeError, 'family must be ipv4 or ipv6');
+    expect(() => addon.deleteMatching('ipv4', '17 2001:db8::1 53 0')).to.throw(TypeError, "not an address: '2001:db8::1'");
+    expect(() => addon.deleteMatching('ipv4', '17 192.0.2.1 70000 0')).to.throw(TypeError, 'not a target');
+    expect(() => addon.deleteMatching('ipv4', '', 0)).to.throw(RangeError, 'timeoutMs');
+  });
+});
+
+// `fortified`: whether the addon calls a function glibc can check (the conntrack addon's copies
+// have sizes known only at run time, so it imports none; it is built with the same flags).
+for (const [name, path, fortified] of [
+  ['nftables', defaultAddonPath, true],
+  ['conntrack', () => addonPath('conntrack_addon.node'), false],
+  ['eBPF', ebpfAddonPath, true],
 ] as const) {
   describe(`the ${name} addon is built hardened`, () => {
     let file: string;
@@ -232,7 +256,11 @@ for (const [name, path] of [
     it('with _FORTIFY_SOURCE: format functions are the checked ones, none the plain', () => {
       const imported = importedFunctions(file);
       const checked = [...imported].filter((f) => /^__\w+_chk$/.test(f) && f !== '__stack_chk_fail');
-      expect(checked, 'no __*_chk function: is the addon still compiled with _FORTIFY_SOURCE?').to.not.deep.equal([]);
+      if (fortified) {
+        expect(checked, 'no __*_chk function: is the addon still compiled with _FORTIFY_SOURCE?').to.not.deep.equal(
+          [],
+        );
+      }
       expect(ALWAYS_FORTIFIED.filter((f) => imported.has(f)), 'plain format functions').to.deep.equal([]);
     });
   });

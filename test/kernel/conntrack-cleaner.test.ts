@@ -1,6 +1,7 @@
 // The conntrack clean-up on the kernel: it deletes exactly the entries of the tuples it is given
-// (one tuple at a time, or after one listing when there are many), only untranslated ones when
-// asked, and reports a missing conntrack command without throwing. A listing is read as it comes,
+// (through ctnetlink in the process; or with the command, one tuple at a time or after one listing
+// when there are many), only untranslated ones when asked, and reports a missing conntrack command
+// without throwing. A listing is read as it comes,
 // never buffered: one that never ends (the real command's listing, again and again) is stopped
 // once every tuple is found, or at the timeout with memory flat; a line too long fails it.
 
@@ -11,6 +12,7 @@ import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ConntrackCleaner, MAX_LISTED_LINE_BYTES } from '../../src/conntrack/conntrack-cleaner.js';
+import { loadConntrackNetlink, type ConntrackNetlink } from '../../src/conntrack/conntrack-netlink.js';
 import type { StaleTuple } from '../../src/conntrack/stale-tuples.js';
 import { NodeNetwork, requireTools, sh } from '../../testbed/node-network.js';
 import { linesLogger } from '../support/log-lines.js';
@@ -77,8 +79,20 @@ describe('conntrack clean-up on the kernel', function () {
     }
   });
 
-  for (const listAbove of [16, 0]) {
-    it(`deletes the entries of the given tuples and no others (${listAbove === 0 ? 'after one listing' : 'one tuple at a time'})`, async () => {
+  /** The ways the cleaner deletes: the command never runs in process (it is one that fails). */
+  const ways: Array<{ name: string; cleaner: () => ConntrackCleaner }> = [
+    { name: 'in process', cleaner: () => new ConntrackCleaner({ logger, netlink: netlink(), command: '/bin/false' }) },
+    { name: 'one tuple at a time', cleaner: () => new ConntrackCleaner({ logger, listAbove: 16 }) },
+    { name: 'after one listing', cleaner: () => new ConntrackCleaner({ logger, listAbove: 0 }) },
+  ];
+  function netlink(): ConntrackNetlink {
+    const load = loadConntrackNetlink();
+    if (!load.netlink) throw new Error(`the conntrack addon must be built for kernel tests: ${load.reason}`);
+    return load.netlink;
+  }
+
+  for (const way of ways) {
+    it(`deletes the entries of the given tuples and no others (${way.name})`, async () => {
       sh('conntrack', ['-F']);
       await flow(A, 53, 41001);
       await flow(A, 53, 41002);
@@ -86,7 +100,7 @@ describe('conntrack clean-up on the kernel', function () {
       await flow(B, 53, 41004);
       await flow(A6, 53, 41005);
       expect(entries(A, 53)).to.have.members([41001, 41002]);
-      const cleaner = new ConntrackCleaner({ logger, listAbove });
+      const cleaner = way.cleaner();
       const report = await cleaner.clean([tuple(A, 53), tuple(A6, 53), tuple(B, 99)]);
       expect(report).to.include({ tuples: 3, deleted: 3, failures: 0 });
       expect(entries(A, 53)).to.deep.equal([]);
@@ -126,11 +140,12 @@ describe('conntrack clean-up on the kernel', function () {
       'SEEN_REPLY',
     ]);
     expect(entries(A, 53)).to.have.members([41011, 41012]);
-    for (const listAbove of [16, 0]) {
-      const report = await new ConntrackCleaner({ logger, listAbove }).clean([tuple(A, 53, true)]);
-      expect(report.failures).to.equal(0);
+    for (const way of ways) {
+      const report = await way.cleaner().clean([tuple(A, 53, true)]);
+      expect(report.failures, way.name).to.equal(0);
+      expect(entries(A, 53), way.name).to.deep.equal([41012]);
+      await flow(A, 53, 41011);
     }
-    expect(entries(A, 53)).to.deep.equal([41012]);
   });
 
   describe('a listing larger than any buffer', () => {
@@ -173,6 +188,15 @@ describe('conntrack clean-up on the kernel', function () {
 
     beforeEach(async () => {
       for (const [i, t] of asked.entries()) await flow(A, t.port, 43000 + i);
+    });
+
+    it('in process, deletes the tuples asked for among 20,000 other entries with one read of the table', async () => {
+      const cleaner = new ConntrackCleaner({ logger, netlink: netlink(), command: '/bin/false' });
+      const report = await cleaner.clean(asked);
+      expect(report).to.include({ tuples: 8, deleted: 8, failures: 0 });
+      for (const t of asked) expect(entries(A, t.port), `port ${t.port}`).to.deep.equal([]);
+      expect(entries(B, 20_000)).to.have.length(1);
+      expect(entries(B, 1)).to.have.length(1);
     });
 
     it('stops reading once every tuple asked for is found, and deletes their entries', async () => {

@@ -9,6 +9,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { sh } from '../../testbed/node-network.js';
+import { eventually } from '../support/eventually.js';
 import { TENANT_BACKENDS, TenantNode, UNTRANSLATED, lbService } from './tenant-node.js';
 
 const GRABBY = '10.96.0.30';
@@ -99,6 +100,32 @@ for (const backend of TENANT_BACKENDS) {
         `"service":{"namespace":"tenant","name":"grabby"},"reason":"pointsAtNode","detail":"${detail}","msg":"Service address skipped"`;
       expect(node.output).to.include(skipped(`${NODE_OWN} is one of the node's own addresses`));
       expect(node.output).to.include(skipped(`${METADATA} is a link-local address`));
+    });
+
+    it('stops translating an address within seconds of it appearing on an interface of the node, with no Service change', async () => {
+      node.startController(['--service-external-ip-range=198.51.100.0/24']);
+      const pointsAtNode = async () =>
+        (await node.metrics()).value('ipvs_node_controller_skipped_addresses', { reason: 'pointsAtNode' });
+      // The rules of the run before stay until this one's first sync: its metrics say it synced.
+      await eventually('the first sync', () =>
+        pointsAtNode().then(
+          (n) => n === 8,
+          () => false,
+        ),
+      );
+      await node.eventually(ALLOWED, 80, 'grabby');
+      sh('ip', ['addr', 'add', `${ALLOWED}/32`, 'dev', 'lo']);
+      try {
+        const startedAt = performance.now();
+        await eventually('the address skipped as the node own', async () => (await pointsAtNode()) === 9, 10_000);
+        // Read once a second (InterfaceAddressWatch), then one sync.
+        expect(performance.now() - startedAt).to.be.below(5_000);
+        expect(await node.probe(ALLOWED, 80)).to.not.equal('grabby');
+      } finally {
+        sh('ip', ['addr', 'del', `${ALLOWED}/32`, 'dev', 'lo']);
+      }
+      // And translated again once it is gone.
+      await node.eventually(ALLOWED, 80, 'grabby');
     });
 
     it("translates no spec.externalIPs when kube-proxy's AllowServiceExternalIPs gate is off", async () => {

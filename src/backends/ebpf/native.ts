@@ -1,7 +1,7 @@
 // The typed face of the eBPF addon (native/bpf, libbpf) and where the built artifacts live.
 
 import { join } from 'node:path';
-import { addonPath, hasFunctions, loadNativeAddon, packageRoot } from '../native-addon.js';
+import { addonPath, hasFunctions, loadNativeAddon, packageRoot } from '../../native-addon.js';
 
 export interface AttachedProgram {
   name: string;

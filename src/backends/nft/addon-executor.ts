@@ -2,7 +2,7 @@
 // (build/Release/nftables_addon.node). Same contract as the CLI path; the controller falls back
 // to the CLI when the addon is not built or does not load, and says why once.
 
-import { addonPath, hasFunctions, loadNativeAddon } from '../native-addon.js';
+import { addonPath, hasFunctions, loadNativeAddon } from '../../native-addon.js';
 import {
   MAX_LISTING_BYTES,
   NftCliExecutor,

@@ -1,0 +1,377 @@
+// conntrack_addon: deletes conntrack entries by their original destination through ctnetlink,
+// in the process, on a libuv worker thread. What `conntrack -D -f FAMILY -p PROTO --orig-dst IP
+// --dport PORT [--reply-src IP]` does, for many tuples at once and without a process: one dump of
+// the family's table (IPCTNL_MSG_CT_GET, NLM_F_DUMP), the entries matching a target kept (their
+// original tuple and zone, copied as the kernel sent them), then one IPCTNL_MSG_CT_DELETE each.
+// A process per tuple cost the controller's main thread milliseconds of fork and exec per change.
+//
+// Bounds: the dump is read with a receive timeout and at most MAX_DUMPED entries; at most
+// MAX_MATCHED entries are deleted per call (the rest stay, as a failed `conntrack -D` leaves
+// them); a deletion the kernel answers ENOENT (the entry went meanwhile) is not a failure.
+//
+// deleteMatching(family: 'ipv4' | 'ipv6', targets: string, timeoutMs?: number)
+//   targets: one per line, `protocol-number address port untranslated-only(0|1)`;
+//   resolves { dumped, matched, deleted, ms }, rejects with the kernel's reason.
+
+#include <arpa/inet.h>
+#include <libmnl/libmnl.h>
+#include <linux/netfilter/nfnetlink.h>
+#include <linux/netfilter/nfnetlink_conntrack.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <napi.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr size_t MAX_DUMPED = 8u << 20;   // entries read of one dump (a busy node: millions)
+constexpr size_t MAX_MATCHED = 65536;     // entries deleted per call
+constexpr size_t MAX_TARGETS = 1u << 20;  // targets per call
+constexpr size_t SEND_CHUNK = 60u << 10;  // bytes of delete messages per sendto
+
+struct Target {
+  uint8_t protocol = 0;
+  uint8_t address[16] = {};
+  uint16_t port = 0;  // network byte order, as the kernel sends it
+  bool untranslatedOnly = false;
+};
+
+// One entry's parts that decide a match, and what its deletion repeats.
+struct Tuple {
+  const uint8_t* src = nullptr;
+  const uint8_t* dst = nullptr;
+  uint8_t protocol = 0;
+  bool hasProtocol = false;
+  uint16_t dport = 0;
+  bool hasPort = false;
+};
+
+struct DumpState {
+  int family = 0;
+  size_t addressLength = 0;
+  const std::vector<Target>* targets = nullptr;
+  size_t dumped = 0;
+  bool tooMany = false;
+  // Per matching entry: its CTA_TUPLE_ORIG attribute and, when present, CTA_ZONE, as sent.
+  std::vector<std::string> matched;
+};
+
+double NowMs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+// Calls `each` for every attribute nested in `nest` (libmnl's for-each macros assign void* and do
+// not compile as C++).
+template <typename Each>
+void ForEachNested(const nlattr* nest, Each each) {
+  const char* end = static_cast<const char*>(mnl_attr_get_payload(nest)) + mnl_attr_get_payload_len(nest);
+  for (const nlattr* a = static_cast<const nlattr*>(mnl_attr_get_payload(nest));
+       mnl_attr_ok(a, static_cast<int>(end - reinterpret_cast<const char*>(a))); a = mnl_attr_next(a)) {
+    each(a);
+  }
+}
+
+// CTA_TUPLE_* nest: the addresses (CTA_TUPLE_IP) and protocol with ports (CTA_TUPLE_PROTO).
+bool ParseTuple(const nlattr* nest, size_t addressLength, Tuple& out) {
+  ForEachNested(nest, [&](const nlattr* attr) {
+    const uint16_t type = mnl_attr_get_type(attr);
+    if (type == CTA_TUPLE_IP) {
+      ForEachNested(attr, [&](const nlattr* ip) {
+        const uint16_t t = mnl_attr_get_type(ip);
+        if (mnl_attr_get_payload_len(ip) != addressLength) return;
+        const auto* bytes = static_cast<const uint8_t*>(mnl_attr_get_payload(ip));
+        if (t == CTA_IP_V4_SRC || t == CTA_IP_V6_SRC) out.src = bytes;
+        if (t == CTA_IP_V4_DST || t == CTA_IP_V6_DST) out.dst = bytes;
+      });
+    } else if (type == CTA_TUPLE_PROTO) {
+      ForEachNested(attr, [&](const nlattr* p) {
+        const uint16_t t = mnl_attr_get_type(p);
+        if (t == CTA_PROTO_NUM && mnl_attr_get_payload_len(p) >= 1) {
+          out.protocol = mnl_attr_get_u8(p);
+          out.hasProtocol = true;
+        } else if (t == CTA_PROTO_DST_PORT && mnl_attr_get_payload_len(p) >= 2) {
+          out.dport = mnl_attr_get_u16(p);
+          out.hasPort = true;
+        }
+      });
+    }
+  });
+  return out.src != nullptr && out.dst != nullptr && out.hasProtocol;
+}
+
+int OnEntry(const nlmsghdr* nlh, void* data) {
+  auto* state = static_cast<DumpState*>(data);
+  if (++state->dumped > MAX_DUMPED) {
+    state->tooMany = true;
+    return MNL_CB_STOP;
+  }
+  const nlattr* orig = nullptr;
+  const nlattr* reply = nullptr;
+  const nlattr* zone = nullptr;
+  const char* end = reinterpret_cast<const char*>(nlh) + nlh->nlmsg_len;
+  for (const nlattr* attr = static_cast<const nlattr*>(mnl_nlmsg_get_payload_offset(nlh, sizeof(nfgenmsg)));
+       mnl_attr_ok(attr, static_cast<int>(end - reinterpret_cast<const char*>(attr))); attr = mnl_attr_next(attr)) {
+    switch (mnl_attr_get_type(attr)) {
+      case CTA_TUPLE_ORIG: orig = attr; break;
+      case CTA_TUPLE_REPLY: reply = attr; break;
+      case CTA_ZONE: zone = attr; break;
+      default: break;
+    }
+  }
+  if (orig == nullptr) return MNL_CB_OK;
+  Tuple o;
+  if (!ParseTuple(orig, state->addressLength, o) || !o.hasPort) return MNL_CB_OK;
+  Tuple r;
+  const bool hasReply = reply != nullptr && ParseTuple(reply, state->addressLength, r);
+  for (const Target& t : *state->targets) {
+    if (t.protocol != o.protocol || t.port != o.dport) continue;
+    if (std::memcmp(t.address, o.dst, state->addressLength) != 0) continue;
+    // Untranslated: the reply comes from the original destination itself.
+    if (t.untranslatedOnly && (!hasReply || std::memcmp(r.src, o.dst, state->addressLength) != 0)) continue;
+    if (state->matched.size() >= MAX_MATCHED) return MNL_CB_OK;
+    std::string kept(reinterpret_cast<const char*>(orig), orig->nla_len);
+    kept.resize(MNL_ALIGN(kept.size()), '\0');
+    if (zone != nullptr) {
+      std::string z(reinterpret_cast<const char*>(zone), zone->nla_len);
+      z.resize(MNL_ALIGN(z.size()), '\0');
+      kept += z;
+    }
+    state->matched.push_back(std::move(kept));
+    break;
+  }
+  return MNL_CB_OK;
+}
+
+nlmsghdr* PutHeader(char* buffer, uint16_t type, uint16_t flags, int family, uint32_t seq) {
+  nlmsghdr* nlh = mnl_nlmsg_put_header(buffer);
+  nlh->nlmsg_type = (NFNL_SUBSYS_CTNETLINK << 8) | type;
+  nlh->nlmsg_flags = NLM_F_REQUEST | flags;
+  nlh->nlmsg_seq = seq;
+  auto* nfg = static_cast<nfgenmsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(nfgenmsg)));
+  nfg->nfgen_family = static_cast<uint8_t>(family);
+  nfg->version = NFNETLINK_V0;
+  nfg->res_id = 0;
+  return nlh;
+}
+
+struct Result {
+  std::string error;
+  size_t dumped = 0;
+  size_t matched = 0;
+  size_t deleted = 0;
+  double ms = 0;
+};
+
+class Socket {
+ public:
+  ~Socket() {
+    if (socket_ != nullptr) mnl_socket_close(socket_);
+  }
+  bool Open(int timeoutMs, std::string& error) {
+    socket_ = mnl_socket_open(NETLINK_NETFILTER);
+    if (socket_ == nullptr) return error = Errno("opening a netfilter netlink socket"), false;
+    if (mnl_socket_bind(socket_, 0, MNL_SOCKET_AUTOPID) < 0) return error = Errno("binding it"), false;
+    timeval tv{timeoutMs / 1000, (timeoutMs % 1000) * 1000};
+    if (setsockopt(mnl_socket_get_fd(socket_), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0)
+      return error = Errno("setting its receive timeout"), false;
+    return true;
+  }
+  mnl_socket* get() const { return socket_; }
+
+ private:
+  mnl_socket* socket_ = nullptr;
+};
+
+Result DeleteMatching(int family, const std::vector<Target>& targets, int timeoutMs) {
+  Result result;
+  const double started = NowMs();
+  DumpState state;
+  state.family = family;
+  state.addressLength = family == AF_INET ? 4 : 16;
+  state.targets = &targets;
+  Socket sock;
+  if (!sock.Open(timeoutMs, result.error)) return result;
+  const uint32_t portid = mnl_socket_get_portid(sock.get());
+  std::vector<char> buffer(MNL_SOCKET_BUFFER_SIZE > 65536 ? MNL_SOCKET_BUFFER_SIZE : 65536);
+
+  uint32_t seq = static_cast<uint32_t>(time(nullptr));
+  nlmsghdr* dump = PutHeader(buffer.data(), IPCTNL_MSG_CT_GET, NLM_F_DUMP, family, seq);
+  if (mnl_socket_sendto(sock.get(), dump, dump->nlmsg_len) < 0) {
+    result.error = Errno("asking conntrack for its entries");
+    return result;
+  }
+  for (;;) {
+    const ssize_t n = mnl_socket_recvfrom(sock.get(), buffer.data(), buffer.size());
+    if (n < 0) {
+      result.error = errno == EAGAIN ? "reading conntrack's entries: no answer within the timeout"
+                                     : Errno("reading conntrack's entries");
+      return result;
+    }
+    const int rc = mnl_cb_run(buffer.data(), static_cast<size_t>(n), seq, portid, OnEntry, &state);
+    if (state.tooMany) {
+      result.error = "conntrack holds more than " + std::to_string(MAX_DUMPED) + " entries: not read further";
+      return result;
+    }
+    if (rc == MNL_CB_STOP) break;
+    if (rc < 0) {
+      result.error = Errno("reading conntrack's entries");
+      return result;
+    }
+  }
+  result.dumped = state.dumped;
+  result.matched = state.matched.size();
+
+  // Deletions, SEND_CHUNK bytes of messages at a time, each acknowledged.
+  size_t next = 0;
+  while (next < state.matched.size()) {
+    std::vector<char> batch;
+    batch.reserve(SEND_CHUNK + 512);
+    const uint32_t first = ++seq;
+    size_t messages = 0;
+    while (next < state.matched.size() && batch.size() < SEND_CHUNK) {
+      const std::string& attrs = state.matched[next++];
+      const size_t at = batch.size();
+      batch.resize(at + MNL_ALIGN(sizeof(nlmsghdr)) + MNL_ALIGN(sizeof(nfgenmsg)) + attrs.size());
+      nlmsghdr* nlh = PutHeader(batch.data() + at, IPCTNL_MSG_CT_DELETE, NLM_F_ACK, family, first + messages);
+      std::memcpy(static_cast<char*>(mnl_nlmsg_get_payload_tail(nlh)), attrs.data(), attrs.size());
+      nlh->nlmsg_len += static_cast<uint32_t>(attrs.size());
+      ++messages;
+    }
+    seq = first + static_cast<uint32_t>(messages);
+    if (mnl_socket_sendto(sock.get(), batch.data(), batch.size()) < 0) {
+      result.error = Errno("deleting conntrack entries");
+      return result;
+    }
+    for (size_t acked = 0; acked < messages;) {
+      const ssize_t n = mnl_socket_recvfrom(sock.get(), buffer.data(), buffer.size());
+      if (n < 0) {
+        result.error = errno == EAGAIN ? "deleting conntrack entries: no answer within the timeout"
+                                       : Errno("deleting conntrack entries");
+        return result;
+      }
+      auto* nlh = reinterpret_cast<nlmsghdr*>(buffer.data());
+      int len = static_cast<int>(n);
+      for (; mnl_nlmsg_ok(nlh, len); nlh = mnl_nlmsg_next(nlh, &len)) {
+        if (nlh->nlmsg_type != NLMSG_ERROR || nlh->nlmsg_seq < first || nlh->nlmsg_seq >= first + messages) continue;
+        ++acked;
+        const auto* err = static_cast<const nlmsgerr*>(mnl_nlmsg_get_payload(nlh));
+        if (err->error == 0) {
+          ++result.deleted;
+        } else if (err->error != -ENOENT && result.error.empty()) {
+          result.error = std::string("deleting a conntrack entry: ") + std::strerror(-err->error);
+        }
+      }
+    }
+  }
+  result.ms = NowMs() - started;
+  return result;
+}
+
+bool ParseTargets(const std::string& text, int family, std::vector<Target>& out, std::string& error) {
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    if (out.size() >= MAX_TARGETS) return error = "too many targets", false;
+    std::istringstream fields(line);
+    unsigned protocol = 0, port = 0, untranslated = 0;
+    std::string address;
+    if (!(fields >> protocol >> address >> port >> untranslated) || protocol > 255 || port > 65535 ||
+        untranslated > 1) {
+      return error = "not a target: '" + line + "'", false;
+    }
+    Target t;
+    t.protocol = static_cast<uint8_t>(protocol);
+    t.port = htons(static_cast<uint16_t>(port));
+    t.untranslatedOnly = untranslated == 1;
+    if (inet_pton(family, address.c_str(), t.address) != 1) return error = "not an address: '" + address + "'", false;
+    out.push_back(t);
+  }
+  return true;
+}
+
+class DeleteWorker : public Napi::AsyncWorker {
+ public:
+  DeleteWorker(Napi::Env env, int family, std::vector<Target> targets, int timeoutMs)
+      : Napi::AsyncWorker(env, "conntrack.deleteMatching"),
+        deferred_(Napi::Promise::Deferred::New(env)),
+        family_(family),
+        targets_(std::move(targets)),
+        timeoutMs_(timeoutMs) {}
+
+  Napi::Promise Promise() const { return deferred_.Promise(); }
+
+ protected:
+  void Execute() override {
+    result_ = DeleteMatching(family_, targets_, timeoutMs_);
+    if (!result_.error.empty()) SetError(result_.error);
+  }
+  void OnOK() override {
+    Napi::Env env = Env();
+    Napi::Object value = Napi::Object::New(env);
+    value.Set("dumped", Napi::Number::New(env, static_cast<double>(result_.dumped)));
+    value.Set("matched", Napi::Number::New(env, static_cast<double>(result_.matched)));
+    value.Set("deleted", Napi::Number::New(env, static_cast<double>(result_.deleted)));
+    value.Set("ms", Napi::Number::New(env, result_.ms));
+    deferred_.Resolve(value);
+  }
+  void OnError(const Napi::Error& error) override {
+    error.Value().Set("deleted", Napi::Number::New(Env(), static_cast<double>(result_.deleted)));
+    deferred_.Reject(error.Value());
+  }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  int family_;
+  std::vector<Target> targets_;
+  int timeoutMs_;
+  Result result_;
+};
+
+Napi::Value DeleteMatchingJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 2 || !info[0].IsString() || !info[1].IsString())
+    throw Napi::TypeError::New(env, "deleteMatching(family, targets[, timeoutMs]): family and targets are strings");
+  const std::string familyName = info[0].As<Napi::String>().Utf8Value();
+  int family;
+  if (familyName == "ipv4") {
+    family = AF_INET;
+  } else if (familyName == "ipv6") {
+    family = AF_INET6;
+  } else {
+    throw Napi::TypeError::New(env, "family must be ipv4 or ipv6");
+  }
+  int timeoutMs = 5000;
+  if (info.Length() > 2 && !info[2].IsUndefined()) {
+    const double t = info[2].As<Napi::Number>().DoubleValue();
+    if (!(t >= 1 && t <= 600000)) throw Napi::RangeError::New(env, "timeoutMs must be between 1 and 600000");
+    timeoutMs = static_cast<int>(t);
+  }
+  std::vector<Target> targets;
+  std::string error;
+  if (!ParseTargets(info[1].As<Napi::String>().Utf8Value(), family, targets, error))
+    throw Napi::TypeError::New(env, error);
+  auto* worker = new DeleteWorker(env, family, std::move(targets), timeoutMs);
+  worker->Queue();
+  return worker->Promise();
+}
+
+Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  exports.Set("deleteMatching", Napi::Function::New(env, DeleteMatchingJs, "deleteMatching"));
+  return exports;
+}
+
+}  // namespace
+
+NODE_API_MODULE(conntrack_addon, Init)

@@ -27,6 +27,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -53,10 +54,20 @@ struct Tuple {
   bool hasPort = false;
 };
 
+// A target's key: protocol, address, port (network order), as bytes.
+std::string TargetKey(uint8_t protocol, const uint8_t* address, size_t addressLength, uint16_t port) {
+  std::string key(1 + addressLength + 2, '\0');
+  key[0] = static_cast<char>(protocol);
+  std::memcpy(&key[1], address, addressLength);
+  std::memcpy(&key[1 + addressLength], &port, 2);
+  return key;
+}
+
 struct DumpState {
   int family = 0;
   size_t addressLength = 0;
-  const std::vector<Target>* targets = nullptr;
+  // Per target key: whether only untranslated entries go (false wins when a key is asked twice).
+  std::unordered_map<std::string, bool> targets;
   size_t dumped = 0;
   bool tooMany = false;
   // Per matching entry: its CTA_TUPLE_ORIG attribute and, when present, CTA_ZONE, as sent.
@@ -134,22 +145,20 @@ int OnEntry(const nlmsghdr* nlh, void* data) {
   if (!ParseTuple(orig, state->addressLength, o) || !o.hasPort) return MNL_CB_OK;
   Tuple r;
   const bool hasReply = reply != nullptr && ParseTuple(reply, state->addressLength, r);
-  for (const Target& t : *state->targets) {
-    if (t.protocol != o.protocol || t.port != o.dport) continue;
-    if (std::memcmp(t.address, o.dst, state->addressLength) != 0) continue;
-    // Untranslated: the reply comes from the original destination itself.
-    if (t.untranslatedOnly && (!hasReply || std::memcmp(r.src, o.dst, state->addressLength) != 0)) continue;
-    if (state->matched.size() >= MAX_MATCHED) return MNL_CB_OK;
-    std::string kept(reinterpret_cast<const char*>(orig), orig->nla_len);
-    kept.resize(MNL_ALIGN(kept.size()), '\0');
-    if (zone != nullptr) {
-      std::string z(reinterpret_cast<const char*>(zone), zone->nla_len);
-      z.resize(MNL_ALIGN(z.size()), '\0');
-      kept += z;
-    }
-    state->matched.push_back(std::move(kept));
-    break;
+  // One lookup per entry: a node's table holds up to millions, a sync asks for up to thousands.
+  const auto target = state->targets.find(TargetKey(o.protocol, o.dst, state->addressLength, o.dport));
+  if (target == state->targets.end()) return MNL_CB_OK;
+  // Untranslated: the reply comes from the original destination itself.
+  if (target->second && (!hasReply || std::memcmp(r.src, o.dst, state->addressLength) != 0)) return MNL_CB_OK;
+  if (state->matched.size() >= MAX_MATCHED) return MNL_CB_OK;
+  std::string kept(reinterpret_cast<const char*>(orig), orig->nla_len);
+  kept.resize(MNL_ALIGN(kept.size()), '\0');
+  if (zone != nullptr) {
+    std::string z(reinterpret_cast<const char*>(zone), zone->nla_len);
+    z.resize(MNL_ALIGN(z.size()), '\0');
+    kept += z;
   }
+  state->matched.push_back(std::move(kept));
   return MNL_CB_OK;
 }
 
@@ -199,7 +208,10 @@ Result DeleteMatching(int family, const std::vector<Target>& targets, int timeou
   DumpState state;
   state.family = family;
   state.addressLength = family == AF_INET ? 4 : 16;
-  state.targets = &targets;
+  for (const Target& t : targets) {
+    auto [at, inserted] = state.targets.emplace(TargetKey(t.protocol, t.address, state.addressLength, t.port), t.untranslatedOnly);
+    if (!inserted) at->second = at->second && t.untranslatedOnly;
+  }
   Socket sock;
   if (!sock.Open(timeoutMs, result.error)) return result;
   const uint32_t portid = mnl_socket_get_portid(sock.get());

@@ -7,8 +7,6 @@
 // The composition root: the registry (src/backends/registry.ts) chooses and probes the driver,
 // compose.ts puts the reconciler over it with its subscribers, the controller runs that.
 
-// First: V8's settings, before any other module of ours runs (v8-settings.ts).
-import { collectEverything } from './v8-settings.js';
 import { CommanderError } from 'commander';
 import { accessSync, constants as fsConstants, existsSync, statSync } from 'node:fs';
 import { homedir } from 'node:os';
@@ -37,6 +35,7 @@ import type { Operations } from '../operations/operations.js';
 import { describeSettings } from '../kubeproxy/config.js';
 import { buildInfo } from '../build-info/version.js';
 import { InterfaceAddressWatch } from '../node/interface-addresses.js';
+import { collectEverything, leaveOptimisingCompilersOut } from './v8-settings.js';
 
 /** An error with a message meant for the user as it is. */
 class FatalError extends Error {
@@ -356,6 +355,8 @@ async function runController(
     'Starting',
   );
   interfaces.start(() => controller?.nodeAddressesChanged());
+  // Every module of the run is loaded by now, and the first list is read next (v8-settings.ts).
+  leaveOptimisingCompilersOut();
   await Promise.race([controller.start(), stopped]);
   await stopped;
   interfaces.stop();

@@ -6,8 +6,9 @@
 // controller loads was compiled from source at each start: about 40 ms for node:https alone
 // (`node -e "require('https')"`, Node.js 24: 60 ms a run, 100 ms with any of those flags), more
 // than 100 ms of the controller's start. Set once the process runs, they cost nothing at the start
-// and do the same: the first two before any of our code has run long enough to be optimised
-// (main.ts imports this module first), the third only when the collection is wanted.
+// and do the same: the first two once every module the run needs is loaded (a built-in module
+// loaded after a flag changed is compiled from source again) and before the first list is read,
+// the controller's first hot code (main.ts); the third only when the collection is wanted.
 // `--max-semi-space-size` does not touch the cache, and the heap is sized at the process's start:
 // it stays on the command line (package.json's ipvsNodeController.nodeFlags).
 
@@ -37,5 +38,3 @@ export function collectEverything(): void {
   }
   collect({ type: 'major', execution: 'sync', flavor: 'last-resort' });
 }
-
-leaveOptimisingCompilersOut();

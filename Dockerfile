@@ -44,11 +44,12 @@ COPY bin ./bin
 ARG REVISION=unknown
 # The local esbuild, never one fetched on the fly.
 RUN REVISION="${REVISION}" node scripts/bundle.mjs
-# An image without an addon would silently fall back (nft CLI, a conntrack process per tuple) or
-# lose a backend (ebpf), and one whose nftables addon has no element batches (libnftnl) would
+# An image without an addon would silently fall back (nft CLI, a conntrack process per tuple, the
+# start's file pages kept resident) or lose a backend (ebpf), and one whose nftables addon has no element batches (libnftnl) would
 # write every change as JSON: refuse.
 RUN test -f build/Release/nftables_addon.node \
  && test -f build/Release/conntrack_addon.node \
+ && test -f build/Release/memory_addon.node \
  && node -e "if (typeof require('./build/Release/nftables_addon.node').writeElements !== 'function') process.exit(1)" \
  && test -f build/Release/ebpf_addon.node \
  && test -f bpf/ipvs_node_controller.bpf.o \
@@ -56,7 +57,7 @@ RUN test -f build/Release/nftables_addon.node \
  && cp package.json /out/ \
  && cp bin/ipvs-node-controller.mjs /out/bin/ \
  && cp -r dist/bundle /out/dist/ \
- && cp build/Release/nftables_addon.node build/Release/conntrack_addon.node build/Release/ebpf_addon.node /out/build/Release/ \
+ && cp build/Release/nftables_addon.node build/Release/conntrack_addon.node build/Release/memory_addon.node build/Release/ebpf_addon.node /out/build/Release/ \
  && cp bpf/ipvs_node_controller.bpf.o /out/bpf/ \
  && sed -i '1s|^#!/usr/bin/env node$|#!/usr/local/bin/node|' /out/bin/ipvs-node-controller.mjs \
  && chmod 755 /out/bin/ipvs-node-controller.mjs \

@@ -74,6 +74,16 @@
       ],
     },
     {
+      # The pages of the files the process maps handed back after the start (src/cli/): libc
+      # only, so always built.
+      'target_name': 'memory_addon',
+      'sources': ['native/memory_addon.cc'],
+      'dependencies': ["<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"],
+      'defines': ['NAPI_VERSION=8'],
+      'cflags_cc': ['-std=c++17', '-Wall', '-Wextra', '-Wunused-parameter'],
+      'cflags_cc!': ['-std=gnu++17'],
+    },
+    {
       # The eBPF backend: load, attach and pin the programs of bpf/, batch map updates.
       'target_name': 'ebpf_addon',
       'conditions': [

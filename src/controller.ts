@@ -96,10 +96,11 @@ export interface ControllerOptions {
    */
   interfaceAddresses?: () => readonly string[];
   /**
-   * One collection of the whole heap that also shrinks it (cli/v8-settings.ts), run after the
-   * first sync; without it (tests), the heap is left to V8.
+   * After the first sync: one collection of the whole heap that also shrinks it
+   * (cli/v8-settings.ts), and the file pages of the start handed back (cli/file-pages.ts);
+   * without it (tests), memory is left to V8 and the kernel.
    */
-  collectGarbage?: () => void;
+  compactMemory?: () => Promise<void>;
   /**
    * Between retries of removeLeftovers: the first wait, doubled after each failure up to the
    * second. Default LEFTOVER_RETRY_MS (controller/leftover-removal.ts).
@@ -199,14 +200,15 @@ export class Controller {
   /**
    * After the first sync, the garbage of the initial list (pages of full objects, tens of MiB at
    * 10,000 Services) would stay resident until V8 next needs the space: one collection now (the
-   * CLI's collectGarbage), then the backend hands back what glibc kept. The collection is V8's
+   * CLI's compactMemory, which also hands back the file pages of the start), then the backend
+   * hands back what glibc kept. The collection is V8's
    * last-resort one, which also shrinks the heap V8 grew for the start and returns its free
    * pages: about 18 MiB less resident memory at 10,000 Services and 65 MiB at 50,000 than a plain
    * full collection, with Node.js 24 (docs/operations.md, Resources). Rules are in the kernel
    * already, so nothing waits for it.
    */
   private async compactMemory(): Promise<void> {
-    this.options.collectGarbage?.();
+    await this.options.compactMemory?.().catch(() => undefined);
     await this.options.reconciler.releaseMemory().catch(() => undefined);
   }
 

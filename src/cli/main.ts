@@ -36,6 +36,7 @@ import { describeSettings } from '../kubeproxy/config.js';
 import { buildInfo } from '../build-info/version.js';
 import { InterfaceAddressWatch } from '../node/interface-addresses.js';
 import { collectEverything, leaveOptimisingCompilersOut } from './v8-settings.js';
+import { releaseFilePages } from './file-pages.js';
 
 /** An error with a message meant for the user as it is. */
 class FatalError extends Error {
@@ -332,7 +333,10 @@ async function runController(
     nodeName: config.nodeName,
     maxEntries: config.maxEntries,
     interfaceAddresses: () => interfaces.current(),
-    collectGarbage: collectEverything,
+    compactMemory: async () => {
+      collectEverything();
+      await releaseFilePages(logger);
+    },
     minSyncPeriodMs: config.minSyncPeriodMs,
     syncPeriodMs: config.syncPeriodMs,
     logger,

@@ -229,11 +229,27 @@ describe('conntrack addon build', () => {
   });
 });
 
+describe('memory addon build', () => {
+  it('hands the pages of the files this process maps back to the kernel', async () => {
+    const path = addonPath('memory_addon.node');
+    expect(existsSync(path), `${path} is missing: run \`npm run build:native\``).to.equal(true);
+    const addon = createRequire(import.meta.url)(path) as {
+      releaseFilePages(): Promise<{ mappings: number; bytes: number; residentBefore: number; residentAfter: number }>;
+    };
+    const r = await addon.releaseFilePages();
+    expect(r.mappings, 'file mappings advised').to.be.greaterThan(0);
+    // The node binary alone is mapped with tens of MiB resident; most of it leaves.
+    expect(r.residentBefore).to.be.greaterThan(8 * 2 ** 20);
+    expect(r.residentAfter, `${r.residentAfter} of ${r.residentBefore} bytes`).to.be.below(r.residentBefore / 2);
+  });
+});
+
 // `fortified`: whether the addon calls a function glibc can check (the conntrack addon's copies
 // have sizes known only at run time, so it imports none; it is built with the same flags).
 for (const [name, path, fortified] of [
   ['nftables', defaultAddonPath, true],
   ['conntrack', () => addonPath('conntrack_addon.node'), false],
+  ['memory', () => addonPath('memory_addon.node'), false],
   ['eBPF', ebpfAddonPath, true],
 ] as const) {
   describe(`the ${name} addon is built hardened`, () => {

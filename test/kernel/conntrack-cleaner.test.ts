@@ -110,6 +110,20 @@ describe('conntrack clean-up on the kernel', function () {
     });
   }
 
+  it('in process, with more tuples than it filters in the kernel one by one, reads the table once and deletes the same', async () => {
+    sh('conntrack', ['-F']);
+    await flow(A, 53, 41021);
+    await flow(A, 60, 41022);
+    await flow(B, 53, 41023);
+    // 80 tuples (past the filtered dumps), two of which have entries.
+    const tuples = [tuple(A, 53), tuple(A, 60), ...Array.from({ length: 78 }, (_, i) => tuple(A, 1000 + i))];
+    const report = await new ConntrackCleaner({ logger, netlink: netlink(), command: '/bin/false' }).clean(tuples);
+    expect(report).to.include({ tuples: 80, deleted: 2, failures: 0 });
+    expect(entries(A, 53)).to.deep.equal([]);
+    expect(entries(A, 60)).to.deep.equal([]);
+    expect(entries(B, 53)).to.deep.equal([41023]);
+  });
+
   it('with untranslatedOnly, leaves entries whose reply comes from another address', async () => {
     sh('conntrack', ['-F']);
     await flow(A, 53, 41011);

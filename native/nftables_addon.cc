@@ -20,6 +20,10 @@
 // writeElements() (when built with libnftnl and libmnl) writes one map's element removals and
 // additions as a netlink batch of its own (nft_element_batch.cc): no JSON, no libnftables parse.
 // It holds the same lock and reads the generation around its commit the same way.
+// readElements() reads what one map and its key set hold with netlink dumps (nft_element_dump.cc),
+// at one ruleset generation: a whole write compares them with what they must hold and writes only
+// the difference, with that generation in its batch so that the kernel refuses it if anything
+// was committed in between.
 // releaseMemory() hands memory freed by large work back to the kernel (malloc_trim): glibc keeps
 // the freed arenas of libnftables' parse otherwise. The caller decides when (after full syncs).
 
@@ -28,6 +32,7 @@
 
 #ifdef NFT_ELEMENT_BATCH
 #include "nft_element_batch.h"
+#include "nft_element_dump.h"
 #endif
 
 #include <linux/netfilter/nf_tables.h>
@@ -252,6 +257,47 @@ class NftSession {
     after = generation_.Read();
     return result;
   }
+
+  // A map and its key set (keySet.set empty: none) read at one generation: the generation is read
+  // before and after both dumps, and the dumps are taken again while it moves (another process
+  // committing) or a dump was interrupted, a few times at most.
+  struct MapRead {
+    nft_batch::ElementReadResult map;
+    nft_batch::ElementReadResult keySet;
+    int64_t generation = -1;
+    std::string error;
+  };
+  MapRead ReadElements(const nft_batch::ElementRead& map, const nft_batch::ElementRead& keySet) {
+    std::lock_guard<std::mutex> guard(LibnftablesLock());
+    constexpr int kAttempts = 4;
+    MapRead read;
+    for (int attempt = 0; attempt < kAttempts; ++attempt) {
+      read = MapRead();
+      read.generation = generation_.Read();
+      read.map = reader_.Read(map);
+      if (!read.map.ok) {
+        read.error = read.map.error;
+        return read;
+      }
+      if (!keySet.set.empty()) {
+        read.keySet = reader_.Read(keySet);
+        if (!read.keySet.ok) {
+          read.error = read.keySet.error;
+          return read;
+        }
+      }
+      const int64_t after = generation_.Read();
+      // Unknown generations: the elements are returned without one (the batch then checks none).
+      if (read.generation < 0 || after < 0) {
+        read.generation = -1;
+        return read;
+      }
+      if (after == read.generation && !read.map.interrupted && !read.keySet.interrupted) return read;
+    }
+    read.error = "the ruleset kept changing while " + map.set + " was read (" + std::to_string(kAttempts) +
+                 " attempts)";
+    return read;
+  }
 #endif
 
  private:
@@ -259,6 +305,7 @@ class NftSession {
   GenerationReader generation_;
 #ifdef NFT_ELEMENT_BATCH
   nft_batch::ElementBatchWriter elements_;
+  nft_batch::ElementReader reader_;
 #endif
 };
 
@@ -350,16 +397,24 @@ class WriteElementsWorker : public Napi::AsyncWorker {
   void OnOK() override {
     Napi::Env env = Env();
     Napi::Object value = Napi::Object::New(env);
-    value.Set("generationBefore", Napi::Number::New(env, static_cast<double>(before_)));
-    value.Set("generationAfter", Napi::Number::New(env, static_cast<double>(after_)));
-    value.Set("buildMs", Napi::Number::New(env, result_.buildMs));
-    value.Set("kernelMs", Napi::Number::New(env, result_.kernelMs));
-    value.Set("messages", Napi::Number::New(env, static_cast<double>(result_.messages)));
-    value.Set("bytes", Napi::Number::New(env, static_cast<double>(result_.bytes)));
+    auto number = [&](const char* name, double n) { value.Set(name, Napi::Number::New(env, n)); };
+    number("generationBefore", static_cast<double>(before_));
+    number("generationAfter", static_cast<double>(after_));
+    number("buildMs", result_.buildMs);
+    number("kernelMs", result_.kernelMs);
+    number("messages", static_cast<double>(result_.messages));
+    number("bytes", static_cast<double>(result_.bytes));
+    number("removed", static_cast<double>(result_.removed));
+    number("added", static_cast<double>(result_.added));
+    number("keysRemoved", static_cast<double>(result_.keysRemoved));
+    number("keysAdded", static_cast<double>(result_.keysAdded));
     deferred_.Resolve(value);
   }
 
-  void OnError(const Napi::Error& error) override { deferred_.Reject(error.Value()); }
+  void OnError(const Napi::Error& error) override {
+    if (result_.generationChanged) error.Value().Set("code", Napi::String::New(Env(), "ERR_GENERATION_CHANGED"));
+    deferred_.Reject(error.Value());
+  }
 
  private:
   SharedSession session_;
@@ -369,18 +424,73 @@ class WriteElementsWorker : public Napi::AsyncWorker {
   int64_t before_ = -1;
   int64_t after_ = -1;
 };
+
+// readElements(): what one map (and its key set) holds, at one generation; null when the table or
+// the map does not exist.
+class ReadElementsWorker : public Napi::AsyncWorker {
+ public:
+  ReadElementsWorker(Napi::Env env, nft_batch::ElementRead map, nft_batch::ElementRead keySet)
+      : Napi::AsyncWorker(env, "nftables.readElements"),
+        session_(SessionOf(env)),
+        deferred_(Napi::Promise::Deferred::New(env)),
+        map_(std::move(map)),
+        keySet_(std::move(keySet)) {}
+
+  Napi::Promise Promise() const { return deferred_.Promise(); }
+
+ protected:
+  void Execute() override {
+    read_ = session_->ReadElements(map_, keySet_);
+    if (!read_.error.empty() && !Missing()) SetError(read_.error);
+  }
+
+  void OnOK() override {
+    Napi::Env env = Env();
+    if (Missing()) {
+      deferred_.Resolve(env.Null());
+      return;
+    }
+    Napi::Object value = Napi::Object::New(env);
+    value.Set("map", Napi::String::New(env, read_.map.lines));
+    if (!keySet_.set.empty()) value.Set("keySet", Napi::String::New(env, read_.keySet.lines));
+    value.Set("generation", Napi::Number::New(env, static_cast<double>(read_.generation)));
+    value.Set("ms", Napi::Number::New(env, read_.map.ms + read_.keySet.ms));
+    deferred_.Resolve(value);
+  }
+
+  void OnError(const Napi::Error& error) override {
+    if (read_.map.tooMany || read_.keySet.tooMany) {
+      error.Value().Set("code", Napi::String::New(Env(), "ERR_TOO_MANY_ELEMENTS"));
+    }
+    deferred_.Reject(error.Value());
+  }
+
+ private:
+  bool Missing() const { return read_.map.missing || read_.keySet.missing; }
+
+  SharedSession session_;
+  Napi::Promise::Deferred deferred_;
+  nft_batch::ElementRead map_;
+  nft_batch::ElementRead keySet_;
+  NftSession::MapRead read_;
+};
 #endif
 
 // list(): the JSON listing of one table, or null when the table does not exist. A listing longer
 // than maxBytes rejects with code ERR_LISTING_TOO_LARGE, and no JavaScript string is made of it.
+// listSet(): the same for one set of a table (null when the table or the set does not exist).
 class ListTableWorker : public Napi::AsyncWorker {
  public:
-  ListTableWorker(Napi::Env env, const std::string& family, const std::string& table, size_t maxBytes)
+  ListTableWorker(Napi::Env env, const std::string& family, const std::string& table, size_t maxBytes,
+                  const std::string* set = nullptr)
       : Napi::AsyncWorker(env, "nftables.list"),
         session_(SessionOf(env)),
         deferred_(Napi::Promise::Deferred::New(env)),
-        document_("{\"nftables\":[{\"list\":{\"table\":{\"family\":" + JsonString(family) +
-                  ",\"name\":" + JsonString(table) + "}}}]}"),
+        document_(set == nullptr ? "{\"nftables\":[{\"list\":{\"table\":{\"family\":" + JsonString(family) +
+                                       ",\"name\":" + JsonString(table) + "}}}]}"
+                                 : "{\"nftables\":[{\"list\":{\"set\":{\"family\":" + JsonString(family) +
+                                       ",\"table\":" + JsonString(table) + ",\"name\":" + JsonString(*set) +
+                                       "}}}]}"),
         maxBytes_(maxBytes) {}
 
   Napi::Promise Promise() const { return deferred_.Promise(); }
@@ -500,9 +610,22 @@ Napi::Value List(const Napi::CallbackInfo& info) {
   return worker->Promise();
 }
 
+Napi::Value ListSet(const Napi::CallbackInfo& info) {
+  std::string family = StringArgument(info, 0, "family");
+  std::string table = StringArgument(info, 1, "table");
+  std::string set = StringArgument(info, 2, "set");
+  size_t maxBytes = MaxBytesArgument(info, 3);
+  auto* worker = new ListTableWorker(info.Env(), family, table, maxBytes, &set);
+  worker->Queue();
+  return worker->Promise();
+}
+
 #ifdef NFT_ELEMENT_BATCH
-// writeElements(family, table, map, removed, added[, flush]): the lists as nft_element_batch.h
-// describes; flush: the map's other elements are removed in the same transaction.
+// writeElements(family, table, map, removed, added[, flush[, keySet[, options]]]): the lists as
+// nft_element_batch.h describes; flush: the map's other elements are removed in the same
+// transaction; keySet: the set of its keys, written alike; options: { keySetRemoved, keySetAdded }
+// (the key set's own lists) and { generation } (the batch is refused, code ERR_GENERATION_CHANGED,
+// when anything was committed since).
 Napi::Value WriteElements(const Napi::CallbackInfo& info) {
   nft_batch::ElementWrite write;
   const std::string family = StringArgument(info, 0, "family");
@@ -519,7 +642,58 @@ Napi::Value WriteElements(const Napi::CallbackInfo& info) {
   write.added = StringArgument(info, 4, "added");
   write.flush = info.Length() > 5 && info[5].ToBoolean().Value();
   if (info.Length() > 6 && !info[6].IsUndefined()) write.keySet = StringArgument(info, 6, "keySet");
+  if (info.Length() > 7 && !info[7].IsUndefined()) {
+    if (!info[7].IsObject()) throw Napi::TypeError::New(info.Env(), "options must be an object");
+    Napi::Object options = info[7].As<Napi::Object>();
+    auto text = [&](const char* name, std::string& into) {
+      Napi::Value v = options.Get(name);
+      if (v.IsUndefined()) return false;
+      if (!v.IsString()) throw Napi::TypeError::New(info.Env(), std::string(name) + " must be a string");
+      into = v.As<Napi::String>().Utf8Value();
+      return true;
+    };
+    const bool removed = text("keySetRemoved", write.keySetRemoved);
+    const bool added = text("keySetAdded", write.keySetAdded);
+    if (removed != added) throw Napi::TypeError::New(info.Env(), "keySetRemoved and keySetAdded go together");
+    write.keySetOwnLists = removed;
+    Napi::Value generation = options.Get("generation");
+    if (!generation.IsUndefined()) {
+      if (!generation.IsNumber()) throw Napi::TypeError::New(info.Env(), "generation must be a number");
+      const double g = generation.As<Napi::Number>().DoubleValue();
+      if (!(g >= 0 && g <= 4294967295.0) || g != static_cast<double>(static_cast<int64_t>(g))) {
+        throw Napi::RangeError::New(info.Env(), "generation must be an integer from 0 to 2^32 - 1");
+      }
+      write.generation = static_cast<int64_t>(g);
+    }
+  }
   auto* worker = new WriteElementsWorker(info.Env(), std::move(write));
+  worker->Queue();
+  return worker->Promise();
+}
+
+// readElements(family, table, map, keySet, maxElements): the map's elements as lines (and the key
+// set's, when keySet is not empty), read at one generation; null when either does not exist.
+// More than maxElements in either rejects with code ERR_TOO_MANY_ELEMENTS.
+Napi::Value ReadElements(const Napi::CallbackInfo& info) {
+  nft_batch::ElementRead map;
+  const std::string family = StringArgument(info, 0, "family");
+  if (family == "ip") {
+    map.family = AF_INET;
+  } else if (family == "ip6") {
+    map.family = AF_INET6;
+  } else {
+    throw Napi::TypeError::New(info.Env(), "family must be ip or ip6");
+  }
+  map.table = StringArgument(info, 1, "table");
+  map.set = StringArgument(info, 2, "map");
+  nft_batch::ElementRead keySet = map;
+  keySet.set = StringArgument(info, 3, "keySet");
+  keySet.withData = false;
+  if (info.Length() <= 4 || !info[4].IsNumber()) throw Napi::TypeError::New(info.Env(), "maxElements must be a number");
+  const double max = info[4].As<Napi::Number>().DoubleValue();
+  if (!(max >= 1 && max <= 10e6)) throw Napi::RangeError::New(info.Env(), "maxElements must be from 1 to 10,000,000");
+  map.maxElements = keySet.maxElements = static_cast<size_t>(max);
+  auto* worker = new ReadElementsWorker(info.Env(), std::move(map), std::move(keySet));
   worker->Queue();
   return worker->Promise();
 }
@@ -543,10 +717,12 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("run", Napi::Function::New(env, Run, "run"));
   exports.Set("check", Napi::Function::New(env, Check, "check"));
   exports.Set("list", Napi::Function::New(env, List, "list"));
+  exports.Set("listSet", Napi::Function::New(env, ListSet, "listSet"));
   exports.Set("generation", Napi::Function::New(env, Generation, "generation"));
   exports.Set("releaseMemory", Napi::Function::New(env, ReleaseMemory, "releaseMemory"));
 #ifdef NFT_ELEMENT_BATCH
   exports.Set("writeElements", Napi::Function::New(env, WriteElements, "writeElements"));
+  exports.Set("readElements", Napi::Function::New(env, ReadElements, "readElements"));
 #endif
   exports.Set("version", Napi::String::New(env, LIBNFTABLES_VERSION));
   return exports;

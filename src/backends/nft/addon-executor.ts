@@ -3,7 +3,9 @@
 // to the CLI when the addon is not built or does not load, and says why once.
 
 import { addonPath, hasFunctions, loadNativeAddon } from '../native-addon.js';
+import { elementDifference } from './element-diff.js';
 import {
+  MAX_LISTED_ELEMENTS,
   MAX_LISTING_BYTES,
   NftCliExecutor,
   NftError,
@@ -28,6 +30,8 @@ export interface NftablesAddon {
    * rejects with code ERR_LISTING_TOO_LARGE.
    */
   list(family: string, table: string, maxBytes?: number): Promise<string | null>;
+  /** The same for one set of a table (null when the table or the set does not exist). */
+  listSet?(family: string, table: string, set: string, maxBytes?: number): Promise<string | null>;
   /**
    * One map's element removals and additions as one netlink batch (built with libnftnl; absent
    * when the addon was built without libnftnl-dev and libmnl-dev). Each list is one element a
@@ -42,13 +46,36 @@ export interface NftablesAddon {
     added: string,
     flush?: boolean,
     keySet?: string,
+    options?: ElementBatchOptions,
   ): Promise<ElementBatchResult>;
+  /**
+   * What one map and its key set ('' for none) hold, read with netlink dumps at one ruleset
+   * generation (-1: unknown), one element a line as writeElements takes them; null when the
+   * table or the map does not exist. More than `maxElements` in either rejects with code
+   * ERR_TOO_MANY_ELEMENTS. Absent where writeElements is.
+   */
+  readElements?(
+    family: string,
+    table: string,
+    map: string,
+    keySet: string,
+    maxElements: number,
+  ): Promise<{ map: string; keySet?: string; generation: number; ms: number } | null>;
   /** The ruleset generation, or -1 when it cannot be read. */
   generation(): Promise<number>;
   /** Returns memory freed by large work to the kernel (malloc_trim). */
   releaseMemory(): Promise<void>;
   /** The libnftables version the addon was built against. */
   readonly version: string;
+}
+
+/** writeElements' options. */
+export interface ElementBatchOptions {
+  /** The key set's own lists (`address protocol port` lines), in place of the map's. */
+  keySetRemoved?: string;
+  keySetAdded?: string;
+  /** The generation the lists were computed at: the batch is refused (ERR_GENERATION_CHANGED) if anything committed since. */
+  generation?: number;
 }
 
 /** What a committed element batch reports. */
@@ -62,7 +89,27 @@ export interface ElementBatchResult {
   /** Netlink messages in the batch (elements go about 500 to a message), and its bytes. */
   messages: number;
   bytes: number;
+  /** Elements removed and added, of the map and of the key set. */
+  removed: number;
+  added: number;
+  keysRemoved: number;
+  keysAdded: number;
 }
+
+/** How the last whole write of a map went (replaceElements): the tests and the benchmark read it. */
+export interface MapWrite {
+  /** `difference`: what the map held was read and only the changes written; `refill`: flushed and refilled. */
+  how: 'difference' | 'refill';
+  /** Why it was refilled. */
+  why?: string;
+  /** Wanted elements the map already held and were not written (`difference`). */
+  kept?: number;
+  /** Reading what the map and the key set held. */
+  readMs?: number;
+}
+
+/** Reads and writes of a difference before it is refilled: another writer committed meanwhile. */
+const DIFFERENCE_ATTEMPTS = 3;
 
 /**
  * The lists writeElements reads, or undefined when an element cannot be written that way (a
@@ -111,6 +158,8 @@ export class NftAddonExecutor implements NftExecutor {
   private readonly json = new JsonWriter();
   /** What the last element batch reported (the benchmark reads it). */
   lastElementBatch: ElementBatchResult | undefined;
+  /** How the last whole write of a map went. */
+  lastMapWrite: MapWrite | undefined;
   constructor(
     /** The addon itself (the benchmark times its calls). */
     readonly addon: NftablesAddon,
@@ -165,6 +214,85 @@ export class NftAddonExecutor implements NftExecutor {
     this.lastElementBatch = result;
     const { generationBefore: before, generationAfter: after } = result;
     return before >= 0 && after >= 0 ? { generations: { before, after } } : {};
+  }
+
+  /**
+   * NftExecutor.replaceElements: what the map and its key set hold is read (a netlink dump), and
+   * one batch removes what is not wanted (or differs) and adds what is missing, computed at the
+   * generation it was read at (the kernel refuses it if anything committed since: read again).
+   * Refilled (flushed, every element added, as before the difference existed) where the addon
+   * has no dump, the read fails (more elements than the controller writes, say), or another
+   * writer kept committing: correct whatever the map held, only not safe for lookups on the
+   * kernels of element-diff.ts while it commits.
+   */
+  async replaceElements(
+    family: NftFamily,
+    elements: readonly MapElement[],
+    target: MapTarget = { table: TABLE_NAME, map: MAP_NAME },
+  ): Promise<NftCommit> {
+    const refill = (why: string) => {
+      this.lastMapWrite = { how: 'refill', why };
+      return this.applyElements(family, { removed: [], added: elements, flush: true }, target);
+    };
+    const { addon } = this;
+    if (!addon.readElements || !addon.writeElements) {
+      return refill('the addon reads no elements (built without libnftnl)');
+    }
+    const wanted = elementLines(elements, true);
+    if (wanted === undefined) return refill('an element the line format cannot carry');
+    const keySet = target.keySet ?? '';
+    let why = '';
+    for (let attempt = 0; attempt < DIFFERENCE_ATTEMPTS; attempt++) {
+      let held;
+      try {
+        held = await addon.readElements(family, target.table, target.map, keySet, MAX_LISTED_ELEMENTS);
+      } catch (err) {
+        return refill(`reading ${target.map} failed: ${err instanceof Error ? err.message : String(err)}`);
+      }
+      // Missing: the write that follows names the kernel's reason.
+      if (held === null) return refill(`${target.map} does not exist`);
+      const diff = elementDifference(held, wanted);
+      const options: ElementBatchOptions = keySet
+        ? { keySetRemoved: diff.keysRemoved, keySetAdded: diff.keysAdded }
+        : {};
+      if (held.generation >= 0) options.generation = held.generation;
+      let result: ElementBatchResult;
+      try {
+        result = await addon.writeElements(
+          family,
+          target.table,
+          target.map,
+          diff.removed,
+          diff.added,
+          false,
+          keySet,
+          options,
+        );
+      } catch (err) {
+        if ((err as { code?: unknown }).code === 'ERR_GENERATION_CHANGED') {
+          why = (err as Error).message;
+          continue;
+        }
+        throw asNftError(err);
+      }
+      this.lastElementBatch = result;
+      this.lastMapWrite = { how: 'difference', kept: diff.counts.kept, readMs: held.ms };
+      const { generationBefore: before, generationAfter: after } = result;
+      return before >= 0 && after >= 0 ? { generations: { before, after } } : {};
+    }
+    return refill(`another writer kept committing: ${why}`);
+  }
+
+  async listSet(family: NftFamily, table: string, set: string): Promise<string | undefined> {
+    if (!this.addon.listSet) throw new NftError('this build of the addon lists no single set');
+    try {
+      return (await this.addon.listSet(family, table, set, this.maxListingBytes)) ?? undefined;
+    } catch (err) {
+      if ((err as { code?: unknown }).code === 'ERR_LISTING_TOO_LARGE') {
+        throw listingTooLarge(family, table, this.maxListingBytes);
+      }
+      throw asNftError(err);
+    }
   }
 
   async generation(): Promise<number | undefined> {

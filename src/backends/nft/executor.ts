@@ -59,6 +59,16 @@ export interface NftExecutor {
    * kernel's work and little more, where the same elements as JSON cost libnftables' parse.
    */
   readonly writesElementBatches?: boolean;
+  /**
+   * Brings one map (and its key set) to hold exactly `elements`, in one transaction, when this
+   * executor can. Where it can read what they hold, it writes only the difference: an element
+   * that stays is not in the transaction (element-diff.ts: the kernels nodes run miss an element
+   * deleted and added back in one transaction while it commits); else it flushes them and adds
+   * every element. Rejects with the kernel's reason, and then nothing was committed.
+   */
+  replaceElements?(family: NftFamily, elements: readonly MapElement[], target: MapTarget): Promise<NftCommit>;
+  /** `nft -j list set <family> <table> <set>`, or undefined when the table or the set does not exist. */
+  listSet?(family: NftFamily, table: string, set: string): Promise<string | undefined>;
   /** Runs a transaction in check mode: validated by the kernel, nothing is committed. */
   check(tx: Transaction): Promise<void>;
   /** `nft -j list table <family> <name>` output, or undefined when the table does not exist. */
@@ -142,6 +152,15 @@ export class NftCliExecutor implements NftExecutor {
 
   async check(tx: Transaction): Promise<void> {
     await this.execDocument(['-c'], this.json.document(tx));
+  }
+
+  async listSet(family: NftFamily, table: string, set: string): Promise<string | undefined> {
+    try {
+      return await this.exec(['-j', 'list', 'set', family, table, set]);
+    } catch (err) {
+      if (isNoSuchObject(err)) return undefined;
+      throw err;
+    }
   }
 
   /**

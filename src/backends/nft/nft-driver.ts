@@ -53,9 +53,11 @@ import {
   resyncTable,
   rewriteRules,
   sourceRangeChanges,
+  writeSourceRanges,
   writeTable,
   writeTableButElements,
 } from './transactions.js';
+import { listedSetElements, type SourceRangeSets } from './element-diff.js';
 
 export interface NftDriverOptions {
   /**
@@ -175,10 +177,25 @@ export class NftDriver implements Driver {
       const applied = await this.writeByBatches(whole, lookup);
       if (applied) return applied;
     }
-    const tx = new Transaction();
-    for (const op of operations) addOperation(tx, op, lookup, rangedSetsMayExist);
+    const held = await this.heldSourceRanges(operations);
+    const transaction = (sets: ReadonlyMap<Family, SourceRangeSets>) => {
+      const tx = new Transaction();
+      for (const op of operations)
+        addOperation(tx, op, lookup, rangedSetsMayExist, 'family' in op ? sets.get(op.family) : undefined);
+      return tx;
+    };
+    const tx = transaction(held.sets);
     if (tx.size === 0) return {};
-    const applied = (await this.executor.run(tx)) ?? {};
+    let applied: Applied;
+    try {
+      applied = (await this.executor.run(tx)) ?? {};
+      // A commit between the listing and ours may have changed the sets: not known to be exact.
+      if (held.sets.size > 0 && applied.generations?.before !== held.generation) applied = {};
+    } catch (err) {
+      if (held.sets.size === 0) throw err;
+      // The difference refused (the sets changed since they were listed): flushed and refilled.
+      applied = (await this.executor.run(transaction(new Map()))) ?? {};
+    }
     for (const op of operations) {
       if (op.kind === 'writeFamily' || op.kind === 'replaceFamily') {
         if (op.state.sourceRanged) this.sourceRanged.add(op.family);
@@ -189,13 +206,52 @@ export class NftDriver implements Driver {
   }
 
   /**
+   * What the source-range sets hold in the families that `operations` write whole (or repair),
+   * where the executor lists single sets: they are then written as a difference (element-diff.ts).
+   * A family left out (no listing, or it failed) has its sets flushed and refilled. `generation`:
+   * the ruleset's before the listings.
+   */
+  private async heldSourceRanges(
+    operations: readonly DriverOperation[],
+  ): Promise<{ sets: Map<Family, SourceRangeSets>; generation?: number }> {
+    const sets = new Map<Family, SourceRangeSets>();
+    const families = new Set<Family>();
+    for (const op of operations) {
+      if (op.kind === 'writeFamily' && op.state.sourceRanged) families.add(op.family);
+      if (op.kind === 'repairShape' && op.parts.includes(SOURCE_RANGE_SET) && op.shape.state.sourceRanged) {
+        families.add(op.family);
+      }
+    }
+    const { executor } = this;
+    if (families.size === 0 || !executor.listSet) return { sets };
+    const generation = await executor.generation?.();
+    for (const family of families) {
+      try {
+        const listed = async (set: string) => executor.listSet!(NFT_FAMILY[family], TABLE_NAME, set);
+        const keys = await listed(SOURCE_RANGED_KEY_SET);
+        const sources = await listed(SOURCE_RANGE_SET);
+        sets.set(family, {
+          // A set that does not exist yet holds nothing: the transaction declares it.
+          keys: keys === undefined ? [] : listedSetElements(keys, false),
+          sources: sources === undefined ? [] : listedSetElements(sources, true),
+        });
+      } catch {
+        // Unknown: flushed and refilled.
+      }
+    }
+    return { sets, generation };
+  }
+
+  /**
    * Families written whole in two steps: every object but the map's elements in one JSON
-   * transaction (a few KiB whatever the entries), then each map refilled by one netlink batch
-   * (flush and all elements: one transaction, so packets see the old elements or the new ones).
-   * The elements never become JSON, nor are they parsed by libnftables: at 10,000 entries that
-   * was most of a whole write. Undefined when a step was refused (a map declared smaller than
-   * its entries on a kernel that keeps an existing map's size, an object changed by someone
-   * else): the caller then writes the families as one transaction.
+   * transaction (a few KiB whatever the entries), then each map brought to its entries by one
+   * netlink batch (one transaction, so packets see the old elements or the new ones): the
+   * difference with what the map holds, read by a netlink dump, so that an element that stays
+   * is not touched (element-diff.ts); a flush and every element where it cannot be read. The
+   * elements never become JSON, nor are they parsed by libnftables: at 10,000 entries that was
+   * most of a whole write. Undefined when a step was refused (a map declared smaller than its
+   * entries on a kernel that keeps an existing map's size, an object changed by someone else):
+   * the caller then writes the families as one transaction.
    */
   private async writeByBatches(
     ops: ReadonlyArray<Extract<DriverOperation, { kind: 'writeFamily' }>>,
@@ -208,10 +264,13 @@ export class NftDriver implements Driver {
     try {
       commits.push(await this.executor.run(tx));
       for (const op of ops) {
-        const added = op.state.entries.map(mapElement);
+        const elements = op.state.entries.map(mapElement);
         const target = { table: TABLE_NAME, map: MAP_NAME, keySet };
+        const family = NFT_FAMILY[op.family];
         commits.push(
-          await this.executor.applyElements!(NFT_FAMILY[op.family], { removed: [], added, flush: true }, target),
+          await (this.executor.replaceElements
+            ? this.executor.replaceElements(family, elements, target)
+            : this.executor.applyElements!(family, { removed: [], added: elements, flush: true }, target)),
         );
       }
     } catch {
@@ -275,6 +334,8 @@ function addOperation(
   op: DriverOperation,
   lookup: KeyLookup,
   rangedSetsMayExist: (family: Family) => boolean,
+  /** What the family's source-range sets hold, when it is known. */
+  held: SourceRangeSets | undefined,
 ): void {
   const changes = (family: Family, remove: readonly KernelElement[], add: readonly Entry[]) => {
     const inMap = remove.filter((e) => listedIn(e) !== 'keySet').map(listedElement);
@@ -287,7 +348,7 @@ function addOperation(
   };
   switch (op.kind) {
     case 'writeFamily':
-      writeTable(tx, desiredTable(op.family, op.state, op.masqueradeMark, lookup, rangedSetsMayExist(op.family)));
+      writeTable(tx, desiredTable(op.family, op.state, op.masqueradeMark, lookup, rangedSetsMayExist(op.family)), held);
       return;
     case 'replaceFamily':
       replaceTable(tx, desiredTable(op.family, op.state, op.masqueradeMark, lookup));
@@ -303,11 +364,10 @@ function addOperation(
       const table = desiredTable(op.family, op.shape.state, op.shape.masqueradeMark, lookup);
       for (const chain of table.chains) if (op.parts.includes(chain.name)) rewriteRules(tx, table, chain);
       if (op.parts.includes(SOURCE_RANGE_SET) && op.shape.state.sourceRanged) {
-        // Both sets written again from the programmed entries.
+        // Both sets brought to the programmed entries.
         const sets = table.sets.filter((s) => s.name === SOURCE_RANGE_SET || s.name === SOURCE_RANGED_KEY_SET);
-        const elements = sourceRangeElements(op.family, op.entries);
-        tx.add(...sets).flush(...sets);
-        for (const e of [elements.keys, elements.sources]) if (e.elements.length > 0) tx.add(e);
+        tx.add(...sets);
+        writeSourceRanges(tx, sets, sourceRangeElements(op.family, op.entries), held);
       }
       return;
     }

@@ -3,9 +3,20 @@
 // replacement, the partial sync's element changes, the cleanup. Pure: no I/O.
 
 import type { Entry, Family } from '../../model/types.js';
-import type { ChainObject, MapElement, MapObject, SetObject, Transaction } from './objects.js';
+import { sourceRangeDifference, type SourceRangeSets } from './element-diff.js';
+import type {
+  ChainObject,
+  ElementObject,
+  MapElement,
+  MapObject,
+  SetObject,
+  SourceRangeElement,
+  Transaction,
+} from './objects.js';
 import {
   KEY_SET_NAME,
+  SOURCE_RANGED_KEY_SET,
+  SOURCE_RANGE_SET,
   keySetElements,
   mapElements,
   sourceRangeElements,
@@ -16,31 +27,35 @@ import {
 
 /**
  * Brings one family's table to `t` without removing the table or the chains packets cross:
- * declares every object (`add` keeps what exists), flushes and rewrites our chains' rules and
- * other sets (the source ranges), replaces the map (so that it has the size of `t`, whatever it had), and removes our
- * objects this state has no use for. One atomic transaction: packets see the old table or the
- * new one.
+ * declares every object (`add` keeps what exists), flushes and rewrites our chains' rules,
+ * writes the source-range sets (their difference with `held`, what they hold, when it is known;
+ * else flushed and filled again), replaces the map (so that it has the size of `t`, whatever it
+ * had), and removes our objects this state has no use for. One atomic transaction: packets see
+ * the old table or the new one.
  */
-export function writeTable(tx: Transaction, t: DesiredTable): Transaction {
-  return writeObjects(tx, t, 'replaced');
+export function writeTable(tx: Transaction, t: DesiredTable, held?: SourceRangeSets): Transaction {
+  return writeObjects(tx, t, 'replaced', held);
 }
 
 /**
  * writeTable without the map's elements: the map is declared (`add` keeps an existing one and
  * its elements), everything else is written as writeTable writes it. The elements follow in a
- * second transaction that refills the map whole (a netlink batch: flush, then every element);
- * until then packets meet the new rules and the map as it was.
+ * second transaction that brings the map to them (a netlink batch: the difference with what it
+ * holds, or a flush and every element); until then packets meet the new rules and the map as
+ * it was.
  */
-export function writeTableButElements(tx: Transaction, t: DesiredTable): Transaction {
-  return writeObjects(tx, t, 'kept');
+export function writeTableButElements(tx: Transaction, t: DesiredTable, held?: SourceRangeSets): Transaction {
+  return writeObjects(tx, t, 'kept', held);
 }
 
-function writeObjects(tx: Transaction, t: DesiredTable, map: 'replaced' | 'kept'): Transaction {
+function writeObjects(tx: Transaction, t: DesiredTable, map: 'replaced' | 'kept', held?: SourceRangeSets): Transaction {
   const all = tableObjects(t.table.family === 'ip' ? 'ipv4' : 'ipv6');
   // The map and the key set hold the entries: replaced together, or kept together. The source-range
-  // sets are among the other sets: flushed and filled again.
+  // sets are the other sets: written as a difference when what they hold is known (a set flushed
+  // and filled again loses lookups of the elements that stay while it commits: element-diff.ts).
   const keyed: Array<MapObject | SetObject> = [...t.maps, ...t.sets.filter((s) => s.name === KEY_SET_NAME)];
-  const otherSets = t.sets.filter((s) => s.name !== KEY_SET_NAME);
+  const ranges = held && t.sourceRangeElements;
+  const otherSets = t.sets.filter((s) => s.name !== KEY_SET_NAME && !(ranges && isSourceRangeSet(s)));
   const entryElements = [t.mapElements, t.keySetElements];
   tx.add(t.table, ...t.maps, ...t.sets);
   // Our chains that exist now are emptied first: a rule of the old state may name the pod set,
@@ -49,12 +64,18 @@ function writeObjects(tx: Transaction, t: DesiredTable, map: 'replaced' | 'kept'
   tx.add(...t.chains, ...unwantedChains);
   tx.flush(...all.chains, ...otherSets);
   // Replaced rather than flushed: whether a kernel takes a new size for a map that exists varies
-  // (6.18 does), and a deletion is one transaction entry where a flush is one per element.
+  // (6.18 does), and a deletion is one transaction entry where a flush is one per element. A hash set
+  // replaced with the rules that name it missed no lookup on 6.1 or 6.18, where a flushed one does.
   if (map === 'replaced') tx.delete(...keyed).add(...keyed);
   // Rules before elements: the kernel checks every element of a map when a rule that reads data
   // from it is added (nf_tables_bind_set walks the map), so the map should be empty by then
   // (50,000 elements: 3% of the transaction).
-  tx.add(...t.rules, ...(map === 'replaced' ? t.elements : t.elements.filter((e) => !entryElements.includes(e))));
+  const written: Array<ElementObject | undefined> = [
+    ...(map === 'kept' ? entryElements : []),
+    ...(ranges ? [ranges.keys, ranges.sources] : []),
+  ];
+  tx.add(...t.rules, ...t.elements.filter((e) => !written.includes(e)));
+  if (ranges) sourceRangeSetChanges(tx, ranges, held);
   // Declared, then deleted: `delete` alone fails on what does not exist.
   const unwantedSets = t.unwanted.filter((o): o is SetObject => o.kind === 'set');
   tx.add(...unwantedSets);
@@ -116,6 +137,46 @@ export function sourceRangeChanges(
   const fresh = sourceRangeElements(family, added);
   for (const e of [gone.sources, gone.keys]) if (e.elements.length > 0) tx.delete(e);
   for (const e of [fresh.keys, fresh.sources]) if (e.elements.length > 0) tx.add(e);
+  return tx;
+}
+
+function isSourceRangeSet(s: SetObject): boolean {
+  return s.name === SOURCE_RANGE_SET || s.name === SOURCE_RANGED_KEY_SET;
+}
+
+/**
+ * The source-range sets (which exist) brought to `wanted`: the difference with `held` when it
+ * is known, else flushed and filled again.
+ */
+export function writeSourceRanges(
+  tx: Transaction,
+  sets: readonly SetObject[],
+  wanted: { keys: ElementObject; sources: ElementObject },
+  held?: SourceRangeSets,
+): Transaction {
+  const ranged = sets.filter(isSourceRangeSet);
+  if (held) return sourceRangeSetChanges(tx, wanted, held);
+  tx.flush(...ranged);
+  for (const e of [wanted.keys, wanted.sources]) if (e.elements.length > 0) tx.add(e);
+  return tx;
+}
+
+/** Removals, then additions, that bring the source-range sets from `held` to `wanted`. */
+function sourceRangeSetChanges(
+  tx: Transaction,
+  wanted: { keys: ElementObject; sources: ElementObject },
+  held: SourceRangeSets,
+): Transaction {
+  const keys = 'keys' in wanted.keys ? wanted.keys : undefined;
+  const sources = 'sources' in wanted.sources ? wanted.sources : undefined;
+  if (!keys || !sources) throw new Error('source-range elements of the wrong kind');
+  const diff = sourceRangeDifference(held, { keys: keys.elements, sources: sources.elements });
+  const of = <T extends ElementObject>(o: T, elements: readonly (MapElement | SourceRangeElement)[]) =>
+    ({ ...o, elements }) as T;
+  if (diff.sources.removed.length > 0) tx.delete(of(sources, diff.sources.removed));
+  if (diff.keys.removed.length > 0) tx.delete(of(keys, diff.keys.removed));
+  if (diff.keys.added.length > 0) tx.add(of(keys, diff.keys.added));
+  if (diff.sources.added.length > 0) tx.add(of(sources, diff.sources.added));
   return tx;
 }
 

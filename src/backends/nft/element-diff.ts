@@ -1,0 +1,155 @@
+// What a whole write writes to a set or map that already holds elements: the difference, never
+// the elements that stay. An element deleted and added again in one transaction is missed by
+// packet lookups while the transaction commits on the kernels nodes run (nf_tables before
+// "netfilter: nf_tables: restart set lookup on base_seq change", 2025: hash sets now and then,
+// interval and concatenated interval sets often), and a new connection whose first packet is
+// missed stays untranslated for its life. Elements that are only added or removed beside it
+// leave it found. Pure: no I/O.
+
+import type { MapElement, SourceRangeElement } from './objects.js';
+
+/** What a map and its key set hold, one element a line as the addon reads them (readElements). */
+export interface HeldElements {
+  /** `address protocol port value[ comment]` lines. */
+  map: string;
+  /** `address protocol port` lines; undefined: no key set. */
+  keySet?: string;
+}
+
+/** The changes that bring a map (and its key set) from what it holds to what it must hold. */
+export interface ElementDifference {
+  /** Map elements to remove, `address protocol port` a line: unwanted, or with another value or comment. */
+  removed: string;
+  /** Map elements to add, `address protocol port value[ comment]` a line: missing, or replacing one removed. */
+  added: string;
+  /** The key set's: keys it holds that no wanted element has, and wanted keys it lacks (a key stays when only its value changes). */
+  keysRemoved: string;
+  keysAdded: string;
+  /** Counts of the above, and of the wanted elements the map already holds exactly (not written). */
+  counts: { removed: number; added: number; keysRemoved: number; keysAdded: number; kept: number };
+}
+
+/** The key of a line: its first three fields (address, protocol, port). */
+function keyOf(line: string): string {
+  const first = line.indexOf(' ');
+  const second = line.indexOf(' ', first + 1);
+  const third = line.indexOf(' ', second + 1);
+  return third < 0 ? line : line.slice(0, third);
+}
+
+function linesOf(text: string): string[] {
+  return text === '' ? [] : text.split('\n').filter((l) => l !== '');
+}
+
+/**
+ * The difference between `held` and `wanted` (`address protocol port value[ comment]` lines, one
+ * per key, as elementLines writes them). A held element is kept when its line is exactly a
+ * wanted line, so an address printed otherwise than the model writes it is replaced, never lost.
+ */
+export function elementDifference(held: HeldElements, wanted: string): ElementDifference {
+  const want = new Map<string, string>();
+  for (const line of linesOf(wanted)) want.set(keyOf(line), line);
+  const removed: string[] = [];
+  const kept = new Set<string>();
+  for (const line of linesOf(held.map)) {
+    const key = keyOf(line);
+    if (want.get(key) === line) kept.add(key);
+    else removed.push(key);
+  }
+  const added: string[] = [];
+  for (const [key, line] of want) if (!kept.has(key)) added.push(line);
+  const keysRemoved: string[] = [];
+  const keysAdded: string[] = [];
+  if (held.keySet !== undefined) {
+    const heldKeys = new Set<string>();
+    for (const key of linesOf(held.keySet)) {
+      if (want.has(key)) heldKeys.add(key);
+      else keysRemoved.push(key);
+    }
+    for (const key of want.keys()) if (!heldKeys.has(key)) keysAdded.push(key);
+  }
+  return {
+    removed: removed.join('\n'),
+    added: added.join('\n'),
+    keysRemoved: keysRemoved.join('\n'),
+    keysAdded: keysAdded.join('\n'),
+    counts: {
+      removed: removed.length,
+      added: added.length,
+      keysRemoved: keysRemoved.length,
+      keysAdded: keysAdded.length,
+      kept: kept.size,
+    },
+  };
+}
+
+/** The elements of the two source-range sets: keys, and keys each with a source prefix. */
+export interface SourceRangeSets {
+  keys: readonly MapElement[];
+  sources: readonly SourceRangeElement[];
+}
+
+const keyText = (e: MapElement) => e.key.join(' ');
+const sourceText = (e: SourceRangeElement) => `${e.key.join(' ')} ${e.source.address}/${e.source.length}`;
+
+/** Removals and additions that bring `held` to `wanted`, elements compared by `text`. */
+function difference<T>(held: readonly T[], wanted: readonly T[], text: (e: T) => string): { removed: T[]; added: T[] } {
+  const heldTexts = new Set(held.map(text));
+  const wantedTexts = new Set(wanted.map(text));
+  return {
+    removed: held.filter((e) => !wantedTexts.has(text(e))),
+    added: wanted.filter((e) => !heldTexts.has(text(e))),
+  };
+}
+
+/** The changes that bring the source-range sets from `held` to `wanted`. */
+export function sourceRangeDifference(
+  held: SourceRangeSets,
+  wanted: SourceRangeSets,
+): {
+  keys: { removed: MapElement[]; added: MapElement[] };
+  sources: { removed: SourceRangeElement[]; added: SourceRangeElement[] };
+} {
+  return {
+    keys: difference(held.keys, wanted.keys, keyText),
+    sources: difference(held.sources, wanted.sources, sourceText),
+  };
+}
+
+/**
+ * The elements of one set as `nft -j list set` shows them: concatenations of address, protocol
+ * and port (`withSource`: and a source prefix, or an address for a whole one). Throws on an
+ * element of another form: the set is then written whole.
+ */
+export function listedSetElements(listing: string, withSource: false): MapElement[];
+export function listedSetElements(listing: string, withSource: true): SourceRangeElement[];
+export function listedSetElements(listing: string, withSource: boolean): Array<MapElement | SourceRangeElement> {
+  const doc = JSON.parse(listing) as { nftables?: Array<{ set?: { elem?: unknown[] } }> };
+  const set = doc.nftables?.find((o) => o.set)?.set;
+  if (!set) throw new Error('the listing holds no set');
+  const out: Array<MapElement | SourceRangeElement> = [];
+  for (const item of set.elem ?? []) {
+    const wrapped = (item as { elem?: { val?: unknown } }).elem;
+    const parts = ((wrapped ? wrapped.val : item) as { concat?: unknown[] }).concat;
+    const unexpected = () => new Error(`unexpected set element ${JSON.stringify(item)}`);
+    if (!Array.isArray(parts) || parts.length !== (withSource ? 4 : 3)) throw unexpected();
+    const [address, protocol, port, source] = parts;
+    if (typeof address !== 'string' || (typeof protocol !== 'string' && typeof protocol !== 'number')) {
+      throw unexpected();
+    }
+    if (typeof port !== 'number') throw unexpected();
+    const key = [address, protocol, port];
+    if (!withSource) {
+      out.push({ key, value: '' });
+      continue;
+    }
+    if (typeof source === 'string') {
+      out.push({ key, source: { address: source, length: source.includes(':') ? 128 : 32 } });
+      continue;
+    }
+    const prefix = (source as { prefix?: { addr?: unknown; len?: unknown } } | undefined)?.prefix;
+    if (typeof prefix?.addr !== 'string' || typeof prefix.len !== 'number') throw unexpected();
+    out.push({ key, source: { address: prefix.addr, length: prefix.len } });
+  }
+  return out;
+}

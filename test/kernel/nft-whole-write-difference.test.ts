@@ -204,6 +204,51 @@ describe('nft whole writes write the difference', function () {
     expect(await addon().readElements!('ip', 'no-such-table', MAP_NAME, '', 10)).to.equal(null);
   });
 
+  it('in one JSON transaction (a Service with source ranges), the map gets its difference too where the addon reads it', async () => {
+    const ranged: Entry = { ...entries(1)[0]!, sourceRanges: ['10.244.1.0/24'] };
+    const before = [ranged, ...entries(300).slice(1)];
+    const after = before.map((e, i) => (i === 7 ? { ...e, clusterIp: '10.99.0.7' } : e)).slice(0, 299);
+    const mapCommands = async (executor: NftExecutor, state: Entry[]) => {
+      const sent: Transaction[] = [];
+      const run = executor.run.bind(executor);
+      executor.run = (tx) => {
+        sent.push(tx);
+        return run(tx);
+      };
+      await writeWhole(new NftDriver(executor, { lookup: 'set' }), state);
+      return sent.flatMap((tx) =>
+        tx.operations.flatMap(({ verb, object: o }) => {
+          const ours = (name: string) => o.family === 'ip' && (name === MAP_NAME || name === KEY_SET_NAME);
+          if (o.kind === 'element') return ours(o.set) ? [`${verb} ${o.set} ${o.elements.length}`] : [];
+          return (o.kind === 'map' || o.kind === 'set') && ours(o.name) ? [`${verb} ${o.name}`] : [];
+        }),
+      );
+    };
+    await writeWhole(new NftDriver(new NftAddonExecutor(addon()), { lookup: 'set' }), before);
+    // One value changed, one entry gone: the map loses 2 and gains 1, the key set loses 1.
+    expect(await mapCommands(new NftAddonExecutor(addon()), after)).to.deep.equal([
+      `add ${MAP_NAME}`,
+      `add ${KEY_SET_NAME}`,
+      `delete ${KEY_SET_NAME} 1`,
+      `delete ${MAP_NAME} 2`,
+      `add ${MAP_NAME} 1`,
+    ]);
+    expect(listed('map', MAP_NAME)).to.deep.equal(after.map(mapText).sort());
+    expect(listed('set', KEY_SET_NAME)).to.deep.equal(after.map(keyText).sort());
+    // The nft command reads no elements: the map and the key set are replaced, as before.
+    expect(await mapCommands(new NftCliExecutor(), before)).to.deep.equal([
+      `add ${MAP_NAME}`,
+      `add ${KEY_SET_NAME}`,
+      `delete ${MAP_NAME}`,
+      `delete ${KEY_SET_NAME}`,
+      `add ${MAP_NAME}`,
+      `add ${KEY_SET_NAME}`,
+      `add ${KEY_SET_NAME} 300`,
+      `add ${MAP_NAME} 300`,
+    ]);
+    expect(listed('map', MAP_NAME)).to.deep.equal(before.map(mapText).sort());
+  });
+
   const executors: Array<[string, () => NftExecutor]> = [
     ['the addon', () => new NftAddonExecutor(addon())],
     ['the nft command', () => new NftCliExecutor()],

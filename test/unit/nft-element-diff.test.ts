@@ -3,9 +3,21 @@
 // the changes must bring them to what is wanted, and touch nothing that is already right.
 
 import { expect } from 'chai';
-import { elementDifference, listedSetElements, sourceRangeDifference } from '../../src/backends/nft/element-diff.js';
+import {
+  elementDifference,
+  listedSetElements,
+  mapDifference,
+  sourceRangeDifference,
+} from '../../src/backends/nft/element-diff.js';
 import { Transaction, type SourceRangeElement } from '../../src/backends/nft/objects.js';
-import { SOURCE_RANGED_KEY_SET, SOURCE_RANGE_SET, desiredTable } from '../../src/backends/nft/render.js';
+import {
+  KEY_SET_NAME,
+  MAP_NAME,
+  SOURCE_RANGED_KEY_SET,
+  SOURCE_RANGE_SET,
+  desiredTable,
+  mapElement,
+} from '../../src/backends/nft/render.js';
 import { writeTable, writeTableButElements } from '../../src/backends/nft/transactions.js';
 import type { Entry, FamilyState } from '../../src/model/types.js';
 import { seededRandom } from '../support/fixtures.js';
@@ -176,10 +188,87 @@ describe('nft whole write: the source-range sets', () => {
       sources: [{ key: ['192.0.2.1', 'tcp', 80], source: { address: '10.0.0.0', length: 8 } }],
     };
     for (const write of [writeTable, writeTableButElements]) {
-      expect(onSets(write(new Transaction(), t, held))).to.deep.equal([`add ${SOURCE_RANGE_SET} 1`]);
+      expect(onSets(write(new Transaction(), t, { sourceRanges: held }))).to.deep.equal([`add ${SOURCE_RANGE_SET} 1`]);
     }
-    expect(
-      onSets(writeTable(new Transaction(), t, { keys: held.keys, sources: [...held.sources, source('1.2.3.4', 32)] })),
-    ).to.deep.equal([`delete ${SOURCE_RANGE_SET} 1`, `add ${SOURCE_RANGE_SET} 1`]);
+    const extra = { keys: held.keys, sources: [...held.sources, source('1.2.3.4', 32)] };
+    expect(onSets(writeTable(new Transaction(), t, { sourceRanges: extra }))).to.deep.equal([
+      `delete ${SOURCE_RANGE_SET} 1`,
+      `add ${SOURCE_RANGE_SET} 1`,
+    ]);
+  });
+});
+
+describe('nft whole write in one JSON transaction: the map', () => {
+  const entry = (host: number, cluster: number): Entry => ({
+    family: 'ipv4',
+    externalIp: `192.0.2.${host}`,
+    protocol: 'TCP',
+    port: 80,
+    clusterIp: `10.96.0.${cluster}`,
+    service: `default/s${host}`,
+  });
+  const entries = [entry(1, 1), entry(2, 2), entry(3, 3)];
+  const state: FamilyState = { entries, localPodMatch: { kind: 'cidrs', cidrs: [] } };
+  /** The commands on the map and the key set: verb, object and what elements. */
+  const onMap = (tx: Transaction) =>
+    tx.operations.flatMap(({ verb, object: o }) => {
+      if (o.kind === 'element') {
+        if (o.set !== MAP_NAME && o.set !== KEY_SET_NAME) return [];
+        return [`${verb} ${o.set} ${o.elements.map((e) => ('key' in e ? e.key[0] : '')).join(',')}`];
+      }
+      return (o.kind === 'map' || o.kind === 'set') && (o.name === MAP_NAME || o.name === KEY_SET_NAME)
+        ? [`${verb} ${o.name}`]
+        : [];
+    });
+
+  it('is replaced with every element where what it holds is unknown, as before', () => {
+    const t = desiredTable('ipv4', state, 0x4000, 'set');
+    expect(onMap(writeTable(new Transaction(), t))).to.deep.equal([
+      `add ${MAP_NAME}`,
+      `add ${KEY_SET_NAME}`,
+      `delete ${MAP_NAME}`,
+      `delete ${KEY_SET_NAME}`,
+      `add ${MAP_NAME}`,
+      `add ${KEY_SET_NAME}`,
+      `add ${KEY_SET_NAME} 192.0.2.1,192.0.2.2,192.0.2.3`,
+      `add ${MAP_NAME} 192.0.2.1,192.0.2.2,192.0.2.3`,
+    ]);
+  });
+
+  it('is kept, with its difference, where it is known: a changed value replaced, the key set untouched for it', () => {
+    const held = {
+      map: [
+        '192.0.2.1 tcp 80 10.96.0.1 default/s1',
+        '192.0.2.2 tcp 80 10.96.0.9 default/s2',
+        '192.0.2.7 tcp 80 10.96.0.7',
+      ].join('\n'),
+      keySet: ['192.0.2.1 tcp 80', '192.0.2.2 tcp 80', '192.0.2.7 tcp 80'].join('\n'),
+    };
+    const diff = mapDifference(held, entries.map(mapElement))!;
+    expect(diff.removed).to.deep.equal([
+      { key: ['192.0.2.2', 'tcp', 80], value: '' },
+      { key: ['192.0.2.7', 'tcp', 80], value: '' },
+    ]);
+    expect(diff.added).to.deep.equal([mapElement(entries[1]!), mapElement(entries[2]!)]);
+    for (const lookup of ['set', 'map'] as const) {
+      const t = desiredTable('ipv4', state, 0x4000, lookup);
+      expect(onMap(writeTable(new Transaction(), t, { map: diff }))).to.deep.equal(
+        lookup === 'set'
+          ? [
+              `add ${MAP_NAME}`,
+              `add ${KEY_SET_NAME}`,
+              `delete ${KEY_SET_NAME} 192.0.2.7`,
+              `delete ${MAP_NAME} 192.0.2.2,192.0.2.7`,
+              `add ${MAP_NAME} 192.0.2.2,192.0.2.3`,
+              `add ${KEY_SET_NAME} 192.0.2.3`,
+            ]
+          : [`add ${MAP_NAME}`, `delete ${MAP_NAME} 192.0.2.2,192.0.2.7`, `add ${MAP_NAME} 192.0.2.2,192.0.2.3`],
+      );
+    }
+    // A protocol held by number is deleted by number; an element a line cannot carry: unknown.
+    expect(mapDifference({ map: '192.0.2.9 47 0 10.1.1.1' }, [])!.removed).to.deep.equal([
+      { key: ['192.0.2.9', 47, 0], value: '' },
+    ]);
+    expect(mapDifference({ map: '' }, [{ ...mapElement(entries[0]!), comment: 'a\nb' }])).to.equal(undefined);
   });
 });

@@ -3,7 +3,7 @@
 // to the CLI when the addon is not built or does not load, and says why once.
 
 import { addonPath, hasFunctions, loadNativeAddon } from '../native-addon.js';
-import { elementDifference } from './element-diff.js';
+import { elementDifference, elementLines, type HeldElements } from './element-diff.js';
 import {
   MAX_LISTED_ELEMENTS,
   MAX_LISTING_BYTES,
@@ -16,8 +16,9 @@ import {
   type NftCommit,
   type NftExecutor,
 } from './executor.js';
-import { JsonWriter, Transaction, type MapElement, type NftFamily } from './objects.js';
+import { JsonWriter, type MapElement, type NftFamily, type Transaction } from './objects.js';
 import { MAP_NAME, TABLE_NAME } from './render.js';
+import { elementsTransaction } from './transactions.js';
 
 /** What native/nftables_addon.cc exports. */
 export interface NftablesAddon {
@@ -110,32 +111,6 @@ export interface MapWrite {
 
 /** Reads and writes of a difference before it is refilled: another writer committed meanwhile. */
 const DIFFERENCE_ATTEMPTS = 3;
-
-/**
- * The lists writeElements reads, or undefined when an element cannot be written that way (a
- * comment the line format cannot carry, or one libnftables would write otherwise): the caller
- * then writes the changes as JSON.
- */
-export function elementLines(elements: readonly MapElement[], withData: boolean): string | undefined {
-  const lines = new Array<string>(elements.length);
-  for (let i = 0; i < elements.length; i++) {
-    const e = elements[i]!;
-    if (e.key.length !== 3) return undefined;
-    let line = `${e.key[0]} ${e.key[1]} ${e.key[2]}`;
-    if (withData) {
-      line += ` ${e.value}`;
-      const comment = e.comment;
-      if (comment !== undefined) {
-        // A line ends at a newline; an empty comment would be no comment; nft caps comments at 128 bytes.
-        if (comment === '' || comment.includes('\n') || comment.includes('\0')) return undefined;
-        if (comment.length > 42 && Buffer.byteLength(comment) > 128) return undefined;
-        line += ` ${comment}`;
-      }
-    }
-    lines[i] = line;
-  }
-  return lines.join('\n');
-}
 
 /** build/Release/nftables_addon.node of this package. */
 export function defaultAddonPath(): string {
@@ -245,17 +220,17 @@ export class NftAddonExecutor implements NftExecutor {
     for (let attempt = 0; attempt < DIFFERENCE_ATTEMPTS; attempt++) {
       let held;
       try {
-        held = await addon.readElements(family, target.table, target.map, keySet, MAX_LISTED_ELEMENTS);
+        held = await this.readElements(family, target);
       } catch (err) {
         return refill(`reading ${target.map} failed: ${err instanceof Error ? err.message : String(err)}`);
       }
       // Missing: the write that follows names the kernel's reason.
-      if (held === null) return refill(`${target.map} does not exist`);
+      if (held === undefined) return refill(`${target.map} does not exist`);
       const diff = elementDifference(held, wanted);
       const options: ElementBatchOptions = keySet
         ? { keySetRemoved: diff.keysRemoved, keySetAdded: diff.keysAdded }
         : {};
-      if (held.generation >= 0) options.generation = held.generation;
+      if (held.generation !== undefined) options.generation = held.generation;
       let result: ElementBatchResult;
       try {
         result = await addon.writeElements(
@@ -281,6 +256,19 @@ export class NftAddonExecutor implements NftExecutor {
       return before >= 0 && after >= 0 ? { generations: { before, after } } : {};
     }
     return refill(`another writer kept committing: ${why}`);
+  }
+
+  /** NftExecutor.readElements: netlink dumps, where the addon was built with libnftnl. */
+  async readElements(
+    family: NftFamily,
+    target: MapTarget,
+  ): Promise<(HeldElements & { generation?: number; ms: number }) | undefined> {
+    if (!this.addon.readElements) throw new NftError('the addon reads no elements (built without libnftnl)');
+    const keySet = target.keySet ?? '';
+    const held = await this.addon.readElements(family, target.table, target.map, keySet, MAX_LISTED_ELEMENTS);
+    if (held === null) return undefined;
+    const { generation, ...elements } = held;
+    return generation >= 0 ? { ...elements, generation } : elements;
   }
 
   async listSet(family: NftFamily, table: string, set: string): Promise<string | undefined> {
@@ -322,28 +310,6 @@ export class NftAddonExecutor implements NftExecutor {
       throw asNftError(err);
     }
   }
-}
-
-/** The same changes as a JSON transaction: what libnftables is given when no batch can be. */
-export function elementsTransaction(family: NftFamily, changes: MapElementChanges, target: MapTarget): Transaction {
-  const elements = (list: readonly MapElement[]) =>
-    ({ kind: 'element', family, table: target.table, set: target.map, map: true, elements: list }) as const;
-  const keys = (set: string, list: readonly MapElement[]) =>
-    ({ kind: 'element', family, table: target.table, set, keys: true, elements: list }) as const;
-  const { keySet } = target;
-  const tx = new Transaction();
-  if (changes.flush) {
-    tx.flush({ kind: 'map', family, table: target.table, name: target.map, type: [], data: '' });
-    if (keySet) tx.flush({ kind: 'set', family, table: target.table, name: keySet, type: [] });
-  } else if (changes.removed.length > 0) {
-    tx.delete(elements(changes.removed));
-    if (keySet) tx.delete(keys(keySet, changes.removed));
-  }
-  if (changes.added.length > 0) {
-    tx.add(elements(changes.added));
-    if (keySet) tx.add(keys(keySet, changes.added));
-  }
-  return tx;
 }
 
 const BUILD_HINT = 'install libnftables-dev and run `npm run build:native`';

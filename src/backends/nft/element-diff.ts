@@ -29,6 +29,32 @@ export interface ElementDifference {
   counts: { removed: number; added: number; keysRemoved: number; keysAdded: number; kept: number };
 }
 
+/**
+ * The lists writeElements reads, or undefined when an element cannot be written that way (a
+ * comment the line format cannot carry, or one libnftables would write otherwise): the caller
+ * then writes the changes as JSON.
+ */
+export function elementLines(elements: readonly MapElement[], withData: boolean): string | undefined {
+  const lines = new Array<string>(elements.length);
+  for (let i = 0; i < elements.length; i++) {
+    const e = elements[i]!;
+    if (e.key.length !== 3) return undefined;
+    let line = `${e.key[0]} ${e.key[1]} ${e.key[2]}`;
+    if (withData) {
+      line += ` ${e.value}`;
+      const comment = e.comment;
+      if (comment !== undefined) {
+        // A line ends at a newline; an empty comment would be no comment; nft caps comments at 128 bytes.
+        if (comment === '' || comment.includes('\n') || comment.includes('\0')) return undefined;
+        if (comment.length > 42 && Buffer.byteLength(comment) > 128) return undefined;
+        line += ` ${comment}`;
+      }
+    }
+    lines[i] = line;
+  }
+  return lines.join('\n');
+}
+
 /** The key of a line: its first three fields (address, protocol, port). */
 function keyOf(line: string): string {
   const first = line.indexOf(' ');
@@ -152,4 +178,35 @@ export function listedSetElements(listing: string, withSource: boolean): Array<M
     out.push({ key, source: { address: prefix.addr, length: prefix.len } });
   }
   return out;
+}
+
+/** The changes that bring a map and its key set to a state's entries, as elements: what a JSON transaction writes. */
+export interface MapDifference {
+  /** By key (the value is not written). */
+  removed: MapElement[];
+  added: MapElement[];
+  keysRemoved: MapElement[];
+  keysAdded: MapElement[];
+}
+
+/**
+ * elementDifference between what a map and its key set hold and `elements`, as elements; undefined
+ * when an element cannot be written as a line (the map is then written whole).
+ */
+export function mapDifference(held: HeldElements, elements: readonly MapElement[]): MapDifference | undefined {
+  const wanted = elementLines(elements, true);
+  if (wanted === undefined) return undefined;
+  const diff = elementDifference(held, wanted);
+  const byKey = new Map<string, MapElement>();
+  for (const e of elements) byKey.set(`${e.key[0]} ${e.key[1]} ${e.key[2]}`, e);
+  const keyElement = (key: string): MapElement => {
+    const [address, protocol, port] = key.split(' ');
+    return { key: [address!, /^\d+$/.test(protocol!) ? Number(protocol) : protocol!, Number(port)], value: '' };
+  };
+  return {
+    removed: linesOf(diff.removed).map(keyElement),
+    added: linesOf(diff.added).map((line) => byKey.get(keyOf(line))!),
+    keysRemoved: linesOf(diff.keysRemoved).map(keyElement),
+    keysAdded: linesOf(diff.keysAdded).map((key) => byKey.get(key)!),
+  };
 }

@@ -7,6 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { formatSize } from '../../bytes.js';
+import type { HeldElements } from './element-diff.js';
 import { JsonWriter, type MapElement, type NftFamily, type Transaction } from './objects.js';
 
 /**
@@ -67,6 +68,12 @@ export interface NftExecutor {
    * every element. Rejects with the kernel's reason, and then nothing was committed.
    */
   replaceElements?(family: NftFamily, elements: readonly MapElement[], target: MapTarget): Promise<NftCommit>;
+  /**
+   * What one map and its key set hold (element-diff.ts, HeldElements) and the ruleset generation
+   * they were read at, when this executor can read them; undefined when the map does not exist.
+   * Rejects when they cannot be read (more elements than the controller writes, say).
+   */
+  readElements?(family: NftFamily, target: MapTarget): Promise<(HeldElements & { generation?: number }) | undefined>;
   /** `nft -j list set <family> <table> <set>`, or undefined when the table or the set does not exist. */
   listSet?(family: NftFamily, table: string, set: string): Promise<string | undefined>;
   /** Runs a transaction in check mode: validated by the kernel, nothing is committed. */

@@ -1,12 +1,21 @@
 // The nftables driver: tables `ip ipvs-node-controller` and `ip6 ipvs-node-controller`, written
 // as typed transactions (render.ts) that the executor commits atomically.
 //
-// - A family written whole declares every object, rewrites our chains' rules and refills the
-//   map: the table and the base chains packets cross are never removed (a table replaced under
-//   traffic loses new connections' first packets). With the addon's netlink batches, the objects
-//   go in one small JSON transaction and each map is refilled by one batch (flush and every
-//   element: packets see the old elements or the new ones); else both families go in one JSON
-//   transaction, which is also the fallback when a batch is refused.
+// - A family written whole (every start, a shape change, after a refused partial write) declares
+//   every object, rewrites our chains' rules and brings the map to the entries: the table and the
+//   base chains packets cross are never removed (a table replaced under traffic loses new
+//   connections' first packets). With the addon's netlink batches, the objects go in one small
+//   JSON transaction and each map is brought to its entries by one batch (packets see the old
+//   elements or the new ones); else both families go in one JSON transaction, which is also the
+//   fallback when a batch is refused.
+// - A whole write writes the difference: what the map, its key set and the source-range sets hold
+//   is read first (netlink dumps, listings of one set) and only what differs is removed or added.
+//   On the kernels nodes run (5.10, 6.1; nf_tables before "restart set lookup on base_seq change",
+//   2025), a packet looked up while a transaction commits can miss an element that transaction
+//   deletes and adds back (a set flushed and refilled), or any element of a map it replaces, and
+//   a new connection's first packet then goes untranslated for the connection's life: at every
+//   restart, for Services that did not change (element-diff.ts). What cannot be read is written
+//   as before (flushed and refilled, the map replaced), and a difference refused is too.
 // - The shape written again (a resync) declares the chains again, with the element changes,
 //   without touching the map's other elements.
 // - A read back (read-back.ts) lists the table through the nft command when the addon programs:
@@ -56,8 +65,9 @@ import {
   writeSourceRanges,
   writeTable,
   writeTableButElements,
+  type HeldContents,
 } from './transactions.js';
-import { listedSetElements, type SourceRangeSets } from './element-diff.js';
+import { readHeld } from './held.js';
 
 export interface NftDriverOptions {
   /**
@@ -177,23 +187,25 @@ export class NftDriver implements Driver {
       const applied = await this.writeByBatches(whole, lookup);
       if (applied) return applied;
     }
-    const held = await this.heldSourceRanges(operations);
-    const transaction = (sets: ReadonlyMap<Family, SourceRangeSets>) => {
+    // What the sets and the map hold, so that the transaction writes their difference.
+    const held = await readHeld(this.executor, operations, lookup);
+    const transaction = (known: ReadonlyMap<Family, HeldContents>) => {
       const tx = new Transaction();
-      for (const op of operations)
-        addOperation(tx, op, lookup, rangedSetsMayExist, 'family' in op ? sets.get(op.family) : undefined);
+      for (const op of operations) {
+        addOperation(tx, op, lookup, rangedSetsMayExist, 'family' in op ? known.get(op.family) : undefined);
+      }
       return tx;
     };
-    const tx = transaction(held.sets);
+    const tx = transaction(held.families);
     if (tx.size === 0) return {};
     let applied: Applied;
     try {
       applied = (await this.executor.run(tx)) ?? {};
-      // A commit between the listing and ours may have changed the sets: not known to be exact.
-      if (held.sets.size > 0 && applied.generations?.before !== held.generation) applied = {};
+      // A commit between the reads and ours may have changed what they found: not known exact.
+      if (held.families.size > 0 && applied.generations?.before !== held.generation) applied = {};
     } catch (err) {
-      if (held.sets.size === 0) throw err;
-      // The difference refused (the sets changed since they were listed): flushed and refilled.
+      if (held.families.size === 0) throw err;
+      // The difference refused (changed since it was read, or the map must grow): written whole.
       applied = (await this.executor.run(transaction(new Map()))) ?? {};
     }
     for (const op of operations) {
@@ -203,43 +215,6 @@ export class NftDriver implements Driver {
       } else if (op.kind === 'removeAll') this.sourceRanged.clear();
     }
     return applied;
-  }
-
-  /**
-   * What the source-range sets hold in the families that `operations` write whole (or repair),
-   * where the executor lists single sets: they are then written as a difference (element-diff.ts).
-   * A family left out (no listing, or it failed) has its sets flushed and refilled. `generation`:
-   * the ruleset's before the listings.
-   */
-  private async heldSourceRanges(
-    operations: readonly DriverOperation[],
-  ): Promise<{ sets: Map<Family, SourceRangeSets>; generation?: number }> {
-    const sets = new Map<Family, SourceRangeSets>();
-    const families = new Set<Family>();
-    for (const op of operations) {
-      if (op.kind === 'writeFamily' && op.state.sourceRanged) families.add(op.family);
-      if (op.kind === 'repairShape' && op.parts.includes(SOURCE_RANGE_SET) && op.shape.state.sourceRanged) {
-        families.add(op.family);
-      }
-    }
-    const { executor } = this;
-    if (families.size === 0 || !executor.listSet) return { sets };
-    const generation = await executor.generation?.();
-    for (const family of families) {
-      try {
-        const listed = async (set: string) => executor.listSet!(NFT_FAMILY[family], TABLE_NAME, set);
-        const keys = await listed(SOURCE_RANGED_KEY_SET);
-        const sources = await listed(SOURCE_RANGE_SET);
-        sets.set(family, {
-          // A set that does not exist yet holds nothing: the transaction declares it.
-          keys: keys === undefined ? [] : listedSetElements(keys, false),
-          sources: sources === undefined ? [] : listedSetElements(sources, true),
-        });
-      } catch {
-        // Unknown: flushed and refilled.
-      }
-    }
-    return { sets, generation };
   }
 
   /**
@@ -334,8 +309,8 @@ function addOperation(
   op: DriverOperation,
   lookup: KeyLookup,
   rangedSetsMayExist: (family: Family) => boolean,
-  /** What the family's source-range sets hold, when it is known. */
-  held: SourceRangeSets | undefined,
+  /** What the family's sets and map hold, where it is known. */
+  held: HeldContents | undefined,
 ): void {
   const changes = (family: Family, remove: readonly KernelElement[], add: readonly Entry[]) => {
     const inMap = remove.filter((e) => listedIn(e) !== 'keySet').map(listedElement);
@@ -367,7 +342,7 @@ function addOperation(
         // Both sets brought to the programmed entries.
         const sets = table.sets.filter((s) => s.name === SOURCE_RANGE_SET || s.name === SOURCE_RANGED_KEY_SET);
         tx.add(...sets);
-        writeSourceRanges(tx, sets, sourceRangeElements(op.family, op.entries), held);
+        writeSourceRanges(tx, sets, sourceRangeElements(op.family, op.entries), held?.sourceRanges);
       }
       return;
     }

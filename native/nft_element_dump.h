@@ -20,9 +20,11 @@ struct ElementRead {
   uint8_t family = 0;
   std::string table;
   std::string set;
-  // A map (`address protocol port value[ comment]` lines) or a set of its keys (`address
-  // protocol port`).
-  bool withData = true;
+  // What the set is, and so its lines: a map (`address protocol port value[ comment]`), a set of
+  // its keys (`address protocol port`), or a concatenated interval set of keys and source
+  // prefixes (`address protocol port source/length`; a range that is no prefix as `first-last`).
+  enum class Kind { kMap, kKeys, kRanges };
+  Kind kind = Kind::kMap;
   // More elements than this is an error (tooMany): the set is not what the controller writes.
   size_t maxElements = 0;
 };

@@ -20,10 +20,10 @@
 // writeElements() (when built with libnftnl and libmnl) writes one map's element removals and
 // additions as a netlink batch of its own (nft_element_batch.cc): no JSON, no libnftables parse.
 // It holds the same lock and reads the generation around its commit the same way.
-// readElements() reads what one map and its key set hold with netlink dumps (nft_element_dump.cc),
-// at one ruleset generation: a whole write compares them with what they must hold and writes only
-// the difference, with that generation in its batch so that the kernel refuses it if anything
-// was committed in between.
+// readSets() reads what some sets hold with netlink dumps (nft_element_dump.cc), at one ruleset
+// generation: a whole write compares them with what they must hold and writes only the
+// difference, with that generation in its batch so that the kernel refuses it if anything was
+// committed in between.
 // releaseMemory() hands memory freed by large work back to the kernel (malloc_trim): glibc keeps
 // the freed arenas of libnftables' parse otherwise. The caller decides when (after full syncs).
 
@@ -51,6 +51,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #ifndef LIBNFTABLES_VERSION
 #define LIBNFTABLES_VERSION "unknown"
@@ -258,33 +259,33 @@ class NftSession {
     return result;
   }
 
-  // A map and its key set (keySet.set empty: none) read at one generation: the generation is read
-  // before and after both dumps, and the dumps are taken again while it moves (another process
-  // committing) or a dump was interrupted, a few times at most.
-  struct MapRead {
-    nft_batch::ElementReadResult map;
-    nft_batch::ElementReadResult keySet;
+  // Sets read at one generation: the generation is read before and after all the dumps, and the
+  // dumps are taken again while it moves (another process committing) or one was interrupted, a
+  // few times at most.
+  struct SetsRead {
+    std::vector<nft_batch::ElementReadResult> sets;
     int64_t generation = -1;
     std::string error;
+    bool tooMany = false;
   };
-  MapRead ReadElements(const nft_batch::ElementRead& map, const nft_batch::ElementRead& keySet) {
+  SetsRead ReadSets(const std::vector<nft_batch::ElementRead>& reads) {
     std::lock_guard<std::mutex> guard(LibnftablesLock());
     constexpr int kAttempts = 4;
-    MapRead read;
+    SetsRead read;
     for (int attempt = 0; attempt < kAttempts; ++attempt) {
-      read = MapRead();
+      read = SetsRead();
       read.generation = generation_.Read();
-      read.map = reader_.Read(map);
-      if (!read.map.ok) {
-        read.error = read.map.error;
-        return read;
-      }
-      if (!keySet.set.empty()) {
-        read.keySet = reader_.Read(keySet);
-        if (!read.keySet.ok) {
-          read.error = read.keySet.error;
+      bool interrupted = false;
+      for (const nft_batch::ElementRead& one : reads) {
+        read.sets.push_back(reader_.Read(one));
+        const nft_batch::ElementReadResult& result = read.sets.back();
+        // A missing set is an answer (null); any other failure fails the read.
+        if (!result.ok && !result.missing) {
+          read.error = result.error;
+          read.tooMany = result.tooMany;
           return read;
         }
+        interrupted = interrupted || result.interrupted;
       }
       const int64_t after = generation_.Read();
       // Unknown generations: the elements are returned without one (the batch then checks none).
@@ -292,10 +293,10 @@ class NftSession {
         read.generation = -1;
         return read;
       }
-      if (after == read.generation && !read.map.interrupted && !read.keySet.interrupted) return read;
+      if (after == read.generation && !interrupted) return read;
     }
-    read.error = "the ruleset kept changing while " + map.set + " was read (" + std::to_string(kAttempts) +
-                 " attempts)";
+    read.error = "the ruleset kept changing while " + (reads.empty() ? std::string("the sets") : reads[0].set) +
+                 " was read (" + std::to_string(kAttempts) + " attempts)";
     return read;
   }
 #endif
@@ -425,72 +426,63 @@ class WriteElementsWorker : public Napi::AsyncWorker {
   int64_t after_ = -1;
 };
 
-// readElements(): what one map (and its key set) holds, at one generation; null when the table or
-// the map does not exist.
-class ReadElementsWorker : public Napi::AsyncWorker {
+// readSets(): what some sets of one table hold, at one generation; null for a set (or table) that
+// does not exist.
+class ReadSetsWorker : public Napi::AsyncWorker {
  public:
-  ReadElementsWorker(Napi::Env env, nft_batch::ElementRead map, nft_batch::ElementRead keySet)
-      : Napi::AsyncWorker(env, "nftables.readElements"),
+  ReadSetsWorker(Napi::Env env, std::vector<nft_batch::ElementRead> reads)
+      : Napi::AsyncWorker(env, "nftables.readSets"),
         session_(SessionOf(env)),
         deferred_(Napi::Promise::Deferred::New(env)),
-        map_(std::move(map)),
-        keySet_(std::move(keySet)) {}
+        reads_(std::move(reads)) {}
 
   Napi::Promise Promise() const { return deferred_.Promise(); }
 
  protected:
   void Execute() override {
-    read_ = session_->ReadElements(map_, keySet_);
-    if (!read_.error.empty() && !Missing()) SetError(read_.error);
+    read_ = session_->ReadSets(reads_);
+    if (!read_.error.empty()) SetError(read_.error);
   }
 
   void OnOK() override {
     Napi::Env env = Env();
-    if (Missing()) {
-      deferred_.Resolve(env.Null());
-      return;
+    Napi::Array sets = Napi::Array::New(env, read_.sets.size());
+    double ms = 0;
+    for (size_t i = 0; i < read_.sets.size(); ++i) {
+      const nft_batch::ElementReadResult& one = read_.sets[i];
+      sets.Set(static_cast<uint32_t>(i), one.missing ? env.Null() : Napi::String::New(env, one.lines));
+      ms += one.ms;
     }
     Napi::Object value = Napi::Object::New(env);
-    value.Set("map", Napi::String::New(env, read_.map.lines));
-    if (!keySet_.set.empty()) value.Set("keySet", Napi::String::New(env, read_.keySet.lines));
+    value.Set("sets", sets);
     value.Set("generation", Napi::Number::New(env, static_cast<double>(read_.generation)));
-    value.Set("ms", Napi::Number::New(env, read_.map.ms + read_.keySet.ms));
+    value.Set("ms", Napi::Number::New(env, ms));
     deferred_.Resolve(value);
   }
 
   void OnError(const Napi::Error& error) override {
-    if (read_.map.tooMany || read_.keySet.tooMany) {
-      error.Value().Set("code", Napi::String::New(Env(), "ERR_TOO_MANY_ELEMENTS"));
-    }
+    if (read_.tooMany) error.Value().Set("code", Napi::String::New(Env(), "ERR_TOO_MANY_ELEMENTS"));
     deferred_.Reject(error.Value());
   }
 
  private:
-  bool Missing() const { return read_.map.missing || read_.keySet.missing; }
-
   SharedSession session_;
   Napi::Promise::Deferred deferred_;
-  nft_batch::ElementRead map_;
-  nft_batch::ElementRead keySet_;
-  NftSession::MapRead read_;
+  std::vector<nft_batch::ElementRead> reads_;
+  NftSession::SetsRead read_;
 };
 #endif
 
 // list(): the JSON listing of one table, or null when the table does not exist. A listing longer
 // than maxBytes rejects with code ERR_LISTING_TOO_LARGE, and no JavaScript string is made of it.
-// listSet(): the same for one set of a table (null when the table or the set does not exist).
 class ListTableWorker : public Napi::AsyncWorker {
  public:
-  ListTableWorker(Napi::Env env, const std::string& family, const std::string& table, size_t maxBytes,
-                  const std::string* set = nullptr)
+  ListTableWorker(Napi::Env env, const std::string& family, const std::string& table, size_t maxBytes)
       : Napi::AsyncWorker(env, "nftables.list"),
         session_(SessionOf(env)),
         deferred_(Napi::Promise::Deferred::New(env)),
-        document_(set == nullptr ? "{\"nftables\":[{\"list\":{\"table\":{\"family\":" + JsonString(family) +
-                                       ",\"name\":" + JsonString(table) + "}}}]}"
-                                 : "{\"nftables\":[{\"list\":{\"set\":{\"family\":" + JsonString(family) +
-                                       ",\"table\":" + JsonString(table) + ",\"name\":" + JsonString(*set) +
-                                       "}}}]}"),
+        document_("{\"nftables\":[{\"list\":{\"table\":{\"family\":" + JsonString(family) +
+                  ",\"name\":" + JsonString(table) + "}}}]}"),
         maxBytes_(maxBytes) {}
 
   Napi::Promise Promise() const { return deferred_.Promise(); }
@@ -610,16 +602,6 @@ Napi::Value List(const Napi::CallbackInfo& info) {
   return worker->Promise();
 }
 
-Napi::Value ListSet(const Napi::CallbackInfo& info) {
-  std::string family = StringArgument(info, 0, "family");
-  std::string table = StringArgument(info, 1, "table");
-  std::string set = StringArgument(info, 2, "set");
-  size_t maxBytes = MaxBytesArgument(info, 3);
-  auto* worker = new ListTableWorker(info.Env(), family, table, maxBytes, &set);
-  worker->Queue();
-  return worker->Promise();
-}
-
 #ifdef NFT_ELEMENT_BATCH
 // writeElements(family, table, map, removed, added[, flush[, keySet[, options]]]): the lists as
 // nft_element_batch.h describes; flush: the map's other elements are removed in the same
@@ -671,29 +653,51 @@ Napi::Value WriteElements(const Napi::CallbackInfo& info) {
   return worker->Promise();
 }
 
-// readElements(family, table, map, keySet, maxElements): the map's elements as lines (and the key
-// set's, when keySet is not empty), read at one generation; null when either does not exist.
-// More than maxElements in either rejects with code ERR_TOO_MANY_ELEMENTS.
-Napi::Value ReadElements(const Napi::CallbackInfo& info) {
-  nft_batch::ElementRead map;
+// readSets(family, table, sets, maxElements): sets is an array of { name, kind } with kind `map`,
+// `keys` or `ranges` (nft_element_dump.h); resolves { sets: lines or null each, generation, ms }.
+// More than maxElements in a set rejects with code ERR_TOO_MANY_ELEMENTS.
+Napi::Value ReadSets(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  nft_batch::ElementRead base;
   const std::string family = StringArgument(info, 0, "family");
   if (family == "ip") {
-    map.family = AF_INET;
+    base.family = AF_INET;
   } else if (family == "ip6") {
-    map.family = AF_INET6;
+    base.family = AF_INET6;
   } else {
-    throw Napi::TypeError::New(info.Env(), "family must be ip or ip6");
+    throw Napi::TypeError::New(env, "family must be ip or ip6");
   }
-  map.table = StringArgument(info, 1, "table");
-  map.set = StringArgument(info, 2, "map");
-  nft_batch::ElementRead keySet = map;
-  keySet.set = StringArgument(info, 3, "keySet");
-  keySet.withData = false;
-  if (info.Length() <= 4 || !info[4].IsNumber()) throw Napi::TypeError::New(info.Env(), "maxElements must be a number");
-  const double max = info[4].As<Napi::Number>().DoubleValue();
-  if (!(max >= 1 && max <= 10e6)) throw Napi::RangeError::New(info.Env(), "maxElements must be from 1 to 10,000,000");
-  map.maxElements = keySet.maxElements = static_cast<size_t>(max);
-  auto* worker = new ReadElementsWorker(info.Env(), std::move(map), std::move(keySet));
+  base.table = StringArgument(info, 1, "table");
+  if (info.Length() <= 2 || !info[2].IsArray()) throw Napi::TypeError::New(env, "sets must be an array");
+  if (info.Length() <= 3 || !info[3].IsNumber()) throw Napi::TypeError::New(env, "maxElements must be a number");
+  const double max = info[3].As<Napi::Number>().DoubleValue();
+  if (!(max >= 1 && max <= 10e6)) throw Napi::RangeError::New(env, "maxElements must be from 1 to 10,000,000");
+  base.maxElements = static_cast<size_t>(max);
+  Napi::Array sets = info[2].As<Napi::Array>();
+  if (sets.Length() == 0 || sets.Length() > 8) throw Napi::RangeError::New(env, "sets must name 1 to 8 sets");
+  std::vector<nft_batch::ElementRead> reads;
+  for (uint32_t i = 0; i < sets.Length(); ++i) {
+    Napi::Value item = sets.Get(i);
+    if (!item.IsObject()) throw Napi::TypeError::New(env, "each set must be { name, kind }");
+    Napi::Object set = item.As<Napi::Object>();
+    Napi::Value name = set.Get("name");
+    Napi::Value kind = set.Get("kind");
+    if (!name.IsString() || !kind.IsString()) throw Napi::TypeError::New(env, "each set must be { name, kind }");
+    nft_batch::ElementRead read = base;
+    read.set = name.As<Napi::String>().Utf8Value();
+    const std::string k = kind.As<Napi::String>().Utf8Value();
+    if (k == "map") {
+      read.kind = nft_batch::ElementRead::Kind::kMap;
+    } else if (k == "keys") {
+      read.kind = nft_batch::ElementRead::Kind::kKeys;
+    } else if (k == "ranges") {
+      read.kind = nft_batch::ElementRead::Kind::kRanges;
+    } else {
+      throw Napi::TypeError::New(env, "kind must be map, keys or ranges");
+    }
+    reads.push_back(std::move(read));
+  }
+  auto* worker = new ReadSetsWorker(env, std::move(reads));
   worker->Queue();
   return worker->Promise();
 }
@@ -717,12 +721,11 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("run", Napi::Function::New(env, Run, "run"));
   exports.Set("check", Napi::Function::New(env, Check, "check"));
   exports.Set("list", Napi::Function::New(env, List, "list"));
-  exports.Set("listSet", Napi::Function::New(env, ListSet, "listSet"));
   exports.Set("generation", Napi::Function::New(env, Generation, "generation"));
   exports.Set("releaseMemory", Napi::Function::New(env, ReleaseMemory, "releaseMemory"));
 #ifdef NFT_ELEMENT_BATCH
   exports.Set("writeElements", Napi::Function::New(env, WriteElements, "writeElements"));
-  exports.Set("readElements", Napi::Function::New(env, ReadElements, "readElements"));
+  exports.Set("readSets", Napi::Function::New(env, ReadSets, "readSets"));
 #endif
   exports.Set("version", Napi::String::New(env, LIBNFTABLES_VERSION));
   return exports;

@@ -36,7 +36,7 @@ import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
 function addon(): NftablesAddon {
   const load = loadNftAddon();
   if (!load.executor) throw new Error(load.reason);
-  if (!load.executor.addon.readElements) throw new Error('the addon was built without libnftnl (readElements)');
+  if (!load.executor.addon.readSets) throw new Error('the addon was built without libnftnl (readSets)');
   return load.executor.addon;
 }
 
@@ -165,15 +165,15 @@ describe('nft whole writes write the difference', function () {
     await writeWhole(new NftDriver(executor, { lookup: 'set' }), entries(20));
     const real = addon();
     let reads = 0;
-    const readElements: NftablesAddon['readElements'] = async (...args) => {
-      const held = await real.readElements!(...args);
+    const readSets: NftablesAddon['readSets'] = async (...args) => {
+      const held = await real.readSets!(...args);
       // After the first read, another process adds an element of its own to our map.
       if (reads++ === 0) {
         await execa('nft', ['add', 'element', 'ip', TABLE_NAME, MAP_NAME, '{ 203.0.113.1 . tcp . 1 : 10.1.1.1 }']);
       }
       return held;
     };
-    const racing = new NftAddonExecutor({ ...real, readElements });
+    const racing = new NftAddonExecutor({ ...real, readSets });
     await writeWhole(new NftDriver(racing, { lookup: 'set' }), entries(21));
     expect(reads, 'IPv4 read twice (its first batch refused), IPv6 once').to.equal(3);
     expect(racing.lastMapWrite?.how).to.equal('difference');
@@ -182,7 +182,7 @@ describe('nft whole writes write the difference', function () {
 
   it('refills the map where the addon reads no elements, as before', async () => {
     const real = addon();
-    const executor = new NftAddonExecutor({ ...real, readElements: undefined });
+    const executor = new NftAddonExecutor({ ...real, readSets: undefined });
     await writeWhole(new NftDriver(executor, { lookup: 'set' }), entries(30));
     await writeWhole(new NftDriver(executor, { lookup: 'set' }), entries(31));
     expect(executor.lastMapWrite).to.deep.include({ how: 'refill' });
@@ -193,15 +193,21 @@ describe('nft whole writes write the difference', function () {
   it('reads no more elements than asked: a larger map is an error with its own code', async () => {
     const executor = new NftAddonExecutor(addon());
     await writeWhole(new NftDriver(executor, { lookup: 'set' }), entries(100));
-    const read = await addon().readElements!('ip', TABLE_NAME, MAP_NAME, KEY_SET_NAME, 100);
-    expect(read?.map.split('\n').filter((l) => l)).to.have.length(100);
-    const refused = await addon().readElements!('ip', TABLE_NAME, MAP_NAME, KEY_SET_NAME, 99).then(
+    const sets = [
+      { name: MAP_NAME, kind: 'map' as const },
+      { name: KEY_SET_NAME, kind: 'keys' as const },
+    ];
+    const read = await addon().readSets!('ip', TABLE_NAME, sets, 100);
+    expect(read.sets.map((lines) => lines?.split('\n').filter((l) => l).length)).to.deep.equal([100, 100]);
+    expect(read.sets[0]!.split('\n')).to.include('198.18.0.9 tcp 443 10.97.0.9 filler/svc-9');
+    const refused = await addon().readSets!('ip', TABLE_NAME, sets, 99).then(
       () => expect.fail('read'),
       (err: Error & { code?: string }) => err,
     );
     expect(refused.code).to.equal('ERR_TOO_MANY_ELEMENTS');
     expect(refused.message).to.match(/holds more than 99 elements/);
-    expect(await addon().readElements!('ip', 'no-such-table', MAP_NAME, '', 10)).to.equal(null);
+    const missing = await addon().readSets!('ip', 'no-such-table', [{ name: MAP_NAME, kind: 'map' }], 10);
+    expect(missing.sets).to.deep.equal([null]);
   });
 
   it('in one JSON transaction (a Service with source ranges), the map gets its difference too where the addon reads it', async () => {
@@ -300,6 +306,47 @@ describe('nft whole writes write the difference', function () {
         `delete ${SOURCE_RANGED_KEY_SET} ${JSON.stringify([{ key, value: '' }])}`,
       ]);
       expect(listed('set', SOURCE_RANGED_KEY_SET)).to.deep.equal(['198.18.0.5 tcp 443']);
+      // A range that is no prefix (someone else's): the sets cannot be read as the controller
+      // writes them, so they are flushed and filled again, and hold what they must.
+      sh('nft', [
+        'add',
+        'element',
+        'ip',
+        TABLE_NAME,
+        SOURCE_RANGE_SET,
+        '{ 198.18.0.5 . tcp . 443 . 10.9.0.1-10.9.0.5 }',
+      ]);
+      const commands = await write(entries(1)[0]!);
+      expect(commands.filter((c) => c.startsWith('flush'))).to.deep.equal([
+        `flush ${SOURCE_RANGED_KEY_SET}`,
+        `flush ${SOURCE_RANGE_SET}`,
+      ]);
+      expect(listed('set', SOURCE_RANGE_SET)).to.deep.equal([sixth]);
     });
   }
+
+  it('reads the source-range set through the addon as the prefixes the controller writes', async () => {
+    const ranged: Entry = { ...entries(1)[0]!, sourceRanges: ['10.244.1.0/24', '10.0.0.1/32'] };
+    await writeWhole(new NftDriver(new NftAddonExecutor(addon()), { lookup: 'set' }), [ranged]);
+    sh('nft', ['add', 'element', 'ip', TABLE_NAME, SOURCE_RANGE_SET, '{ 198.18.0.0 . tcp . 443 . 10.9.0.1-10.9.0.5 }']);
+    const read = await addon().readSets!(
+      'ip',
+      TABLE_NAME,
+      [
+        { name: SOURCE_RANGED_KEY_SET, kind: 'keys' },
+        { name: SOURCE_RANGE_SET, kind: 'ranges' },
+      ],
+      10,
+    );
+    expect(read.sets[0]).to.equal('198.18.0.0 tcp 443\n');
+    expect(
+      read.sets[1]!.split('\n')
+        .filter((l) => l)
+        .sort(),
+    ).to.deep.equal([
+      '198.18.0.0 tcp 443 10.0.0.1/32',
+      '198.18.0.0 tcp 443 10.244.1.0/24',
+      '198.18.0.0 tcp 443 10.9.0.1-10.9.0.5',
+    ]);
+  });
 });

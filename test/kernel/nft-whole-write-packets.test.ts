@@ -172,6 +172,7 @@ describe('nft whole writes under traffic (restarts, pod CIDRs switching)', funct
         pod: { translated: count('pod-translated'), untranslated: count('pod-untranslated') },
       };
       const what = `${rounds} whole writes in ${seconds.toFixed(1)} s, datagrams sent ${sent.join(' and ')}: ${JSON.stringify(seen)}`;
+      console.log(`      ${what}`);
       expect(seen.node.untranslated + seen.pod.untranslated, what).to.equal(0);
       expect(rounds, what).to.be.at.least(MIN_ROUNDS);
       expect(seen.node.translated, what).to.be.at.least(MIN_DATAGRAMS);

@@ -8,6 +8,7 @@ import {
   listedSetElements,
   mapDifference,
   sourceRangeDifference,
+  sourceRangeLines,
 } from '../../src/backends/nft/element-diff.js';
 import { Transaction, type SourceRangeElement } from '../../src/backends/nft/objects.js';
 import {
@@ -141,6 +142,23 @@ describe('nft whole write: the source-range sets', () => {
     const range = { nftables: [{ set: { elem: [{ concat: [...key, { range: ['10.0.0.1', '10.0.0.5'] }] }] } }] };
     expect(() => listedSetElements(JSON.stringify(range), true)).to.throw(/unexpected set element/);
     expect(() => listedSetElements(JSON.stringify({ nftables: [] }), true)).to.throw(/no set/);
+  });
+
+  it('reads the lines of a netlink dump of each set; a range that is no prefix is not read', () => {
+    expect(
+      sourceRangeLines(
+        '192.0.2.1 tcp 80\n192.0.2.9 132 1\n',
+        '192.0.2.1 tcp 80 10.0.0.0/8\n192.0.2.1 tcp 80 10.9.9.9/32\n',
+      ),
+    ).to.deep.equal({
+      keys: [
+        { key, value: '' },
+        { key: ['192.0.2.9', 132, 1], value: '' },
+      ],
+      sources: [source('10.0.0.0', 8), source('10.9.9.9', 32)],
+    });
+    expect(sourceRangeLines('', '')).to.deep.equal({ keys: [], sources: [] });
+    expect(() => sourceRangeLines('', '192.0.2.1 tcp 80 10.0.0.1-10.0.0.5')).to.throw(/no prefix/);
   });
 
   it('adds and removes only the ranges and keys that differ', () => {

@@ -3,7 +3,7 @@
 // to the CLI when the addon is not built or does not load, and says why once.
 
 import { addonPath, hasFunctions, loadNativeAddon } from '../native-addon.js';
-import { elementDifference, elementLines, type HeldElements } from './element-diff.js';
+import { elementDifference, elementLines } from './element-diff.js';
 import {
   MAX_LISTED_ELEMENTS,
   MAX_LISTING_BYTES,
@@ -15,6 +15,8 @@ import {
   type MapTarget,
   type NftCommit,
   type NftExecutor,
+  type SetRead,
+  type SetsRead,
 } from './executor.js';
 import { JsonWriter, type MapElement, type NftFamily, type Transaction } from './objects.js';
 import { MAP_NAME, TABLE_NAME } from './render.js';
@@ -31,8 +33,6 @@ export interface NftablesAddon {
    * rejects with code ERR_LISTING_TOO_LARGE.
    */
   list(family: string, table: string, maxBytes?: number): Promise<string | null>;
-  /** The same for one set of a table (null when the table or the set does not exist). */
-  listSet?(family: string, table: string, set: string, maxBytes?: number): Promise<string | null>;
   /**
    * One map's element removals and additions as one netlink batch (built with libnftnl; absent
    * when the addon was built without libnftnl-dev and libmnl-dev). Each list is one element a
@@ -50,18 +50,17 @@ export interface NftablesAddon {
     options?: ElementBatchOptions,
   ): Promise<ElementBatchResult>;
   /**
-   * What one map and its key set ('' for none) hold, read with netlink dumps at one ruleset
-   * generation (-1: unknown), one element a line as writeElements takes them; null when the
-   * table or the map does not exist. More than `maxElements` in either rejects with code
-   * ERR_TOO_MANY_ELEMENTS. Absent where writeElements is.
+   * What some sets of one table hold, read with netlink dumps at one ruleset generation (-1:
+   * unknown), one element a line (SetRead): null for a set or a table that does not exist. More
+   * than `maxElements` in a set rejects with code ERR_TOO_MANY_ELEMENTS. Absent where
+   * writeElements is.
    */
-  readElements?(
+  readSets?(
     family: string,
     table: string,
-    map: string,
-    keySet: string,
+    sets: readonly SetRead[],
     maxElements: number,
-  ): Promise<{ map: string; keySet?: string; generation: number; ms: number } | null>;
+  ): Promise<{ sets: Array<string | null>; generation: number; ms: number }>;
   /** The ruleset generation, or -1 when it cannot be read. */
   generation(): Promise<number>;
   /** Returns memory freed by large work to the kernel (malloc_trim). */
@@ -210,7 +209,7 @@ export class NftAddonExecutor implements NftExecutor {
       return this.applyElements(family, { removed: [], added: elements, flush: true }, target);
     };
     const { addon } = this;
-    if (!addon.readElements || !addon.writeElements) {
+    if (!addon.readSets || !addon.writeElements) {
       return refill('the addon reads no elements (built without libnftnl)');
     }
     const wanted = elementLines(elements, true);
@@ -218,19 +217,23 @@ export class NftAddonExecutor implements NftExecutor {
     const keySet = target.keySet ?? '';
     let why = '';
     for (let attempt = 0; attempt < DIFFERENCE_ATTEMPTS; attempt++) {
-      let held;
+      let read;
       try {
-        held = await this.readElements(family, target);
+        const sets: SetRead[] = [{ name: target.map, kind: 'map' }];
+        if (keySet) sets.push({ name: keySet, kind: 'keys' });
+        read = await this.readSets(family, target.table, sets);
       } catch (err) {
-        return refill(`reading ${target.map} failed: ${err instanceof Error ? err.message : String(err)}`);
+        return refill(`reading ${target.map} failed: ${(err as Error).message}`);
       }
+      const [map, keys] = read.sets;
       // Missing: the write that follows names the kernel's reason.
-      if (held === undefined) return refill(`${target.map} does not exist`);
+      if (map === undefined || (keySet && keys === undefined)) return refill(`${target.map} or its key set is missing`);
+      const held = { map, ...(keySet ? { keySet: keys } : {}) };
       const diff = elementDifference(held, wanted);
       const options: ElementBatchOptions = keySet
         ? { keySetRemoved: diff.keysRemoved, keySetAdded: diff.keysAdded }
         : {};
-      if (held.generation !== undefined) options.generation = held.generation;
+      if (read.generation !== undefined) options.generation = read.generation;
       let result: ElementBatchResult;
       try {
         result = await addon.writeElements(
@@ -251,36 +254,26 @@ export class NftAddonExecutor implements NftExecutor {
         throw asNftError(err);
       }
       this.lastElementBatch = result;
-      this.lastMapWrite = { how: 'difference', kept: diff.counts.kept, readMs: held.ms };
+      this.lastMapWrite = { how: 'difference', kept: diff.counts.kept, readMs: read.ms };
       const { generationBefore: before, generationAfter: after } = result;
       return before >= 0 && after >= 0 ? { generations: { before, after } } : {};
     }
     return refill(`another writer kept committing: ${why}`);
   }
 
-  /** NftExecutor.readElements: netlink dumps, where the addon was built with libnftnl. */
-  async readElements(
-    family: NftFamily,
-    target: MapTarget,
-  ): Promise<(HeldElements & { generation?: number; ms: number }) | undefined> {
-    if (!this.addon.readElements) throw new NftError('the addon reads no elements (built without libnftnl)');
-    const keySet = target.keySet ?? '';
-    const held = await this.addon.readElements(family, target.table, target.map, keySet, MAX_LISTED_ELEMENTS);
-    if (held === null) return undefined;
-    const { generation, ...elements } = held;
-    return generation >= 0 ? { ...elements, generation } : elements;
-  }
-
-  async listSet(family: NftFamily, table: string, set: string): Promise<string | undefined> {
-    if (!this.addon.listSet) throw new NftError('this build of the addon lists no single set');
+  /** NftExecutor.readSets: netlink dumps, where the addon was built with libnftnl. */
+  async readSets(family: NftFamily, table: string, sets: readonly SetRead[]): Promise<SetsRead> {
+    if (!this.addon.readSets) throw new NftError('the addon reads no elements (built without libnftnl)');
+    let read;
     try {
-      return (await this.addon.listSet(family, table, set, this.maxListingBytes)) ?? undefined;
+      read = await this.addon.readSets(family, table, sets, MAX_LISTED_ELEMENTS);
     } catch (err) {
-      if ((err as { code?: unknown }).code === 'ERR_LISTING_TOO_LARGE') {
-        throw listingTooLarge(family, table, this.maxListingBytes);
-      }
       throw asNftError(err);
     }
+    const lines = read.sets.map((l) => l ?? undefined);
+    return read.generation >= 0
+      ? { sets: lines, generation: read.generation, ms: read.ms }
+      : { sets: lines, ms: read.ms };
   }
 
   async generation(): Promise<number | undefined> {

@@ -143,6 +143,27 @@ export function sourceRangeDifference(
 }
 
 /**
+ * The source-range sets' elements from their lines (SetRead: `address protocol port` keys,
+ * `address protocol port source/length` ranges). Throws on a range that is no prefix, which the
+ * controller never writes: the sets are then flushed and refilled.
+ */
+export function sourceRangeLines(keys: string, ranges: string): SourceRangeSets {
+  const keyOfFields = (fields: string[]) => {
+    const [address, protocol, port] = fields;
+    return [address!, /^\d+$/.test(protocol!) ? Number(protocol) : protocol!, Number(port)];
+  };
+  return {
+    keys: linesOf(keys).map((line) => ({ key: keyOfFields(line.split(' ')), value: '' })),
+    sources: linesOf(ranges).map((line) => {
+      const fields = line.split(' ');
+      const [address, length] = (fields[3] ?? '').split('/');
+      if (fields.length !== 4 || length === undefined) throw new Error(`a source range that is no prefix: ${line}`);
+      return { key: keyOfFields(fields), source: { address: address!, length: Number(length) } };
+    }),
+  };
+}
+
+/**
  * The elements of one set as `nft -j list set` shows them: concatenations of address, protocol
  * and port (`withSource`: and a source prefix, or an address for a whole one). Throws on an
  * element of another form: the set is then written whole.

@@ -7,7 +7,6 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { formatSize } from '../../bytes.js';
-import type { HeldElements } from './element-diff.js';
 import { JsonWriter, type MapElement, type NftFamily, type Transaction } from './objects.js';
 
 /**
@@ -24,6 +23,25 @@ export interface MapElementChanges {
   added: readonly MapElement[];
   /** Every other element of the map removed too, in the same transaction: it then holds `added`. */
   flush?: boolean;
+}
+
+/**
+ * A set to read, and how its elements are written one a line (element-diff.ts): a map
+ * (`address protocol port value[ comment]`), a set of its keys (`address protocol port`), the
+ * source-range set (`address protocol port source/length`, or `first-last` for a range).
+ */
+export interface SetRead {
+  name: string;
+  kind: 'map' | 'keys' | 'ranges';
+}
+
+/** What readSets read: the lines of each set asked for (undefined: it does not exist). */
+export interface SetsRead {
+  sets: Array<string | undefined>;
+  /** The ruleset generation they were read at, when it could be read. */
+  generation?: number;
+  /** How long the reads took. */
+  ms: number;
 }
 
 /** Which map `applyElements` writes: the controller's own map by default. */
@@ -69,11 +87,11 @@ export interface NftExecutor {
    */
   replaceElements?(family: NftFamily, elements: readonly MapElement[], target: MapTarget): Promise<NftCommit>;
   /**
-   * What one map and its key set hold (element-diff.ts, HeldElements) and the ruleset generation
-   * they were read at, when this executor can read them; undefined when the map does not exist.
-   * Rejects when they cannot be read (more elements than the controller writes, say).
+   * What some of our sets hold, read at one ruleset generation when this executor can read
+   * elements (the addon's netlink dumps); undefined for a set that does not exist. Rejects when
+   * they cannot be read (more elements than the controller writes, say).
    */
-  readElements?(family: NftFamily, target: MapTarget): Promise<(HeldElements & { generation?: number }) | undefined>;
+  readSets?(family: NftFamily, table: string, sets: readonly SetRead[]): Promise<SetsRead>;
   /** `nft -j list set <family> <table> <set>`, or undefined when the table or the set does not exist. */
   listSet?(family: NftFamily, table: string, set: string): Promise<string | undefined>;
   /** Runs a transaction in check mode: validated by the kernel, nothing is committed. */

@@ -118,7 +118,10 @@ describe('nft whole writes write the difference', function () {
   });
 
   for (const lookup of ['map', 'set'] as KeyLookup[]) {
-    it(`a restart over 10,000 entries with ${lookup === 'set' ? 'the key set' : 'the map looked up'}: 3 changed, 1 stale and 1 missing are the whole batch`, async () => {
+    it(`a restart over 10,000 entries with ${lookup === 'set' ? 'the key set' : 'the map looked up'}: 3 changed, 1 stale and 1 missing are the whole batch`, async function () {
+      // 5.10 and 6.1 refuse a map looked up as a set: there the rules look keys up in the key set.
+      const probed = await new NftDriver(new NftAddonExecutor(addon())).keyLookup();
+      if (lookup === 'map' && probed.lookup === 'set') this.skip();
       const before = entries(10_000);
       await writeWhole(new NftDriver(new NftAddonExecutor(addon()), { lookup }), before);
       expect(listed('map', MAP_NAME)).to.have.length(10_000);

@@ -73,26 +73,27 @@ function linesOf(text: string): string[] {
  * wanted line, so an address printed otherwise than the model writes it is replaced, never lost.
  */
 export function elementDifference(held: HeldElements, wanted: string): ElementDifference {
-  const want = new Map<string, string>();
-  for (const line of linesOf(wanted)) want.set(keyOf(line), line);
+  // One element per key in the kernel, one per key wanted: a held line that is a wanted line is
+  // kept, and a key whose lines differ is removed and added.
+  const wantedLines = linesOf(wanted);
+  const heldLines = linesOf(held.map);
+  const wantedSet = new Set(wantedLines);
+  const heldSet = new Set(heldLines);
   const removed: string[] = [];
-  const kept = new Set<string>();
-  for (const line of linesOf(held.map)) {
-    const key = keyOf(line);
-    if (want.get(key) === line) kept.add(key);
-    else removed.push(key);
+  let kept = 0;
+  for (const line of heldLines) {
+    if (wantedSet.has(line)) kept++;
+    else removed.push(keyOf(line));
   }
-  const added: string[] = [];
-  for (const [key, line] of want) if (!kept.has(key)) added.push(line);
+  const added = wantedLines.filter((line) => !heldSet.has(line));
   const keysRemoved: string[] = [];
   const keysAdded: string[] = [];
   if (held.keySet !== undefined) {
-    const heldKeys = new Set<string>();
-    for (const key of linesOf(held.keySet)) {
-      if (want.has(key)) heldKeys.add(key);
-      else keysRemoved.push(key);
-    }
-    for (const key of want.keys()) if (!heldKeys.has(key)) keysAdded.push(key);
+    const wantedKeys = new Set(wantedLines.map(keyOf));
+    const heldKeys = linesOf(held.keySet);
+    const heldKeySet = new Set(heldKeys);
+    for (const key of heldKeys) if (!wantedKeys.has(key)) keysRemoved.push(key);
+    for (const key of wantedKeys) if (!heldKeySet.has(key)) keysAdded.push(key);
   }
   return {
     removed: removed.join('\n'),
@@ -104,7 +105,7 @@ export function elementDifference(held: HeldElements, wanted: string): ElementDi
       added: added.length,
       keysRemoved: keysRemoved.length,
       keysAdded: keysAdded.length,
-      kept: kept.size,
+      kept,
     },
   };
 }

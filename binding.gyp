@@ -42,10 +42,11 @@
           'cflags_cc!': ['-std=gnu++17'],
           'libraries': ['<!@(pkg-config --libs libnftables)'],
           'conditions': [
-            # Map element writes as netlink batches (writeElements); without libnftnl-dev and
-            # libmnl-dev the addon has no writeElements and elements go through libnftables' JSON.
+            # Map element writes as netlink batches (writeElements) and reads as netlink dumps
+            # (readElements); without libnftnl-dev and libmnl-dev the addon has neither, and
+            # elements go through libnftables' JSON.
             ['have_libnftnl==1', {
-              'sources': ['native/nft_element_batch.cc'],
+              'sources': ['native/nft_element_batch.cc', 'native/nft_element_dump.cc'],
               'defines': ['NFT_ELEMENT_BATCH=1'],
               'cflags_cc': ['<!@(pkg-config --cflags libnftnl libmnl)'],
               'libraries': ['<!@(pkg-config --libs libnftnl libmnl)'],

@@ -6,6 +6,11 @@
 // fields each padded to 4 bytes, the data, the comment as element user data. So a listing by nft
 // shows them as it shows the JSON path's, and the two paths are interchangeable.
 //
+// A whole write sends the difference between what the map holds (read by nft_element_dump.cc)
+// and what it must hold, with the generation it was read at in BATCH_BEGIN (NFNL_BATCH_GENID):
+// the kernel refuses the batch (ERESTART) if anything was committed since, so the difference is
+// never applied to a map it was not computed from.
+//
 // What it saves against the JSON path, per element: the JSON text, jansson's parse into a tree,
 // libnftables' expressions and their evaluation; the parse alone held about 4.4 KiB per element.
 //
@@ -124,7 +129,7 @@ bool ParseElement(int af, const char* line, const char* end, bool withData, Pars
   std::memcpy(e.key + addressBytes + 4, &networkPort, sizeof networkPort);
   if (!withData) {
     if (at != end) {
-      error = "a removal names only address, protocol and port";
+      error = "a removal or a key names only address, protocol and port";
       return false;
     }
     return true;
@@ -250,8 +255,14 @@ ElementWriteResult ElementBatchWriter::Write(const ElementWrite& write) {
     if (batch_.size() < used + bytes) batch_.resize(std::max(batch_.size() * 2, used + bytes));
   };
   const uint32_t beginSeq = ++seq_;
-  reserve(NLMSG_ALIGN(sizeof(nlmsghdr) + sizeof(nfgenmsg)));
-  used += NLMSG_ALIGN(nftnl_batch_begin(batch_.data() + used, beginSeq)->nlmsg_len);
+  reserve(NLMSG_ALIGN(sizeof(nlmsghdr) + sizeof(nfgenmsg)) + MNL_ATTR_HDRLEN + sizeof(uint32_t));
+  nlmsghdr* begin = nftnl_batch_begin(batch_.data() + used, beginSeq);
+  // The generation the lists were computed at: the kernel compares it with its own under the
+  // commit lock and refuses the whole batch (ERESTART) when they differ. 0 would mean no check.
+  if (write.generation > 0) {
+    mnl_attr_put_u32(begin, NFNL_BATCH_GENID, htonl(static_cast<uint32_t>(write.generation)));
+  }
+  used += NLMSG_ALIGN(begin->nlmsg_len);
   const uint32_t firstSeq = seq_ + 1;
   const bool withKeySet = !write.keySet.empty();
   if (write.flush) {
@@ -269,18 +280,22 @@ ElementWriteResult ElementBatchWriter::Write(const ElementWrite& write) {
   // Each list is one or more messages of one type; removals first, so that an element removed
   // and added back in one write ends up added. With a key set, each list is written to it too
   // (keys only).
+  // The key set gets the map's lists, or lists of its own (keySetOwnLists).
   struct Part {
     const std::string* text;
     bool add;
     const std::string* set;
     bool keysOnly;
+    size_t* count;
   };
+  const std::string& keysRemoved = write.keySetOwnLists ? write.keySetRemoved : write.removed;
+  const std::string& keysAdded = write.keySetOwnLists ? write.keySetAdded : write.added;
   Part parts[4];
   size_t partCount = 0;
-  parts[partCount++] = {&write.removed, false, &write.map, false};
-  if (withKeySet) parts[partCount++] = {&write.removed, false, &write.keySet, true};
-  parts[partCount++] = {&write.added, true, &write.map, false};
-  if (withKeySet) parts[partCount++] = {&write.added, true, &write.keySet, true};
+  parts[partCount++] = {&write.removed, false, &write.map, false, &result.removed};
+  if (withKeySet) parts[partCount++] = {&keysRemoved, false, &write.keySet, true, &result.keysRemoved};
+  parts[partCount++] = {&write.added, true, &write.map, false, &result.added};
+  if (withKeySet) parts[partCount++] = {&keysAdded, true, &write.keySet, true, &result.keysAdded};
   uint32_t removalsLastSeq = 0;
   for (size_t p = 0; p < partCount; ++p) {
     const Part& part = parts[p];
@@ -302,7 +317,9 @@ ElementWriteResult ElementBatchWriter::Write(const ElementWrite& write) {
       ++line;
       ParsedElement e;
       std::string why;
-      if (!ParseElement(af, at, lineEnd, part.add, e, why)) {
+      // Lines with values: the map's additions, which are also the key set's unless it has its own.
+      const bool withData = part.add && !(part.keysOnly && write.keySetOwnLists);
+      if (!ParseElement(af, at, lineEnd, withData, e, why)) {
         result.error = "map element " + std::to_string(line) + ": " + why;
         return result;
       }
@@ -336,6 +353,7 @@ ElementWriteResult ElementBatchWriter::Write(const ElementWrite& write) {
         }
       }
       mnl_attr_nest_end(nlh, element);
+      ++*part.count;
     }
     closeMessage();
     if (!part.add) removalsLastSeq = seq_;
@@ -426,6 +444,12 @@ ElementWriteResult ElementBatchWriter::Write(const ElementWrite& write) {
     }
   }
   result.kernelMs = NowMs() - sent;
+  if (firstError != 0 && errorSeq == beginSeq && firstError == ERESTART && write.generation > 0) {
+    result.generationChanged = true;
+    result.error = "the ruleset changed since generation " + std::to_string(write.generation) +
+                   " (another commit): the changes to " + write.map + " were not applied";
+    return result;
+  }
   if (firstError != 0) {
     std::string what = errorSeq == beginSeq                        ? "Could not process the batch for "
                        : errorSeq >= firstSeq && errorSeq <= removalsLastSeq ? "Could not delete elements of map "

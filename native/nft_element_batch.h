@@ -29,6 +29,16 @@ struct ElementWrite {
   // A set of the map's key type that holds its keys (empty: none): every removal, addition and
   // the flush are made to it too, in the same batch (keys only, no data or comment).
   std::string keySet;
+  // With keySetOwnLists, the key set gets these lists (`address protocol port` lines) instead of
+  // the map's: a whole write's difference, where a changed value replaces the map's element but
+  // the key set keeps its key untouched.
+  bool keySetOwnLists = false;
+  std::string keySetRemoved;
+  std::string keySetAdded;
+  // The ruleset generation (NFT_MSG_GETGEN) the lists were computed at, or -1: with one, the
+  // kernel refuses the batch (ERESTART, generationChanged) when anything was committed since, so
+  // a difference is never applied to a map it was not computed from.
+  int64_t generation = -1;
 };
 
 struct ElementWriteResult {
@@ -42,6 +52,13 @@ struct ElementWriteResult {
   double kernelMs = 0;
   size_t messages = 0;
   size_t bytes = 0;
+  // Elements the batch removes and adds, of the map and of the key set.
+  size_t removed = 0;
+  size_t added = 0;
+  size_t keysRemoved = 0;
+  size_t keysAdded = 0;
+  // The kernel refused the batch because the ruleset generation was no longer `generation`.
+  bool generationChanged = false;
 };
 
 // One netlink socket, opened at the first write and kept (reopened after a failure). Not

@@ -25,13 +25,18 @@ const suites = [
   // controller with every backend on the kernel (what each programs, the packets it translates).
   // `vm-kernel`: the parts of test/kernel that add to them what depends on the kernel: every
   // packet row of semantics.md through the nft backend as --backend=auto sets it up on that
-  // kernel (the map or the key set), and the netlink batches the addon writes. The rest would
+  // kernel (the map or the key set), the netlink batches and dumps the addon writes and reads,
+  // and whole writes under traffic (what those kernels' set lookups miss). The rest would
   // repeat what the scenarios show, at a process per probe costing seconds in the guest.
   { name: 'vm', glob: 'dist/test/vm/**/*.test.js', isolated: true, onlyWhenNamed: true },
   {
     name: 'vm-kernel',
-    files: ['packets', 'nft-element-batch'].map((name) => `dist/test/kernel/${name}.test.js`),
-    grep: 'packets through the nft \\(addon\\) backend|nft map elements as a netlink batch',
+    files: ['packets', 'nft-element-batch', 'nft-whole-write-difference', 'nft-whole-write-packets'].map(
+      (name) => `dist/test/kernel/${name}.test.js`,
+    ),
+    grep:
+      'packets through the nft \\(addon\\) backend|nft map elements as a netlink batch|' +
+      'nft whole writes write the difference|nft whole writes under traffic',
     isolated: true,
     onlyWhenNamed: true,
   },

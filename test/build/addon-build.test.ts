@@ -85,6 +85,28 @@ describe('nftables addon build', () => {
       .that.includes({ name: 'TypeError', message: 'added must be a string' });
   });
 
+  it('checks the options of writeElements and the arguments of readSets before any work is queued', () => {
+    const addon = createRequire(import.meta.url)(defaultAddonPath()) as NftablesAddon;
+    expect(() => addon.writeElements!('ip', 't', 'm', '', '', false, 'k', { keySetRemoved: '' }))
+      .to.throw()
+      .that.includes({ name: 'TypeError', message: 'keySetRemoved and keySetAdded go together' });
+    expect(() => addon.writeElements!('ip', 't', 'm', '', '', false, 'k', { generation: -1 }))
+      .to.throw()
+      .that.includes({ name: 'RangeError', message: 'generation must be an integer from 0 to 2^32 - 1' });
+    expect(() => addon.readSets!('ip', 't', [{ name: 'm', kind: 'map' }], 0))
+      .to.throw()
+      .that.includes({ name: 'RangeError', message: 'maxElements must be from 1 to 10,000,000' });
+    expect(() => addon.readSets!('inet', 't', [{ name: 'm', kind: 'map' }], 10))
+      .to.throw()
+      .that.includes({ name: 'TypeError', message: 'family must be ip or ip6' });
+    expect(() => addon.readSets!('ip', 't', [{ name: 'm', kind: 'interval' as 'map' }], 10))
+      .to.throw()
+      .that.includes({ name: 'TypeError', message: 'kind must be map, keys or ranges' });
+    expect(() => addon.readSets!('ip', 't', [], 10))
+      .to.throw()
+      .that.includes({ name: 'RangeError', message: 'sets must name 1 to 8 sets' });
+  });
+
   it('is what automatic executor selection picks', () => {
     const choice = selectNftExecutor('auto');
     expect(choice.executor.kind).to.equal('addon');

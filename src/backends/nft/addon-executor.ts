@@ -3,7 +3,9 @@
 // to the CLI when the addon is not built or does not load, and says why once.
 
 import { addonPath, hasFunctions, loadNativeAddon } from '../../native-addon.js';
+import { elementDifference, elementLines } from './element-diff.js';
 import {
+  MAX_LISTED_ELEMENTS,
   MAX_LISTING_BYTES,
   NftCliExecutor,
   NftError,
@@ -13,9 +15,12 @@ import {
   type MapTarget,
   type NftCommit,
   type NftExecutor,
+  type SetRead,
+  type SetsRead,
 } from './executor.js';
-import { JsonWriter, Transaction, type MapElement, type NftFamily } from './objects.js';
+import { JsonWriter, type MapElement, type NftFamily, type Transaction } from './objects.js';
 import { MAP_NAME, TABLE_NAME } from './render.js';
+import { elementsTransaction } from './transactions.js';
 
 /** What native/nftables_addon.cc exports. */
 export interface NftablesAddon {
@@ -42,13 +47,35 @@ export interface NftablesAddon {
     added: string,
     flush?: boolean,
     keySet?: string,
+    options?: ElementBatchOptions,
   ): Promise<ElementBatchResult>;
+  /**
+   * What some sets of one table hold, read with netlink dumps at one ruleset generation (-1:
+   * unknown), one element a line (SetRead): null for a set or a table that does not exist. More
+   * than `maxElements` in a set rejects with code ERR_TOO_MANY_ELEMENTS. Absent where
+   * writeElements is.
+   */
+  readSets?(
+    family: string,
+    table: string,
+    sets: readonly SetRead[],
+    maxElements: number,
+  ): Promise<{ sets: Array<string | null>; generation: number; ms: number }>;
   /** The ruleset generation, or -1 when it cannot be read. */
   generation(): Promise<number>;
   /** Returns memory freed by large work to the kernel (malloc_trim). */
   releaseMemory(): Promise<void>;
   /** The libnftables version the addon was built against. */
   readonly version: string;
+}
+
+/** writeElements' options. */
+export interface ElementBatchOptions {
+  /** The key set's own lists (`address protocol port` lines), in place of the map's. */
+  keySetRemoved?: string;
+  keySetAdded?: string;
+  /** The generation the lists were computed at: the batch is refused (ERR_GENERATION_CHANGED) if anything committed since. */
+  generation?: number;
 }
 
 /** What a committed element batch reports. */
@@ -62,33 +89,27 @@ export interface ElementBatchResult {
   /** Netlink messages in the batch (elements go about 500 to a message), and its bytes. */
   messages: number;
   bytes: number;
+  /** Elements removed and added, of the map and of the key set. */
+  removed: number;
+  added: number;
+  keysRemoved: number;
+  keysAdded: number;
 }
 
-/**
- * The lists writeElements reads, or undefined when an element cannot be written that way (a
- * comment the line format cannot carry, or one libnftables would write otherwise): the caller
- * then writes the changes as JSON.
- */
-export function elementLines(elements: readonly MapElement[], withData: boolean): string | undefined {
-  const lines = new Array<string>(elements.length);
-  for (let i = 0; i < elements.length; i++) {
-    const e = elements[i]!;
-    if (e.key.length !== 3) return undefined;
-    let line = `${e.key[0]} ${e.key[1]} ${e.key[2]}`;
-    if (withData) {
-      line += ` ${e.value}`;
-      const comment = e.comment;
-      if (comment !== undefined) {
-        // A line ends at a newline; an empty comment would be no comment; nft caps comments at 128 bytes.
-        if (comment === '' || comment.includes('\n') || comment.includes('\0')) return undefined;
-        if (comment.length > 42 && Buffer.byteLength(comment) > 128) return undefined;
-        line += ` ${comment}`;
-      }
-    }
-    lines[i] = line;
-  }
-  return lines.join('\n');
+/** How the last whole write of a map went (replaceElements): the tests and the benchmark read it. */
+export interface MapWrite {
+  /** `difference`: what the map held was read and only the changes written; `refill`: flushed and refilled. */
+  how: 'difference' | 'refill';
+  /** Why it was refilled. */
+  why?: string;
+  /** Wanted elements the map already held and were not written (`difference`). */
+  kept?: number;
+  /** Reading what the map and the key set held. */
+  readMs?: number;
 }
+
+/** Reads and writes of a difference before it is refilled: another writer committed meanwhile. */
+const DIFFERENCE_ATTEMPTS = 3;
 
 /** build/Release/nftables_addon.node of this package. */
 export function defaultAddonPath(): string {
@@ -111,6 +132,8 @@ export class NftAddonExecutor implements NftExecutor {
   private readonly json = new JsonWriter();
   /** What the last element batch reported (the benchmark reads it). */
   lastElementBatch: ElementBatchResult | undefined;
+  /** How the last whole write of a map went. */
+  lastMapWrite: MapWrite | undefined;
   constructor(
     /** The addon itself (the benchmark times its calls). */
     readonly addon: NftablesAddon,
@@ -167,6 +190,92 @@ export class NftAddonExecutor implements NftExecutor {
     return before >= 0 && after >= 0 ? { generations: { before, after } } : {};
   }
 
+  /**
+   * NftExecutor.replaceElements: what the map and its key set hold is read (a netlink dump), and
+   * one batch removes what is not wanted (or differs) and adds what is missing, computed at the
+   * generation it was read at (the kernel refuses it if anything committed since: read again).
+   * Refilled (flushed, every element added, as before the difference existed) where the addon
+   * has no dump, the read fails (more elements than the controller writes, say), or another
+   * writer kept committing: correct whatever the map held, only not safe for lookups on the
+   * kernels of element-diff.ts while it commits.
+   */
+  async replaceElements(
+    family: NftFamily,
+    elements: readonly MapElement[],
+    target: MapTarget = { table: TABLE_NAME, map: MAP_NAME },
+  ): Promise<NftCommit> {
+    const refill = (why: string) => {
+      this.lastMapWrite = { how: 'refill', why };
+      return this.applyElements(family, { removed: [], added: elements, flush: true }, target);
+    };
+    const { addon } = this;
+    if (!addon.readSets || !addon.writeElements) {
+      return refill('the addon reads no elements (built without libnftnl)');
+    }
+    const wanted = elementLines(elements, true);
+    if (wanted === undefined) return refill('an element the line format cannot carry');
+    const keySet = target.keySet ?? '';
+    let why = '';
+    for (let attempt = 0; attempt < DIFFERENCE_ATTEMPTS; attempt++) {
+      let read;
+      try {
+        const sets: SetRead[] = [{ name: target.map, kind: 'map' }];
+        if (keySet) sets.push({ name: keySet, kind: 'keys' });
+        read = await this.readSets(family, target.table, sets);
+      } catch (err) {
+        return refill(`reading ${target.map} failed: ${(err as Error).message}`);
+      }
+      const [map, keys] = read.sets;
+      // Missing: the write that follows names the kernel's reason.
+      if (map === undefined || (keySet && keys === undefined)) return refill(`${target.map} or its key set is missing`);
+      const held = { map, ...(keySet ? { keySet: keys } : {}) };
+      const diff = elementDifference(held, wanted);
+      const options: ElementBatchOptions = keySet
+        ? { keySetRemoved: diff.keysRemoved, keySetAdded: diff.keysAdded }
+        : {};
+      if (read.generation !== undefined) options.generation = read.generation;
+      let result: ElementBatchResult;
+      try {
+        result = await addon.writeElements(
+          family,
+          target.table,
+          target.map,
+          diff.removed,
+          diff.added,
+          false,
+          keySet,
+          options,
+        );
+      } catch (err) {
+        if ((err as { code?: unknown }).code === 'ERR_GENERATION_CHANGED') {
+          why = (err as Error).message;
+          continue;
+        }
+        throw asNftError(err);
+      }
+      this.lastElementBatch = result;
+      this.lastMapWrite = { how: 'difference', kept: diff.counts.kept, readMs: read.ms };
+      const { generationBefore: before, generationAfter: after } = result;
+      return before >= 0 && after >= 0 ? { generations: { before, after } } : {};
+    }
+    return refill(`another writer kept committing: ${why}`);
+  }
+
+  /** NftExecutor.readSets: netlink dumps, where the addon was built with libnftnl. */
+  async readSets(family: NftFamily, table: string, sets: readonly SetRead[]): Promise<SetsRead> {
+    if (!this.addon.readSets) throw new NftError('the addon reads no elements (built without libnftnl)');
+    let read;
+    try {
+      read = await this.addon.readSets(family, table, sets, MAX_LISTED_ELEMENTS);
+    } catch (err) {
+      throw asNftError(err);
+    }
+    const lines = read.sets.map((l) => l ?? undefined);
+    return read.generation >= 0
+      ? { sets: lines, generation: read.generation, ms: read.ms }
+      : { sets: lines, ms: read.ms };
+  }
+
   async generation(): Promise<number | undefined> {
     const generation = await this.addon.generation();
     return generation >= 0 ? generation : undefined;
@@ -194,28 +303,6 @@ export class NftAddonExecutor implements NftExecutor {
       throw asNftError(err);
     }
   }
-}
-
-/** The same changes as a JSON transaction: what libnftables is given when no batch can be. */
-export function elementsTransaction(family: NftFamily, changes: MapElementChanges, target: MapTarget): Transaction {
-  const elements = (list: readonly MapElement[]) =>
-    ({ kind: 'element', family, table: target.table, set: target.map, map: true, elements: list }) as const;
-  const keys = (set: string, list: readonly MapElement[]) =>
-    ({ kind: 'element', family, table: target.table, set, keys: true, elements: list }) as const;
-  const { keySet } = target;
-  const tx = new Transaction();
-  if (changes.flush) {
-    tx.flush({ kind: 'map', family, table: target.table, name: target.map, type: [], data: '' });
-    if (keySet) tx.flush({ kind: 'set', family, table: target.table, name: keySet, type: [] });
-  } else if (changes.removed.length > 0) {
-    tx.delete(elements(changes.removed));
-    if (keySet) tx.delete(keys(keySet, changes.removed));
-  }
-  if (changes.added.length > 0) {
-    tx.add(elements(changes.added));
-    if (keySet) tx.add(keys(keySet, changes.added));
-  }
-  return tx;
 }
 
 const BUILD_HINT = 'install libnftables-dev and run `npm run build:native`';

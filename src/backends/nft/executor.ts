@@ -25,6 +25,25 @@ export interface MapElementChanges {
   flush?: boolean;
 }
 
+/**
+ * A set to read, and how its elements are written one a line (element-diff.ts): a map
+ * (`address protocol port value[ comment]`), a set of its keys (`address protocol port`), the
+ * source-range set (`address protocol port source/length`, or `first-last` for a range).
+ */
+export interface SetRead {
+  name: string;
+  kind: 'map' | 'keys' | 'ranges';
+}
+
+/** What readSets read: the lines of each set asked for (undefined: it does not exist). */
+export interface SetsRead {
+  sets: Array<string | undefined>;
+  /** The ruleset generation they were read at, when it could be read. */
+  generation?: number;
+  /** How long the reads took. */
+  ms: number;
+}
+
 /** Which map `applyElements` writes: the controller's own map by default. */
 export interface MapTarget {
   table: string;
@@ -59,6 +78,22 @@ export interface NftExecutor {
    * kernel's work and little more, where the same elements as JSON cost libnftables' parse.
    */
   readonly writesElementBatches?: boolean;
+  /**
+   * Brings one map (and its key set) to hold exactly `elements`, in one transaction, when this
+   * executor can. Where it can read what they hold, it writes only the difference: an element
+   * that stays is not in the transaction (element-diff.ts: the kernels nodes run miss an element
+   * deleted and added back in one transaction while it commits); else it flushes them and adds
+   * every element. Rejects with the kernel's reason, and then nothing was committed.
+   */
+  replaceElements?(family: NftFamily, elements: readonly MapElement[], target: MapTarget): Promise<NftCommit>;
+  /**
+   * What some of our sets hold, read at one ruleset generation when this executor can read
+   * elements (the addon's netlink dumps); undefined for a set that does not exist. Rejects when
+   * they cannot be read (more elements than the controller writes, say).
+   */
+  readSets?(family: NftFamily, table: string, sets: readonly SetRead[]): Promise<SetsRead>;
+  /** `nft -j list set <family> <table> <set>`, or undefined when the table or the set does not exist. */
+  listSet?(family: NftFamily, table: string, set: string): Promise<string | undefined>;
   /** Runs a transaction in check mode: validated by the kernel, nothing is committed. */
   check(tx: Transaction): Promise<void>;
   /** `nft -j list table <family> <name>` output, or undefined when the table does not exist. */
@@ -142,6 +177,15 @@ export class NftCliExecutor implements NftExecutor {
 
   async check(tx: Transaction): Promise<void> {
     await this.execDocument(['-c'], this.json.document(tx));
+  }
+
+  async listSet(family: NftFamily, table: string, set: string): Promise<string | undefined> {
+    try {
+      return await this.exec(['-j', 'list', 'set', family, table, set]);
+    } catch (err) {
+      if (isNoSuchObject(err)) return undefined;
+      throw err;
+    }
   }
 
   /**

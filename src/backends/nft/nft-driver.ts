@@ -1,12 +1,21 @@
 // The nftables driver: tables `ip ipvs-node-controller` and `ip6 ipvs-node-controller`, written
 // as typed transactions (render.ts) that the executor commits atomically.
 //
-// - A family written whole declares every object, rewrites our chains' rules and refills the
-//   map: the table and the base chains packets cross are never removed (a table replaced under
-//   traffic loses new connections' first packets). With the addon's netlink batches, the objects
-//   go in one small JSON transaction and each map is refilled by one batch (flush and every
-//   element: packets see the old elements or the new ones); else both families go in one JSON
-//   transaction, which is also the fallback when a batch is refused.
+// - A family written whole (every start, a shape change, after a refused partial write) declares
+//   every object, rewrites our chains' rules and brings the map to the entries: the table and the
+//   base chains packets cross are never removed (a table replaced under traffic loses new
+//   connections' first packets). With the addon's netlink batches, the objects go in one small
+//   JSON transaction and each map is brought to its entries by one batch (packets see the old
+//   elements or the new ones); else both families go in one JSON transaction, which is also the
+//   fallback when a batch is refused.
+// - A whole write writes the difference: what the map, its key set and the source-range sets hold
+//   is read first (netlink dumps, listings of one set) and only what differs is removed or added.
+//   On the kernels nodes run (5.10, 6.1; nf_tables before "restart set lookup on base_seq change",
+//   2025), a packet looked up while a transaction commits can miss an element that transaction
+//   deletes and adds back (a set flushed and refilled), or any element of a map it replaces, and
+//   a new connection's first packet then goes untranslated for the connection's life: at every
+//   restart, for Services that did not change (element-diff.ts). What cannot be read is written
+//   as before (flushed and refilled, the map replaced), and a difference refused is too.
 // - The shape written again (a resync) declares the chains again, with the element changes,
 //   without touching the map's other elements.
 // - A read back (read-back.ts) lists the table through the nft command when the addon programs:
@@ -53,9 +62,12 @@ import {
   resyncTable,
   rewriteRules,
   sourceRangeChanges,
+  writeSourceRanges,
   writeTable,
   writeTableButElements,
+  type HeldContents,
 } from './transactions.js';
+import { readHeld } from './held.js';
 
 export interface NftDriverOptions {
   /**
@@ -175,10 +187,27 @@ export class NftDriver implements Driver {
       const applied = await this.writeByBatches(whole, lookup);
       if (applied) return applied;
     }
-    const tx = new Transaction();
-    for (const op of operations) addOperation(tx, op, lookup, rangedSetsMayExist);
+    // What the sets and the map hold, so that the transaction writes their difference.
+    const held = await readHeld(this.executor, operations, lookup);
+    const transaction = (known: ReadonlyMap<Family, HeldContents>) => {
+      const tx = new Transaction();
+      for (const op of operations) {
+        addOperation(tx, op, lookup, rangedSetsMayExist, 'family' in op ? known.get(op.family) : undefined);
+      }
+      return tx;
+    };
+    const tx = transaction(held.families);
     if (tx.size === 0) return {};
-    const applied = (await this.executor.run(tx)) ?? {};
+    let applied: Applied;
+    try {
+      applied = (await this.executor.run(tx)) ?? {};
+      // A commit between the reads and ours may have changed what they found: not known exact.
+      if (held.families.size > 0 && applied.generations?.before !== held.generation) applied = {};
+    } catch (err) {
+      if (held.families.size === 0) throw err;
+      // The difference refused (changed since it was read, or the map must grow): written whole.
+      applied = (await this.executor.run(transaction(new Map()))) ?? {};
+    }
     for (const op of operations) {
       if (op.kind === 'writeFamily' || op.kind === 'replaceFamily') {
         if (op.state.sourceRanged) this.sourceRanged.add(op.family);
@@ -190,12 +219,14 @@ export class NftDriver implements Driver {
 
   /**
    * Families written whole in two steps: every object but the map's elements in one JSON
-   * transaction (a few KiB whatever the entries), then each map refilled by one netlink batch
-   * (flush and all elements: one transaction, so packets see the old elements or the new ones).
-   * The elements never become JSON, nor are they parsed by libnftables: at 10,000 entries that
-   * was most of a whole write. Undefined when a step was refused (a map declared smaller than
-   * its entries on a kernel that keeps an existing map's size, an object changed by someone
-   * else): the caller then writes the families as one transaction.
+   * transaction (a few KiB whatever the entries), then each map brought to its entries by one
+   * netlink batch (one transaction, so packets see the old elements or the new ones): the
+   * difference with what the map holds, read by a netlink dump, so that an element that stays
+   * is not touched (element-diff.ts); a flush and every element where it cannot be read. The
+   * elements never become JSON, nor are they parsed by libnftables: at 10,000 entries that was
+   * most of a whole write. Undefined when a step was refused (a map declared smaller than its
+   * entries on a kernel that keeps an existing map's size, an object changed by someone else):
+   * the caller then writes the families as one transaction.
    */
   private async writeByBatches(
     ops: ReadonlyArray<Extract<DriverOperation, { kind: 'writeFamily' }>>,
@@ -208,10 +239,13 @@ export class NftDriver implements Driver {
     try {
       commits.push(await this.executor.run(tx));
       for (const op of ops) {
-        const added = op.state.entries.map(mapElement);
+        const elements = op.state.entries.map(mapElement);
         const target = { table: TABLE_NAME, map: MAP_NAME, keySet };
+        const family = NFT_FAMILY[op.family];
         commits.push(
-          await this.executor.applyElements!(NFT_FAMILY[op.family], { removed: [], added, flush: true }, target),
+          await (this.executor.replaceElements
+            ? this.executor.replaceElements(family, elements, target)
+            : this.executor.applyElements!(family, { removed: [], added: elements, flush: true }, target)),
         );
       }
     } catch {
@@ -275,6 +309,8 @@ function addOperation(
   op: DriverOperation,
   lookup: KeyLookup,
   rangedSetsMayExist: (family: Family) => boolean,
+  /** What the family's sets and map hold, where it is known. */
+  held: HeldContents | undefined,
 ): void {
   const changes = (family: Family, remove: readonly KernelElement[], add: readonly Entry[]) => {
     const inMap = remove.filter((e) => listedIn(e) !== 'keySet').map(listedElement);
@@ -287,7 +323,7 @@ function addOperation(
   };
   switch (op.kind) {
     case 'writeFamily':
-      writeTable(tx, desiredTable(op.family, op.state, op.masqueradeMark, lookup, rangedSetsMayExist(op.family)));
+      writeTable(tx, desiredTable(op.family, op.state, op.masqueradeMark, lookup, rangedSetsMayExist(op.family)), held);
       return;
     case 'replaceFamily':
       replaceTable(tx, desiredTable(op.family, op.state, op.masqueradeMark, lookup));
@@ -303,11 +339,10 @@ function addOperation(
       const table = desiredTable(op.family, op.shape.state, op.shape.masqueradeMark, lookup);
       for (const chain of table.chains) if (op.parts.includes(chain.name)) rewriteRules(tx, table, chain);
       if (op.parts.includes(SOURCE_RANGE_SET) && op.shape.state.sourceRanged) {
-        // Both sets written again from the programmed entries.
+        // Both sets brought to the programmed entries.
         const sets = table.sets.filter((s) => s.name === SOURCE_RANGE_SET || s.name === SOURCE_RANGED_KEY_SET);
-        const elements = sourceRangeElements(op.family, op.entries);
-        tx.add(...sets).flush(...sets);
-        for (const e of [elements.keys, elements.sources]) if (e.elements.length > 0) tx.add(e);
+        tx.add(...sets);
+        writeSourceRanges(tx, sets, sourceRangeElements(op.family, op.entries), held?.sourceRanges);
       }
       return;
     }

@@ -3,9 +3,22 @@
 // replacement, the partial sync's element changes, the cleanup. Pure: no I/O.
 
 import type { Entry, Family } from '../../model/types.js';
-import type { ChainObject, MapElement, MapObject, SetObject, Transaction } from './objects.js';
+import { sourceRangeDifference, type MapDifference, type SourceRangeSets } from './element-diff.js';
+import type { MapElementChanges, MapTarget } from './executor.js';
+import {
+  Transaction,
+  type ChainObject,
+  type ElementObject,
+  type MapElement,
+  type MapObject,
+  type NftFamily,
+  type SetObject,
+  type SourceRangeElement,
+} from './objects.js';
 import {
   KEY_SET_NAME,
+  SOURCE_RANGED_KEY_SET,
+  SOURCE_RANGE_SET,
   keySetElements,
   mapElements,
   sourceRangeElements,
@@ -15,33 +28,55 @@ import {
 } from './render.js';
 
 /**
- * Brings one family's table to `t` without removing the table or the chains packets cross:
- * declares every object (`add` keeps what exists), flushes and rewrites our chains' rules and
- * other sets (the source ranges), replaces the map (so that it has the size of `t`, whatever it had), and removes our
- * objects this state has no use for. One atomic transaction: packets see the old table or the
- * new one.
+ * What a family's sets and map hold, where it is known (read before the write): a whole write
+ * then writes them their difference (element-diff.ts) instead of emptying and filling them again.
  */
-export function writeTable(tx: Transaction, t: DesiredTable): Transaction {
-  return writeObjects(tx, t, 'replaced');
+export interface HeldContents {
+  /** The source-range sets' elements. */
+  sourceRanges?: SourceRangeSets;
+  /** The changes that bring the map and its key set to the state's entries. */
+  map?: MapDifference;
+}
+
+/**
+ * Brings one family's table to `t` without removing the table or the chains packets cross:
+ * declares every object (`add` keeps what exists), flushes and rewrites our chains' rules,
+ * writes the source-range sets (their difference with what they hold when it is known, else
+ * flushed and filled again), brings the map and its key set to the entries (their difference
+ * when it is known, else replaced: so that the map has the size of `t`, whatever it had), and
+ * removes our objects this state has no use for. One atomic transaction: packets see the old
+ * table or the new one.
+ */
+export function writeTable(tx: Transaction, t: DesiredTable, held: HeldContents = {}): Transaction {
+  return writeObjects(tx, t, held.map ?? 'replaced', held.sourceRanges);
 }
 
 /**
  * writeTable without the map's elements: the map is declared (`add` keeps an existing one and
  * its elements), everything else is written as writeTable writes it. The elements follow in a
- * second transaction that refills the map whole (a netlink batch: flush, then every element);
- * until then packets meet the new rules and the map as it was.
+ * second transaction that brings the map to them (a netlink batch: the difference with what it
+ * holds, or a flush and every element); until then packets meet the new rules and the map as
+ * it was.
  */
-export function writeTableButElements(tx: Transaction, t: DesiredTable): Transaction {
-  return writeObjects(tx, t, 'kept');
+export function writeTableButElements(tx: Transaction, t: DesiredTable, held: HeldContents = {}): Transaction {
+  return writeObjects(tx, t, 'kept', held.sourceRanges);
 }
 
-function writeObjects(tx: Transaction, t: DesiredTable, map: 'replaced' | 'kept'): Transaction {
+function writeObjects(
+  tx: Transaction,
+  t: DesiredTable,
+  map: 'replaced' | 'kept' | MapDifference,
+  held?: SourceRangeSets,
+): Transaction {
   const all = tableObjects(t.table.family === 'ip' ? 'ipv4' : 'ipv6');
-  // The map and the key set hold the entries: replaced together, or kept together. The source-range
-  // sets are among the other sets: flushed and filled again.
+  // The map and the key set hold the entries: replaced together, or kept together (and their
+  // elements written apart, or their difference here). The source-range sets are the other sets:
+  // written as a difference when what they hold is known. A set flushed and filled again, or a
+  // map replaced, loses lookups of the elements that stay while the transaction commits
+  // (element-diff.ts); a set replaced with the rules that name it does not.
   const keyed: Array<MapObject | SetObject> = [...t.maps, ...t.sets.filter((s) => s.name === KEY_SET_NAME)];
-  const otherSets = t.sets.filter((s) => s.name !== KEY_SET_NAME);
-  const entryElements = [t.mapElements, t.keySetElements];
+  const ranges = held && t.sourceRangeElements;
+  const otherSets = t.sets.filter((s) => s.name !== KEY_SET_NAME && !(ranges && isSourceRangeSet(s)));
   tx.add(t.table, ...t.maps, ...t.sets);
   // Our chains that exist now are emptied first: a rule of the old state may name the pod set,
   // and every rule names the map or the key set, which can only be deleted once no rule does.
@@ -54,7 +89,16 @@ function writeObjects(tx: Transaction, t: DesiredTable, map: 'replaced' | 'kept'
   // Rules before elements: the kernel checks every element of a map when a rule that reads data
   // from it is added (nf_tables_bind_set walks the map), so the map should be empty by then
   // (50,000 elements: 3% of the transaction).
-  tx.add(...t.rules, ...(map === 'replaced' ? t.elements : t.elements.filter((e) => !entryElements.includes(e))));
+  const written: Array<ElementObject | undefined> = [
+    ...(map === 'replaced' ? [] : [t.mapElements, t.keySetElements]),
+    ...(ranges ? [ranges.keys, ranges.sources] : []),
+  ];
+  tx.add(...t.rules, ...t.elements.filter((e) => !written.includes(e)));
+  if (ranges) sourceRangeSetChanges(tx, ranges, held);
+  if (typeof map === 'object') {
+    const family = t.table.family === 'ip' ? 'ipv4' : 'ipv6';
+    mapChanges(tx, family, map.removed, map.added, t.lookup, map.keysRemoved, map.keysAdded);
+  }
   // Declared, then deleted: `delete` alone fails on what does not exist.
   const unwantedSets = t.unwanted.filter((o): o is SetObject => o.kind === 'set');
   tx.add(...unwantedSets);
@@ -97,11 +141,12 @@ export function mapChanges(
   added: readonly MapElement[],
   lookup: KeyLookup = 'map',
   keysRemoved: readonly MapElement[] = removed,
+  keysAdded: readonly MapElement[] = added,
 ): Transaction {
   if (lookup === 'set' && keysRemoved.length > 0) tx.delete(keySetElements(family, keysRemoved));
   if (removed.length > 0) tx.delete(mapElements(family, removed));
   if (added.length > 0) tx.add(mapElements(family, added));
-  if (lookup === 'set' && added.length > 0) tx.add(keySetElements(family, added));
+  if (lookup === 'set' && keysAdded.length > 0) tx.add(keySetElements(family, keysAdded));
   return tx;
 }
 
@@ -119,11 +164,73 @@ export function sourceRangeChanges(
   return tx;
 }
 
+function isSourceRangeSet(s: SetObject): boolean {
+  return s.name === SOURCE_RANGE_SET || s.name === SOURCE_RANGED_KEY_SET;
+}
+
+/**
+ * The source-range sets (which exist) brought to `wanted`: the difference with `held` when it
+ * is known, else flushed and filled again.
+ */
+export function writeSourceRanges(
+  tx: Transaction,
+  sets: readonly SetObject[],
+  wanted: { keys: ElementObject; sources: ElementObject },
+  held?: SourceRangeSets,
+): Transaction {
+  const ranged = sets.filter(isSourceRangeSet);
+  if (held) return sourceRangeSetChanges(tx, wanted, held);
+  tx.flush(...ranged);
+  for (const e of [wanted.keys, wanted.sources]) if (e.elements.length > 0) tx.add(e);
+  return tx;
+}
+
+/** Removals, then additions, that bring the source-range sets from `held` to `wanted`. */
+function sourceRangeSetChanges(
+  tx: Transaction,
+  wanted: { keys: ElementObject; sources: ElementObject },
+  held: SourceRangeSets,
+): Transaction {
+  const keys = 'keys' in wanted.keys ? wanted.keys : undefined;
+  const sources = 'sources' in wanted.sources ? wanted.sources : undefined;
+  if (!keys || !sources) throw new Error('source-range elements of the wrong kind');
+  const diff = sourceRangeDifference(held, { keys: keys.elements, sources: sources.elements });
+  const of = <T extends ElementObject>(o: T, elements: readonly (MapElement | SourceRangeElement)[]) =>
+    ({ ...o, elements }) as T;
+  if (diff.sources.removed.length > 0) tx.delete(of(sources, diff.sources.removed));
+  if (diff.keys.removed.length > 0) tx.delete(of(keys, diff.keys.removed));
+  if (diff.keys.added.length > 0) tx.add(of(keys, diff.keys.added));
+  if (diff.sources.added.length > 0) tx.add(of(sources, diff.sources.added));
+  return tx;
+}
+
 export function deleteTables(tx: Transaction, families: readonly Family[]): Transaction {
   for (const f of families) {
     const { table } = tableObjects(f);
     const bare = { ...table, comment: undefined };
     tx.add(bare).delete(bare);
+  }
+  return tx;
+}
+
+/** The same changes as a JSON transaction: what libnftables is given when no batch can be. */
+export function elementsTransaction(family: NftFamily, changes: MapElementChanges, target: MapTarget): Transaction {
+  const elements = (list: readonly MapElement[]) =>
+    ({ kind: 'element', family, table: target.table, set: target.map, map: true, elements: list }) as const;
+  const keys = (set: string, list: readonly MapElement[]) =>
+    ({ kind: 'element', family, table: target.table, set, keys: true, elements: list }) as const;
+  const { keySet } = target;
+  const tx = new Transaction();
+  if (changes.flush) {
+    tx.flush({ kind: 'map', family, table: target.table, name: target.map, type: [], data: '' });
+    if (keySet) tx.flush({ kind: 'set', family, table: target.table, name: keySet, type: [] });
+  } else if (changes.removed.length > 0) {
+    tx.delete(elements(changes.removed));
+    if (keySet) tx.delete(keys(keySet, changes.removed));
+  }
+  if (changes.added.length > 0) {
+    tx.add(elements(changes.added));
+    if (keySet) tx.add(keys(keySet, changes.added));
   }
   return tx;
 }

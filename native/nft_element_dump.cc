@@ -1,0 +1,322 @@
+// The elements of one map or set read with a netlink dump: one NFT_MSG_GETSETELEM request with
+// NLM_F_DUMP (built by libnftnl, as nft builds it), answered by NEWSETELEM messages of a few
+// hundred elements each and NLMSG_DONE. Each message is parsed by libnftnl into a set of its own,
+// written out as lines and freed, so that memory holds one message's elements, never the map's.
+//
+// The lines are those writeElements takes (nft_element_batch.h): `address protocol port
+// value[ comment]` for a map, `address protocol port` for a set of its keys; and `address
+// protocol port source/length` for the source-range set (a concatenation whose last field is an
+// interval: each element a first and a last key, the source range written as the prefix it is, or
+// as `first-last` when it is none). Addresses are printed by inet_ntop, as nft prints them;
+// protocols tcp, udp and sctp by name, others by number.
+// A comment's control characters are printed as '?': such a line is no line the controller
+// writes, so the element is replaced.
+//
+// Every read is bounded: at most maxElements elements (more: tooMany, and the set is not read
+// further), at most so many bytes of datagrams, each datagram read with a receive timeout. A
+// dump that a commit interrupted (NLM_F_DUMP_INTR) is reported so (interrupted): the caller
+// reads again.
+
+#include "nft_element_dump.h"
+
+#include <libmnl/libmnl.h>
+#include <libnftnl/common.h>
+#include <libnftnl/set.h>
+#include <libnftnl/udata.h>
+
+#include <arpa/inet.h>
+#include <linux/netfilter/nf_tables.h>
+#include <linux/netfilter/nfnetlink.h>
+#include <linux/netlink.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace nft_batch {
+
+namespace {
+
+// The most bytes one element takes in a dump: key, data and comment with their attribute headers
+// and nests (about 200 at most), rounded up generously.
+constexpr size_t kMaxElementDumpBytes = 512;
+// A dump datagram is at most 32 KiB (the kernel sizes it to the reader's buffer, up to that).
+constexpr size_t kDatagramBytes = 64 << 10;
+
+double NowMs() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<double>(now.tv_sec) * 1e3 + static_cast<double>(now.tv_nsec) / 1e6;
+}
+
+struct Formatter {
+  int af = AF_INET;
+  size_t addressBytes = 4;
+  ElementRead::Kind kind = ElementRead::Kind::kMap;
+  size_t maxElements = 0;
+  std::string* lines = nullptr;
+  size_t* elements = nullptr;
+  std::string error;
+  bool tooMany = false;
+};
+
+int CommentOf(const nftnl_udata* attr, void* data) {
+  if (nftnl_udata_type(attr) == NFTNL_UDATA_SET_ELEM_COMMENT) *static_cast<const nftnl_udata**>(data) = attr;
+  return MNL_CB_OK;
+}
+
+// IPv4 by hand: glibc's inet_ntop prints it with sprintf, which was most of a dump's own time.
+void AppendAddress(std::string& out, int af, const void* bytes) {
+  if (af == AF_INET) {
+    const auto* b = static_cast<const uint8_t*>(bytes);
+    char text[16];
+    size_t at = 0;
+    for (int i = 0; i < 4; ++i) {
+      const unsigned v = b[i];
+      if (v >= 100) text[at++] = static_cast<char>('0' + v / 100);
+      if (v >= 10) text[at++] = static_cast<char>('0' + v / 10 % 10);
+      text[at++] = static_cast<char>('0' + v % 10);
+      if (i < 3) text[at++] = '.';
+    }
+    out.append(text, at);
+    return;
+  }
+  char text[INET6_ADDRSTRLEN];
+  if (inet_ntop(af, bytes, text, sizeof text) != nullptr) out += text;
+}
+
+// `first/length` when first..last is a prefix, else `first-last`.
+void AppendRange(std::string& out, int af, const uint8_t* first, const uint8_t* last, size_t bytes) {
+  size_t length = 0;
+  while (length < bytes * 8) {
+    const uint8_t bit = static_cast<uint8_t>(0x80 >> (length % 8));
+    if ((first[length / 8] & bit) != (last[length / 8] & bit)) break;
+    ++length;
+  }
+  bool prefix = true;
+  for (size_t i = length; i < bytes * 8 && prefix; ++i) {
+    const uint8_t bit = static_cast<uint8_t>(0x80 >> (i % 8));
+    prefix = (first[i / 8] & bit) == 0 && (last[i / 8] & bit) != 0;
+  }
+  AppendAddress(out, af, first);
+  if (prefix) {
+    out += '/';
+    out += std::to_string(length);
+  } else {
+    out += '-';
+    AppendAddress(out, af, last);
+  }
+}
+
+int FormatElement(nftnl_set_elem* e, void* data) {
+  auto& f = *static_cast<Formatter*>(data);
+  if (*f.elements >= f.maxElements) {
+    f.tooMany = true;
+    return -1;
+  }
+  const bool ranges = f.kind == ElementRead::Kind::kRanges;
+  // Each field of a concatenation takes a multiple of 4 bytes: address, protocol, port (, source).
+  const size_t keyBytes = f.addressBytes + 4 + 4 + (ranges ? f.addressBytes : 0);
+  uint32_t length = 0;
+  const auto* key = static_cast<const uint8_t*>(nftnl_set_elem_get(e, NFTNL_SET_ELEM_KEY, &length));
+  if (key == nullptr || length != keyBytes) {
+    f.error = "an element's key is " + std::to_string(key == nullptr ? 0 : length) + " bytes, not " +
+              std::to_string(keyBytes) + (ranges ? " (address, protocol, port, source)" : " (address, protocol, port)");
+    return -1;
+  }
+  if (nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_FLAGS) &&
+      (nftnl_set_elem_get_u32(e, NFTNL_SET_ELEM_FLAGS) & NFT_SET_ELEM_INTERVAL_END) != 0) {
+    f.error = "the set holds intervals of single keys";
+    return -1;
+  }
+  const uint8_t* last = nullptr;
+  if (ranges) {
+    last = static_cast<const uint8_t*>(nftnl_set_elem_get(e, NFTNL_SET_ELEM_KEY_END, &length));
+    if (last == nullptr || length != keyBytes || std::memcmp(key, last, keyBytes - f.addressBytes) != 0) {
+      f.error = "a source-range element has no last key of the same address, protocol and port";
+      return -1;
+    }
+  }
+  std::string& out = *f.lines;
+  AppendAddress(out, f.af, key);
+  const uint8_t protocol = key[f.addressBytes];
+  out += ' ';
+  if (protocol == IPPROTO_TCP) out += "tcp";
+  else if (protocol == IPPROTO_UDP) out += "udp";
+  else if (protocol == IPPROTO_SCTP) out += "sctp";
+  else out += std::to_string(protocol);
+  uint16_t port;
+  std::memcpy(&port, key + f.addressBytes + 4, sizeof port);
+  out += ' ';
+  out += std::to_string(ntohs(port));
+  if (ranges) {
+    out += ' ';
+    const size_t at = f.addressBytes + 8;
+    AppendRange(out, f.af, key + at, last + at, f.addressBytes);
+  }
+  if (f.kind == ElementRead::Kind::kMap) {
+    const void* value = nftnl_set_elem_get(e, NFTNL_SET_ELEM_DATA, &length);
+    if (value == nullptr || length != f.addressBytes) {
+      f.error = "a map element has no address as its value";
+      return -1;
+    }
+    out += ' ';
+    AppendAddress(out, f.af, value);
+    const void* user = nftnl_set_elem_get(e, NFTNL_SET_ELEM_USERDATA, &length);
+    const nftnl_udata* comment = nullptr;
+    if (user != nullptr) nftnl_udata_parse(user, length, CommentOf, &comment);
+    if (comment != nullptr) {
+      const auto* text = static_cast<const char*>(nftnl_udata_get(comment));
+      const size_t bytes = strnlen(text, nftnl_udata_len(comment));
+      if (bytes > 0) {
+        out += ' ';
+        for (size_t i = 0; i < bytes; ++i) out += static_cast<unsigned char>(text[i]) < 0x20 ? '?' : text[i];
+      }
+    }
+  }
+  out += '\n';
+  ++*f.elements;
+  return 0;
+}
+
+}  // namespace
+
+ElementReader::~ElementReader() { Close(); }
+
+void ElementReader::Close() {
+  if (socket_ != nullptr) mnl_socket_close(socket_);
+  socket_ = nullptr;
+}
+
+bool ElementReader::Open(std::string& error) {
+  if (socket_ != nullptr) return true;
+  socket_ = mnl_socket_open2(NETLINK_NETFILTER, SOCK_CLOEXEC);
+  if (socket_ == nullptr) {
+    error = std::string("cannot open a netfilter netlink socket: ") + std::strerror(errno);
+    return false;
+  }
+  if (mnl_socket_bind(socket_, 0, MNL_SOCKET_AUTOPID) < 0) {
+    error = std::string("cannot bind a netfilter netlink socket: ") + std::strerror(errno);
+    Close();
+    return false;
+  }
+  const int fd = mnl_socket_get_fd(socket_);
+  const int on = 1;
+  setsockopt(fd, SOL_NETLINK, NETLINK_EXT_ACK, &on, sizeof on);
+  // The kernel answers a dump as fast as it is read; the timeout only bounds a socket out of step.
+  timeval timeout{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  if (seq_ == 0) seq_ = static_cast<uint32_t>(time(nullptr));
+  buffer_.resize(kDatagramBytes);
+  return true;
+}
+
+ElementReadResult ElementReader::Read(const ElementRead& read) {
+  ElementReadResult result;
+  const double started = NowMs();
+  if (read.family != AF_INET && read.family != AF_INET6) {
+    result.error = "the family must be ip or ip6";
+    return result;
+  }
+  if (read.table.empty() || read.table.size() >= 256 || read.set.empty() || read.set.size() >= 256) {
+    result.error = "bad table or set name";
+    return result;
+  }
+  if (!Open(result.error)) return result;
+
+  alignas(nlmsghdr) char request[1024];
+  const uint32_t seq = ++seq_;
+  nlmsghdr* nlh = nftnl_nlmsg_build_hdr(request, NFT_MSG_GETSETELEM, read.family, NLM_F_DUMP, seq);
+  nftnl_set* named = nftnl_set_alloc();
+  if (named == nullptr) {
+    result.error = "out of memory";
+    return result;
+  }
+  nftnl_set_set_str(named, NFTNL_SET_TABLE, read.table.c_str());
+  nftnl_set_set_str(named, NFTNL_SET_NAME, read.set.c_str());
+  nftnl_set_elems_nlmsg_build_payload(nlh, named);
+  nftnl_set_free(named);
+  if (mnl_socket_sendto(socket_, nlh, nlh->nlmsg_len) < 0) {
+    result.error = std::string("cannot send the dump request: ") + std::strerror(errno);
+    Close();
+    return result;
+  }
+
+  Formatter f;
+  f.af = read.family == AF_INET6 ? AF_INET6 : AF_INET;
+  f.addressBytes = f.af == AF_INET ? 4 : 16;
+  f.kind = read.kind;
+  f.maxElements = read.maxElements;
+  f.lines = &result.lines;
+  f.elements = &result.elements;
+  const size_t maxBytes = read.maxElements * kMaxElementDumpBytes + (1 << 20);
+  const int fd = mnl_socket_get_fd(socket_);
+  size_t receivedBytes = 0;
+  // Any failure below leaves the rest of the dump on the socket: it is closed, and reopened at
+  // the next read.
+  auto fail = [&](std::string error) {
+    result.error = std::move(error);
+    result.lines.clear();
+    Close();
+    return result;
+  };
+  for (;;) {
+    sockaddr_nl sender{};
+    iovec part{buffer_.data(), buffer_.size()};
+    msghdr message{};
+    message.msg_name = &sender;
+    message.msg_namelen = sizeof sender;
+    message.msg_iov = &part;
+    message.msg_iovlen = 1;
+    const ssize_t received = recvmsg(fd, &message, 0);
+    if (received < 0 || (message.msg_flags & MSG_TRUNC) != 0) {
+      return fail(std::string("reading the dump of ") + read.set + ": " +
+                  (received < 0 ? std::strerror(errno) : "a datagram was cut short"));
+    }
+    receivedBytes += static_cast<size_t>(received);
+    if (receivedBytes > maxBytes) {
+      result.tooMany = true;
+      return fail("the dump of " + read.set + " is longer than " + std::to_string(maxBytes) +
+                  " bytes, more than " + std::to_string(read.maxElements) + " elements take");
+    }
+    if (message.msg_namelen != sizeof sender || sender.nl_family != AF_NETLINK || sender.nl_pid != 0) continue;
+    int left = static_cast<int>(received);
+    for (nlmsghdr* h = reinterpret_cast<nlmsghdr*>(buffer_.data()); NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
+      if (h->nlmsg_seq != seq) continue;  // a late answer to an earlier request
+      if ((h->nlmsg_flags & NLM_F_DUMP_INTR) != 0) result.interrupted = true;
+      if (h->nlmsg_type == NLMSG_DONE) {
+        int status = 0;
+        if (h->nlmsg_len >= NLMSG_LENGTH(sizeof status)) std::memcpy(&status, NLMSG_DATA(h), sizeof status);
+        if (status < 0) return fail("the dump of " + read.set + " failed: " + std::strerror(-status));
+        result.ok = true;
+        result.ms = NowMs() - started;
+        return result;
+      }
+      if (h->nlmsg_type == NLMSG_ERROR) {
+        if (h->nlmsg_len < NLMSG_LENGTH(sizeof(nlmsgerr))) return fail("a cut error message in the dump");
+        const int error = -static_cast<const nlmsgerr*>(NLMSG_DATA(h))->error;
+        if (error == 0) continue;
+        result.missing = error == ENOENT;
+        return fail("cannot read " + read.set + ": " + std::strerror(error));
+      }
+      if (h->nlmsg_type != ((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM)) continue;
+      nftnl_set* elements = nftnl_set_alloc();
+      if (elements == nullptr) return fail("out of memory");
+      const bool parsed = nftnl_set_elems_nlmsg_parse(h, elements) >= 0;
+      if (parsed) nftnl_set_elem_foreach(elements, FormatElement, &f);
+      nftnl_set_free(elements);
+      if (!parsed) return fail("libnftnl could not parse the elements of " + read.set);
+      if (f.tooMany) {
+        result.tooMany = true;
+        return fail(read.set + " holds more than " + std::to_string(read.maxElements) +
+                    " elements, more than the controller writes: it was not read");
+      }
+      if (!f.error.empty()) return fail(read.set + ": " + f.error);
+    }
+    if (left > 0) return fail("reading the dump of " + read.set + ": a datagram holds no whole message");
+  }
+}
+
+}  // namespace nft_batch

@@ -1,0 +1,234 @@
+// What a whole write writes to a set or map that already holds elements: the difference, never
+// the elements that stay. An element deleted and added again in one transaction is missed by
+// packet lookups while the transaction commits on the kernels nodes run (nf_tables before
+// "netfilter: nf_tables: restart set lookup on base_seq change", 2025: hash sets now and then,
+// interval and concatenated interval sets often), and a new connection whose first packet is
+// missed stays untranslated for its life. Elements that are only added or removed beside it
+// leave it found. Pure: no I/O.
+
+import type { MapElement, SourceRangeElement } from './objects.js';
+
+/** What a map and its key set hold, one element a line as the addon reads them (readElements). */
+export interface HeldElements {
+  /** `address protocol port value[ comment]` lines. */
+  map: string;
+  /** `address protocol port` lines; undefined: no key set. */
+  keySet?: string;
+}
+
+/** The changes that bring a map (and its key set) from what it holds to what it must hold. */
+export interface ElementDifference {
+  /** Map elements to remove, `address protocol port` a line: unwanted, or with another value or comment. */
+  removed: string;
+  /** Map elements to add, `address protocol port value[ comment]` a line: missing, or replacing one removed. */
+  added: string;
+  /** The key set's: keys it holds that no wanted element has, and wanted keys it lacks (a key stays when only its value changes). */
+  keysRemoved: string;
+  keysAdded: string;
+  /** Counts of the above, and of the wanted elements the map already holds exactly (not written). */
+  counts: { removed: number; added: number; keysRemoved: number; keysAdded: number; kept: number };
+}
+
+/**
+ * The lists writeElements reads, or undefined when an element cannot be written that way (a
+ * comment the line format cannot carry, or one libnftables would write otherwise): the caller
+ * then writes the changes as JSON.
+ */
+export function elementLines(elements: readonly MapElement[], withData: boolean): string | undefined {
+  const lines = new Array<string>(elements.length);
+  for (let i = 0; i < elements.length; i++) {
+    const e = elements[i]!;
+    if (e.key.length !== 3) return undefined;
+    let line = `${e.key[0]} ${e.key[1]} ${e.key[2]}`;
+    if (withData) {
+      line += ` ${e.value}`;
+      const comment = e.comment;
+      if (comment !== undefined) {
+        // A line ends at a newline; an empty comment would be no comment; nft caps comments at 128 bytes.
+        if (comment === '' || comment.includes('\n') || comment.includes('\0')) return undefined;
+        if (comment.length > 42 && Buffer.byteLength(comment) > 128) return undefined;
+        line += ` ${comment}`;
+      }
+    }
+    lines[i] = line;
+  }
+  return lines.join('\n');
+}
+
+/** The key of a line: its first three fields (address, protocol, port). */
+function keyOf(line: string): string {
+  const first = line.indexOf(' ');
+  const second = line.indexOf(' ', first + 1);
+  const third = line.indexOf(' ', second + 1);
+  return third < 0 ? line : line.slice(0, third);
+}
+
+function linesOf(text: string): string[] {
+  return text === '' ? [] : text.split('\n').filter((l) => l !== '');
+}
+
+/**
+ * The difference between `held` and `wanted` (`address protocol port value[ comment]` lines, one
+ * per key, as elementLines writes them). A held element is kept when its line is exactly a
+ * wanted line, so an address printed otherwise than the model writes it is replaced, never lost.
+ */
+export function elementDifference(held: HeldElements, wanted: string): ElementDifference {
+  // One element per key in the kernel, one per key wanted: a held line that is a wanted line is
+  // kept, and a key whose lines differ is removed and added.
+  const wantedLines = linesOf(wanted);
+  const heldLines = linesOf(held.map);
+  const wantedSet = new Set(wantedLines);
+  const heldSet = new Set(heldLines);
+  const removed: string[] = [];
+  let kept = 0;
+  for (const line of heldLines) {
+    if (wantedSet.has(line)) kept++;
+    else removed.push(keyOf(line));
+  }
+  const added = wantedLines.filter((line) => !heldSet.has(line));
+  const keysRemoved: string[] = [];
+  const keysAdded: string[] = [];
+  if (held.keySet !== undefined) {
+    const wantedKeys = new Set(wantedLines.map(keyOf));
+    const heldKeys = linesOf(held.keySet);
+    const heldKeySet = new Set(heldKeys);
+    for (const key of heldKeys) if (!wantedKeys.has(key)) keysRemoved.push(key);
+    for (const key of wantedKeys) if (!heldKeySet.has(key)) keysAdded.push(key);
+  }
+  return {
+    removed: removed.join('\n'),
+    added: added.join('\n'),
+    keysRemoved: keysRemoved.join('\n'),
+    keysAdded: keysAdded.join('\n'),
+    counts: {
+      removed: removed.length,
+      added: added.length,
+      keysRemoved: keysRemoved.length,
+      keysAdded: keysAdded.length,
+      kept,
+    },
+  };
+}
+
+/** The elements of the two source-range sets: keys, and keys each with a source prefix. */
+export interface SourceRangeSets {
+  keys: readonly MapElement[];
+  sources: readonly SourceRangeElement[];
+}
+
+const keyText = (e: MapElement) => e.key.join(' ');
+const sourceText = (e: SourceRangeElement) => `${e.key.join(' ')} ${e.source.address}/${e.source.length}`;
+
+/** Removals and additions that bring `held` to `wanted`, elements compared by `text`. */
+function difference<T>(held: readonly T[], wanted: readonly T[], text: (e: T) => string): { removed: T[]; added: T[] } {
+  const heldTexts = new Set(held.map(text));
+  const wantedTexts = new Set(wanted.map(text));
+  return {
+    removed: held.filter((e) => !wantedTexts.has(text(e))),
+    added: wanted.filter((e) => !heldTexts.has(text(e))),
+  };
+}
+
+/** The changes that bring the source-range sets from `held` to `wanted`. */
+export function sourceRangeDifference(
+  held: SourceRangeSets,
+  wanted: SourceRangeSets,
+): {
+  keys: { removed: MapElement[]; added: MapElement[] };
+  sources: { removed: SourceRangeElement[]; added: SourceRangeElement[] };
+} {
+  return {
+    keys: difference(held.keys, wanted.keys, keyText),
+    sources: difference(held.sources, wanted.sources, sourceText),
+  };
+}
+
+/**
+ * The source-range sets' elements from their lines (SetRead: `address protocol port` keys,
+ * `address protocol port source/length` ranges). Throws on a range that is no prefix, which the
+ * controller never writes: the sets are then flushed and refilled.
+ */
+export function sourceRangeLines(keys: string, ranges: string): SourceRangeSets {
+  const keyOfFields = (fields: string[]) => {
+    const [address, protocol, port] = fields;
+    return [address!, /^\d+$/.test(protocol!) ? Number(protocol) : protocol!, Number(port)];
+  };
+  return {
+    keys: linesOf(keys).map((line) => ({ key: keyOfFields(line.split(' ')), value: '' })),
+    sources: linesOf(ranges).map((line) => {
+      const fields = line.split(' ');
+      const [address, length] = (fields[3] ?? '').split('/');
+      if (fields.length !== 4 || length === undefined) throw new Error(`a source range that is no prefix: ${line}`);
+      return { key: keyOfFields(fields), source: { address: address!, length: Number(length) } };
+    }),
+  };
+}
+
+/**
+ * The elements of one set as `nft -j list set` shows them: concatenations of address, protocol
+ * and port (`withSource`: and a source prefix, or an address for a whole one). Throws on an
+ * element of another form: the set is then written whole.
+ */
+export function listedSetElements(listing: string, withSource: false): MapElement[];
+export function listedSetElements(listing: string, withSource: true): SourceRangeElement[];
+export function listedSetElements(listing: string, withSource: boolean): Array<MapElement | SourceRangeElement> {
+  const doc = JSON.parse(listing) as { nftables?: Array<{ set?: { elem?: unknown[] } }> };
+  const set = doc.nftables?.find((o) => o.set)?.set;
+  if (!set) throw new Error('the listing holds no set');
+  const out: Array<MapElement | SourceRangeElement> = [];
+  for (const item of set.elem ?? []) {
+    const wrapped = (item as { elem?: { val?: unknown } }).elem;
+    const parts = ((wrapped ? wrapped.val : item) as { concat?: unknown[] }).concat;
+    const unexpected = () => new Error(`unexpected set element ${JSON.stringify(item)}`);
+    if (!Array.isArray(parts) || parts.length !== (withSource ? 4 : 3)) throw unexpected();
+    const [address, protocol, port, source] = parts;
+    if (typeof address !== 'string' || (typeof protocol !== 'string' && typeof protocol !== 'number')) {
+      throw unexpected();
+    }
+    if (typeof port !== 'number') throw unexpected();
+    const key = [address, protocol, port];
+    if (!withSource) {
+      out.push({ key, value: '' });
+      continue;
+    }
+    if (typeof source === 'string') {
+      out.push({ key, source: { address: source, length: source.includes(':') ? 128 : 32 } });
+      continue;
+    }
+    const prefix = (source as { prefix?: { addr?: unknown; len?: unknown } } | undefined)?.prefix;
+    if (typeof prefix?.addr !== 'string' || typeof prefix.len !== 'number') throw unexpected();
+    out.push({ key, source: { address: prefix.addr, length: prefix.len } });
+  }
+  return out;
+}
+
+/** The changes that bring a map and its key set to a state's entries, as elements: what a JSON transaction writes. */
+export interface MapDifference {
+  /** By key (the value is not written). */
+  removed: MapElement[];
+  added: MapElement[];
+  keysRemoved: MapElement[];
+  keysAdded: MapElement[];
+}
+
+/**
+ * elementDifference between what a map and its key set hold and `elements`, as elements; undefined
+ * when an element cannot be written as a line (the map is then written whole).
+ */
+export function mapDifference(held: HeldElements, elements: readonly MapElement[]): MapDifference | undefined {
+  const wanted = elementLines(elements, true);
+  if (wanted === undefined) return undefined;
+  const diff = elementDifference(held, wanted);
+  const byKey = new Map<string, MapElement>();
+  for (const e of elements) byKey.set(`${e.key[0]} ${e.key[1]} ${e.key[2]}`, e);
+  const keyElement = (key: string): MapElement => {
+    const [address, protocol, port] = key.split(' ');
+    return { key: [address!, /^\d+$/.test(protocol!) ? Number(protocol) : protocol!, Number(port)], value: '' };
+  };
+  return {
+    removed: linesOf(diff.removed).map(keyElement),
+    added: linesOf(diff.added).map((line) => byKey.get(keyOf(line))!),
+    keysRemoved: linesOf(diff.keysRemoved).map(keyElement),
+    keysAdded: linesOf(diff.keysAdded).map((key) => byKey.get(key)!),
+  };
+}

@@ -31,7 +31,7 @@ const CLUSTER_IP = '10.96.0.60';
 const PORT = 9;
 /** How long the syncs go on, and the fewest rounds and datagrams that make the run mean anything. */
 const DURATION_MS = 15_000;
-const MIN_ROUNDS = 15;
+const MIN_ROUNDS = 10;
 const MIN_DATAGRAMS = 2_000;
 
 function addonExecutor(): NftAddonExecutor {

@@ -3,9 +3,8 @@
 // Node.js ships its own modules (node:https, node:tls, ...) with a code cache that V8 accepts only
 // when the process runs with the flags the cache was made with. `--no-opt`, `--no-maglev` and
 // `--expose-gc` on the command line each make V8 refuse it, so every built-in module the
-// controller loads was compiled from source at each start: about 40 ms for node:https alone
-// (`node -e "require('https')"`, Node.js 24: 60 ms a run, 100 ms with any of those flags), more
-// than 100 ms of the controller's start. Set once the process runs, they cost nothing at the start
+// controller loads was compiled from source at each start (docs/operations.md, Resources, has
+// what the react bench reads of it). Set once the process runs, they cost nothing at the start
 // and do the same: the first two once every module the run needs is loaded (a built-in module
 // loaded after a flag changed is compiled from source again) and before the first list is read,
 // the controller's first hot code (main.ts); the third only when the collection is wanted.

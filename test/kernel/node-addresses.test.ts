@@ -116,10 +116,9 @@ for (const backend of TENANT_BACKENDS) {
       await node.eventually(ALLOWED, 80, 'grabby');
       sh('ip', ['addr', 'add', `${ALLOWED}/32`, 'dev', 'lo']);
       try {
-        const startedAt = performance.now();
         await eventually('the address skipped as the node own', async () => (await pointsAtNode()) === 9, 10_000);
-        // Read once a second (InterfaceAddressWatch), then one sync.
-        expect(performance.now() - startedAt).to.be.below(5_000);
+        // Read once a second (InterfaceAddressWatch), then one sync: well inside the wait above,
+        // where without a Service change the next sync would be --sync-period (30 s) away.
         expect(await node.probe(ALLOWED, 80)).to.not.equal('grabby');
       } finally {
         sh('ip', ['addr', 'del', `${ALLOWED}/32`, 'dev', 'lo']);

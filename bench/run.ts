@@ -492,6 +492,13 @@ class Bench {
         services: LATENCY_SERVICES,
         rules: { loader: 'nft', file: file('nft-n.nft', many) },
       });
+      // The contrast: the same tables without the local-destination match (what a new connection
+      // to an entry pays for the rules' going inert once kube-proxy unbinds the address).
+      scenarios.push({
+        label: 'nft map, no fib daddr',
+        services: LATENCY_SERVICES,
+        rules: { loader: 'nft', file: file('nft-n-no-fib.nft', many.replaceAll(' fib daddr type local', '')) },
+      });
       const rules = file('iptables-n.rules', originalIptablesRules(LATENCY_SERVICES));
       for (const loader of ['iptables-legacy-restore', 'iptables-nft-restore'] as const) {
         scenarios.push({

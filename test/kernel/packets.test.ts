@@ -61,15 +61,18 @@ function desired(config: Partial<ModelConfig> = {}, node: NodeInfo | undefined =
   return buildDesiredState(SERVICES, node, { ...CONFIG, ...config });
 }
 
-/** Counts packets to the ClusterIP, and the marked ones, as kube-proxy's masquerade rule would see them. */
+/**
+ * Counts the pod's packets to the ClusterIP (input: the node's own cross it too, over loopback), and
+ * the marked ones, as kube-proxy's masquerade rule would see them.
+ */
 function installMarkObserver(): void {
   sh(
     'nft',
     ['-f', '-'],
     `table inet mark-observer {
       chain input { type filter hook input priority 0; policy accept;
-        ip daddr 10.96.0.10 tcp dport 80 counter comment "translated-input"
-        meta mark & 0x4000 == 0x4000 ip daddr 10.96.0.10 tcp dport 80 counter comment "marked-input"
+        ip saddr 10.244.1.2 ip daddr 10.96.0.10 tcp dport 80 counter comment "translated-input"
+        meta mark & 0x4000 == 0x4000 ip saddr 10.244.1.2 ip daddr 10.96.0.10 tcp dport 80 counter comment "marked-input"
       }
       chain output { type filter hook output priority 0; policy accept;
         meta mark & 0x4000 == 0x4000 ip daddr 10.96.0.10 tcp dport 80 counter comment "marked-output"

@@ -37,3 +37,27 @@ export function seedServices(): ServiceInfo[] {
 export function seedDesired(config: ModelConfig = SEED_CONFIG): DesiredState {
   return buildDesiredState(seedServices(), { name: 'node-1', podCIDRs: [SEED.podCidr] }, config);
 }
+
+/**
+ * The original's listing with the two differences the contract makes: pod traffic is not marked
+ * (no KUBE-MARK-MASQ row in IPVS_PREROUTING), and only a destination local to the node is
+ * translated (ADDRTYPE dst-type LOCAL on every rule).
+ */
+export function contractedSeedRows(chain: 'IPVS_OUTPUT' | 'IPVS_PREROUTING'): ListingRow[] {
+  if (chain === 'IPVS_OUTPUT') {
+    return SEED.IPVS_OUTPUT.map(([target, source, destination, extras]) => [
+      target,
+      source,
+      destination,
+      extras.replace('src-type LOCAL', 'src-type LOCAL dst-type LOCAL'),
+    ]);
+  }
+  return SEED.IPVS_PREROUTING.filter(([target]) => target !== 'KUBE-MARK-MASQ').map(
+    ([target, source, destination, extras]) => [
+      target,
+      source,
+      destination,
+      extras.replace(' to:', ' ADDRTYPE match dst-type LOCAL to:'),
+    ],
+  );
+}

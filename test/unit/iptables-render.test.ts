@@ -26,7 +26,14 @@ import { parseBucketChain } from '../../src/backends/iptables/layout.js';
 import { countForeignRules, countHintChains } from '../../src/backends/iptables/variant.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { assertGolden } from '../support/golden.js';
-import { SEED, SEED_CONFIG, seedDesired, seedServices, type ListingRow } from '../support/seed-listing.js';
+import {
+  SEED,
+  SEED_CONFIG,
+  contractedSeedRows,
+  seedDesired,
+  seedServices,
+  type ListingRow,
+} from '../support/seed-listing.js';
 import type { Entry, FamilyState } from '../../src/model/types.js';
 
 const CONFIG = SEED_CONFIG;
@@ -148,24 +155,9 @@ describe('iptables renderer', () => {
     it('reads like the original, but for what the contract changes: commented namespace/name, KUBE-MARK-MASQ then DNAT for the node', () => {
       const desired = seedDesired();
       const { rules } = renderChainRules('ipv4', desired.ipv4, desired.masqueradeMark, true);
-      // The original's listing with the contract's two differences: pod traffic is not marked
-      // (no KUBE-MARK-MASQ row in IPVS_PREROUTING), and only a destination local to the node is
-      // translated (ADDRTYPE dst-type LOCAL on every rule).
       const expected = {
-        IPVS_OUTPUT: SEED.IPVS_OUTPUT.map(([target, source, destination, extras]): ListingRow => [
-          target,
-          source,
-          destination,
-          extras.replace('src-type LOCAL', 'src-type LOCAL dst-type LOCAL'),
-        ]),
-        IPVS_PREROUTING: SEED.IPVS_PREROUTING.filter(([target]) => target !== 'KUBE-MARK-MASQ').map(
-          ([target, source, destination, extras]): ListingRow => [
-            target,
-            source,
-            destination,
-            extras.replace(' to:', ' ADDRTYPE match dst-type LOCAL to:'),
-          ],
-        ),
+        IPVS_OUTPUT: contractedSeedRows('IPVS_OUTPUT'),
+        IPVS_PREROUTING: contractedSeedRows('IPVS_PREROUTING'),
       };
       expect(expected.IPVS_PREROUTING.length).to.be.above(0);
       for (const chain of ['IPVS_OUTPUT', 'IPVS_PREROUTING'] as const) {
@@ -238,6 +230,12 @@ describe('iptables renderer', () => {
       // Appended rules come last in their bucket: the same translations.
       const bucket = view.rules.get('IPVS_OUTPUT_7')!;
       view.rules.set('IPVS_OUTPUT_7', [...bucket.slice(2), ...bucket.slice(0, 2)]);
+      expect(await stateHeld(view, 'ipv4', state, 0x4000, pause)).to.equal(true);
+      // So are the pods' DNAT rules, which have no mark rule, in another order.
+      const pods = view.rules.get('IPVS_PREROUTING_7')!;
+      expect(pods.length).to.be.above(1);
+      expect(pods.some((r) => r.includes('MARK'))).to.equal(false);
+      view.rules.set('IPVS_PREROUTING_7', [...pods].reverse());
       expect(await stateHeld(view, 'ipv4', state, 0x4000, pause)).to.equal(true);
       // A DNAT rule before its mark rule is not.
       view.rules.set('IPVS_OUTPUT_7', [bucket[1]!, bucket[0]!, ...bucket.slice(2)]);

@@ -163,12 +163,17 @@ function chainHolds(current: NatTableView, chain: string, specs: readonly string
   return specs.every((spec, i) => asSaved(spec) === held[i]) || sameRules(held, specs);
 }
 
-/** Whether `held` are `specs` as -save prints them, in another order with each mark rule before its DNAT rule. */
+/**
+ * Whether `held` are `specs` as -save prints them, in another order with each mark rule before its
+ * DNAT rule (the node's; a pod's DNAT rule has no mark rule).
+ */
 function sameRules(held: readonly string[], specs: readonly string[]): boolean {
   const wanted = new Map<string, number>();
+  const withMark = new Set<string>();
   for (const spec of specs) {
     const saved = asSaved(spec);
     wanted.set(saved, (wanted.get(saved) ?? 0) + 1);
+    if (!saved.includes(' -j DNAT ')) withMark.add(headOf(saved));
   }
   const marked = new Set<string>();
   for (const spec of held) {
@@ -176,7 +181,7 @@ function sameRules(held: readonly string[], specs: readonly string[]): boolean {
     if (!left) return false;
     wanted.set(spec, left - 1);
     if (spec.includes(' -j DNAT ')) {
-      if (!marked.has(headOf(spec))) return false;
+      if (withMark.has(headOf(spec)) && !marked.has(headOf(spec))) return false;
     } else marked.add(headOf(spec));
   }
   return true;

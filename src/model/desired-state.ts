@@ -61,6 +61,7 @@ function nextGeneration(after: number): number {
  */
 export class DesiredStateModel {
   private readonly meter = new WorkMeter();
+  private nodeAddressChanges = 0;
   private readonly records: ServiceRecords;
   private readonly reader: ChangeReader;
   private readonly capacity: CapacityAdmission;
@@ -91,6 +92,11 @@ export class DesiredStateModel {
   }
 
   /** The generation of the last update asked for: a model replacing this one starts after it. */
+  /** How often the node's addresses changed, each time deriving every record again (the first included). */
+  get rebuilds(): number {
+    return this.nodeAddressChanges;
+  }
+
   get lastGeneration(): number {
     return this.updates;
   }
@@ -179,6 +185,7 @@ export class DesiredStateModel {
     );
     if (key === this.nodeAddressKey) return;
     this.nodeAddressKey = key;
+    this.nodeAddressChanges++;
     this.records.reset(context);
     this.reader.reset();
     this.capacity.reset();

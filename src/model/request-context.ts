@@ -2,7 +2,7 @@
 // the node's own addresses and node IPs, and the ClusterIPs of every Service. Prepared once per
 // model, and again when the node's addresses change.
 
-import { parseCidr, parseIp, type ParsedCidr, type ParsedIp } from './ip.js';
+import { nodeScopedKind, parseCidr, parseIp, type ParsedCidr, type ParsedIp } from './ip.js';
 import { DEFAULT_MAX_ENTRIES_PER_SERVICE, type Family, type ModelConfig, type NodeInfo } from './types.js';
 
 /** What the rules read beyond the Service itself, prepared once per model. */
@@ -66,11 +66,16 @@ function nodeIps(texts: readonly string[]): Partial<Record<Family, ParsedIp>> {
 }
 
 /** The node's own addresses, canonical; what is not an address is ignored. */
+/**
+ * The node's addresses a Service could claim: what always means this node (link-local, loopback:
+ * nodeScopedKind) is skipped whatever the node's addresses, so it is left out here and a pod's
+ * veth (its host side has only its `fe80::` address) changes nothing.
+ */
 function nodeAddresses(texts: readonly string[]): Set<string> {
   const out = new Set<string>();
   for (const text of texts) {
     const ip = parseIp(text);
-    if (ip) out.add(ip.address);
+    if (ip && !nodeScopedKind(ip)) out.add(ip.address);
   }
   return out;
 }

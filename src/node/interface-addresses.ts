@@ -2,6 +2,7 @@
 // controller runs in the node's network namespace (hostNetwork), so its interfaces are the node's.
 
 import { networkInterfaces } from 'node:os';
+import { nodeScopedKind, parseIp } from '../model/ip.js';
 
 /**
  * kube-proxy in IPVS mode binds every ClusterIP, external IP and LoadBalancer IP to this dummy
@@ -12,14 +13,23 @@ export const IPVS_DUMMY_INTERFACE = 'kube-ipvs0';
 /** How often InterfaceAddressWatch reads the interfaces again. */
 export const INTERFACE_READ_INTERVAL_MS = 1000;
 
-/** Every address on the node's interfaces but kube-ipvs0, as the kernel lists them now. */
-export function interfaceAddresses(): string[] {
-  const out: string[] = [];
-  for (const [name, addresses] of Object.entries(networkInterfaces())) {
+/**
+ * The addresses on the node's interfaces but kube-ipvs0 that a Service could claim, sorted and
+ * once each, as the kernel lists them now. Left out: what always means this node whatever the
+ * node's addresses (loopback, link-local, ...), which the model skips anyway (nodeScopedKind), so
+ * that a pod's veth, whose host side has only its own `fe80::` address, coming or going changes
+ * nothing the model reads.
+ */
+export function interfaceAddresses(interfaces: ReturnType<typeof networkInterfaces> = networkInterfaces()): string[] {
+  const out = new Set<string>();
+  for (const [name, addresses] of Object.entries(interfaces)) {
     if (name === IPVS_DUMMY_INTERFACE) continue;
-    for (const a of addresses ?? []) out.push(a.address.split('%')[0]!);
+    for (const a of addresses ?? []) {
+      const ip = parseIp(a.address.split('%')[0]!);
+      if (ip && !nodeScopedKind(ip)) out.add(ip.address);
+    }
   }
-  return out;
+  return [...out].sort();
 }
 
 /**

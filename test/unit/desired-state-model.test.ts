@@ -136,6 +136,26 @@ describe('DesiredStateModel', function () {
     check(102, 3000, 400, 8, () => 20);
   });
 
+  it("derives nothing again when only link-local addresses come and go (a pod's veth), and everything when a node address does", () => {
+    const model = new DesiredStateModel(CONFIG);
+    const services = [lbService(10), lbService(11, { ingress: [{ ip: '172.18.0.1' }] })];
+    const base = ['172.18.0.5', 'fd18::5'];
+    const first = model.update(services, NODE, base);
+    expect(model.rebuilds).to.equal(1);
+    for (let pod = 1; pod <= 20; pod++) {
+      const veths = Array.from({ length: pod }, (_, i) => `fe80::8c3e:1ff:fe2a:${i.toString(16)}`);
+      expect(withoutChanges(model.update(services, NODE, [...base, ...veths, '169.254.1.1']))).to.deep.equal(
+        withoutChanges(first),
+      );
+    }
+    expect(model.rebuilds, 'pods started: no rebuild').to.equal(1);
+    // An address a Service claims, added to the node: that Service's entry goes.
+    const claimed = model.update(services, NODE, [...base, '172.18.0.1']);
+    expect(model.rebuilds).to.equal(2);
+    expect(claimed.ipv4.entries.map((e) => e.externalIp)).to.not.include('172.18.0.1');
+    expect(first.ipv4.entries.map((e) => e.externalIp)).to.include('172.18.0.1');
+  });
+
   it('gives the same state through updateCooperatively, one call after the other', async () => {
     const rnd = seededRandom(7);
     const makeService = serviceMaker(rnd, 300);

@@ -48,9 +48,27 @@ describe('InterfaceAddressWatch', () => {
     expect(reads).to.equal(stoppedAt);
   });
 
-  it('leaves out kube-ipvs0 and zone suffixes, reading this machine', () => {
+  it('leaves out kube-ipvs0, zone suffixes and loopback, reading this machine', () => {
     const addresses = interfaceAddresses();
-    expect(addresses).to.include('127.0.0.1');
+    expect(addresses).to.not.include('127.0.0.1');
     for (const a of addresses) expect(a).to.not.include('%');
+  });
+
+  it("leaves out what always means the node (a pod veth's fe80:: address), once each and sorted", () => {
+    const nic = (address: string, family: 'IPv4' | 'IPv6') =>
+      ({ address, family, netmask: '', mac: '00:00:00:00:00:00', internal: false, cidr: null }) as never;
+    const node = {
+      lo: [nic('127.0.0.1', 'IPv4'), nic('::1', 'IPv6')],
+      eth0: [nic('172.18.0.1', 'IPv4'), nic('fd18::1', 'IPv6'), nic('fe80::1%eth0', 'IPv6')],
+      cni0: [nic('10.244.1.1', 'IPv4'), nic('172.18.0.1', 'IPv4')],
+      'kube-ipvs0': [nic('192.0.2.10', 'IPv4')],
+    };
+    const withPods = {
+      ...node,
+      veth1a2b: [nic('fe80::8c3e:1ff:fe2a:1%veth1a2b', 'IPv6')],
+      veth3c4d: [nic('fe80::8c3e:1ff:fe2a:2%veth3c4d', 'IPv6'), nic('169.254.1.1', 'IPv4')],
+    };
+    expect(interfaceAddresses(node)).to.deep.equal(['10.244.1.1', '172.18.0.1', 'fd18::1']);
+    expect(interfaceAddresses(withPods)).to.deep.equal(interfaceAddresses(node));
   });
 });

@@ -366,7 +366,9 @@ describe('command line', function () {
     expect(r.stderr).to.match(/^ipvs-node-controller: --from-file: no Node named after this host .*pass --node-name$/);
   });
 
-  it('the README preview line runs in the clone: npx resolves to its own build', async () => {
+  it('the README preview line runs in the clone: npx resolves to its own build', async function () {
+    // npx and a cold start of the bundle: seconds on a loaded machine; the command's own bound is below.
+    this.timeout(180_000);
     const list = {
       kind: 'List',
       items: [

@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { KubeConfig } from '@kubernetes/client-node';
 import { ServiceEventRecorder, SKIP_EXPLANATIONS } from '../../src/events/service-events.js';
-import { NodeStepAsideEvents, RESUMED_REASON, STEPPED_ASIDE_REASON } from '../../src/events/node-events.js';
+import { NodeKubeProxyEvents, RESUMED_REASON, STEPPED_ASIDE_REASON } from '../../src/events/node-events.js';
 import type { KubeProxyStatus } from '../../src/controller.js';
 import { eventRecorders } from '../../src/operations/event-service.js';
 import { toServiceInfo } from '../../src/kube/objects.js';
@@ -199,7 +199,7 @@ describe('Node Events', function () {
   afterEach(async () => server.stop());
 
   it('records stepping aside and back once each, on the Node in default, as the kubelet names them', async () => {
-    const recorder = new NodeStepAsideEvents(kc, 'node-1', logger);
+    const recorder = new NodeKubeProxyEvents(kc, 'node-1', logger);
     recorder.onKubeProxy(status(false)); // programming from the start: nothing to say
     recorder.onKubeProxy(status(true));
     recorder.onKubeProxy(status(true)); // still aside: no second Event
@@ -233,11 +233,11 @@ describe('Node Events', function () {
     const services = { list: (): ServiceInfo[] => [] };
     expect(eventRecorders({ emitEvents: false, nodeName: 'node-1' }, kc, services, logger)).to.deep.equal([]);
     const recorders = eventRecorders({ emitEvents: true, nodeName: 'node-1' }, kc, services, logger);
-    expect(recorders.map((r) => r.constructor)).to.deep.equal([ServiceEventRecorder, NodeStepAsideEvents]);
+    expect(recorders.map((r) => r.constructor)).to.deep.equal([ServiceEventRecorder, NodeKubeProxyEvents]);
   });
 
   it('logs one line when the API server cannot be reached, and records the next change', async () => {
-    const recorder = new NodeStepAsideEvents(kc, 'node-1', logger);
+    const recorder = new NodeKubeProxyEvents(kc, 'node-1', logger);
     server.setUnavailable(true);
     recorder.onKubeProxy(status(true));
     await recorder.flush();

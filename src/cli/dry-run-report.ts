@@ -37,12 +37,15 @@ function describeDesiredState(desired: DesiredState, services: number): string {
   return lines.join('\n') + '\n\n';
 }
 
-/** kube-proxy as this node sees it: the mode and its signal, each effective setting and its source. */
+/** kube-proxy as this node sees it: the mode and its signal, the version, each effective setting and its source. */
 function describeKubeProxy(
   config: Pick<Config, 'kubeProxyConfig' | 'kubeProxyStepAside'>,
   k: DryRunInputs['kubeProxy'],
 ): string {
-  const lines = [`# kube-proxy mode: ${k.mode.mode} (${k.mode.source}: ${k.mode.detail})`];
+  const lines = [
+    `# kube-proxy mode: ${k.mode.mode} (${k.mode.source}: ${k.mode.detail})`,
+    `# kube-proxy version: ${k.mode.version ?? `unknown (${k.mode.versionProblem ?? 'not read'})`}`,
+  ];
   if (config.kubeProxyConfig) {
     lines.push(
       `# kube-proxy configuration: ${config.kubeProxyConfig}${k.fileProblem ? ` not used: ${k.fileProblem}` : ''}`,

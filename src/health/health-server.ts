@@ -17,7 +17,10 @@ function respond(judgement: Judgement, inputs: HealthInputs): EndpointResponse {
   return { status: judgement.ok ? 200 : 503, contentType: 'application/json', body: JSON.stringify(body) + '\n' };
 }
 
-/** kube-proxy's mode as seen, whether we stepped aside and why, and the effective settings with their sources. */
+/**
+ * kube-proxy's mode and version as seen, whether we stepped aside and why, and the effective
+ * settings with their sources.
+ */
 function kubeProxyBody(inputs: HealthInputs) {
   const k = inputs.status.kubeProxy;
   if (!k) return undefined;
@@ -25,6 +28,8 @@ function kubeProxyBody(inputs: HealthInputs) {
     mode: k.mode.mode,
     modeSource: k.mode.source,
     modeDetail: k.mode.detail,
+    version: k.mode.version ?? null,
+    ...(k.mode.versionProblem ? { versionProblem: k.mode.versionProblem } : {}),
     steppedAside: k.steppedAside,
     ...(k.reason ? { reason: k.reason } : {}),
     settings: k.settings,

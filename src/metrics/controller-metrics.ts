@@ -43,6 +43,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
   private readonly watchDecodeErrors: Counter<'resource'>;
   private readonly backendInfo: Gauge<'backend' | 'nft_executor' | 'nft_key_lookup' | 'iptables_variant'>;
   private readonly kubeProxyMode: Gauge<'mode'>;
+  private readonly kubeProxyInfo: Gauge<'mode' | 'version'>;
   private readonly steppedAside: Gauge;
 
   constructor(options: { defaultMetrics?: boolean } = {}) {
@@ -186,7 +187,16 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
       help: '1 while our rules are removed because kube-proxy is in iptables or nftables mode; nothing is programmed then.',
       registers,
     });
+    this.kubeProxyInfo = new Gauge({
+      name: name('kube_proxy_info'),
+      help:
+        "Always 1: kube-proxy's mode and version on this node as the controller sees them (the version is the " +
+        "git_version of kubernetes_build_info on kube-proxy's metrics address; unknown when it was not read).",
+      labelNames: ['mode', 'version'],
+      registers,
+    });
     for (const mode of PROXY_MODES) this.kubeProxyMode.set({ mode }, mode === 'unknown' ? 1 : 0);
+    this.kubeProxyInfo.set({ mode: 'unknown', version: 'unknown' }, 1);
     this.steppedAside.set(0);
 
     // Every reason is present from the start, so that "none" reads 0 rather than "no data".
@@ -265,6 +275,8 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
 
   onKubeProxy(status: KubeProxyStatus): void {
     for (const mode of PROXY_MODES) this.kubeProxyMode.set({ mode }, mode === status.mode.mode ? 1 : 0);
+    this.kubeProxyInfo.reset();
+    this.kubeProxyInfo.set({ mode: status.mode.mode, version: status.mode.version ?? 'unknown' }, 1);
     this.steppedAside.set(status.steppedAside ? 1 : 0);
   }
 

@@ -1,6 +1,8 @@
 // The controller and kube-proxy's mode, with packets: the real CLI, the API stand-in, and a
 // kube-proxy stand-in in the node namespace (test/support/kube-proxy-stand-in.ts) in IPVS,
-// nftables and iptables mode, and switching between them while a pod keeps connecting.
+// nftables and iptables mode, and switching between them while a pod keeps connecting. Its
+// version (kubernetes_build_info on /metrics, v1.33.2) as an operator sees it: the start line,
+// /readyz, the metrics.
 
 import { expect } from 'chai';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -58,7 +60,14 @@ interface Readyz {
   status: string;
   detail: string;
   warnings: string[];
-  kubeProxy?: { mode: string; modeSource: string; steppedAside: boolean; reason?: string; settings: string[] };
+  kubeProxy?: {
+    mode: string;
+    modeSource: string;
+    version: string | null;
+    steppedAside: boolean;
+    reason?: string;
+    settings: string[];
+  };
 }
 
 async function readyz(): Promise<Readyz | undefined> {
@@ -198,6 +207,12 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
     expect(metrics).to.match(/ipvs_node_controller_kube_proxy_mode\{mode="ipvs"\} 1/);
     expect(metrics).to.match(/ipvs_node_controller_stepped_aside 0/);
     expect(output).to.match(/"mode":"ipvs",.*"msg":"Detected the kube-proxy mode"/);
+    // kube-proxy's version, read from its /metrics: in the start line, on /readyz, in the metrics.
+    expect(output).to.match(/"kubeProxyMode":"ipvs","kubeProxyVersion":"v1\.33\.2",.*"msg":"Starting"/);
+    expect(output).to.match(/"mode":"ipvs","version":"v1\.33\.2",.*"msg":"Detected the kube-proxy mode"/);
+    expect(ready.kubeProxy?.version).to.equal('v1.33.2');
+    expect(ready.warnings).to.deep.equal([]);
+    expect(metrics).to.include('ipvs_node_controller_kube_proxy_info{mode="ipvs",version="v1.33.2"} 1');
     await stopController();
     await kubeProxy.leave('ipvs');
   });
@@ -265,6 +280,8 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
       );
       const involved = (event as { involvedObject: { kind: string; name: string } }).involvedObject;
       expect([involved.kind, involved.name]).to.deep.equal(['Node', 'node-1']);
+      expect(ready.kubeProxy?.version).to.equal('v1.33.2');
+      expect(metrics).to.include(`ipvs_node_controller_kube_proxy_info{mode="${mode}",version="v1.33.2"} 1`);
       await stopController();
       await kubeProxy.leave(mode);
     });

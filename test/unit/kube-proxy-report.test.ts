@@ -1,6 +1,6 @@
 // What operators see of kube-proxy without a kernel: the --dry-run header and migration report
-// (the real CLI against a /proxyMode stand-in on loopback and a KubeProxyConfiguration file),
-// and /readyz while the controller steps aside.
+// (the real CLI against a /proxyMode and /metrics stand-in on loopback and a KubeProxyConfiguration
+// file), and /readyz while the controller steps aside.
 
 import { expect } from 'chai';
 import http from 'node:http';
@@ -13,6 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
 import { ApiReachability, judgeLiveness, judgeReadiness, type HealthInputs } from '../../src/health/health.js';
 import type { ControllerStatus, KubeProxyStatus } from '../../src/controller.js';
+import { kubeProxyMetricsText } from '../support/kube-proxy-stand-in.js';
 
 const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
 
@@ -46,6 +47,7 @@ describe('--dry-run: kube-proxy settings, mode and the migration report', functi
   let dir: string;
   let server: http.Server;
   let answer = 'ipvs';
+  let version = 'v1.33.2';
   let address: string;
 
   before(async () => {
@@ -56,7 +58,7 @@ describe('--dry-run: kube-proxy settings, mode and the migration report', functi
       'apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: ipvs\n' +
         'iptables: {masqueradeBit: 15}\nclusterCIDR: 10.244.0.0/16\ndetectLocalMode: ClusterCIDR\n',
     );
-    server = http.createServer((_req, res) => res.end(answer));
+    server = http.createServer((req, res) => res.end(req.url === '/metrics' ? kubeProxyMetricsText(version) : answer));
     server.listen(0, '127.0.0.1');
     await once(server, 'listening');
     address = `127.0.0.1:${(server.address() as AddressInfo).port}`;
@@ -99,6 +101,16 @@ describe('--dry-run: kube-proxy settings, mode and the migration report', functi
     expect(r.stdout).to.include('10.244.0.0/16');
   });
 
+  it("kube-proxy's version, from kubernetes_build_info on its metrics address", async () => {
+    answer = 'ipvs';
+    version = 'v1.33.2';
+    const r = await dryRun();
+    expect(r.exitCode, r.stderr).to.equal(0);
+    expect(r.stdout).to.include('# kube-proxy version: v1.33.2\n');
+    version = 'v1.34.1';
+    expect((await dryRun()).stdout).to.include('# kube-proxy version: v1.34.1\n');
+  });
+
   it('nftables mode: the controller steps aside, and no Service depends on it', async () => {
     answer = 'nftables';
     const r = await dryRun();
@@ -132,6 +144,7 @@ describe('--dry-run: kube-proxy settings, mode and the migration report', functi
     );
     expect(r.stdout).to.include('# setting masqueradeBit=14 (default)');
     expect(r.stdout).to.match(/# kube-proxy mode: unknown .*an answer that is no mode/);
+    expect(r.stdout).to.include('# kube-proxy version: unknown (/proxyMode gives no mode)');
   });
 });
 

@@ -4,13 +4,14 @@
 //   3. the mode in kube-proxy's configuration file.
 // The first answer that is positive decides, in that order; only the interface and the file
 // together may say "not IPVS" while kube-proxy does not answer (it restarts, say).
-// Beside the mode, kube-proxy's version (version.ts). The controller runs with hostNetwork:
-// 127.0.0.1 and /proc/net/dev are the node's.
+// Beside the mode, kube-proxy's version (version.ts) and the known bugs of that mode and version
+// (known-issues.ts). The controller runs with hostNetwork: 127.0.0.1 and /proc/net/dev are the node's.
 
 import http from 'node:http';
 import { readFile } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import type { BindAddress } from '../http/endpoint.js';
+import { describeKnownIssue, knownIssues } from './known-issues.js';
 import { fetchKubeProxyVersion } from './version.js';
 
 export type ProxyMode = 'ipvs' | 'iptables' | 'nftables' | 'kernelspace' | 'unknown';
@@ -273,6 +274,27 @@ export class ModeMonitor {
       },
       'Detected the kube-proxy mode',
     );
+    // Known bugs of kube-proxy, logged once per change of mode or version while they apply.
+    const before = new Set(previous ? knownIssues(previous.mode, previous.version).map((i) => i.id) : []);
+    const now = knownIssues(verdict.mode, verdict.version);
+    for (const issue of now) {
+      logger.warn(
+        {
+          issue: issue.id,
+          kubeProxyMode: verdict.mode,
+          kubeProxyVersion: verdict.version,
+          detail: describeKnownIssue(issue, verdict.version!),
+        },
+        'Known kube-proxy bug breaks traffic to external addresses',
+      );
+      before.delete(issue.id);
+    }
+    for (const id of before) {
+      logger.info(
+        { issue: id, kubeProxyMode: verdict.mode, kubeProxyVersion: verdict.version ?? 'unknown' },
+        'No longer reporting the known kube-proxy bug',
+      );
+    }
     this.options.onChange(verdict);
   }
 }

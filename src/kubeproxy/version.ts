@@ -40,6 +40,26 @@ export function parseKubeProxyVersion(text: string): KubeProxyVersion | undefine
   return { text, major: Number(m[1]), minor: Number(m[2]), patch: Number(m[3]), prerelease };
 }
 
+/** Semantic-version precedence (build metadata ignored): negative when a comes before b. */
+export function compareVersions(a: KubeProxyVersion, b: KubeProxyVersion): number {
+  const core = a.major - b.major || a.minor - b.minor || a.patch - b.patch;
+  if (core !== 0) return core;
+  // A pre-release comes before its release.
+  if (a.prerelease.length === 0 || b.prerelease.length === 0) return b.prerelease.length - a.prerelease.length;
+  for (let i = 0; i < Math.max(a.prerelease.length, b.prerelease.length); i++) {
+    const x = a.prerelease[i];
+    const y = b.prerelease[i];
+    if (x === undefined) return -1;
+    if (y === undefined) return 1;
+    if (x === y) continue;
+    if (typeof x === 'number' && typeof y === 'number') return x - y;
+    if (typeof x === 'number') return -1; // numeric identifiers come first
+    if (typeof y === 'number') return 1;
+    return x < y ? -1 : 1;
+  }
+  return 0;
+}
+
 /** The metric family and the labels that carry the version (since 1.19, and before). */
 const BUILD_INFO = 'kubernetes_build_info';
 const VERSION_LABELS = ['git_version', 'gitVersion'];

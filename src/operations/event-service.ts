@@ -1,5 +1,5 @@
-// Events (--emit-events): skips and conflicts on the Services they concern, and the controller
-// stepping aside for kube-proxy and back on this node's Node.
+// Events (--emit-events): skips and conflicts on the Services they concern, and on this node's
+// Node the controller stepping aside for kube-proxy and back, and kube-proxy's known bugs.
 
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { Logger } from 'pino';

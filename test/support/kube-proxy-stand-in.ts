@@ -163,6 +163,18 @@ COMMIT
     this.mode = 'restarting';
   }
 
+  /**
+   * kube-proxy restarts as another build (an upgrade) in the same mode: it stops answering for
+   * pauseMs, then answers with `version`; its kernel state stays, as a real one's does.
+   */
+  async restart(version: string, pauseMs: number): Promise<void> {
+    const mode = this.mode as StandInMode;
+    this.stopAnswering();
+    await sleep(pauseMs);
+    this.version = version;
+    this.mode = mode;
+  }
+
   /** What kube-proxy's start in another mode removes: the state of `mode`. */
   async leave(mode: StandInMode): Promise<void> {
     if (this.mode === mode) this.mode = undefined;

@@ -243,7 +243,7 @@ describe("kube-proxy mode: the monitor and kube-proxy's version", function () {
     expect(check(), what).to.equal(true);
   }
 
-  it('the first look carries the version, and a new version is taken at once', async () => {
+  it('the first look carries the version; a bug of that mode and version is logged once, a fixed version clears it at once', async () => {
     mode = 'nftables';
     version = 'v1.33.2';
     const changes: ModeVerdict[] = [];
@@ -255,14 +255,21 @@ describe("kube-proxy mode: the monitor and kube-proxy's version", function () {
       const detected = logged().find((l) => l.msg === 'Detected the kube-proxy mode');
       expect(detected).to.include({ mode: 'nftables', version: 'v1.33.2' });
       await until('the version read again', () => metricsReads >= 3);
-      expect(
-        changes.map((c) => c.version),
-        'the same version: no change',
-      ).to.deep.equal(['v1.33.2']);
+      const bugs = logged().filter((l) => l.msg === 'Known kube-proxy bug breaks traffic to external addresses');
+      expect(bugs, 'logged once, not per read').to.have.lengthOf(1);
+      expect(bugs[0]).to.include({
+        level: 40,
+        issue: 'kubernetes#131765',
+        kubeProxyMode: 'nftables',
+        kubeProxyVersion: 'v1.33.2',
+      });
+      expect(String(bugs[0]!.detail)).to.match(/^kube-proxy v1\.33\.2 has a known bug \(kubernetes#131765\)/);
+      expect(changes.map((c) => c.version)).to.deep.equal(['v1.33.2']);
 
       version = 'v1.33.6'; // an upgrade seen at the next periodic read: one look is enough
       await until('the new version reported', () => changes.length === 2);
       expect(changes[1]).to.include({ mode: 'nftables', version: 'v1.33.6' });
+      expect(logged().filter((l) => l.msg === 'No longer reporting the known kube-proxy bug')).to.have.lengthOf(1);
       expect(logged().filter((l) => l.msg === 'Detected the kube-proxy mode')[1]).to.include({
         version: 'v1.33.6',
         previousVersion: 'v1.33.2',

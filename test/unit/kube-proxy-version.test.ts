@@ -1,14 +1,17 @@
-// kube-proxy's version: the version as Kubernetes stamps it (and what is no version), the build
-// info line of /metrics, and the /metrics client against real HTTP servers on loopback
-// (kube-proxy's answer, older label names, garbage, endless and stalled answers).
+// kube-proxy's version and its known bugs: the version as Kubernetes stamps it (and what is no
+// version), its order, the rule of kubernetes#131765 at the boundary releases, the build info line
+// of /metrics, and the /metrics client against real HTTP servers on loopback (kube-proxy's
+// answer, older label names, garbage, endless and stalled answers).
 
 import { expect } from 'chai';
 import http from 'node:http';
 import net from 'node:net';
 import { once } from 'node:events';
+import { KNOWN_ISSUE_IDS, knownIssues } from '../../src/kubeproxy/known-issues.js';
 import {
   MAX_METRICS_BYTES,
   buildInfoVersionLabel,
+  compareVersions,
   fetchKubeProxyVersion,
   parseKubeProxyVersion,
 } from '../../src/kubeproxy/version.js';
@@ -59,6 +62,96 @@ describe('kube-proxy version: parsing', () => {
       'v0.0.0-master+$Format:%H$', // a build from a source archive without its version
     ])
       expect(parseKubeProxyVersion(text), JSON.stringify(text)).to.equal(undefined);
+  });
+
+  it('orders as semantic versions: a pre-release before its release, build metadata ignored', () => {
+    const order = [
+      'v1.9.9',
+      'v1.33.5',
+      'v1.33.6-alpha.0',
+      'v1.33.6-rc.0',
+      'v1.33.6-rc.0.12',
+      'v1.33.6-rc.1',
+      'v1.33.6',
+      'v1.34.0-alpha.3',
+      'v1.34.0-alpha.3.45',
+      'v1.34.0-beta.0',
+      'v1.34.0-rc.1',
+      'v1.34.0',
+      'v1.100.0',
+      'v2.0.0',
+    ];
+    for (let i = 0; i < order.length; i++) {
+      for (let j = 0; j < order.length; j++) {
+        const c = Math.sign(compareVersions(version(order[i]!), version(order[j]!)));
+        expect(c, `${order[i]} vs ${order[j]}`).to.equal(Math.sign(i - j));
+      }
+    }
+    expect(compareVersions(version('v1.33.6+k3s1'), version('v1.33.6'))).to.equal(0);
+    expect(compareVersions(version('v1.33.6-eks-abc'), version('v1.33.6'))).to.equal(0);
+  });
+});
+
+describe('kube-proxy known bugs: kubernetes#131765 (nftables mode, eTP=Local external addresses)', () => {
+  const affected = (mode: string, v: string | undefined) =>
+    knownIssues(mode, v)
+      .map((i) => i.id)
+      .includes('kubernetes#131765');
+
+  it('is known by id', () => {
+    expect(KNOWN_ISSUE_IDS).to.deep.equal(['kubernetes#131765']);
+  });
+
+  it('applies before v1.33.6 on the 1.33 line, to every older release and to 1.34 before its fix', () => {
+    for (const v of [
+      'v1.29.0',
+      'v1.31.14',
+      'v1.32.0',
+      'v1.32.11',
+      'v1.32.99', // no backport to 1.32 is known: every 1.32 release counts as affected
+      'v1.33.0',
+      'v1.33.2',
+      'v1.33.5',
+      'v1.33.5-eks-5d4a308',
+      'v1.33.5+k3s1',
+      'v1.33.6-rc.0', // built from release-1.33 after 1.33.5: the cherry-pick may not be in
+      'v1.33.6-rc.0.3+0123456789abcd',
+      'v1.34.0-alpha.3',
+      'v1.34.0-alpha.3.120+0123456789abcd',
+    ])
+      expect(affected('nftables', v), v).to.equal(true);
+  });
+
+  it('does not apply from v1.33.6 on the 1.33 line, nor from v1.34.0-beta.0 on (every 1.34 release)', () => {
+    for (const v of [
+      'v1.33.6',
+      'v1.33.6-eks-1a2b3c4',
+      'v1.33.6+k3s1',
+      'v1.33.7',
+      'v1.33.10',
+      'v1.34.0-beta.0',
+      'v1.34.0-rc.1',
+      'v1.34.0',
+      'v1.34.3',
+      'v1.35.0',
+      'v1.36.2',
+      'v2.0.0',
+    ])
+      expect(affected('nftables', v), v).to.equal(false);
+  });
+
+  it('applies only in nftables mode, and never to a version that is unknown or no version', () => {
+    for (const mode of ['ipvs', 'iptables', 'kernelspace', 'unknown'])
+      expect(affected(mode, 'v1.33.2'), mode).to.equal(false);
+    expect(affected('nftables', undefined)).to.equal(false);
+    expect(affected('nftables', 'v1.33.2 and more')).to.equal(false);
+    expect(affected('nftables', '')).to.equal(false);
+  });
+
+  it('says what it breaks, which versions have it and which fix it', () => {
+    const [issue] = knownIssues('nftables', 'v1.33.2');
+    expect(issue?.effect).to.match(/pods.*externalTrafficPolicy: Local/);
+    expect(issue?.versions).to.include('v1.33.6').and.to.include('v1.34.0');
   });
 });
 

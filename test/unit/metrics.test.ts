@@ -168,12 +168,14 @@ describe('controller metrics', () => {
     expect(calls).to.deep.equal(['sync', 'skips']);
   });
 
-  it("say kube-proxy's mode and version, one series", async () => {
+  it("say kube-proxy's mode and version, one series, and its known bug while it applies", async () => {
     const metrics = new ControllerMetrics({ defaultMetrics: false });
     const info = (e: Exposition) =>
       [...e.samples].filter(([k]) => k.startsWith(`${METRIC_PREFIX}kube_proxy_info{`)).map(([k, v]) => `${k} ${v}`);
+    const issue = (e: Exposition) => e.value(`${METRIC_PREFIX}kube_proxy_known_issue`, { issue: 'kubernetes#131765' });
     let e = await exposition(metrics);
     expect(info(e)).to.deep.equal([`${METRIC_PREFIX}kube_proxy_info{mode="unknown",version="unknown"} 1`]);
+    expect(issue(e), 'present from the start').to.equal(0);
 
     const status = (mode: 'ipvs' | 'nftables', version?: string): KubeProxyStatus => ({
       mode: { mode, source: 'proxyMode', detail: '', version },
@@ -183,12 +185,17 @@ describe('controller metrics', () => {
     metrics.onKubeProxy(status('ipvs', 'v1.33.2'));
     e = await exposition(metrics);
     expect(info(e)).to.deep.equal([`${METRIC_PREFIX}kube_proxy_info{mode="ipvs",version="v1.33.2"} 1`]);
+    expect(issue(e), 'IPVS mode').to.equal(0);
     metrics.onKubeProxy(status('nftables', 'v1.33.2'));
     e = await exposition(metrics);
     expect(info(e)).to.deep.equal([`${METRIC_PREFIX}kube_proxy_info{mode="nftables",version="v1.33.2"} 1`]);
+    expect(issue(e)).to.equal(1);
+    metrics.onKubeProxy(status('nftables', 'v1.34.0'));
+    expect(issue(await exposition(metrics)), 'fixed').to.equal(0);
     metrics.onKubeProxy(status('nftables'));
     e = await exposition(metrics);
     expect(info(e)).to.deep.equal([`${METRIC_PREFIX}kube_proxy_info{mode="nftables",version="unknown"} 1`]);
+    expect(issue(e), 'version unknown').to.equal(0);
   });
 
   it('pass promtool check metrics, process metrics included', async function () {

@@ -3,6 +3,7 @@
 
 import type { Config } from '../config/options.js';
 import { describeSettings, type EffectiveSettings } from '../kubeproxy/config.js';
+import { describeKnownIssue, knownIssues } from '../kubeproxy/known-issues.js';
 import { isNonIpvsMode, type ModeVerdict } from '../kubeproxy/mode.js';
 import type { DesiredState, ServiceInfo } from '../model/types.js';
 
@@ -37,12 +38,21 @@ function describeDesiredState(desired: DesiredState, services: number): string {
   return lines.join('\n') + '\n\n';
 }
 
-/** kube-proxy as this node sees it: the mode and its signal, each effective setting and its source. */
+/**
+ * kube-proxy as this node sees it: the mode and its signal, the version and its known bugs, each
+ * effective setting and its source.
+ */
 function describeKubeProxy(
   config: Pick<Config, 'kubeProxyConfig' | 'kubeProxyStepAside'>,
   k: DryRunInputs['kubeProxy'],
 ): string {
-  const lines = [`# kube-proxy mode: ${k.mode.mode} (${k.mode.source}: ${k.mode.detail})`];
+  const lines = [
+    `# kube-proxy mode: ${k.mode.mode} (${k.mode.source}: ${k.mode.detail})`,
+    `# kube-proxy version: ${k.mode.version ?? `unknown (${k.mode.versionProblem ?? 'not read'})`}`,
+  ];
+  for (const issue of knownIssues(k.mode.mode, k.mode.version)) {
+    lines.push(`# known bug: ${describeKnownIssue(issue, k.mode.version!)}`);
+  }
   if (config.kubeProxyConfig) {
     lines.push(
       `# kube-proxy configuration: ${config.kubeProxyConfig}${k.fileProblem ? ` not used: ${k.fileProblem}` : ''}`,
@@ -77,6 +87,9 @@ function migrationReport(
     byService.set(e.service, list);
   }
   const policy = new Map(services.map((s) => [`${s.namespace}/${s.name}`, s.externalTrafficPolicy]));
+  // kube-proxy's bug in nftables mode (known-issues.ts) hits exactly the externalTrafficPolicy Local
+  // addresses: said in nftables mode, and in IPVS mode for a move to nftables mode.
+  const nftablesBug = knownIssues('nftables', mode.version)[0];
   const lines = ['# migration report (this node):'];
   for (const [service, addresses] of [...byService].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) {
     const local = policy.get(service) === 'Local';
@@ -85,10 +98,16 @@ function migrationReport(
       verdict = stepAside
         ? `kube-proxy (${mode.mode}) serves it: no dependency on the controller, which steps aside`
         : `kube-proxy (${mode.mode}) serves it, but our translation would break it: drop --kube-proxy-step-aside=false`;
+      if (local && mode.mode === 'nftables' && nftablesBug) {
+        verdict += `; but kube-proxy ${mode.version} drops traffic from this node's pods to it while it has no endpoint here (${nftablesBug.id}): upgrade kube-proxy`;
+      }
     } else if (local) {
       verdict =
         'depends on the controller: in IPVS mode the address has only local endpoints (externalTrafficPolicy Local); ' +
         'a move to nftables mode makes kube-proxy serve it';
+      if (nftablesBug) {
+        verdict += `, but kube-proxy ${mode.version} in nftables mode drops traffic from this node's pods to it while it has no endpoint here (${nftablesBug.id}): upgrade kube-proxy first`;
+      }
     } else {
       verdict = 'translated, but IPVS serves it without the controller too (externalTrafficPolicy Cluster)';
     }

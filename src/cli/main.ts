@@ -349,6 +349,7 @@ async function runController(
       kernel: buildInfo().kernel,
       detectLocalMode: kubeProxy.settings.model.detectLocalMode,
       kubeProxyMode: kubeProxy.mode.mode,
+      kubeProxyVersion: kubeProxy.mode.version ?? 'unknown',
       minSyncPeriod: formatDuration(config.minSyncPeriodMs),
       syncPeriod: formatDuration(config.syncPeriodMs),
       ...controller.status.limits,

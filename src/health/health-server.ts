@@ -2,6 +2,7 @@
 // why, for people reading `kubectl describe pod` and for scripts.
 
 import { HttpEndpoint, type BindAddress, type EndpointResponse } from '../http/endpoint.js';
+import { knownIssues } from '../kubeproxy/known-issues.js';
 import { judgeLiveness, judgeReadiness, type HealthInputs, type Judgement } from './health.js';
 
 function respond(judgement: Judgement, inputs: HealthInputs): EndpointResponse {
@@ -17,7 +18,10 @@ function respond(judgement: Judgement, inputs: HealthInputs): EndpointResponse {
   return { status: judgement.ok ? 200 : 503, contentType: 'application/json', body: JSON.stringify(body) + '\n' };
 }
 
-/** kube-proxy's mode as seen, whether we stepped aside and why, and the effective settings with their sources. */
+/**
+ * kube-proxy's mode and version as seen, its known bugs at them, whether we stepped aside and why,
+ * and the effective settings with their sources.
+ */
 function kubeProxyBody(inputs: HealthInputs) {
   const k = inputs.status.kubeProxy;
   if (!k) return undefined;
@@ -25,6 +29,9 @@ function kubeProxyBody(inputs: HealthInputs) {
     mode: k.mode.mode,
     modeSource: k.mode.source,
     modeDetail: k.mode.detail,
+    version: k.mode.version ?? null,
+    ...(k.mode.versionProblem ? { versionProblem: k.mode.versionProblem } : {}),
+    knownIssues: knownIssues(k.mode.mode, k.mode.version).map((i) => i.id),
     steppedAside: k.steppedAside,
     ...(k.reason ? { reason: k.reason } : {}),
     settings: k.settings,

@@ -13,12 +13,14 @@
 // first sync has succeeded, not while liveness fails, not when no sync has succeeded for
 // 2 x --sync-period, and not while the API server has been unreachable for longer than that (the
 // rules are kept, but may be stale). Services left out by a limit are warnings: the others are
-// translated, and one tenant's Service must not take every node out of service. So are leftovers
+// translated, and one tenant's Service must not take every node out of service. So are known bugs
+// of kube-proxy's own (they break traffic whatever the controller does), and leftovers
 // of another backend that could not be removed yet (retried with back-off): what is ours is
 // current, and a node whose old objects resist removal is not made unready by it on every node at once.
 
 import type { ControllerStatus } from '../controller.js';
 import type { InformerObserver } from '../kube/informer.js';
+import { describeKnownIssue, knownIssues } from '../kubeproxy/known-issues.js';
 
 export interface Judgement {
   ok: boolean;
@@ -155,6 +157,16 @@ function leftoverWarnings(status: ControllerStatus, now: number): string[] {
   ];
 }
 
+/**
+ * Known bugs of kube-proxy at the mode and version it runs (kubeproxy/known-issues.ts): kube-proxy
+ * breaks that traffic itself, so the controller stepping aside stays right, and it stays ready.
+ */
+function kubeProxyIssueWarnings(status: ControllerStatus): string[] {
+  const mode = status.kubeProxy?.mode;
+  if (!mode?.version) return [];
+  return knownIssues(mode.mode, mode.version).map((issue) => describeKnownIssue(issue, mode.version!));
+}
+
 export function judgeReadiness(inputs: HealthInputs): Judgement {
   const { status, api, syncPeriodMs, now } = inputs;
   const outage = api.unreachable();
@@ -184,6 +196,7 @@ export function judgeReadiness(inputs: HealthInputs): Judgement {
     ...status.localPodMatchProblems.map((p) => `traffic from pods is not translated: ${p}`),
     ...limitWarnings(status),
     ...leftoverWarnings(status, now),
+    ...kubeProxyIssueWarnings(status),
   ];
   if (outage && now - outage.since > 2 * syncPeriodMs) {
     return { ok: false, detail: `${outageLine}; the last programmed rules are kept`, warnings };

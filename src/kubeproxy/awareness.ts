@@ -16,7 +16,7 @@ import { ModeMonitor, type ModeVerdict } from './mode.js';
 
 /** Modes must be seen this many polls in a row before the controller steps aside or back. */
 export const MODE_CONFIRMATIONS = 2;
-/** A /proxyMode request that takes longer counts as no answer. */
+/** A /proxyMode (or /metrics, for the version) request that takes longer counts as no answer. */
 export const PROXY_MODE_TIMEOUT_MS = 1000;
 
 /**
@@ -109,7 +109,12 @@ export class KubeProxyAwareness {
     const metricsAddress = config.kubeProxyMetricsAddressExplicit
       ? config.kubeProxyMetricsAddress
       : (proxyModeAddressFromFile(file?.metricsBindAddress) ?? config.kubeProxyMetricsAddress);
-    const mode = await ModeMonitor.look({ metricsAddress, timeoutMs: PROXY_MODE_TIMEOUT_MS, configured: file?.mode });
+    const mode = await ModeMonitor.look({
+      metricsAddress,
+      timeoutMs: PROXY_MODE_TIMEOUT_MS,
+      configured: file?.mode,
+      version: true,
+    });
     return { settings, mode, fileProblem };
   }
 

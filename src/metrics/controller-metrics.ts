@@ -4,6 +4,7 @@
 
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { ControllerObserver, KubeProxyStatus, SyncReport } from '../controller.js';
+import { KNOWN_ISSUE_IDS, knownIssues } from '../kubeproxy/known-issues.js';
 import { PROXY_MODES } from '../kubeproxy/mode.js';
 import type { ConntrackCleanupReport } from '../conntrack/conntrack-cleaner.js';
 import type { InformerObserver } from '../kube/informer.js';
@@ -43,6 +44,8 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
   private readonly watchDecodeErrors: Counter<'resource'>;
   private readonly backendInfo: Gauge<'backend' | 'nft_executor' | 'nft_key_lookup' | 'iptables_variant'>;
   private readonly kubeProxyMode: Gauge<'mode'>;
+  private readonly kubeProxyInfo: Gauge<'mode' | 'version'>;
+  private readonly kubeProxyKnownIssue: Gauge<'issue'>;
   private readonly steppedAside: Gauge;
 
   constructor(options: { defaultMetrics?: boolean } = {}) {
@@ -186,7 +189,27 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
       help: '1 while our rules are removed because kube-proxy is in iptables or nftables mode; nothing is programmed then.',
       registers,
     });
+    this.kubeProxyInfo = new Gauge({
+      name: name('kube_proxy_info'),
+      help:
+        "Always 1: kube-proxy's mode and version on this node as the controller sees them (the version is the " +
+        "git_version of kubernetes_build_info on kube-proxy's metrics address; unknown when it was not read).",
+      labelNames: ['mode', 'version'],
+      registers,
+    });
+    this.kubeProxyKnownIssue = new Gauge({
+      name: name('kube_proxy_known_issue'),
+      help:
+        "1 while kube-proxy on this node runs a mode and version with this known bug of kube-proxy's own, which " +
+        'breaks traffic the controller cannot fix (kubernetes#131765: in nftables mode before v1.33.6 and v1.34.0, ' +
+        "pods' traffic to externalTrafficPolicy: Local external and LoadBalancer IPs is dropped); 0 otherwise, and " +
+        'while the version is unknown.',
+      labelNames: ['issue'],
+      registers,
+    });
     for (const mode of PROXY_MODES) this.kubeProxyMode.set({ mode }, mode === 'unknown' ? 1 : 0);
+    this.kubeProxyInfo.set({ mode: 'unknown', version: 'unknown' }, 1);
+    for (const issue of KNOWN_ISSUE_IDS) this.kubeProxyKnownIssue.set({ issue }, 0);
     this.steppedAside.set(0);
 
     // Every reason is present from the start, so that "none" reads 0 rather than "no data".
@@ -265,6 +288,10 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
 
   onKubeProxy(status: KubeProxyStatus): void {
     for (const mode of PROXY_MODES) this.kubeProxyMode.set({ mode }, mode === status.mode.mode ? 1 : 0);
+    this.kubeProxyInfo.reset();
+    this.kubeProxyInfo.set({ mode: status.mode.mode, version: status.mode.version ?? 'unknown' }, 1);
+    const issues = new Set(knownIssues(status.mode.mode, status.mode.version).map((i) => i.id));
+    for (const issue of KNOWN_ISSUE_IDS) this.kubeProxyKnownIssue.set({ issue }, issues.has(issue) ? 1 : 0);
     this.steppedAside.set(status.steppedAside ? 1 : 0);
   }
 

@@ -1,11 +1,11 @@
-// Events (--emit-events): skips and conflicts on the Services they concern, and the controller
-// stepping aside for kube-proxy and back on this node's Node.
+// Events (--emit-events): skips and conflicts on the Services they concern, and on this node's
+// Node the controller stepping aside for kube-proxy and back, and kube-proxy's known bugs.
 
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import type { Config } from '../config/options.js';
 import type { ControllerObserver } from '../controller.js';
-import { NodeStepAsideEvents } from '../events/node-events.js';
+import { NodeKubeProxyEvents } from '../events/node-events.js';
 import { ServiceEventRecorder } from '../events/service-events.js';
 import type { ServiceInfo } from '../model/types.js';
 
@@ -22,6 +22,6 @@ export function eventRecorders(
   if (!config.emitEvents) return [];
   return [
     new ServiceEventRecorder({ kubeConfig, nodeName: config.nodeName, services, logger }),
-    new NodeStepAsideEvents(kubeConfig, config.nodeName, logger),
+    new NodeKubeProxyEvents(kubeConfig, config.nodeName, logger),
   ];
 }

@@ -1,6 +1,9 @@
 // The controller and kube-proxy's mode, with packets: the real CLI, the API stand-in, and a
 // kube-proxy stand-in in the node namespace (test/support/kube-proxy-stand-in.ts) in IPVS,
-// nftables and iptables mode, and switching between them while a pod keeps connecting.
+// nftables and iptables mode, and switching between them while a pod keeps connecting. Its
+// version (kubernetes_build_info on /metrics, v1.33.2) and, in nftables mode, its known bug
+// (kubernetes#131765), as an operator sees them: the start line, /readyz, the metrics, the log,
+// the Node Event, and their clearing when kube-proxy is upgraded.
 
 import { expect } from 'chai';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -58,7 +61,15 @@ interface Readyz {
   status: string;
   detail: string;
   warnings: string[];
-  kubeProxy?: { mode: string; modeSource: string; steppedAside: boolean; reason?: string; settings: string[] };
+  kubeProxy?: {
+    mode: string;
+    modeSource: string;
+    version: string | null;
+    knownIssues: string[];
+    steppedAside: boolean;
+    reason?: string;
+    settings: string[];
+  };
 }
 
 async function readyz(): Promise<Readyz | undefined> {
@@ -198,6 +209,15 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
     expect(metrics).to.match(/ipvs_node_controller_kube_proxy_mode\{mode="ipvs"\} 1/);
     expect(metrics).to.match(/ipvs_node_controller_stepped_aside 0/);
     expect(output).to.match(/"mode":"ipvs",.*"msg":"Detected the kube-proxy mode"/);
+    // kube-proxy's version, read from its /metrics: in the start line, on /readyz, in the metrics.
+    expect(output).to.match(/"kubeProxyMode":"ipvs","kubeProxyVersion":"v1\.33\.2",.*"msg":"Starting"/);
+    expect(output).to.match(/"mode":"ipvs","version":"v1\.33\.2",.*"msg":"Detected the kube-proxy mode"/);
+    expect(ready.kubeProxy?.version).to.equal('v1.33.2');
+    expect(ready.kubeProxy?.knownIssues, 'not in IPVS mode').to.deep.equal([]);
+    expect(ready.warnings).to.deep.equal([]);
+    expect(metrics).to.include('ipvs_node_controller_kube_proxy_info{mode="ipvs",version="v1.33.2"} 1');
+    expect(metrics).to.include('ipvs_node_controller_kube_proxy_known_issue{issue="kubernetes#131765"} 0');
+    expect(output).to.not.include('Known kube-proxy bug');
     await stopController();
     await kubeProxy.leave('ipvs');
   });
@@ -237,6 +257,8 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
     it(`${mode} mode: the controller steps aside (rules removed, ready, metric, log, Node Event); pod and node -> LB IP reach the endpoint`, async () => {
       // The previous run's rules are still in the kernel (SIGTERM leaves them): stepping aside removes them.
       expect(ourNftTables().length).to.be.above(0);
+      const eventName = (e: unknown) => (e as { metadata: { name: string } }).metadata.name;
+      const eventsBefore = new Set(api.list('Event').map(eventName));
       startController('--emit-events');
       await until('our rules removed', async () => ourNftTables().length === 0);
       await until(
@@ -265,6 +287,64 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
       );
       const involved = (event as { involvedObject: { kind: string; name: string } }).involvedObject;
       expect([involved.kind, involved.name]).to.deep.equal(['Node', 'node-1']);
+      expect(ready.kubeProxy?.version).to.equal('v1.33.2');
+      expect(metrics).to.include(`ipvs_node_controller_kube_proxy_info{mode="${mode}",version="v1.33.2"} 1`);
+      const bugEvents = () =>
+        api
+          .list('Event')
+          .filter((e) => !eventsBefore.has(eventName(e)))
+          .filter((e) => (e as { reason?: string }).reason === 'KubeProxyKnownIssue') as Array<{
+          type: string;
+          message: string;
+          involvedObject: { kind: string; name: string };
+        }>;
+      if (mode === 'nftables') {
+        // kube-proxy v1.33.2 in nftables mode drops pods' traffic to eTP=Local external addresses itself.
+        expect(ready.kubeProxy?.knownIssues).to.deep.equal(['kubernetes#131765']);
+        expect(ready.warnings.join('\n')).to.match(
+          /^kube-proxy v1\.33\.2 has a known bug \(kubernetes#131765\): in nftables mode kube-proxy drops traffic from pods .*v1\.33\.6 and v1\.34\.0 fix it/,
+        );
+        expect(metrics).to.include('ipvs_node_controller_kube_proxy_known_issue{issue="kubernetes#131765"} 1');
+        expect(output).to.match(
+          /"level":"warn",.*"issue":"kubernetes#131765","kubeProxyMode":"nftables","kubeProxyVersion":"v1\.33\.2",.*"msg":"Known kube-proxy bug breaks traffic to external addresses"/,
+        );
+        expect(output.match(/Known kube-proxy bug/g), 'logged once').to.have.lengthOf(1);
+        const [bug, ...more] = await until(
+          'the known bug on the Node',
+          async () => bugEvents().length > 0 && bugEvents(),
+        );
+        expect(more).to.deep.equal([]);
+        expect([bug!.type, bug!.involvedObject.kind, bug!.involvedObject.name]).to.deep.equal([
+          'Warning',
+          'Node',
+          'node-1',
+        ]);
+        expect(bug!.message).to.match(/^kube-proxy v1\.33\.2 has a known bug \(kubernetes#131765\)/);
+
+        // The operator upgrades kube-proxy (a restart as another build): all of it clears.
+        await kubeProxy.restart('v1.33.6', 1000);
+        const after = await until('readiness without the known bug', async () => {
+          const r = await readyz();
+          return r?.kubeProxy?.version === 'v1.33.6' && r;
+        });
+        expect(after.status).to.equal('ok');
+        expect(after.kubeProxy?.knownIssues).to.deep.equal([]);
+        expect(after.warnings).to.deep.equal([]);
+        const upgraded = await get(METRICS_PORT, '/metrics');
+        expect(upgraded).to.include('ipvs_node_controller_kube_proxy_info{mode="nftables",version="v1.33.6"} 1');
+        expect(upgraded).to.include('ipvs_node_controller_kube_proxy_known_issue{issue="kubernetes#131765"} 0');
+        expect(output).to.match(
+          /"kubeProxyVersion":"v1\.33\.6",.*"msg":"No longer reporting the known kube-proxy bug"/,
+        );
+        expect(bugEvents(), 'no new Event for a fixed kube-proxy').to.have.lengthOf(1);
+        expect(ourNftTables(), 'still stepped aside').to.deep.equal([]);
+        kubeProxy.version = 'v1.33.2';
+      } else {
+        expect(ready.kubeProxy?.knownIssues, 'not in iptables mode').to.deep.equal([]);
+        expect(metrics).to.include('ipvs_node_controller_kube_proxy_known_issue{issue="kubernetes#131765"} 0');
+        expect(output).to.not.include('Known kube-proxy bug');
+        expect(bugEvents()).to.deep.equal([]);
+      }
       await stopController();
       await kubeProxy.leave(mode);
     });

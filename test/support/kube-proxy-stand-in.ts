@@ -1,5 +1,7 @@
 // A kube-proxy stand-in for kernel tests, in the node namespace (the test process's own): what a
-// real kube-proxy leaves on a node in each mode, and its GET /proxyMode on the metrics address.
+// real kube-proxy leaves on a node in each mode, and on its metrics address GET /proxyMode and
+// GET /metrics (the families around kubernetes_build_info as kube-proxy serves them, `version` in
+// its git_version label).
 //
 //   ipvs:     kube-ipvs0 with the ClusterIP and the LoadBalancer IP bound; a server on the
 //             ClusterIP (IPVS balancing it) and one on the LoadBalancer IP answering LB_PATH (what
@@ -30,8 +32,46 @@ export interface StandInService {
 
 export const ENDPOINT = { nodeSide: '10.244.9.1', address: '10.244.9.5', port: 8080, name: 'endpoint' };
 
+/**
+ * kube-proxy's /metrics as the Prometheus text format has it (families sorted by name, labels by
+ * name, as client_golang writes them): some of what comes before kubernetes_build_info, the build
+ * info with `version` as git_version (component-base/metrics/prometheus/version), some of what
+ * follows. `histograms` repeats a histogram before it, to make the answer as long as wanted.
+ */
+export function kubeProxyMetricsText(version: string, histograms = 4): string {
+  const [major, minor] = version.replace(/^v/, '').split('.');
+  const lines = [
+    '# HELP go_goroutines Number of goroutines that currently exist.',
+    '# TYPE go_goroutines gauge',
+    'go_goroutines 57',
+  ];
+  const buckets = [
+    0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048, 4.096, 8.192, 16.384,
+  ];
+  for (let h = 0; h < histograms; h++) {
+    const name = `kubeproxy_sync_proxy_rules_${h === 0 ? '' : `family${h}_`}duration_seconds`;
+    lines.push(`# HELP ${name} [ALPHA] SyncProxyRules latency in seconds`, `# TYPE ${name} histogram`);
+    for (const le of buckets) lines.push(`${name}_bucket{le="${le}"} ${Math.round(le * 1000)}`);
+    lines.push(`${name}_bucket{le="+Inf"} 20000`, `${name}_sum 512.25`, `${name}_count 20000`);
+  }
+  lines.push(
+    "# HELP kubernetes_build_info [ALPHA] A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running.",
+    '# TYPE kubernetes_build_info gauge',
+    `kubernetes_build_info{build_date="2025-06-17T18:30:14Z",compiler="gc",git_commit="a7245cdf3f69e11356c7e8f92b3e78ca4ee4e757",git_tree_state="clean",git_version="${version}",go_version="go1.24.4",major="${major}",minor="${minor}",platform="linux/amd64"} 1`,
+    '# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.',
+    '# TYPE process_cpu_seconds_total counter',
+    'process_cpu_seconds_total 93.4',
+    '# HELP rest_client_requests_total [ALPHA] Number of HTTP requests, partitioned by status code, method, and host.',
+    '# TYPE rest_client_requests_total counter',
+    'rest_client_requests_total{code="200",host="10.96.0.1:443",method="GET"} 1234',
+  );
+  return lines.join('\n') + '\n';
+}
+
 export class KubeProxyStandIn {
   mode: StandInMode | 'restarting' | undefined;
+  /** What /metrics says in kubernetes_build_info's git_version (kube-proxy's own version). */
+  version = 'v1.33.2';
   private metrics: http.Server | undefined;
   private servers: NamedServer[] = [];
   private endpoint: ChildProcess | undefined;
@@ -65,8 +105,12 @@ export class KubeProxyStandIn {
     await once(this.endpoint.stdout!, 'data');
 
     this.metrics = http.createServer((req, res) => {
-      if (req.url === '/proxyMode' && this.mode && this.mode !== 'restarting') res.end(this.mode);
-      else res.writeHead(404).end();
+      const answering = this.mode && this.mode !== 'restarting';
+      if (req.url === '/proxyMode' && answering) res.end(this.mode);
+      else if (req.url === '/metrics' && answering) {
+        res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4; charset=utf-8' });
+        res.end(kubeProxyMetricsText(this.version));
+      } else res.writeHead(404).end();
     });
     this.metrics.listen(this.metricsPort, '127.0.0.1');
     await once(this.metrics, 'listening');
@@ -117,6 +161,18 @@ COMMIT
   /** kube-proxy stops: /proxyMode stops answering; its kernel state stays, as a real one's does. */
   stopAnswering(): void {
     this.mode = 'restarting';
+  }
+
+  /**
+   * kube-proxy restarts as another build (an upgrade) in the same mode: it stops answering for
+   * pauseMs, then answers with `version`; its kernel state stays, as a real one's does.
+   */
+  async restart(version: string, pauseMs: number): Promise<void> {
+    const mode = this.mode as StandInMode;
+    this.stopAnswering();
+    await sleep(pauseMs);
+    this.version = version;
+    this.mode = mode;
   }
 
   /** What kube-proxy's start in another mode removes: the state of `mode`. */

@@ -50,6 +50,7 @@ describe('dry-run report', () => {
       '# 2 Services read; 2 IPv4 and 0 IPv6 entries',
       '',
       '# kube-proxy mode: unknown (none: no kube-ipvs0; /proxyMode: no answer)',
+      '# kube-proxy version: unknown (not read)',
       '# kube-proxy configuration: /etc/kube-proxy/config.conf not used: no such file',
       '# setting detectLocalMode=NodeCIDR (default)',
       '# setting clusterCidrs=(none) (default)',

@@ -5,11 +5,16 @@ import { expect } from 'chai';
 import { execFile } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import { KubeConfig } from '@kubernetes/client-node';
 import { ServiceEventRecorder, SKIP_EXPLANATIONS } from '../../src/events/service-events.js';
-import { NodeStepAsideEvents, RESUMED_REASON, STEPPED_ASIDE_REASON } from '../../src/events/node-events.js';
+import {
+  KNOWN_ISSUE_REASON,
+  NodeKubeProxyEvents,
+  RESUMED_REASON,
+  STEPPED_ASIDE_REASON,
+} from '../../src/events/node-events.js';
 import type { KubeProxyStatus } from '../../src/controller.js';
 import { eventRecorders } from '../../src/operations/event-service.js';
 import { toServiceInfo } from '../../src/kube/objects.js';
@@ -199,7 +204,7 @@ describe('Node Events', function () {
   afterEach(async () => server.stop());
 
   it('records stepping aside and back once each, on the Node in default, as the kubelet names them', async () => {
-    const recorder = new NodeStepAsideEvents(kc, 'node-1', logger);
+    const recorder = new NodeKubeProxyEvents(kc, 'node-1', logger);
     recorder.onKubeProxy(status(false)); // programming from the start: nothing to say
     recorder.onKubeProxy(status(true));
     recorder.onKubeProxy(status(true)); // still aside: no second Event
@@ -229,15 +234,62 @@ describe('Node Events', function () {
     expect(logLines).to.deep.equal([]);
   });
 
+  it("records kube-proxy's known bug as a Warning once per version, beside stepping aside", async () => {
+    const recorder = new NodeKubeProxyEvents(kc, 'node-1', logger);
+    const at = (version: string | undefined): KubeProxyStatus => {
+      const s = status(true);
+      return { ...s, mode: { ...s.mode, version } };
+    };
+    recorder.onKubeProxy(at(undefined)); // version unknown: nothing to say of it
+    recorder.onKubeProxy(at('v1.33.2'));
+    recorder.onKubeProxy(at('v1.33.2')); // the same: no second Event
+    recorder.onKubeProxy(at('v1.33.4')); // upgraded, still affected: said again
+    recorder.onKubeProxy(at('v1.33.6')); // fixed: nothing
+    recorder.onKubeProxy(at('v1.33.6'));
+    await recorder.flush();
+    const events = (server.list('Event') as Json[]).sort(
+      (a, b) => Number(a.metadata.resourceVersion) - Number(b.metadata.resourceVersion),
+    );
+    expect(events.map((e) => [e.reason, e.type])).to.deep.equal([
+      [STEPPED_ASIDE_REASON, 'Normal'],
+      [KNOWN_ISSUE_REASON, 'Warning'],
+      [KNOWN_ISSUE_REASON, 'Warning'],
+    ]);
+    expect(events[1]!.involvedObject).to.deep.equal({ apiVersion: 'v1', kind: 'Node', name: 'node-1', uid: 'node-1' });
+    expect(events[1]!.message).to.match(
+      /^kube-proxy v1\.33\.2 has a known bug \(kubernetes#131765\): in nftables mode/,
+    );
+    expect(events[1]!.message).to.match(/upgrade kube-proxy$/);
+    expect(events[2]!.message).to.match(/^kube-proxy v1\.33\.4 has a known bug/);
+    // kubectl describe node shows it among the Node's Events.
+    const kubeconfig = join(await mkdtemp(join(tmpdir(), 'kubeconfig-')), 'config');
+    try {
+      await server.writeKubeconfig(kubeconfig);
+      const { stdout } = await run('kubectl', [
+        '--kubeconfig',
+        kubeconfig,
+        'get',
+        'events',
+        '-n',
+        'default',
+        '-o',
+        'wide',
+      ]);
+      expect(stdout).to.match(/Warning\s+KubeProxyKnownIssue\s+node\/node-1/);
+    } finally {
+      await rm(dirname(kubeconfig), { recursive: true, force: true });
+    }
+  });
+
   it('is recorded with --emit-events beside the Service Events, and not without', () => {
     const services = { list: (): ServiceInfo[] => [] };
     expect(eventRecorders({ emitEvents: false, nodeName: 'node-1' }, kc, services, logger)).to.deep.equal([]);
     const recorders = eventRecorders({ emitEvents: true, nodeName: 'node-1' }, kc, services, logger);
-    expect(recorders.map((r) => r.constructor)).to.deep.equal([ServiceEventRecorder, NodeStepAsideEvents]);
+    expect(recorders.map((r) => r.constructor)).to.deep.equal([ServiceEventRecorder, NodeKubeProxyEvents]);
   });
 
   it('logs one line when the API server cannot be reached, and records the next change', async () => {
-    const recorder = new NodeStepAsideEvents(kc, 'node-1', logger);
+    const recorder = new NodeKubeProxyEvents(kc, 'node-1', logger);
     server.setUnavailable(true);
     recorder.onKubeProxy(status(true));
     await recorder.flush();

@@ -1,6 +1,6 @@
 // What operators see of kube-proxy without a kernel: the --dry-run header and migration report
-// (the real CLI against a /proxyMode stand-in on loopback and a KubeProxyConfiguration file),
-// and /readyz while the controller steps aside.
+// (the real CLI against a /proxyMode and /metrics stand-in on loopback and a KubeProxyConfiguration
+// file), and /readyz while the controller steps aside and while kube-proxy has a known bug.
 
 import { expect } from 'chai';
 import http from 'node:http';
@@ -13,6 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
 import { ApiReachability, judgeLiveness, judgeReadiness, type HealthInputs } from '../../src/health/health.js';
 import type { ControllerStatus, KubeProxyStatus } from '../../src/controller.js';
+import { kubeProxyMetricsText } from '../support/kube-proxy-stand-in.js';
 
 const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
 
@@ -46,6 +47,7 @@ describe('--dry-run: kube-proxy settings, mode and the migration report', functi
   let dir: string;
   let server: http.Server;
   let answer = 'ipvs';
+  let version = 'v1.33.2';
   let address: string;
 
   before(async () => {
@@ -56,7 +58,7 @@ describe('--dry-run: kube-proxy settings, mode and the migration report', functi
       'apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: ipvs\n' +
         'iptables: {masqueradeBit: 15}\nclusterCIDR: 10.244.0.0/16\ndetectLocalMode: ClusterCIDR\n',
     );
-    server = http.createServer((_req, res) => res.end(answer));
+    server = http.createServer((req, res) => res.end(req.url === '/metrics' ? kubeProxyMetricsText(version) : answer));
     server.listen(0, '127.0.0.1');
     await once(server, 'listening');
     address = `127.0.0.1:${(server.address() as AddressInfo).port}`;
@@ -99,6 +101,36 @@ describe('--dry-run: kube-proxy settings, mode and the migration report', functi
     expect(r.stdout).to.include('10.244.0.0/16');
   });
 
+  it("kube-proxy's version, and in IPVS mode the bug a move to nftables mode would meet", async () => {
+    answer = 'ipvs';
+    version = 'v1.33.2';
+    const r = await dryRun();
+    expect(r.exitCode, r.stderr).to.equal(0);
+    expect(r.stdout).to.include('# kube-proxy version: v1.33.2\n');
+    expect(r.stdout).to.not.include('# known bug'); // not in IPVS mode
+    expect(r.stdout).to.match(
+      /shop\/local 192\.0\.2\.10 TCP\/80: depends on the controller.*but kube-proxy v1\.33\.2 in nftables mode drops traffic from this node's pods to it .*kubernetes#131765.*upgrade kube-proxy first/,
+    );
+    expect(r.stdout).to.not.match(/shop\/cluster .*kubernetes#131765/); // Cluster policy: not concerned
+    version = 'v1.33.6';
+    const fixed = await dryRun();
+    expect(fixed.stdout).to.include('# kube-proxy version: v1.33.6\n');
+    expect(fixed.stdout).to.not.include('kubernetes#131765');
+  });
+
+  it('nftables mode with an affected kube-proxy: the known bug in the header and for the Local Services', async () => {
+    answer = 'nftables';
+    version = 'v1.33.5';
+    const r = await dryRun();
+    expect(r.exitCode, r.stderr).to.equal(0);
+    expect(r.stdout).to.match(/# known bug: kube-proxy v1\.33\.5 has a known bug \(kubernetes#131765\)/);
+    expect(r.stdout).to.match(
+      /shop\/local 192\.0\.2\.10 TCP\/80: kube-proxy \(nftables\) serves it: .*but kube-proxy v1\.33\.5 drops traffic from this node's pods to it/,
+    );
+    version = 'v1.34.0';
+    expect((await dryRun()).stdout).to.not.include('kubernetes#131765');
+  });
+
   it('nftables mode: the controller steps aside, and no Service depends on it', async () => {
     answer = 'nftables';
     const r = await dryRun();
@@ -132,6 +164,7 @@ describe('--dry-run: kube-proxy settings, mode and the migration report', functi
     );
     expect(r.stdout).to.include('# setting masqueradeBit=14 (default)');
     expect(r.stdout).to.match(/# kube-proxy mode: unknown .*an answer that is no mode/);
+    expect(r.stdout).to.include('# kube-proxy version: unknown (/proxyMode gives no mode)');
   });
 });
 
@@ -158,6 +191,30 @@ describe('/readyz while stepped aside', () => {
     expect(ready.ok).to.equal(true);
     expect(ready.detail).to.match(/^stepped aside, nothing is programmed: kube-proxy is in nftables mode/);
     expect(judgeLiveness(inputs(kubeProxy)).ok).to.equal(true);
+  });
+
+  it('with an affected kube-proxy: ready, and a warning names the bug, the version and the fix', () => {
+    const affected = { ...kubeProxy, mode: { ...kubeProxy.mode, version: 'v1.33.2' } };
+    const ready = judgeReadiness(inputs(affected));
+    expect(ready.ok).to.equal(true);
+    expect(ready.detail).to.match(/^stepped aside/);
+    const [warning, ...others] = ready.warnings;
+    expect(others).to.deep.equal([]);
+    expect(warning).to.match(
+      /^kube-proxy v1\.33\.2 has a known bug \(kubernetes#131765\): in nftables mode kube-proxy drops traffic from pods/,
+    );
+    expect(warning).to.include('v1.33.6 and v1.34.0 fix it');
+    for (const version of ['v1.33.6', 'v1.34.0', undefined]) {
+      const k = { ...kubeProxy, mode: { ...kubeProxy.mode, version } };
+      expect(judgeReadiness(inputs(k)).warnings, String(version)).to.deep.equal([]);
+    }
+    const ipvs = {
+      ...kubeProxy,
+      steppedAside: false,
+      reason: undefined,
+      mode: { mode: 'ipvs' as const, source: 'proxyMode' as const, detail: '', version: 'v1.33.2' },
+    };
+    expect(judgeReadiness(inputs(ipvs)).warnings, 'IPVS mode').to.deep.equal([]);
   });
 
   it('with stepping aside off, warns that the translation breaks kube-proxy', () => {

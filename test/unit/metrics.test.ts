@@ -11,7 +11,7 @@ import { BACKENDS } from '../../src/backends/registry.js';
 import { pino } from 'pino';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { SKIP_REASONS, type ServiceInfo } from '../../src/model/types.js';
-import type { SyncReport } from '../../src/controller.js';
+import type { KubeProxyStatus, SyncReport } from '../../src/controller.js';
 import { Exposition, httpGet, promtoolCheckMetrics } from '../support/scrape.js';
 import { rejectionOf } from '../support/assertions.js';
 import { CONFIG } from '../support/fixtures.js';
@@ -166,6 +166,36 @@ describe('controller metrics', () => {
     both.onSync!(report({ result: { mode: 'full', entries: { ipv4: 0, ipv6: 0 } } }));
     both.onNewSkips!([]);
     expect(calls).to.deep.equal(['sync', 'skips']);
+  });
+
+  it("say kube-proxy's mode and version, one series, and its known bug while it applies", async () => {
+    const metrics = new ControllerMetrics({ defaultMetrics: false });
+    const info = (e: Exposition) =>
+      [...e.samples].filter(([k]) => k.startsWith(`${METRIC_PREFIX}kube_proxy_info{`)).map(([k, v]) => `${k} ${v}`);
+    const issue = (e: Exposition) => e.value(`${METRIC_PREFIX}kube_proxy_known_issue`, { issue: 'kubernetes#131765' });
+    let e = await exposition(metrics);
+    expect(info(e)).to.deep.equal([`${METRIC_PREFIX}kube_proxy_info{mode="unknown",version="unknown"} 1`]);
+    expect(issue(e), 'present from the start').to.equal(0);
+
+    const status = (mode: 'ipvs' | 'nftables', version?: string): KubeProxyStatus => ({
+      mode: { mode, source: 'proxyMode', detail: '', version },
+      steppedAside: mode === 'nftables',
+      settings: [],
+    });
+    metrics.onKubeProxy(status('ipvs', 'v1.33.2'));
+    e = await exposition(metrics);
+    expect(info(e)).to.deep.equal([`${METRIC_PREFIX}kube_proxy_info{mode="ipvs",version="v1.33.2"} 1`]);
+    expect(issue(e), 'IPVS mode').to.equal(0);
+    metrics.onKubeProxy(status('nftables', 'v1.33.2'));
+    e = await exposition(metrics);
+    expect(info(e)).to.deep.equal([`${METRIC_PREFIX}kube_proxy_info{mode="nftables",version="v1.33.2"} 1`]);
+    expect(issue(e)).to.equal(1);
+    metrics.onKubeProxy(status('nftables', 'v1.34.0'));
+    expect(issue(await exposition(metrics)), 'fixed').to.equal(0);
+    metrics.onKubeProxy(status('nftables'));
+    e = await exposition(metrics);
+    expect(info(e)).to.deep.equal([`${METRIC_PREFIX}kube_proxy_info{mode="nftables",version="unknown"} 1`]);
+    expect(issue(e), 'version unknown').to.equal(0);
   });
 
   it('pass promtool check metrics, process metrics included', async function () {

@@ -61,13 +61,14 @@ function desired(config: Partial<ModelConfig> = {}, node: NodeInfo | undefined =
   return buildDesiredState(SERVICES, node, { ...CONFIG, ...config });
 }
 
-/** Counts marked packets to the ClusterIPs, as kube-proxy's masquerade rule would see them. */
+/** Counts packets to the ClusterIP, and the marked ones, as kube-proxy's masquerade rule would see them. */
 function installMarkObserver(): void {
   sh(
     'nft',
     ['-f', '-'],
     `table inet mark-observer {
       chain input { type filter hook input priority 0; policy accept;
+        ip daddr 10.96.0.10 tcp dport 80 counter comment "translated-input"
         meta mark & 0x4000 == 0x4000 ip daddr 10.96.0.10 tcp dport 80 counter comment "marked-input"
       }
       chain output { type filter hook output priority 0; policy accept;
@@ -116,19 +117,31 @@ for (const backendUnderTest of BACKENDS) {
       expect(await probe(undefined, 'udp', LB_V4, 80)).to.equal(`svc-a from ${LB_V4}`);
     });
 
-    it('marks translated packets for masquerade', async () => {
+    it("marks the node's translated packets for masquerade, and leaves a pod's unmarked", async () => {
       installMarkObserver();
       try {
-        await probe(pod(), 'tcp', LB_V4, 80);
-        await probe(undefined, 'tcp', LB_V4, 80);
+        expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
+        expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal('svc-a');
         const counters = readJsonCounters('inet', 'mark-observer');
-        expect(counters.get('marked-input')!, 'pod traffic to the ClusterIP carries the masquerade bit').to.be.above(0);
-        expect(counters.get('marked-output')!, 'node traffic to the ClusterIP carries the masquerade bit').to.be.above(
-          0,
-        );
+        expect(counters.get('translated-input')!, "the pod's packets reached the ClusterIP").to.be.above(0);
+        expect(counters.get('marked-input')!, "a pod's traffic keeps its source: no masquerade bit").to.equal(0);
+        expect(counters.get('marked-output')!, "the node's traffic carries the masquerade bit").to.be.above(0);
       } finally {
         sh('nft', ['delete', 'table', 'inet', 'mark-observer']);
       }
+    });
+
+    it('translates only a destination bound on the node: once unbound, the address is left alone', async () => {
+      sh('ip', ['addr', 'del', `${LB_V4}/32`, 'dev', 'kube-ipvs0']);
+      try {
+        // Nothing answers the address any more (it is bound nowhere): not the ClusterIP either.
+        expect(await probe(pod(), 'tcp', LB_V4, 80, 500)).to.not.equal('svc-a');
+        expect(await probe(undefined, 'tcp', LB_V4, 80, 500)).to.not.equal('svc-a');
+      } finally {
+        scenario.network.bindAddress(LB_V4);
+      }
+      expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
+      expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal('svc-a');
     });
 
     it('does not translate traffic from outside the node', async () => {

@@ -56,7 +56,9 @@ describe('backend registry', () => {
     const nft = renderDryRun('nft', desired, { nftKeyLookup: 'set' });
     expect(nft)
       .to.match(/^\tset external-ip-keys \{$/m)
-      .and.match(/fib saddr type local ip daddr \. meta l4proto \. th dport @external-ip-keys jump/)
+      .and.match(
+        /ip daddr \. meta l4proto \. th dport @external-ip-keys fib saddr type local fib daddr type local jump/,
+      )
       .and.not.match(/th dport @external-ip-to-cluster-ip jump/);
     expect(renderDryRun('nft', desired, { nftKeyLookup: 'auto' })).to.equal(renderDryRun('nft', desired));
   });

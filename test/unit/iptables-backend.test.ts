@@ -86,7 +86,7 @@ for (const variant of ['legacy', 'nft'] as const) {
       expect(between).to.deep.include({ shapeDrift: ['chains'] });
     });
 
-    it('the first sync writes both families: our chains, a jump at rule 1, the masquerade mark', async () => {
+    it("the first sync writes both families: our chains, a jump at rule 1, the masquerade mark on the node's traffic only", async () => {
       const result = await backend.sync(state([service(1), service(2)]), { full: false });
       expect(result.mode).to.equal('full');
       expect(result.entries).to.deep.equal({ ipv4: 2, ipv6: 2 });
@@ -100,8 +100,8 @@ for (const variant of ['legacy', 'nft'] as const) {
         const chains = ourChains(fake, variant, family);
         expect(fake.nat(variant, family).rules('PREROUTING')?.[0]).to.equal('-j IPVS_PREROUTING');
         expect(fake.nat(variant, family).rules('OUTPUT')?.[0]).to.equal('-j IPVS_OUTPUT');
-        // A mark rule and a DNAT rule per entry, per chain.
-        expect(chains.prerouting).to.have.length(4);
+        // Per entry: a DNAT rule for pods (their source kept), a mark rule and a DNAT rule for the node.
+        expect(chains.prerouting).to.have.length(2);
         expect(chains.output).to.have.length(4);
       }
       const v4 = ourChains(fake, variant, 'ipv4');
@@ -116,11 +116,15 @@ for (const variant of ['legacy', 'nft'] as const) {
         '-d ::2/::ff -g IPVS_PREROUTING_2',
       ]);
       expect(v4.output?.[0]).to.equal(
-        '-d 192.0.2.1/32 -p tcp -m comment --comment "default/svc-1" -m addrtype --src-type LOCAL -m tcp --dport 80 -j MARK --set-xmark 0x4000/0x4000',
+        '-d 192.0.2.1/32 -p tcp -m comment --comment "default/svc-1" -m addrtype --src-type LOCAL --dst-type LOCAL -m tcp --dport 80 -j MARK --set-xmark 0x4000/0x4000',
       );
-      expect(v4.prerouting?.[1]).to.equal(
-        '-s 10.244.1.0/24 -d 192.0.2.1/32 -p tcp -m comment --comment "default/svc-1" -m tcp --dport 80 -j DNAT --to-destination 10.96.0.1',
+      expect(v4.prerouting?.[0]).to.equal(
+        '-s 10.244.1.0/24 -d 192.0.2.1/32 -p tcp -m comment --comment "default/svc-1" -m addrtype --dst-type LOCAL -m tcp --dport 80 -j DNAT --to-destination 10.96.0.1',
       );
+      expect(
+        (v4.prerouting ?? []).some((r) => r.includes('MARK')),
+        'no mark on pod traffic',
+      ).to.equal(false);
     });
 
     it('a partial sync writes only the family that changed, and exactly its new rules', async () => {

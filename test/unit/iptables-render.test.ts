@@ -45,7 +45,8 @@ function withKubeMarkMasq(): NatTableView {
 function asListingRow(rule: string): { chain: string; row: ListingRow } {
   const arg = (flag: string) => new RegExp(`(?:^| )${flag} (\\S+)`).exec(rule)?.[1];
   const comment = /--comment "([^"]*)"/.exec(rule)![1]!;
-  const addrtype = rule.includes('-m addrtype --src-type LOCAL') ? ' ADDRTYPE match src-type LOCAL' : '';
+  const types = /-m addrtype((?: --(?:src|dst)-type \S+)+)/.exec(rule)?.[1];
+  const addrtype = types ? ` ADDRTYPE match${types.replace(/ --(src|dst)-type /g, ' $1-type ')}` : '';
   const to = arg('--to-destination');
   return {
     chain: arg('-A')!,
@@ -144,22 +145,42 @@ describe('iptables renderer', () => {
   });
 
   describe('the original listing shape', () => {
-    it('reads like the original: per IP a KUBE-MARK-MASQ rule then a DNAT rule, commented namespace/name', () => {
+    it('reads like the original, but for what the contract changes: commented namespace/name, KUBE-MARK-MASQ then DNAT for the node', () => {
       const desired = seedDesired();
       const { rules } = renderChainRules('ipv4', desired.ipv4, desired.masqueradeMark, true);
+      // The original's listing with the contract's two differences: pod traffic is not marked
+      // (no KUBE-MARK-MASQ row in IPVS_PREROUTING), and only a destination local to the node is
+      // translated (ADDRTYPE dst-type LOCAL on every rule).
+      const expected = {
+        IPVS_OUTPUT: SEED.IPVS_OUTPUT.map(([target, source, destination, extras]): ListingRow => [
+          target,
+          source,
+          destination,
+          extras.replace('src-type LOCAL', 'src-type LOCAL dst-type LOCAL'),
+        ]),
+        IPVS_PREROUTING: SEED.IPVS_PREROUTING.filter(([target]) => target !== 'KUBE-MARK-MASQ').map(
+          ([target, source, destination, extras]): ListingRow => [
+            target,
+            source,
+            destination,
+            extras.replace(' to:', ' ADDRTYPE match dst-type LOCAL to:'),
+          ],
+        ),
+      };
+      expect(expected.IPVS_PREROUTING.length).to.be.above(0);
       for (const chain of ['IPVS_OUTPUT', 'IPVS_PREROUTING'] as const) {
         const listed = rules.map(asListingRow).filter((v) => parseBucketChain(v.chain)?.entry === chain);
-        // Each address in the bucket chain of its last byte; each port adds a pair. Seen without
-        // protocol and port, a bucket's pairs collapse to the seed's rows of its address.
+        // Each address in the bucket chain of its last byte; each port adds its rules. Seen without
+        // protocol and port, a bucket's rules collapse to the rows of its address.
         const buckets = [...new Set(listed.map((v) => v.chain))];
         expect(buckets).to.deep.equal([`${chain}_57`, `${chain}_201`]);
         for (const bucket of buckets) {
           const rows = listed
             .filter((v) => v.chain === bucket)
             .map((v) => v.row)
-            .filter((row, i, all) => i < 2 || all[i - 2]!.join() !== row.join());
+            .filter((row, i, all) => all.findIndex((r) => r.join() === row.join()) === i);
           const address = `10.19.${bucket.endsWith('_57') ? '22.57' : '20.201'}`;
-          expect(rows).to.deep.equal(SEED[chain].filter((row) => row[2] === address));
+          expect(rows).to.deep.equal(expected[chain].filter((row) => row[2] === address));
         }
       }
     });
@@ -167,7 +188,8 @@ describe('iptables renderer', () => {
     it('matches protocol and port on every rule, so that other ports of the IP are left alone', () => {
       const desired = seedDesired();
       const { rules } = renderChainRules('ipv4', desired.ipv4, desired.masqueradeMark, true);
-      expect(rules).to.have.lengthOf(16);
+      // Two addresses x two ports: a DNAT rule for pods, a mark and a DNAT rule for the node.
+      expect(rules).to.have.lengthOf(12);
       for (const rule of rules) expect(rule).to.match(/ -p tcp .* -m tcp --dport (80|443) /);
     });
 
@@ -415,13 +437,14 @@ describe('iptables renderer', () => {
       expect(r.rejected).to.have.lengthOf(bad.length);
       bad.forEach(([, reason], i) => expect(r.rejected[i]!.reason).to.match(reason));
       expect(r.text, 'nothing of a bad value reaches the restore input').to.not.include('INPUT');
-      expect(r.rules).to.have.lengthOf(4);
+      // The good entry's DNAT for pods, and its mark and DNAT for the node.
+      expect(r.rules).to.have.lengthOf(3);
       // One bucket (192.0.2.10: 10) in each hook.
       expect(r.gotos).to.deep.equal([
         '-A IPVS_PREROUTING -d 0.0.0.10/0.0.0.255 -g IPVS_PREROUTING_10',
         '-A IPVS_OUTPUT -d 0.0.0.10/0.0.0.255 -g IPVS_OUTPUT_10',
       ]);
-      expect(r.text.split('\n').filter((l) => l.startsWith('-A '))).to.have.lengthOf(6);
+      expect(r.text.split('\n').filter((l) => l.startsWith('-A '))).to.have.lengthOf(5);
       expect(r.text).to.include('--comment "default/good"');
     });
 

@@ -38,6 +38,23 @@ describe('nft renderer', () => {
     assertGolden('nft-example-ipv6.json', pretty(renderFullSyncJson('ipv6', desired.ipv6, desired.masqueradeMark)));
   });
 
+  it("marks the node's traffic for masquerade, never a pod's, and translates only a destination local to the node", () => {
+    for (const lookup of ['map', 'set'] as const) {
+      const t = desiredTable('ipv4', desired.ipv4, desired.masqueradeMark, lookup);
+      const kinds = (chain: string) =>
+        t.rules
+          .filter((r) => r.chain === chain)
+          .map((r) => r.statements.map((x) => (x.kind === 'localAddress' ? `${x.field}Local` : x.kind)));
+      const pods = kinds('prerouting-from-local-pods');
+      expect(pods).to.have.length.above(0);
+      for (const rule of pods) {
+        expect(rule).to.deep.equal(['sourceInPrefix', 'destinationIn', 'daddrLocal', 'dnatByMap']);
+      }
+      expect(kinds('output-from-node')).to.deep.equal([['destinationIn', 'saddrLocal', 'daddrLocal', 'jump']]);
+      expect(kinds('mark-for-masquerade-and-dnat')).to.deep.equal([['orMark', 'dnatByMap']]);
+    }
+  });
+
   it('renders the interface modes as iifname matches and leaves out the pod set', () => {
     const prefix = buildDesiredState(objects.services, objects.nodes[0], {
       ...CONFIG,
@@ -45,7 +62,9 @@ describe('nft renderer', () => {
       podInterfaceNamePrefix: 'veth',
     });
     const text = renderDesiredStateText(prefix);
-    expect(text).to.match(/iifname "veth\*" ip daddr \. meta l4proto \. th dport @external-ip-to-cluster-ip jump/);
+    expect(text).to.match(
+      /iifname "veth\*" ip daddr \. meta l4proto \. th dport @external-ip-to-cluster-ip fib daddr type local dnat ip to/,
+    );
     expect(text).to.not.match(/local-pod-cidrs/);
     const commands = renderFullSyncJson('ipv4', prefix.ipv4, 0x4000);
     expect(JSON.stringify(commands)).to.match(/"right":"veth\*"/);

@@ -169,7 +169,7 @@ describe('source ranges: what the backends write', () => {
     ...over,
   });
 
-  it('iptables: one rule pair per range, within the pod CIDR, and with -s on the output chain', () => {
+  it('iptables: rules per range, within the pod CIDR, and with -s on the output chain', () => {
     const { rules } = renderChainRules(
       'ipv4',
       {
@@ -211,7 +211,7 @@ describe('source ranges: what the backends write', () => {
     expect(text).to.include('set source-ranged-keys {');
     expect(text).to.include('192.0.2.10 . tcp . 80 . 10.0.0.0/8,\n\t\t\t192.0.2.10 . tcp . 80 . 192.0.2.10/32');
     expect(text).to.include(
-      '\t\tip daddr . meta l4proto . th dport @source-ranged-keys ip daddr . meta l4proto . th dport . ip saddr != @source-ranges return\n\t\tfib saddr type local',
+      '\t\tip daddr . meta l4proto . th dport @source-ranged-keys ip daddr . meta l4proto . th dport . ip saddr != @source-ranges return\n\t\tip daddr . meta l4proto . th dport @external-ip-to-cluster-ip fib saddr type local',
     );
     const plain = tableText(desiredTable('ipv4', { entries: [entry()], localPodMatch: state.localPodMatch }, 0x4000));
     expect(plain).not.to.include('source-range');

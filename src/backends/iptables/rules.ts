@@ -1,9 +1,11 @@
 // The rules of one entry, and the checks every value passes before it is written into one. Pure.
 //
-// The rules keep the original controller's shape: per entry a masquerade-mark rule then a DNAT
-// rule, commented `namespace/name`, in the prerouting chain (traffic from local pods) and in the
-// output chain (traffic whose source is local to the node), with one change the contract asks
-// for: every rule also matches protocol and destination port, so that traffic to a port no Service
+// The rules keep the original controller's shape: per entry a DNAT rule, commented
+// `namespace/name`, in the prerouting chain (traffic from local pods), and a masquerade-mark rule
+// then a DNAT rule in the output chain (traffic whose source is local to the node), with changes
+// the contract asks for: pod traffic is not marked (the original marked it too, before kube-proxy
+// 1.24 answered pods itself), only a destination local to the node is translated, and every rule
+// also matches protocol and destination port, so that traffic to a port no Service
 // lists is left alone and Services sharing an address each reach their own ClusterIP. The
 // address-only shape of the original is never equivalent (no Service lists every port of every
 // protocol), so it is not used. Which chain a rule goes to is layout.ts's business.
@@ -176,29 +178,34 @@ export function ruleContext(
 export type HookName = 'prerouting' | 'output';
 
 /**
- * The rules of one entry that passed entryProblem in one hook, specs without `-A CHAIN`: a mark
- * rule then a DNAT rule per source match.
+ * The rules of one entry that passed entryProblem in one hook, specs without `-A CHAIN`: in
+ * prerouting (pods) a DNAT rule per source match, the pod's source kept as kube-proxy 1.24+ keeps
+ * it; in output (the node) a mark rule then a DNAT rule, the node's source being a local address
+ * that a reply from another node cannot find. Both translate only a destination bound on the node
+ * (`--dst-type LOCAL`: what IPVS would capture), so that rules left behind go inert once kube-proxy
+ * unbinds the address.
  */
 export function entryRules(ctx: RuleContext, e: Entry, hook: HookName): string[] {
   const prefix = ctx.family === 'ipv4' ? 32 : 128;
   const proto = e.protocol.toLowerCase();
   const comment = `-m comment --comment "${e.service}"`;
   const destination = `-d ${e.externalIp}/${prefix}`;
+  const dnat = `-j DNAT --to-destination ${e.clusterIp}`;
   const rules: string[] = [];
-  const pair = (head: string) =>
-    rules.push(`${head} ${ctx.markTarget}`, `${head} -j DNAT --to-destination ${e.clusterIp}`);
   if (hook === 'prerouting') {
     for (const source of ctx.sources) {
-      // An entry with source ranges: one rule pair per range (kube-proxy's firewall lets those
+      // An entry with source ranges: one rule per range (kube-proxy's firewall lets those
       // sources through), within the local pod match.
       for (const addresses of rangedSources(source, e.sourceRanges)) {
-        pair(`${withDestination(addresses, destination)} -p ${proto} ${comment} -m ${proto} --dport ${e.port}`);
+        const head = `${withDestination(addresses, destination)} -p ${proto} ${comment}`;
+        rules.push(`${head} -m addrtype --dst-type LOCAL -m ${proto} --dport ${e.port} ${dnat}`);
       }
     }
   } else {
     for (const range of e.sourceRanges ?? ['']) {
       const from = range === '' ? '' : `-s ${range} `;
-      pair(`${from}${destination} -p ${proto} ${comment} -m addrtype --src-type LOCAL -m ${proto} --dport ${e.port}`);
+      const head = `${from}${destination} -p ${proto} ${comment} -m addrtype --src-type LOCAL --dst-type LOCAL -m ${proto} --dport ${e.port}`;
+      rules.push(`${head} ${ctx.markTarget}`, `${head} ${dnat}`);
     }
   }
   return rules;

@@ -30,8 +30,8 @@ export interface ChainObject {
 
 /** The statements our rules are made of; the family of the rule says which address header. */
 export type Statement =
-  /** fib saddr type local: the packet comes from an address of this node. */
-  | { kind: 'fromLocalAddress' }
+  /** fib saddr|daddr type local: the packet comes from (goes to) an address of this node. */
+  | { kind: 'localAddress'; field: 'saddr' | 'daddr' }
   /** <family> saddr <address>/<length> (the address alone when the length is the whole address) */
   | { kind: 'sourceInPrefix'; address: string; length: number }
   /** iifname "name" (a trailing `*` matches a prefix) */
@@ -172,8 +172,8 @@ function daddrKey(family: NftFamily): unknown {
 
 function statementJson(family: NftFamily, s: Statement): unknown {
   switch (s.kind) {
-    case 'fromLocalAddress':
-      return { match: { op: '==', left: { fib: { result: 'type', flags: ['saddr'] } }, right: 'local' } };
+    case 'localAddress':
+      return { match: { op: '==', left: { fib: { result: 'type', flags: [s.field] } }, right: 'local' } };
     case 'sourceInPrefix': {
       // As a listing shows it: a whole address is an address, not a prefix.
       const right = s.length === fullLength(family) ? s.address : { prefix: { addr: s.address, len: s.length } };
@@ -303,8 +303,8 @@ export function quote(s: string): string {
 export function statementText(family: NftFamily, s: Statement): string {
   const key = `${family} daddr . meta l4proto . th dport`;
   switch (s.kind) {
-    case 'fromLocalAddress':
-      return 'fib saddr type local';
+    case 'localAddress':
+      return `fib ${s.field} type local`;
     case 'sourceInPrefix':
       return `${family} saddr ${s.length === fullLength(family) ? s.address : `${s.address}/${s.length}`}`;
     case 'inputInterface':

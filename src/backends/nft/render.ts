@@ -206,7 +206,15 @@ export function desiredTable(
     statements,
   });
   const keyIn: Statement = { kind: 'destinationIn', name: lookup === 'set' ? KEY_SET_NAME : MAP_NAME };
+  // Only what IPVS would capture: a destination bound on the node (kube-ipvs0). Rules left behind
+  // (a controller killed, an uninstall without --cleanup) go inert once kube-proxy unbinds the
+  // address, as it does when it leaves IPVS mode. After the key, so that a new connection to
+  // anything else costs no route lookup.
+  const toLocal: Statement = { kind: 'localAddress', field: 'daddr' };
   const jump: Statement = { kind: 'jump', chain: TRANSLATE_CHAIN };
+  // Pods: DNAT without the mark, their source kept (kube-proxy 1.24+ in IPVS mode, and its
+  // iptables and nftables modes, let a pod's traffic to an external IP keep its source).
+  const dnat: Statement = { kind: 'dnatByMap', map: MAP_NAME };
   const elements = state.entries.map(mapElement);
   const mapElems = mapElements(family, elements);
   const t: DesiredTable = {
@@ -271,19 +279,18 @@ export function desiredTable(
   if (podMatches.length > 0) {
     t.chains.push(o.prerouting);
     if (state.sourceRanged) t.rules.push(rule(o.prerouting, gate));
-    for (const podMatch of podMatches) t.rules.push(rule(o.prerouting, [podMatch, keyIn, jump]));
+    for (const podMatch of podMatches) t.rules.push(rule(o.prerouting, [podMatch, keyIn, toLocal, dnat]));
   } else {
     t.unwanted.push(o.prerouting);
   }
   t.chains.push(o.output, o.translate);
   if (state.sourceRanged) t.rules.push(rule(o.output, gate));
   t.rules.push(
-    rule(o.output, [{ kind: 'fromLocalAddress' }, keyIn, jump]),
-    // One rule: mark, then DNAT.
-    rule(o.translate, [
-      { kind: 'orMark', mark: masqueradeMark },
-      { kind: 'dnatByMap', map: MAP_NAME },
-    ]),
+    rule(o.output, [keyIn, { kind: 'localAddress', field: 'saddr' }, toLocal, jump]),
+    // The node's own traffic: its source is a local address (the LoadBalancer IP itself, bound on
+    // kube-ipvs0) that a reply from another node cannot find, so it is marked for kube-proxy's
+    // masquerade, then DNAT'ed. One rule: mark, then DNAT.
+    rule(o.translate, [{ kind: 'orMark', mark: masqueradeMark }, dnat]),
   );
   return t;
 }

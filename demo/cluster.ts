@@ -110,6 +110,16 @@ export class DemoNode {
     sh('ip', [...n2, 'link', 'add', 'kube-ipvs0', 'type', 'bridge']);
     sh('ip', [...n2, 'link', 'set', 'kube-ipvs0', 'up']);
     inNs(OTHER_NODE.ns, 'sysctl', ['-qw', 'net.ipv4.ip_forward=1']);
+    // Nodes of a cluster know each other's link-layer address. Left to ARP, the node's first
+    // packet to demo-node-2 could be the one from the LoadBalancer IP: the kernel then asks from
+    // that address, demo-node-2 takes the request for one from its own address and never answers,
+    // and every packet waiting for the answer, the pods' too, is dropped.
+    const mac = (ns: string[], dev: string) =>
+      (JSON.parse(sh('ip', ['-j', ...ns, 'link', 'show', 'dev', dev])) as Array<{ address: string }>)[0]!.address;
+    const neighbour = (ns: string[], address: string, lladdr: string, dev: string) =>
+      sh('ip', [...ns, 'neigh', 'replace', address, 'lladdr', lladdr, 'dev', dev, 'nud', 'permanent']);
+    neighbour([], OTHER_NODE.address, mac(n2, 'eth0'), 'veth-node-2');
+    neighbour(n2, NODE_ADDRESS, mac([], 'veth-node-2'), 'eth0');
     // Pod routes between the nodes, as a CNI sets them up.
     sh('ip', ['route', 'add', OTHER_NODE.podCidr, 'via', OTHER_NODE.address]);
     sh('ip', [...n2, 'route', 'add', POD_CIDR, 'via', NODE_ADDRESS]);

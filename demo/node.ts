@@ -152,7 +152,7 @@ function probe(ns: string | undefined, protocol: string, address: string, port: 
 }
 
 /** How long a probe waits for an answer: the node's connection before the controller never gets one. */
-const PROBE_TIMEOUT_MS = 1000;
+const PROBE_TIMEOUT_MS = 2000;
 
 interface Client {
   label: string;

@@ -121,15 +121,17 @@ describe('the demo (npm run demo)', function () {
         text.split('\n').find((l) => l.includes(client) && l.includes(target)) ?? '';
       const node = 'host network (node)';
       // The node connects from the LoadBalancer IP, which the endpoint's node holds too.
-      expect(line(before, node), `${node} -> ${target} before`).to.match(/x {2}timed out \(no answer within 1 s\)$/);
-      expect(line(after, node), `${node} -> ${target} after: masqueraded`).to.match(
+      expect(line(before, node), `${node} -> ${target} before:\n${before}`).to.match(
+        /x {2}timed out \(no answer within 2 s\)$/,
+      );
+      expect(line(after, node), `${node} -> ${target} after, masqueraded:\n${after}`).to.match(
         new RegExp(`ok ${service}'s endpoint saw 172\\.30\\.0\\.1 \\(the node's address: masqueraded\\)$`),
       );
       for (const [client, ip] of Object.entries(pods)) {
         // Without the mark: the endpoint sees the pod, before (IPVS) and after (the ClusterIP) alike.
         const own = new RegExp(`ok ${service}'s endpoint saw ${ip.replace(/\./g, '\\.')} \\(the pod's own address\\)$`);
-        expect(line(before, client), `${client} -> ${target} before`).to.match(own);
-        expect(line(after, client), `${client} -> ${target} after: the pod's source is kept`).to.match(own);
+        expect(line(before, client), `${client} -> ${target} before:\n${before}`).to.match(own);
+        expect(line(after, client), `${client} -> ${target} after, the pod's source kept:\n${after}`).to.match(own);
       }
     }
 

@@ -1,7 +1,7 @@
-// The demo's node, run by demo/run.ts inside a network and mount namespace of its own: pods, the
-// IPVS blackhole (connections refused), the API stand-in with example Services, then the real
-// controller, with probes before and after, and a live view of the rules while the user changes
-// Services with kubectl.
+// The demo's node, run by demo/run.ts inside a network and mount namespace of its own: pods, a
+// second node with the Services' endpoint, kube-proxy 1.24+'s IPVS forwarding (demo/cluster.ts),
+// the API stand-in with example Services, then the real controller, with probes before and after,
+// and a live view of the rules while the user changes Services with kubectl.
 // Usage: node dist/demo/node.js --workdir DIR --api-port N --metrics-port N --healthz-port N
 
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
@@ -16,7 +16,16 @@ import YAML from 'yaml';
 import { MAP_NAME, TABLE_NAME } from '../src/backends/nft/render.js';
 import { ApiStandIn } from '../testbed/api-server.js';
 import { assertIsolatedNetns, sh } from '../testbed/node-network.js';
-import { DemoNode, IpvsStandIn, NODE_NAME, assignLoadBalancerIps, type VirtualService } from './cluster.js';
+import {
+  DemoNode,
+  ENDPOINT,
+  IpvsStandIn,
+  NODE_ADDRESS,
+  NODE_NAME,
+  OTHER_NODE,
+  assignLoadBalancerIps,
+  type VirtualService,
+} from './cluster.js';
 import { relayUnixToTcp } from './relay.js';
 import { LAUNCHER } from '../testbed/shipped-controller.js';
 
@@ -142,22 +151,45 @@ function probe(ns: string | undefined, protocol: string, address: string, port: 
   );
 }
 
-async function probeLine(from: { label: string; ns?: string }, vip: VirtualService, timeoutMs = 1000): Promise<string> {
+/** How long a probe waits for an answer: the node's connection before the controller never gets one. */
+const PROBE_TIMEOUT_MS = 2000;
+
+interface Client {
+  label: string;
+  ns?: string;
+  /** The pod's own address; none: the node. */
+  ip?: string;
+}
+
+/** Who the endpoint's answer says it saw, next to who connected. */
+function seenAs(client: Client, seen: string): string {
+  if (client.ip && seen === client.ip) return `${seen} (the pod's own address)`;
+  if (seen === NODE_ADDRESS) return `${seen} (the node's address: masqueraded)`;
+  return seen;
+}
+
+async function probeLine(from: Client, vip: VirtualService, timeoutMs = PROBE_TIMEOUT_MS): Promise<string> {
   const answer = await probe(from.ns, vip.protocol === 'UDP' ? 'udp' : 'tcp', vip.ip, vip.port, timeoutMs);
   const target = `${vip.ip}:${vip.port}/${vip.protocol.toLowerCase()}`;
-  // The demo's endpoints answer with their Service's namespace/name (and a UDP source after it).
-  const service = /^[a-z0-9-]+\/[a-z0-9-]+(?= |$)/.exec(answer)?.[0];
+  // The endpoint answers with its Service's namespace/name and the client address it saw (and the
+  // probe adds a UDP answer's source after that).
+  const [, service, seen] = /^([a-z0-9-]+\/[a-z0-9-]+) (\S+)(?= |$)/.exec(answer) ?? [];
   const verdict =
-    answer === 'refused'
-      ? 'x  refused (IPVS has no endpoint here)'
-      : service
-        ? `ok answered by the endpoints of ${service} (through its ClusterIP)`
-        : answer === ''
-          ? 'x  the probe ended without a result'
-          : answer === 'timeout'
-            ? `x  no answer within ${timeoutMs} ms`
+    service && seen
+      ? `ok ${service}'s endpoint saw ${seenAs(from, seen)}`
+      : answer === 'timeout'
+        ? `x  timed out (no answer within ${timeoutMs / 1000} s)`
+        : answer === 'refused'
+          ? 'x  refused'
+          : answer === ''
+            ? 'x  the probe ended without a result'
             : `x  ${answer}`;
   return `   ${from.label.padEnd(WHERE_WIDTH)} -> ${target.padEnd(22)} ${verdict}`;
+}
+
+/** Every client to every address at once (a timeout costs its wait once), in order. */
+async function probeAll(clients: Client[], vips: VirtualService[]): Promise<string[]> {
+  return (await Promise.all(vips.map((vip) => Promise.all(clients.map((c) => probeLine(c, vip)))))).flat();
 }
 
 async function main(): Promise<void> {
@@ -179,9 +211,9 @@ async function main(): Promise<void> {
 
   try {
     node.setUp();
-    const clients = [
+    const clients: Client[] = [
       { label: 'host network (node)' },
-      ...node.pods.map((p) => ({ label: `${p.name} (${p.ip})`, ns: p.ns })),
+      ...node.pods.map((p) => ({ label: `${p.name} (${p.ip})`, ns: p.ns, ip: p.ip })),
     ];
 
     api = await untilStopped(ApiStandIn.start({ port: opts.apiPort }));
@@ -204,18 +236,26 @@ async function main(): Promise<void> {
     };
     await syncCluster();
 
-    say('ipvs-node-controller demo: one Kubernetes node, in network namespaces of its own');
+    say('ipvs-node-controller demo: a Kubernetes node in network namespaces of its own, and a second node');
     say(
-      `   pods ${node.pods.map((p) => `${p.name} ${p.ip}`).join(', ')} on bridge cni0; this node's podCIDR is 10.244.1.0/24`,
+      `   pods ${node.pods.map((p) => `${p.name} ${p.ip}`).join(', ')} on bridge cni0; this node's podCIDR is 10.244.1.0/24,` +
+        ` its address ${NODE_ADDRESS}`,
     );
-    say('   kube-ipvs0 holds the ClusterIPs and LoadBalancer IPs, as kube-proxy in IPVS mode binds them');
+    say(
+      `   the Services' endpoint: ${ENDPOINT.address}, a pod on ${OTHER_NODE.name} (${OTHER_NODE.address}); it answers` +
+        ' with the client address it sees',
+    );
+    say('   kube-ipvs0 holds the ClusterIPs and LoadBalancer IPs on both nodes, as kube-proxy in IPVS mode binds them');
     say(`   Kubernetes API stand-in at https://127.0.0.1:${opts.apiPort} with the Services of demo/services.yaml`);
     say();
     const vips = () => ipvs.externalVirtualServices().sort((a, b) => (a.ip + a.port < b.ip + b.port ? -1 : 1));
-    say('1. Without the controller. The Services have externalTrafficPolicy: Local and no endpoint on this');
-    say('   node, so IPVS has no real server for their LoadBalancer IPs here: it refuses in-cluster clients');
-    say('   (ICMP port unreachable), although the Services answer from outside and on their ClusterIPs.');
-    for (const vip of vips()) for (const line of await Promise.all(clients.map((c) => probeLine(c, vip)))) say(line);
+    say('1. Without the controller, as kube-proxy 1.24+ leaves this node. The Services have externalTrafficPolicy:');
+    say('   Local and no endpoint here, so IPVS forwards their LoadBalancer IPs to the endpoint on the other node,');
+    say('   unmasqueraded: a pod is answered and keeps its address. The node connects from the LoadBalancer IP');
+    say(
+      `   itself (it is on kube-ipvs0), which ${OTHER_NODE.name} holds too: nothing comes back and the client times out.`,
+    );
+    for (const line of await probeAll(clients, vips())) say(line);
     say();
 
     say('2. Starting the controller (the real CLI) ...');
@@ -245,7 +285,7 @@ async function main(): Promise<void> {
     let known = programmedEntries();
     say(`   ready; it programmed ${known.size} translations into table ip ${TABLE_NAME}:`);
     for (const e of known.values()) say(`   + ${e.ip} ${e.protocol} ${e.port} -> ${e.clusterIp}  (${e.service})`);
-    for (const vip of vips()) for (const line of await Promise.all(clients.map((c) => probeLine(c, vip)))) say(line);
+    for (const line of await probeAll(clients, vips())) say(line);
     say();
 
     const extra = join(DEMO_SOURCES, 'extra-service.yaml');
@@ -271,7 +311,7 @@ async function main(): Promise<void> {
       for (const e of added) say(`   + ${e.ip} ${e.protocol} ${e.port} -> ${e.clusterIp}  (${e.service})`);
       for (const e of added) {
         const vip = { ip: e.ip, protocol: e.protocol.toUpperCase(), port: e.port, service: e.service };
-        for (const line of await Promise.all(clients.slice(0, 2).map((c) => probeLine(c, vip)))) say(line);
+        for (const line of await probeAll(clients.slice(0, 2), [vip])) say(line);
       }
     }
   } catch (err) {

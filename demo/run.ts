@@ -1,6 +1,6 @@
 // `npm run demo`: ipvs-node-controller on a machine without a cluster (root needed).
 //
-// The node, its pods, the IPVS blackhole, the API stand-in and the controller all run in a
+// The node, its pods, the second node with the endpoint, the API stand-in and the controller all run in a
 // network and mount namespace of their own (demo/node.ts, started under `unshare`); the
 // machine's firewall, routes and interfaces are never touched. A tmpfs on /run/netns inside that
 // mount namespace holds the pods' `ip netns` names: without it `ip netns add` would create its

@@ -34,7 +34,7 @@ export function buildCommand(): Command {
   return new Command('ipvs-node-controller')
     .description(
       'Makes in-cluster traffic to LoadBalancer and external IPs of Services work in kube-proxy IPVS mode:\n' +
-        'DNATs traffic that starts on this node to the Service ClusterIP and marks it for masquerade.',
+        "DNATs traffic that starts on this node to the Service ClusterIP (the node's own marked for masquerade).",
     )
     .option('--kubeconfig <path>', 'kubeconfig file; in-cluster configuration when absent')
     .option('--node-name <name>', 'name of this node (env NODE_NAME; default: hostname)')

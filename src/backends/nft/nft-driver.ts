@@ -103,6 +103,14 @@ export class NftDriver implements Driver {
   private readonly reader: NftReader;
   /** Families this driver wrote with source-range sets: a whole write without them removes them. */
   private readonly sourceRanged = new Set<Family>();
+  /**
+   * Families written whole since the start: until then what the table holds is not known (a
+   * previous run may have left the source-range sets), so the first whole write removes them
+   * when its state has no ranged entry. A stale set left in place would take a later ranged
+   * entry's partial write, and the gate rule, which only a whole write puts in the chains, would
+   * be missing.
+   */
+  private readonly writtenWhole = new Set<Family>();
 
   constructor(
     readonly executor: NftExecutor,
@@ -177,15 +185,18 @@ export class NftDriver implements Driver {
       }
     }
     const whole = operations.filter((op) => op.kind === 'writeFamily');
-    const rangedSetsMayExist = (family: Family) => this.sourceRanged.has(family);
+    const rangedSetsMayExist = (family: Family) => this.sourceRanged.has(family) || !this.writtenWhole.has(family);
     if (
       this.executor.writesElementBatches &&
       whole.length > 0 &&
       whole.length === operations.length &&
-      whole.every((op) => !op.state.sourceRanged && !rangedSetsMayExist(op.family))
+      whole.every((op) => !op.state.sourceRanged)
     ) {
-      const applied = await this.writeByBatches(whole, lookup);
-      if (applied) return applied;
+      const applied = await this.writeByBatches(whole, lookup, rangedSetsMayExist);
+      if (applied) {
+        this.wroteWhole(whole);
+        return applied;
+      }
     }
     // What the sets and the map hold, so that the transaction writes their difference.
     const held = await readHeld(this.executor, operations, lookup);
@@ -208,13 +219,22 @@ export class NftDriver implements Driver {
       // The difference refused (changed since it was read, or the map must grow): written whole.
       applied = (await this.executor.run(transaction(new Map()))) ?? {};
     }
+    this.wroteWhole(operations);
+    return applied;
+  }
+
+  private wroteWhole(operations: readonly DriverOperation[]): void {
     for (const op of operations) {
       if (op.kind === 'writeFamily' || op.kind === 'replaceFamily') {
         if (op.state.sourceRanged) this.sourceRanged.add(op.family);
         else this.sourceRanged.delete(op.family);
-      } else if (op.kind === 'removeAll') this.sourceRanged.clear();
+        this.writtenWhole.add(op.family);
+      } else if (op.kind === 'removeAll') {
+        // Removed: nothing of ours is left, so nothing stale either.
+        this.sourceRanged.clear();
+        for (const family of FAMILIES) this.writtenWhole.add(family);
+      }
     }
-    return applied;
   }
 
   /**
@@ -231,9 +251,13 @@ export class NftDriver implements Driver {
   private async writeByBatches(
     ops: ReadonlyArray<Extract<DriverOperation, { kind: 'writeFamily' }>>,
     lookup: KeyLookup,
+    rangedSetsMayExist: (family: Family) => boolean,
   ) {
     const tx = new Transaction();
-    for (const op of ops) writeTableButElements(tx, desiredTable(op.family, op.state, op.masqueradeMark, lookup));
+    for (const op of ops) {
+      const table = desiredTable(op.family, op.state, op.masqueradeMark, lookup, rangedSetsMayExist(op.family));
+      writeTableButElements(tx, table);
+    }
     const keySet = lookup === 'set' ? KEY_SET_NAME : undefined;
     const commits: Array<NftCommit | void> = [];
     try {

@@ -2,10 +2,12 @@
 // costs seconds in an emulated guest, a probe through a running one does not). It reads one JSON
 // request per line on stdin and writes one JSON answer per line on stdout, with the request's id:
 //
-//   { id, op: 'tcp', address, port }    connects; answer: what the server wrote, or refused / timeout /
-//                                       error:CODE; local: this end's address and port; peer:
-//                                       getpeername()
-//   { id, op: 'udp', address, port }    a connected UDP socket sends one datagram; answer: the reply
+//   { id, op: 'tcp', address, port, timeoutMs? }
+//                                       connects; answer: what the server wrote, or refused / timeout
+//                                       (nothing within timeoutMs, default 15 s) / error:CODE; local:
+//                                       this end's address and port; peer: getpeername()
+//   { id, op: 'udp', address, port, timeoutMs? }
+//                                       a connected UDP socket sends one datagram; answer: the reply
 //                                       (only a reply from address:port reaches a connected socket),
 //                                       or refused (ICMP port unreachable) / timeout; from: its source
 //   { id, op: 'serve', address, port, tag }

@@ -746,6 +746,13 @@ export interface ProbeAnswer {
   from?: string;
 }
 
+/**
+ * The source port of the next probe: each probe of the file has one of its own, below the kernel's
+ * ephemeral range (32768-60999), so that a line of IPVS's connection table (kept for minutes after
+ * the connection) names one probe only.
+ */
+let nextLocalPort = 10_000;
+
 /** One probe-agent.js process in a network namespace (and, when given, a cgroup). */
 export class Agent {
   private nextId = 1;
@@ -786,7 +793,7 @@ export class Agent {
     op: 'tcp' | 'udp' | 'serve',
     address: string,
     port: number,
-    options: { tag?: string; timeoutMs?: number } = {},
+    options: { tag?: string; timeoutMs?: number; localPort?: number } = {},
   ): Promise<ProbeAnswer> {
     await this.ready;
     // A probe still looping after its test gave up must not write to a stopped agent.
@@ -797,13 +804,19 @@ export class Agent {
     return answer;
   }
 
-  /** A TCP connect; `timeoutMs` is when the probe gives up and answers 'timeout'. */
+  /** A TCP connect from a port of its own; `timeoutMs` is when the probe gives up and answers 'timeout'. */
   tcp(address: string, timeoutMs?: number): Promise<ProbeAnswer> {
-    return this.request('tcp', address, PORT, { timeoutMs });
+    return this.request('tcp', address, PORT, { timeoutMs, localPort: Agent.localPort() });
   }
 
   udp(address: string, timeoutMs?: number): Promise<ProbeAnswer> {
-    return this.request('udp', address, PORT, { timeoutMs });
+    return this.request('udp', address, PORT, { timeoutMs, localPort: Agent.localPort() });
+  }
+
+  private static localPort(): number {
+    const port = nextLocalPort;
+    nextLocalPort = nextLocalPort >= 32_767 ? 10_000 : nextLocalPort + 1;
+    return port;
   }
 
   async stop(): Promise<void> {

@@ -2,12 +2,14 @@
 // costs seconds in an emulated guest, a probe through a running one does not). It reads one JSON
 // request per line on stdin and writes one JSON answer per line on stdout, with the request's id:
 //
-//   { id, op: 'tcp', address, port, timeoutMs? }
-//                                       connects; answer: what the server wrote, or refused / timeout
-//                                       (nothing within timeoutMs, default 15 s) / error:CODE; local:
-//                                       this end's address and port; peer: getpeername()
-//   { id, op: 'udp', address, port, timeoutMs? }
-//                                       a connected UDP socket sends one datagram; answer: the reply
+//   { id, op: 'tcp', address, port, timeoutMs?, localPort? }
+//                                       connects (from localPort when given); answer: what the server
+//                                       wrote, or refused / timeout (nothing within timeoutMs, default
+//                                       15 s) / error:CODE; local: this end's address and port; peer:
+//                                       getpeername()
+//   { id, op: 'udp', address, port, timeoutMs?, localPort? }
+//                                       a connected UDP socket (bound to localPort when given) sends
+//                                       one datagram; answer: the reply
 //                                       (only a reply from address:port reaches a connected socket),
 //                                       or refused (ICMP port unreachable) / timeout; from: its source
 //   { id, op: 'serve', address, port, tag }
@@ -27,6 +29,7 @@ interface Request {
   port: number;
   tag?: string;
   timeoutMs?: number;
+  localPort?: number;
 }
 
 interface Answer {
@@ -45,7 +48,7 @@ function hostPort(address: string | undefined, port: number | undefined): string
 
 function tcp(req: Request): Promise<Answer> {
   return new Promise((resolve) => {
-    const sock = net.connect({ host: req.address, port: req.port });
+    const sock = net.connect({ host: req.address, port: req.port, localPort: req.localPort });
     let data = '';
     let local: string | undefined;
     let peer: string | undefined;
@@ -84,13 +87,16 @@ function udp(req: Request): Promise<Answer> {
     sock.on('error', (err: NodeJS.ErrnoException) =>
       done(err.code === 'ECONNREFUSED' ? 'refused' : `error:${err.code ?? err.message}`),
     );
-    sock.connect(req.port, req.address, () => {
-      const a = sock.address();
-      local = hostPort(a.address, a.port);
-      sock.send('ping', (err) => {
-        if (err) done(`error:${(err as NodeJS.ErrnoException).code ?? err.message}`);
+    const connect = () =>
+      sock.connect(req.port, req.address, () => {
+        const a = sock.address();
+        local = hostPort(a.address, a.port);
+        sock.send('ping', (err) => {
+          if (err) done(`error:${(err as NodeJS.ErrnoException).code ?? err.message}`);
+        });
       });
-    });
+    if (req.localPort === undefined) connect();
+    else sock.bind(req.localPort, connect);
   });
 }
 

@@ -97,31 +97,39 @@ for (const variant of VARIANTS) {
       await node.eventually(LB_IP, 80, inside, WAIT, { from: 'pod' });
     });
 
-    it('after a restart whose first write has no ranged entry, a ranged Service that comes later is filtered', async function () {
-      if (!filters) this.skip();
-      // The last run leaves the source-range sets and the gate (SIGTERM leaves the rules).
-      await node.eventually(LB_IP, 80, inside, WAIT, { from: 'pod' });
-      await node.stopController();
-      expect(node.api.remove('Service', 'default', 'filtered')).to.equal(true);
-      node.startController([...(variant.args ?? []), '--sync-period=2s']);
-      await node.eventually(LB_IP, 80, UNTRANSLATED, WAIT, { from: 'pod' });
-      await node.eventually(OPEN_LB_IP, 80, 'open', WAIT, { from: 'pod' });
-      // The ranged Service comes back with a range that holds neither the pod nor the node.
-      node.api.apply(ranged(['203.0.113.0/24']));
-      const programmed = async () =>
-        (await node.metrics()).value('ipvs_node_controller_programmed_entries', {
-          family: 'ipv4',
-          backend: variant.backend,
-        });
-      for (let i = 0; i < 300 * SLOW && (await programmed()) !== 2; i++) await new Promise((r) => setTimeout(r, 100));
-      expect(await programmed(), 'the ranged entry is programmed').to.equal(2);
-      for (let i = 0; i < 3; i++) {
-        expect(await node.probe(LB_IP, 80, 'pod'), 'the pod, outside the ranges').to.equal(UNTRANSLATED);
-      }
-      expect(await node.probe(LB_IP, 80, 'node'), 'the node, outside the ranges').to.equal(UNTRANSLATED);
-      node.api.apply(ranged([`${POD_IP}/32`]));
-      await node.eventually(LB_IP, 80, inside, WAIT, { from: 'pod' });
-    });
+    // eBPF filters no source (its ranged addresses are skipped): nothing of this applies there.
+    const ifFiltering = variant.backend === 'ebpf' ? () => undefined : it;
+
+    ifFiltering(
+      'after a restart whose first write has no ranged entry, a ranged Service that comes later is filtered',
+      async function () {
+        // A kernel that refuses the source-range lookup (Debian's 6.12): the ranged address is skipped,
+        // as the test below checks.
+        if (!filters) this.skip();
+        // The last run leaves the source-range sets and the gate (SIGTERM leaves the rules).
+        await node.eventually(LB_IP, 80, inside, WAIT, { from: 'pod' });
+        await node.stopController();
+        expect(node.api.remove('Service', 'default', 'filtered')).to.equal(true);
+        node.startController([...(variant.args ?? []), '--sync-period=2s']);
+        await node.eventually(LB_IP, 80, UNTRANSLATED, WAIT, { from: 'pod' });
+        await node.eventually(OPEN_LB_IP, 80, 'open', WAIT, { from: 'pod' });
+        // The ranged Service comes back with a range that holds neither the pod nor the node.
+        node.api.apply(ranged(['203.0.113.0/24']));
+        const programmed = async () =>
+          (await node.metrics()).value('ipvs_node_controller_programmed_entries', {
+            family: 'ipv4',
+            backend: variant.backend,
+          });
+        for (let i = 0; i < 300 * SLOW && (await programmed()) !== 2; i++) await new Promise((r) => setTimeout(r, 100));
+        expect(await programmed(), 'the ranged entry is programmed').to.equal(2);
+        for (let i = 0; i < 3; i++) {
+          expect(await node.probe(LB_IP, 80, 'pod'), 'the pod, outside the ranges').to.equal(UNTRANSLATED);
+        }
+        expect(await node.probe(LB_IP, 80, 'node'), 'the node, outside the ranges').to.equal(UNTRANSLATED);
+        node.api.apply(ranged([`${POD_IP}/32`]));
+        await node.eventually(LB_IP, 80, inside, WAIT, { from: 'pod' });
+      },
+    );
 
     it('verifies what it programmed without finding drift, or says why the ranged address is left untranslated', async () => {
       if (!filters) {

@@ -21,26 +21,8 @@ import {
 } from '../../src/kubeproxy/mode.js';
 import type { BindAddress } from '../../src/http/endpoint.js';
 import { linesLogger } from '../support/log-lines.js';
+import { LocalHttpServer } from '../support/local-http-server.js';
 import { kubeProxyMetricsText } from '../support/kube-proxy-stand-in.js';
-
-/** A kube-proxy metrics endpoint stand-in whose /proxyMode behaviour the test sets. */
-class ProxyModeServer {
-  behaviour: (res: http.ServerResponse) => void = (res) => res.end('ipvs');
-  private constructor(readonly server: http.Server) {}
-  static async start(): Promise<ProxyModeServer> {
-    const s = new ProxyModeServer(http.createServer((_req, res) => s.behaviour(res)));
-    s.server.listen(0, '127.0.0.1');
-    await once(s.server, 'listening');
-    return s;
-  }
-  get address(): BindAddress {
-    return { host: '127.0.0.1', port: (this.server.address() as net.AddressInfo).port };
-  }
-  async stop(): Promise<void> {
-    this.server.closeAllConnections();
-    await new Promise((r) => this.server.close(r));
-  }
-}
 
 describe('kube-proxy mode: judging the signals', () => {
   it('the /proxyMode answer decides when there is one, even against a leftover kube-ipvs0', () => {
@@ -90,8 +72,8 @@ describe('kube-proxy mode: judging the signals', () => {
 
 describe('kube-proxy mode: GET /proxyMode', function () {
   this.timeout(10_000);
-  let server: ProxyModeServer;
-  before(async () => (server = await ProxyModeServer.start()));
+  let server: LocalHttpServer;
+  before(async () => (server = await LocalHttpServer.start((_req, res) => res.end('ipvs'))));
   after(() => server.stop());
 
   it('reads each mode, with or without a newline, in any case', async () => {
@@ -100,7 +82,7 @@ describe('kube-proxy mode: GET /proxyMode', function () {
       ['nftables\n', 'nftables'],
       ['IPTABLES', 'iptables'],
     ] as const) {
-      server.behaviour = (res) => res.end(body);
+      server.handler = (_req, res) => res.end(body);
       expect(await fetchProxyMode(server.address, 1000)).to.deep.equal({ live: mode });
     }
   });
@@ -125,7 +107,7 @@ describe('kube-proxy mode: GET /proxyMode', function () {
       ],
     ];
     for (const [behaviour, problem] of cases) {
-      server.behaviour = behaviour;
+      server.handler = (_req, res) => behaviour(res);
       const started = Date.now();
       const r = await fetchProxyMode(server.address, 300);
       expect(r.live, String(behaviour)).to.equal(undefined);
@@ -148,19 +130,19 @@ describe('kube-proxy mode: GET /proxyMode', function () {
 
 describe('kube-proxy mode: the monitor', function () {
   this.timeout(10_000);
-  let server: ProxyModeServer;
-  before(async () => (server = await ProxyModeServer.start()));
+  let server: LocalHttpServer;
+  before(async () => (server = await LocalHttpServer.start((_req, res) => res.end('ipvs'))));
   after(() => server.stop());
 
   it('takes the first look at once, and a new mode only after it was seen twice in a row', async () => {
     const changes: ModeVerdict[] = [];
     let answer = 'ipvs';
-    server.behaviour = (res) => res.end(answer);
+    server.handler = (_req, res) => res.end(answer);
     let polls = 0;
-    const counting = server.behaviour;
-    server.behaviour = (res) => {
+    const counting = server.handler;
+    server.handler = (req, res) => {
       polls++;
-      counting(res);
+      counting(req, res);
     };
     const monitor = new ModeMonitor({
       metricsAddress: () => server.address,

@@ -4,6 +4,7 @@
 // answer, older label names, garbage, endless and stalled answers).
 
 import { expect } from 'chai';
+import { LocalHttpServer } from '../support/local-http-server.js';
 import http from 'node:http';
 import net from 'node:net';
 import { once } from 'node:events';
@@ -15,7 +16,6 @@ import {
   fetchKubeProxyVersion,
   parseKubeProxyVersion,
 } from '../../src/kubeproxy/version.js';
-import type { BindAddress } from '../../src/http/endpoint.js';
 import { kubeProxyMetricsText } from '../support/kube-proxy-stand-in.js';
 
 const version = (text: string) => {
@@ -193,25 +193,6 @@ describe('kube-proxy version: the kubernetes_build_info line', () => {
   });
 });
 
-/** A kube-proxy metrics address stand-in whose /metrics behaviour the test sets. */
-class MetricsServer {
-  behaviour: (req: http.IncomingMessage, res: http.ServerResponse) => void = (_req, res) => res.end('');
-  private constructor(readonly server: http.Server) {}
-  static async start(): Promise<MetricsServer> {
-    const s = new MetricsServer(http.createServer((req, res) => s.behaviour(req, res)));
-    s.server.listen(0, '127.0.0.1');
-    await once(s.server, 'listening');
-    return s;
-  }
-  get address(): BindAddress {
-    return { host: '127.0.0.1', port: (this.server.address() as net.AddressInfo).port };
-  }
-  async stop(): Promise<void> {
-    this.server.closeAllConnections();
-    await new Promise((r) => this.server.close(r));
-  }
-}
-
 /** Writes `text` in chunks of `size` bytes, each in its own write, then ends. */
 function inChunks(res: http.ServerResponse, text: string, size: number): void {
   res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' });
@@ -224,8 +205,8 @@ function inChunks(res: http.ServerResponse, text: string, size: number): void {
 
 describe('kube-proxy version: GET /metrics', function () {
   this.timeout(20_000);
-  let server: MetricsServer;
-  before(async () => (server = await MetricsServer.start()));
+  let server: LocalHttpServer;
+  before(async () => (server = await LocalHttpServer.start()));
   after(() => server.stop());
 
   it("reads kube-proxy's answer, asking for the text format on /metrics, in chunks that split lines", async () => {
@@ -233,7 +214,7 @@ describe('kube-proxy version: GET /metrics', function () {
     let path: string | undefined;
     const text = kubeProxyMetricsText('v1.33.2', 200); // about 200 KiB before the build info
     expect(text.indexOf('kubernetes_build_info{')).to.be.above(150_000);
-    server.behaviour = (req, res) => {
+    server.handler = (req, res) => {
       asked = req.headers;
       path = req.url;
       inChunks(res, text, 997);
@@ -246,13 +227,13 @@ describe('kube-proxy version: GET /metrics', function () {
   });
 
   it('takes the build info line that ends the answer without a newline', async () => {
-    server.behaviour = (_req, res) =>
+    server.handler = (_req, res) =>
       res.end('go_goroutines 5\nkubernetes_build_info{git_version="v1.34.1",major="1",minor="34"} 1');
     expect((await fetchKubeProxyVersion(server.address, 1000)).version?.text).to.equal('v1.34.1');
   });
 
   it('skips lines too long to be the build info line and still finds it after them', async () => {
-    server.behaviour = (_req, res) =>
+    server.handler = (_req, res) =>
       inChunks(res, `# HELP x ${'y'.repeat(100_000)}\n${kubeProxyMetricsText('v1.32.4', 1)}`, 4096);
     expect((await fetchKubeProxyVersion(server.address, 5000)).version?.text).to.equal('v1.32.4');
   });
@@ -283,7 +264,7 @@ describe('kube-proxy version: GET /metrics', function () {
       ],
     ];
     for (const [behaviour, problem] of cases) {
-      server.behaviour = behaviour;
+      server.handler = behaviour;
       const r = await fetchKubeProxyVersion(server.address, 300);
       expect(r.version, String(behaviour)).to.equal(undefined);
       expect(r.problem, String(behaviour)).to.match(problem);
@@ -293,7 +274,7 @@ describe('kube-proxy version: GET /metrics', function () {
   it('stops reading an answer without the build info after MAX_METRICS_BYTES, before it ends', async () => {
     let written = 0;
     let closed = false;
-    server.behaviour = (_req, res) => {
+    server.handler = (_req, res) => {
       res.writeHead(200);
       const line = `go_thing{a="${'b'.repeat(1000)}"} 1\n`;
       const more = () => {

@@ -1,0 +1,29 @@
+// An HTTP server on 127.0.0.1 and a port of its own, whose answers the test sets (`handler`): the
+// stand-in of an address the controller reads, such as kube-proxy's metrics address.
+
+import * as http from 'node:http';
+import type * as net from 'node:net';
+import { once } from 'node:events';
+import type { BindAddress } from '../../src/http/endpoint.js';
+
+export class LocalHttpServer {
+  handler: http.RequestListener = (_req, res) => res.end('');
+  private constructor(readonly server: http.Server) {}
+
+  static async start(handler?: http.RequestListener): Promise<LocalHttpServer> {
+    const s = new LocalHttpServer(http.createServer((req, res) => s.handler(req, res)));
+    if (handler) s.handler = handler;
+    s.server.listen(0, '127.0.0.1');
+    await once(s.server, 'listening');
+    return s;
+  }
+
+  get address(): BindAddress {
+    return { host: '127.0.0.1', port: (this.server.address() as net.AddressInfo).port };
+  }
+
+  async stop(): Promise<void> {
+    this.server.closeAllConnections();
+    await new Promise((r) => this.server.close(r));
+  }
+}

@@ -342,6 +342,45 @@ describe('nft whole writes write the difference', function () {
     });
   }
 
+  it('a partial write of one range edited rewrites the Service chain alone, and its last ranged entry removes the chain', async function () {
+    if (!(await takesSourceRanges())) this.skip();
+    const svc = (ranges: string[]): Entry[] =>
+      Array.from({ length: 50 }, (_, p) => ({
+        family: 'ipv4' as Family,
+        externalIp: '198.18.9.1',
+        protocol: 'TCP' as const,
+        port: 2000 + p,
+        clusterIp: '10.97.9.1',
+        service: 'tenant/edited',
+        sourceRanges: ranges,
+      }));
+    const executor = new NftAddonExecutor(addon());
+    const driver = new NftDriver(executor, { lookup: 'set' });
+    const before = svc(['10.244.1.0/24', '172.16.0.0/12']);
+    await writeWhole(driver, before);
+    const sent: Transaction[] = [];
+    const run = executor.run.bind(executor);
+    executor.run = (tx) => {
+      sent.push(tx);
+      return run(tx);
+    };
+    const after = svc(['10.244.1.0/24', '192.168.0.0/16']);
+    await driver.apply([{ kind: 'elements', family: 'ipv4', remove: before, add: after }]);
+    const verbs = sent.flatMap((tx) => tx.operations.map(({ verb, object: o }) => `${verb} ${o.kind}`));
+    // The chain declared, emptied and given its three rules: no element of the map, the check
+    // map or the own-address set is written.
+    expect(verbs).to.deep.equal(['add chain', 'flush chain', 'add rule', 'add rule', 'add rule']);
+    const chain = sourceChainName('tenant/edited');
+    expect(execFileSync('nft', ['list', 'chain', 'ip', TABLE_NAME, chain]).toString()).to.include(
+      'ip saddr { 10.244.1.0/24, 192.168.0.0/16 } return',
+    );
+    // Every ranged entry removed: the elements, then the chain.
+    sent.length = 0;
+    await driver.apply([{ kind: 'elements', family: 'ipv4', remove: after, add: [] }]);
+    expect(ourChains()).to.deep.equal([]);
+    expect(checks()).to.deep.equal([]);
+  });
+
   it('reads the check map and the own-address set through the addon as the controller writes them', async function () {
     if (!(await takesSourceRanges())) this.skip();
     const ranged: Entry = { ...entries(1)[0]!, sourceRanges: ['10.244.1.0/24', '10.0.0.1/32'] };

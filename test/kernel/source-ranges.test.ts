@@ -138,8 +138,7 @@ for (const variant of VARIANTS) {
         expect(metrics.value('ipvs_node_controller_skipped_addresses', { reason: 'sourceRangesUnsupported' })).to.equal(
           1,
         );
-        if (variant.backend === 'nft')
-          expect(node.output).to.include('refuses the objects that filter them');
+        if (variant.backend === 'nft') expect(node.output).to.include('refuses the objects that filter them');
         return;
       }
       const syncs = async () => (await node.metrics()).sum('ipvs_node_controller_syncs_total');

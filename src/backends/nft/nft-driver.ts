@@ -235,7 +235,8 @@ export class NftDriver implements Driver {
           this.rangedPerChain.set(op.family, countRanged(new Map(), op.state.entries, 1));
           break;
         case 'repairShape':
-          if (op.parts.includes(SOURCE_CHECK_MAP)) this.rangedPerChain.set(op.family, countRanged(new Map(), op.entries, 1));
+          if (op.parts.includes(SOURCE_CHECK_MAP))
+            this.rangedPerChain.set(op.family, countRanged(new Map(), op.entries, 1));
           break;
         case 'elements':
         case 'writeShape': {

@@ -10,7 +10,7 @@ import { staleTuples } from '../../src/conntrack/stale-tuples.js';
 import { diffProgrammed } from '../../src/reconciler/element-storage.js';
 import { renderChainRules } from '../../src/backends/iptables/render.js';
 import { desiredTable, sourceChainName } from '../../src/backends/nft/render.js';
-import { tableText } from '../../src/backends/nft/objects.js';
+import { tableText } from '../../src/backends/nft/text.js';
 import { CONFIG } from '../support/fixtures.js';
 
 const NODE: NodeInfo = {

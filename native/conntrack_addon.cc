@@ -35,7 +35,12 @@ namespace {
 constexpr size_t MAX_DUMPED = 8u << 20;   // entries read of one dump (a busy node: millions)
 constexpr size_t MAX_MATCHED = 65536;     // entries deleted per call
 constexpr size_t MAX_TARGETS = 1u << 20;  // targets per call
-constexpr size_t SEND_CHUNK = 60u << 10;  // bytes of delete messages per sendto
+// Delete messages per sendto. The kernel handles them all before the sendto returns and queues
+// one acknowledgement each on our socket, an skb each, counted in full against its receive
+// buffer. Batches of 60 KiB (about 750 messages) overflowed the default buffer (212,992 bytes)
+// from the first one: ENOBUFS, the deletions done but not known, the whole family given to the
+// conntrack command (300 entries to delete were enough, on Linux 6.18).
+constexpr size_t MESSAGES_PER_SEND = 128;
 // Up to this many IPv4 targets, one dump per target filtered by the kernel (CTA_FILTER, Linux 5.8
 // and later: only the entries of that original destination cross to us); beyond, one dump of the
 // family's whole table, each entry looked up among the targets (a filtered dump walks the table
@@ -244,6 +249,12 @@ class Socket {
     timeval tv{timeoutMs / 1000, (timeoutMs % 1000) * 1000};
     if (setsockopt(mnl_socket_get_fd(socket_), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0)
       return error = Errno("setting its receive timeout"), false;
+    // Acknowledgements without the request copied back (Linux 4.3 and later; else they are
+    // larger), and room for more of them (the kernel caps it at net.core.rmem_max): best effort.
+    const int on = 1;
+    setsockopt(mnl_socket_get_fd(socket_), SOL_NETLINK, NETLINK_CAP_ACK, &on, sizeof on);
+    const int room = 1 << 20;
+    setsockopt(mnl_socket_get_fd(socket_), SOL_SOCKET, SO_RCVBUF, &room, sizeof room);
     return true;
   }
   mnl_socket* get() const { return socket_; }
@@ -278,14 +289,14 @@ Result DeleteMatching(int family, const std::vector<Target>& targets, int timeou
   result.dumped = state.dumped;
   result.matched = state.matched.size();
 
-  // Deletions, SEND_CHUNK bytes of messages at a time, each acknowledged.
+  // Deletions, MESSAGES_PER_SEND at a time, each acknowledged.
   size_t next = 0;
   while (next < state.matched.size()) {
     std::vector<char> batch;
-    batch.reserve(SEND_CHUNK + 512);
+    batch.reserve(MESSAGES_PER_SEND * 128);
     const uint32_t first = ++seq;
     size_t messages = 0;
-    while (next < state.matched.size() && batch.size() < SEND_CHUNK) {
+    while (next < state.matched.size() && messages < MESSAGES_PER_SEND) {
       const std::string& attrs = state.matched[next++];
       const size_t at = batch.size();
       batch.resize(at + MNL_ALIGN(sizeof(nlmsghdr)) + MNL_ALIGN(sizeof(nfgenmsg)) + attrs.size());

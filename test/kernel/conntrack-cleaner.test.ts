@@ -20,6 +20,8 @@ import { linesLogger } from '../support/log-lines.js';
 const A = '192.0.2.60';
 const B = '192.0.2.61';
 const A6 = '2001:db8::60';
+/** Source addresses of the flows of one tenant (65,000 flows each at most). */
+const SOURCES = ['198.51.100.1', '198.51.100.2'];
 
 function tuple(externalIp: string, port: number, untranslatedOnly = false): StaleTuple {
   return {
@@ -40,6 +42,38 @@ async function flow(address: string, port: number, sourcePort: number): Promise<
   await once(sock, 'listening');
   await new Promise<void>((resolve) => sock.send('x', port, address, () => resolve()));
   sock.close();
+}
+
+/**
+ * `count` flows to address:port, one datagram each from its own (source address, port): source
+ * ports from 1024 up on each of `sources` in turn. A few hundred sockets at a time.
+ */
+async function manyFlows(address: string, port: number, count: number, sources: readonly string[]): Promise<void> {
+  const pairs: Array<[string, number]> = [];
+  for (const source of sources) {
+    for (let sourcePort = 1024; sourcePort <= 65535 && pairs.length < count; sourcePort++)
+      pairs.push([source, sourcePort]);
+  }
+  if (pairs.length < count) throw new Error(`${count} flows need more source addresses`);
+  for (let at = 0; at < pairs.length; at += 256) {
+    await Promise.all(
+      pairs.slice(at, at + 256).map(async ([source, sourcePort]) => {
+        const sock = dgram.createSocket(address.includes(':') ? 'udp6' : 'udp4');
+        sock.on('error', () => undefined);
+        sock.bind(sourcePort, source);
+        await once(sock, 'listening');
+        await new Promise<void>((resolve) => sock.send('x', port, address, () => resolve()));
+        sock.close();
+      }),
+    );
+  }
+}
+
+/** How many UDP entries have address:port as their original destination (a listing of any size). */
+function count(address: string, port: number): number {
+  const family = address.includes(':') ? 'ipv6' : 'ipv4';
+  const listing = `conntrack -L -f ${family} -p udp --orig-dst ${address} --dport ${port} 2>/dev/null | wc -l`;
+  return Number(sh('sh', ['-c', listing]).trim());
 }
 
 /** Source ports of the UDP entries whose original destination is address:port. */
@@ -64,7 +98,7 @@ describe('conntrack clean-up on the kernel', function () {
   before(() => {
     requireTools('conntrack');
     network.setUp();
-    for (const address of [A, B, A6]) network.bindAddress(address);
+    for (const address of [A, B, A6, ...SOURCES]) network.bindAddress(address);
     sh(
       'nft',
       ['-f', '-'],
@@ -122,6 +156,18 @@ describe('conntrack clean-up on the kernel', function () {
     expect(entries(A, 53)).to.deep.equal([]);
     expect(entries(A, 60)).to.deep.equal([]);
     expect(entries(B, 53)).to.deep.equal([41023]);
+  });
+
+  it('in process, deletes thousands of entries of one tuple, all acknowledged, without the command', async () => {
+    sh('conntrack', ['-F']);
+    logLines.length = 0;
+    await manyFlows(A, 53, 3000, SOURCES);
+    const report = await new ConntrackCleaner({ logger, netlink: netlink(), command: '/bin/false' }).clean([
+      tuple(A, 53),
+    ]);
+    expect(count(A, 53)).to.equal(0);
+    expect(report).to.include({ deleted: 3000, failures: 0 });
+    expect(logLines.filter((l) => l.includes('in process failed'))).to.deep.equal([]);
   });
 
   it('with untranslatedOnly, leaves entries whose reply comes from another address', async () => {

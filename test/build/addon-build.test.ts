@@ -101,7 +101,7 @@ describe('nftables addon build', () => {
       .that.includes({ name: 'TypeError', message: 'family must be ip or ip6' });
     expect(() => addon.readSets!('ip', 't', [{ name: 'm', kind: 'interval' as 'map' }], 10))
       .to.throw()
-      .that.includes({ name: 'TypeError', message: 'kind must be map, keys or ranges' });
+      .that.includes({ name: 'TypeError', message: 'kind must be map, keys, sourced or verdicts' });
     expect(() => addon.readSets!('ip', 't', [], 10))
       .to.throw()
       .that.includes({ name: 'RangeError', message: 'sets must name 1 to 8 sets' });

@@ -4,10 +4,10 @@
 // written out as lines and freed, so that memory holds one message's elements, never the map's.
 //
 // The lines are those writeElements takes (nft_element_batch.h): `address protocol port
-// value[ comment]` for a map, `address protocol port` for a set of its keys; and `address
-// protocol port source/length` for the source-range set (a concatenation whose last field is an
-// interval: each element a first and a last key, the source range written as the prefix it is, or
-// as `first-last` when it is none). Addresses are printed by inet_ntop, as nft prints them;
+// value[ comment]` for a map, `address protocol port` for a set of its keys; `address protocol
+// port source` for a set of keys each with a source address (the ranged entries' own-address
+// set); and `address protocol port verdict[ chain]` for a verdict map (`jump source-ranges-…`).
+// Addresses are printed by inet_ntop, as nft prints them;
 // protocols tcp, udp and sctp by name, others by number.
 // A comment's control characters are printed as '?': such a line is no line the controller
 // writes, so the element is replaced.
@@ -25,6 +25,7 @@
 #include <libnftnl/udata.h>
 
 #include <arpa/inet.h>
+#include <linux/netfilter.h>
 #include <linux/netfilter/nf_tables.h>
 #include <linux/netfilter/nfnetlink.h>
 #include <linux/netlink.h>
@@ -87,26 +88,24 @@ void AppendAddress(std::string& out, int af, const void* bytes) {
   if (inet_ntop(af, bytes, text, sizeof text) != nullptr) out += text;
 }
 
-// `first/length` when first..last is a prefix, else `first-last`.
-void AppendRange(std::string& out, int af, const uint8_t* first, const uint8_t* last, size_t bytes) {
-  size_t length = 0;
-  while (length < bytes * 8) {
-    const uint8_t bit = static_cast<uint8_t>(0x80 >> (length % 8));
-    if ((first[length / 8] & bit) != (last[length / 8] & bit)) break;
-    ++length;
-  }
-  bool prefix = true;
-  for (size_t i = length; i < bytes * 8 && prefix; ++i) {
-    const uint8_t bit = static_cast<uint8_t>(0x80 >> (i % 8));
-    prefix = (first[i / 8] & bit) == 0 && (last[i / 8] & bit) != 0;
-  }
-  AppendAddress(out, af, first);
-  if (prefix) {
-    out += '/';
-    out += std::to_string(length);
-  } else {
-    out += '-';
-    AppendAddress(out, af, last);
+// A verdict as nft writes it: `accept`, `return`, `jump CHAIN`, ...; false for one it does not name.
+bool AppendVerdict(std::string& out, nftnl_set_elem* e) {
+  if (!nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_VERDICT)) return false;
+  const auto verdict = static_cast<int32_t>(nftnl_set_elem_get_u32(e, NFTNL_SET_ELEM_VERDICT));
+  const char* chain = nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_CHAIN) ? nftnl_set_elem_get_str(e, NFTNL_SET_ELEM_CHAIN) : nullptr;
+  switch (verdict) {
+    case NF_ACCEPT: out += "accept"; return true;
+    case NF_DROP: out += "drop"; return true;
+    case NFT_CONTINUE: out += "continue"; return true;
+    case NFT_RETURN: out += "return"; return true;
+    case NFT_JUMP:
+    case NFT_GOTO:
+      if (chain == nullptr) return false;
+      out += verdict == NFT_JUMP ? "jump " : "goto ";
+      for (const char* c = chain; *c != '\0'; ++c) out += static_cast<unsigned char>(*c) <= 0x20 ? '?' : *c;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -116,28 +115,20 @@ int FormatElement(nftnl_set_elem* e, void* data) {
     f.tooMany = true;
     return -1;
   }
-  const bool ranges = f.kind == ElementRead::Kind::kRanges;
+  const bool sourced = f.kind == ElementRead::Kind::kSourced;
   // Each field of a concatenation takes a multiple of 4 bytes: address, protocol, port (, source).
-  const size_t keyBytes = f.addressBytes + 4 + 4 + (ranges ? f.addressBytes : 0);
+  const size_t keyBytes = f.addressBytes + 4 + 4 + (sourced ? f.addressBytes : 0);
   uint32_t length = 0;
   const auto* key = static_cast<const uint8_t*>(nftnl_set_elem_get(e, NFTNL_SET_ELEM_KEY, &length));
   if (key == nullptr || length != keyBytes) {
     f.error = "an element's key is " + std::to_string(key == nullptr ? 0 : length) + " bytes, not " +
-              std::to_string(keyBytes) + (ranges ? " (address, protocol, port, source)" : " (address, protocol, port)");
+              std::to_string(keyBytes) + (sourced ? " (address, protocol, port, source)" : " (address, protocol, port)");
     return -1;
   }
   if (nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_FLAGS) &&
       (nftnl_set_elem_get_u32(e, NFTNL_SET_ELEM_FLAGS) & NFT_SET_ELEM_INTERVAL_END) != 0) {
     f.error = "the set holds intervals of single keys";
     return -1;
-  }
-  const uint8_t* last = nullptr;
-  if (ranges) {
-    last = static_cast<const uint8_t*>(nftnl_set_elem_get(e, NFTNL_SET_ELEM_KEY_END, &length));
-    if (last == nullptr || length != keyBytes || std::memcmp(key, last, keyBytes - f.addressBytes) != 0) {
-      f.error = "a source-range element has no last key of the same address, protocol and port";
-      return -1;
-    }
   }
   std::string& out = *f.lines;
   AppendAddress(out, f.af, key);
@@ -151,10 +142,16 @@ int FormatElement(nftnl_set_elem* e, void* data) {
   std::memcpy(&port, key + f.addressBytes + 4, sizeof port);
   out += ' ';
   out += std::to_string(ntohs(port));
-  if (ranges) {
+  if (sourced) {
     out += ' ';
-    const size_t at = f.addressBytes + 8;
-    AppendRange(out, f.af, key + at, last + at, f.addressBytes);
+    AppendAddress(out, f.af, key + f.addressBytes + 8);
+  }
+  if (f.kind == ElementRead::Kind::kVerdicts) {
+    out += ' ';
+    if (!AppendVerdict(out, e)) {
+      f.error = "a verdict map element has no verdict the controller writes";
+      return -1;
+    }
   }
   if (f.kind == ElementRead::Kind::kMap) {
     const void* value = nftnl_set_elem_get(e, NFTNL_SET_ELEM_DATA, &length);

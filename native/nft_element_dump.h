@@ -21,9 +21,9 @@ struct ElementRead {
   std::string table;
   std::string set;
   // What the set is, and so its lines: a map (`address protocol port value[ comment]`), a set of
-  // its keys (`address protocol port`), or a concatenated interval set of keys and source
-  // prefixes (`address protocol port source/length`; a range that is no prefix as `first-last`).
-  enum class Kind { kMap, kKeys, kRanges };
+  // its keys (`address protocol port`), a set of keys each with a source address (`address
+  // protocol port source`), or a verdict map of keys (`address protocol port verdict[ chain]`).
+  enum class Kind { kMap, kKeys, kSourced, kVerdicts };
   Kind kind = Kind::kMap;
   // More elements than this is an error (tooMany): the set is not what the controller writes.
   size_t maxElements = 0;

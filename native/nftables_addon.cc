@@ -477,12 +477,16 @@ class ReadSetsWorker : public Napi::AsyncWorker {
 // than maxBytes rejects with code ERR_LISTING_TOO_LARGE, and no JavaScript string is made of it.
 class ListTableWorker : public Napi::AsyncWorker {
  public:
-  ListTableWorker(Napi::Env env, const std::string& family, const std::string& table, size_t maxBytes)
+  // what: "table" (the table with its rules and elements) or "chains" (every chain of the
+  // family, without rules: the table's chains are picked by the caller).
+  ListTableWorker(Napi::Env env, const std::string& family, const std::string& table, size_t maxBytes,
+                  const std::string& what)
       : Napi::AsyncWorker(env, "nftables.list"),
         session_(SessionOf(env)),
         deferred_(Napi::Promise::Deferred::New(env)),
-        document_("{\"nftables\":[{\"list\":{\"table\":{\"family\":" + JsonString(family) +
-                  ",\"name\":" + JsonString(table) + "}}}]}"),
+        document_(what == "chains" ? "{\"nftables\":[{\"list\":{\"chains\":{\"family\":" + JsonString(family) + "}}}]}"
+                                   : "{\"nftables\":[{\"list\":{\"table\":{\"family\":" + JsonString(family) +
+                                         ",\"name\":" + JsonString(table) + "}}}]}"),
         maxBytes_(maxBytes) {}
 
   Napi::Promise Promise() const { return deferred_.Promise(); }
@@ -597,7 +601,9 @@ Napi::Value List(const Napi::CallbackInfo& info) {
   std::string family = StringArgument(info, 0, "family");
   std::string table = StringArgument(info, 1, "table");
   size_t maxBytes = MaxBytesArgument(info, 2);
-  auto* worker = new ListTableWorker(info.Env(), family, table, maxBytes);
+  std::string what = info.Length() > 3 && !info[3].IsUndefined() ? StringArgument(info, 3, "what") : "table";
+  if (what != "table" && what != "chains") throw Napi::TypeError::New(info.Env(), "what must be table or chains");
+  auto* worker = new ListTableWorker(info.Env(), family, table, maxBytes, what);
   worker->Queue();
   return worker->Promise();
 }
@@ -690,10 +696,12 @@ Napi::Value ReadSets(const Napi::CallbackInfo& info) {
       read.kind = nft_batch::ElementRead::Kind::kMap;
     } else if (k == "keys") {
       read.kind = nft_batch::ElementRead::Kind::kKeys;
-    } else if (k == "ranges") {
-      read.kind = nft_batch::ElementRead::Kind::kRanges;
+    } else if (k == "sourced") {
+      read.kind = nft_batch::ElementRead::Kind::kSourced;
+    } else if (k == "verdicts") {
+      read.kind = nft_batch::ElementRead::Kind::kVerdicts;
     } else {
-      throw Napi::TypeError::New(env, "kind must be map, keys or ranges");
+      throw Napi::TypeError::New(env, "kind must be map, keys, sourced or verdicts");
     }
     reads.push_back(std::move(read));
   }

@@ -82,7 +82,8 @@ function migrationReport(
   const byService = new Map<string, string[]>();
   for (const e of [...desired.ipv4.entries, ...desired.ipv6.entries]) {
     const list = byService.get(e.service) ?? [];
-    const from = e.sourceRanges ? ` (from ${e.sourceRanges.join(' ')} only: loadBalancerSourceRanges)` : '';
+    const node = e.sourcesFromNode ? '' : `, not from ${e.externalIp} itself`;
+    const from = e.sourceRanges ? ` (from ${e.sourceRanges.join(' ')} only${node}: loadBalancerSourceRanges)` : '';
     list.push(`${e.externalIp} ${e.protocol}/${e.port}${from}`);
     byService.set(e.service, list);
   }

@@ -44,7 +44,7 @@ export const SKIP_EXPLANATIONS: Record<SkipReason, string> = {
   tooManySourceRanges:
     'the Service has more loadBalancerSourceRanges than one Service may (64): its LoadBalancer addresses are left to kube-proxy, which filters them',
   sourceRangesUnsupported:
-    "the Service has loadBalancerSourceRanges, which this backend cannot filter (eBPF: a connect hook does not know an unbound socket's source; nft: a kernel that refuses the lookup of a concatenated interval set): its LoadBalancer address is left to kube-proxy, which filters it",
+    "the Service has loadBalancerSourceRanges, which this backend cannot filter (eBPF: a connect hook does not know an unbound socket's source; nft: a kernel that refuses the objects that filter sources): its LoadBalancer address is left to kube-proxy, which filters it",
 };
 
 /** Skips that are the intended behaviour rather than a problem: reported as Normal, not Warning. */

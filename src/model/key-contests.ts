@@ -137,7 +137,10 @@ export class KeyContests {
           clusterIp: address.clusterIp,
           service: record.service,
         };
-        if (address.sourceRanges) entry.sourceRanges = address.sourceRanges;
+        if (address.sources) {
+          entry.sourceRanges = address.sources.sourceRanges;
+          if (address.sources.sourcesFromNode) entry.sourcesFromNode = true;
+        }
         // Addresses and ports are distinct (service-rules.ts): every key is claimed once.
         claims[n++] = {
           entry,

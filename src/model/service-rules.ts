@@ -6,8 +6,9 @@
 import { cidrContains, formatCidr, nodeScopedKind, parsedIpSortKey, parseIp, type ParsedIp } from './ip.js';
 import type { RequestContext } from './request-context.js';
 import { serviceKey } from './service-identity.js';
-import { allowedSources, sourceRangesByFamily } from './source-ranges.js';
+import { sourceFilter, sourceRangesByFamily, type SourceFilter } from './source-ranges.js';
 import {
+  FAMILIES,
   MAX_SOURCE_RANGES_PER_SERVICE,
   PROTOCOLS,
   SKIP_ANNOTATION,
@@ -50,8 +51,8 @@ export interface RequestedAddress {
   /** Orders addresses numerically (ip.ts ipSortKey). */
   sortKey: string;
   clusterIp: string;
-  /** The sources translated (Entry.sourceRanges); undefined: every source. */
-  sourceRanges?: readonly string[];
+  /** The sources translated (Entry.sourceRanges, Entry.sourcesFromNode); undefined: every source. */
+  sources?: SourceFilter;
 }
 
 /**
@@ -63,7 +64,7 @@ export interface ServiceRequest {
   addresses: RequestedAddress[];
   /** Distinct (protocol, port) pairs. */
   ports: Array<{ protocol: Protocol; port: number }>;
-  /** Entries asked for, per family. */
+  /** Entries asked for, per family, and the Service's source ranges of the family once (semantics.md, Limits). */
   counts: Record<Family, number>;
 }
 
@@ -222,7 +223,8 @@ function readRequest(
     );
   }
   const tooManyRanges = sources !== undefined && sources.count > MAX_SOURCE_RANGES_PER_SERVICE;
-  /** The allowed sources of each family's addresses, made once per address. */
+  /** Each family's source filter, made once: every ranged address of the family shares it. */
+  const filters: Partial<Record<Family, SourceFilter>> = {};
   const addresses: RequestedAddress[] = [];
   const seen = new Set<string>();
   for (const { text, external } of requested) {
@@ -277,18 +279,27 @@ function readRequest(
       continue;
     }
     const address: RequestedAddress = { ip, sortKey: parsedIpSortKey(ip), clusterIp };
-    if (ranges) address.sourceRanges = allowedSources(ranges, ip, context.nodeIps[ip.family]);
+    if (ranges) address.sources = filters[ip.family] ??= sourceFilter(ranges, context.nodeIps[ip.family]);
     addresses.push(address);
   }
   if (addresses.length === 0) return NOTHING;
 
   const counts: Record<Family, number> = { ipv4: 0, ipv6: 0 };
   for (const a of addresses) counts[a.ip.family] += ports.length;
+  // A family's ranges are written once for the Service (an object each, whatever its entries):
+  // they count as entries, against both limits.
+  let rangeCount = 0;
+  for (const family of FAMILIES) {
+    const n = filters[family]?.sourceRanges.length ?? 0;
+    counts[family] += n;
+    rangeCount += n;
+  }
   const total = counts.ipv4 + counts.ipv6;
   if (total > context.maxEntriesPerService) {
+    const ranged = rangeCount > 0 ? ` + ${rangeCount} source ranges` : '';
     skip(
       'tooManyEntries',
-      `${addresses.length} addresses x ${ports.length} ports = ${total} entries, more than the ${context.maxEntriesPerService} one Service may ask for (--max-entries-per-service)`,
+      `${addresses.length} addresses x ${ports.length} ports${ranged} = ${total} entries, more than the ${context.maxEntriesPerService} one Service may ask for (--max-entries-per-service)`,
     );
     return NOTHING;
   }

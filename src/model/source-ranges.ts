@@ -1,7 +1,7 @@
 // loadBalancerSourceRanges as kube-proxy reads them: which sources of a LoadBalancer address are
 // translated (semantics.md, source ranges).
 
-import { cidrContains, cidrsWithout, disjointCidrs, formatCidr, parseCidr, parseSourceRange } from './ip.js';
+import { cidrContains, disjointCidrs, formatCidr, parseSourceRange } from './ip.js';
 import type { ParsedCidr, ParsedIp } from './ip.js';
 import { FAMILIES, type Family } from './types.js';
 
@@ -39,13 +39,21 @@ export function sourceRangesByFamily(texts: readonly unknown[] | undefined): {
 }
 
 /**
- * The sources of `ip` that kube-proxy lets through its source-ranges firewall: the ranges, but the
- * LoadBalancer IP itself (the source a node process gets for an address bound on kube-ipvs0) only
- * when the node IP of its family is inside a range (allowFromNode), whether a range holds it or not.
+ * How an address's ranges filter its sources, as kube-proxy does: a source inside a range is let
+ * through, but the LoadBalancer IP itself (the source a node process gets for an address bound on
+ * kube-ipvs0) only when the node IP of its family is inside a range (allowFromNode), whether a
+ * range holds the LoadBalancer IP or not. The ranges are those of the Service, never split around
+ * one of its addresses: every address of the family shares them (`ranges` is returned as given).
  */
-export function allowedSources(ranges: readonly ParsedCidr[], ip: ParsedIp, nodeIp: ParsedIp | undefined): string[] {
-  const fromNode = nodeIp !== undefined && ranges.some((c) => cidrContains(c, nodeIp));
-  let allowed = cidrsWithout(ranges, ip);
-  if (fromNode) allowed = disjointCidrs([...allowed, parseCidr(`${ip.address}/${ip.family === 'ipv4' ? 32 : 128}`)!]);
-  return allowed.map(formatCidr);
+export interface SourceFilter {
+  sourceRanges: readonly string[];
+  /** The address itself, as a source, is translated (Entry.sourcesFromNode). */
+  sourcesFromNode: boolean;
+}
+
+export function sourceFilter(ranges: readonly ParsedCidr[], nodeIp: ParsedIp | undefined): SourceFilter {
+  return {
+    sourceRanges: ranges.map(formatCidr),
+    sourcesFromNode: nodeIp !== undefined && ranges.some((c) => cidrContains(c, nodeIp)),
+  };
 }

@@ -128,11 +128,20 @@ export interface Entry {
   service: string;
   /**
    * Only packets whose source is inside one of these (canonical CIDRs of the entry's family,
-   * disjoint, sorted) are translated: the Service's loadBalancerSourceRanges as kube-proxy
-   * filters them (semantics.md). Absent: every source. Part of the entry: other ranges are
-   * another entry.
+   * disjoint, sorted) are translated: the Service's loadBalancerSourceRanges of the family as
+   * kube-proxy filters them (semantics.md), the same for every ranged entry of the Service in the
+   * family, never split around its address. A packet whose source is the entry's externalIp
+   * itself is the exception: see sourcesFromNode. Absent: every source. Part of the entry: other
+   * ranges are another entry.
    */
   sourceRanges?: readonly string[];
+  /**
+   * With sourceRanges: a packet whose source is the entry's externalIp itself (a node process's
+   * connection to an address bound on kube-ipvs0) is translated, because a range holds the
+   * node IP of the family (kube-proxy's allowFromNode). Absent: it is not, even when a range
+   * holds that address.
+   */
+  sourcesFromNode?: true;
 }
 
 /** How packets from local pods are recognised in the prerouting hook, per family. */
@@ -260,10 +269,14 @@ export function entryKey(e: EntryKeyFields): string {
   return [e.family, e.externalIp, e.protocol, e.port].join('|');
 }
 
-/** Whether two entries filter sources alike (both unranged, or the same ranges). */
-export function sameSourceRanges(a: Pick<Entry, 'sourceRanges'>, b: Pick<Entry, 'sourceRanges'>): boolean {
+/** Whether two entries filter sources alike (both unranged, or the same ranges and node rule). */
+export function sameSourceRanges(
+  a: Pick<Entry, 'sourceRanges' | 'sourcesFromNode'>,
+  b: Pick<Entry, 'sourceRanges' | 'sourcesFromNode'>,
+): boolean {
   const x = a.sourceRanges;
   const y = b.sourceRanges;
+  if (a.sourcesFromNode !== b.sourcesFromNode) return false;
   if (x === y) return true;
   if (!x || !y || x.length !== y.length) return false;
   return x.every((r, i) => r === y[i]);

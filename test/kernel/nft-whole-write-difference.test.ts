@@ -24,8 +24,10 @@ import { Transaction } from '../../src/backends/nft/objects.js';
 import {
   KEY_SET_NAME,
   MAP_NAME,
-  SOURCE_RANGED_KEY_SET,
-  SOURCE_RANGE_SET,
+  OWN_SOURCE_SET,
+  SOURCE_CHAIN_PREFIX,
+  SOURCE_CHECK_MAP,
+  sourceChainName,
   TABLE_NAME,
   type KeyLookup,
 } from '../../src/backends/nft/render.js';
@@ -273,14 +275,33 @@ describe('nft whole writes write the difference', function () {
     ['the addon', () => new NftAddonExecutor(addon())],
     ['the nft command', () => new NftCliExecutor()],
   ];
+  /** The check map's elements as `address protocol port chain`, sorted. */
+  const checks = () => {
+    const listing = execFileSync('nft', ['-j', 'list', 'map', 'ip', TABLE_NAME, SOURCE_CHECK_MAP]).toString();
+    const doc = JSON.parse(listing) as { nftables: Array<{ map?: { elem?: Array<[{ concat: unknown[] }, { jump: { target: string } }]> } }> };
+    const elems = doc.nftables.find((o) => o.map)?.map?.elem ?? [];
+    return elems.map(([k, v]) => `${k.concat.join(' ')} ${v.jump.target}`).sort();
+  };
+  const ourChains = () =>
+    (JSON.parse(execFileSync('nft', ['-j', 'list', 'chains', 'ip']).toString()) as { nftables: Array<{ chain?: { table: string; name: string } }> }).nftables
+      .flatMap((o) => (o.chain && o.chain.table === TABLE_NAME && o.chain.name.startsWith(SOURCE_CHAIN_PREFIX) ? [o.chain.name] : []))
+      .sort();
   for (const [name, executorOf] of executors) {
-    it(`source ranges through ${name}: a range added or removed is the only change to their sets`, async function () {
+    it(`source ranges through ${name}: a range edited rewrites its Service's chain alone; a chain nothing wants is removed`, async function () {
       if (!(await takesSourceRanges())) this.skip();
-      const ranged = (ranges: string[]): Entry => ({ ...entries(1)[0]!, sourceRanges: ranges });
-      const single = ranged(['10.244.1.0/24']);
+      // One Service with 20 ports, its ranges given; another ranged Service beside it.
+      const svc = (ranges: string[] | undefined): Entry[] =>
+        Array.from({ length: 20 }, (_, p) => ({
+          family: 'ipv4' as Family,
+          externalIp: '198.18.9.1',
+          protocol: 'TCP' as const,
+          port: 1000 + p,
+          clusterIp: '10.97.9.1',
+          service: 'tenant/ranged',
+          ...(ranges ? { sourceRanges: ranges } : {}),
+        }));
       const others = [...entries(5).slice(1), { ...entries(6)[5]!, sourceRanges: ['10.0.0.1/32'] }];
-      const prefix = (addr: string, len: number) => (len === 32 ? addr : JSON.stringify({ prefix: { addr, len } }));
-      const write = async (first: Entry) => {
+      const write = async (first: Entry[]) => {
         const executor = executorOf();
         const sent: Transaction[] = [];
         const run = executor.run.bind(executor);
@@ -288,81 +309,92 @@ describe('nft whole writes write the difference', function () {
           sent.push(tx);
           return run(tx);
         };
-        await writeWhole(new NftDriver(executor, { lookup: 'set' }), [first, ...others]);
-        // The commands on the source-range sets: verb, set and elements as nft text.
+        await writeWhole(new NftDriver(executor, { lookup: 'set' }), [...others, ...first]);
+        // The commands on the source-range objects: verb, object, and elements counted.
         return sent.flatMap((tx) =>
           tx.operations.flatMap(({ verb, object: o }) => {
-            if (o.kind === 'set' && verb === 'flush') return [`flush ${o.name}`];
-            if (o.kind !== 'element' || (o.set !== SOURCE_RANGE_SET && o.set !== SOURCE_RANGED_KEY_SET)) return [];
-            return [`${verb} ${o.set} ${JSON.stringify(o.elements)}`];
+            const ranged = (n: string) => n === SOURCE_CHECK_MAP || n === OWN_SOURCE_SET;
+            if (o.kind === 'element') return ranged(o.set) ? [`${verb} ${o.set} ${o.elements.length}`] : [];
+            if ((o.kind === 'set' || o.kind === 'map') && verb !== 'add' && ranged(o.name)) return [`${verb} ${o.name}`];
+            if (o.kind === 'chain' && o.name === sourceChainName('tenant/ranged') && verb !== 'add') return [`${verb} chain`];
+            if (o.kind === 'rule' && o.chain === sourceChainName('tenant/ranged')) return ['rule'];
+            return [];
           }),
         );
       };
-      await write(single);
-      const key = ['198.18.0.0', 'tcp', 443];
-      const listedKey = '198.18.0.0 tcp 443';
-      const sixth = `198.18.0.5 tcp 443 ${prefix('10.0.0.1', 32)}`;
-      expect(listed('set', SOURCE_RANGE_SET)).to.deep.equal([`${listedKey} ${prefix('10.244.1.0', 24)}`, sixth]);
-      // A restart with a range added: one element added, nothing flushed, nothing deleted.
-      expect(await write(ranged(['10.244.1.0/24', '192.168.50.0/24']))).to.deep.equal([
-        `add ${SOURCE_RANGE_SET} ${JSON.stringify([{ key, source: { address: '192.168.50.0', length: 24 } }])}`,
+      const chain = sourceChainName('tenant/ranged');
+      await write(svc(['10.244.1.0/24']));
+      expect(checks().filter((c) => c.endsWith(chain))).to.have.length(20);
+      expect(ourChains()).to.deep.equal([chain, sourceChainName(others[4]!.service)].sort());
+      // A restart with a range added: the Service's chain written again (its three rules), no element.
+      expect(await write(svc(['10.244.1.0/24', '192.168.50.0/24']))).to.deep.equal(['flush chain', 'rule', 'rule', 'rule']);
+      const rules = execFileSync('nft', ['list', 'chain', 'ip', TABLE_NAME, chain]).toString();
+      expect(rules).to.match(/ip saddr \{ 10\.244\.1\.0\/24, 192\.168\.50\.0\/24 \} return/);
+      // The Service no longer ranged: its 20 check and own-address elements go, and its chain.
+      expect(await write(svc(undefined))).to.deep.equal([
+        'flush chain',
+        `delete ${SOURCE_CHECK_MAP} 20`,
+        `delete ${OWN_SOURCE_SET} 20`,
+        'delete chain',
       ]);
-      expect(listed('set', SOURCE_RANGE_SET)).to.have.length(3);
-      // One removed: one element deleted.
-      expect(await write(ranged(['192.168.50.0/24']))).to.deep.equal([
-        `delete ${SOURCE_RANGE_SET} ${JSON.stringify([{ key, source: { address: '10.244.1.0', length: 24 } }])}`,
-      ]);
-      // The same again: nothing at all.
-      expect(await write(ranged(['192.168.50.0/24']))).to.deep.equal([]);
-      expect(listed('set', SOURCE_RANGE_SET)).to.deep.equal([`${listedKey} ${prefix('192.168.50.0', 24)}`, sixth]);
-      // The entry no longer ranged: its key and range go, the other ranged entry stays.
-      expect(await write(entries(1)[0]!)).to.deep.equal([
-        `delete ${SOURCE_RANGE_SET} ${JSON.stringify([{ key, source: { address: '192.168.50.0', length: 24 } }])}`,
-        `delete ${SOURCE_RANGED_KEY_SET} ${JSON.stringify([{ key, value: '' }])}`,
-      ]);
-      expect(listed('set', SOURCE_RANGED_KEY_SET)).to.deep.equal(['198.18.0.5 tcp 443']);
-      // A range that is no prefix (someone else's): the sets cannot be read as the controller
-      // writes them, so they are flushed and filled again, and hold what they must.
-      sh('nft', [
-        'add',
-        'element',
-        'ip',
-        TABLE_NAME,
-        SOURCE_RANGE_SET,
-        '{ 198.18.0.5 . tcp . 443 . 10.9.0.1-10.9.0.5 }',
-      ]);
-      const commands = await write(entries(1)[0]!);
-      expect(commands.filter((c) => c.startsWith('flush'))).to.deep.equal([
-        `flush ${SOURCE_RANGED_KEY_SET}`,
-        `flush ${SOURCE_RANGE_SET}`,
-      ]);
-      expect(listed('set', SOURCE_RANGE_SET)).to.deep.equal([sixth]);
+      expect(ourChains()).to.deep.equal([sourceChainName(others[4]!.service)]);
+      expect(checks()).to.have.length(1);
     });
   }
 
-  it('reads the source-range set through the addon as the prefixes the controller writes', async function () {
+  it('a partial write of one range edited rewrites the Service chain alone, and its last ranged entry removes the chain', async function () {
+    if (!(await takesSourceRanges())) this.skip();
+    const svc = (ranges: string[]): Entry[] =>
+      Array.from({ length: 50 }, (_, p) => ({
+        family: 'ipv4' as Family,
+        externalIp: '198.18.9.1',
+        protocol: 'TCP' as const,
+        port: 2000 + p,
+        clusterIp: '10.97.9.1',
+        service: 'tenant/edited',
+        sourceRanges: ranges,
+      }));
+    const executor = new NftAddonExecutor(addon());
+    const driver = new NftDriver(executor, { lookup: 'set' });
+    const before = svc(['10.244.1.0/24', '172.16.0.0/12']);
+    await writeWhole(driver, before);
+    const sent: Transaction[] = [];
+    const run = executor.run.bind(executor);
+    executor.run = (tx) => {
+      sent.push(tx);
+      return run(tx);
+    };
+    const after = svc(['10.244.1.0/24', '192.168.0.0/16']);
+    await driver.apply([{ kind: 'elements', family: 'ipv4', remove: before, add: after }]);
+    const verbs = sent.flatMap((tx) => tx.operations.map(({ verb, object: o }) => `${verb} ${o.kind}`));
+    // The chain declared, emptied and given its three rules: no element of the map, the check
+    // map or the own-address set is written.
+    expect(verbs).to.deep.equal(['add chain', 'flush chain', 'add rule', 'add rule', 'add rule']);
+    const chain = sourceChainName('tenant/edited');
+    expect(execFileSync('nft', ['list', 'chain', 'ip', TABLE_NAME, chain]).toString()).to.include(
+      'ip saddr { 10.244.1.0/24, 192.168.0.0/16 } return',
+    );
+    // Every ranged entry removed: the elements, then the chain.
+    sent.length = 0;
+    await driver.apply([{ kind: 'elements', family: 'ipv4', remove: after, add: [] }]);
+    expect(ourChains()).to.deep.equal([]);
+    expect(checks()).to.deep.equal([]);
+  });
+
+  it('reads the check map and the own-address set through the addon as the controller writes them', async function () {
     if (!(await takesSourceRanges())) this.skip();
     const ranged: Entry = { ...entries(1)[0]!, sourceRanges: ['10.244.1.0/24', '10.0.0.1/32'] };
     await writeWhole(new NftDriver(new NftAddonExecutor(addon()), { lookup: 'set' }), [ranged]);
-    sh('nft', ['add', 'element', 'ip', TABLE_NAME, SOURCE_RANGE_SET, '{ 198.18.0.0 . tcp . 443 . 10.9.0.1-10.9.0.5 }']);
     const read = await addon().readSets!(
       'ip',
       TABLE_NAME,
       [
-        { name: SOURCE_RANGED_KEY_SET, kind: 'keys' },
-        { name: SOURCE_RANGE_SET, kind: 'ranges' },
+        { name: SOURCE_CHECK_MAP, kind: 'verdicts' },
+        { name: OWN_SOURCE_SET, kind: 'sourced' },
       ],
       10,
     );
-    expect(read.sets[0]).to.equal('198.18.0.0 tcp 443\n');
-    expect(
-      read.sets[1]!.split('\n')
-        .filter((l) => l)
-        .sort(),
-    ).to.deep.equal([
-      '198.18.0.0 tcp 443 10.0.0.1/32',
-      '198.18.0.0 tcp 443 10.244.1.0/24',
-      '198.18.0.0 tcp 443 10.9.0.1-10.9.0.5',
-    ]);
+    expect(read.sets[0]).to.equal(`198.18.0.0 tcp 443 jump ${sourceChainName(ranged.service)}\n`);
+    expect(read.sets[1]).to.equal('198.18.0.0 tcp 443 198.18.0.0\n');
   });
 });

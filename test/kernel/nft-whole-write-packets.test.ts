@@ -8,8 +8,8 @@
 //
 // On the kernels nodes run (5.10, 6.1), a whole write that flushed a set and added its elements
 // back lost lookups of the elements that stayed while it committed (element-diff.ts): this test
-// then counted untranslated datagrams, every round with a Service that has source ranges (the
-// concatenated interval set), now and then without. Runs as root inside `unshare --net --mount`
+// then counted untranslated datagrams, every round with a Service that has source ranges (then a
+// concatenated interval set; now a check map and a Service chain), now and then without. Runs as root inside `unshare --net --mount`
 // (test/run.mjs), and in the VM layer's guests on each of Debian's kernels.
 
 import { spawn, type ChildProcessByStdio } from 'node:child_process';
@@ -54,8 +54,9 @@ function entry(i: number, over: Partial<Entry> = {}): Entry {
 
 /** The streams' Service, 200 others, and the pod CIDRs of round `round` (both hold the pod's address). */
 function desired(round: number, sourceRanged: boolean): DesiredState {
-  // The node's datagrams come from the LoadBalancer IP itself (the address is local), the pod's from its own.
-  const ranges = sourceRanged ? { sourceRanges: ['10.244.0.0/16', `${LB}/32`] } : {};
+  // The node's datagrams come from the LoadBalancer IP itself (the address is local: translated
+  // with sourcesFromNode), the pod's from its own (inside the range).
+  const ranges = sourceRanged ? { sourceRanges: ['10.244.0.0/16'], sourcesFromNode: true as const } : {};
   const stream = entry(0, {
     externalIp: LB,
     protocol: 'UDP',
@@ -143,7 +144,7 @@ describe('nft whole writes under traffic (restarts, pod CIDRs switching)', funct
 
   for (const sourceRanged of [false, true]) {
     it(`translates every new flow from the node and a pod while the table is written whole again and again${sourceRanged ? ', with source ranges' : ''}`, async function () {
-      // Debian's 6.12.117 refuses the concatenated interval set's lookup (docs/operations.md, Kernels).
+      // A kernel that refuses what filters sources (the probe says so).
       if (sourceRanged && !filtersSources) this.skip();
       const executor = addonExecutor();
       await new Reconciler(new NftDriver(executor)).sync(desired(0, sourceRanged), { full: true });

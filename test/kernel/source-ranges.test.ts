@@ -39,8 +39,8 @@ for (const variant of VARIANTS) {
     this.timeout(180_000);
     const node = new TenantNode(variant.backend);
     /**
-     * Whether the backend filters sources here: eBPF never; nft where the kernel takes the lookup
-     * of a concatenated interval set, as its probe reports (Debian's 6.12.117 refused it).
+     * Whether the backend filters sources here: eBPF never; nft where the kernel takes the objects
+     * that filter them, as its probe reports.
      */
     let filters = variant.backend !== 'ebpf';
     /** What a source inside the ranges reaches. */
@@ -139,7 +139,7 @@ for (const variant of VARIANTS) {
           1,
         );
         if (variant.backend === 'nft')
-          expect(node.output).to.include('refuses the lookup of a concatenated interval set');
+          expect(node.output).to.include('refuses the objects that filter them');
         return;
       }
       const syncs = async () => (await node.metrics()).sum('ipvs_node_controller_syncs_total');

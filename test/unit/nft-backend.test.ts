@@ -11,6 +11,8 @@ import {
   KEY_SET_NAME,
   MAP_NAME,
   OUTPUT_CHAIN,
+  OWN_SOURCE_SET,
+  SOURCE_CHECK_MAP,
   TABLE_NAME,
   mapElements,
   tableObjects,
@@ -105,7 +107,7 @@ describe('the reconciler and the nft driver on the fake executor', () => {
     );
     expect(result.fallbackReason).to.equal('table-shape-changed');
     const table = fake.tables.get(`ip ${TABLE_NAME}`)!;
-    expect([...table.sets.keys()]).to.deep.equal([MAP_NAME]);
+    expect([...table.sets.keys()].sort()).to.deep.equal([MAP_NAME, SOURCE_CHECK_MAP, OWN_SOURCE_SET].sort());
     expect(elements(fake)).to.have.length(1);
   });
 
@@ -152,7 +154,7 @@ describe('the reconciler and the nft driver on the fake executor', () => {
     expect(result.mode).to.equal('full');
     expect(result.repairedElements).to.equal(3);
     expect(elements(fake)).to.deep.equal(before);
-    expect(fake.tables.get(`ip ${TABLE_NAME}`)!.chains.get(OUTPUT_CHAIN)!.rules).to.have.length(1);
+    expect(fake.tables.get(`ip ${TABLE_NAME}`)!.chains.get(OUTPUT_CHAIN)!.rules).to.have.length(2);
     // Never a table deleted on the way.
     for (const tx of fake.transactions.slice(documents)) expect(text(tx)).not.to.match(/"delete":\{"table"/);
     // Nothing drifted since the repair, and nobody else wrote: the next resync writes nothing.
@@ -290,8 +292,10 @@ describe('the reconciler and the nft driver on the fake executor', () => {
     const fake = new FakeNftExecutor();
     const driver = new NftDriver(fake);
     const backend = new Reconciler(driver);
-    // What Debian's 6.12.117 answered to a lookup of a concatenated interval set.
-    fake.refuse = (tx) => (text(tx).includes('"right":"@source-ranges"') ? 'Operation not supported' : undefined);
+    // What Debian's 6.12.117 answered to a lookup of a concatenated interval set (the layout of
+    // versions before 0.5): a kernel that refuses what filters sources.
+    fake.refuse = (tx) =>
+      text(tx).includes(`"right":"@${OWN_SOURCE_SET}"`) ? 'Operation not supported' : undefined;
     const probe = await backend.driver.probe();
     expect(probe.ok).to.equal(true);
     expect(probe.detail).to.include('source ranges not filtered');

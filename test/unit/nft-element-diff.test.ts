@@ -10,12 +10,13 @@ import {
   sourceRangeDifference,
   sourceRangeLines,
 } from '../../src/backends/nft/element-diff.js';
-import { Transaction, type SourceRangeElement } from '../../src/backends/nft/objects.js';
+import { Transaction } from '../../src/backends/nft/objects.js';
 import {
   KEY_SET_NAME,
   MAP_NAME,
-  SOURCE_RANGED_KEY_SET,
-  SOURCE_RANGE_SET,
+  OWN_SOURCE_SET,
+  SOURCE_CHECK_MAP,
+  sourceChainName,
   desiredTable,
   mapElement,
 } from '../../src/backends/nft/render.js';
@@ -110,72 +111,68 @@ describe('nft whole write: the difference with what a map holds', () => {
   });
 });
 
-describe('nft whole write: the source-range sets', () => {
+describe('nft whole write: the source-range check map and own-address set', () => {
   const key = ['192.0.2.1', 'tcp', 80];
-  const source = (address: string, length: number): SourceRangeElement => ({ key, source: { address, length } });
+  const chain = sourceChainName('default/a');
 
-  it('reads a listing of each set, whole addresses and prefixes', () => {
-    const listing = JSON.stringify({
+  it('reads a listing of the check map and of the own-address set', () => {
+    const checks = JSON.stringify({
       nftables: [
         { metainfo: { version: '1.0.6' } },
         {
-          set: {
-            name: SOURCE_RANGE_SET,
+          map: {
+            name: SOURCE_CHECK_MAP,
             elem: [
-              { concat: ['192.0.2.1', 'tcp', 80, { prefix: { addr: '10.0.0.0', len: 8 } }] },
-              { concat: ['192.0.2.1', 'tcp', 80, '10.9.9.9'] },
-              { elem: { val: { concat: ['2001:db8::1', 'udp', 53, '2001:db8::7'] }, comment: 'x' } },
+              [{ concat: key }, { jump: { target: chain } }],
+              [{ concat: ['2001:db8::1', 'udp', 53] }, { jump: { target: 'x' } }],
             ],
           },
         },
       ],
     });
-    expect(listedSetElements(listing, true)).to.deep.equal([
-      source('10.0.0.0', 8),
-      source('10.9.9.9', 32),
-      { key: ['2001:db8::1', 'udp', 53], source: { address: '2001:db8::7', length: 128 } },
+    expect(listedSetElements(checks, 'verdicts')).to.deep.equal([
+      { key, chain },
+      { key: ['2001:db8::1', 'udp', 53], chain: 'x' },
     ]);
-    const keys = JSON.stringify({ nftables: [{ set: { name: SOURCE_RANGED_KEY_SET, elem: [{ concat: key }] } }] });
-    expect(listedSetElements(keys, false)).to.deep.equal([{ key, value: '' }]);
-    expect(listedSetElements(JSON.stringify({ nftables: [{ set: { name: 'x' } }] }), false)).to.deep.equal([]);
-    // A range, or a key of another form: not read (the sets are then flushed and refilled).
-    const range = { nftables: [{ set: { elem: [{ concat: [...key, { range: ['10.0.0.1', '10.0.0.5'] }] }] } }] };
-    expect(() => listedSetElements(JSON.stringify(range), true)).to.throw(/unexpected set element/);
-    expect(() => listedSetElements(JSON.stringify({ nftables: [] }), true)).to.throw(/no set/);
+    const own = JSON.stringify({ nftables: [{ set: { name: OWN_SOURCE_SET, elem: [{ concat: [...key, '192.0.2.1'] }] } }] });
+    expect(listedSetElements(own, 'sourced')).to.deep.equal([{ key: [...key, '192.0.2.1'], value: '' }]);
+    expect(listedSetElements(JSON.stringify({ nftables: [{ set: { name: 'x' } }] }), 'keys')).to.deep.equal([]);
+    // A verdict that is no jump, or a key of another form: not read (then flushed and refilled).
+    const accept = { nftables: [{ map: { elem: [[{ concat: key }, { accept: null }]] } }] };
+    expect(() => listedSetElements(JSON.stringify(accept), 'verdicts')).to.throw(/unexpected set element/);
+    expect(() => listedSetElements(own, 'keys')).to.throw(/unexpected set element/);
+    expect(() => listedSetElements(JSON.stringify({ nftables: [] }), 'sourced')).to.throw(/no set/);
   });
 
-  it('reads the lines of a netlink dump of each set; a range that is no prefix is not read', () => {
+  it('reads the lines of a netlink dump of each; a verdict other than a jump is not read', () => {
     expect(
-      sourceRangeLines(
-        '192.0.2.1 tcp 80\n192.0.2.9 132 1\n',
-        '192.0.2.1 tcp 80 10.0.0.0/8\n192.0.2.1 tcp 80 10.9.9.9/32\n',
-      ),
+      sourceRangeLines(`192.0.2.1 tcp 80 jump ${chain}\n192.0.2.9 132 1 jump x\n`, '192.0.2.1 tcp 80 192.0.2.1\n'),
     ).to.deep.equal({
-      keys: [
-        { key, value: '' },
-        { key: ['192.0.2.9', 132, 1], value: '' },
+      checks: [
+        { key, chain },
+        { key: ['192.0.2.9', 132, 1], chain: 'x' },
       ],
-      sources: [source('10.0.0.0', 8), source('10.9.9.9', 32)],
+      own: [{ key: [...key, '192.0.2.1'], value: '' }],
     });
-    expect(sourceRangeLines('', '')).to.deep.equal({ keys: [], sources: [] });
-    expect(() => sourceRangeLines('', '192.0.2.1 tcp 80 10.0.0.1-10.0.0.5')).to.throw(/no prefix/);
+    expect(sourceRangeLines('', '')).to.deep.equal({ checks: [], own: [] });
+    expect(() => sourceRangeLines('192.0.2.1 tcp 80 accept', '')).to.throw(/unexpected check element/);
   });
 
-  it('adds and removes only the ranges and keys that differ', () => {
+  it('adds and removes only the elements that differ', () => {
     const held = {
-      keys: [
-        { key, value: '' },
-        { key: ['192.0.2.9', 'tcp', 1], value: '' },
+      checks: [
+        { key, chain },
+        { key: ['192.0.2.9', 'tcp', 1], chain },
       ],
-      sources: [source('10.0.0.0', 8)],
+      own: [{ key: [...key, '192.0.2.1'], value: '' }],
     };
-    const wanted = { keys: [{ key, value: '' }], sources: [source('10.0.0.0', 8), source('192.168.0.0', 16)] };
+    const wanted = { checks: [{ key, chain: 'other' }], own: held.own };
     const diff = sourceRangeDifference(held, wanted);
-    expect(diff.keys).to.deep.equal({ removed: [{ key: ['192.0.2.9', 'tcp', 1], value: '' }], added: [] });
-    expect(diff.sources).to.deep.equal({ removed: [], added: [source('192.168.0.0', 16)] });
+    expect(diff.checks).to.deep.equal({ removed: held.checks, added: [{ key, chain: 'other' }] });
+    expect(diff.own).to.deep.equal({ removed: [], added: [] });
   });
 
-  it('writes the difference into the whole write instead of flushing the sets, when it is known', () => {
+  it('writes the difference into the whole write instead of flushing, when it is known', () => {
     const entry: Entry = {
       family: 'ipv4',
       externalIp: '192.0.2.1',
@@ -189,30 +186,37 @@ describe('nft whole write: the source-range sets', () => {
     const t = desiredTable('ipv4', state, 0x4000, 'set');
     const onSets = (tx: Transaction) =>
       tx.operations.flatMap(({ verb, object: o }) => {
-        const ranged = (name: string) => name === SOURCE_RANGE_SET || name === SOURCE_RANGED_KEY_SET;
+        const ranged = (name: string) => name === SOURCE_CHECK_MAP || name === OWN_SOURCE_SET;
         if (o.kind === 'element') return ranged(o.set) ? [`${verb} ${o.set} ${o.elements.length}`] : [];
-        return o.kind === 'set' && verb !== 'add' && ranged(o.name) ? [`${verb} ${o.name}`] : [];
+        return (o.kind === 'set' || o.kind === 'map') && verb !== 'add' && ranged(o.name) ? [`${verb} ${o.name}`] : [];
       });
-    // Unknown: flushed and filled again, as before.
-    expect(onSets(writeTable(new Transaction(), t))).to.deep.equal([
-      `flush ${SOURCE_RANGED_KEY_SET}`,
-      `flush ${SOURCE_RANGE_SET}`,
-      `add ${SOURCE_RANGED_KEY_SET} 1`,
-      `add ${SOURCE_RANGE_SET} 2`,
+    // Unknown: flushed and filled again.
+    expect(onSets(writeTable(new Transaction(), t))).to.have.members([
+      `flush ${OWN_SOURCE_SET}`,
+      `flush ${SOURCE_CHECK_MAP}`,
+      `add ${SOURCE_CHECK_MAP} 1`,
+      `add ${OWN_SOURCE_SET} 1`,
     ]);
-    // Known: one range added, nothing flushed; whether the map is replaced or kept.
-    const held = {
-      keys: [{ key: ['192.0.2.1', 'tcp', 80], value: '' }],
-      sources: [{ key: ['192.0.2.1', 'tcp', 80], source: { address: '10.0.0.0', length: 8 } }],
-    };
+    // Known and right: nothing written to them, whether the map is replaced or kept.
+    const held = { checks: [{ key, chain }], own: [{ key: [...key, '192.0.2.1'], value: '' }] };
     for (const write of [writeTable, writeTableButElements]) {
-      expect(onSets(write(new Transaction(), t, { sourceRanges: held }))).to.deep.equal([`add ${SOURCE_RANGE_SET} 1`]);
+      expect(onSets(write(new Transaction(), t, { sourceRanges: held }))).to.deep.equal([]);
     }
-    const extra = { keys: held.keys, sources: [...held.sources, source('1.2.3.4', 32)] };
-    expect(onSets(writeTable(new Transaction(), t, { sourceRanges: extra }))).to.deep.equal([
-      `delete ${SOURCE_RANGE_SET} 1`,
-      `add ${SOURCE_RANGE_SET} 1`,
-    ]);
+    const extra = { checks: [...held.checks, { key: ['192.0.2.2', 'tcp', 80], chain }], own: held.own };
+    expect(onSets(writeTable(new Transaction(), t, { sourceRanges: extra }))).to.deep.equal([`delete ${SOURCE_CHECK_MAP} 1`]);
+  });
+
+  it('removes the source-range chains of an earlier state that nothing wants, once no element jumps to them', () => {
+    const state: FamilyState = { entries: [], localPodMatch: { kind: 'cidrs', cidrs: [] } };
+    const t = desiredTable('ipv4', state, 0x4000, 'set');
+    const stale = sourceChainName('gone/svc');
+    const tx = writeTable(new Transaction(), t, { sourceChains: [stale] });
+    const verbs = tx.operations
+      .filter(({ object: o }) => (o.kind === 'chain' && o.name === stale) || (o.kind === 'map' && o.name === SOURCE_CHECK_MAP))
+      .map(({ verb, object: o }) => `${verb} ${o.kind}`);
+    // Emptied of its rules and of the elements that jump to it (the map flushed), then deleted.
+    expect(verbs.indexOf('flush map')).to.be.lessThan(verbs.lastIndexOf('delete chain'));
+    expect(verbs).to.include('flush chain');
   });
 });
 

@@ -45,12 +45,17 @@ describe('nft renderer', () => {
         t.rules
           .filter((r) => r.chain === chain)
           .map((r) => r.statements.map((x) => (x.kind === 'localAddress' ? `${x.field}Local` : x.kind)));
-      const pods = kinds('prerouting-from-local-pods');
+      // Each base chain first asks the source-range check map (a ranged entry's Service chain).
+      const [check, ...pods] = kinds('prerouting-from-local-pods');
+      expect(check).to.deep.equal(['verdictByMap']);
       expect(pods).to.have.length.above(0);
       for (const rule of pods) {
         expect(rule).to.deep.equal(['sourceInPrefix', 'destinationIn', 'daddrLocal', 'dnatByMap']);
       }
-      expect(kinds('output-from-node')).to.deep.equal([['destinationIn', 'saddrLocal', 'daddrLocal', 'jump']]);
+      expect(kinds('output-from-node')).to.deep.equal([
+        ['verdictByMap'],
+        ['destinationIn', 'saddrLocal', 'daddrLocal', 'jump'],
+      ]);
       expect(kinds('mark-for-masquerade-and-dnat')).to.deep.equal([['orMark', 'dnatByMap']]);
     }
   });
@@ -71,7 +76,7 @@ describe('nft renderer', () => {
     // A pod set left by an earlier state goes; no rule names it.
     const rules = JSON.stringify(commands.filter((c) => (c.add as { rule?: unknown } | undefined)?.rule));
     expect(rules).to.not.match(/local-pod-cidrs/);
-    expect(commands.at(-1)).to.deep.equal({
+    expect(commands).to.deep.include({
       delete: { set: { family: 'ip', table: 'ipvs-node-controller', name: 'local-pod-cidrs' } },
     });
   });
@@ -85,7 +90,7 @@ describe('nft renderer', () => {
     expect(JSON.stringify(commands.filter((c) => (c.add as { rule?: unknown } | undefined)?.rule))).to.not.match(
       /prerouting/,
     );
-    expect(commands.at(-2)).to.deep.equal({
+    expect(commands).to.deep.include({
       delete: { chain: { family: 'ip', table: 'ipvs-node-controller', name: 'prerouting-from-local-pods' } },
     });
   });

@@ -9,7 +9,7 @@ import type { DesiredState, Entry, FamilyState, ModelConfig, NodeInfo, ServiceIn
 import { staleTuples } from '../../src/conntrack/stale-tuples.js';
 import { diffProgrammed } from '../../src/reconciler/element-storage.js';
 import { renderChainRules } from '../../src/backends/iptables/render.js';
-import { desiredTable } from '../../src/backends/nft/render.js';
+import { desiredTable, sourceChainName } from '../../src/backends/nft/render.js';
 import { tableText } from '../../src/backends/nft/objects.js';
 import { CONFIG } from '../support/fixtures.js';
 
@@ -41,6 +41,13 @@ function build(services: ServiceInfo[], config: Partial<ModelConfig> = {}, node:
 function ranges(d: DesiredState): Record<string, readonly string[] | undefined> {
   const out: Record<string, readonly string[] | undefined> = {};
   for (const e of [...d.ipv4.entries, ...d.ipv6.entries]) out[`${e.externalIp}/${e.port}`] = e.sourceRanges;
+  return out;
+}
+
+/** Whether each entry translates its own address as a source (Entry.sourcesFromNode). */
+function fromNode(d: DesiredState): Record<string, boolean> {
+  const out: Record<string, boolean> = {};
+  for (const e of [...d.ipv4.entries, ...d.ipv6.entries]) out[`${e.externalIp}/${e.port}`] = e.sourcesFromNode === true;
   return out;
 }
 
@@ -86,9 +93,10 @@ describe('source ranges: the model', () => {
     expect(ranges(d)['192.0.2.10/80']).to.deep.equal(['203.0.113.0/24']);
   });
 
-  it('adds the LoadBalancer IP itself as a source when a range holds the node IP (allowFromNode)', () => {
+  it('lets the LoadBalancer IP itself through as a source when a range holds the node IP (allowFromNode)', () => {
     const d = build([lb({ loadBalancerSourceRanges: ['192.168.50.0/24'] })]);
-    expect(ranges(d)['192.0.2.10/80']).to.deep.equal(['192.0.2.10/32', '192.168.50.0/24']);
+    expect(ranges(d)['192.0.2.10/80']).to.deep.equal(['192.168.50.0/24']);
+    expect(fromNode(d)['192.0.2.10/80']).to.equal(true);
     // The node IP of each family is the Node's first host IP of it: another address does not count.
     const other = build(
       [lb({ loadBalancerSourceRanges: ['192.168.50.0/24'] })],
@@ -96,11 +104,27 @@ describe('source ranges: the model', () => {
       { ...NODE, hostIPs: ['192.168.60.1'] },
     );
     expect(ranges(other)['192.0.2.10/80']).to.deep.equal(['192.168.50.0/24']);
+    expect(fromNode(other)['192.0.2.10/80']).to.equal(false);
   });
 
-  it('takes the LoadBalancer IP out of a range that holds it when the node IP is in none', () => {
+  it('keeps a range that holds the LoadBalancer IP whole, the IP itself refused when the node IP is in none', () => {
     const d = build([lb({ ingress: [{ ip: '10.1.2.3' }], loadBalancerSourceRanges: ['10.1.2.0/30'] })]);
-    expect(ranges(d)['10.1.2.3/80']).to.deep.equal(['10.1.2.0/31', '10.1.2.2/32']);
+    // Not split around the address (up to 31 more CIDRs for IPv4, 127 for IPv6): one range.
+    expect(ranges(d)['10.1.2.3/80']).to.deep.equal(['10.1.2.0/30']);
+    expect(fromNode(d)['10.1.2.3/80']).to.equal(false);
+    const v6 = build([lb({ ingress: [{ ip: '2001:db8::10' }], loadBalancerSourceRanges: ['2001:db8::/1'] })]);
+    expect(ranges(v6)['2001:db8::10/80']).to.deep.equal(['::/1']);
+  });
+
+  it('counts a Service\'s ranges once against the entry limits, whatever its ports', () => {
+    const manyRanges = Array.from({ length: 64 }, (_, i) => `10.${i}.0.0/16`);
+    const ports = Array.from({ length: 10 }, (_, i) => ({ port: 1000 + i, protocol: 'TCP' }));
+    const svc = lb({ ingress: [{ ip: '192.0.2.10' }], ports, loadBalancerSourceRanges: manyRanges });
+    // 10 entries and 64 ranges: 74, over a limit of 73, within one of 74.
+    const over = build([svc], { maxEntriesPerService: 73 });
+    expect(over.skips.map((s) => s.reason)).to.deep.equal(['tooManyEntries']);
+    expect(over.skips[0]!.detail).to.include('1 addresses x 10 ports + 64 source ranges = 74 entries');
+    expect(build([svc], { maxEntriesPerService: 74 }).ipv4.entries).to.have.length(10);
   });
 
   it('skips the ranged addresses of a Service with too many ranges, and those of a backend that cannot filter', () => {
@@ -213,19 +237,36 @@ describe('source ranges: what the backends write', () => {
     );
   });
 
-  it('nft: the source-range sets and the rule before the jump only in a table with ranged entries', () => {
+  it('nft: one chain per ranged Service holding its ranges once; each ranged entry an element that jumps to it', () => {
+    const ports = [80, 443, 8080];
     const state: FamilyState = {
-      entries: [entry({ sourceRanges: ['10.0.0.0/8', '192.0.2.10/32'] }), entry({ port: 443 })],
+      entries: [
+        ...ports.map((port) => entry({ port, sourceRanges: ['10.0.0.0/8', '192.0.2.0/24'] })),
+        entry({ externalIp: '192.0.2.11', service: 'default/open' }),
+      ],
       localPodMatch: { kind: 'cidrs', cidrs: ['10.244.1.0/24'] },
       sourceRanged: true,
     };
-    const text = tableText(desiredTable('ipv4', state, 0x4000));
-    expect(text).to.include('set source-ranged-keys {');
-    expect(text).to.include('192.0.2.10 . tcp . 80 . 10.0.0.0/8,\n\t\t\t192.0.2.10 . tcp . 80 . 192.0.2.10/32');
+    const t = desiredTable('ipv4', state, 0x4000);
+    const text = tableText(t);
+    const chain = sourceChainName('default/web');
+    for (const port of ports) expect(text).to.include(`192.0.2.10 . tcp . ${port} : jump ${chain}`);
+    expect(text).to.include(`192.0.2.10 . tcp . 80 . 192.0.2.10`);
+    expect(text).not.to.include('192.0.2.11 . tcp . 80 :  jump');
+    // The ranges once, whatever the ports; the LoadBalancer IP itself refused (no allowFromNode).
     expect(text).to.include(
-      '\t\tip daddr . meta l4proto . th dport @source-ranged-keys ip daddr . meta l4proto . th dport . ip saddr != @source-ranges return\n\t\tip daddr . meta l4proto . th dport @external-ip-to-cluster-ip fib saddr type local',
+      `\tchain ${chain} {\n\t\tip daddr . meta l4proto . th dport . ip saddr @source-range-own-addresses accept\n\t\tip saddr { 10.0.0.0/8, 192.0.2.0/24 } return\n\t\taccept\n\t}`,
     );
-    const plain = tableText(desiredTable('ipv4', { entries: [entry()], localPodMatch: state.localPodMatch }, 0x4000));
-    expect(plain).not.to.include('source-range');
+    expect(text.match(/10\.0\.0\.0\/8/g)).to.have.length(1);
+    // Each base chain asks the check map first.
+    expect(text).to.include('\t\tip daddr . meta l4proto . th dport vmap @source-range-checks\n\t\tip daddr . meta l4proto . th dport @external-ip-to-cluster-ip fib saddr type local');
+    const fromNodeToo = tableText(
+      desiredTable('ipv4', { ...state, entries: [entry({ sourceRanges: ['10.0.0.0/8'], sourcesFromNode: true })] }, 0x4000),
+    );
+    expect(fromNodeToo).to.include('@source-range-own-addresses return');
+    // Objects: a chain per ranged Service, an element per ranged entry.
+    expect(t.sourceRanges.chains.map((c) => c.name)).to.deep.equal([chain]);
+    expect(t.sourceRanges.checks.elements).to.have.length(3);
+    expect(t.sourceRanges.rules).to.have.length(3);
   });
 });

@@ -17,6 +17,7 @@ import {
   type NftExecutor,
   type SetRead,
   type SetsRead,
+  chainNames,
 } from './executor.js';
 import { JsonWriter, type MapElement, type NftFamily, type Transaction } from './objects.js';
 import { MAP_NAME, TABLE_NAME } from './render.js';
@@ -32,7 +33,7 @@ export interface NftablesAddon {
    * JSON listing of one table, or null when it does not exist. A listing longer than `maxBytes`
    * rejects with code ERR_LISTING_TOO_LARGE.
    */
-  list(family: string, table: string, maxBytes?: number): Promise<string | null>;
+  list(family: string, table: string, maxBytes?: number, what?: 'table' | 'chains'): Promise<string | null>;
   /**
    * One map's element removals and additions as one netlink batch (built with libnftnl; absent
    * when the addon was built without libnftnl-dev and libmnl-dev). Each list is one element a
@@ -288,6 +289,15 @@ export class NftAddonExecutor implements NftExecutor {
   async check(tx: Transaction): Promise<void> {
     try {
       await this.addon.check(this.json.document(tx));
+    } catch (err) {
+      throw asNftError(err);
+    }
+  }
+
+  async listChains(family: NftFamily, table: string): Promise<string[]> {
+    try {
+      const listing = await this.addon.list(family, table, this.maxListingBytes, 'chains');
+      return listing === null ? [] : chainNames(listing, table);
     } catch (err) {
       throw asNftError(err);
     }

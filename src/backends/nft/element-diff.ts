@@ -6,7 +6,7 @@
 // missed stays untranslated for its life. Elements that are only added or removed beside it
 // leave it found. Pure: no I/O.
 
-import type { MapElement, SourceRangeElement } from './objects.js';
+import type { MapElement, VerdictElement } from './objects.js';
 
 /** What a map and its key set hold, one element a line as the addon reads them (readElements). */
 export interface HeldElements {
@@ -110,14 +110,14 @@ export function elementDifference(held: HeldElements, wanted: string): ElementDi
   };
 }
 
-/** The elements of the two source-range sets: keys, and keys each with a source prefix. */
+/** The elements of the source-range check map and of the own-address set. */
 export interface SourceRangeSets {
-  keys: readonly MapElement[];
-  sources: readonly SourceRangeElement[];
+  checks: readonly VerdictElement[];
+  own: readonly MapElement[];
 }
 
 const keyText = (e: MapElement) => e.key.join(' ');
-const sourceText = (e: SourceRangeElement) => `${e.key.join(' ')} ${e.source.address}/${e.source.length}`;
+const checkText = (e: VerdictElement) => `${e.key.join(' ')} jump ${e.chain}`;
 
 /** Removals and additions that bring `held` to `wanted`, elements compared by `text`. */
 function difference<T>(held: readonly T[], wanted: readonly T[], text: (e: T) => string): { removed: T[]; added: T[] } {
@@ -129,75 +129,84 @@ function difference<T>(held: readonly T[], wanted: readonly T[], text: (e: T) =>
   };
 }
 
-/** The changes that bring the source-range sets from `held` to `wanted`. */
+/** The changes that bring the source-range check map and own-address set from `held` to `wanted`. */
 export function sourceRangeDifference(
   held: SourceRangeSets,
   wanted: SourceRangeSets,
 ): {
-  keys: { removed: MapElement[]; added: MapElement[] };
-  sources: { removed: SourceRangeElement[]; added: SourceRangeElement[] };
+  checks: { removed: VerdictElement[]; added: VerdictElement[] };
+  own: { removed: MapElement[]; added: MapElement[] };
 } {
   return {
-    keys: difference(held.keys, wanted.keys, keyText),
-    sources: difference(held.sources, wanted.sources, sourceText),
+    checks: difference(held.checks, wanted.checks, checkText),
+    own: difference(held.own, wanted.own, keyText),
   };
 }
 
+const protocolOf = (text: string) => (/^\d+$/.test(text) ? Number(text) : text);
+
 /**
- * The source-range sets' elements from their lines (SetRead: `address protocol port` keys,
- * `address protocol port source/length` ranges). Throws on a range that is no prefix, which the
- * controller never writes: the sets are then flushed and refilled.
+ * The source-range elements from their lines (SetRead: `address protocol port verdict chain`
+ * checks, `address protocol port source` own addresses). Throws on a verdict other than a jump,
+ * which the controller never writes: the map is then flushed and refilled.
  */
-export function sourceRangeLines(keys: string, ranges: string): SourceRangeSets {
-  const keyOfFields = (fields: string[]) => {
-    const [address, protocol, port] = fields;
-    return [address!, /^\d+$/.test(protocol!) ? Number(protocol) : protocol!, Number(port)];
-  };
+export function sourceRangeLines(checks: string, own: string): SourceRangeSets {
   return {
-    keys: linesOf(keys).map((line) => ({ key: keyOfFields(line.split(' ')), value: '' })),
-    sources: linesOf(ranges).map((line) => {
-      const fields = line.split(' ');
-      const [address, length] = (fields[3] ?? '').split('/');
-      if (fields.length !== 4 || length === undefined) throw new Error(`a source range that is no prefix: ${line}`);
-      return { key: keyOfFields(fields), source: { address: address!, length: Number(length) } };
+    checks: linesOf(checks).map((line) => {
+      const [address, protocol, port, verdict, chain, ...rest] = line.split(' ');
+      if (verdict !== 'jump' || chain === undefined || rest.length > 0) throw new Error(`unexpected check element: ${line}`);
+      return { key: [address!, protocolOf(protocol!), Number(port)], chain };
+    }),
+    own: linesOf(own).map((line) => {
+      const [address, protocol, port, source, ...rest] = line.split(' ');
+      if (source === undefined || rest.length > 0) throw new Error(`unexpected own-address element: ${line}`);
+      return { key: [address!, protocolOf(protocol!), Number(port), source], value: '' };
     }),
   };
 }
 
 /**
- * The elements of one set as `nft -j list set` shows them: concatenations of address, protocol
- * and port (`withSource`: and a source prefix, or an address for a whole one). Throws on an
- * element of another form: the set is then written whole.
+ * The elements of one set or verdict map as `nft -j list set|map` shows them: concatenations of
+ * address, protocol and port (`withSource`: and a source address); a verdict map's each with a
+ * jump. Throws on an element of another form: the set is then written whole.
  */
-export function listedSetElements(listing: string, withSource: false): MapElement[];
-export function listedSetElements(listing: string, withSource: true): SourceRangeElement[];
-export function listedSetElements(listing: string, withSource: boolean): Array<MapElement | SourceRangeElement> {
-  const doc = JSON.parse(listing) as { nftables?: Array<{ set?: { elem?: unknown[] } }> };
-  const set = doc.nftables?.find((o) => o.set)?.set;
+export function listedSetElements(listing: string, kind: 'keys'): MapElement[];
+export function listedSetElements(listing: string, kind: 'sourced'): MapElement[];
+export function listedSetElements(listing: string, kind: 'verdicts'): VerdictElement[];
+export function listedSetElements(
+  listing: string,
+  kind: 'keys' | 'sourced' | 'verdicts',
+): Array<MapElement | VerdictElement> {
+  const doc = JSON.parse(listing) as { nftables?: Array<{ set?: { elem?: unknown[] }; map?: { elem?: unknown[] } }> };
+  const found = doc.nftables?.find((o) => o.set ?? o.map);
+  const set = found?.set ?? found?.map;
   if (!set) throw new Error('the listing holds no set');
-  const out: Array<MapElement | SourceRangeElement> = [];
-  for (const item of set.elem ?? []) {
+  const out: Array<MapElement | VerdictElement> = [];
+  for (const raw of set.elem ?? []) {
+    const unexpected = () => new Error(`unexpected set element ${JSON.stringify(raw)}`);
+    let item = raw;
+    let chain: unknown;
+    if (kind === 'verdicts') {
+      if (!Array.isArray(raw) || raw.length !== 2) throw unexpected();
+      item = raw[0];
+      chain = (raw[1] as { jump?: { target?: unknown } } | undefined)?.jump?.target;
+      if (typeof chain !== 'string') throw unexpected();
+    }
     const wrapped = (item as { elem?: { val?: unknown } }).elem;
     const parts = ((wrapped ? wrapped.val : item) as { concat?: unknown[] }).concat;
-    const unexpected = () => new Error(`unexpected set element ${JSON.stringify(item)}`);
-    if (!Array.isArray(parts) || parts.length !== (withSource ? 4 : 3)) throw unexpected();
+    if (!Array.isArray(parts) || parts.length !== (kind === 'sourced' ? 4 : 3)) throw unexpected();
     const [address, protocol, port, source] = parts;
     if (typeof address !== 'string' || (typeof protocol !== 'string' && typeof protocol !== 'number')) {
       throw unexpected();
     }
     if (typeof port !== 'number') throw unexpected();
     const key = [address, protocol, port];
-    if (!withSource) {
-      out.push({ key, value: '' });
-      continue;
+    if (kind === 'verdicts') out.push({ key, chain: chain as string });
+    else if (kind === 'keys') out.push({ key, value: '' });
+    else {
+      if (typeof source !== 'string') throw unexpected();
+      out.push({ key: [...key, source], value: '' });
     }
-    if (typeof source === 'string') {
-      out.push({ key, source: { address: source, length: source.includes(':') ? 128 : 32 } });
-      continue;
-    }
-    const prefix = (source as { prefix?: { addr?: unknown; len?: unknown } } | undefined)?.prefix;
-    if (typeof prefix?.addr !== 'string' || typeof prefix.len !== 'number') throw unexpected();
-    out.push({ key, source: { address: prefix.addr, length: prefix.len } });
   }
   return out;
 }

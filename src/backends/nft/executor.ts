@@ -27,12 +27,13 @@ export interface MapElementChanges {
 
 /**
  * A set to read, and how its elements are written one a line (element-diff.ts): a map
- * (`address protocol port value[ comment]`), a set of its keys (`address protocol port`), the
- * source-range set (`address protocol port source/length`, or `first-last` for a range).
+ * (`address protocol port value[ comment]`), a set of its keys (`address protocol port`), a set
+ * of keys with a source address (`address protocol port source`), a verdict map (`address
+ * protocol port jump chain`).
  */
 export interface SetRead {
   name: string;
-  kind: 'map' | 'keys' | 'ranges';
+  kind: 'map' | 'keys' | 'sourced' | 'verdicts';
 }
 
 /** What readSets read: the lines of each set asked for (undefined: it does not exist). */
@@ -92,8 +93,10 @@ export interface NftExecutor {
    * they cannot be read (more elements than the controller writes, say).
    */
   readSets?(family: NftFamily, table: string, sets: readonly SetRead[]): Promise<SetsRead>;
-  /** `nft -j list set <family> <table> <set>`, or undefined when the table or the set does not exist. */
-  listSet?(family: NftFamily, table: string, set: string): Promise<string | undefined>;
+  /** `nft -j list set|map <family> <table> <name>`, or undefined when the table or the set does not exist. */
+  listSet?(family: NftFamily, table: string, set: string, what?: 'set' | 'map'): Promise<string | undefined>;
+  /** The names of the chains of one table (`nft -j list chains <family>`, no rules). */
+  listChains?(family: NftFamily, table: string): Promise<string[]>;
   /** Runs a transaction in check mode: validated by the kernel, nothing is committed. */
   check(tx: Transaction): Promise<void>;
   /** `nft -j list table <family> <name>` output, or undefined when the table does not exist. */
@@ -179,13 +182,17 @@ export class NftCliExecutor implements NftExecutor {
     await this.execDocument(['-c'], this.json.document(tx));
   }
 
-  async listSet(family: NftFamily, table: string, set: string): Promise<string | undefined> {
+  async listSet(family: NftFamily, table: string, set: string, what: 'set' | 'map' = 'set'): Promise<string | undefined> {
     try {
-      return await this.exec(['-j', 'list', 'set', family, table, set]);
+      return await this.exec(['-j', 'list', what, family, table, set]);
     } catch (err) {
       if (isNoSuchObject(err)) return undefined;
       throw err;
     }
+  }
+
+  async listChains(family: NftFamily, table: string): Promise<string[]> {
+    return chainNames(await this.exec(['-j', 'list', 'chains', family]), table);
   }
 
   /**
@@ -236,4 +243,15 @@ export class NftCliExecutor implements NftExecutor {
     }
     return result.stdout;
   }
+}
+
+/** The names of `table`'s chains in a `list chains` JSON listing. */
+export function chainNames(listing: string, table: string): string[] {
+  const doc = JSON.parse(listing) as { nftables?: Array<{ chain?: { table?: unknown; name?: unknown } }> };
+  const names: string[] = [];
+  for (const item of doc.nftables ?? []) {
+    const chain = item.chain;
+    if (chain && chain.table === table && typeof chain.name === 'string') names.push(chain.name);
+  }
+  return names;
 }

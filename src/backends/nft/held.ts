@@ -1,5 +1,6 @@
-// What our sets and map hold before a JSON transaction writes a family whole (or repairs its
-// source-range sets), where the executor can read it: the transaction then writes their
+// What our sets and maps hold before a JSON transaction writes a family whole (or repairs its
+// source-range objects), and which Services' source-range chains it has, where the executor can
+// read it: the transaction then writes their
 // difference (element-diff.ts) instead of emptying and filling them again, or replacing the map.
 
 import type { DriverOperation } from '../../driver/driver.js';
@@ -10,8 +11,9 @@ import {
   KEY_SET_NAME,
   MAP_NAME,
   NFT_FAMILY,
-  SOURCE_RANGED_KEY_SET,
-  SOURCE_RANGE_SET,
+  OWN_SOURCE_SET,
+  SOURCE_CHAIN_PREFIX,
+  SOURCE_CHECK_MAP,
   TABLE_NAME,
   mapElement,
   type KeyLookup,
@@ -42,25 +44,45 @@ export async function readHeld(
 ): Promise<Held> {
   const wanted = new Map<Family, { ranges: boolean; whole?: WholeWrite }>();
   for (const op of operations) {
-    if (op.kind === 'writeFamily') wanted.set(op.family, { ranges: op.state.sourceRanged === true, whole: op });
-    if (op.kind === 'repairShape' && op.parts.includes(SOURCE_RANGE_SET) && op.shape.state.sourceRanged) {
+    if (op.kind === 'writeFamily') wanted.set(op.family, { ranges: true, whole: op });
+    if (op.kind === 'repairShape' && op.parts.includes(SOURCE_CHECK_MAP)) {
       wanted.set(op.family, { ...wanted.get(op.family), ranges: true });
     }
   }
   const families = new Map<Family, HeldContents>();
   const canRead = executor.readSets !== undefined;
   const canList = executor.listSet !== undefined;
-  const reads = [...wanted].filter(([, w]) => canRead || (w.ranges && canList));
+  const reads = [...wanted].filter(([, w]) => canRead || (w.ranges && canList) || (w.whole && executor.listChains));
   if (reads.length === 0) return { families };
   const generation = await executor.generation?.();
   for (const [family, w] of reads) {
+    const contents: HeldContents = {};
     try {
-      families.set(family, canRead ? await read(executor, family, w, lookup) : await listed(executor, family));
+      if (canRead) Object.assign(contents, await read(executor, family, w, lookup));
+      else if (canList && w.ranges) Object.assign(contents, await listed(executor, family));
     } catch {
       // Unknown: written whole.
     }
+    if (w.whole) {
+      const chains = await sourceChains(executor, family);
+      if (chains) contents.sourceChains = chains;
+    }
+    families.set(family, contents);
   }
   return { families, ...(generation !== undefined ? { generation } : {}) };
+}
+
+/**
+ * The Services' source-range chains the family's table has (a previous run's among them), so
+ * that a whole write removes those nothing wants; undefined when they cannot be listed.
+ */
+export async function sourceChains(executor: NftExecutor, family: Family): Promise<string[] | undefined> {
+  try {
+    const names = await executor.listChains?.(NFT_FAMILY[family], TABLE_NAME);
+    return names?.filter((name) => name.startsWith(SOURCE_CHAIN_PREFIX));
+  } catch {
+    return undefined;
+  }
 }
 
 async function read(
@@ -75,7 +97,7 @@ async function read(
     if (lookup === 'set') sets.push({ name: KEY_SET_NAME, kind: 'keys' });
   }
   const rangesAt = sets.length;
-  if (w.ranges) sets.push({ name: SOURCE_RANGED_KEY_SET, kind: 'keys' }, { name: SOURCE_RANGE_SET, kind: 'ranges' });
+  if (w.ranges) sets.push({ name: SOURCE_CHECK_MAP, kind: 'verdicts' }, { name: OWN_SOURCE_SET, kind: 'sourced' });
   const { sets: lines } = await executor.readSets!(NFT_FAMILY[family], TABLE_NAME, sets);
   const contents: HeldContents = {};
   // A missing map or key set (the table is new, say): replaced, as a first write does.
@@ -87,19 +109,19 @@ async function read(
     );
     if (difference) contents.map = difference;
   }
-  // A source-range set that does not exist yet holds nothing: the transaction declares it.
+  // A source-range map or set that does not exist yet holds nothing: the transaction declares it.
   if (w.ranges) contents.sourceRanges = sourceRangeLines(lines[rangesAt] ?? '', lines[rangesAt + 1] ?? '');
   return contents;
 }
 
 async function listed(executor: NftExecutor, family: Family): Promise<HeldContents> {
   const nf = NFT_FAMILY[family];
-  const keys = await executor.listSet!(nf, TABLE_NAME, SOURCE_RANGED_KEY_SET);
-  const sources = await executor.listSet!(nf, TABLE_NAME, SOURCE_RANGE_SET);
+  const checks = await executor.listSet!(nf, TABLE_NAME, SOURCE_CHECK_MAP, 'map');
+  const own = await executor.listSet!(nf, TABLE_NAME, OWN_SOURCE_SET);
   return {
     sourceRanges: {
-      keys: keys === undefined ? [] : listedSetElements(keys, false),
-      sources: sources === undefined ? [] : listedSetElements(sources, true),
+      checks: checks === undefined ? [] : listedSetElements(checks, 'verdicts'),
+      own: own === undefined ? [] : listedSetElements(own, 'sourced'),
     },
   };
 }

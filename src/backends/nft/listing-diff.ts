@@ -16,6 +16,7 @@ import {
   listingTooLarge,
   nftErrorMessage,
 } from './executor.js';
+import { sourceChainName } from './render.js';
 
 /** What the comparison found; `unmatched` are indices into the expected lines. */
 export interface ListingDiff {
@@ -30,10 +31,13 @@ export interface ListingDiff {
   /** With a key set: its keys (address, protocol, port as listed) that are neither expected nor in the map. */
   keyResidue?: unknown[][];
   /**
-   * The source-range sets' elements, when the table has them: keys as `ip|proto|port`, sources as
-   * `ip|proto|port|address/length` (sourceRangeLines writes what is expected).
+   * The source-range check map's and own-address set's elements, when the table has them:
+   * checks as `ip|proto|port|chain`, own addresses as `ip|proto|port|source` (sourceRangeLines
+   * writes what is expected).
    */
-  sourceRanges?: { keys: string[]; sources: string[] };
+  sourceRanges?: { checks: string[]; own: string[] };
+  /** The names of the table's chains. */
+  chains?: string[];
 }
 
 /**
@@ -45,16 +49,16 @@ export function expectedLine(e: Entry): string {
 }
 
 /** The source-range elements `entries` need, as ListingDiff.sourceRanges lists them, sorted. */
-export function sourceRangeLines(entries: readonly Entry[]): { keys: string[]; sources: string[] } {
-  const keys: string[] = [];
-  const sources: string[] = [];
+export function sourceRangeLines(entries: readonly Entry[]): { checks: string[]; own: string[] } {
+  const checks: string[] = [];
+  const own: string[] = [];
   for (const e of entries) {
     if (!e.sourceRanges) continue;
     const key = `${e.externalIp}|${e.protocol.toLowerCase()}|${e.port}`;
-    keys.push(key);
-    for (const range of e.sourceRanges) sources.push(`${key}|${range}`);
+    checks.push(`${key}|${sourceChainName(e.service)}`);
+    own.push(`${key}|${e.externalIp}`);
   }
-  return { keys: keys.sort(), sources: sources.sort() };
+  return { checks: checks.sort(), own: own.sort() };
 }
 
 /** Entries per turn of the event loop while their lines are written. */
@@ -78,12 +82,8 @@ export async function expectedLines(entries: readonly Entry[]): Promise<string> 
 const DIFF_BODY = `
   const doc = JSON.parse(listing);
   let sourceRanges;
-  const prefixText = (p) => {
-    if (typeof p === 'string') return p + '/' + (p.includes(':') ? 128 : 32);
-    if (p && p.prefix) return p.prefix.addr + '/' + p.prefix.len;
-    if (p && p.range) return p.range[0] + '-' + p.range[1];
-    return JSON.stringify(p);
-  };
+  const chains = [];
+  const ranges = () => (sourceRanges = sourceRanges || { checks: [], own: [] });
   const keySet = keySetName ? new Map() : undefined;
   const mapKeys = keySetName ? new Set() : undefined;
   const residueKeys = [];
@@ -104,14 +104,22 @@ const DIFF_BODY = `
   for (const item of doc.nftables || []) {
     const rule = item.rule;
     if (rule && rule.chain !== undefined) (rules[rule.chain] || (rules[rule.chain] = [])).push(JSON.stringify(rule.expr));
+    if (item.chain && typeof item.chain.name === 'string') chains.push(item.chain.name);
     const set = item.set;
-    if (set && (set.name === 'source-ranged-keys' || set.name === 'source-ranges')) {
-      sourceRanges = sourceRanges || { keys: [], sources: [] };
+    if (set && set.name === 'source-range-own-addresses') {
       for (const k of set.elem || []) {
         const parts = (k && k.elem ? k.elem.val : k).concat;
         if (!Array.isArray(parts)) throw new Error('unexpected element ' + JSON.stringify(k));
-        if (set.name === 'source-ranged-keys') sourceRanges.keys.push(parts.join('|'));
-        else sourceRanges.sources.push(parts.slice(0, 3).join('|') + '|' + prefixText(parts[3]));
+        ranges().own.push(parts.join('|'));
+      }
+      continue;
+    }
+    if (item.map && item.map.name === 'source-range-checks') {
+      for (const pair of item.map.elem || []) {
+        const parts = Array.isArray(pair) && pair[0] && pair[0].concat;
+        const target = Array.isArray(pair) && pair[1] && pair[1].jump && pair[1].jump.target;
+        if (!Array.isArray(parts)) throw new Error('unexpected element ' + JSON.stringify(pair));
+        ranges().checks.push(parts.join('|') + '|' + (typeof target === 'string' ? target : JSON.stringify(pair[1])));
       }
       continue;
     }
@@ -147,11 +155,11 @@ const DIFF_BODY = `
   for (let i = 0; i < lines.length; i++) {
     if (matched[i] === 0 || (keySet && !keySet.has(lines[i].slice(0, lines[i].indexOf('\\t'))))) unmatched.push(i);
   }
-  if (!keySet) return sourceRanges ? { rules, unmatched, residue, sourceRanges } : { rules, unmatched, residue };
+  if (!keySet) return sourceRanges ? { rules, chains, unmatched, residue, sourceRanges } : { rules, chains, unmatched, residue };
   const residueInKeySet = residueKeys.map((k) => keySet.has(k));
   const keyResidue = [];
   for (const [k, parts] of keySet) if (!byKey.has(k) && !mapKeys.has(k)) keyResidue.push(parts);
-  const out = { rules, unmatched, residue, residueInKeySet, keyResidue };
+  const out = { rules, chains, unmatched, residue, residueInKeySet, keyResidue };
   if (sourceRanges) out.sourceRanges = sourceRanges;
   return out;
 `;

@@ -25,7 +25,7 @@
 // - The executor reads the ruleset generation (NFT_MSG_GETGEN) around each commit where it can
 //   (the addon); the reconciler trusts a family while every commit since it was exact was ours.
 
-import { FAMILIES, type Entry, type Family } from '../../model/types.js';
+import { FAMILIES, entryKey, type Entry, type Family } from '../../model/types.js';
 import {
   podMatchShapeKey,
   type Applied,
@@ -46,13 +46,14 @@ import {
   KEY_SET_NAME,
   MAP_NAME,
   NFT_FAMILY,
-  SOURCE_RANGE_SET,
-  SOURCE_RANGED_KEY_SET,
+  SOURCE_CHAIN_PREFIX,
+  SOURCE_CHECK_MAP,
   TABLE_NAME,
   desiredTable,
   mapElement,
   mapSize,
-  sourceRangeElements,
+  sourceChainName,
+  sourceRangeObjects,
   type KeyLookup,
 } from './render.js';
 import {
@@ -67,7 +68,8 @@ import {
   writeTableButElements,
   type HeldContents,
 } from './transactions.js';
-import { readHeld } from './held.js';
+import { readHeld, sourceChains } from './held.js';
+import type { ChainObject } from './objects.js';
 
 export interface NftDriverOptions {
   /**
@@ -101,16 +103,13 @@ export class NftDriver implements Driver {
   readonly capabilities: DriverCapabilities;
   private readonly kernel: NftKernelProbe;
   private readonly reader: NftReader;
-  /** Families this driver wrote with source-range sets: a whole write without them removes them. */
-  private readonly sourceRanged = new Set<Family>();
   /**
-   * Families written whole since the start: until then what the table holds is not known (a
-   * previous run may have left the source-range sets), so the first whole write removes them
-   * when its state has no ranged entry. A stale set left in place would take a later ranged
-   * entry's partial write, and the gate rule, which only a whole write puts in the chains, would
-   * be missing.
+   * Per family, the ranged entries programmed per Service's source-range chain: a partial write
+   * that removes the last one removes the chain. Known from a whole write on (which removes the
+   * chains nothing wants, a previous run's among them, as listed); a failed write leaves it as it
+   * was, and the whole write that follows counts again.
    */
-  private readonly writtenWhole = new Set<Family>();
+  private readonly rangedPerChain = new Map<Family, Map<string, number>>();
 
   constructor(
     readonly executor: NftExecutor,
@@ -185,14 +184,13 @@ export class NftDriver implements Driver {
       }
     }
     const whole = operations.filter((op) => op.kind === 'writeFamily');
-    const rangedSetsMayExist = (family: Family) => this.sourceRanged.has(family) || !this.writtenWhole.has(family);
     if (
       this.executor.writesElementBatches &&
       whole.length > 0 &&
       whole.length === operations.length &&
       whole.every((op) => !op.state.sourceRanged)
     ) {
-      const applied = await this.writeByBatches(whole, lookup, rangedSetsMayExist);
+      const applied = await this.writeByBatches(whole, lookup);
       if (applied) {
         this.wroteWhole(whole);
         return applied;
@@ -203,7 +201,12 @@ export class NftDriver implements Driver {
     const transaction = (known: ReadonlyMap<Family, HeldContents>) => {
       const tx = new Transaction();
       for (const op of operations) {
-        addOperation(tx, op, lookup, rangedSetsMayExist, 'family' in op ? known.get(op.family) : undefined);
+        const family = 'family' in op ? op.family : undefined;
+        const contents = family && known.get(family);
+        // Without what the family holds, the chains listed are still known.
+        const chains = family && held.families.get(family)?.sourceChains;
+        const given = contents || (chains ? { sourceChains: chains } : undefined);
+        addOperation(tx, op, lookup, given || undefined, (f) => this.rangedPerChain.get(f));
       }
       return tx;
     };
@@ -223,16 +226,28 @@ export class NftDriver implements Driver {
     return applied;
   }
 
+  /** Counts the ranged entries per chain that `operations`, committed, leave programmed. */
   private wroteWhole(operations: readonly DriverOperation[]): void {
     for (const op of operations) {
-      if (op.kind === 'writeFamily' || op.kind === 'replaceFamily') {
-        if (op.state.sourceRanged) this.sourceRanged.add(op.family);
-        else this.sourceRanged.delete(op.family);
-        this.writtenWhole.add(op.family);
-      } else if (op.kind === 'removeAll') {
-        // Removed: nothing of ours is left, so nothing stale either.
-        this.sourceRanged.clear();
-        for (const family of FAMILIES) this.writtenWhole.add(family);
+      switch (op.kind) {
+        case 'writeFamily':
+        case 'replaceFamily':
+          this.rangedPerChain.set(op.family, countRanged(new Map(), op.state.entries, 1));
+          break;
+        case 'repairShape':
+          if (op.parts.includes(SOURCE_CHECK_MAP)) this.rangedPerChain.set(op.family, countRanged(new Map(), op.entries, 1));
+          break;
+        case 'elements':
+        case 'writeShape': {
+          const counts = this.rangedPerChain.get(op.family);
+          if (!counts) break;
+          countRanged(counts, programmedRanged(op.remove), -1);
+          countRanged(counts, op.add, 1);
+          break;
+        }
+        case 'removeAll':
+          this.rangedPerChain.clear();
+          break;
       }
     }
   }
@@ -251,12 +266,12 @@ export class NftDriver implements Driver {
   private async writeByBatches(
     ops: ReadonlyArray<Extract<DriverOperation, { kind: 'writeFamily' }>>,
     lookup: KeyLookup,
-    rangedSetsMayExist: (family: Family) => boolean,
   ) {
     const tx = new Transaction();
     for (const op of ops) {
-      const table = desiredTable(op.family, op.state, op.masqueradeMark, lookup, rangedSetsMayExist(op.family));
-      writeTableButElements(tx, table);
+      const table = desiredTable(op.family, op.state, op.masqueradeMark, lookup);
+      const chains = await sourceChains(this.executor, op.family);
+      writeTableButElements(tx, table, chains ? { sourceChains: chains } : {});
     }
     const keySet = lookup === 'set' ? KEY_SET_NAME : undefined;
     const commits: Array<NftCommit | void> = [];
@@ -327,27 +342,62 @@ function chainedCommits(commits: ReadonlyArray<NftCommit | void>): Applied {
   };
 }
 
+/** Programmed ranged entries among removals (foreign elements carry a ref and no ranges). */
+function programmedRanged(remove: readonly KernelElement[]): Entry[] {
+  return remove.filter((e): e is Entry => (e as Entry).sourceRanges !== undefined && !e.ref);
+}
+
+function countRanged(counts: Map<string, number>, entries: readonly Entry[], sign: 1 | -1): Map<string, number> {
+  for (const e of entries) {
+    if (!e.sourceRanges) continue;
+    const chain = sourceChainName(e.service);
+    const n = (counts.get(chain) ?? 0) + sign;
+    if (n > 0) counts.set(chain, n);
+    else counts.delete(chain);
+  }
+  return counts;
+}
+
 /** One typed operation as verbs on our tables' objects. */
 function addOperation(
   tx: Transaction,
   op: DriverOperation,
   lookup: KeyLookup,
-  rangedSetsMayExist: (family: Family) => boolean,
   /** What the family's sets and map hold, where it is known. */
   held: HeldContents | undefined,
+  /** The ranged entries programmed per chain, where known. */
+  rangedPerChain: (family: Family) => ReadonlyMap<string, number> | undefined,
 ): void {
   const changes = (family: Family, remove: readonly KernelElement[], add: readonly Entry[]) => {
-    const inMap = remove.filter((e) => listedIn(e) !== 'keySet').map(listedElement);
-    const inKeySet = remove.filter((e) => listedIn(e) !== 'map').map(listedElement);
-    // A programmed entry removed is the Entry itself: its source-range elements go with it.
-    const rangedRemoved = remove.filter((e): e is Entry => (e as Entry).sourceRanges !== undefined && !e.ref);
-    sourceRangeChanges(tx, family, rangedRemoved, []);
-    mapChanges(tx, family, inMap, add.map(mapElement), lookup, inKeySet);
-    sourceRangeChanges(tx, family, [], add);
+    // A key removed and added with the same element (its source ranges changed, say) stays.
+    const adding = new Map(add.map((e) => [entryKey(e), e]));
+    const stays = (e: KernelElement) => {
+      const other = adding.get(entryKey(e));
+      return other !== undefined && !e.ref && sameMapElement(mapElement(e as Entry), mapElement(other));
+    };
+    const kept = new Set(remove.filter(stays).map(entryKey));
+    const removeMap = remove.filter((e) => !kept.has(entryKey(e)));
+    const addMap = add.filter((e) => !kept.has(entryKey(e)));
+    const inMap = removeMap.filter((e) => listedIn(e) !== 'keySet').map(listedElement);
+    const inKeySet = removeMap.filter((e) => listedIn(e) !== 'map').map(listedElement);
+    // A programmed entry removed is the Entry itself: its source-range elements go with it, and
+    // its Service's chain when no ranged entry of the Service is left.
+    const rangedRemoved = programmedRanged(remove);
+    const counts = rangedPerChain(family);
+    const gone: string[] = [];
+    if (counts) {
+      const left = countRanged(new Map(counts), rangedRemoved, -1);
+      countRanged(left, add, 1);
+      for (const chain of new Set(rangedRemoved.map((e) => sourceChainName(e.service)))) {
+        if (!left.has(chain)) gone.push(chain);
+      }
+    }
+    mapChanges(tx, family, inMap, addMap.map(mapElement), lookup, inKeySet);
+    sourceRangeChanges(tx, family, rangedRemoved, add, gone);
   };
   switch (op.kind) {
     case 'writeFamily':
-      writeTable(tx, desiredTable(op.family, op.state, op.masqueradeMark, lookup, rangedSetsMayExist(op.family)), held);
+      writeTable(tx, desiredTable(op.family, op.state, op.masqueradeMark, lookup), held);
       return;
     case 'replaceFamily':
       replaceTable(tx, desiredTable(op.family, op.state, op.masqueradeMark, lookup));
@@ -361,12 +411,23 @@ function addOperation(
       return;
     case 'repairShape': {
       const table = desiredTable(op.family, op.shape.state, op.shape.masqueradeMark, lookup);
+      const sources = sourceRangeObjects(op.family, op.entries);
       for (const chain of table.chains) if (op.parts.includes(chain.name)) rewriteRules(tx, table, chain);
-      if (op.parts.includes(SOURCE_RANGE_SET) && op.shape.state.sourceRanged) {
-        // Both sets brought to the programmed entries.
-        const sets = table.sets.filter((s) => s.name === SOURCE_RANGE_SET || s.name === SOURCE_RANGED_KEY_SET);
-        tx.add(...sets);
-        writeSourceRanges(tx, sets, sourceRangeElements(op.family, op.entries), held?.sourceRanges);
+      const wanted = new Set(sources.chains.map((c) => c.name));
+      // A Service's chain named: written again when wanted, else removed.
+      const stale = op.parts
+        .filter((name) => name.startsWith(SOURCE_CHAIN_PREFIX) && !wanted.has(name))
+        .map((name): ChainObject => ({ kind: 'chain', family: table.table.family, table: TABLE_NAME, name }));
+      for (const chain of sources.chains) {
+        if (op.parts.includes(chain.name)) rewriteRules(tx.add(chain), { ...table, rules: sources.rules }, chain);
+      }
+      if (op.parts.includes(SOURCE_CHECK_MAP)) {
+        // The check map and the own-address set brought to the programmed entries, every chain
+        // written again.
+        tx.add(...table.maps.filter((m) => m.name === SOURCE_CHECK_MAP), ...table.sets);
+        writeSourceRanges(tx, sources, held?.sourceRanges, stale);
+      } else if (stale.length > 0) {
+        tx.flush(...stale).delete(...stale);
       }
       return;
     }
@@ -374,4 +435,8 @@ function addOperation(
       deleteTables(tx, FAMILIES);
       return;
   }
+}
+
+function sameMapElement(a: ReturnType<typeof mapElement>, b: ReturnType<typeof mapElement>): boolean {
+  return a.value === b.value && a.comment === b.comment && a.key.join(' ') === b.key.join(' ');
 }

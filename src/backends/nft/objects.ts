@@ -42,9 +42,14 @@ export type Statement =
   | { kind: 'orMark'; mark: number }
   /** dnat <family> to <family> daddr . meta l4proto . th dport map @map */
   | { kind: 'dnatByMap'; map: string }
-  /** <family> daddr . meta l4proto . th dport . <family> saddr != @set */
-  | { kind: 'sourceNotInRanges'; set: string }
+  /** <family> daddr . meta l4proto . th dport vmap @map: the verdict of the key's element, if any */
+  | { kind: 'verdictByMap'; map: string }
+  /** <family> daddr . meta l4proto . th dport . <family> saddr @set */
+  | { kind: 'keyAndSourceIn'; set: string }
+  /** <family> saddr { prefix, ... }: an anonymous set, replaced with the rule that holds it */
+  | { kind: 'sourceInPrefixes'; prefixes: readonly PrefixElement[] }
   | { kind: 'jump'; chain: string }
+  | { kind: 'accept' }
   | { kind: 'return' };
 
 export interface RuleObject {
@@ -99,24 +104,24 @@ export interface PrefixElement {
   length: number;
 }
 
-/** One element of a concatenated interval set: a map key and a source prefix. */
-export interface SourceRangeElement {
+/** One element of a verdict map: a key and the chain it jumps to. */
+export interface VerdictElement {
   key: ReadonlyArray<string | number>;
-  source: PrefixElement;
+  chain: string;
 }
 
 export type ElementObject =
   | { kind: 'element'; family: NftFamily; table: string; set: string; map: true; elements: readonly MapElement[] }
   /** The keys of map elements, in a set of the same key type (their values are not written). */
   | { kind: 'element'; family: NftFamily; table: string; set: string; keys: true; elements: readonly MapElement[] }
-  /** Map keys, each with a source prefix, in a concatenated interval set. */
+  /** Keys of a verdict map, each jumping to a chain. */
   | {
       kind: 'element';
       family: NftFamily;
       table: string;
       set: string;
-      sources: true;
-      elements: readonly SourceRangeElement[];
+      verdicts: true;
+      elements: readonly VerdictElement[];
     }
   | { kind: 'element'; family: NftFamily; table: string; set: string; elements: readonly PrefixElement[] };
 
@@ -188,10 +193,12 @@ function statementJson(family: NftFamily, s: Statement): unknown {
     case 'dnatByMap':
       // No `family`: the table's family says it, and a listing leaves it out too.
       return { dnat: { addr: { map: { key: daddrKey(family), data: `@${s.map}` } } } };
-    case 'sourceNotInRanges':
+    case 'verdictByMap':
+      return { vmap: { key: daddrKey(family), data: `@${s.map}` } };
+    case 'keyAndSourceIn':
       return {
         match: {
-          op: '!=',
+          op: '==',
           left: {
             concat: [
               ...(daddrKey(family) as { concat: unknown[] }).concat,
@@ -201,8 +208,16 @@ function statementJson(family: NftFamily, s: Statement): unknown {
           right: `@${s.set}`,
         },
       };
+    case 'sourceInPrefixes': {
+      const items = s.prefixes.map((p) =>
+        p.length === fullLength(family) ? p.address : { prefix: { addr: p.address, len: p.length } },
+      );
+      return { match: { op: '==', left: { payload: { protocol: family, field: 'saddr' } }, right: { set: items } } };
+    }
     case 'jump':
       return { jump: { target: s.chain } };
+    case 'accept':
+      return { accept: null };
     case 'return':
       return { return: null };
   }
@@ -273,10 +288,11 @@ export class JsonWriter {
         let elem: unknown[];
         if ('keys' in o) {
           elem = o.elements.map((e) => ({ concat: e.key }));
-        } else if ('sources' in o) {
-          elem = o.elements.map((e) => ({
-            concat: [...e.key, { prefix: { addr: e.source.address, len: e.source.length } }],
-          }));
+        } else if ('verdicts' in o) {
+          elem =
+            verb === 'delete'
+              ? o.elements.map((e) => ({ concat: e.key }))
+              : o.elements.map((e) => [{ concat: e.key }, { jump: { target: e.chain } }]);
         } else if ('map' in o) {
           // A deletion names keys only.
           elem =
@@ -315,10 +331,16 @@ export function statementText(family: NftFamily, s: Statement): string {
       return `meta mark set meta mark | 0x${s.mark.toString(16).padStart(8, '0')}`;
     case 'dnatByMap':
       return `dnat ${family} to ${key} map @${s.map}`;
-    case 'sourceNotInRanges':
-      return `${key} . ${family} saddr != @${s.set}`;
+    case 'verdictByMap':
+      return `${key} vmap @${s.map}`;
+    case 'keyAndSourceIn':
+      return `${key} . ${family} saddr @${s.set}`;
+    case 'sourceInPrefixes':
+      return `${family} saddr { ${s.prefixes.map((p) => (p.length === fullLength(family) ? p.address : `${p.address}/${p.length}`)).join(', ')} }`;
     case 'jump':
       return `jump ${s.chain}`;
+    case 'accept':
+      return 'accept';
     case 'return':
       return 'return';
   }
@@ -336,7 +358,7 @@ export function mapElementText(e: MapElement): string {
 
 function elementsText(o: ElementObject): string[] {
   if ('keys' in o) return o.elements.map((e) => e.key.join(' . '));
-  if ('sources' in o) return o.elements.map((e) => `${e.key.join(' . ')} . ${e.source.address}/${e.source.length}`);
+  if ('verdicts' in o) return o.elements.map((e) => `${e.key.join(' . ')} : jump ${e.chain}`);
   return 'map' in o ? o.elements.map(mapElementText) : o.elements.map((e) => `${e.address}/${e.length}`);
 }
 

@@ -1,6 +1,6 @@
 // What this kernel takes of our tables, found by check-mode transactions that commit nothing: how
 // our rules look keys up (the map itself, or a key set beside it), and whether it takes the
-// source-range set (else the driver filters no sources).
+// objects that filter sources (else the driver filters no sources).
 
 import { FAMILIES, type Family, type FamilyState } from '../../model/types.js';
 import type { ProbeResult } from '../../driver/driver.js';
@@ -44,7 +44,7 @@ export class NftKernelProbe {
       const sources =
         refused === undefined
           ? 'source ranges filtered'
-          : `source ranges not filtered: this kernel refuses the lookup of a concatenated interval set (${refused}), so Services with loadBalancerSourceRanges are left to kube-proxy`;
+          : `source ranges not filtered: this kernel refuses the objects that filter them (${refused}), so Services with loadBalancerSourceRanges are left to kube-proxy`;
       return {
         ok: true,
         detail: `nftables via ${this.executor.kind}, keys looked up in the ${lookup} (${why}); ${sources}`,
@@ -88,11 +88,11 @@ export class NftKernelProbe {
   }
 
   /**
-   * A check-mode write of a table with a source-ranged entry: the `source-ranges` set is a
-   * concatenation with an interval (nft_set_pipapo), whose lookup some kernels refuse
-   * (EOPNOTSUPP, seen on Debian's 6.12.117 in QEMU). Where refused, the driver does not filter
-   * sources and the model leaves ranged addresses to kube-proxy, as with the eBPF backend: one
-   * such Service must not make a whole family unprogrammable. The reason when refused.
+   * A check-mode write of a table with a source-ranged entry: the check map's verdicts, the
+   * Service's chain with its anonymous interval set and the own-address set's concatenated
+   * lookup. Where refused, the driver does not filter sources and the model leaves ranged
+   * addresses to kube-proxy, as with the eBPF backend: one such Service must not make a whole
+   * family unprogrammable. The reason when refused.
    */
   private async checkSourceRanges(lookup: KeyLookup): Promise<string | undefined> {
     const ranged: FamilyState = {

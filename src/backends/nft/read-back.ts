@@ -5,7 +5,7 @@
 // changes are never queued behind it; the elements it finds carry how to remove exactly them
 // (ListedRef), which the driver's writes use.
 
-import { parseIp } from '../../model/ip.js';
+import { ipBytes, parseIp } from '../../model/ip.js';
 import type { Entry, Family } from '../../model/types.js';
 import type { FamilyShape, KernelElement, ReadBack } from '../../driver/driver.js';
 import { NftCliExecutor, NftError, NftTimeoutError, type NftExecutor } from './executor.js';
@@ -22,10 +22,12 @@ import {
   KEY_SET_NAME,
   MAP_NAME,
   NFT_FAMILY,
-  SOURCE_RANGE_SET,
+  SOURCE_CHAIN_PREFIX,
+  SOURCE_CHECK_MAP,
   TABLE_NAME,
   desiredTable,
   mapElement,
+  sourceRangeObjects,
   type KeyLookup,
 } from './render.js';
 
@@ -67,20 +69,27 @@ export class NftReader {
       listed ?? (await this.diff(await this.executor.listTable(NFT_FAMILY[family], TABLE_NAME), lines, keySetName));
     if (diff === undefined) throw new NftError('the table is missing');
     const table = desiredTable(family, shape.state, shape.masqueradeMark, lookup);
+    const sources = sourceRangeObjects(family, expected);
     const shapeDrift: string[] = [];
-    for (const chain of table.chains) {
-      const want = table.rules
+    // Every chain's rules, the Services' source-range chains among them (an anonymous set of
+    // ranges compared as the addresses it holds: nft lists adjacent ranges merged).
+    for (const chain of [...table.chains, ...sources.chains]) {
+      const rules = chain.name.startsWith(SOURCE_CHAIN_PREFIX) ? sources.rules : table.rules;
+      const want = rules
         .filter((r) => r.chain === chain.name)
-        .map((r) => JSON.stringify(ruleExpressions(this.json, r)));
-      const have = diff.rules[chain.name] ?? [];
+        .map((r) => canonicalRule(JSON.stringify(ruleExpressions(this.json, r))));
+      const have = (diff.rules[chain.name] ?? []).map(canonicalRule);
       if (want.length !== have.length || want.some((w, i) => w !== have[i])) shapeDrift.push(chain.name);
     }
-    if (shape.state.sourceRanged) {
-      const want = sourceRangeLines(expected);
-      const have = diff.sourceRanges ?? { keys: [], sources: [] };
-      const same = (a: string[], b: string[]) => a.length === b.length && [...b].sort().every((x, i) => x === a[i]);
-      if (!same(want.keys, have.keys) || !same(want.sources, have.sources)) shapeDrift.push(SOURCE_RANGE_SET);
+    // A Service's chain nothing wants (its Service gone while a write failed, say): removed.
+    const wanted = new Set(sources.chains.map((c) => c.name));
+    for (const name of diff.chains ?? []) {
+      if (name.startsWith(SOURCE_CHAIN_PREFIX) && !wanted.has(name)) shapeDrift.push(name);
     }
+    const want = sourceRangeLines(expected);
+    const have = diff.sourceRanges ?? { checks: [], own: [] };
+    const same = (a: string[], b: string[]) => a.length === b.length && [...b].sort().every((x, i) => x === a[i]);
+    if (!same(want.checks, have.checks) || !same(want.own, have.own)) shapeDrift.push(SOURCE_CHECK_MAP);
     const read: ReadBack = {
       missing: diff.unmatched.map((i) => expected[i]!),
       foreign: [
@@ -225,4 +234,68 @@ function parseListedElements(family: Family, pairs: readonly Json[], inKeySet?: 
     elements.push(element);
   }
   return elements;
+}
+
+/**
+ * A rule's expressions as JSON text, with every anonymous set of addresses written as the merged
+ * intervals it holds: nft lists `{ 10.0.0.0/25, 10.0.0.128/25 }` as `10.0.0.0/24`, and a set of
+ * one as its element.
+ */
+function canonicalRule(text: string): string {
+  if (!text.includes('"saddr"')) return text;
+  const expressions = JSON.parse(text) as unknown[];
+  return JSON.stringify(
+    expressions.map((e) => {
+      const match = (e as { match?: { op?: string; left?: { payload?: { field?: string } }; right?: unknown } }).match;
+      if (!match || match.left?.payload?.field !== 'saddr') return e;
+      const intervals = addressIntervals(match.right);
+      return intervals === undefined ? e : { match: { ...match, right: { intervals } } };
+    }),
+  );
+}
+
+/** `start-end` (numbers) per merged interval of a set, prefix, range or address; undefined for anything else. */
+function addressIntervals(right: unknown): string[] | undefined {
+  const items = (right as { set?: unknown[] } | undefined)?.set ?? [right];
+  const spans: Array<[bigint, bigint]> = [];
+  for (const item of items) {
+    const span = addressSpan(item);
+    if (!span) return undefined;
+    spans.push(span);
+  }
+  spans.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+  const merged: Array<[bigint, bigint]> = [];
+  for (const [start, end] of spans) {
+    const last = merged[merged.length - 1];
+    if (last && start <= last[1] + 1n) last[1] = end > last[1] ? end : last[1];
+    else merged.push([start, end]);
+  }
+  return merged.map(([a, b]) => `${a}-${b}`);
+}
+
+function addressSpan(item: unknown): [bigint, bigint] | undefined {
+  const value = (text: unknown): [bigint, number] | undefined => {
+    const ip = parseIp(text);
+    if (!ip) return undefined;
+    const bytes = ipBytes(ip);
+    return [bytes.reduce((n, b) => (n << 8n) | BigInt(b), 0n), bytes.length * 8];
+  };
+  if (typeof item === 'string') {
+    const v = value(item);
+    return v && [v[0], v[0]];
+  }
+  const prefix = (item as { prefix?: { addr?: unknown; len?: unknown } }).prefix;
+  if (prefix && typeof prefix.len === 'number') {
+    const v = value(prefix.addr);
+    if (!v || prefix.len < 0 || prefix.len > v[1]) return undefined;
+    const host = (1n << BigInt(v[1] - prefix.len)) - 1n;
+    return [v[0] & ~host, v[0] | host];
+  }
+  const range = (item as { range?: unknown[] }).range;
+  if (Array.isArray(range) && range.length === 2) {
+    const a = value(range[0]);
+    const b = value(range[1]);
+    return a && b ? [a[0], b[0]] : undefined;
+  }
+  return undefined;
 }

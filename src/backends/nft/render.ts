@@ -3,6 +3,7 @@
 // transactions.ts's; the JSON the executor applies and the text --dry-run prints are both written
 // from these objects (objects.ts). Pure: no I/O.
 
+import { createHash } from 'node:crypto';
 import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
 import {
   tableText,
@@ -13,7 +14,6 @@ import {
   type NftFamily,
   type RuleObject,
   type SetObject,
-  type SourceRangeElement,
   type Statement,
   type TableContents,
   type TableObject,
@@ -26,10 +26,17 @@ export const MAP_NAME = 'external-ip-to-cluster-ip';
 /** The map's keys again, as a set: the lookup of kernels that refuse a map looked up as a set. */
 export const KEY_SET_NAME = 'external-ip-keys';
 export const LOCAL_POD_SET = 'local-pod-cidrs';
-/** The keys of entries that translate only some sources (loadBalancerSourceRanges). */
-export const SOURCE_RANGED_KEY_SET = 'source-ranged-keys';
-/** Those entries' keys, each with a source prefix translated. */
-export const SOURCE_RANGE_SET = 'source-ranges';
+/**
+ * The keys of entries that translate only some sources (loadBalancerSourceRanges), each jumping
+ * to its Service's source-range chain (SOURCE_CHAIN_PREFIX).
+ */
+export const SOURCE_CHECK_MAP = 'source-range-checks';
+/** Those entries' keys, each with its own address as a source: the node's own connections. */
+export const OWN_SOURCE_SET = 'source-range-own-addresses';
+/** A ranged Service's chain: its ranges, once, whatever its entries (sourceChainName). */
+export const SOURCE_CHAIN_PREFIX = 'source-ranges-';
+/** The source-range sets of versions before 0.5, removed when a table is written whole. */
+const LEGACY_SOURCE_SETS = ['source-ranged-keys', 'source-ranges'] as const;
 export const PREROUTING_CHAIN = 'prerouting-from-local-pods';
 export const OUTPUT_CHAIN = 'output-from-node';
 export const TRANSLATE_CHAIN = 'mark-for-masquerade-and-dnat';
@@ -108,21 +115,28 @@ export function tableObjects(family: Family, entries = 0) {
     size: mapSize(entries),
     comment: `the keys of ${MAP_NAME}`,
   };
-  const rangedKeys: SetObject = {
-    kind: 'set',
+  const sourceChecks: MapObject = {
+    kind: 'map',
     ...inTable,
-    name: SOURCE_RANGED_KEY_SET,
+    name: SOURCE_CHECK_MAP,
     type: keyType,
-    comment: 'keys translated only from their source ranges',
+    data: 'verdict',
+    comment: "keys translated only from their source ranges : their Service's source-range chain",
   };
-  const sourceRanges: SetObject = {
+  const ownSources: SetObject = {
     kind: 'set',
     ...inTable,
-    name: SOURCE_RANGE_SET,
+    name: OWN_SOURCE_SET,
     type: [...keyType, ADDR_TYPE[family]],
-    flags: ['interval'],
-    comment: 'external IP . protocol . port . source range translated',
+    comment: 'external IP . protocol . port . the external IP itself, as a source',
   };
+  const legacySourceSets: SetObject[] = LEGACY_SOURCE_SETS.map((name) => ({
+    kind: 'set',
+    ...inTable,
+    name,
+    type: name === 'source-ranges' ? [...keyType, ADDR_TYPE[family]] : keyType,
+    ...(name === 'source-ranges' ? { flags: ['interval'] as Array<'interval'> } : {}),
+  }));
   const nat = (hook: 'prerouting' | 'output') =>
     ({ type: 'nat', hook, priority: CHAIN_PRIORITY, policy: 'accept' }) as const;
   const prerouting: ChainObject = { kind: 'chain', ...inTable, name: PREROUTING_CHAIN, base: nat('prerouting') };
@@ -133,8 +147,9 @@ export function tableObjects(family: Family, entries = 0) {
     map,
     keySet,
     localPods,
-    rangedKeys,
-    sourceRanges,
+    sourceChecks,
+    ownSources,
+    legacySourceSets,
     prerouting,
     output,
     translate,
@@ -151,27 +166,92 @@ export function keySetElements(family: Family, elements: readonly MapElement[]):
   return { kind: 'element', family: NFT_FAMILY[family], table: TABLE_NAME, set: KEY_SET_NAME, keys: true, elements };
 }
 
-/** The elements of the two source-range sets for entries (those with sourceRanges). */
-export function sourceRangeElements(
-  family: Family,
-  entries: readonly Entry[],
-): { keys: ElementObject; sources: ElementObject } {
-  const keys: MapElement[] = [];
-  const sources: SourceRangeElement[] = [];
+/**
+ * The chain of a ranged Service: `source-ranges-` and 16 hex digits of a hash of its
+ * `namespace/name`, the same at every start (a chain name is at most 256 bytes; a Service's name
+ * is no part of it).
+ */
+export function sourceChainName(service: string): string {
+  return SOURCE_CHAIN_PREFIX + createHash('sha256').update(service).digest('hex').slice(0, 16);
+}
+
+/** What filters the sources of ranged entries: the elements, and each Service's chain. */
+export interface SourceRangeObjects {
+  /** Each ranged entry's key, jumping to its Service's chain. */
+  checks: Extract<ElementObject, { verdicts: true }>;
+  /** Each ranged entry's key with its own address as a source. */
+  own: Extract<ElementObject, { keys: true }>;
+  /** A chain per ranged Service, and their rules. */
+  chains: ChainObject[];
+  rules: RuleObject[];
+}
+
+/** The source-range check element of a ranged entry. */
+function checkKey(e: Entry): Array<string | number> {
+  return [e.externalIp, e.protocol.toLowerCase(), e.port];
+}
+
+/**
+ * The objects that filter the sources of `entries` (those with sourceRanges). A Service's chain:
+ * - a packet from the entry's own address (a node process's connection: kube-ipvs0 gives it the
+ *   address itself as its source) goes on to be translated when a range holds the node IP
+ *   (sourcesFromNode), else is left untranslated, whatever the ranges hold;
+ * - a source inside one of the Service's ranges goes on (`return`);
+ * - anything else is left untranslated (`accept`: this chain ends, kube-proxy's chains and its
+ *   own source-range filter then see the packet, as without the controller).
+ * The ranges are an anonymous set of the rule: a range edited replaces the rule, and with it the
+ * set, atomically (packets meet the old rule or the new one), where elements changed in a named
+ * interval set can be missed by a lookup while the transaction commits (rbtree sets, on the
+ * kernels nodes run).
+ */
+export function sourceRangeObjects(family: Family, entries: readonly Entry[]): SourceRangeObjects {
+  const nf = NFT_FAMILY[family];
+  const inTable = { kind: 'element', family: nf, table: TABLE_NAME } as const;
+  const checks: Array<{ key: Array<string | number>; chain: string }> = [];
+  const own: MapElement[] = [];
+  const chains: ChainObject[] = [];
+  const rules: RuleObject[] = [];
+  const seen = new Map<string, string>();
   for (const e of entries) {
     if (!e.sourceRanges) continue;
-    const key = [e.externalIp, e.protocol.toLowerCase(), e.port];
-    keys.push({ key, value: '' });
-    for (const range of e.sourceRanges) {
-      const [address, length] = range.split('/');
-      sources.push({ key, source: { address: address!, length: Number(length) } });
+    let chain = seen.get(e.service);
+    if (chain === undefined) {
+      chain = sourceChainName(e.service);
+      seen.set(e.service, chain);
+      const object: ChainObject = { kind: 'chain', family: nf, table: TABLE_NAME, name: chain };
+      chains.push(object);
+      rules.push(...sourceChainRules(object, e));
     }
+    const key = checkKey(e);
+    checks.push({ key, chain });
+    own.push({ key: [...key, e.externalIp], value: '' });
   }
-  const inTable = { kind: 'element', family: NFT_FAMILY[family], table: TABLE_NAME } as const;
   return {
-    keys: { ...inTable, set: SOURCE_RANGED_KEY_SET, keys: true, elements: keys },
-    sources: { ...inTable, set: SOURCE_RANGE_SET, sources: true, elements: sources },
+    checks: { ...inTable, set: SOURCE_CHECK_MAP, verdicts: true, elements: checks },
+    own: { ...inTable, set: OWN_SOURCE_SET, keys: true, elements: own },
+    chains,
+    rules,
   };
+}
+
+/** The rules of a ranged Service's chain, from one of its ranged entries (sourceRangeObjects). */
+function sourceChainRules(chain: ChainObject, e: Entry): RuleObject[] {
+  const rule = (statements: Statement[]): RuleObject => ({
+    kind: 'rule',
+    family: chain.family,
+    table: chain.table,
+    chain: chain.name,
+    statements,
+  });
+  const prefixes = (e.sourceRanges ?? []).map((range) => {
+    const [address, length] = range.split('/');
+    return { address: address!, length: Number(length) };
+  });
+  return [
+    rule([{ kind: 'keyAndSourceIn', set: OWN_SOURCE_SET }, { kind: e.sourcesFromNode ? 'return' : 'accept' }]),
+    rule([{ kind: 'sourceInPrefixes', prefixes }, { kind: 'return' }]),
+    rule([{ kind: 'accept' }]),
+  ];
 }
 
 /** What one family's table holds when it matches `state`. */
@@ -184,8 +264,8 @@ export interface DesiredTable extends TableContents {
   keySetElements?: ElementObject;
   /** Our objects that must not exist in this state (the pod set in interface modes, say). */
   unwanted: Array<ChainObject | SetObject>;
-  /** The source-range sets' elements (state.sourceRanged), also among `elements` when any. */
-  sourceRangeElements?: { keys: ElementObject; sources: ElementObject };
+  /** What filters sources (sourceRangeObjects); its elements also among `elements` when any. */
+  sourceRanges: SourceRangeObjects;
 }
 
 export function desiredTable(
@@ -193,8 +273,6 @@ export function desiredTable(
   state: FamilyState,
   masqueradeMark: number,
   lookup: KeyLookup = 'map',
-  /** Whether the source-range sets may exist from an earlier state and must go when unused. */
-  sourceRangeSetsMayExist = false,
 ): DesiredTable {
   const o = tableObjects(family, state.entries.length);
   const match = state.localPodMatch;
@@ -228,6 +306,7 @@ export function desiredTable(
     mapElements: mapElems,
     lookup,
     unwanted: [],
+    sourceRanges: sourceRangeObjects(family, state.entries),
   };
   if (lookup === 'set') {
     t.sets.push(o.keySet);
@@ -257,34 +336,28 @@ export function desiredTable(
       t.notes!.push(`no prerouting chain: ${match.reason}`);
       break;
   }
-  // The pod set earlier versions kept: removed when the table is written.
-  t.unwanted.push(o.localPods);
+  // The pod set and the source-range sets earlier versions kept: removed when the table is written.
+  t.unwanted.push(o.localPods, ...o.legacySourceSets);
   if (state.entries.length > 0) t.elements.push(mapElems);
-  // Entries with source ranges: a source outside them leaves the chain untranslated, before the
-  // jump (kube-proxy's own source-ranges firewall then sees the packet). Only in a table that has
-  // such entries: others keep the one-lookup path.
-  const gate: Statement[] = [
-    { kind: 'destinationIn', name: SOURCE_RANGED_KEY_SET },
-    { kind: 'sourceNotInRanges', set: SOURCE_RANGE_SET },
-    { kind: 'return' },
-  ];
-  if (state.sourceRanged) {
-    t.sets.push(o.rangedKeys, o.sourceRanges);
-    t.sourceRangeElements = sourceRangeElements(family, state.entries);
-    if (t.sourceRangeElements.keys.elements.length > 0) t.elements.push(t.sourceRangeElements.keys);
-    if (t.sourceRangeElements.sources.elements.length > 0) t.elements.push(t.sourceRangeElements.sources);
-  } else if (sourceRangeSetsMayExist) {
-    t.unwanted.push(o.rangedKeys, o.sourceRanges);
-  }
+  // Entries with source ranges: the first rule of each base chain jumps to the Service's chain,
+  // where a source the Service does not let through leaves our chains untranslated (kube-proxy's
+  // own source-range filter then sees the packet). Always there, whether any entry has ranges or
+  // not: a Service that adds or drops its ranges changes elements and its chain, never the shape.
+  const gate = rule(o.output, [{ kind: 'verdictByMap', map: SOURCE_CHECK_MAP }]);
+  t.maps.push(o.sourceChecks);
+  t.sets.push(o.ownSources);
+  const sources = t.sourceRanges;
+  if (sources.checks.elements.length > 0) t.elements.push(sources.checks, sources.own);
   if (podMatches.length > 0) {
     t.chains.push(o.prerouting);
-    if (state.sourceRanged) t.rules.push(rule(o.prerouting, gate));
+    t.rules.push({ ...gate, chain: o.prerouting.name });
     for (const podMatch of podMatches) t.rules.push(rule(o.prerouting, [podMatch, keyIn, toLocal, dnat]));
   } else {
     t.unwanted.push(o.prerouting);
   }
-  t.chains.push(o.output, o.translate);
-  if (state.sourceRanged) t.rules.push(rule(o.output, gate));
+  t.chains.push(o.output, o.translate, ...sources.chains);
+  t.rules.push(gate);
+  t.rules.push(...sources.rules);
   t.rules.push(
     rule(o.output, [keyIn, { kind: 'localAddress', field: 'saddr' }, toLocal, jump]),
     // The node's own traffic: its source is a local address (the LoadBalancer IP itself, bound on

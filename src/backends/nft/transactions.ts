@@ -13,18 +13,20 @@ import {
   type MapObject,
   type NftFamily,
   type SetObject,
-  type SourceRangeElement,
+  type VerdictElement,
 } from './objects.js';
 import {
   KEY_SET_NAME,
-  SOURCE_RANGED_KEY_SET,
-  SOURCE_RANGE_SET,
+  OWN_SOURCE_SET,
+  SOURCE_CHAIN_PREFIX,
+  SOURCE_CHECK_MAP,
   keySetElements,
   mapElements,
-  sourceRangeElements,
+  sourceRangeObjects,
   tableObjects,
   type DesiredTable,
   type KeyLookup,
+  type SourceRangeObjects,
 } from './render.js';
 
 /**
@@ -32,8 +34,10 @@ import {
  * then writes them their difference (element-diff.ts) instead of emptying and filling them again.
  */
 export interface HeldContents {
-  /** The source-range sets' elements. */
+  /** The source-range check map's and own-address set's elements. */
   sourceRanges?: SourceRangeSets;
+  /** The names of the Services' source-range chains the table has. */
+  sourceChains?: readonly string[];
   /** The changes that bring the map and its key set to the state's entries. */
   map?: MapDifference;
 }
@@ -48,7 +52,7 @@ export interface HeldContents {
  * table or the new one.
  */
 export function writeTable(tx: Transaction, t: DesiredTable, held: HeldContents = {}): Transaction {
-  return writeObjects(tx, t, held.map ?? 'replaced', held.sourceRanges);
+  return writeObjects(tx, t, held.map ?? 'replaced', held);
 }
 
 /**
@@ -59,30 +63,42 @@ export function writeTable(tx: Transaction, t: DesiredTable, held: HeldContents 
  * it was.
  */
 export function writeTableButElements(tx: Transaction, t: DesiredTable, held: HeldContents = {}): Transaction {
-  return writeObjects(tx, t, 'kept', held.sourceRanges);
+  return writeObjects(tx, t, 'kept', held);
 }
 
 function writeObjects(
   tx: Transaction,
   t: DesiredTable,
   map: 'replaced' | 'kept' | MapDifference,
-  held?: SourceRangeSets,
+  held: HeldContents = {},
 ): Transaction {
   const all = tableObjects(t.table.family === 'ip' ? 'ipv4' : 'ipv6');
   // The map and the key set hold the entries: replaced together, or kept together (and their
-  // elements written apart, or their difference here). The source-range sets are the other sets:
-  // written as a difference when what they hold is known. A set flushed and filled again, or a
-  // map replaced, loses lookups of the elements that stay while the transaction commits
-  // (element-diff.ts); a set replaced with the rules that name it does not.
-  const keyed: Array<MapObject | SetObject> = [...t.maps, ...t.sets.filter((s) => s.name === KEY_SET_NAME)];
-  const ranges = held && t.sourceRangeElements;
-  const otherSets = t.sets.filter((s) => s.name !== KEY_SET_NAME && !(ranges && isSourceRangeSet(s)));
+  // elements written apart, or their difference here). The source-range check map and its set
+  // are written as a difference when what they hold is known, else flushed and filled again. A
+  // set flushed and filled again, or a map replaced, loses lookups of the elements that stay
+  // while the transaction commits (element-diff.ts); a set replaced with the rules that name it
+  // does not.
+  const keyed: Array<MapObject | SetObject> = [...t.maps, ...t.sets].filter(
+    (o) => o.name !== SOURCE_CHECK_MAP && o.name !== OWN_SOURCE_SET && (o.kind === 'map' || o.name === KEY_SET_NAME),
+  );
+  const sources = held.sourceRanges;
+  const checkObjects = [...t.maps, ...t.sets].filter((o) => o.name === SOURCE_CHECK_MAP || o.name === OWN_SOURCE_SET);
+  const otherSets = t.sets.filter((s) => s.name !== KEY_SET_NAME && (sources === undefined || s.name !== OWN_SOURCE_SET));
   tx.add(t.table, ...t.maps, ...t.sets);
   // Our chains that exist now are emptied first: a rule of the old state may name the pod set,
   // and every rule names the map or the key set, which can only be deleted once no rule does.
-  const unwantedChains = t.unwanted.filter((o): o is ChainObject => o.kind === 'chain');
+  // A Service's source-range chain that nothing wants any more goes too (once no element jumps
+  // to it: after the check map's elements, below).
+  const wantedChains = new Set(t.chains.map((c) => c.name));
+  const staleChains: ChainObject[] = (held.sourceChains ?? [])
+    .filter((name) => !wantedChains.has(name))
+    .map((name) => ({ kind: 'chain', family: t.table.family, table: t.table.name, name }));
+  const unwantedChains = [...t.unwanted.filter((o): o is ChainObject => o.kind === 'chain'), ...staleChains];
   tx.add(...t.chains, ...unwantedChains);
-  tx.flush(...all.chains, ...otherSets);
+  tx.flush(...all.chains, ...t.chains.filter((c) => c.name.startsWith(SOURCE_CHAIN_PREFIX)), ...staleChains);
+  tx.flush(...otherSets);
+  if (sources === undefined) tx.flush(...checkObjects.filter((o): o is MapObject => o.kind === 'map'));
   // Replaced rather than flushed: whether a kernel takes a new size for a map that exists varies
   // (6.18 does), and a deletion is one transaction entry where a flush is one per element.
   if (map === 'replaced') tx.delete(...keyed).add(...keyed);
@@ -91,10 +107,10 @@ function writeObjects(
   // (50,000 elements: 3% of the transaction).
   const written: Array<ElementObject | undefined> = [
     ...(map === 'replaced' ? [] : [t.mapElements, t.keySetElements]),
-    ...(ranges ? [ranges.keys, ranges.sources] : []),
+    ...(sources ? [t.sourceRanges.checks, t.sourceRanges.own] : []),
   ];
   tx.add(...t.rules, ...t.elements.filter((e) => !written.includes(e)));
-  if (ranges) sourceRangeSetChanges(tx, ranges, held);
+  if (sources) sourceRangeSetChanges(tx, t.sourceRanges, sources);
   if (typeof map === 'object') {
     const family = t.table.family === 'ip' ? 'ipv4' : 'ipv6';
     mapChanges(tx, family, map.removed, map.added, t.lookup, map.keysRemoved, map.keysAdded);
@@ -150,57 +166,81 @@ export function mapChanges(
   return tx;
 }
 
-/** The source-range elements of entries removed and added, around mapChanges (the sets exist). */
+/**
+ * The source-range changes of entries removed and added, around mapChanges: the check map's and
+ * the own-address set's elements, the chains of the Services added (their rules written again:
+ * the ranges of one Service, whatever its entries), and the chains of `gone` (Services left with
+ * no ranged entry) removed once no element jumps to them. An element whose key is both removed
+ * and added with the same chain stays: a ranges edit rewrites the Service's chain alone.
+ */
 export function sourceRangeChanges(
   tx: Transaction,
   family: Family,
   removed: readonly Entry[],
   added: readonly Entry[],
+  gone: readonly string[] = [],
 ): Transaction {
-  const gone = sourceRangeElements(family, removed);
-  const fresh = sourceRangeElements(family, added);
-  for (const e of [gone.sources, gone.keys]) if (e.elements.length > 0) tx.delete(e);
-  for (const e of [fresh.keys, fresh.sources]) if (e.elements.length > 0) tx.add(e);
+  const before = sourceRangeObjects(family, removed);
+  const after = sourceRangeObjects(family, added);
+  const diff = sourceRangeDifference(
+    { checks: before.checks.elements, own: before.own.elements },
+    { checks: after.checks.elements, own: after.own.elements },
+  );
+  writeSourceChains(tx, after);
+  const of = <T extends ElementObject>(o: T, elements: readonly (MapElement | VerdictElement)[]) =>
+    ({ ...o, elements }) as T;
+  if (diff.checks.removed.length > 0) tx.delete(of(after.checks, diff.checks.removed));
+  if (diff.own.removed.length > 0) tx.delete(of(after.own, diff.own.removed));
+  const nf = after.checks.family;
+  const stale = gone
+    .filter((name) => !after.chains.some((c) => c.name === name))
+    .map((name): ChainObject => ({ kind: 'chain', family: nf, table: after.checks.table, name }));
+  if (stale.length > 0) tx.flush(...stale).delete(...stale);
+  if (diff.checks.added.length > 0) tx.add(of(after.checks, diff.checks.added));
+  if (diff.own.added.length > 0) tx.add(of(after.own, diff.own.added));
   return tx;
 }
 
-function isSourceRangeSet(s: SetObject): boolean {
-  return s.name === SOURCE_RANGE_SET || s.name === SOURCE_RANGED_KEY_SET;
+/** Declares the Services' source-range chains and writes their rules again. */
+function writeSourceChains(tx: Transaction, objects: SourceRangeObjects): void {
+  if (objects.chains.length === 0) return;
+  tx.add(...objects.chains).flush(...objects.chains);
+  tx.add(...objects.rules);
 }
 
 /**
- * The source-range sets (which exist) brought to `wanted`: the difference with `held` when it
- * is known, else flushed and filled again.
+ * The source-range objects brought to `wanted` (the check map and the set exist): the chains
+ * declared and written, the elements their difference with `held` when it is known, else
+ * flushed and filled again; `stale` chains removed.
  */
 export function writeSourceRanges(
   tx: Transaction,
-  sets: readonly SetObject[],
-  wanted: { keys: ElementObject; sources: ElementObject },
-  held?: SourceRangeSets,
+  wanted: SourceRangeObjects,
+  held: SourceRangeSets | undefined,
+  stale: readonly ChainObject[] = [],
 ): Transaction {
-  const ranged = sets.filter(isSourceRangeSet);
-  if (held) return sourceRangeSetChanges(tx, wanted, held);
-  tx.flush(...ranged);
-  for (const e of [wanted.keys, wanted.sources]) if (e.elements.length > 0) tx.add(e);
+  writeSourceChains(tx, wanted);
+  if (held) {
+    sourceRangeSetChanges(tx, wanted, held);
+  } else {
+    const checks = { kind: 'map', family: wanted.checks.family, table: wanted.checks.table, name: SOURCE_CHECK_MAP };
+    const own = { kind: 'set', family: wanted.own.family, table: wanted.own.table, name: OWN_SOURCE_SET };
+    tx.flush({ ...checks, type: [], data: '' } as MapObject, { ...own, type: [] } as SetObject);
+    for (const e of [wanted.checks, wanted.own]) if (e.elements.length > 0) tx.add(e);
+  }
+  if (stale.length > 0) tx.flush(...stale).delete(...stale);
   return tx;
 }
 
-/** Removals, then additions, that bring the source-range sets from `held` to `wanted`. */
-function sourceRangeSetChanges(
-  tx: Transaction,
-  wanted: { keys: ElementObject; sources: ElementObject },
-  held: SourceRangeSets,
-): Transaction {
-  const keys = 'keys' in wanted.keys ? wanted.keys : undefined;
-  const sources = 'sources' in wanted.sources ? wanted.sources : undefined;
-  if (!keys || !sources) throw new Error('source-range elements of the wrong kind');
-  const diff = sourceRangeDifference(held, { keys: keys.elements, sources: sources.elements });
-  const of = <T extends ElementObject>(o: T, elements: readonly (MapElement | SourceRangeElement)[]) =>
+/** Removals, then additions, that bring the check map and the own-address set from `held` to `wanted`. */
+function sourceRangeSetChanges(tx: Transaction, wanted: SourceRangeObjects, held: SourceRangeSets): Transaction {
+  const diff = sourceRangeDifference(held, { checks: wanted.checks.elements, own: wanted.own.elements });
+  const of = <T extends ElementObject>(o: T, elements: readonly (MapElement | VerdictElement)[]) =>
     ({ ...o, elements }) as T;
-  if (diff.sources.removed.length > 0) tx.delete(of(sources, diff.sources.removed));
-  if (diff.keys.removed.length > 0) tx.delete(of(keys, diff.keys.removed));
-  if (diff.keys.added.length > 0) tx.add(of(keys, diff.keys.added));
-  if (diff.sources.added.length > 0) tx.add(of(sources, diff.sources.added));
+  if (diff.checks.removed.length > 0) tx.delete(of(wanted.checks, diff.checks.removed));
+  if (diff.own.removed.length > 0) tx.delete(of(wanted.own, diff.own.removed));
+  if (diff.checks.added.length > 0) tx.add(of(wanted.checks, diff.checks.added));
+  if (diff.own.added.length > 0) tx.add(of(wanted.own, diff.own.added));
   return tx;
 }
 

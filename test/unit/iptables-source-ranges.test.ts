@@ -25,8 +25,7 @@ import type { DesiredState, Entry, Family, FamilyState, LocalPodMatch } from '..
 import { FakeIptables } from '../doubles/fake-iptables.js';
 import { assertGolden } from '../support/golden.js';
 
-/** An entry as the model gives it (Entry.sourcesFromNode included). */
-type Fields = Partial<Entry> & { sourcesFromNode?: true };
+type Fields = Partial<Entry>;
 
 function entry(over: Fields = {}): Entry {
   return {
@@ -37,7 +36,7 @@ function entry(over: Fields = {}): Entry {
     clusterIp: '10.96.0.10',
     service: 'default/web',
     ...over,
-  } as Entry;
+  };
 }
 
 const PODS: LocalPodMatch = { kind: 'cidrs', cidrs: ['10.244.1.0/24'] };

@@ -142,8 +142,9 @@ export function planPartialWrite(
         remove.push(`-D ${entry} ${gotoSpec(family, entry, bucket)}`);
         drop.push(`-X ${chain}`);
       } else {
-        const goneRules = rulesOf(gone);
-        const comeRules = rulesOf(come);
+        const { gone: changedGone, come: changedCome } = withoutSameRules(gone, come);
+        const goneRules = rulesOf(changedGone);
+        const comeRules = rulesOf(changedCome);
         const goneSet = new Set(goneRules);
         const comeSet = new Set(comeRules);
         const deletes = goneRules.filter((r) => !comeSet.has(r));
@@ -184,6 +185,25 @@ export function planPartialWrite(
     leftOut,
     rejected: [...record.rejected.filter((r) => !gone.has(r.item)), ...rejections],
   };
+}
+
+/**
+ * `gone` and `come` without the entries that went and came again with the same bucket rules
+ * without rendering them: both with source ranges, of the same Service (their rules go to its
+ * chain whatever the ranges). A range edit hands over every entry of the Service so.
+ */
+function withoutSameRules(gone: Entry[], come: Entry[]): { gone: Entry[]; come: Entry[] } {
+  const ranged = (e: Entry) => e.sourceRanges !== undefined;
+  if (!gone.some(ranged) || !come.some(ranged)) return { gone, come };
+  const comeByKey = new Map(come.filter(ranged).map((e) => [flowKey(e), e]));
+  const kept = new Set<Entry>();
+  const goneLeft = gone.filter((e) => {
+    const again = ranged(e) ? comeByKey.get(flowKey(e)) : undefined;
+    if (again?.service !== e.service) return true;
+    kept.add(again);
+    return false;
+  });
+  return { gone: goneLeft, come: come.filter((e) => !kept.has(e)) };
 }
 
 /** Why a partial write cannot be planned: the family is written whole instead. */

@@ -79,7 +79,7 @@ export function rangesProblem(family: Family, ranges: readonly string[]): string
 
 /** Entry.sourcesFromNode: the external IP itself as the source is translated. */
 function fromNode(e: Entry): boolean {
-  return (e as Entry & { sourcesFromNode?: boolean }).sourcesFromNode === true;
+  return e.sourcesFromNode === true;
 }
 
 /**

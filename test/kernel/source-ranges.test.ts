@@ -7,6 +7,8 @@
 // inside a range (allowFromNode). The eBPF backend cannot filter sources and translates neither.
 
 import { expect } from 'chai';
+import { execFileSync } from 'node:child_process';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { BACKEND_VARIANTS, variantNodeHooks, type BackendVariant } from '../support/variant-node.js';
 import { TenantNode, UNTRANSLATED, lbService } from './tenant-node.js';
 
@@ -130,6 +132,64 @@ for (const variant of VARIANTS) {
         await node.eventually(LB_IP, 80, inside, WAIT, { from: 'pod' });
       },
     );
+
+    ifFiltering(
+      "a range that holds the LoadBalancer IP but not the node IP: the node's own connection (from that address) is left to kube-proxy's filter",
+      async function () {
+        if (!filters) this.skip();
+        // 198.51.100.0/24 holds the LoadBalancer IP; with the node IP in a range too (allowFromNode)
+        // the node's connection, whose source is the LoadBalancer IP, is translated.
+        node.api.apply(ranged(['198.51.100.0/24', NODE_RANGE]));
+        await node.eventually(LB_IP, 80, inside, WAIT, { from: 'node' });
+        // Without it, that address is refused as a source though a range holds it; the pod is in a range.
+        node.api.apply(ranged(['198.51.100.0/24', `${POD_IP}/32`]));
+        await node.eventually(LB_IP, 80, UNTRANSLATED, WAIT, { from: 'node' });
+        await node.eventually(LB_IP, 80, inside, WAIT, { from: 'pod' });
+        for (let i = 0; i < 3; i++) {
+          expect(await node.probe(LB_IP, 80, 'node'), 'the node, from the LoadBalancer IP').to.equal(UNTRANSLATED);
+        }
+      },
+    );
+
+    ifFiltering('edits of one range under traffic lose no connection of a source that stays inside', async function () {
+      if (!filters) this.skip();
+      /** What the backend programmed, as its tools list it. */
+      const programmed = () =>
+        variant.backend === 'nft'
+          ? execFileSync('nft', ['list', 'ruleset']).toString()
+          : execFileSync(`iptables-${variant.legacy ? 'legacy' : 'nft'}-save`, ['-c', '-t', 'nat']).toString();
+      const written = async (range: string) => {
+        for (let i = 0; i < 200 * SLOW && !programmed().includes(range); i++) await sleep(50);
+        expect(programmed(), `${range} programmed`).to.include(range);
+      };
+      node.api.apply(ranged([NODE_RANGE, '203.0.113.0/24']));
+      await written('203.0.113.0/24');
+      await node.eventually(LB_IP, 80, inside, WAIT, { from: 'node' });
+      const loop = await node.connectLoop(LB_IP, 80, inside, 20);
+      for (let i = 1; i <= 10; i++) {
+        node.api.apply(ranged([NODE_RANGE, `203.0.${113 + i}.0/24`]));
+        await written(`203.0.${113 + i}.0/24`);
+      }
+      const report = await loop.stop();
+      expect(report.failed, JSON.stringify(report.failures.slice(0, 3))).to.equal(0);
+      expect(report.answered).to.be.above(0);
+      if (variant.backend !== 'iptables') return;
+      // iptables: an edit rewrites the Service's source-range chains only; the entry's bucket rule
+      // is not written again, so its packet counter goes on from where it was.
+      const bucketRule = () => {
+        const line = programmed()
+          .split('\n')
+          .find((l) => l.includes(`-A IPVS_OUTPUT_40 -d ${LB_IP}/32 `) && l.includes('--dport 80 '));
+        expect(line, 'the bucket rule of the LoadBalancer IP').to.not.equal(undefined);
+        return Number(/^\[(\d+):/.exec(line!)![1]);
+      };
+      const counted = bucketRule();
+      expect(counted).to.be.above(0);
+      node.api.apply(ranged([NODE_RANGE, '203.0.200.0/24']));
+      await written('203.0.200.0/24');
+      expect(bucketRule(), 'the bucket rule kept its counter').to.equal(counted);
+      expect(programmed()).to.not.include('203.0.123.0/24');
+    });
 
     it('verifies what it programmed without finding drift, or says why the ranged address is left untranslated', async () => {
       if (!filters) {

@@ -193,24 +193,33 @@ describe('source ranges: what the backends write', () => {
     ...over,
   });
 
-  it('iptables: rules per range, within the pod CIDR, and with -s on the output chain', () => {
+  it("iptables: one rule per entry and hook going to the Service's chain, which holds each range once", () => {
     const { rules } = renderChainRules(
       'ipv4',
       {
-        entries: [entry({ sourceRanges: ['10.0.0.0/8', '10.244.1.2/32', '203.0.113.0/24'] })],
+        entries: [
+          entry({ sourceRanges: ['10.0.0.0/8', '10.244.1.2/32', '203.0.113.0/24'] }),
+          entry({ port: 443, sourceRanges: ['10.0.0.0/8', '10.244.1.2/32', '203.0.113.0/24'] }),
+        ],
         localPodMatch: { kind: 'cidrs', cidrs: ['10.244.1.0/24'] },
       },
       0x4000,
       false,
     );
-    const heads = [...new Set(rules.map((r) => r.replace(/ -p tcp .*/, '')))];
+    const heads = [...new Set(rules.map((r) => r.replace(/ -p tcp .* -g /, ' -g ').replace(/ -m comment .*/, '')))];
     expect(heads).to.deep.equal([
-      '-A IPVS_PREROUTING_10 -s 10.244.1.0/24 -d 192.0.2.10/32',
-      '-A IPVS_PREROUTING_10 -s 10.244.1.2/32 -d 192.0.2.10/32',
-      '-A IPVS_OUTPUT_10 -s 10.0.0.0/8 -d 192.0.2.10/32',
-      '-A IPVS_OUTPUT_10 -s 10.244.1.2/32 -d 192.0.2.10/32',
-      '-A IPVS_OUTPUT_10 -s 203.0.113.0/24 -d 192.0.2.10/32',
+      // The pod match in the bucket, the range in the Service's chain: both hold.
+      '-A IPVS_PREROUTING_10 -s 10.244.1.0/24 -d 192.0.2.10/32 -g IPVS_PRE_SR_QKZ232OQBTIWIKSN',
+      '-A IPVS_OUTPUT_10 -d 192.0.2.10/32 -g IPVS_OUT_SR_QKZ232OQBTIWIKSN',
+      // 203.0.113.0/24 holds no pod: no prerouting rule.
+      '-A IPVS_PRE_SR_QKZ232OQBTIWIKSN -s 10.0.0.0/8',
+      '-A IPVS_PRE_SR_QKZ232OQBTIWIKSN -s 10.244.1.2/32',
+      '-A IPVS_OUT_SR_QKZ232OQBTIWIKSN -s 10.0.0.0/8',
+      '-A IPVS_OUT_SR_QKZ232OQBTIWIKSN -s 10.244.1.2/32',
+      '-A IPVS_OUT_SR_QKZ232OQBTIWIKSN -s 203.0.113.0/24',
     ]);
+    // Two entries, three ranges: 2 x 2 bucket rules, 2 + 3 x 2 in the Service's chains.
+    expect(rules).to.have.length(4 + 2 + 6);
     const byInterface = renderChainRules(
       'ipv4',
       {
@@ -221,7 +230,10 @@ describe('source ranges: what the backends write', () => {
       false,
     );
     expect(byInterface.rules[0]).to.match(
-      /^-A IPVS_PREROUTING_10 -s 10\.0\.0\.0\/8 -d 192\.0\.2\.10\/32 -i veth\+ -p tcp/,
+      /^-A IPVS_PREROUTING_10 -d 192\.0\.2\.10\/32 -i veth\+ -p tcp .* -g IPVS_PRE_SR_/,
+    );
+    expect(byInterface.rules).to.include(
+      '-A IPVS_PRE_SR_QKZ232OQBTIWIKSN -s 10.0.0.0/8 -m comment --comment "default/web" -j DNAT --to-destination 10.96.0.10',
     );
   });
 

@@ -34,7 +34,7 @@ import type { TranslationsBypassed } from '../../driver/kernel-change.js';
 import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './executor.js';
 import { bucketOf } from './layout.js';
 import { KUBE_MARK_MASQ, emptyNatTable } from './parse.js';
-import { planPartialWrite, recordPartialWrite } from './partial-write.js';
+import { planPartialWrite, recordPartialWrite, type PartialWrite } from './partial-write.js';
 import { renderJumpRepairs } from './precedence.js';
 import { FamilyRecord } from './record.js';
 import { renderFamilyRestore } from './render.js';
@@ -80,6 +80,13 @@ export class IptablesDriver implements Driver {
   readonly capacity = IPTABLES_CAPACITY;
   readonly capabilities: DriverCapabilities;
   private readonly written = new Map<Family, FamilyRecord>();
+  /**
+   * iptables-nft: chains of ours that may exist though no write view lists them (its view names
+   * only the chains the entry chains go to), which the next whole write removes unless the state
+   * needs them: those of the last record when a partial write failed, and the strays the last
+   * verification found (its read is the whole table).
+   */
+  private readonly mayExist = new Map<Family, Set<string>>();
   private readonly rewriteAboveDeletes: number;
   /**
    * The reconciler runs its writes one at a time, but the jump guard repairs our jumps on a timer,
@@ -273,15 +280,22 @@ export class IptablesDriver implements Driver {
 
   /** Our chains written whole (declared, so flushed) and the jumps repaired; false: the kernel held them already. */
   private async writeWhole(family: Family, state: FamilyState, masqueradeMark: number): Promise<boolean> {
+    const candidates = new Set([
+      ...(this.mayExist.get(family) ?? []),
+      ...(this.written.get(family)?.chainNames() ?? []),
+    ]);
     this.written.delete(family);
     const commands = this.commands(family);
     const { rendered, useKubeMarkMasq } = await withRetries(async () => {
       const current = await readWriteView(commands);
+      // iptables-legacy's view is the whole table: a chain it does not list does not exist.
+      if (this.variant === 'nft') for (const chain of candidates) current.chains.add(chain);
       const rendered = renderFamilyRestore(family, state, masqueradeMark, current);
       if (!rendered.upToDate) await commands.restore(rendered.text);
       return { rendered, useKubeMarkMasq: current.chains.has(KUBE_MARK_MASQ) };
     });
     const shape = { localPodMatch: state.localPodMatch, masqueradeMark, useKubeMarkMasq };
+    this.mayExist.delete(family);
     this.written.set(family, FamilyRecord.of(rendered, shape));
     this.reportRejections(family, rendered.rejected);
     return !rendered.upToDate;
@@ -291,15 +305,17 @@ export class IptablesDriver implements Driver {
   private async writeChanges(family: Family, removed: readonly Entry[], added: readonly Entry[]): Promise<boolean> {
     const record = this.written.get(family);
     if (!record) throw new Error('our chains were never written');
-    const write = planPartialWrite(family, record, removed, added, this.rewriteAboveDeletes);
-    if (write.text !== undefined) {
-      try {
-        await this.commands(family).restore(write.text);
-      } catch (err) {
-        // The chains are not what was recorded: the reconciler writes the family whole.
-        this.written.delete(family);
-        throw err;
-      }
+    let write: PartialWrite;
+    try {
+      write = planPartialWrite(family, record, removed, added, this.rewriteAboveDeletes);
+      if (write.text !== undefined) await this.commands(family).restore(write.text);
+    } catch (err) {
+      // The chains are not what was recorded, or the change cannot be written in part: the
+      // reconciler writes the family whole, which removes what this record had and the state no
+      // longer needs.
+      this.mayExist.set(family, new Set([...(this.mayExist.get(family) ?? []), ...record.chainNames()]));
+      this.written.delete(family);
+      throw err;
     }
     recordPartialWrite(record, write);
     this.reportRejections(family, record.rejected);
@@ -325,7 +341,10 @@ export class IptablesDriver implements Driver {
     const { view, generation } = await readVerificationView(this.commands(family));
     if (alongside && this.writeEvents !== events) return 'unfinished';
     // What our writes change from now on does not make the table read untrue: compared at leisure.
-    const read: ReadBack = { missing: [], foreign: [], shapeDrift: await shapeDrift(family, view, expected, shape) };
+    const { drift, strays } = await shapeDrift(family, view, expected, shape);
+    // Removed by the whole write the drift asks for (iptables-nft's write view does not list them).
+    if (strays.length > 0) this.mayExist.set(family, new Set([...(this.mayExist.get(family) ?? []), ...strays]));
+    const read: ReadBack = { missing: [], foreign: [], shapeDrift: drift };
     if (generation !== undefined) read.generation = generation;
     return read;
   }
@@ -359,6 +378,7 @@ export class IptablesDriver implements Driver {
   /** Called in a turn, the jump guard stopped. */
   private async removeAll(): Promise<void> {
     this.written.clear();
+    this.mayExist.clear();
     for (const family of FAMILIES) await removeIptablesObjects(this.variant, family, this.options.runner);
   }
 

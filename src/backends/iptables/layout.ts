@@ -19,7 +19,17 @@
 // deletes from (a bucket, not 20,000 rules). A bucket chain exists while it has entries (a write
 // that gives it its first one declares it and adds its goto; the one that takes its last removes
 // both), so a node with a few Services lists a few buckets.
+//
+// An entry with source ranges (loadBalancerSourceRanges) has one rule in its bucket, like any
+// other: it goes to the source-range chain of its Service, one per hook, which holds the
+// Service's ranges once for all its entries (rules.ts):
+//
+//   -A IPVS_OUTPUT_10 -d 192.0.2.10/32 -p tcp ... --dport 80 -g IPVS_OUT_SR_7KQ2M4N6P3R5S2T4
+//
+// The name is the hook's and a hash of `namespace/name`: 16 characters of the base32 of its
+// SHA-256, as kube-proxy names its per-Service chains, within the 28 characters iptables allows.
 
+import { createHash } from 'node:crypto';
 import type { Family } from '../../model/types.js';
 
 export const PREROUTING_CHAIN = 'IPVS_PREROUTING';
@@ -70,13 +80,54 @@ export function gotoSpec(family: Family, entry: string, bucket: Bucket): string 
 
 const BUCKET_CHAIN = /^(IPVS_PREROUTING|IPVS_OUTPUT)_([0-9a-f]{1,3})$/;
 
+/** The prefix of a hook's source-range chains, by entry chain. */
+const SERVICE_CHAIN_PREFIX: Readonly<Record<string, string>> = {
+  [PREROUTING_CHAIN]: 'IPVS_PRE_SR_',
+  [OUTPUT_CHAIN]: 'IPVS_OUT_SR_',
+};
+const SERVICE_CHAIN = /^IPVS_(PRE|OUT)_SR_[A-Z2-7]{16}$/;
+const BASE32 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567';
+
+/** The first 16 characters of the base32 (RFC 4648) of the SHA-256 of `text`: 80 bits. */
+function hash16(text: string): string {
+  const bytes = createHash('sha256').update(text).digest();
+  let out = '';
+  // 16 characters are 80 bits: the first 10 bytes.
+  for (let i = 0; i < 10; i += 5) {
+    let bits = 0n;
+    for (let j = 0; j < 5; j++) bits = (bits << 8n) | BigInt(bytes[i + j]!);
+    for (let k = 7; k >= 0; k--) out += BASE32[Number((bits >> BigInt(k * 5)) & 31n)];
+  }
+  return out;
+}
+
+/** Hashes of Services seen lately: a family's rules name each Service's chains once per entry and hook. */
+const hashes = new Map<string, string>();
+const MAX_REMEMBERED_HASHES = 4096;
+
+/** `IPVS_OUT_SR_7KQ2M4N6P3R5S2T4`: the source-range chain of a Service (`namespace/name`) in a hook. */
+export function serviceChain(entry: string, service: string): string {
+  let hash = hashes.get(service);
+  if (hash === undefined) {
+    if (hashes.size >= MAX_REMEMBERED_HASHES) hashes.clear();
+    hash = hash16(service);
+    hashes.set(service, hash);
+  }
+  return `${SERVICE_CHAIN_PREFIX[entry]!}${hash}`;
+}
+
+/** Whether a chain name is one of our source-range chains. */
+export function isServiceChain(name: string): boolean {
+  return SERVICE_CHAIN.test(name);
+}
+
 /** The entry chain and bucket of one of our bucket chains; undefined for any other name. */
 export function parseBucketChain(name: string): { entry: string; bucket: Bucket } | undefined {
   const m = BUCKET_CHAIN.exec(name);
   return m ? { entry: m[1]!, bucket: m[2]! } : undefined;
 }
 
-/** One of our chains: an entry chain or a bucket chain. */
+/** One of our chains: an entry chain, a bucket chain or a source-range chain. */
 export function isOurChain(name: string): boolean {
-  return ENTRY_CHAINS.includes(name) || BUCKET_CHAIN.test(name);
+  return ENTRY_CHAINS.includes(name) || BUCKET_CHAIN.test(name) || SERVICE_CHAIN.test(name);
 }

@@ -14,10 +14,33 @@
 // chain while writing the chain whole costs one: past a number of deletes in one bucket chain, that
 // chain is declared (so flushed) and written whole with the entries that stay and come, in the same
 // restore. One transaction either way: packets see the old rules or the new ones.
+//
+// An entry with source ranges has the same bucket rules whatever its ranges (a goto to its
+// Service's source-range chain), so a change of a Service's ranges, which the reconciler hands
+// over as every entry of the Service gone and come again, changes none of them: the Service's
+// source-range chains alone are written again, declared (so flushed) and filled, one rule per
+// range and address. A Service's chains are declared when it gets its first entry with ranges,
+// written again when what they hold changes (ranges, ClusterIP, sourcesFromNode, addresses), and
+// emptied and removed with its last. Entries of one Service that do not share what its chains
+// hold, or a chain name another Service has, are not written here: the plan throws, and the
+// family is written whole, which leaves the odd ones out (render.ts).
 
-import { bucketChain, bucketOf, byBucket, gotoSpec, type Bucket } from './layout.js';
-import { flowKey, type FamilyRecord } from './record.js';
-import { entryLabel, entryProblem, entryRules, hooksOf, ruleContext, type Rejection } from './rules.js';
+import { OUTPUT_CHAIN, bucketChain, bucketOf, byBucket, gotoSpec, serviceChain, type Bucket } from './layout.js';
+import type { FamilyRecord, RecordedService } from './record.js';
+import {
+  entryLabel,
+  entryProblem,
+  entryRules,
+  flowKey,
+  hooksOf,
+  rangedServiceOf,
+  rangesProblem,
+  ruleContext,
+  sameRangedService,
+  serviceRules,
+  shareRangedService,
+  type Rejection,
+} from './rules.js';
 import type { Entry, Family } from '../../model/types.js';
 
 export interface PartialWrite {
@@ -29,6 +52,10 @@ export interface PartialWrite {
   rewritten: number;
   /** The buckets the write touches, with their entries after it (empty: the bucket goes). */
   buckets: Map<Bucket, Map<string, Entry>>;
+  /** The Services with source ranges the write touches, as it leaves them (undefined: their chains go). */
+  services: Map<string, RecordedService | undefined>;
+  /** Source-range chains declared and written (whole) or removed. */
+  serviceChains: number;
   /** Keys of removed entries that were left out, and added entries that are. */
   leftOut: { removed: string[]; added: Entry[] };
   /** The family's rejections after the write. */
@@ -62,6 +89,12 @@ export function planPartialWrite(
   };
   const leftOut: PartialWrite['leftOut'] = { removed: [], added: [] };
   const rejections: Rejection[] = [];
+  const services = new Map<string, { gone: Entry[]; come: Entry[] }>();
+  const touchService = (service: string) => {
+    let t = services.get(service);
+    if (!t) services.set(service, (t = { gone: [], come: [] }));
+    return t;
+  };
   for (const e of [...removed].sort(byKey)) {
     const key = flowKey(e);
     if (record.leftOut.has(key)) leftOut.removed.push(key);
@@ -69,6 +102,7 @@ export function planPartialWrite(
       // An entry that cannot have rules and was not left out is not in the kernel either.
       const bucket = entryProblem(family, e) ? undefined : bucketOf(family, e.externalIp);
       if (bucket !== undefined) touch(bucket).gone.push(e);
+      if (bucket !== undefined && e.sourceRanges !== undefined) touchService(e.service).gone.push(e);
     }
   }
   for (const e of [...added].sort(byKey)) {
@@ -76,7 +110,10 @@ export function planPartialWrite(
     if (problem) {
       leftOut.added.push(e);
       rejections.push({ family, item: entryLabel(e), reason: problem });
-    } else touch(bucketOf(family, e.externalIp)).come.push(e);
+    } else {
+      touch(bucketOf(family, e.externalIp)).come.push(e);
+      if (e.sourceRanges !== undefined) touchService(e.service).come.push(e);
+    }
   }
 
   const declare: string[] = [];
@@ -105,8 +142,9 @@ export function planPartialWrite(
         remove.push(`-D ${entry} ${gotoSpec(family, entry, bucket)}`);
         drop.push(`-X ${chain}`);
       } else {
-        const goneRules = rulesOf(gone);
-        const comeRules = rulesOf(come);
+        const { gone: changedGone, come: changedCome } = withoutSameRules(gone, come);
+        const goneRules = rulesOf(changedGone);
+        const comeRules = rulesOf(changedCome);
         const goneSet = new Set(goneRules);
         const comeSet = new Set(comeRules);
         const deletes = goneRules.filter((r) => !comeSet.has(r));
@@ -122,6 +160,19 @@ export function planPartialWrite(
       }
     }
   }
+  const after = planServices(family, record, services);
+  let serviceChains = 0;
+  for (const [service, { recorded, rewrite }] of after) {
+    if (!rewrite) continue;
+    for (const { entry, of } of hooksOf(ctx)) {
+      const chain = serviceChain(entry, service);
+      serviceChains++;
+      // Declared: created, or flushed to be written again or removed.
+      declare.push(`:${chain} - [0:0]`);
+      if (recorded === undefined) drop.push(`-X ${chain}`);
+      else for (const r of serviceRules(ctx, recorded.shared, of)) append.push(`-A ${chain} ${r}`);
+    }
+  }
   const lines = [...declare, ...remove, ...append, ...drop];
   const gone = new Set(removed.map(entryLabel));
   return {
@@ -129,14 +180,91 @@ export function planPartialWrite(
     deletes: remove.length,
     rewritten,
     buckets,
+    services: new Map([...after].map(([service, { recorded }]) => [service, recorded])),
+    serviceChains,
     leftOut,
     rejected: [...record.rejected.filter((r) => !gone.has(r.item)), ...rejections],
   };
 }
 
+/**
+ * `gone` and `come` without the entries that went and came again with the same bucket rules
+ * without rendering them: both with source ranges, of the same Service (their rules go to its
+ * chain whatever the ranges). A range edit hands over every entry of the Service so.
+ */
+function withoutSameRules(gone: Entry[], come: Entry[]): { gone: Entry[]; come: Entry[] } {
+  const ranged = (e: Entry) => e.sourceRanges !== undefined;
+  if (!gone.some(ranged) || !come.some(ranged)) return { gone, come };
+  const comeByKey = new Map(come.filter(ranged).map((e) => [flowKey(e), e]));
+  const kept = new Set<Entry>();
+  const goneLeft = gone.filter((e) => {
+    const again = ranged(e) ? comeByKey.get(flowKey(e)) : undefined;
+    if (again?.service !== e.service) return true;
+    kept.add(again);
+    return false;
+  });
+  return { gone: goneLeft, come: come.filter((e) => !kept.has(e)) };
+}
+
+/** Why a partial write cannot be planned: the family is written whole instead. */
+export class WholeWriteNeeded extends Error {}
+
+/**
+ * The Services whose entries with source ranges went or came, as the write leaves them:
+ * `recorded` what the record keeps (undefined: none left, the chains go), `rewrite` whether
+ * their chains are declared (created, or flushed and written again, or removed): not when they
+ * hold the same rules as before. Throws WholeWriteNeeded for entries of a Service that do not
+ * share what its chains hold, ranges that fail validation, and a chain name another Service has.
+ */
+function planServices(
+  family: Family,
+  record: FamilyRecord,
+  touched: Map<string, { gone: Entry[]; come: Entry[] }>,
+): Map<string, { recorded: RecordedService | undefined; rewrite: boolean }> {
+  const out = new Map<string, { recorded: RecordedService | undefined; rewrite: boolean }>();
+  let owners: Map<string, string> | undefined;
+  for (const service of [...touched.keys()].sort()) {
+    const { gone, come } = touched.get(service)!;
+    const before = record.services.get(service);
+    const entries = new Map(before?.entries);
+    for (const e of gone) entries.delete(flowKey(e));
+    if (come.length > 0) {
+      const first = come[0]!;
+      const stays = entries.values().next();
+      const shared =
+        come.every((e) => shareRangedService(e, first)) &&
+        (stays.done === true || shareRangedService(stays.value, first));
+      const problem =
+        rangesProblem(family, first.sourceRanges!) ??
+        (shared
+          ? undefined
+          : 'the entries of the Service do not share their source ranges, ClusterIP and sourcesFromNode');
+      if (problem) throw new WholeWriteNeeded(`${entryLabel(first)}: ${problem}`);
+      if (before === undefined) {
+        owners ??= new Map([...record.services.keys()].map((s) => [serviceChain(OUTPUT_CHAIN, s), s]));
+        const chain = serviceChain(OUTPUT_CHAIN, service);
+        const owner = owners.get(chain);
+        if (owner !== undefined) {
+          throw new WholeWriteNeeded(
+            `${entryLabel(first)}: its source-range chain ${chain} has the name of ${owner}'s`,
+          );
+        }
+        owners.set(chain, service);
+      }
+      for (const e of come) entries.set(flowKey(e), e);
+    }
+    const recorded = entries.size > 0 ? { shared: rangedServiceOf(entries.values()), entries } : undefined;
+    if (before === undefined && recorded === undefined) continue;
+    const same = before !== undefined && recorded !== undefined && sameRangedService(before.shared, recorded.shared);
+    out.set(service, { recorded, rewrite: !same });
+  }
+  return out;
+}
+
 /** Records a partial write that the kernel took. */
 export function recordPartialWrite(record: FamilyRecord, write: PartialWrite): void {
   for (const [bucket, entries] of write.buckets) record.setBucket(bucket, entries);
+  for (const [service, after] of write.services) record.setService(service, after);
   for (const key of write.leftOut.removed) record.leftOut.delete(key);
   for (const e of write.leftOut.added) record.leftOut.set(flowKey(e), e);
   record.rejected = write.rejected;

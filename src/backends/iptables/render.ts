@@ -4,20 +4,43 @@
 // transaction. Pure: the caller passes what the nat table holds now (parse.ts), which decides the
 // jump repairs, the bucket chains to remove and whether KUBE-MARK-MASQ can be used.
 
-import { ENTRY_CHAINS, bucketChain, bucketOf, byBucket, gotoSpec, parseBucketChain, type Bucket } from './layout.js';
-import { renderJumpRepairs } from './precedence.js';
+import {
+  ENTRY_CHAINS,
+  OUTPUT_CHAIN,
+  bucketChain,
+  bucketOf,
+  byBucket,
+  gotoSpec,
+  isServiceChain,
+  parseBucketChain,
+  serviceChain,
+  type Bucket,
+} from './layout.js';
+import { renderJumpRepairs, targetOf } from './precedence.js';
 import { KUBE_MARK_MASQ, emptyNatTable, type NatTableView } from './parse.js';
 import {
   asSaved,
   entryLabel,
   entryProblem,
   entryRules,
+  flowKey,
   hooksOf,
+  rangedServiceOf,
+  rangesProblem,
   ruleContext,
+  serviceRules,
+  shareRangedService,
+  type RangedService,
   type Rejection,
   type RuleContext,
 } from './rules.js';
 import type { DesiredState, Entry, Family, FamilyState } from '../../model/types.js';
+
+/** A Service with source ranges in a family: what its source-range chains hold, and its entries that have rules. */
+export interface ServiceRanges {
+  shared: RangedService;
+  entries: Entry[];
+}
 
 export interface RenderedChains {
   /**
@@ -31,6 +54,8 @@ export interface RenderedChains {
   rules: string[];
   /** The entries that have rules, by bucket. */
   buckets: Map<Bucket, Entry[]>;
+  /** The Services whose entries with source ranges have rules, by `namespace/name`. */
+  services: Map<string, ServiceRanges>;
   /** Entries and matches left out because a value failed validation. */
   rejected: Rejection[];
   /** The entries left out. */
@@ -39,49 +64,117 @@ export interface RenderedChains {
   programmed: number;
 }
 
-/** A family's entries sorted into buckets, and what their rules share. */
+/** A family's entries sorted into buckets and Services, and what their rules share. */
 interface Sorted {
   family: Family;
   ctx: RuleContext;
   /** The buckets with entries, in the order of their byte. */
   order: Bucket[];
   buckets: Map<Bucket, Entry[]>;
+  /** In the order of their name. */
+  services: Map<string, ServiceRanges>;
   leftOut: Entry[];
   rejected: Rejection[];
 }
 
+function byFlowKey(a: Entry, b: Entry): number {
+  const ka = flowKey(a);
+  const kb = flowKey(b);
+  return ka < kb ? -1 : ka > kb ? 1 : 0;
+}
+
+/**
+ * The entries with source ranges of each Service that can have rules, the others rejected: every
+ * entry of a Service shares its ranges, ClusterIP and sourcesFromNode (the model's contract),
+ * so one that does not (compared with its Service's first entry by key) is left out, as are all
+ * of a Service whose ranges fail validation or whose chain name another Service (first by name)
+ * already has.
+ */
+function sortServices(
+  family: Family,
+  groups: Map<string, Entry[]>,
+  reject: (e: Entry, reason: string) => void,
+): Map<string, ServiceRanges> {
+  const services = new Map<string, ServiceRanges>();
+  const owners = new Map<string, string>();
+  for (const service of [...groups.keys()].sort()) {
+    const group = groups.get(service)!;
+    const first = group.reduce((a, b) => (byFlowKey(b, a) < 0 ? b : a));
+    const chain = serviceChain(OUTPUT_CHAIN, service);
+    const owner = owners.get(chain);
+    const problem =
+      owner !== undefined
+        ? `its source-range chain ${chain} has the name of ${owner}'s`
+        : rangesProblem(family, first.sourceRanges!);
+    const entries: Entry[] = [];
+    for (const e of group) {
+      if (problem) reject(e, problem);
+      else if (!shareRangedService(e, first)) {
+        reject(e, `its source ranges, ClusterIP or sourcesFromNode differ from those of ${entryLabel(first)}`);
+      } else entries.push(e);
+    }
+    if (entries.length === 0) continue;
+    owners.set(chain, service);
+    services.set(service, { shared: rangedServiceOf(entries), entries });
+  }
+  return services;
+}
+
 function sortEntries(family: Family, state: FamilyState, masqueradeMark: number, useKubeMarkMasq: boolean): Sorted {
   const rejected: Rejection[] = [];
-  const leftOut: Entry[] = [];
-  const buckets = new Map<Bucket, Entry[]>();
+  const leftOut = new Set<Entry>();
+  const reject = (e: Entry, reason: string) => {
+    rejected.push({ family, item: entryLabel(e), reason });
+    leftOut.add(e);
+  };
+  const groups = new Map<string, Entry[]>();
   for (const e of state.entries) {
     const problem = entryProblem(family, e);
-    if (problem) {
-      rejected.push({ family, item: entryLabel(e), reason: problem });
-      leftOut.push(e);
-      continue;
+    if (problem) reject(e, problem);
+    else if (e.sourceRanges !== undefined) {
+      const group = groups.get(e.service);
+      if (group) group.push(e);
+      else groups.set(e.service, [e]);
     }
+  }
+  const services = groups.size > 0 ? sortServices(family, groups, reject) : new Map<string, ServiceRanges>();
+  const buckets = new Map<Bucket, Entry[]>();
+  for (const e of state.entries) {
+    if (leftOut.has(e)) continue;
     const bucket = bucketOf(family, e.externalIp);
     const list = buckets.get(bucket);
     if (list) list.push(e);
     else buckets.set(bucket, [e]);
   }
   const ctx = ruleContext(family, state.localPodMatch, masqueradeMark, useKubeMarkMasq, rejected);
-  return { family, ctx, order: [...buckets.keys()].sort(byBucket(family)), buckets, leftOut, rejected };
+  const order = [...buckets.keys()].sort(byBucket(family));
+  return { family, ctx, order, buckets, services, leftOut: [...leftOut], rejected };
+}
+
+/** The names of the chains `sorted` makes, in the order chainsOf yields them. */
+function* chainNamesOf(sorted: Sorted): Generator<string> {
+  const hooks = hooksOf(sorted.ctx);
+  yield* ENTRY_CHAINS;
+  for (const { entry } of hooks) for (const b of sorted.order) yield bucketChain(entry, b);
+  for (const { entry } of hooks) for (const service of sorted.services.keys()) yield serviceChain(entry, service);
 }
 
 /**
  * Our chains and their rule specs, one at a time, in the order a whole write declares and fills
- * them: the entry chains (their gotos, by bucket), then the bucket chains of each hook.
+ * them: the entry chains (their gotos, by bucket), then the bucket chains of each hook, then the
+ * source-range chains of each hook (by Service).
  */
 function* chainsOf(sorted: Sorted): Generator<[string, string[]]> {
-  const { family, ctx, order, buckets } = sorted;
+  const { family, ctx, order, buckets, services } = sorted;
   const hooks = hooksOf(ctx);
   for (const entry of ENTRY_CHAINS) {
     yield [entry, hooks.some((h) => h.entry === entry) ? order.map((b) => gotoSpec(family, entry, b)) : []];
   }
   for (const { entry, of } of hooks) {
     for (const b of order) yield [bucketChain(entry, b), buckets.get(b)!.flatMap((e) => entryRules(ctx, e, of))];
+  }
+  for (const { entry, of } of hooks) {
+    for (const [service, { shared }] of services) yield [serviceChain(entry, service), serviceRules(ctx, shared, of)];
   }
 }
 
@@ -108,6 +201,7 @@ export function renderChainRules(
       return lines(false);
     },
     buckets: sorted.buckets,
+    services: sorted.services,
     rejected: sorted.rejected,
     leftOut: sorted.leftOut,
     programmed: state.entries.length - sorted.leftOut.length,
@@ -121,11 +215,13 @@ function headOf(spec: string): string {
 }
 
 /**
- * Whether the chains of `layout` are in `current` holding exactly their rules, in any order but
- * each entry's mark rule before its DNAT rule (DNAT ends the walk). Partial writes append, so a
- * chain that went through changes holds the rules of a fresh write in another order: the same
- * translations (the gotos match disjoint bytes; each rule of a bucket one address, protocol and
- * port). A bucket chain of ours that no goto reaches is not looked at: no packet walks it.
+ * Whether the chains of `layout` are in `current` holding exactly their rules. A bucket chain in
+ * any order but each entry's mark rule before its DNAT rule (DNAT ends the walk): partial writes
+ * append, so a chain that went through changes holds the rules of a fresh write in another order,
+ * the same translations (the gotos match disjoint bytes; each rule of a bucket one address,
+ * protocol and port). A source-range chain, always written whole, in its order: a RETURN of the
+ * address itself must come before the range that holds it. A chain of ours that nothing of
+ * `layout` reaches is not looked at here (no packet walks it): strayChains names those.
  */
 export function chainsHold(current: NatTableView, layout: RenderedChains): boolean {
   for (const [chain, specs] of layout.chains) if (!chainHolds(current, chain, specs)) return false;
@@ -133,24 +229,27 @@ export function chainsHold(current: NatTableView, layout: RenderedChains): boole
 }
 
 /**
- * chainsHold for the chains `state` makes, rendered and compared one chain at a time, `pause()`
- * awaited every few chains: at 10,000 entries the whole comparison takes a few hundred ms of the
- * controller's thread, which a change that comes meanwhile then does not wait for.
+ * Whether the chains `state` makes are in `current` (chainsHold), rendered and compared one
+ * chain at a time, `pause()` awaited every few chains: at 10,000 entries the whole comparison
+ * takes a few hundred ms of the controller's thread, which a change that comes meanwhile then
+ * does not wait for. `strays`: the chains of ours in `current` that `state` does not make and a
+ * whole write can remove (strayChains).
  */
-export async function stateHeld(
+export async function compareState(
   current: NatTableView,
   family: Family,
   state: FamilyState,
   masqueradeMark: number,
   pause: () => Promise<void>,
-): Promise<boolean> {
+): Promise<{ held: boolean; strays: string[] }> {
   const sorted = sortEntries(family, state, masqueradeMark, current.chains.has(KUBE_MARK_MASQ));
+  const strays = strayChains(current, new Set(chainNamesOf(sorted)));
   let compared = 0;
   for (const [chain, specs] of chainsOf(sorted)) {
-    if (!chainHolds(current, chain, specs)) return false;
+    if (!chainHolds(current, chain, specs)) return { held: false, strays };
     if (++compared % CHAINS_BETWEEN_PAUSES === 0) await pause();
   }
-  return true;
+  return { held: true, strays };
 }
 
 /** About 2,500 rules at 10,000 one-port entries. */
@@ -160,7 +259,8 @@ function chainHolds(current: NatTableView, chain: string, specs: readonly string
   const held = current.rules.get(chain);
   if (!current.chains.has(chain) || held === undefined || held.length !== specs.length) return false;
   // A chain written whole and not changed since holds the rendered order: no counting needed.
-  return specs.every((spec, i) => asSaved(spec) === held[i]) || sameRules(held, specs);
+  if (specs.every((spec, i) => asSaved(spec) === held[i])) return true;
+  return !isServiceChain(chain) && sameRules(held, specs);
 }
 
 /**
@@ -187,17 +287,36 @@ function sameRules(held: readonly string[], specs: readonly string[]): boolean {
   return true;
 }
 
-/** Bucket chains of ours in `current` that `layout` does not have: a whole write removes them. */
-function staleBuckets(current: NatTableView, layout: RenderedChains): string[] {
-  return [...current.chains].filter((c) => parseBucketChain(c) !== undefined && !layout.chains.has(c));
+/**
+ * Bucket and source-range chains of ours in `current` that `needed` does not have: a whole write
+ * empties and deletes them. Those another chain still jumps to are left (deleting a chain that a
+ * rule names fails the whole restore): a chain that is neither ours to delete nor one the write
+ * declares (so flushes), another writer's say, or one of ours left for that reason. A chain
+ * `current` lists without its rules (iptables-nft reads a few) is taken to name none.
+ */
+export function strayChains(current: NatTableView, needed: ReadonlySet<string>): string[] {
+  const stray = new Set(
+    [...current.chains].filter((c) => (parseBucketChain(c) !== undefined || isServiceChain(c)) && !needed.has(c)),
+  );
+  for (let kept = stray.size > 0; kept;) {
+    kept = false;
+    for (const [chain, specs] of current.rules) {
+      if (stray.has(chain) || needed.has(chain)) continue;
+      for (const spec of specs) {
+        const target = targetOf(spec)?.name;
+        if (target !== undefined && stray.delete(target)) kept = true;
+      }
+    }
+  }
+  return [...stray];
 }
 
 export interface RenderedFamily extends RenderedChains {
   /** iptables-restore --noflush input. */
   text: string;
   /**
-   * The nat table already holds exactly these chains, rules and jumps, and no other bucket chain
-   * of ours (known only when `current` lists them all): applying `text` would change nothing but
+   * The nat table already holds exactly these chains, rules and jumps, and no other bucket or
+   * source-range chain of ours (known only when `current` lists them all): applying `text` would change nothing but
    * the counters.
    */
   upToDate: boolean;
@@ -206,7 +325,8 @@ export interface RenderedFamily extends RenderedChains {
 /**
  * The whole write of one family, one transaction: our chains declared (which flushes them;
  * --noflush keeps the rest of the table), the jumps repaired, every rule written, and the bucket
- * chains of ours that `current` lists and the state no longer needs emptied and deleted. From any
+ * and source-range chains of ours that `current` lists and the state no longer needs emptied and
+ * deleted (strayChains). From any
  * earlier content of our chains, the flat layout of earlier versions included, packets meet the
  * old rules or the new ones, never none.
  */
@@ -218,7 +338,7 @@ export function renderFamilyRestore(
 ): RenderedFamily {
   const layout = renderChainRules(family, state, masqueradeMark, current.chains.has(KUBE_MARK_MASQ));
   const repairs = renderJumpRepairs(current);
-  const stale = staleBuckets(current, layout);
+  const stale = strayChains(current, new Set(layout.chains.keys()));
   const lines = [
     '*nat',
     ...[...layout.chains.keys(), ...stale].map((c) => `:${c} - [0:0]`),

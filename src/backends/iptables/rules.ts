@@ -14,9 +14,9 @@
 // reported, and the rest is programmed. Rule specs are written in the order `iptables-save`
 // prints them, so what we render can be compared with what the kernel holds.
 
-import { cidrContains, formatCidr, parseCidr, parseIp } from '../../model/ip.js';
+import { cidrContains, formatCidr, parseCidr, parseIp, type ParsedCidr } from '../../model/ip.js';
 import { PROTOCOLS, type Entry, type Family, type LocalPodMatch } from '../../model/types.js';
-import { OUTPUT_CHAIN, PREROUTING_CHAIN } from './layout.js';
+import { OUTPUT_CHAIN, PREROUTING_CHAIN, serviceChain } from './layout.js';
 import { KUBE_MARK_MASQ } from './parse.js';
 
 /** xt_comment keeps 255 bytes. */
@@ -61,13 +61,36 @@ export function entryProblem(family: Family, e: Entry): string | undefined {
     return `comment ${JSON.stringify(e.service)} has characters other than a-z 0-9 - . /`;
   }
   if (e.service.length > MAX_COMMENT_LENGTH) return `comment is longer than ${MAX_COMMENT_LENGTH} characters`;
-  for (const range of e.sourceRanges ?? []) {
+  if (e.sourceRanges !== undefined && !Array.isArray(e.sourceRanges)) return 'source ranges are not a list';
+  // The ranges themselves are checked once per Service (rangesProblem), not once per entry.
+  return undefined;
+}
+
+/** Why a Service's source ranges cannot be written into rules of `family`; undefined when they can. */
+export function rangesProblem(family: Family, ranges: readonly string[]): string | undefined {
+  for (const range of ranges) {
     const cidr = parseCidr(range);
     if (!cidr || cidr.family !== family || formatCidr(cidr) !== range) {
       return `source range ${JSON.stringify(range)} is not a canonical ${family} CIDR`;
     }
   }
   return undefined;
+}
+
+/** Entry.sourcesFromNode: the external IP itself as the source is translated. */
+function fromNode(e: Entry): boolean {
+  return e.sourcesFromNode === true;
+}
+
+/**
+ * Whether two entries with source ranges (of one Service) share what its source-range chains
+ * hold: the ClusterIP, the ranges and sourcesFromNode.
+ */
+export function shareRangedService(a: Entry, b: Entry): boolean {
+  if (a.clusterIp !== b.clusterIp || fromNode(a) !== fromNode(b)) return false;
+  const x = a.sourceRanges!;
+  const y = b.sourceRanges!;
+  return x === y || (x.length === y.length && x.every((r, i) => r === y[i]));
 }
 
 /**
@@ -87,6 +110,11 @@ export function interfaceNameProblem(name: unknown, wildcard: boolean): string |
     return `interface name ${JSON.stringify(name)} has a character iptables would not read literally`;
   }
   return undefined;
+}
+
+/** How a write names an (external IP, protocol, port): one entry per key and family. */
+export function flowKey(e: Pick<Entry, 'externalIp' | 'protocol' | 'port'>): string {
+  return `${e.externalIp} ${e.protocol} ${e.port}`;
 }
 
 export function entryLabel(e: Entry): string {
@@ -136,29 +164,13 @@ function withDestination(source: string, destination: string): string {
   return i < 0 ? `${source} ${destination}` : `${source.slice(0, i)} ${destination}${source.slice(i)}`;
 }
 
-/**
- * The prerouting source match of a local pod match (`-s CIDR` or `-i name`) within each source
- * range: a pod CIDR and a range meet in the narrower of the two, or not at all; an interface
- * match takes the range beside it. Without ranges, the pod match alone.
- */
-function rangedSources(podMatch: string, ranges: readonly string[] | undefined): string[] {
-  if (!ranges) return [podMatch];
-  if (!podMatch.startsWith('-s ')) return ranges.map((r) => `-s ${r} ${podMatch}`);
-  const pods = parseCidr(podMatch.slice(3))!;
-  const out: string[] = [];
-  for (const text of ranges) {
-    const range = parseCidr(text)!;
-    if (cidrContains(pods, range) && range.prefixLength >= pods.prefixLength) out.push(`-s ${text}`);
-    else if (cidrContains(range, pods) && pods.prefixLength >= range.prefixLength) out.push(podMatch);
-  }
-  return out;
-}
-
 /** What the rules of a family's entries share: its local pod match and its mark target. */
 export interface RuleContext {
   family: Family;
   /** The prerouting source matches; none: no prerouting rules (the local pods cannot be recognised). */
   sources: string[];
+  /** The local pod CIDRs when pods are recognised by them; undefined for an interface match. */
+  podCidrs?: ParsedCidr[];
   markTarget: string;
 }
 
@@ -171,7 +183,10 @@ export function ruleContext(
   rejected: Rejection[],
 ): RuleContext {
   const markTarget = useKubeMarkMasq ? `-j ${KUBE_MARK_MASQ}` : `-j MARK --or-mark ${formatMark(masqueradeMark)}`;
-  return { family, sources: sourceMatches(family, localPodMatch, rejected), markTarget };
+  const sources = sourceMatches(family, localPodMatch, rejected);
+  const ctx: RuleContext = { family, sources, markTarget };
+  if (localPodMatch.kind === 'cidrs') ctx.podCidrs = sources.map((s) => parseCidr(s.slice('-s '.length))!);
+  return ctx;
 }
 
 /** The hooks an entry has rules in. */
@@ -183,30 +198,114 @@ export type HookName = 'prerouting' | 'output';
  * it; in output (the node) a mark rule then a DNAT rule, the node's source being a local address
  * that a reply from another node cannot find. Both translate only a destination bound on the node
  * (`--dst-type LOCAL`: what IPVS would capture), so that rules left behind go inert once kube-proxy
- * unbinds the address.
+ * unbinds the address. An entry with source ranges has one rule per source match in either hook,
+ * with the same matches: a goto to its Service's source-range chain (serviceRules), which decides
+ * by the source and translates, whatever the number of ranges.
  */
 export function entryRules(ctx: RuleContext, e: Entry, hook: HookName): string[] {
   const prefix = ctx.family === 'ipv4' ? 32 : 128;
   const proto = e.protocol.toLowerCase();
   const comment = `-m comment --comment "${e.service}"`;
   const destination = `-d ${e.externalIp}/${prefix}`;
-  const dnat = `-j DNAT --to-destination ${e.clusterIp}`;
+  const ranged = e.sourceRanges !== undefined;
+  const entryChain = hook === 'prerouting' ? PREROUTING_CHAIN : OUTPUT_CHAIN;
+  const target = ranged ? `-g ${serviceChain(entryChain, e.service)}` : `-j DNAT --to-destination ${e.clusterIp}`;
   const rules: string[] = [];
   if (hook === 'prerouting') {
     for (const source of ctx.sources) {
-      // An entry with source ranges: one rule per range (kube-proxy's firewall lets those
-      // sources through), within the local pod match.
-      for (const addresses of rangedSources(source, e.sourceRanges)) {
-        const head = `${withDestination(addresses, destination)} -p ${proto} ${comment}`;
-        rules.push(`${head} -m addrtype --dst-type LOCAL -m ${proto} --dport ${e.port} ${dnat}`);
-      }
+      const head = `${withDestination(source, destination)} -p ${proto} ${comment}`;
+      rules.push(`${head} -m addrtype --dst-type LOCAL -m ${proto} --dport ${e.port} ${target}`);
     }
   } else {
-    for (const range of e.sourceRanges ?? ['']) {
-      const from = range === '' ? '' : `-s ${range} `;
-      const head = `${from}${destination} -p ${proto} ${comment} -m addrtype --src-type LOCAL --dst-type LOCAL -m ${proto} --dport ${e.port}`;
-      rules.push(`${head} ${ctx.markTarget}`, `${head} ${dnat}`);
-    }
+    const head = `${destination} -p ${proto} ${comment} -m addrtype --src-type LOCAL --dst-type LOCAL -m ${proto} --dport ${e.port}`;
+    if (ranged) rules.push(`${head} ${target}`);
+    else rules.push(`${head} ${ctx.markTarget}`, `${head} ${target}`);
+  }
+  return rules;
+}
+
+/**
+ * What the source-range chains of a Service are made of: what all its entries with source ranges
+ * in the family share (the model gives them the same), and their addresses.
+ */
+export interface RangedService {
+  /** `namespace/name`. */
+  service: string;
+  clusterIp: string;
+  sourceRanges: readonly string[];
+  /** Entry.sourcesFromNode. */
+  sourcesFromNode: boolean;
+  /** The external IPs of its entries with source ranges, sorted. */
+  addresses: readonly string[];
+}
+
+/** What the source-range chains of a Service hold, from its entries with source ranges (at least one, sharing them). */
+export function rangedServiceOf(entries: Iterable<Entry>): RangedService {
+  let first: Entry | undefined;
+  const addresses = new Set<string>();
+  for (const e of entries) {
+    first ??= e;
+    addresses.add(e.externalIp);
+  }
+  if (!first) throw new Error('a Service with source ranges has entries');
+  return {
+    service: first.service,
+    clusterIp: first.clusterIp,
+    sourceRanges: first.sourceRanges!,
+    sourcesFromNode: fromNode(first),
+    addresses: [...addresses].sort(),
+  };
+}
+
+/** Whether two Services' source-range chains hold the same rules (whatever the hook and the context). */
+export function sameRangedService(a: RangedService, b: RangedService): boolean {
+  const same = (x: readonly string[], y: readonly string[]) =>
+    x === y || (x.length === y.length && x.every((v, i) => v === y[i]));
+  return (
+    a.service === b.service &&
+    a.clusterIp === b.clusterIp &&
+    a.sourcesFromNode === b.sourcesFromNode &&
+    same(a.sourceRanges, b.sourceRanges) &&
+    same(a.addresses, b.addresses)
+  );
+}
+
+/** Whether two CIDRs share an address: the wider holds the narrower's network. */
+function overlaps(a: ParsedCidr, b: ParsedCidr): boolean {
+  return a.prefixLength <= b.prefixLength ? cidrContains(a, b) : cidrContains(b, a);
+}
+
+/**
+ * The rules of a Service's source-range chain in one hook, specs without `-A CHAIN`, in order;
+ * its entries' bucket rules have matched destination, protocol, port, address types and, in
+ * prerouting, the local pod source. First, for each address of the Service, the packets whose
+ * source is that address itself (a node process's connection to an address bound on kube-ipvs0):
+ * translated only with sourcesFromNode, so a RETURN (not translated) where a range holds the
+ * address and sourcesFromNode is not set, a translation where no range holds it and it is. Then
+ * one translation per range. In output a translation is a mark rule then a DNAT rule, in
+ * prerouting a DNAT rule; DNAT keeps the port. In prerouting, where pods are recognised by their
+ * CIDRs, a range (or address) that no pod CIDR meets has no rule: no pod's packet has that source.
+ */
+export function serviceRules(ctx: RuleContext, s: RangedService, hook: HookName): string[] {
+  const prefix = ctx.family === 'ipv4' ? 32 : 128;
+  const comment = `-m comment --comment "${s.service}"`;
+  const dnat = `-j DNAT --to-destination ${s.clusterIp}`;
+  const ranges = s.sourceRanges.map((r) => parseCidr(r)!);
+  const pods = hook === 'prerouting' ? ctx.podCidrs : undefined;
+  const fromPods = (c: ParsedCidr) => pods === undefined || pods.some((p) => overlaps(p, c));
+  const translate = (head: string) =>
+    hook === 'prerouting' ? [`${head} ${dnat}`] : [`${head} ${ctx.markTarget}`, `${head} ${dnat}`];
+  const rules: string[] = [];
+  for (const address of s.addresses) {
+    const own = parseCidr(`${address}/${prefix}`)!;
+    if (!fromPods(own)) continue;
+    const held = ranges.some((r) => cidrContains(r, own));
+    const head = `-s ${address}/${prefix} -d ${address}/${prefix} ${comment}`;
+    if (held && !s.sourcesFromNode) rules.push(`${head} -j RETURN`);
+    else if (!held && s.sourcesFromNode) rules.push(...translate(head));
+  }
+  for (let i = 0; i < ranges.length; i++) {
+    if (fromPods(ranges[i]!)) rules.push(...translate(`-s ${s.sourceRanges[i]!} ${comment}`));
   }
   return rules;
 }

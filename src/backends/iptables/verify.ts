@@ -8,7 +8,7 @@ import type { FamilyShape } from '../../driver/driver.js';
 import type { IptablesCommands } from './executor.js';
 import { parseNatSave, type NatTableView } from './parse.js';
 import { renderJumpRepairs } from './precedence.js';
-import { stateHeld } from './render.js';
+import { compareState } from './render.js';
 
 /**
  * The nat table as a verification compares it, with the ruleset generation it was read at when
@@ -25,19 +25,21 @@ export async function readVerificationView(
 
 /**
  * What differs between `view` and the chains `expected` and `shape` make: 'chains' when our
- * chains differ (they are written whole again), else 'jumps' when a jump must be moved back to
- * rule 1, else nothing. KUBE-MARK-MASQ as it is in `view`: kube-proxy may have created it since
- * our chains were written. The comparison gives the event loop back every few chains.
+ * chains differ, or when chains of ours that nothing wants are left in the table (`strays`: a
+ * Service's source-range chain or a bucket chain from before a restart, say), and they are written
+ * whole again; else 'jumps' when a jump must be moved back to rule 1, else nothing. KUBE-MARK-MASQ
+ * as it is in `view`: kube-proxy may have created it since our chains were written. The
+ * comparison gives the event loop back every few chains.
  */
 export async function shapeDrift(
   family: Family,
   view: NatTableView,
   expected: readonly Entry[],
   shape: FamilyShape,
-): Promise<string[]> {
+): Promise<{ drift: string[]; strays: string[] }> {
   const state = { entries: [...expected], localPodMatch: shape.state.localPodMatch };
-  if (!(await stateHeld(view, family, state, shape.masqueradeMark, () => new Promise((r) => setImmediate(r))))) {
-    return ['chains'];
-  }
-  return renderJumpRepairs(view).length > 0 ? ['jumps'] : [];
+  const pause = () => new Promise<void>((r) => setImmediate(r));
+  const { held, strays } = await compareState(view, family, state, shape.masqueradeMark, pause);
+  if (!held || strays.length > 0) return { drift: ['chains'], strays };
+  return { drift: renderJumpRepairs(view).length > 0 ? ['jumps'] : [], strays };
 }

@@ -7,8 +7,8 @@
 // value[ comment]` for a map, `address protocol port` for a set of its keys; `address protocol
 // port source` for a set of keys each with a source address (the ranged entries' own-address
 // set); and `address protocol port verdict[ chain]` for a verdict map (`jump source-ranges-…`).
-// Addresses are printed by inet_ntop, as nft prints them;
-// protocols tcp, udp and sctp by name, others by number.
+// Addresses are printed as the model writes them (AppendAddress: RFC 5952, never mixed notation,
+// where nft and inet_ntop print `::1.2.3.4`); protocols tcp, udp and sctp by name, others by number.
 // A comment's control characters are printed as '?': such a line is no line the controller
 // writes, so the element is replaced.
 //
@@ -68,12 +68,18 @@ int CommentOf(const nftnl_udata* attr, void* data) {
   return MNL_CB_OK;
 }
 
-// IPv4 by hand: glibc's inet_ntop prints it with sprintf, which was most of a dump's own time.
+// Addresses as the model writes them (src/model/ip.ts, canonicalAddress), so that a line of an
+// element that stays is the very line the controller wants: the dotted quad; IPv6 as RFC 5952
+// section 4 has it (lower-case groups without leading zeros, the longest run of two or more zero
+// groups as `::`, the first of equal runs) and never in mixed notation. inet_ntop writes
+// `::1.2.3.4` and `::ffff:1.2.3.4` where the model writes `::102:304` and `::ffff:102:304`: such
+// an element was deleted and added back by every whole write. By hand for IPv4 too: glibc's
+// inet_ntop prints it with sprintf, which was most of a dump's own time.
 void AppendAddress(std::string& out, int af, const void* bytes) {
+  const auto* b = static_cast<const uint8_t*>(bytes);
+  char text[48];
+  size_t at = 0;
   if (af == AF_INET) {
-    const auto* b = static_cast<const uint8_t*>(bytes);
-    char text[16];
-    size_t at = 0;
     for (int i = 0; i < 4; ++i) {
       const unsigned v = b[i];
       if (v >= 100) text[at++] = static_cast<char>('0' + v / 100);
@@ -84,8 +90,43 @@ void AppendAddress(std::string& out, int af, const void* bytes) {
     out.append(text, at);
     return;
   }
-  char text[INET6_ADDRSTRLEN];
-  if (inet_ntop(af, bytes, text, sizeof text) != nullptr) out += text;
+  unsigned groups[8];
+  for (int i = 0; i < 8; ++i) groups[i] = static_cast<unsigned>(b[2 * i]) << 8 | b[2 * i + 1];
+  int bestStart = -1;
+  int bestLength = 1;
+  for (int i = 0; i < 8;) {
+    if (groups[i] != 0) {
+      ++i;
+      continue;
+    }
+    int end = i;
+    while (end < 8 && groups[end] == 0) ++end;
+    if (end - i > bestLength) {
+      bestStart = i;
+      bestLength = end - i;
+    }
+    i = end;
+  }
+  static const char kHex[] = "0123456789abcdef";
+  for (int i = 0; i < 8; ++i) {
+    if (i == bestStart) {
+      text[at++] = ':';
+      text[at++] = ':';
+      i += bestLength - 1;
+      continue;
+    }
+    if (i > 0 && i != bestStart + bestLength) text[at++] = ':';
+    const unsigned g = groups[i];
+    bool digits = false;
+    for (int shift = 12; shift >= 0; shift -= 4) {
+      const unsigned digit = (g >> shift) & 0xf;
+      if (digit != 0 || digits || shift == 0) {
+        text[at++] = kHex[digit];
+        digits = true;
+      }
+    }
+  }
+  out.append(text, at);
 }
 
 // A verdict as nft writes it: `accept`, `return`, `jump CHAIN`, ...; false for one it does not name.

@@ -6,7 +6,7 @@
 //   IPv6 key   (20): address[16] port[2]  protocol[1]  pad[1]
 //   IPv6 value (20): address[16] port[2]  pad[2]
 
-import { ipBytes, parseIp } from '../../model/ip.js';
+import { canonicalAddress, ipBytes, parseIp } from '../../model/ip.js';
 import { entryKey, type Entry, type Family, type Protocol } from '../../model/types.js';
 
 /** Must equal MAX_ENTRIES in the BPF source: the size the entry maps are created with. */
@@ -45,9 +45,7 @@ export function addressText(family: Family, bytes: Buffer): string {
   if (family === 'ipv4') return Array.from(bytes.subarray(0, 4)).join('.');
   const groups: string[] = [];
   for (let i = 0; i < 16; i += 2) groups.push(bytes.readUInt16BE(i).toString(16));
-  // parseIp gives the canonical (RFC 5952) text the model uses.
-  const ip = parseIp(groups.join(':'));
-  return ip ? ip.address : groups.join(':');
+  return canonicalAddress(groups.join(':'));
 }
 
 function writeKey(family: Family, e: KeyFields, out: Buffer, at: number): void {

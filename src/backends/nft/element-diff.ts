@@ -6,6 +6,7 @@
 // missed stays untranslated for its life. Elements that are only added or removed beside it
 // leave it found. Pure: no I/O.
 
+import { listedAddress } from '../../model/ip.js';
 import type { MapElement, VerdictElement } from './objects.js';
 
 /** What a map and its key set hold, one element a line as the addon reads them (readElements). */
@@ -201,12 +202,12 @@ export function listedSetElements(
       throw unexpected();
     }
     if (typeof port !== 'number') throw unexpected();
-    const key = [address, protocol, port];
+    const key = [listedAddress(address), protocol, port];
     if (kind === 'verdicts') out.push({ key, chain: chain as string });
     else if (kind === 'keys') out.push({ key, value: '' });
     else {
       if (typeof source !== 'string') throw unexpected();
-      out.push({ key: [...key, source], value: '' });
+      out.push({ key: [...key, listedAddress(source)], value: '' });
     }
   }
   return out;

@@ -1,12 +1,14 @@
 // Compares a table listing (`nft -j list table`) with the map elements we programmed, off the
 // event loop: at 50,000 elements parsing and comparing the listing takes 200 ms, and changes must
 // not wait for it. The worker matches elements by their printed form (address, protocol, port,
-// value, comment); what does not match exactly (drift, or an address printed otherwise) comes
-// back as a small residue for the backend to judge with the model's own parsing.
+// value, comment; addresses read as the model writes them, model/ip.ts listedAddress: nft prints
+// `::1.2.3.4` for `::102:304`); what does not match exactly (drift) comes back as a small residue
+// for the backend to judge with the model's own parsing.
 //
 // The worker's code is a string so that it survives bundling (one file, renamed identifiers).
 
 import { Worker } from 'node:worker_threads';
+import { LISTED_ADDRESS_BODY } from '../../model/ip.js';
 import type { Entry } from '../../model/types.js';
 import {
   MAX_LISTING_BYTES,
@@ -77,9 +79,16 @@ export async function expectedLines(entries: readonly Entry[]): Promise<string> 
 /**
  * function(listing, expected, mapName, keySetName) -> ListingDiff; throws on an unexpected
  * element. With a key set ('' for none), an expected line matches only when its key is also in
- * the key set.
+ * the key set. Listed addresses are read as the model writes them (listedAddress, model/ip.ts).
  */
 const DIFF_BODY = `
+  const listedAddress = function (text) {${LISTED_ADDRESS_BODY}};
+  // A concatenation's fields joined by |, its addresses as the model writes them.
+  const keyText = (parts) => {
+    let text = listedAddress(parts[0]);
+    for (let i = 1; i < parts.length; i++) text += '|' + listedAddress(parts[i]);
+    return text;
+  };
   const doc = JSON.parse(listing);
   let sourceRanges;
   const chains = [];
@@ -110,7 +119,7 @@ const DIFF_BODY = `
       for (const k of set.elem || []) {
         const parts = (k && k.elem ? k.elem.val : k).concat;
         if (!Array.isArray(parts)) throw new Error('unexpected element ' + JSON.stringify(k));
-        ranges().own.push(parts.join('|'));
+        ranges().own.push(keyText(parts));
       }
       continue;
     }
@@ -119,14 +128,14 @@ const DIFF_BODY = `
         const parts = Array.isArray(pair) && pair[0] && pair[0].concat;
         const target = Array.isArray(pair) && pair[1] && pair[1].jump && pair[1].jump.target;
         if (!Array.isArray(parts)) throw new Error('unexpected element ' + JSON.stringify(pair));
-        ranges().checks.push(parts.join('|') + '|' + (typeof target === 'string' ? target : JSON.stringify(pair[1])));
+        ranges().checks.push(keyText(parts) + '|' + (typeof target === 'string' ? target : JSON.stringify(pair[1])));
       }
       continue;
     }
     if (keySet && set && set.name === keySetName) {
       for (const k of set.elem || []) {
         const parts = partsOf(k);
-        keySet.set(parts.join('|'), parts);
+        keySet.set(keyText(parts), parts);
       }
       continue;
     }
@@ -140,9 +149,9 @@ const DIFF_BODY = `
       if (!Array.isArray(parts) || parts.length !== 3 || typeof pair[1] !== 'string') {
         throw new Error('unexpected map element ' + JSON.stringify(pair));
       }
-      const key = parts.join('|');
+      const key = keyText(parts);
       if (mapKeys) mapKeys.add(key);
-      const line = key + '\\t' + pair[1] + '\\t' + ((wrapped && wrapped.comment) || '');
+      const line = key + '\\t' + listedAddress(pair[1]) + '\\t' + ((wrapped && wrapped.comment) || '');
       const i = byKey.get(key);
       if (i !== undefined && lines[i] === line && matched[i] === 0) matched[i] = 1;
       else {

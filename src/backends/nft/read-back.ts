@@ -5,7 +5,7 @@
 // changes are never queued behind it; the elements it finds carry how to remove exactly them
 // (ListedRef), which the driver's writes use.
 
-import { ipBytes, parseIp } from '../../model/ip.js';
+import { ipBytes, listedAddress, parseIp } from '../../model/ip.js';
 import type { Entry, Family } from '../../model/types.js';
 import type { FamilyShape, KernelElement, ReadBack } from '../../driver/driver.js';
 import { NftCliExecutor, NftError, NftTimeoutError, type NftExecutor } from './executor.js';
@@ -185,7 +185,7 @@ function keyOnlyElement(family: Family, key: readonly Json[]): KernelElement {
   const unspecified = family === 'ipv6' ? '::' : '0.0.0.0';
   return {
     family,
-    externalIp: family === 'ipv6' ? (parseIp(ip)?.address ?? ip) : ip,
+    externalIp: listedAddress(ip),
     protocol: (typeof proto === 'string' ? proto.toUpperCase() : proto) as never,
     port: Number(port),
     clusterIp: unspecified,
@@ -215,15 +215,15 @@ function parseListedElements(family: Family, pairs: readonly Json[], inKeySet?: 
       throw new NftError(`unexpected map element ${JSON.stringify(pair)}`);
     }
     const [ip, proto, port] = parts as [string, string | number, number | string];
-    // nft prints addresses as the model writes them (RFC 5952 for IPv6); parse only what differs.
-    const address = family === 'ipv6' ? (parseIp(ip)?.address ?? ip) : ip;
+    // nft prints addresses as inet_ntop does: mixed notation (`::1.2.3.4`) where the model does not.
+    const address = listedAddress(ip);
     const protocol = typeof proto === 'string' ? proto.toUpperCase() : proto;
     const element: KernelElement = {
       family,
       externalIp: address,
       protocol: protocol as never,
       port: Number(port),
-      clusterIp: family === 'ipv6' ? (parseIp(value)?.address ?? value) : value,
+      clusterIp: listedAddress(value),
       // Deleted by key: written back as it was read.
       ref: {
         element: { key: [ip, proto, port], value },
@@ -275,7 +275,7 @@ function addressIntervals(right: unknown): string[] | undefined {
 
 function addressSpan(item: unknown): [bigint, bigint] | undefined {
   const value = (text: unknown): [bigint, number] | undefined => {
-    const ip = parseIp(text);
+    const ip = parseIp(typeof text === 'string' ? listedAddress(text) : text);
     if (!ip) return undefined;
     const bytes = ipBytes(ip);
     return [bytes.reduce((n, b) => (n << 8n) | BigInt(b), 0n), bytes.length * 8];

@@ -16,6 +16,7 @@ import {
   hasOurObjects,
   jumpsToOurChain,
   parseNatSave,
+  savedSpec,
   type NatTableView,
 } from './parse.js';
 import { chainsJumpedTo, targetOf } from './precedence.js';
@@ -113,7 +114,7 @@ export async function readChains(
     view.chains.add(chain);
     view.rules.set(
       chain,
-      lines.map((l) => l.slice(`-A ${chain} `.length)),
+      lines.map((l) => savedSpec(chain, l.slice(`-A ${chain} `.length))),
     );
   }
   return view;

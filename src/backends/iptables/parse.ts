@@ -2,6 +2,7 @@
 // of those chains and rules are ours (our entry and bucket chains, layout.ts, and the jumps to
 // them). Pure.
 
+import { listedAddress } from '../../model/ip.js';
 import { ENTRY_CHAINS, isOurChain } from './layout.js';
 
 export const KUBE_MARK_MASQ = 'KUBE-MARK-MASQ';
@@ -36,10 +37,24 @@ export function parseNatSave(saveOutput: string): NatTableView {
       const chain = space < 0 ? line.slice(3) : line.slice(3, space);
       const spec = space < 0 ? '' : line.slice(space + 1);
       if (!view.rules.has(chain)) view.rules.set(chain, []);
-      view.rules.get(chain)!.push(spec);
+      view.rules.get(chain)!.push(savedSpec(chain, spec));
     }
   }
   return view;
+}
+
+/** An IPv6 address in mixed notation (`::1.2.3.4`, as -save prints it), or a quoted string. */
+const MIXED_OR_QUOTED = /"(?:[^"\\]|\\.)*"|[0-9A-Fa-f:]*:\d{1,3}(?:\.\d{1,3}){3}/g;
+
+/**
+ * A rule spec of `chain` as -save printed it, with the addresses of our chains' rules as the
+ * model writes them (listedAddress: ip6tables-save prints `-d ::1.2.3.4/128` where the model
+ * writes `::102:304`), so that a rule we wrote reads back as the very spec we render. Quoted
+ * text (comments) and other chains' rules are left as they are.
+ */
+export function savedSpec(chain: string, spec: string): string {
+  if (!isOurChain(chain) || !spec.includes(':') || !spec.includes('.')) return spec;
+  return spec.replace(MIXED_OR_QUOTED, (text) => (text.startsWith('"') ? text : listedAddress(text)));
 }
 
 function targetPattern(chains: readonly string[]): RegExp {

@@ -82,7 +82,9 @@ async function measure(impl: Implementation, ports: number, ranges: number, edit
   const { loadNftAddon } = (await m('src/backends/nft/addon-executor.js')) as unknown as {
     loadNftAddon: () => { executor?: { run: (tx: never) => Promise<unknown> }; reason?: string };
   };
-  const { NftDriver } = (await m('src/backends/nft/nft-driver.js')) as unknown as { NftDriver: new (e: unknown) => unknown };
+  const { NftDriver } = (await m('src/backends/nft/nft-driver.js')) as unknown as {
+    NftDriver: new (e: unknown) => unknown;
+  };
   const { Reconciler } = (await m('src/reconciler/reconciler.js')) as unknown as {
     Reconciler: new (d: unknown) => {
       sync: (d: unknown, o: { full: boolean }) => Promise<{ mode: string }>;
@@ -130,7 +132,8 @@ async function measure(impl: Implementation, ports: number, ranges: number, edit
     editRuns.push(await timed(model.update([toServiceInfo(service(ports, rangesOf(ranges, e)))], nodeInfo), false));
   }
   await reconciler.cleanup();
-  const what = (o: Objects) => `${o.elements} elements, ${o.rules} rules${o.inRules ? ` (${o.inRules} ranges in them)` : ''}`;
+  const what = (o: Objects) =>
+    `${o.elements} elements, ${o.rules} rules${o.inRules ? ` (${o.inRules} ranges in them)` : ''}`;
   const ms = (t: number) => `${t.toFixed(1)} ms`;
   editRuns.sort((a, b) => a.ms - b.ms);
   const median = editRuns[Math.floor(editRuns.length / 2)]!;
@@ -154,7 +157,11 @@ async function benchmark(args: string[]): Promise<void> {
   const ports = Number(values.ports);
   const ranges = Number(values.ranges);
   const edits = Number(values.edits);
-  for (const [name, n] of [['ports', ports], ['ranges', ranges], ['edits', edits]] as const) {
+  for (const [name, n] of [
+    ['ports', ports],
+    ['ranges', ranges],
+    ['edits', edits],
+  ] as const) {
     if (!Number.isInteger(n) || n < 1) throw new Error(`--${name} takes a whole number of at least 1`);
   }
   const here = join(dirname(fileURLToPath(import.meta.url)), '..');

@@ -5,13 +5,19 @@
 // original tuple and zone, copied as the kernel sent them), then one IPCTNL_MSG_CT_DELETE each.
 // A process per tuple cost the controller's main thread milliseconds of fork and exec per change.
 //
-// Bounds: the dump is read with a receive timeout and at most MAX_DUMPED entries; at most
-// MAX_MATCHED entries are deleted per call (the rest stay, as a failed `conntrack -D` leaves
-// them); a deletion the kernel answers ENOENT (the entry went meanwhile) is not a failure.
+// Bounds: the dump is read with a receive timeout and at most MAX_DUMPED entries. A call keeps
+// (and deletes) at most `total` entries, and each target has a share of its own: at most
+// min(perTarget, total / targets) of its entries, so that the flows of one target never take
+// another's. A target that matched more than its share is reported truncated, with how many
+// matched: its other entries stay, for the caller to delete (a further call, or the conntrack
+// command). A deletion the kernel answers ENOENT (the entry went meanwhile) is not a failure.
 //
-// deleteMatching(family: 'ipv4' | 'ipv6', targets: string, timeoutMs?: number)
+// deleteMatching(family: 'ipv4' | 'ipv6', targets: string, timeoutMs?: number,
+//                limits?: { perTarget?: number, total?: number })
 //   targets: one per line, `protocol-number address port untranslated-only(0|1)`;
-//   resolves { dumped, matched, deleted, ms }, rejects with the kernel's reason.
+//   resolves { dumped, matched, deleted, ms, share, truncated: [{ target, matched, kept }] }
+//   (target: the index of the target's first line; matched: its entries seen; kept: those
+//   deleted or gone meanwhile), rejects with the kernel's reason.
 
 #include <arpa/inet.h>
 #include <libmnl/libmnl.h>
@@ -22,8 +28,10 @@
 
 #include <napi.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -33,9 +41,20 @@
 namespace {
 
 constexpr size_t MAX_DUMPED = 8u << 20;   // entries read of one dump (a busy node: millions)
-constexpr size_t MAX_MATCHED = 65536;     // entries deleted per call
+// Entries kept (to delete) per call, all targets together: a worker's memory (an IPv6 entry is
+// about 90 bytes kept, an IPv4 one 60) and the time of one call (65,536 deletions took 2 s on a
+// loaded 2-core machine).
+constexpr size_t DEFAULT_TOTAL = 1u << 16;
+// Entries kept per target and call, at most (by default, only the call's total bounds it).
+constexpr size_t DEFAULT_PER_TARGET = DEFAULT_TOTAL;
+constexpr size_t MAX_LIMIT = 1u << 22;
 constexpr size_t MAX_TARGETS = 1u << 20;  // targets per call
-constexpr size_t SEND_CHUNK = 60u << 10;  // bytes of delete messages per sendto
+// Delete messages per sendto. The kernel handles them all before the sendto returns and queues
+// one acknowledgement each on our socket, an skb each, counted in full against its receive
+// buffer. Batches of 60 KiB (about 750 messages) overflowed the default buffer (212,992 bytes)
+// from the first one: ENOBUFS, the deletions done but not known, the whole family given to the
+// conntrack command (300 entries to delete were enough, on Linux 6.18).
+constexpr size_t MESSAGES_PER_SEND = 128;
 // Up to this many IPv4 targets, one dump per target filtered by the kernel (CTA_FILTER, Linux 5.8
 // and later: only the entries of that original destination cross to us); beyond, one dump of the
 // family's whole table, each entry looked up among the targets (a filtered dump walks the table
@@ -74,15 +93,31 @@ std::string TargetKey(uint8_t protocol, const uint8_t* address, size_t addressLe
   return key;
 }
 
+// One target (of one or more lines with the same key) in a call.
+struct TargetState {
+  size_t firstLine = 0;
+  // Whether only untranslated entries go (false wins when a key is asked twice).
+  bool untranslatedOnly = false;
+  size_t matched = 0;  // entries seen that match
+  size_t kept = 0;     // of which kept, to delete: at most the share
+};
+
 struct DumpState {
   int family = 0;
   size_t addressLength = 0;
-  // Per target key: whether only untranslated entries go (false wins when a key is asked twice).
-  std::unordered_map<std::string, bool> targets;
+  // Per target key: its index in `states`.
+  std::unordered_map<std::string, size_t> targets;
+  std::vector<TargetState> states;
+  size_t share = 0;  // entries kept per target, at most
+  // In a filtered dump, the target filtered for: a kernel without CTA_FILTER sends every entry,
+  // which must not count for the other targets (they have their own dump).
+  size_t only = SIZE_MAX;
   size_t dumped = 0;
   bool tooMany = false;
-  // Per matching entry: its CTA_TUPLE_ORIG attribute and, when present, CTA_ZONE, as sent.
-  std::vector<std::string> matched;
+  // Per kept entry: its CTA_TUPLE_ORIG attribute and, when present, CTA_ZONE, as sent, one after
+  // the other in `kept`; `keptEnds` holds where each ends.
+  std::string kept;
+  std::vector<size_t> keptEnds;
 };
 
 double NowMs() {
@@ -159,17 +194,21 @@ int OnEntry(const nlmsghdr* nlh, void* data) {
   // One lookup per entry: a node's table holds up to millions, a sync asks for up to thousands.
   const auto target = state->targets.find(TargetKey(o.protocol, o.dst, state->addressLength, o.dport));
   if (target == state->targets.end()) return MNL_CB_OK;
+  if (state->only != SIZE_MAX && target->second != state->only) return MNL_CB_OK;
+  TargetState& t = state->states[target->second];
   // Untranslated: the reply comes from the original destination itself.
-  if (target->second && (!hasReply || std::memcmp(r.src, o.dst, state->addressLength) != 0)) return MNL_CB_OK;
-  if (state->matched.size() >= MAX_MATCHED) return MNL_CB_OK;
-  std::string kept(reinterpret_cast<const char*>(orig), orig->nla_len);
-  kept.resize(MNL_ALIGN(kept.size()), '\0');
+  if (t.untranslatedOnly && (!hasReply || std::memcmp(r.src, o.dst, state->addressLength) != 0)) return MNL_CB_OK;
+  ++t.matched;
+  // Past its share, an entry is counted, not kept: the target is truncated.
+  if (t.kept >= state->share) return MNL_CB_OK;
+  ++t.kept;
+  state->kept.append(reinterpret_cast<const char*>(orig), orig->nla_len);
+  state->kept.resize(MNL_ALIGN(state->kept.size()), '\0');
   if (zone != nullptr) {
-    std::string z(reinterpret_cast<const char*>(zone), zone->nla_len);
-    z.resize(MNL_ALIGN(z.size()), '\0');
-    kept += z;
+    state->kept.append(reinterpret_cast<const char*>(zone), zone->nla_len);
+    state->kept.resize(MNL_ALIGN(state->kept.size()), '\0');
   }
-  state->matched.push_back(std::move(kept));
+  state->keptEnds.push_back(state->kept.size());
   return MNL_CB_OK;
 }
 
@@ -224,11 +263,24 @@ bool Dump(mnl_socket* sock, uint32_t portid, int family, uint32_t seq, const Tar
   }
 }
 
+struct Limits {
+  size_t perTarget = DEFAULT_PER_TARGET;
+  size_t total = DEFAULT_TOTAL;
+};
+
+struct Truncated {
+  size_t target = 0;  // the index of its first line
+  size_t matched = 0;
+  size_t kept = 0;
+};
+
 struct Result {
   std::string error;
   size_t dumped = 0;
   size_t matched = 0;
   size_t deleted = 0;
+  size_t share = 0;
+  std::vector<Truncated> truncated;
   double ms = 0;
 };
 
@@ -244,6 +296,12 @@ class Socket {
     timeval tv{timeoutMs / 1000, (timeoutMs % 1000) * 1000};
     if (setsockopt(mnl_socket_get_fd(socket_), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0)
       return error = Errno("setting its receive timeout"), false;
+    // Acknowledgements without the request copied back (Linux 4.3 and later; else they are
+    // larger), and room for more of them (the kernel caps it at net.core.rmem_max): best effort.
+    const int on = 1;
+    setsockopt(mnl_socket_get_fd(socket_), SOL_NETLINK, NETLINK_CAP_ACK, &on, sizeof on);
+    const int room = 1 << 20;
+    setsockopt(mnl_socket_get_fd(socket_), SOL_SOCKET, SO_RCVBUF, &room, sizeof room);
     return true;
   }
   mnl_socket* get() const { return socket_; }
@@ -252,16 +310,30 @@ class Socket {
   mnl_socket* socket_ = nullptr;
 };
 
-Result DeleteMatching(int family, const std::vector<Target>& targets, int timeoutMs) {
+Result DeleteMatching(int family, const std::vector<Target>& targets, int timeoutMs, const Limits& limits) {
   Result result;
   const double started = NowMs();
   DumpState state;
   state.family = family;
   state.addressLength = family == AF_INET ? 4 : 16;
-  for (const Target& t : targets) {
-    auto [at, inserted] = state.targets.emplace(TargetKey(t.protocol, t.address, state.addressLength, t.port), t.untranslatedOnly);
-    if (!inserted) at->second = at->second && t.untranslatedOnly;
+  for (size_t line = 0; line < targets.size(); ++line) {
+    const Target& t = targets[line];
+    auto [at, inserted] =
+        state.targets.emplace(TargetKey(t.protocol, t.address, state.addressLength, t.port), state.states.size());
+    if (inserted) {
+      TargetState s;
+      s.firstLine = line;
+      s.untranslatedOnly = t.untranslatedOnly;
+      state.states.push_back(s);
+    } else {
+      TargetState& s = state.states[at->second];
+      s.untranslatedOnly = s.untranslatedOnly && t.untranslatedOnly;
+    }
   }
+  // Each target's own share of the call's entries: one target's flows never use another's.
+  const size_t distinct = state.states.empty() ? 1 : state.states.size();
+  state.share = std::max<size_t>(1, std::min(limits.perTarget, limits.total / distinct));
+  result.share = state.share;
   Socket sock;
   if (!sock.Open(timeoutMs, result.error)) return result;
   const uint32_t portid = mnl_socket_get_portid(sock.get());
@@ -269,29 +341,38 @@ Result DeleteMatching(int family, const std::vector<Target>& targets, int timeou
 
   uint32_t seq = static_cast<uint32_t>(time(nullptr));
   if (family == AF_INET && targets.size() <= FILTERED_DUMPS_UP_TO) {
-    for (const Target& t : targets) {
+    for (size_t line = 0; line < targets.size(); ++line) {
+      const Target& t = targets[line];
+      state.only = state.targets.at(TargetKey(t.protocol, t.address, state.addressLength, t.port));
+      // A key asked twice is dumped once.
+      if (state.states[state.only].firstLine != line) continue;
       if (!Dump(sock.get(), portid, family, ++seq, &t, buffer, state, result.error)) return result;
     }
+    state.only = SIZE_MAX;
   } else if (!Dump(sock.get(), portid, family, ++seq, nullptr, buffer, state, result.error)) {
     return result;
   }
   result.dumped = state.dumped;
-  result.matched = state.matched.size();
+  for (const TargetState& t : state.states) {
+    result.matched += t.matched;
+    if (t.matched > t.kept) result.truncated.push_back(Truncated{t.firstLine, t.matched, t.kept});
+  }
 
-  // Deletions, SEND_CHUNK bytes of messages at a time, each acknowledged.
+  // Deletions, MESSAGES_PER_SEND at a time, each acknowledged.
   size_t next = 0;
-  while (next < state.matched.size()) {
+  while (next < state.keptEnds.size()) {
     std::vector<char> batch;
-    batch.reserve(SEND_CHUNK + 512);
+    batch.reserve(MESSAGES_PER_SEND * 128);
     const uint32_t first = ++seq;
     size_t messages = 0;
-    while (next < state.matched.size() && batch.size() < SEND_CHUNK) {
-      const std::string& attrs = state.matched[next++];
+    while (next < state.keptEnds.size() && messages < MESSAGES_PER_SEND) {
+      const size_t from = next == 0 ? 0 : state.keptEnds[next - 1];
+      const size_t length = state.keptEnds[next++] - from;
       const size_t at = batch.size();
-      batch.resize(at + MNL_ALIGN(sizeof(nlmsghdr)) + MNL_ALIGN(sizeof(nfgenmsg)) + attrs.size());
+      batch.resize(at + MNL_ALIGN(sizeof(nlmsghdr)) + MNL_ALIGN(sizeof(nfgenmsg)) + length);
       nlmsghdr* nlh = PutHeader(batch.data() + at, IPCTNL_MSG_CT_DELETE, NLM_F_ACK, family, first + messages);
-      std::memcpy(static_cast<char*>(mnl_nlmsg_get_payload_tail(nlh)), attrs.data(), attrs.size());
-      nlh->nlmsg_len += static_cast<uint32_t>(attrs.size());
+      std::memcpy(static_cast<char*>(mnl_nlmsg_get_payload_tail(nlh)), state.kept.data() + from, length);
+      nlh->nlmsg_len += static_cast<uint32_t>(length);
       ++messages;
     }
     seq = first + static_cast<uint32_t>(messages);
@@ -349,18 +430,19 @@ bool ParseTargets(const std::string& text, int family, std::vector<Target>& out,
 
 class DeleteWorker : public Napi::AsyncWorker {
  public:
-  DeleteWorker(Napi::Env env, int family, std::vector<Target> targets, int timeoutMs)
+  DeleteWorker(Napi::Env env, int family, std::vector<Target> targets, int timeoutMs, Limits limits)
       : Napi::AsyncWorker(env, "conntrack.deleteMatching"),
         deferred_(Napi::Promise::Deferred::New(env)),
         family_(family),
         targets_(std::move(targets)),
-        timeoutMs_(timeoutMs) {}
+        timeoutMs_(timeoutMs),
+        limits_(limits) {}
 
   Napi::Promise Promise() const { return deferred_.Promise(); }
 
  protected:
   void Execute() override {
-    result_ = DeleteMatching(family_, targets_, timeoutMs_);
+    result_ = DeleteMatching(family_, targets_, timeoutMs_, limits_);
     if (!result_.error.empty()) SetError(result_.error);
   }
   void OnOK() override {
@@ -370,6 +452,16 @@ class DeleteWorker : public Napi::AsyncWorker {
     value.Set("matched", Napi::Number::New(env, static_cast<double>(result_.matched)));
     value.Set("deleted", Napi::Number::New(env, static_cast<double>(result_.deleted)));
     value.Set("ms", Napi::Number::New(env, result_.ms));
+    value.Set("share", Napi::Number::New(env, static_cast<double>(result_.share)));
+    Napi::Array truncated = Napi::Array::New(env, result_.truncated.size());
+    for (size_t i = 0; i < result_.truncated.size(); ++i) {
+      Napi::Object t = Napi::Object::New(env);
+      t.Set("target", Napi::Number::New(env, static_cast<double>(result_.truncated[i].target)));
+      t.Set("matched", Napi::Number::New(env, static_cast<double>(result_.truncated[i].matched)));
+      t.Set("kept", Napi::Number::New(env, static_cast<double>(result_.truncated[i].kept)));
+      truncated.Set(static_cast<uint32_t>(i), t);
+    }
+    value.Set("truncated", truncated);
     deferred_.Resolve(value);
   }
   void OnError(const Napi::Error& error) override {
@@ -382,6 +474,7 @@ class DeleteWorker : public Napi::AsyncWorker {
   int family_;
   std::vector<Target> targets_;
   int timeoutMs_;
+  Limits limits_;
   Result result_;
 };
 
@@ -404,11 +497,27 @@ Napi::Value DeleteMatchingJs(const Napi::CallbackInfo& info) {
     if (!(t >= 1 && t <= 600000)) throw Napi::RangeError::New(env, "timeoutMs must be between 1 and 600000");
     timeoutMs = static_cast<int>(t);
   }
+  Limits limits;
+  if (info.Length() > 3 && !info[3].IsUndefined()) {
+    if (!info[3].IsObject()) throw Napi::TypeError::New(env, "limits must be an object");
+    const Napi::Object given = info[3].As<Napi::Object>();
+    const auto limit = [&](const char* name, size_t& out) {
+      const Napi::Value v = given.Get(name);
+      if (v.IsUndefined()) return;
+      const double n = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : -1;
+      if (!(n >= 1 && n <= static_cast<double>(MAX_LIMIT)) || n != static_cast<double>(static_cast<size_t>(n)))
+        throw Napi::RangeError::New(env, std::string(name) + " must be a whole number between 1 and " +
+                                             std::to_string(MAX_LIMIT));
+      out = static_cast<size_t>(n);
+    };
+    limit("perTarget", limits.perTarget);
+    limit("total", limits.total);
+  }
   std::vector<Target> targets;
   std::string error;
   if (!ParseTargets(info[1].As<Napi::String>().Utf8Value(), family, targets, error))
     throw Napi::TypeError::New(env, error);
-  auto* worker = new DeleteWorker(env, family, std::move(targets), timeoutMs);
+  auto* worker = new DeleteWorker(env, family, std::move(targets), timeoutMs, limits);
   worker->Queue();
   return worker->Promise();
 }

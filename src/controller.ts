@@ -117,6 +117,12 @@ export class Controller {
   private readonly leftovers: LeftoverRemoval;
   private started = false;
   /**
+   * Set by stop(), at once: from then on no write begins. A sync that has not written yet ends
+   * without writing (its state is dropped), and a start whose caches sync afterwards programs
+   * nothing; a write already under way is finished (each commit is atomic).
+   */
+  private stopping = false;
+  /**
    * What /readyz, the logs and the tests see of the controller, read live: the controller's own
    * fields, and those of its parts (the model report, stepping aside, the leftovers' removal).
    */
@@ -184,12 +190,20 @@ export class Controller {
     this.onCacheChange();
   }
 
+  /**
+   * Starts the caches and, once both hold a whole state (a list or WatchList stream read to its
+   * end), the syncs: the first is a full sync of that state, written whole. Nothing is written
+   * before it, and nothing at all when stop() is called first.
+   */
   async start(): Promise<void> {
     const { caches, logger } = this.options;
+    this.stopping = false;
     caches.services.start();
     caches.node.start();
     logger.info('Waiting for the Service and Node caches to sync, the kernel is not touched until then');
     await Promise.all([caches.services.waitForSync(), caches.node.waitForSync()]);
+    // Asked to stop meanwhile: the caches are stopped, and nothing is programmed.
+    if (this.stopping) return;
     this.status.cachesSynced = true;
     logger.info({ services: caches.services.list().length }, 'Caches synced');
     this.started = true;
@@ -214,6 +228,7 @@ export class Controller {
 
   /** Stops watching and syncing. The programmed rules stay in place. */
   async stop(): Promise<void> {
+    this.stopping = true;
     this.started = false;
     this.leftovers.stop();
     await Promise.all([this.options.caches.services.stop(), this.options.caches.node.stop()]);
@@ -263,8 +278,17 @@ export class Controller {
     let written: number | undefined;
     const onWritten = () => (written = performance.now());
     const report: SyncReport = { backend: reconciler.name, requested: info.full ? 'full' : 'partial', durationMs: 0 };
+    /** A stop came while the state was derived: nothing was written, nothing is reported. */
+    let dropped = false;
     try {
       const desired = await this.desiredState();
+      // A stop asked for while the state was derived: no write begins after it. (Else a
+      // controller told to stop during its first sync, or one whose launcher was killed, would
+      // write its state after the stop, perhaps after its successor's first write.)
+      if (this.stopping) {
+        dropped = true;
+        return;
+      }
       report.modelMs = performance.now() - started;
       this.modelReport.report(desired);
       observer?.onDesiredState?.(desired);
@@ -282,7 +306,7 @@ export class Controller {
       const first = this.status.lastSuccessfulSyncAt === undefined;
       this.status.lastSuccessfulSyncAt = Date.now();
       this.status.lastError = undefined;
-      if (first) {
+      if (first && !this.stopping) {
         await this.leftovers.attempt();
         await this.compactMemory();
       }
@@ -307,7 +331,7 @@ export class Controller {
     } finally {
       this.syncsUnderWay.delete(underWay);
       this.status.lastSyncEndedAt = Date.now();
-      observer?.onSync?.(report);
+      if (!dropped) observer?.onSync?.(report);
     }
   }
 }

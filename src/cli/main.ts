@@ -364,9 +364,10 @@ async function runController(
   leaveOptimisingCompilersOut();
   await Promise.race([controller.start(), stopped]);
   await stopped;
+  // The controller first: once it is told, no write begins (a sync deriving its state drops it).
   interfaces.stop();
-  await kubeProxy.stop();
   await controller.stop();
+  await kubeProxy.stop();
   await reconciler.close();
   return 0;
 }

@@ -5,6 +5,12 @@
 // netlink call falls back to. Failures are reported, never thrown: a stale UDP flow is a smaller
 // harm than a sync that does not finish.
 //
+// A netlink call is bounded, and each tuple has its own share of it (conntrack-netlink.ts): the
+// flows of one tuple (a tenant's 64k flows to its own address) never keep another tuple's
+// entries. A tuple with more entries than its share is truncated: counted, logged (once per
+// clean-up, naming the tuples), and completed by further calls with only the truncated tuples
+// (netlink-rounds.ts), then by the command for what is still left.
+//
 // Memory does not grow with the conntrack table: a listing (millions of entries on a busy node
 // print hundreds of megabytes) is read line by line and only the tuples asked for are kept, and
 // it is stopped as soon as each of them is found; what a deletion prints of the entries it deleted
@@ -13,7 +19,8 @@
 import { execa } from 'execa';
 import type { Logger } from 'pino';
 import type { Entry, Family } from '../model/types.js';
-import type { ConntrackNetlink } from './conntrack-netlink.js';
+import type { ConntrackNetlink, TruncatedTuple } from './conntrack-netlink.js';
+import { NETLINK_ROUNDS, deleteInRounds, logTruncated } from './netlink-rounds.js';
 import type { ConntrackProtocol, StaleTuple } from './stale-tuples.js';
 
 export interface ConntrackCleanupReport {
@@ -24,6 +31,11 @@ export interface ConntrackCleanupReport {
   /** Deletions (or listings) that failed; their entries may still be there. */
   failures: number;
   durationMs: number;
+  /**
+   * Per family, tuples with more entries than their share of one in-process deletion (the rest
+   * were deleted by further calls, then the command). Absent: none.
+   */
+  truncated?: Partial<Record<Family, number>>;
 }
 
 export interface ConntrackCleanerOptions {
@@ -39,6 +51,8 @@ export interface ConntrackCleanerOptions {
   listAbove?: number;
   /** Deletes through ctnetlink in the process (conntrack-netlink.ts); without it, the command. */
   netlink?: ConntrackNetlink;
+  /** Netlink calls per family and clean-up, at most (default NETLINK_ROUNDS); then the command. */
+  netlinkRounds?: number;
 }
 
 /** Flows of a bypass window deleted at most: the window is short, a flood is not ours to clear. */
@@ -74,6 +88,7 @@ export class ConntrackCleaner {
   private readonly command: string;
   private readonly timeoutMs: number;
   private readonly listAbove: number;
+  private readonly netlinkRounds: number;
   private missingReported = false;
   private netlinkFailureReported = false;
   /** Per family, the bypass clean-up under way, and the entries of one asked for meanwhile. */
@@ -83,6 +98,7 @@ export class ConntrackCleaner {
     this.command = options.command ?? 'conntrack';
     this.timeoutMs = options.timeoutMs ?? 5000;
     this.listAbove = options.listAbove ?? 16;
+    this.netlinkRounds = Math.max(1, options.netlinkRounds ?? NETLINK_ROUNDS);
   }
 
   /** Deletes the entries of every tuple. Never throws; failures are logged and counted. */
@@ -92,26 +108,30 @@ export class ConntrackCleaner {
     const errors: string[] = [];
     let firstError: unknown;
     let viaCommand: readonly StaleTuple[] = tuples;
+    /** Tuples truncated by a first call, and those of them the command completes. */
+    const truncated: TruncatedTuple[] = [];
+    let completedByCommand = 0;
     if (this.options.netlink) {
-      const failed: StaleTuple[] = [];
+      const left: StaleTuple[] = [];
       for (const family of ['ipv4', 'ipv6'] as const) {
         const ofFamily = tuples.filter((t) => t.family === family);
         if (ofFamily.length === 0) continue;
-        try {
-          report.deleted += await this.options.netlink.deleteMatching(family, ofFamily, this.timeoutMs);
-        } catch (err) {
-          // The command may still manage; it reports its own failures. Said once per run.
-          if (!this.netlinkFailureReported) {
-            this.netlinkFailureReported = true;
-            this.options.logger.warn(
-              { family, err },
-              'Deleting conntrack entries in process failed, the conntrack command does it instead',
-            );
-          }
-          for (const t of ofFamily) failed.push(t);
+        const done = await deleteInRounds(this.options.netlink, family, ofFamily, this.timeoutMs, this.netlinkRounds);
+        report.deleted += done.deleted;
+        if (done.truncated.length > 0) (report.truncated ??= {})[family] = done.truncated.length;
+        for (const t of done.truncated) truncated.push(t);
+        completedByCommand += done.completing;
+        for (const t of done.left) left.push(t);
+        // The command may still manage; it reports its own failures. Said once per run.
+        if (done.error !== undefined && !this.netlinkFailureReported) {
+          this.netlinkFailureReported = true;
+          this.options.logger.warn(
+            { family, err: done.error },
+            'Deleting conntrack entries in process failed, the conntrack command does it instead',
+          );
         }
       }
-      viaCommand = failed;
+      viaCommand = left;
     }
     const groups = new Map<string, StaleTuple[]>();
     for (const t of viaCommand) {
@@ -143,6 +163,7 @@ export class ConntrackCleaner {
       }
     }
     report.durationMs = performance.now() - started;
+    logTruncated(this.options.logger, truncated, completedByCommand, report.failures);
     if (errors.length > 0 && !(this.missingReported && errors.every((e) => e.includes('was not found')))) {
       if (errors.some((e) => e.includes('was not found'))) this.missingReported = true;
       this.options.logger.warn(

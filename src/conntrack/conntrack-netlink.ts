@@ -2,53 +2,111 @@
 // entries of many tuples through ctnetlink in the process, on a libuv worker thread, where the
 // `conntrack` command took a process (a fork and exec on the controller's main thread) per tuple.
 // Not built (no libmnl-dev) or not loaded: the cleaner runs the command, as before.
+//
+// A call is bounded: it deletes at most `total` entries, and each tuple has a share of its own
+// (at most min(perTarget, total / tuples) of its entries), so that one tuple's flows never take
+// another's. A tuple with more entries than its share is returned as truncated: the rest of its
+// entries are still there, for the cleaner to delete.
 
 import { addonPath, hasFunctions, loadNativeAddon } from '../native-addon.js';
 import type { Family } from '../model/types.js';
 import type { StaleTuple } from './stale-tuples.js';
 
+/** Entries one call keeps to delete: in all, and of one tuple. The addon's defaults: 65,536 each. */
+export interface ConntrackLimits {
+  total?: number;
+  perTarget?: number;
+}
+
 /** What native/conntrack_addon.cc exports. */
 interface ConntrackAddon {
   /**
    * Deletes the entries whose original destination is one of `targets` (one a line:
-   * `protocol-number address port untranslated-only(0|1)`), after one dump of the family's table.
-   * Rejects with the kernel's reason.
+   * `protocol-number address port untranslated-only(0|1)`), after one dump of the family's table
+   * (or one filtered dump per target). `truncated`: the targets (index of their line) that
+   * matched more entries than their share. Rejects with the kernel's reason.
    */
   deleteMatching(
     family: Family,
     targets: string,
     timeoutMs?: number,
-  ): Promise<{ dumped: number; matched: number; deleted: number; ms: number }>;
+    limits?: ConntrackLimits,
+  ): Promise<{
+    dumped: number;
+    matched: number;
+    deleted: number;
+    ms: number;
+    share: number;
+    truncated: Array<{ target: number; matched: number; kept: number }>;
+  }>;
 }
 
 const PROTOCOL_NUMBERS: Record<StaleTuple['protocol'], number> = { UDP: 17, SCTP: 132 };
 
+/** A tuple whose entries were more than its share of one call: `matched - deleted` or so are left. */
+export interface TruncatedTuple {
+  tuple: StaleTuple;
+  /** Its entries that the call saw. */
+  matched: number;
+  /** Of which the call deleted (or found gone): its share. */
+  deleted: number;
+}
+
+/** What one call did. */
+export interface NetlinkDeletion {
+  deleted: number;
+  truncated: TruncatedTuple[];
+}
+
 /** What the cleaner asks of the addon. */
 export interface ConntrackNetlink {
-  /** Deletes the entries of `tuples` (all of `family`); resolves how many were deleted. */
-  deleteMatching(family: Family, tuples: readonly StaleTuple[], timeoutMs: number): Promise<number>;
+  /** Deletes the entries of `tuples` (all of `family`), each up to its share of the call. */
+  deleteMatching(family: Family, tuples: readonly StaleTuple[], timeoutMs: number): Promise<NetlinkDeletion>;
+}
+
+/** The tuples with one (protocol, address, port) each: all entries go if any of them asks so. */
+function distinct(tuples: readonly StaleTuple[]): StaleTuple[] {
+  const byKey = new Map<string, StaleTuple>();
+  for (const t of tuples) {
+    const k = `${t.protocol} ${t.externalIp} ${t.port}`;
+    const seen = byKey.get(k);
+    if (seen === undefined) byKey.set(k, t);
+    else if (seen.untranslatedOnly && !t.untranslatedOnly) byKey.set(k, { ...seen, untranslatedOnly: false });
+  }
+  return [...byKey.values()];
 }
 
 class AddonConntrackNetlink implements ConntrackNetlink {
-  constructor(private readonly addon: ConntrackAddon) {}
+  constructor(
+    private readonly addon: ConntrackAddon,
+    private readonly limits: ConntrackLimits,
+  ) {}
 
-  async deleteMatching(family: Family, tuples: readonly StaleTuple[], timeoutMs: number): Promise<number> {
-    const targets = tuples
+  async deleteMatching(family: Family, tuples: readonly StaleTuple[], timeoutMs: number): Promise<NetlinkDeletion> {
+    const asked = distinct(tuples);
+    const targets = asked
       .map((t) => `${PROTOCOL_NUMBERS[t.protocol]} ${t.externalIp} ${t.port} ${t.untranslatedOnly ? 1 : 0}`)
       .join('\n');
-    const result = await this.addon.deleteMatching(family, targets, timeoutMs);
-    return result.deleted;
+    const result = await this.addon.deleteMatching(family, targets, timeoutMs, this.limits);
+    return {
+      deleted: result.deleted,
+      truncated: result.truncated.map((t) => ({ tuple: asked[t.target]!, matched: t.matched, deleted: t.kept })),
+    };
   }
 }
 
-/** The addon's client, or why there is none (one line). Never throws. */
+/**
+ * The addon's client, or why there is none (one line). Never throws. `limits`: the bounds of one
+ * call (tests make them small).
+ */
 export function loadConntrackNetlink(
   path = addonPath('conntrack_addon.node'),
+  limits: ConntrackLimits = {},
 ): { netlink: ConntrackNetlink; reason?: undefined } | { netlink?: undefined; reason: string } {
   const load = loadNativeAddon(path, (v): v is ConntrackAddon => hasFunctions(v, ['deleteMatching']), {
     missing: (p) => `the conntrack addon is not built (${p} is missing; it needs libmnl-dev)`,
     broken: (_, error) => `the conntrack addon did not load (${error})`,
     notTheAddon: (p) => `${p} is not the conntrack addon`,
   });
-  return load.ok ? { netlink: new AddonConntrackNetlink(load.addon) } : { reason: load.reason };
+  return load.ok ? { netlink: new AddonConntrackNetlink(load.addon, limits) } : { reason: load.reason };
 }

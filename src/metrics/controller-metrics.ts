@@ -220,6 +220,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
     for (const family of FAMILIES) {
       this.conflicts.set({ family }, 0);
       this.localPodDetectionMissing.set({ family }, 0);
+      this.conntrackTruncated.inc({ family }, 0);
     }
     this.conflictEvents.inc(0);
 
@@ -326,6 +327,14 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
     help: 'Failed deletions of stale conntrack entries; those flows keep their old translation until idle.',
     registers: [this.registry],
   });
+  private readonly conntrackTruncated = new Counter({
+    name: METRIC_PREFIX + 'conntrack_truncated_total',
+    help:
+      'Stale UDP/SCTP tuples with more conntrack entries than their share of one in-process deletion; ' +
+      'the rest were deleted by further calls and the conntrack command (its failures count as clean-up errors).',
+    labelNames: ['family'],
+    registers: [this.registry],
+  });
   private readonly rejected = new Gauge({
     name: METRIC_PREFIX + 'rejected_entries',
     help: 'Entries and local-pod matches the backend left out after the last successful sync because it refuses a value (each is logged once).',
@@ -347,6 +356,10 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
   onConntrackCleanup(report: ConntrackCleanupReport): void {
     this.conntrackDeleted.inc(report.deleted);
     this.conntrackErrors.inc(report.failures);
+    for (const family of FAMILIES) {
+      const truncated = report.truncated?.[family];
+      if (truncated) this.conntrackTruncated.inc({ family }, truncated);
+    }
   }
 
   /** Set from onSync's result: what the backend leaves out of the kernel now. */

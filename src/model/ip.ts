@@ -200,27 +200,3 @@ export function disjointCidrs(cidrs: readonly ParsedCidr[]): ParsedCidr[] {
   }
   return out;
 }
-
-/**
- * `cidrs` (disjoint, sorted) without the one address `ip`: the CIDR that holds it is split into
- * the CIDRs around it (one per prefix length below it, at most 32 or 128).
- */
-export function cidrsWithout(cidrs: readonly ParsedCidr[], ip: ParsedIp): ParsedCidr[] {
-  const out: ParsedCidr[] = [];
-  const bits = ip.family === 'ipv4' ? 32 : 128;
-  const bytes = ipBytes(ip);
-  for (const c of cidrs) {
-    if (!cidrContains(c, ip)) {
-      out.push(c);
-      continue;
-    }
-    for (let length = c.prefixLength + 1; length <= bits; length++) {
-      // The sibling of the address's own prefix of this length.
-      const sibling = bytes.slice();
-      const bit = length - 1;
-      sibling[bit >> 3]! ^= 0x80 >> (bit & 7);
-      out.push(parseCidr(`${formatBytes(ip.family, sibling)}/${length}`)!);
-    }
-  }
-  return out.sort(compareCidrs);
-}

@@ -101,7 +101,7 @@ describe('nftables addon build', () => {
       .that.includes({ name: 'TypeError', message: 'family must be ip or ip6' });
     expect(() => addon.readSets!('ip', 't', [{ name: 'm', kind: 'interval' as 'map' }], 10))
       .to.throw()
-      .that.includes({ name: 'TypeError', message: 'kind must be map, keys or ranges' });
+      .that.includes({ name: 'TypeError', message: 'kind must be map, keys, sourced or verdicts' });
     expect(() => addon.readSets!('ip', 't', [], 10))
       .to.throw()
       .that.includes({ name: 'RangeError', message: 'sets must name 1 to 8 sets' });
@@ -242,12 +242,15 @@ describe('conntrack addon build', () => {
     expect(existsSync(path), `${path} is missing: install libmnl-dev and run \`npm run build:native\``).to.equal(true);
     expect(execFileSync('ldd', [path], { encoding: 'utf8' })).to.match(/libmnl\.so/);
     const addon = createRequire(import.meta.url)(path) as {
-      deleteMatching(family: string, targets: string, timeoutMs?: number): Promise<unknown>;
+      deleteMatching(family: string, targets: string, timeoutMs?: number, limits?: unknown): Promise<unknown>;
     };
     expect(() => addon.deleteMatching('inet', '')).to.throw(TypeError, 'family must be ipv4 or ipv6');
     expect(() => addon.deleteMatching('ipv4', '17 2001:db8::1 53 0')).to.throw(TypeError, "not an address: '2001:db8::1'");
     expect(() => addon.deleteMatching('ipv4', '17 192.0.2.1 70000 0')).to.throw(TypeError, 'not a target');
     expect(() => addon.deleteMatching('ipv4', '', 0)).to.throw(RangeError, 'timeoutMs');
+    expect(() => addon.deleteMatching('ipv4', '', 1000, 5)).to.throw(TypeError, 'limits must be an object');
+    expect(() => addon.deleteMatching('ipv4', '', 1000, { perTarget: 0 })).to.throw(RangeError, 'perTarget');
+    expect(() => addon.deleteMatching('ipv4', '', 1000, { total: 1.5 })).to.throw(RangeError, 'total');
   });
 });
 

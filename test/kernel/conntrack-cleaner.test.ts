@@ -4,15 +4,22 @@
 // without throwing. A listing is read as it comes,
 // never buffered: one that never ends (the real command's listing, again and again) is stopped
 // once every tuple is found, or at the timeout with memory flat; a line too long fails it.
+// In process, each tuple has its own share of a call: a tuple with more entries than its share
+// (a tenant's flows to its own address) never keeps another tuple's entries, is reported, and is
+// completed by further calls, then by the command.
 
 import { expect } from 'chai';
 import * as dgram from 'node:dgram';
 import { once } from 'node:events';
-import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ConntrackCleaner, MAX_LISTED_LINE_BYTES } from '../../src/conntrack/conntrack-cleaner.js';
-import { loadConntrackNetlink, type ConntrackNetlink } from '../../src/conntrack/conntrack-netlink.js';
+import {
+  loadConntrackNetlink,
+  type ConntrackLimits,
+  type ConntrackNetlink,
+} from '../../src/conntrack/conntrack-netlink.js';
 import type { StaleTuple } from '../../src/conntrack/stale-tuples.js';
 import { NodeNetwork, requireTools, sh } from '../../testbed/node-network.js';
 import { linesLogger } from '../support/log-lines.js';
@@ -20,6 +27,10 @@ import { linesLogger } from '../support/log-lines.js';
 const A = '192.0.2.60';
 const B = '192.0.2.61';
 const A6 = '2001:db8::60';
+const B6 = '2001:db8::61';
+/** Source addresses of the flows of one tenant (65,000 flows each at most). */
+const SOURCES = ['198.51.100.1', '198.51.100.2'];
+const SOURCES6 = ['2001:db8:1::1'];
 
 function tuple(externalIp: string, port: number, untranslatedOnly = false): StaleTuple {
   return {
@@ -40,6 +51,38 @@ async function flow(address: string, port: number, sourcePort: number): Promise<
   await once(sock, 'listening');
   await new Promise<void>((resolve) => sock.send('x', port, address, () => resolve()));
   sock.close();
+}
+
+/**
+ * `count` flows to address:port, one datagram each from its own (source address, port): source
+ * ports from 1024 up on each of `sources` in turn. A few hundred sockets at a time.
+ */
+async function manyFlows(address: string, port: number, count: number, sources: readonly string[]): Promise<void> {
+  const pairs: Array<[string, number]> = [];
+  for (const source of sources) {
+    for (let sourcePort = 1024; sourcePort <= 65535 && pairs.length < count; sourcePort++)
+      pairs.push([source, sourcePort]);
+  }
+  if (pairs.length < count) throw new Error(`${count} flows need more source addresses`);
+  for (let at = 0; at < pairs.length; at += 256) {
+    await Promise.all(
+      pairs.slice(at, at + 256).map(async ([source, sourcePort]) => {
+        const sock = dgram.createSocket(address.includes(':') ? 'udp6' : 'udp4');
+        sock.on('error', () => undefined);
+        sock.bind(sourcePort, source);
+        await once(sock, 'listening');
+        await new Promise<void>((resolve) => sock.send('x', port, address, () => resolve()));
+        sock.close();
+      }),
+    );
+  }
+}
+
+/** How many UDP entries have address:port as their original destination (a listing of any size). */
+function count(address: string, port: number): number {
+  const family = address.includes(':') ? 'ipv6' : 'ipv4';
+  const listing = `conntrack -L -f ${family} -p udp --orig-dst ${address} --dport ${port} 2>/dev/null | wc -l`;
+  return Number(sh('sh', ['-c', listing]).trim());
 }
 
 /** Source ports of the UDP entries whose original destination is address:port. */
@@ -64,7 +107,7 @@ describe('conntrack clean-up on the kernel', function () {
   before(() => {
     requireTools('conntrack');
     network.setUp();
-    for (const address of [A, B, A6]) network.bindAddress(address);
+    for (const address of [A, B, A6, B6, ...SOURCES, ...SOURCES6]) network.bindAddress(address);
     sh(
       'nft',
       ['-f', '-'],
@@ -85,8 +128,8 @@ describe('conntrack clean-up on the kernel', function () {
     { name: 'one tuple at a time', cleaner: () => new ConntrackCleaner({ logger, listAbove: 16 }) },
     { name: 'after one listing', cleaner: () => new ConntrackCleaner({ logger, listAbove: 0 }) },
   ];
-  function netlink(): ConntrackNetlink {
-    const load = loadConntrackNetlink();
+  function netlink(limits?: ConntrackLimits): ConntrackNetlink {
+    const load = loadConntrackNetlink(undefined, limits);
     if (!load.netlink) throw new Error(`the conntrack addon must be built for kernel tests: ${load.reason}`);
     return load.netlink;
   }
@@ -122,6 +165,18 @@ describe('conntrack clean-up on the kernel', function () {
     expect(entries(A, 53)).to.deep.equal([]);
     expect(entries(A, 60)).to.deep.equal([]);
     expect(entries(B, 53)).to.deep.equal([41023]);
+  });
+
+  it('in process, deletes thousands of entries of one tuple, all acknowledged, without the command', async () => {
+    sh('conntrack', ['-F']);
+    logLines.length = 0;
+    await manyFlows(A, 53, 3000, SOURCES);
+    const report = await new ConntrackCleaner({ logger, netlink: netlink(), command: '/bin/false' }).clean([
+      tuple(A, 53),
+    ]);
+    expect(count(A, 53)).to.equal(0);
+    expect(report).to.include({ deleted: 3000, failures: 0 });
+    expect(logLines.filter((l) => l.includes('in process failed'))).to.deep.equal([]);
   });
 
   it('with untranslatedOnly, leaves entries whose reply comes from another address', async () => {
@@ -264,5 +319,115 @@ describe('conntrack clean-up on the kernel', function () {
     expect(second.failures).to.equal(1);
     const warnings = logLines.filter((l) => l.includes('install the conntrack package'));
     expect(warnings).to.have.length(1);
+  });
+
+  describe('a tuple with more entries than its share of one in-process call', function () {
+    this.timeout(180_000);
+    let dir: string;
+    let command: string;
+    let udpTimeout: string;
+    /** The arguments of each command the cleaner ran. */
+    const commandCalls = () => {
+      try {
+        return readFileSync(join(dir, 'calls'), 'utf8').trim().split('\n');
+      } catch {
+        return [];
+      }
+    };
+    /** Log lines that report a truncation. */
+    const truncations = () => logLines.filter((l) => l.includes('more than their share of one in-process deletion'));
+
+    before(() => {
+      dir = mkdtempSync(join(tmpdir(), 'conntrack-truncated-'));
+      // The real command, recording its arguments.
+      command = join(dir, 'conntrack');
+      writeFileSync(command, `#!/bin/sh\necho "$@" >> ${join(dir, 'calls')}\nexec conntrack "$@"\n`);
+      chmodSync(command, 0o755);
+      // Unanswered UDP entries last 30 s: making tens of thousands of them takes a while on a
+      // loaded machine (this namespace's setting, put back after).
+      udpTimeout = sh('sysctl', ['-n', 'net.netfilter.nf_conntrack_udp_timeout']).trim();
+      sh('sysctl', ['-qw', 'net.netfilter.nf_conntrack_udp_timeout=300']);
+    });
+    after(() => {
+      sh('sysctl', ['-qw', `net.netfilter.nf_conntrack_udp_timeout=${udpTimeout}`]);
+      rmSync(dir, { recursive: true, force: true });
+    });
+    beforeEach(() => {
+      sh('conntrack', ['-F']);
+      rmSync(join(dir, 'calls'), { force: true });
+      logLines.length = 0;
+    });
+
+    it('deletes every entry of the other tuple whatever the first has, and reports the truncated one', async () => {
+      // A share of 100 per tuple, and no command to complete anything: what one call does.
+      await manyFlows(A, 53, 1000, SOURCES);
+      await manyFlows(B, 53, 5, SOURCES);
+      const cleaner = new ConntrackCleaner({
+        logger,
+        netlink: netlink({ perTarget: 100, total: 200 }),
+        netlinkRounds: 1,
+        command: '/bin/false',
+      });
+      const report = await cleaner.clean([tuple(A, 53), tuple(B, 53)]);
+      expect(entries(B, 53), 'the other tuple').to.deep.equal([]);
+      expect(count(A, 53), 'the truncated tuple').to.equal(900);
+      expect(report).to.deep.include({ deleted: 105, truncated: { ipv4: 1 } });
+      expect(report.failures, 'the command, which fails').to.equal(1);
+      expect(truncations()).to.have.length(1);
+      expect(truncations()[0]).to.include(`udp ${A}:53 (1000 entries)`).and.not.include(`${B}:53`);
+    });
+
+    it('the same in IPv6, where a call reads the whole table once', async () => {
+      await manyFlows(A6, 53, 300, SOURCES6);
+      await manyFlows(B6, 53, 3, SOURCES6);
+      const cleaner = new ConntrackCleaner({
+        logger,
+        netlink: netlink({ perTarget: 100, total: 200 }),
+        netlinkRounds: 1,
+        command: '/bin/false',
+      });
+      const report = await cleaner.clean([tuple(A6, 53), tuple(B6, 53)]);
+      expect(count(B6, 53), 'the other tuple').to.equal(0);
+      expect(count(A6, 53), 'the truncated tuple').to.equal(200);
+      expect(report).to.deep.include({ deleted: 103, truncated: { ipv6: 1 } });
+      expect(truncations()[0]).to.include(`udp [${A6}]:53 (300 entries)`);
+    });
+
+    it('completes the truncated tuple with further calls, then the command', async () => {
+      await manyFlows(A, 53, 1000, SOURCES);
+      await manyFlows(B, 53, 5, SOURCES);
+      const cleaner = new ConntrackCleaner({
+        logger,
+        netlink: netlink({ perTarget: 100, total: 200 }),
+        netlinkRounds: 2,
+        command,
+      });
+      const report = await cleaner.clean([tuple(A, 53), tuple(B, 53)]);
+      expect(entries(B, 53)).to.deep.equal([]);
+      expect(entries(A, 53)).to.deep.equal([]);
+      // 105 in the first call, 100 in the second, 800 by the command, for the truncated tuple alone.
+      expect(report).to.deep.include({ deleted: 1005, failures: 0, truncated: { ipv4: 1 } });
+      expect(commandCalls()).to.deep.equal([`-D -f ipv4 -p udp --orig-dst ${A} --dport 53`]);
+      expect(truncations()).to.have.length(1);
+      expect(truncations()[0]).to.include('"byCommand":1');
+    });
+
+    it('at the default bound, deletes 70,000 entries of one tuple and the 5 of another in process', async () => {
+      await manyFlows(A, 53, 70_000, SOURCES);
+      await manyFlows(B, 53, 5, SOURCES);
+      expect(count(A, 53)).to.equal(70_000);
+      const cleaner = new ConntrackCleaner({ logger, netlink: netlink(), command, timeoutMs: 30_000 });
+      const started = performance.now();
+      const report = await cleaner.clean([tuple(A, 53), tuple(B, 53)]);
+      const ms = performance.now() - started;
+      expect(count(B, 53)).to.equal(0);
+      expect(count(A, 53)).to.equal(0);
+      // A share of 32,768 each in the first call (A truncated), 65,536 for A alone in the second.
+      expect(report).to.deep.include({ deleted: 70_005, failures: 0, truncated: { ipv4: 1 } });
+      expect(commandCalls(), 'no command').to.deep.equal([]);
+      expect(logLines.filter((l) => l.includes('in process failed'))).to.deep.equal([]);
+      expect(truncations()[0]).to.include(`udp ${A}:53 (70000 entries)`);
+      console.log(`      (70,005 entries deleted in ${Math.round(ms)} ms)`);
+    });
   });
 });

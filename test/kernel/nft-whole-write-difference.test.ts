@@ -278,13 +278,21 @@ describe('nft whole writes write the difference', function () {
   /** The check map's elements as `address protocol port chain`, sorted. */
   const checks = () => {
     const listing = execFileSync('nft', ['-j', 'list', 'map', 'ip', TABLE_NAME, SOURCE_CHECK_MAP]).toString();
-    const doc = JSON.parse(listing) as { nftables: Array<{ map?: { elem?: Array<[{ concat: unknown[] }, { jump: { target: string } }]> } }> };
+    const doc = JSON.parse(listing) as {
+      nftables: Array<{ map?: { elem?: Array<[{ concat: unknown[] }, { jump: { target: string } }]> } }>;
+    };
     const elems = doc.nftables.find((o) => o.map)?.map?.elem ?? [];
     return elems.map(([k, v]) => `${k.concat.join(' ')} ${v.jump.target}`).sort();
   };
   const ourChains = () =>
-    (JSON.parse(execFileSync('nft', ['-j', 'list', 'chains', 'ip']).toString()) as { nftables: Array<{ chain?: { table: string; name: string } }> }).nftables
-      .flatMap((o) => (o.chain && o.chain.table === TABLE_NAME && o.chain.name.startsWith(SOURCE_CHAIN_PREFIX) ? [o.chain.name] : []))
+    (
+      JSON.parse(execFileSync('nft', ['-j', 'list', 'chains', 'ip']).toString()) as {
+        nftables: Array<{ chain?: { table: string; name: string } }>;
+      }
+    ).nftables
+      .flatMap((o) =>
+        o.chain && o.chain.table === TABLE_NAME && o.chain.name.startsWith(SOURCE_CHAIN_PREFIX) ? [o.chain.name] : [],
+      )
       .sort();
   for (const [name, executorOf] of executors) {
     it(`source ranges through ${name}: a range edited rewrites its Service's chain alone; a chain nothing wants is removed`, async function () {
@@ -315,8 +323,10 @@ describe('nft whole writes write the difference', function () {
           tx.operations.flatMap(({ verb, object: o }) => {
             const ranged = (n: string) => n === SOURCE_CHECK_MAP || n === OWN_SOURCE_SET;
             if (o.kind === 'element') return ranged(o.set) ? [`${verb} ${o.set} ${o.elements.length}`] : [];
-            if ((o.kind === 'set' || o.kind === 'map') && verb !== 'add' && ranged(o.name)) return [`${verb} ${o.name}`];
-            if (o.kind === 'chain' && o.name === sourceChainName('tenant/ranged') && verb !== 'add') return [`${verb} chain`];
+            if ((o.kind === 'set' || o.kind === 'map') && verb !== 'add' && ranged(o.name))
+              return [`${verb} ${o.name}`];
+            if (o.kind === 'chain' && o.name === sourceChainName('tenant/ranged') && verb !== 'add')
+              return [`${verb} chain`];
             if (o.kind === 'rule' && o.chain === sourceChainName('tenant/ranged')) return ['rule'];
             return [];
           }),
@@ -327,7 +337,12 @@ describe('nft whole writes write the difference', function () {
       expect(checks().filter((c) => c.endsWith(chain))).to.have.length(20);
       expect(ourChains()).to.deep.equal([chain, sourceChainName(others[4]!.service)].sort());
       // A restart with a range added: the Service's chain written again (its three rules), no element.
-      expect(await write(svc(['10.244.1.0/24', '192.168.50.0/24']))).to.deep.equal(['flush chain', 'rule', 'rule', 'rule']);
+      expect(await write(svc(['10.244.1.0/24', '192.168.50.0/24']))).to.deep.equal([
+        'flush chain',
+        'rule',
+        'rule',
+        'rule',
+      ]);
       const rules = execFileSync('nft', ['list', 'chain', 'ip', TABLE_NAME, chain]).toString();
       expect(rules).to.match(/ip saddr \{ 10\.244\.1\.0\/24, 192\.168\.50\.0\/24 \} return/);
       // The Service no longer ranged: its 20 check and own-address elements go, and its chain.

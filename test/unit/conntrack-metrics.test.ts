@@ -19,6 +19,18 @@ describe('conntrack and iptables rejection metrics', () => {
     expect(await value(metrics, 'ipvs_node_controller_conntrack_cleanup_errors_total')).to.equal(1);
   });
 
+  it('counts tuples truncated by one in-process deletion, per family, from zero', async () => {
+    const metrics = new ControllerMetrics({ defaultMetrics: false });
+    const name = 'ipvs_node_controller_conntrack_truncated_total';
+    expect(await value(metrics, `${name}{family="ipv4"}`)).to.equal(0);
+    expect(await value(metrics, `${name}{family="ipv6"}`)).to.equal(0);
+    metrics.onConntrackCleanup({ tuples: 3, deleted: 5, failures: 0, durationMs: 2, truncated: { ipv4: 2 } });
+    metrics.onConntrackCleanup({ tuples: 1, deleted: 2, failures: 0, durationMs: 1, truncated: { ipv4: 1, ipv6: 1 } });
+    metrics.onConntrackCleanup({ tuples: 1, deleted: 2, failures: 0, durationMs: 1 });
+    expect(await value(metrics, `${name}{family="ipv4"}`)).to.equal(3);
+    expect(await value(metrics, `${name}{family="ipv6"}`)).to.equal(1);
+  });
+
   it('shows how many entries the iptables backend left out in the last successful sync', async () => {
     const metrics = new ControllerMetrics({ defaultMetrics: false });
     const rejected: Rejection[] = [{ family: 'ipv4', item: 'pod bridge interface', reason: 'bad' }];

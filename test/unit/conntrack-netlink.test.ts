@@ -1,13 +1,15 @@
 // The cleaner's in-process path: every tuple of a family goes to ctnetlink in one call, and a
-// family whose call fails goes to the conntrack command instead (said once per run). The netlink
-// side itself is proven on the kernel (test/kernel/conntrack-cleaner.test.ts).
+// family whose call fails goes to the conntrack command instead (said once per run). A tuple a
+// call truncates (more entries than its share) is counted, logged, and completed: by further
+// calls with the truncated tuples alone, then by the command. The netlink side itself is proven
+// on the kernel (test/kernel/conntrack-cleaner.test.ts).
 
 import { expect } from 'chai';
 import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ConntrackCleaner } from '../../src/conntrack/conntrack-cleaner.js';
-import type { ConntrackNetlink } from '../../src/conntrack/conntrack-netlink.js';
+import type { ConntrackNetlink, NetlinkDeletion } from '../../src/conntrack/conntrack-netlink.js';
 import type { StaleTuple } from '../../src/conntrack/stale-tuples.js';
 import type { Family } from '../../src/model/types.js';
 import { linesLogger } from '../support/log-lines.js';
@@ -24,7 +26,30 @@ function recordingNetlink(failing: Family[] = []) {
     deleteMatching(family, tuples) {
       calls.push({ family, ports: tuples.map((t) => t.port) });
       if (failing.includes(family)) return Promise.reject(new Error('Operation not permitted'));
-      return Promise.resolve(tuples.length);
+      return Promise.resolve({ deleted: tuples.length, truncated: [] });
+    },
+  };
+  return { netlink, calls };
+}
+
+/**
+ * A netlink client over a table of entries per tuple (by port) that deletes, per call, at most
+ * `share` entries of each tuple, and says which it truncated, as the addon does.
+ */
+function boundedNetlink(entries: Map<number, number>, share: number) {
+  const calls: number[][] = [];
+  const netlink: ConntrackNetlink = {
+    deleteMatching(_family, tuples) {
+      calls.push(tuples.map((t) => t.port));
+      const result: NetlinkDeletion = { deleted: 0, truncated: [] };
+      for (const t of tuples) {
+        const matched = entries.get(t.port) ?? 0;
+        const deleted = Math.min(matched, share);
+        entries.set(t.port, matched - deleted);
+        result.deleted += deleted;
+        if (matched > share) result.truncated.push({ tuple: t, matched, deleted });
+      }
+      return Promise.resolve(result);
     },
   };
   return { netlink, calls };
@@ -80,5 +105,53 @@ describe('conntrack clean-up in process', () => {
     const warnings = lines.filter((l) => l.includes('Deleting conntrack entries in process failed'));
     expect(warnings).to.have.length(1);
     expect(warnings[0]).to.include('Operation not permitted');
+  });
+
+  it('completes a truncated tuple with further calls of it alone, and counts and logs it once', async () => {
+    // Port 53: a tenant's 1,000 flows; 54: another Service's 3.
+    const entries = new Map([
+      [53, 1000],
+      [54, 3],
+    ]);
+    const { netlink, calls } = boundedNetlink(entries, 400);
+    const lines: string[] = [];
+    const cleaner = new ConntrackCleaner({ logger: linesLogger(lines, 'debug'), netlink, command });
+    const report = await cleaner.clean([tuple('192.0.2.1', 53), tuple('192.0.2.1', 54)]);
+    expect(calls).to.deep.equal([[53, 54], [53], [53]]);
+    expect(report).to.deep.include({ tuples: 2, deleted: 1003, failures: 0, truncated: { ipv4: 1 } });
+    expect([...entries.values()]).to.deep.equal([0, 0]);
+    expect(commandCalls()).to.deep.equal([]);
+    const logged = lines.filter((l) => l.includes('more than their share of one in-process deletion'));
+    expect(logged).to.have.length(1);
+    expect(logged[0]).to.include('udp 192.0.2.1:53 (1000 entries)').and.not.include(':54');
+    expect(logged[0]).to.include('"byCommand":0');
+  });
+
+  it('gives what a truncated tuple has left after the rounds to the command', async () => {
+    const entries = new Map([
+      [53, 1000],
+      [54, 3],
+    ]);
+    const { netlink, calls } = boundedNetlink(entries, 100);
+    const lines: string[] = [];
+    const cleaner = new ConntrackCleaner({ logger: linesLogger(lines, 'debug'), netlink, command, netlinkRounds: 2 });
+    const report = await cleaner.clean([tuple('192.0.2.1', 53), tuple('192.0.2.1', 54)]);
+    expect(calls).to.deep.equal([[53, 54], [53]]);
+    // 103 + 100 in process, then the command (which says it deleted 1).
+    expect(report).to.deep.include({ deleted: 204, failures: 0, truncated: { ipv4: 1 } });
+    expect(commandCalls()).to.deep.equal(['-D -f ipv4 -p udp --orig-dst 192.0.2.1 --dport 53']);
+    const logged = lines.filter((l) => l.includes('more than their share of one in-process deletion'));
+    expect(logged).to.have.length(1);
+    expect(logged[0]).to.include('"byCommand":1');
+  });
+
+  it('reports no truncation when every tuple fits its share', async () => {
+    const { netlink } = boundedNetlink(new Map([[53, 5]]), 100);
+    const lines: string[] = [];
+    const report = await new ConntrackCleaner({ logger: linesLogger(lines, 'debug'), netlink, command }).clean([
+      tuple('192.0.2.1', 53),
+    ]);
+    expect(report.truncated).to.equal(undefined);
+    expect(lines.filter((l) => l.includes('more than their share'))).to.deep.equal([]);
   });
 });

@@ -294,8 +294,7 @@ describe('the reconciler and the nft driver on the fake executor', () => {
     const backend = new Reconciler(driver);
     // What Debian's 6.12.117 answered to a lookup of a concatenated interval set (the layout of
     // versions before 0.5): a kernel that refuses what filters sources.
-    fake.refuse = (tx) =>
-      text(tx).includes(`"right":"@${OWN_SOURCE_SET}"`) ? 'Operation not supported' : undefined;
+    fake.refuse = (tx) => (text(tx).includes(`"right":"@${OWN_SOURCE_SET}"`) ? 'Operation not supported' : undefined);
     const probe = await backend.driver.probe();
     expect(probe.ok).to.equal(true);
     expect(probe.detail).to.include('source ranges not filtered');

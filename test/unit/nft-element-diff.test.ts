@@ -134,7 +134,9 @@ describe('nft whole write: the source-range check map and own-address set', () =
       { key, chain },
       { key: ['2001:db8::1', 'udp', 53], chain: 'x' },
     ]);
-    const own = JSON.stringify({ nftables: [{ set: { name: OWN_SOURCE_SET, elem: [{ concat: [...key, '192.0.2.1'] }] } }] });
+    const own = JSON.stringify({
+      nftables: [{ set: { name: OWN_SOURCE_SET, elem: [{ concat: [...key, '192.0.2.1'] }] } }],
+    });
     expect(listedSetElements(own, 'sourced')).to.deep.equal([{ key: [...key, '192.0.2.1'], value: '' }]);
     expect(listedSetElements(JSON.stringify({ nftables: [{ set: { name: 'x' } }] }), 'keys')).to.deep.equal([]);
     // A verdict that is no jump, or a key of another form: not read (then flushed and refilled).
@@ -203,7 +205,9 @@ describe('nft whole write: the source-range check map and own-address set', () =
       expect(onSets(write(new Transaction(), t, { sourceRanges: held }))).to.deep.equal([]);
     }
     const extra = { checks: [...held.checks, { key: ['192.0.2.2', 'tcp', 80], chain }], own: held.own };
-    expect(onSets(writeTable(new Transaction(), t, { sourceRanges: extra }))).to.deep.equal([`delete ${SOURCE_CHECK_MAP} 1`]);
+    expect(onSets(writeTable(new Transaction(), t, { sourceRanges: extra }))).to.deep.equal([
+      `delete ${SOURCE_CHECK_MAP} 1`,
+    ]);
   });
 
   it('removes the source-range chains of an earlier state that nothing wants, once no element jumps to them', () => {
@@ -212,7 +216,10 @@ describe('nft whole write: the source-range check map and own-address set', () =
     const stale = sourceChainName('gone/svc');
     const tx = writeTable(new Transaction(), t, { sourceChains: [stale] });
     const verbs = tx.operations
-      .filter(({ object: o }) => (o.kind === 'chain' && o.name === stale) || (o.kind === 'map' && o.name === SOURCE_CHECK_MAP))
+      .filter(
+        ({ object: o }) =>
+          (o.kind === 'chain' && o.name === stale) || (o.kind === 'map' && o.name === SOURCE_CHECK_MAP),
+      )
       .map(({ verb, object: o }) => `${verb} ${o.kind}`);
     // Emptied of its rules and of the elements that jump to it (the map flushed), then deleted.
     expect(verbs.indexOf('flush map')).to.be.lessThan(verbs.lastIndexOf('delete chain'));

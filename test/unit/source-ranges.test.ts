@@ -10,7 +10,7 @@ import { staleTuples } from '../../src/conntrack/stale-tuples.js';
 import { diffProgrammed } from '../../src/reconciler/element-storage.js';
 import { renderChainRules } from '../../src/backends/iptables/render.js';
 import { desiredTable, sourceChainName } from '../../src/backends/nft/render.js';
-import { tableText } from '../../src/backends/nft/objects.js';
+import { tableText } from '../../src/backends/nft/text.js';
 import { CONFIG } from '../support/fixtures.js';
 
 const NODE: NodeInfo = {
@@ -116,7 +116,7 @@ describe('source ranges: the model', () => {
     expect(ranges(v6)['2001:db8::10/80']).to.deep.equal(['::/1']);
   });
 
-  it('counts a Service\'s ranges once against the entry limits, whatever its ports', () => {
+  it("counts a Service's ranges once against the entry limits, whatever its ports", () => {
     const manyRanges = Array.from({ length: 64 }, (_, i) => `10.${i}.0.0/16`);
     const ports = Array.from({ length: 10 }, (_, i) => ({ port: 1000 + i, protocol: 'TCP' }));
     const svc = lb({ ingress: [{ ip: '192.0.2.10' }], ports, loadBalancerSourceRanges: manyRanges });
@@ -259,9 +259,15 @@ describe('source ranges: what the backends write', () => {
     );
     expect(text.match(/10\.0\.0\.0\/8/g)).to.have.length(1);
     // Each base chain asks the check map first.
-    expect(text).to.include('\t\tip daddr . meta l4proto . th dport vmap @source-range-checks\n\t\tip daddr . meta l4proto . th dport @external-ip-to-cluster-ip fib saddr type local');
+    expect(text).to.include(
+      '\t\tip daddr . meta l4proto . th dport vmap @source-range-checks\n\t\tip daddr . meta l4proto . th dport @external-ip-to-cluster-ip fib saddr type local',
+    );
     const fromNodeToo = tableText(
-      desiredTable('ipv4', { ...state, entries: [entry({ sourceRanges: ['10.0.0.0/8'], sourcesFromNode: true })] }, 0x4000),
+      desiredTable(
+        'ipv4',
+        { ...state, entries: [entry({ sourceRanges: ['10.0.0.0/8'], sourcesFromNode: true })] },
+        0x4000,
+      ),
     );
     expect(fromNodeToo).to.include('@source-range-own-addresses return');
     // Objects: a chain per ranged Service, an element per ranged entry.

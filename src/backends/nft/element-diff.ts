@@ -154,7 +154,8 @@ export function sourceRangeLines(checks: string, own: string): SourceRangeSets {
   return {
     checks: linesOf(checks).map((line) => {
       const [address, protocol, port, verdict, chain, ...rest] = line.split(' ');
-      if (verdict !== 'jump' || chain === undefined || rest.length > 0) throw new Error(`unexpected check element: ${line}`);
+      if (verdict !== 'jump' || chain === undefined || rest.length > 0)
+        throw new Error(`unexpected check element: ${line}`);
       return { key: [address!, protocolOf(protocol!), Number(port)], chain };
     }),
     own: linesOf(own).map((line) => {

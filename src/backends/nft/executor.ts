@@ -182,7 +182,12 @@ export class NftCliExecutor implements NftExecutor {
     await this.execDocument(['-c'], this.json.document(tx));
   }
 
-  async listSet(family: NftFamily, table: string, set: string, what: 'set' | 'map' = 'set'): Promise<string | undefined> {
+  async listSet(
+    family: NftFamily,
+    table: string,
+    set: string,
+    what: 'set' | 'map' = 'set',
+  ): Promise<string | undefined> {
     try {
       return await this.exec(['-j', 'list', what, family, table, set]);
     } catch (err) {

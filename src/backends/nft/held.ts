@@ -52,7 +52,8 @@ export async function readHeld(
   const families = new Map<Family, HeldContents>();
   const canRead = executor.readSets !== undefined;
   const canList = executor.listSet !== undefined;
-  const reads = [...wanted].filter(([, w]) => canRead || (w.ranges && canList) || (w.whole && executor.listChains));
+  const canListChains = executor.listChains !== undefined;
+  const reads = [...wanted].filter(([, w]) => canRead || (w.ranges && canList) || (w.whole && canListChains));
   if (reads.length === 0) return { families };
   const generation = await executor.generation?.();
   for (const [family, w] of reads) {

@@ -5,8 +5,8 @@
 
 import { createHash } from 'node:crypto';
 import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
+import { tableText, type TableContents } from './text.js';
 import {
-  tableText,
   type ChainObject,
   type ElementObject,
   type MapElement,
@@ -15,7 +15,6 @@ import {
   type RuleObject,
   type SetObject,
   type Statement,
-  type TableContents,
   type TableObject,
 } from './objects.js';
 

@@ -84,7 +84,9 @@ function writeObjects(
   );
   const sources = held.sourceRanges;
   const checkObjects = [...t.maps, ...t.sets].filter((o) => o.name === SOURCE_CHECK_MAP || o.name === OWN_SOURCE_SET);
-  const otherSets = t.sets.filter((s) => s.name !== KEY_SET_NAME && (sources === undefined || s.name !== OWN_SOURCE_SET));
+  const otherSets = t.sets.filter(
+    (s) => s.name !== KEY_SET_NAME && (sources === undefined || s.name !== OWN_SOURCE_SET),
+  );
   tx.add(t.table, ...t.maps, ...t.sets);
   // Our chains that exist now are emptied first: a rule of the old state may name the pod set,
   // and every rule names the map or the key set, which can only be deleted once no rule does.

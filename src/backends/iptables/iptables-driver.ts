@@ -180,7 +180,8 @@ export class IptablesDriver implements Driver {
 
   async probe(): Promise<ProbeResult> {
     // A test restore (parsed and built, not committed) of rules of our shape proves the tools,
-    // the nat table and the extensions used (comment, addrtype, tcp, MARK, DNAT, goto, masks).
+    // the nat table and the extensions used (comment, addrtype, tcp, MARK, DNAT, goto, masks),
+    // a Service's source-range chains included (RETURN, DNAT without a protocol).
     const sample: FamilyState = {
       entries: [],
       localPodMatch: { kind: 'interfacePrefix', prefix: 'veth' },
@@ -195,7 +196,13 @@ export class IptablesDriver implements Driver {
           clusterIp: family === 'ipv4' ? '192.0.2.2' : '2001:db8::2',
           service: 'probe/probe',
         };
-        const rendered = renderFamilyRestore(family, { ...sample, entries: [entry] }, 0x4000, emptyNatTable());
+        const ranged = {
+          ...entry,
+          port: 443,
+          service: 'probe/ranged',
+          sourceRanges: [family === 'ipv4' ? '192.0.2.0/24' : '2001:db8::/64'],
+        };
+        const rendered = renderFamilyRestore(family, { ...sample, entries: [entry, ranged] }, 0x4000, emptyNatTable());
         await this.commands(family).restore(rendered.text, { test: true });
       }
       return { ok: true, detail: `iptables via iptables-${this.variant}` };

@@ -3,14 +3,15 @@
 // family; the xtables lock (-w) keeps kube-proxy's own restores and ours from interleaving.
 //
 // - Where the rules sit: layout.ts (entry chains IPVS_PREROUTING / IPVS_OUTPUT going to bucket
-//   chains by the destination's last byte); what they are: rules.ts.
+//   chains by the destination's last byte, and a Service's source-range chains); what they are:
+//   rules.ts.
 // - A family written whole (render.ts) declares our chains (so flushes them), writes their rules,
-//   removes the bucket chains no longer needed and repairs the jump rules. With iptables-legacy
+//   removes the bucket and source-range chains no longer needed and repairs the jump rules. With iptables-legacy
 //   the whole nat table is read anyway, so a table that already holds exactly our rules is left
 //   as it is (no rewrite, counters kept).
 // - Element changes are deletes and appends in the buckets they touch (partial-write.ts).
 // - A read back (verify.ts) reads the nat table and names what differs: 'chains' (written whole
-//   again) or 'jumps' (moved back to rule 1).
+//   again; chains of ours nothing wants among them) or 'jumps' (moved back to rule 1).
 // - With iptables-nft every commit bumps the nf_tables ruleset generation, read around each of
 //   ours: the reconciler trusts a family while every commit since it was exact was ours.
 // Between syncs a jump guard (jump-guard.ts) keeps our jumps at rule 1 when another writer
@@ -179,7 +180,8 @@ export class IptablesDriver implements Driver {
 
   async probe(): Promise<ProbeResult> {
     // A test restore (parsed and built, not committed) of rules of our shape proves the tools,
-    // the nat table and the extensions used (comment, addrtype, tcp, MARK, DNAT, goto, masks).
+    // the nat table and the extensions used (comment, addrtype, tcp, MARK, DNAT, goto, masks),
+    // a Service's source-range chains included (RETURN, DNAT without a protocol).
     const sample: FamilyState = {
       entries: [],
       localPodMatch: { kind: 'interfacePrefix', prefix: 'veth' },
@@ -194,7 +196,13 @@ export class IptablesDriver implements Driver {
           clusterIp: family === 'ipv4' ? '192.0.2.2' : '2001:db8::2',
           service: 'probe/probe',
         };
-        const rendered = renderFamilyRestore(family, { ...sample, entries: [entry] }, 0x4000, emptyNatTable());
+        const ranged = {
+          ...entry,
+          port: 443,
+          service: 'probe/ranged',
+          sourceRanges: [family === 'ipv4' ? '192.0.2.0/24' : '2001:db8::/64'],
+        };
+        const rendered = renderFamilyRestore(family, { ...sample, entries: [entry, ranged] }, 0x4000, emptyNatTable());
         await this.commands(family).restore(rendered.text, { test: true });
       }
       return { ok: true, detail: `iptables via iptables-${this.variant}` };

@@ -10,6 +10,10 @@
 // address-only shape of the original is never equivalent (no Service lists every port of every
 // protocol), so it is not used. Which chain a rule goes to is layout.ts's business.
 //
+// An entry with source ranges has the same bucket rules but for their target: a goto to its
+// Service's source-range chain of the hook, whose rules (serviceRules) hold the Service's ranges
+// once, decide by the source and translate.
+//
 // Every value written into a rule is checked again here; an entry that fails is left out and
 // reported, and the rest is programmed. Rule specs are written in the order `iptables-save`
 // prints them, so what we render can be compared with what the kernel holds.

@@ -1,7 +1,8 @@
 // The read back of a verification: the nat table as it is, compared with what our chains must hold
 // for the programmed entries. Both variants read it whole with one `-save`: our rules are spread
-// over up to 513 chains per family (layout.ts), and one listing of every chain costs less than a
-// process per chain (iptables-legacy reads the whole table for any listing anyway).
+// over up to 513 chains per family and two per Service with source ranges (layout.ts), and one
+// listing of every chain costs less than a process per chain (iptables-legacy reads the whole
+// table for any listing anyway).
 
 import type { Entry, Family } from '../../model/types.js';
 import type { FamilyShape } from '../../driver/driver.js';

@@ -40,10 +40,20 @@ for (const variant of VARIANTS) {
   describe(`iptables-${variant}: IPv6 addresses ip6tables-save prints in mixed notation`, function () {
     this.timeout(60_000);
     before(() => assertIsolatedNetns());
-    afterEach(() => removeIptablesObjects(variant, 'ipv6'));
+    // A driver that wrote runs a jump guard until it is closed: left running, it would put its
+    // jumps back into the nat table of the tests after this one.
+    const drivers: IptablesDriver[] = [];
+    const driver = () => {
+      drivers.push(new IptablesDriver(variant));
+      return drivers.at(-1)!;
+    };
+    afterEach(async () => {
+      for (const d of drivers.splice(0)) await d.close();
+      await removeIptablesObjects(variant, 'ipv6');
+    });
 
     it('read back as the rules written: no drift, and a second whole write has nothing to change', async () => {
-      const first = await writeWhole(new IptablesDriver(variant));
+      const first = await writeWhole(driver());
       expect(first.rejected?.ipv6, 'every entry programmed').to.deep.equal([]);
       // The kernel's own tool prints them otherwise than the model: the case is real.
       const save = sh(`ip6tables-${variant}-save`, ['-t', 'nat']);
@@ -51,13 +61,13 @@ for (const variant of VARIANTS) {
       expect(save).to.include('-s ::1.2.3.0/120');
       expect(save).to.include('--to-destination ::10.96.0.1');
 
-      const driver = new IptablesDriver(variant);
-      const second = await writeWhole(driver);
+      const again = driver();
+      const second = await writeWhole(again);
       // iptables-legacy reads our chains' rules before a whole write; iptables-nft lists only the
       // entry chains' gotos then, and writes the bucket chains again.
       if (variant === 'legacy') expect(second.unchanged, 'the table held every rule').to.equal(true);
       for (const how of ['between-writes', 'alongside-writes'] as const) {
-        const read = await driver.readBack(
+        const read = await again.readBack(
           'ipv6',
           entries,
           { state: { ...state, entries: [] }, masqueradeMark: 0x4000 },

@@ -6,6 +6,10 @@
 // - A read that cannot finish (the nft command restarts its listing whenever the ruleset
 //   changes) skips the verification, at most MAX_SKIPPED_VERIFICATIONS times in a row, after
 //   which it runs between our writes (changes wait for it, once).
+// - A read alongside our writes that finds the shape changed while a partial sync committed is
+//   taken again between our writes before anything is repaired: what a partial sync writes to
+//   the shape (a Service's source-range chain) is not keyed by entry, so the read may have seen
+//   that write half-way (before or after it, against a snapshot from the other side).
 // - A repair is computed from the read, and written in the reconciler's order of writes; one
 //   that finds the family written whole since the read began (the ledger's epoch moved) is void.
 
@@ -65,9 +69,9 @@ export class Verifier {
     const programmed = ledger.programmed.get(family);
     if (!programmed) return 0;
     const snapshot = [...programmed.elements.values()];
-    let read: ReadBack | undefined;
+    let taken: { read: ReadBack; alongside: boolean } | undefined;
     try {
-      read = await this.read(family, snapshot, programmed.shape);
+      taken = await this.read(family, snapshot, programmed.shape);
     } catch (err) {
       this.writtenDuringRead.delete(family);
       throw err;
@@ -76,8 +80,17 @@ export class Verifier {
       // Every partial sync that may have committed after the read has noted its keys by now.
       this.writtenDuringRead.delete(family);
       const now = ledger.programmed.get(family);
-      if (epoch !== ledger.epoch || !now || read === undefined) return 0;
-      const { remove, add } = repairs(read, written);
+      if (epoch !== ledger.epoch || !now || taken === undefined) return 0;
+      let { read } = taken;
+      let leftOut: ReadonlySet<string> = written;
+      if (taken.alongside && read.shapeDrift.length > 0 && written.size > 0) {
+        // A partial sync committed while the read ran, and parts of the shape differ: that write
+        // may be what the read saw (a Service's source-range chain, say), and the shape is not
+        // keyed by entry. Read again now, between our writes, before repairing anything.
+        read = await this.readBetweenWrites(family, [...now.elements.values()], now.shape);
+        leftOut = new Set();
+      }
+      const { remove, add } = repairs(read, leftOut);
       const operations: DriverOperation[] = [];
       if (read.shapeDrift.length > 0) {
         // The entries programmed now, not the snapshot the read was compared with: a partial sync
@@ -107,7 +120,11 @@ export class Verifier {
    * finish is skipped (undefined), up to MAX_SKIPPED_VERIFICATIONS times in a row, after which it
    * runs between our writes.
    */
-  private async read(family: Family, expected: readonly Entry[], shape: FamilyShape): Promise<ReadBack | undefined> {
+  private async read(
+    family: Family,
+    expected: readonly Entry[],
+    shape: FamilyShape,
+  ): Promise<{ read: ReadBack; alongside: boolean } | undefined> {
     const { driver } = this.host;
     const skipped = this.skipped.get(family) ?? 0;
     if (driver.capabilities.readsAlongsideWrites && skipped < MAX_SKIPPED_VERIFICATIONS) {
@@ -118,11 +135,17 @@ export class Verifier {
       }
       if (read !== 'not-alongside') {
         this.skipped.delete(family);
-        return read;
+        return { read, alongside: true };
       }
     }
     this.skipped.delete(family);
-    const read = await this.host.exclusive(() => driver.readBack(family, expected, shape, 'between-writes'));
+    return { read: await this.host.exclusive(() => this.readBetweenWrites(family, expected, shape)), alongside: false };
+  }
+
+  /** The family read back while none of our writes runs (the caller holds the order of writes). */
+  private async readBetweenWrites(family: Family, expected: readonly Entry[], shape: FamilyShape): Promise<ReadBack> {
+    const { driver } = this.host;
+    const read = await driver.readBack(family, expected, shape, 'between-writes');
     if (read === 'unfinished' || read === 'not-alongside') throw new Error(`${driver.label} could not read back`);
     return read;
   }

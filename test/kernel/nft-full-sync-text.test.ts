@@ -11,7 +11,14 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
-import { KEY_SET_NAME, MAP_NAME, NFT_FAMILY, TABLE_NAME, desiredTable, type KeyLookup } from '../../src/backends/nft/render.js';
+import {
+  KEY_SET_NAME,
+  MAP_NAME,
+  NFT_FAMILY,
+  TABLE_NAME,
+  desiredTable,
+  type KeyLookup,
+} from '../../src/backends/nft/render.js';
 import { deleteTables, writeTable } from '../../src/backends/nft/transactions.js';
 import { Transaction } from '../../src/backends/nft/objects.js';
 import { tableText } from '../../src/backends/nft/text.js';

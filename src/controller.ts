@@ -310,6 +310,12 @@ export class Controller {
         await this.leftovers.attempt();
         await this.compactMemory();
       }
+      if (report.result.unverified) {
+        logger.warn(
+          { families: report.result.unverified },
+          'Could not read our rules back to verify them: another process committed to the ruleset throughout the read; nothing was repaired, the next full sync verifies again',
+        );
+      }
       if (report.result.mode !== 'noop') {
         logger.debug(
           {

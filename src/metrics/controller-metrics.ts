@@ -32,6 +32,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
   private readonly syncErrors: Counter<'backend'>;
   private readonly syncs: Counter<'backend' | 'mode' | 'fallback_reason'>;
   private readonly lastSuccessfulSync: Gauge;
+  private readonly verificationsUnread: Counter<'family'>;
   private readonly programmedEntries: Gauge<'backend' | 'family'>;
   private readonly skippedAddresses: Gauge<'reason'>;
   private readonly skipEvents: Counter<'reason'>;
@@ -94,6 +95,14 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
         'Successful syncs by backend and by what the sync did; fallback_reason says why a partial sync ' +
         'became a full one (none when it did not).',
       labelNames: ['backend', 'mode', 'fallback_reason'],
+      registers,
+    });
+    this.verificationsUnread = new Counter({
+      name: name('verifications_unread_total'),
+      help:
+        'Full syncs that could not verify a family: another process committed to the ruleset throughout ' +
+        'the read back, even between our writes; the next full sync verifies again.',
+      labelNames: ['family'],
       registers,
     });
     this.lastSuccessfulSync = new Gauge({
@@ -221,6 +230,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
       this.conflicts.set({ family }, 0);
       this.localPodDetectionMissing.set({ family }, 0);
       this.conntrackTruncated.inc({ family }, 0);
+      this.verificationsUnread.inc({ family }, 0);
     }
     this.conflictEvents.inc(0);
 
@@ -281,6 +291,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
     this.syncs.inc({ backend, mode, fallback_reason: report.result.fallbackReason ?? 'none' });
     this.lastSuccessfulSync.set(Date.now() / 1000);
     this.observeRejections(report.result);
+    for (const family of report.result.unverified ?? []) this.verificationsUnread.inc({ family });
     for (const family of FAMILIES) this.programmedEntries.set({ backend, family }, report.result.entries[family]);
     if (report.changeLatencyMs !== undefined) {
       this.programmingLatency.observe({ backend }, report.changeLatencyMs / 1000);

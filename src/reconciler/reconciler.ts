@@ -171,6 +171,8 @@ export class Reconciler {
     if (superseded) result.superseded = true;
     if (fallbackReason) result.fallbackReason = fallbackReason;
     if (repaired > 0) result.repairedElements = repaired;
+    const unverified = this.verifier.takeUnread();
+    if (unverified.length > 0) result.unverified = unverified;
     return result;
   }
 

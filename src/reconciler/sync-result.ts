@@ -2,6 +2,7 @@
 // logs, metrics, /readyz).
 
 import type { Rejection } from '../driver/driver.js';
+import type { Family } from '../model/types.js';
 
 export interface SyncOptions {
   /** Rebuild everything we own, repairing drift. Otherwise only what changed may be written. */
@@ -22,6 +23,12 @@ export interface SyncResult {
   fallbackReason?: FallbackReason;
   /** Elements and chains a full sync found changed by someone else and wrote back. */
   repairedElements?: number;
+  /**
+   * Families a full sync could not verify: another process committed to the ruleset throughout
+   * every read back the time bound allowed, even between our writes. Nothing was repaired; what
+   * was programmed stays, and the next full sync verifies again.
+   */
+  unverified?: Family[];
   /** What the driver left out of the kernel (a value it refuses), every family, as held after the sync. */
   rejected?: Rejection[];
   /**

@@ -5,7 +5,10 @@
 //   on meanwhile, and the elements they write are left to the next verification.
 // - A read that cannot finish (the nft command restarts its listing whenever the ruleset
 //   changes) skips the verification, at most MAX_SKIPPED_VERIFICATIONS times in a row, after
-//   which it runs between our writes (changes wait for it, once).
+//   which it runs between our writes (changes wait for it, once). That read has a time bound
+//   too: when another process commits throughout it, the verification is skipped and said so
+//   (SyncResult.unverified), and the count starts again, so our writes wait at most that bound
+//   once every MAX_SKIPPED_VERIFICATIONS + 1 verifications.
 // - A read alongside our writes that finds the shape changed while a partial sync committed is
 //   taken again between our writes before anything is repaired: what a partial sync writes to
 //   the shape (a Service's source-range chain) is not keyed by entry, so the read may have seen
@@ -43,8 +46,20 @@ export class Verifier {
   /** Keys written per family while a verification read was under way: not judged by it. */
   private readonly writtenDuringRead = new Map<Family, Set<string>>();
   private readonly skipped = new Map<Family, number>();
+  /** Families whose last verification could not read back even between our writes (takeUnread). */
+  private readonly unread = new Set<Family>();
 
   constructor(private readonly host: VerifierHost) {}
+
+  /**
+   * The families whose verification, since the last call, could not read the kernel back even
+   * between our writes (another process committed throughout every listing).
+   */
+  takeUnread(): Family[] {
+    const families = [...this.unread];
+    this.unread.clear();
+    return families;
+  }
 
   /** Element changes a partial sync or resync wrote: a read under way does not judge them. */
   noteWritten(family: Family, changes: Pick<ElementChanges, 'removed' | 'added'>): void {
@@ -87,7 +102,9 @@ export class Verifier {
         // A partial sync committed while the read ran, and parts of the shape differ: that write
         // may be what the read saw (a Service's source-range chain, say), and the shape is not
         // keyed by entry. Read again now, between our writes, before repairing anything.
-        read = await this.readBetweenWrites(family, [...now.elements.values()], now.shape);
+        const again = await this.readBetweenWrites(family, [...now.elements.values()], now.shape);
+        if (again === undefined) return 0;
+        read = again;
         leftOut = new Set();
       }
       const { remove, add } = repairs(read, leftOut);
@@ -139,14 +156,27 @@ export class Verifier {
       }
     }
     this.skipped.delete(family);
-    return { read: await this.host.exclusive(() => this.readBetweenWrites(family, expected, shape)), alongside: false };
+    const read = await this.host.exclusive(() => this.readBetweenWrites(family, expected, shape));
+    return read && { read, alongside: false };
   }
 
-  /** The family read back while none of our writes runs (the caller holds the order of writes). */
-  private async readBetweenWrites(family: Family, expected: readonly Entry[], shape: FamilyShape): Promise<ReadBack> {
+  /**
+   * The family read back while none of our writes runs (the caller holds the order of writes).
+   * Undefined when another process committed all the while the read's time bound allowed: the
+   * verification is skipped, noted in `unread`, and the next full sync tries again.
+   */
+  private async readBetweenWrites(
+    family: Family,
+    expected: readonly Entry[],
+    shape: FamilyShape,
+  ): Promise<ReadBack | undefined> {
     const { driver } = this.host;
     const read = await driver.readBack(family, expected, shape, 'between-writes');
-    if (read === 'unfinished' || read === 'not-alongside') throw new Error(`${driver.label} could not read back`);
+    if (read === 'unfinished') {
+      this.unread.add(family);
+      return undefined;
+    }
+    if (read === 'not-alongside') throw new Error(`${driver.label} could not read back`);
     return read;
   }
 }

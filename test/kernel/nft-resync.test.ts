@@ -3,6 +3,7 @@
 // namespace every few milliseconds across many resyncs of 15,000 entries are all answered, and the kernel retransmits no SYN (a SYN lost to a resync would be).
 
 import { Reconciler } from '../../src/reconciler/reconciler.js';
+import { MAX_SKIPPED_VERIFICATIONS } from '../../src/reconciler/verification.js';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { fileURLToPath } from 'node:url';
@@ -119,6 +120,50 @@ describe('nft periodic resync on the kernel', function () {
       /priority -110;[^]*fib saddr type local/,
     );
     expect(mapElements()).to.deep.equal(before);
+  });
+
+  it('another process committing all the time neither stalls a resync nor holds back changes: the verification is skipped and said so', async () => {
+    const state = desired([...SERVICES, ...fillerServices(15_000)]);
+    await backend.sync(state, { full: true });
+    // Commits to nf_tables back to back, in a table of its own: every listing of ours is restarted.
+    const writer = spawn(
+      'sh',
+      ['-c', 'while :; do nft add table ip bystander-writer; nft delete table ip bystander-writer; done'],
+      { stdio: 'ignore' },
+    );
+    // Under way once the ruleset generation moves by many commits in a short while.
+    const generation = async () => (await loadNftAddon().executor!.generation()) ?? -1;
+    const start = await generation();
+    for (let i = 0; i < 500 && (await generation()) < start + 20; i++) await new Promise((r) => setTimeout(r, 10));
+    expect(await generation(), 'the other writer commits').to.be.at.least(start + 20);
+    const results = [];
+    let change: Awaited<ReturnType<Reconciler['sync']>> | undefined;
+    try {
+      for (let k = 0; k < MAX_SKIPPED_VERIFICATIONS + 1; k++) {
+        const full = backend.sync(state, { full: true });
+        // A change asked for while the resync reads back.
+        if (k === MAX_SKIPPED_VERIFICATIONS) {
+          change = await backend.sync(desired([...SERVICES, ...fillerServices(15_001)]), { full: false });
+        }
+        results.push(await full);
+      }
+    } finally {
+      writer.kill('SIGKILL');
+      await once(writer, 'close');
+    }
+    expect(results.map((r) => r.mode)).to.deep.equal(Array<string>(MAX_SKIPPED_VERIFICATIONS + 1).fill('full'));
+    expect(results.every((r) => r.repairedElements === undefined)).to.equal(true);
+    // The read between our writes, after ten skipped alongside them, could not finish either.
+    expect(results.at(-1)!.unverified).to.include('ipv4');
+    expect(change).to.include({ mode: 'partial' });
+    expect(sh('nft', ['get', 'element', 'ip', TABLE_NAME, MAP_NAME, '{ 198.18.58.152 . tcp . 443 }'])).to.include(
+      '10.97.58.152',
+    );
+    // Once the other writer stops, a resync verifies again.
+    sh('nft', ['add', 'table', 'ip', 'bystander']);
+    sh('nft', ['delete', 'table', 'ip', 'bystander']);
+    const after = await backend.sync(state, { full: true });
+    expect(after.unverified).to.equal(undefined);
   });
 
   it('answers every connection from a pod, with no SYN retransmitted, across resyncs and rewrites of 15,000 entries', async () => {

@@ -370,13 +370,15 @@ describe('the reconciler and the nft driver on the fake executor', () => {
     await backend.cleanup();
   });
 
-  it('skips a verification whose listing cannot finish, ten times in a row at most', async () => {
+  it('skips a verification whose listing cannot finish, ten times in a row at most, then reads between its writes with the same bound', async () => {
     const fake = new FakeNftExecutor();
     let listings = 0;
+    let busy = true;
     const busyLister = {
-      listTable: async () => {
+      listTable: async (family: 'ip' | 'ip6', name: string) => {
         listings++;
-        throw new NftTimeoutError('nft -j list table did not finish within 1001 ms');
+        if (busy) throw new NftTimeoutError('nft -j list table did not finish within 1001 ms');
+        return fake.listTable(family, name);
       },
     } as unknown as NftCliExecutor;
     const backend = new Reconciler(new NftDriver(fake, { lister: busyLister }));
@@ -387,9 +389,18 @@ describe('the reconciler and the nft driver on the fake executor', () => {
       expect((await backend.sync(desired, { full: true })).repairedElements, `resync ${i + 1}`).to.equal(undefined);
     }
     expect(listings).to.equal(20); // both families
-    // The eleventh lists between the backend's own writes, and repairs.
-    expect((await backend.sync(desired, { full: true })).repairedElements).to.equal(1);
-    expect(listings).to.equal(20);
+    // The eleventh lists between the backend's own writes, through the lister too (the addon's
+    // libnftables would start again for as long as the other writer commits): it cannot finish
+    // either, and says so.
+    const eleventh = await backend.sync(desired, { full: true });
+    expect(eleventh).to.deep.include({ mode: 'full', unverified: ['ipv4', 'ipv6'] });
+    expect(eleventh.repairedElements).to.equal(undefined);
+    expect(listings).to.equal(22);
+    // Once the listing can finish, the next verification repairs.
+    busy = false;
+    const next = await backend.sync(desired, { full: true });
+    expect(next.repairedElements).to.equal(1);
+    expect(next.unverified).to.equal(undefined);
     expect(elements(fake)).to.have.length(2);
   });
 });

@@ -62,8 +62,11 @@ export class NftReader {
     // The generation the listing will see, if nothing commits meanwhile: then a repair computed
     // from it leaves the kernel exactly as programmed.
     const generation = await this.executor.generation?.();
-    const listed =
-      how === 'alongside-writes' ? await this.listAlongside(family, lines, expected.length, keySetName) : undefined;
+    // Between our writes too, the nft command lists where there is one: its listing has a time
+    // bound (a process we can stop), where libnftables in the addon starts a listing again for as
+    // long as another process commits, and holds the addon's lock, so our writes, meanwhile.
+    let listed = this.lister ? await this.listAlongside(family, lines, expected.length, keySetName) : undefined;
+    if (listed === 'not-alongside' && how === 'between-writes') listed = undefined;
     if (listed === 'unfinished' || listed === 'not-alongside') return listed;
     const diff =
       listed ?? (await this.diff(await this.executor.listTable(NFT_FAMILY[family], TABLE_NAME), lines, keySetName));

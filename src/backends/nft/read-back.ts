@@ -65,7 +65,7 @@ export class NftReader {
     // Between our writes too, the nft command lists where there is one: its listing has a time
     // bound (a process we can stop), where libnftables in the addon starts a listing again for as
     // long as another process commits, and holds the addon's lock, so our writes, meanwhile.
-    let listed = this.lister ? await this.listAlongside(family, lines, expected.length, keySetName) : undefined;
+    let listed = this.lister ? await this.listByCommand(family, lines, expected.length, keySetName) : undefined;
     if (listed === 'not-alongside' && how === 'between-writes') listed = undefined;
     if (listed === 'unfinished' || listed === 'not-alongside') return listed;
     const diff =
@@ -108,9 +108,9 @@ export class NftReader {
   /**
    * The listing compared with `lines` in another process (the nft command, from a worker): nft
    * starts a listing again whenever the ruleset changes under it, so while changes flow it may
-   * not finish ('unfinished').
+   * not finish within its time bound ('unfinished'). Alongside our writes or between them.
    */
-  private async listAlongside(
+  private async listByCommand(
     family: Family,
     lines: string,
     entries: number,

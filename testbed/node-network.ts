@@ -72,6 +72,7 @@ export class NodeNetwork {
   readonly outside: Host;
   private readonly suffix = randomBytes(3).toString('hex');
   private readonly created: string[] = [];
+  private isolated = false;
 
   constructor() {
     this.pod = { ns: `pod-${this.suffix}`, ipv4: '10.244.1.2', ipv6: 'fd01::2' };
@@ -80,6 +81,8 @@ export class NodeNetwork {
 
   setUp(): void {
     assertIsolatedNetns();
+    this.isolated = true;
+    forgetFlows();
     sh('sysctl', ['-qw', 'net.ipv4.ip_forward=1']);
     sh('sysctl', ['-qw', 'net.ipv6.conf.all.forwarding=1']);
     sh('ip', ['link', 'add', 'kube-ipvs0', 'type', 'bridge']);
@@ -128,7 +131,23 @@ export class NodeNetwork {
     } catch {
       // already gone
     }
+    // Only in the namespace setUp checked: never the machine's table.
+    if (this.isolated) forgetFlows();
   }
+}
+
+/**
+ * Empties the conntrack table of the test's own network namespace (setUp checked it is not the
+ * machine's). Every NodeNetwork's pod has the same address, and the kernel picks a connection's
+ * source port from a sequence that depends only on the addresses and the destination port, so a
+ * pod's connections to one LoadBalancer IP reuse source ports after a few thousand connections,
+ * across test files too. A reused port that meets an entry left untranslated and not closed (a
+ * connection that timed out in SYN_SENT, one cut when its namespace went) is not a new
+ * connection for conntrack: the SYN passes with the old entry's (absent) translation, and the
+ * probe is answered by the LoadBalancer path whatever the rules say.
+ */
+function forgetFlows(): void {
+  sh('conntrack', ['-F']);
 }
 
 /** A TCP and UDP server on one address and port that answers every request with its name. */

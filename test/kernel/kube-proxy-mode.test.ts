@@ -415,7 +415,8 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
         const want = expected(p);
         return want !== undefined && p.answer !== want;
       });
-      expect(wrong, 'a probe outside the switches went wrong').to.deep.equal([]);
+      const timeline = { toNft, toNftDone, asideAt, toIpvs, toIpvsDone, backAt };
+      expect(wrong, `a probe outside the switches went wrong (${JSON.stringify(timeline)})`).to.deep.equal([]);
       expect(
         probes.filter((p) => p.start > asideAt && p.end < toIpvs).length,
         'probed while stepped aside',

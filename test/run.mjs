@@ -7,6 +7,7 @@
 
 import { spawn } from 'node:child_process';
 import { existsSync, readdirSync } from 'node:fs';
+import { isolated } from './isolation.mjs';
 
 // Tests check results, not time: a test without a timeout of its own gets one that a loaded
 // 2-core machine does not reach with CPU-bound work (mocha's default is 2 s).
@@ -82,24 +83,7 @@ for (const suite of suites) {
       failed = true;
       continue;
     }
-    cmd = 'unshare';
-    // A tmpfs on /run/netns inside the private mount namespace: the `ip netns` names the tests
-    // create never appear on the host, not even as dangling entries while the tests run. And a
-    // bpffs of the tests' own at /sys/fs/bpf, as a node has one: a cleanup fails where it finds
-    // none, and the host's pins (if any) are never seen.
-    args = [
-      '--net',
-      '--mount',
-      '--propagation',
-      'private',
-      '--',
-      'sh',
-      '-c',
-      'mkdir -p /run/netns && mount -t tmpfs -o mode=0755 ipvs-node-controller-tests /run/netns && ' +
-        'mount -t bpf ipvs-node-controller-tests /sys/fs/bpf && exec "$0" "$@"',
-      process.execPath,
-      ...args,
-    ];
+    ({ cmd, args } = isolated(process.execPath, args));
   }
   const outcome = await runSuite(cmd, args);
   results.push({ name: suite.name, ...outcome });

@@ -180,8 +180,8 @@ export class NamedServer {
 const PROBE_CLIENT = fileURLToPath(new URL('./probe-client.js', import.meta.url));
 
 /**
- * Connects (TCP) or sends (UDP) to address:port from inside `ns` (undefined: the node namespace)
- * and returns which server answered. Runs as a child process so it can enter another namespace.
+ * Connects (TCP) or sends (UDP) to address:port from inside `ns` (undefined: the node namespace),
+ * from `localPort` when given (else one the kernel picks), and returns which server answered. Runs as a child process so it can enter another namespace.
  */
 export async function probe(
   ns: string | undefined,
@@ -189,8 +189,10 @@ export async function probe(
   address: string,
   port: number,
   timeoutMs = 1500,
+  localPort?: number,
 ): Promise<string> {
   const args = [PROBE_CLIENT, protocol, address, String(port), String(timeoutMs)];
+  if (localPort !== undefined) args.push(String(localPort));
   const [cmd, argv] = ns ? ['ip', ['netns', 'exec', ns, process.execPath, ...args]] : [process.execPath, args];
   const child = spawn(cmd, argv as string[], { stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';

@@ -1,11 +1,12 @@
 // Child process of probe(): connects or sends once, prints what the server answered, `refused`
 // (ECONNREFUSED: a TCP reset or an ICMP port unreachable) or `timeout`.
-// Usage: probe-client.js tcp|udp ADDRESS PORT TIMEOUT_MS
+// Usage: probe-client.js tcp|udp ADDRESS PORT TIMEOUT_MS [LOCAL_PORT]
 
 import * as dgram from 'node:dgram';
 import * as net from 'node:net';
 
-const [protocol, address, portText, timeoutText] = process.argv.slice(2);
+const [protocol, address, portText, timeoutText, localPortText] = process.argv.slice(2);
+const localPort = localPortText ? Number(localPortText) : undefined;
 const port = Number(portText);
 const timeoutMs = Number(timeoutText);
 const finish = (answer: string) => {
@@ -15,7 +16,7 @@ const finish = (answer: string) => {
 setTimeout(() => finish('timeout'), timeoutMs).unref();
 
 if (protocol === 'tcp') {
-  const sock = net.connect({ host: address!, port });
+  const sock = net.connect({ host: address!, port, localPort });
   let data = '';
   sock.on('data', (d) => (data += d.toString()));
   sock.on('end', () => finish(data.trim() || 'empty'));
@@ -31,5 +32,7 @@ if (protocol === 'tcp') {
   sock.on('error', (err: NodeJS.ErrnoException) =>
     finish(err.code === 'ECONNREFUSED' ? 'refused' : `error:${err.code}`),
   );
-  sock.connect(port, address!, () => sock.send('ping'));
+  const send = () => sock.connect(port, address!, () => sock.send('ping'));
+  if (localPort === undefined) send();
+  else sock.bind(localPort, send);
 }

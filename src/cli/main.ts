@@ -288,7 +288,7 @@ async function runController(
   stopped: Promise<void>,
 ): Promise<number> {
   const { driver, description } = await createBackend(config, logger);
-  operations.describeBackend(description);
+  operations.describeBackend(description, driver.translatedConnections?.bind(driver));
   const { createClusterCaches } = await import('../kube/cluster.js');
   let controller: Controller | undefined;
   const caches = createClusterCaches(

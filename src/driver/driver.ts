@@ -132,6 +132,15 @@ export interface ReadBack {
   generation?: number;
 }
 
+/** Whose connections a translation counter counts: local pods', or the node's own (its processes, host-network pods). */
+export type TranslatedSource = 'pods' | 'node';
+
+export interface TranslatedConnections {
+  family: Family;
+  source: TranslatedSource;
+  connections: number;
+}
+
 export interface Driver {
   readonly name: BackendName;
   /** How errors name it: `nft`, `ebpf`, `iptables-nft`. */
@@ -176,6 +185,12 @@ export interface Driver {
   watchBypasses?(listener: (bypass: TranslationsBypassed) => void): void;
   /** Whether any object of ours exists in the kernel (a leftover of another backend choice). */
   hasState?(): Promise<boolean>;
+  /**
+   * The connections our rules translated since the family's table was made, by source, as the
+   * kernel counts them; a family it could not read (no table, a listing that did not finish in
+   * time) is left out. Read without holding back writes.
+   */
+  translatedConnections?(): Promise<TranslatedConnections[]>;
   /** Hands memory freed by large work back to the kernel (malloc_trim). */
   releaseMemory?(): Promise<void>;
   /** Releases resources (native handles, timers); leaves kernel state in place. */

@@ -7,6 +7,8 @@ import type { ControllerObserver, KubeProxyStatus, SyncReport } from '../control
 import { KNOWN_ISSUE_IDS, knownIssues } from '../kubeproxy/known-issues.js';
 import { PROXY_MODES } from '../kubeproxy/mode.js';
 import type { ConntrackCleanupReport } from '../conntrack/conntrack-cleaner.js';
+import type { TranslatedConnections } from '../driver/driver.js';
+import { registerTranslationCounter } from './translation-counter.js';
 import type { InformerObserver } from '../kube/informer.js';
 import { buildInfo } from '../build-info/version.js';
 import { FAMILIES, SKIP_REASONS, type Conflict, type DesiredState, type Skip } from '../model/types.js';
@@ -380,6 +382,11 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
 
   onDecodeError(resource: string): void {
     this.watchDecodeErrors.inc({ resource });
+  }
+
+  /** translated_connections_total, read from the kernel through `read` when scraped (translation-counter.ts). */
+  countTranslations(read: () => Promise<TranslatedConnections[]>): void {
+    registerTranslationCounter(this.registry, read);
   }
 
   /** The exposition text, as served on /metrics. */

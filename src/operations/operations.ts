@@ -7,6 +7,7 @@ import type { Logger } from 'pino';
 import type { BackendDescription } from '../backends/registry.js';
 import type { Config } from '../config/options.js';
 import type { Controller, ControllerObserver } from '../controller.js';
+import type { TranslatedConnections } from '../driver/driver.js';
 import { formatBindAddress, type HttpEndpoint } from '../http/endpoint.js';
 import type { InformerObserver } from '../kube/informer.js';
 import type { ServiceInfo } from '../model/types.js';
@@ -44,8 +45,10 @@ export class Operations {
     return ops;
   }
 
-  describeBackend(backend: BackendDescription): void {
+  /** backend_info, and the backend's counts of translated connections where it reads them. */
+  describeBackend(backend: BackendDescription, translated?: () => Promise<TranslatedConnections[]>): void {
     this.metricsService.describeBackend(backend);
+    if (translated) this.metricsService.countTranslations(translated);
   }
 
   /** The informers' observer: metrics and API reachability, plus the CLI's own (logging). */

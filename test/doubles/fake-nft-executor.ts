@@ -27,6 +27,8 @@ interface FakeTable {
   comment?: unknown;
   chains: Map<string, FakeChain>;
   sets: Map<string, FakeSet>;
+  /** Named counters: what their rules counted (the fake sends no packets: 0 unless a test sets it). */
+  counters: Map<string, number>;
 }
 
 type Command = Record<string, Record<string, Record<string, unknown>>>;
@@ -89,10 +91,24 @@ export class FakeNftExecutor implements NftExecutor {
       const elem = [...s.elements.values()].map((e) => (s.kind === 'map' ? [e.json, e.value] : e.json));
       items.push({ [s.kind]: { ...s.spec, family, table: name, name: setName, ...(elem.length > 0 ? { elem } : {}) } });
     }
+    for (const [counterName, packets] of t.counters) {
+      items.push({ counter: { family, table: name, name: counterName, handle: 0, packets, bytes: packets * 60 } });
+    }
     for (const [chainName, c] of t.chains) {
       items.push({ chain: { family, table: name, name: chainName, ...(c.base ?? {}), policy: c.policy } });
       for (const r of c.rules)
         items.push({ rule: { family, table: name, chain: chainName, handle: r.handle, expr: r.expr } });
+    }
+    return JSON.stringify({ nftables: items });
+  }
+
+  /** Lists a table's counters as `nft -j list counters table` does (the lister's way). */
+  async listCounters(family: 'ip' | 'ip6', name: string): Promise<string | undefined> {
+    const t = this.tables.get(`${family} ${name}`);
+    if (!t) return undefined;
+    const items: unknown[] = [{ metainfo: { json_schema_version: 1 } }];
+    for (const [counterName, packets] of t.counters) {
+      items.push({ counter: { family, table: name, name: counterName, handle: 0, packets, bytes: packets * 60 } });
     }
     return JSON.stringify({ nftables: items });
   }
@@ -125,6 +141,7 @@ export class FakeNftExecutor implements NftExecutor {
           name: String(o.name),
           chains: new Map(),
           sets: new Map(),
+          counters: new Map(),
         };
         if (o.comment !== undefined) t.comment = o.comment;
         tables.set(tableKey, t);
@@ -162,6 +179,8 @@ export class FakeNftExecutor implements NftExecutor {
         for (const [, set] of text.matchAll(/"@([^"]+)"/g)) if (!t.sets.has(set!)) throw new NftError(ENOENT);
         for (const [, target] of text.matchAll(/"target":"([^"]+)"/g))
           if (!t.chains.has(target!)) throw new NftError(ENOENT);
+        for (const [, counter] of text.matchAll(/"counter":"([^"]+)"/g))
+          if (!t.counters.has(counter!)) throw new NftError(ENOENT);
         c.rules.push({ handle: this.handle++, expr: o.expr as unknown[] });
         return;
       }
@@ -181,6 +200,17 @@ export class FakeNftExecutor implements NftExecutor {
           if (named) throw new NftError('Error: Could not process rule: Device or resource busy');
           t.sets.delete(name);
         }
+        return;
+      }
+      case 'counter': {
+        if (verb === 'add') {
+          if (!t.counters.has(name)) t.counters.set(name, 0);
+        } else if (verb === 'delete') {
+          if (!t.counters.has(name)) throw new NftError(ENOENT);
+          const named = [...t.chains.values()].some((c) => JSON.stringify(c.rules).includes(`"counter":"${name}"`));
+          if (named) throw new NftError('Error: Could not process rule: Device or resource busy');
+          t.counters.delete(name);
+        } else throw new NftError(`fake: ${verb} counter is not modelled`);
         return;
       }
       case 'element': {
@@ -218,6 +248,7 @@ function cloneTables(tables: Map<string, FakeTable>): Map<string, FakeTable> {
       ...t,
       chains: new Map([...t.chains].map(([n, c]) => [n, { ...c, rules: [...c.rules] }])),
       sets: new Map([...t.sets].map(([n, s]) => [n, { ...s, elements: new Map(s.elements) }])),
+      counters: new Map(t.counters),
     });
   }
   return out;

@@ -9,6 +9,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { MAP_NAME, TABLE_NAME } from '../../src/backends/nft/render.js';
@@ -16,7 +17,7 @@ import type { ServiceInfo } from '../../src/model/types.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { NODE, probe, requireTools, sh } from '../../testbed/node-network.js';
 import { Exposition, httpGet, promtoolCheckMetrics, scrapeMetrics } from '../support/scrape.js';
-import { LB_PATH, LB_V4, SERVICES, Scenario } from './scenario.js';
+import { LB_PATH, LB_PROXY, LB_V4, LB_V6, SERVICES, Scenario } from './scenario.js';
 import { rejectionOf } from '../support/assertions.js';
 import { eventually } from '../support/eventually.js';
 import { PrometheusServer } from '../support/prometheus.js';
@@ -175,6 +176,55 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
     const last = e.value(`${P}last_successful_sync_timestamp_seconds`)!;
     expect(Math.abs(last - Date.now() / 1000), `implausible timestamp ${last}`).to.be.below(3600);
     expect(e.value('process_resident_memory_bytes')!).to.be.above(0);
+  });
+
+  it('the translated-connections counter moves by exactly the connections made, by family and source', async () => {
+    const count = (e: Exposition, family: string, source: string) =>
+      e.value(`${P}translated_connections_total`, { family, source }) ?? 0;
+    const rows = [
+      ['ipv4', 'pods'],
+      ['ipv4', 'node'],
+      ['ipv6', 'pods'],
+      ['ipv6', 'node'],
+    ] as const;
+    // A scrape within a second of the last read shares it: the first read after this wait is
+    // the kernel's count now.
+    await sleep(1_100);
+    const before = await eventually('the counters of both families', async () => {
+      const e = await scrapeMetrics(METRICS);
+      return (
+        rows.every(
+          ([family, source]) => e.value(`${P}translated_connections_total`, { family, source }) !== undefined,
+        ) && e
+      );
+    });
+    const pod = scenario.network.pod.ns;
+    const made = { 'ipv4 pods': 0, 'ipv4 node': 0, 'ipv6 pods': 0, 'ipv6 node': 0 };
+    const connect = async (
+      ns: string | undefined,
+      protocol: 'tcp' | 'udp',
+      address: string,
+      key: keyof typeof made,
+    ) => {
+      expect(await probe(ns, protocol, address, 80)).to.match(/^svc-a/);
+      made[key]++;
+    };
+    for (let i = 0; i < 3; i++) await connect(pod, 'tcp', LB_V4, 'ipv4 pods');
+    await connect(pod, 'udp', LB_V4, 'ipv4 pods');
+    for (let i = 0; i < 2; i++) await connect(undefined, 'tcp', LB_V4, 'ipv4 node');
+    await connect(pod, 'tcp', LB_V6, 'ipv6 pods');
+    await connect(undefined, 'tcp', LB_V6, 'ipv6 node');
+    // A connection to an address we do not translate counts nowhere.
+    expect(await probe(pod, 'tcp', LB_PROXY, 80)).to.equal(LB_PATH);
+    const wanted = (family: string, source: string) =>
+      count(before, family, source) + made[`${family} ${source}` as keyof typeof made];
+    const after = await eventually('the counters moved by the connections made', async () => {
+      const e = await scrapeMetrics(METRICS);
+      return rows.every(([f, s]) => count(e, f, s) >= wanted(f, s)) && e;
+    });
+    for (const [family, source] of rows) {
+      expect(count(after, family, source), `${family} ${source}`).to.equal(wanted(family, source));
+    }
   });
 
   it('a Service change moves the counters: syncs, programming latency, entries, skips, Events', async () => {

@@ -50,13 +50,24 @@ describe('nft renderer', () => {
       expect(check).to.deep.equal(['verdictByMap']);
       expect(pods).to.have.length.above(0);
       for (const rule of pods) {
-        expect(rule).to.deep.equal(['sourceInPrefix', 'destinationIn', 'daddrLocal', 'dnatByMap']);
+        expect(rule).to.deep.equal(['sourceInPrefix', 'destinationIn', 'daddrLocal', 'counter', 'dnatByMap']);
       }
       expect(kinds('output-from-node')).to.deep.equal([
         ['verdictByMap'],
         ['destinationIn', 'saddrLocal', 'daddrLocal', 'jump'],
       ]);
-      expect(kinds('mark-for-masquerade-and-dnat')).to.deep.equal([['orMark', 'dnatByMap']]);
+      expect(kinds('mark-for-masquerade-and-dnat')).to.deep.equal([['counter', 'orMark', 'dnatByMap']]);
+      // Each source counted apart, in counters the table declares.
+      const counted = t.rules.flatMap((r) =>
+        r.statements.flatMap((x) => (x.kind === 'counter' ? [[r.chain, x.name]] : [])),
+      );
+      expect(new Set(counted.map(([chain, name]) => `${chain} ${name}`))).to.deep.equal(
+        new Set([
+          'prerouting-from-local-pods translated-from-pods',
+          'mark-for-masquerade-and-dnat translated-from-node',
+        ]),
+      );
+      expect(t.counters.map((c) => c.name)).to.deep.equal(['translated-from-pods', 'translated-from-node']);
     }
   });
 
@@ -68,7 +79,7 @@ describe('nft renderer', () => {
     });
     const text = renderDesiredStateText(prefix);
     expect(text).to.match(
-      /iifname "veth\*" ip daddr \. meta l4proto \. th dport @external-ip-to-cluster-ip fib daddr type local dnat ip to/,
+      /iifname "veth\*" ip daddr \. meta l4proto \. th dport @external-ip-to-cluster-ip fib daddr type local counter name "translated-from-pods" dnat ip to/,
     );
     expect(text).to.not.match(/local-pod-cidrs/);
     const commands = renderFullSyncJson('ipv4', prefix.ipv4, 0x4000);

@@ -215,6 +215,16 @@ export class NftCliExecutor implements NftExecutor {
     }
   }
 
+  /** `nft -j list counters table`: the table's named counters, or undefined when there is no such table. */
+  async listCounters(family: NftFamily, table: string, timeoutMs: number): Promise<string | undefined> {
+    try {
+      return await this.exec(['-j', 'list', 'counters', 'table', family, table], timeoutMs);
+    } catch (err) {
+      if (isNoSuchObject(err)) return undefined;
+      throw err;
+    }
+  }
+
   /**
    * nft reads `-f -` by opening /dev/stdin, which fails (ENXIO) on the socket Node gives a
    * child as its stdin: the document goes through a private file instead.

@@ -37,6 +37,7 @@ import {
   type KernelElement,
   type ProbeResult,
   type ReadBack,
+  type TranslatedConnections,
 } from '../../driver/driver.js';
 import { MAX_LISTED_ELEMENTS, NftCliExecutor, type NftCommit, type NftExecutor } from './executor.js';
 import { Transaction } from './objects.js';
@@ -48,6 +49,7 @@ import {
   NFT_FAMILY,
   SOURCE_CHECK_MAP,
   TABLE_NAME,
+  TRANSLATED_COUNTERS,
   desiredTable,
   mapElement,
   mapSize,
@@ -97,6 +99,9 @@ export class NftDriver implements Driver {
    */
   private readonly rangedPerChain = new Map<Family, Map<string, number>>();
 
+  /** Lists without holding back our writes (the nft command), where there is one. */
+  private readonly lister: NftLister | undefined;
+
   constructor(
     readonly executor: NftExecutor,
     options: NftDriverOptions = {},
@@ -106,6 +111,7 @@ export class NftDriver implements Driver {
       (executor.kind === 'addon' ? new NftCliExecutor() : executor instanceof NftCliExecutor ? executor : undefined);
     this.kernel = new NftKernelProbe(executor, options.lookup ?? 'auto');
     this.reader = new NftReader(executor, lister);
+    this.lister = lister;
     this.capabilities = {
       ordersOwnWrites: true,
       conntrackMatters: true,
@@ -297,12 +303,54 @@ export class NftDriver implements Driver {
     await this.executor.releaseMemory?.();
   }
 
+  /**
+   * The translating rules' counters, listed by the nft command (not through the addon: its
+   * listing holds our writes back), within COUNTER_READ_MS per family: a listing starts again
+   * whenever the ruleset changes, so it may not finish while another process commits all the time.
+   */
+  async translatedConnections(): Promise<TranslatedConnections[]> {
+    const listCounters = this.lister?.listCounters?.bind(this.lister);
+    if (!listCounters) return [];
+    const read: TranslatedConnections[] = [];
+    for (const family of FAMILIES) {
+      let listing: string | undefined;
+      try {
+        listing = await listCounters(NFT_FAMILY[family], TABLE_NAME, COUNTER_READ_MS);
+      } catch {
+        continue;
+      }
+      if (listing === undefined) continue;
+      const packets = countersIn(listing);
+      for (const [source, name] of Object.entries(TRANSLATED_COUNTERS) as Array<
+        [keyof typeof TRANSLATED_COUNTERS, string]
+      >) {
+        const connections = packets.get(name);
+        if (connections !== undefined) read.push({ family, source, connections });
+      }
+    }
+    return read;
+  }
+
   async hasState(): Promise<boolean> {
     for (const family of FAMILIES) {
       if ((await this.executor.listTable(NFT_FAMILY[family], TABLE_NAME)) !== undefined) return true;
     }
     return false;
   }
+}
+
+/** How long one family's counters may take to list. */
+const COUNTER_READ_MS = 1_000;
+
+/** The packets of each named counter of a `nft -j list counters` listing. */
+export function countersIn(listing: string): Map<string, number> {
+  const packets = new Map<string, number>();
+  const items = (JSON.parse(listing) as { nftables?: unknown[] }).nftables ?? [];
+  for (const item of items) {
+    const c = (item as { counter?: { name?: unknown; packets?: unknown } }).counter;
+    if (c && typeof c.name === 'string' && typeof c.packets === 'number') packets.set(c.name, c.packets);
+  }
+  return packets;
 }
 
 /**

@@ -48,6 +48,8 @@ export type Statement =
   | { kind: 'keyAndSourceIn'; set: string }
   /** <family> saddr { prefix, ... }: an anonymous set, replaced with the rule that holds it */
   | { kind: 'sourceInPrefixes'; prefixes: readonly PrefixElement[] }
+  /** counter name "name": counts the packets of the rule in a counter object of the table */
+  | { kind: 'counter'; name: string }
   | { kind: 'jump'; chain: string }
   | { kind: 'accept' }
   | { kind: 'return' };
@@ -58,6 +60,19 @@ export interface RuleObject {
   table: string;
   chain: string;
   statements: Statement[];
+}
+
+/**
+ * A named counter of the table: what the rules that name it matched, packets and bytes. A rule
+ * rewritten or a chain flushed leaves it as it is; the kernel refuses to delete it while a rule
+ * names it. In a nat chain only a connection's first packet is seen, so its packets are the
+ * connections the rules translated.
+ */
+export interface CounterObject {
+  kind: 'counter';
+  family: NftFamily;
+  table: string;
+  name: string;
 }
 
 export interface SetObject {
@@ -125,7 +140,7 @@ export type ElementObject =
     }
   | { kind: 'element'; family: NftFamily; table: string; set: string; elements: readonly PrefixElement[] };
 
-export type NftObject = TableObject | ChainObject | RuleObject | SetObject | MapObject | ElementObject;
+export type NftObject = TableObject | ChainObject | RuleObject | SetObject | MapObject | CounterObject | ElementObject;
 
 export type Verb = 'add' | 'delete' | 'flush';
 
@@ -219,6 +234,8 @@ function statementJson(family: NftFamily, s: Statement): unknown {
       );
       return { match: { op: '==', left: { payload: { protocol: family, field: 'saddr' } }, right: { set: items } } };
     }
+    case 'counter':
+      return { counter: s.name };
     case 'jump':
       return { jump: { target: s.chain } };
     case 'accept':
@@ -289,6 +306,8 @@ export class JsonWriter {
         }
         return { map };
       }
+      case 'counter':
+        return { counter: { family: o.family, table: o.table, name: o.name } };
       case 'element': {
         let elem: unknown[];
         if ('keys' in o) {

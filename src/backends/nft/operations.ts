@@ -98,6 +98,8 @@ export function addOperation(
     case 'repairShape': {
       const table = desiredTable(op.family, op.shape.state, op.shape.masqueradeMark, lookup);
       const sources = sourceRangeObjects(op.family, op.entries);
+      // The counters the rules name, declared again (a no-op where they are).
+      if (table.chains.some((c) => op.parts.includes(c.name))) tx.add(...table.counters);
       for (const chain of table.chains) if (op.parts.includes(chain.name)) rewriteRules(tx, table, chain);
       const wanted = new Set(sources.chains.map((c) => c.name));
       // A Service's chain named: written again when wanted, else removed.

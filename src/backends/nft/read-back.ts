@@ -34,6 +34,8 @@ import {
 /** Lists a table as `nft -j list table` prints it; NftCliExecutor is one. */
 export interface NftLister {
   listTable(family: 'ip' | 'ip6', name: string, timeoutMs?: number): Promise<string | undefined>;
+  /** The table's named counters as `nft -j list counters table` prints them; undefined: no table. */
+  listCounters?(family: 'ip' | 'ip6', table: string, timeoutMs: number): Promise<string | undefined>;
 }
 
 export class NftReader {

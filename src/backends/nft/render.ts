@@ -5,9 +5,11 @@
 
 import { createHash } from 'node:crypto';
 import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../../model/types.js';
+import type { TranslatedSource } from '../../driver/driver.js';
 import { tableText, type TableContents } from './text.js';
 import {
   type ChainObject,
+  type CounterObject,
   type ElementObject,
   type MapElement,
   type MapObject,
@@ -39,6 +41,16 @@ const LEGACY_SOURCE_SETS = ['source-ranged-keys', 'source-ranges'] as const;
 export const PREROUTING_CHAIN = 'prerouting-from-local-pods';
 export const OUTPUT_CHAIN = 'output-from-node';
 export const TRANSLATE_CHAIN = 'mark-for-masquerade-and-dnat';
+/**
+ * The named counters of the translating rules: connections from local pods, and from the node
+ * itself (its processes and host-network pods), translated (a nat chain sees a connection's
+ * first packet only). They outlive rule rewrites and whole writes; only the table's removal
+ * (--cleanup, a replaced table) resets them.
+ */
+export const TRANSLATED_COUNTERS: Record<TranslatedSource, string> = {
+  pods: 'translated-from-pods',
+  node: 'translated-from-node',
+};
 /** dstnat - 10: before kube-proxy's NAT. Written as a number: nft 1.0.6 rejects `dstnat` on output. */
 export const CHAIN_PRIORITY = -110;
 
@@ -141,8 +153,11 @@ export function tableObjects(family: Family, entries = 0) {
   const prerouting: ChainObject = { kind: 'chain', ...inTable, name: PREROUTING_CHAIN, base: nat('prerouting') };
   const output: ChainObject = { kind: 'chain', ...inTable, name: OUTPUT_CHAIN, base: nat('output') };
   const translate: ChainObject = { kind: 'chain', ...inTable, name: TRANSLATE_CHAIN };
+  const counter = (name: string): CounterObject => ({ kind: 'counter', ...inTable, name });
+  const counters = { pods: counter(TRANSLATED_COUNTERS.pods), node: counter(TRANSLATED_COUNTERS.node) };
   return {
     table,
+    counters,
     map,
     keySet,
     localPods,
@@ -255,6 +270,8 @@ function sourceChainRules(chain: ChainObject, e: Entry): RuleObject[] {
 
 /** What one family's table holds when it matches `state`. */
 export interface DesiredTable extends TableContents {
+  /** The translating rules' counters (TRANSLATED_COUNTERS). */
+  counters: CounterObject[];
   /** The map elements (also among `elements` when there are any). */
   mapElements: ElementObject;
   /** How the rules look a key up; with `set`, the key set's elements are among `elements` too. */
@@ -298,6 +315,7 @@ export function desiredTable(
     table: o.table,
     sets: [],
     maps: [o.map],
+    counters: [o.counters.pods, o.counters.node],
     elements: [],
     chains: [],
     rules: [],
@@ -350,7 +368,8 @@ export function desiredTable(
   if (podMatches.length > 0) {
     t.chains.push(o.prerouting);
     t.rules.push({ ...gate, chain: o.prerouting.name });
-    for (const podMatch of podMatches) t.rules.push(rule(o.prerouting, [podMatch, keyIn, toLocal, dnat]));
+    const counted: Statement = { kind: 'counter', name: TRANSLATED_COUNTERS.pods };
+    for (const podMatch of podMatches) t.rules.push(rule(o.prerouting, [podMatch, keyIn, toLocal, counted, dnat]));
   } else {
     t.unwanted.push(o.prerouting);
   }
@@ -362,7 +381,11 @@ export function desiredTable(
     // The node's own traffic: its source is a local address (the LoadBalancer IP itself, bound on
     // kube-ipvs0) that a reply from another node cannot find, so it is marked for kube-proxy's
     // masquerade, then DNAT'ed. One rule: mark, then DNAT.
-    rule(o.translate, [{ kind: 'orMark', mark: masqueradeMark }, dnat]),
+    rule(o.translate, [
+      { kind: 'counter', name: TRANSLATED_COUNTERS.node },
+      { kind: 'orMark', mark: masqueradeMark },
+      dnat,
+    ]),
   );
   return t;
 }

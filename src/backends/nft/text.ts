@@ -5,6 +5,7 @@ import {
   fullLength,
   type BaseChainSpec,
   type ChainObject,
+  type CounterObject,
   type ElementObject,
   type MapElement,
   type MapObject,
@@ -40,6 +41,8 @@ export function statementText(family: NftFamily, s: Statement): string {
       return `${key} . ${family} saddr @${s.set}`;
     case 'sourceInPrefixes':
       return `${family} saddr { ${s.prefixes.map((p) => (p.length === fullLength(family) ? p.address : `${p.address}/${p.length}`)).join(', ')} }`;
+    case 'counter':
+      return `counter name ${quote(s.name)}`;
     case 'jump':
       return `jump ${s.chain}`;
     case 'accept':
@@ -74,6 +77,8 @@ export interface TableContents {
   table: TableObject;
   sets: SetObject[];
   maps: MapObject[];
+  /** Named counters (their values are the kernel's: `nft -f` of this text leaves them as they are). */
+  counters?: CounterObject[];
   /** Elements of the sets and maps above. */
   elements: ElementObject[];
   chains: ChainObject[];
@@ -107,6 +112,7 @@ export function tableText(t: TableContents): string {
     if (elements.length > 0) lines.push('\t\telements = {', `\t\t\t${elements.join(',\n\t\t\t')}`, '\t\t}');
     lines.push('\t}', '');
   }
+  for (const c of t.counters ?? []) lines.push(`\tcounter ${c.name} {`, '\t}', '');
   for (const note of t.notes ?? []) lines.push(`\t# ${note.replace(/[\r\n]+/g, ' ')}`, '');
   t.chains.forEach((c, i) => {
     lines.push(`\tchain ${c.name} {`);

@@ -87,7 +87,7 @@ function writeObjects(
   const otherSets = t.sets.filter(
     (s) => s.name !== KEY_SET_NAME && (sources === undefined || s.name !== OWN_SOURCE_SET),
   );
-  tx.add(t.table, ...t.maps, ...t.sets);
+  tx.add(t.table, ...t.counters, ...t.maps, ...t.sets);
   // Our chains that exist now are emptied first: a rule of the old state may name the pod set,
   // and every rule names the map or the key set, which can only be deleted once no rule does.
   // A Service's source-range chain that nothing wants any more goes too (once no element jumps
@@ -143,7 +143,7 @@ export function rewriteRules(tx: Transaction, t: DesiredTable, chain: ChainObjec
 /** Replaces the table: the last resort, when an object of ours was changed so `add` cannot fit it. */
 export function replaceTable(tx: Transaction, t: DesiredTable): Transaction {
   tx.add(t.table).delete(t.table).add(t.table);
-  for (const o of [...t.maps, ...t.sets, ...t.chains]) tx.add(o);
+  for (const o of [...t.counters, ...t.maps, ...t.sets, ...t.chains]) tx.add(o);
   // Rules before elements, as in writeTable.
   return tx.add(...t.rules, ...t.elements);
 }

@@ -120,6 +120,45 @@ for (const backendUnderTest of BACKENDS) {
       expect(await probe(undefined, 'udp', LB_V4, 80)).to.equal(`svc-a from ${LB_V4}`);
     });
 
+    if (backendUnderTest.name.startsWith('nft')) {
+      it('counts the connections it translates, by family and source, across a restart', async () => {
+        const read = async (driver = backend!.driver) => {
+          const rows = await driver.translatedConnections!();
+          return (family: string, source: string) =>
+            rows.find((r) => r.family === family && r.source === source)?.connections;
+        };
+        const before = await read();
+        for (const [family, source] of [
+          ['ipv4', 'pods'],
+          ['ipv4', 'node'],
+          ['ipv6', 'pods'],
+          ['ipv6', 'node'],
+        ]) {
+          expect(before(family!, source!), `${family} ${source}`).to.be.a('number');
+        }
+        expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
+        expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
+        expect(await probe(pod(), 'udp', LB_V4, 80)).to.equal(`svc-a from ${LB_V4}`);
+        expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal('svc-a');
+        expect(await probe(pod(), 'tcp', LB_V6, 80)).to.equal('svc-a6');
+        // Not translated, not counted.
+        expect(await probe(pod(), 'tcp', LB_PROXY, 80)).to.equal(LB_PATH);
+        // A restart: another controller's first write, whole, over the table.
+        const restarted = backendUnderTest.make();
+        try {
+          await restarted.sync(desired(), { full: true });
+          expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
+          const after = await read(restarted.driver);
+          expect(after('ipv4', 'pods')).to.equal(before('ipv4', 'pods')! + 4);
+          expect(after('ipv4', 'node')).to.equal(before('ipv4', 'node')! + 1);
+          expect(after('ipv6', 'pods')).to.equal(before('ipv6', 'pods')! + 1);
+          expect(after('ipv6', 'node')).to.equal(before('ipv6', 'node'));
+        } finally {
+          await restarted.close?.();
+        }
+      });
+    }
+
     it("marks the node's translated packets for masquerade, and leaves a pod's unmarked", async () => {
       installMarkObserver();
       try {

@@ -181,7 +181,8 @@ const PROBE_CLIENT = fileURLToPath(new URL('./probe-client.js', import.meta.url)
 
 /**
  * Connects (TCP) or sends (UDP) to address:port from inside `ns` (undefined: the node namespace),
- * from `localPort` when given (else one the kernel picks), and returns which server answered. Runs as a child process so it can enter another namespace.
+ * from `localPort` when given (else one the kernel picks), and returns which server answered.
+ * Runs as a child process so it can enter another namespace.
  */
 export async function probe(
   ns: string | undefined,

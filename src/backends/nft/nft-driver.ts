@@ -38,6 +38,7 @@ import {
   type ProbeResult,
   type ReadBack,
   type TranslatedConnections,
+  type TranslatedSource,
 } from '../../driver/driver.js';
 import { MAX_LISTED_ELEMENTS, NftCliExecutor, type NftCommit, type NftExecutor } from './executor.js';
 import { Transaction } from './objects.js';
@@ -321,10 +322,8 @@ export class NftDriver implements Driver {
       }
       if (listing === undefined) continue;
       const packets = countersIn(listing);
-      for (const [source, name] of Object.entries(TRANSLATED_COUNTERS) as Array<
-        [keyof typeof TRANSLATED_COUNTERS, string]
-      >) {
-        const connections = packets.get(name);
+      for (const source of Object.keys(TRANSLATED_COUNTERS) as TranslatedSource[]) {
+        const connections = packets.get(TRANSLATED_COUNTERS[source]);
         if (connections !== undefined) read.push({ family, source, connections });
       }
     }
@@ -343,7 +342,7 @@ export class NftDriver implements Driver {
 const COUNTER_READ_MS = 1_000;
 
 /** The packets of each named counter of a `nft -j list counters` listing. */
-export function countersIn(listing: string): Map<string, number> {
+function countersIn(listing: string): Map<string, number> {
   const packets = new Map<string, number>();
   const items = (JSON.parse(listing) as { nftables?: unknown[] }).nftables ?? [];
   for (const item of items) {

@@ -17,7 +17,12 @@ import type { Reconciler } from './reconciler/reconciler.js';
 import type { SyncResult } from './reconciler/sync-result.js';
 import { SyncRunner, type SyncRequestInfo } from './sync/runner.js';
 import { LeftoverRemoval, type LeftoverStatus } from './controller/leftover-removal.js';
-import { ModelReport, type ModelReportObserver, type ServicesOverLimits } from './controller/model-report.js';
+import {
+  ModelReport,
+  type DerivedCounts,
+  type ModelReportObserver,
+  type ServicesOverLimits,
+} from './controller/model-report.js';
 import { StepAside, type KubeProxyStatus } from './controller/step-aside.js';
 
 export type { KubeProxyStatus } from './controller/step-aside.js';
@@ -58,6 +63,10 @@ export interface ControllerStatus {
   servicesOverLimits?: ServicesOverLimits;
   /** The limits in force: entries per Service, and per family in all. */
   limits?: { maxEntriesPerService: number; maxEntries: number };
+  /** The model's settings in force (flags and kube-proxy's configuration merged): what `check` derives with. */
+  model?: ModelConfig;
+  /** Of the last derivation: Services' addresses skipped per reason, and the entries per family. */
+  derived?: DerivedCounts;
   lastError?: string;
   /** Why prerouting rules are missing for a family, when they are. */
   localPodMatchProblems: string[];
@@ -159,6 +168,9 @@ export class Controller {
       get localPodMatchProblems() {
         return modelReport.localPodMatchProblems;
       },
+      get derived() {
+        return modelReport.derived;
+      },
       get kubeProxy() {
         return stepAside.status;
       },
@@ -247,6 +259,7 @@ export class Controller {
       maxEntriesPerService: config.maxEntriesPerService ?? DEFAULT_MAX_ENTRIES_PER_SERVICE,
       maxEntries,
     };
+    this.status.model = model;
     return new DesiredStateModel(config, after);
   }
 

@@ -49,6 +49,10 @@ let settled = false;
 let runLogger: Logger | undefined;
 
 async function main(argv: string[]): Promise<number> {
+  if (argv[0] === 'check') {
+    const { checkCommand } = await import('../check/check-command.js');
+    return checkCommand(argv.slice(1));
+  }
   let config: Config;
   try {
     config = parseConfig(argv);

@@ -2,7 +2,7 @@
 // by flag-values.ts, then what the values say together (a mode and what it needs, a period and its
 // minimum, two addresses on one port). A bad value is a UsageError: one line, exit code 2.
 
-import { CommanderError } from 'commander';
+import { CommanderError, type Command } from 'commander';
 import { hostname } from 'node:os';
 import type { DetectLocalMode, ModelConfig } from '../model/types.js';
 import type { KubeProxyModelSetting, SettingSource } from './setting-sources.js';
@@ -71,11 +71,24 @@ export interface Config {
   maxEntries?: number;
 }
 
-/** Parses argv (without node and script) into a Config; throws UsageError on any bad value. */
-export function parseConfig(argv: string[], env: NodeJS.ProcessEnv = process.env): Config {
-  const command = buildCommand()
-    .exitOverride()
-    .configureOutput({ writeErr: () => undefined, writeOut: (s) => process.stdout.write(s) });
+/**
+ * Parses argv (without node and script) into a Config; throws UsageError on any bad value.
+ * `extend` adds a subcommand's own options to the controller's before the parse (`check`).
+ */
+export function parseConfig(
+  argv: string[],
+  env: NodeJS.ProcessEnv = process.env,
+  extend?: (command: Command) => void,
+): Config {
+  const command = buildCommand();
+  if (extend) extend(command);
+  else {
+    command.addHelpText(
+      'after',
+      "\nCommands:\n  check [flags]  check this node's translation end to end (ipvs-node-controller check --help)",
+    );
+  }
+  command.exitOverride().configureOutput({ writeErr: () => undefined, writeOut: (s) => process.stdout.write(s) });
   try {
     command.parse(argv, { from: 'user' });
   } catch (err) {

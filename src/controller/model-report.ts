@@ -8,6 +8,12 @@ import type { Conflict, DesiredState, Skip } from '../model/types.js';
 /** Services not translated because of a limit, per reason. */
 export type ServicesOverLimits = Partial<Record<'tooManyEntries' | 'overCapacity', number>>;
 
+/** Of one derivation: skips per reason (each counted with what it stands for), entries per family. */
+export interface DerivedCounts {
+  skips: Partial<Record<string, number>>;
+  entries: { ipv4: number; ipv6: number };
+}
+
 /** Who hears of new skips and conflicts (metrics, Events). */
 export interface ModelReportObserver {
   /** Skips whose reason is new or changed since the previous sync. */
@@ -23,6 +29,8 @@ export class ModelReport {
   servicesOverLimits: ServicesOverLimits | undefined;
   /** Why prerouting rules are missing for a family, when they are. */
   localPodMatchProblems: string[] = [];
+  /** The counts of the last report; undefined before the first. */
+  derived: DerivedCounts | undefined;
   private previousSkips = new Set<string>();
   private previousConflicts = new Set<string>();
   private previousLocalProblems = '';
@@ -42,6 +50,9 @@ export class ModelReport {
         overLimits[s.reason] = (overLimits[s.reason] ?? 0) + 1;
     }
     this.servicesOverLimits = overLimits;
+    const skips: DerivedCounts['skips'] = {};
+    for (const s of desired.skips) skips[s.reason] = (skips[s.reason] ?? 0) + (s.count ?? 1);
+    this.derived = { skips, entries: { ipv4: desired.ipv4.entries.length, ipv6: desired.ipv6.entries.length } };
     this.reportLocalPodMatch(desired);
   }
 

@@ -1,5 +1,5 @@
 // /healthz (liveness) and /readyz (readiness) over HTTP: 200 or 503, with a JSON body that says
-// why, for people reading `kubectl describe pod` and for scripts.
+// why, for people reading `kubectl describe pod` and for scripts; /status, what `check` reads.
 
 import { HttpEndpoint, type BindAddress, type EndpointResponse } from '../http/endpoint.js';
 import { knownIssues } from '../kubeproxy/known-issues.js';
@@ -38,8 +38,41 @@ function kubeProxyBody(inputs: HealthInputs) {
   };
 }
 
-/** Serves /healthz and /readyz on `bind`; `inputs` is read anew for every request. */
-export function startHealthEndpoint(bind: BindAddress, inputs: () => HealthInputs): Promise<HttpEndpoint> {
+/**
+ * What `ipvs-node-controller check` asks a running controller: its backend and the settings it
+ * derives with (so that the check derives the very same state), its readiness and last sync, and
+ * what its last derivation skipped. Counts and settings only: no Service's name.
+ */
+function statusBody(inputs: HealthInputs, about: StatusAbout): EndpointResponse {
+  const { status } = inputs;
+  const readiness = judgeReadiness(inputs);
+  const at = (ms: number | undefined) => (ms === undefined ? null : new Date(ms).toISOString());
+  const body = {
+    ...about(),
+    readiness: { ok: readiness.ok, detail: readiness.detail, warnings: readiness.warnings },
+    cachesSynced: status.cachesSynced,
+    lastSuccessfulSync: at(status.lastSuccessfulSyncAt),
+    lastSyncEnded: at(status.lastSyncEndedAt),
+    lastError: status.lastError ?? null,
+    model: status.model ?? null,
+    limits: status.limits ?? null,
+    derived: status.derived ?? null,
+    localPodMatchProblems: status.localPodMatchProblems,
+    kubeProxy: kubeProxyBody(inputs),
+    now: new Date(inputs.now).toISOString(),
+  };
+  return { status: 200, contentType: 'application/json', body: JSON.stringify(body) + '\n' };
+}
+
+/** The parts of /status the health service does not judge: the backend, the build, the node. */
+export type StatusAbout = () => Record<string, unknown>;
+
+/** Serves /healthz, /readyz and /status on `bind`; `inputs` is read anew for every request. */
+export function startHealthEndpoint(
+  bind: BindAddress,
+  inputs: () => HealthInputs,
+  about: StatusAbout = () => ({}),
+): Promise<HttpEndpoint> {
   return HttpEndpoint.start(bind, '--healthz-bind-address', {
     '/healthz': () => {
       const i = inputs();
@@ -49,5 +82,6 @@ export function startHealthEndpoint(bind: BindAddress, inputs: () => HealthInput
       const i = inputs();
       return respond(judgeReadiness(i), i);
     },
+    '/status': () => statusBody(inputs(), about),
   });
 }

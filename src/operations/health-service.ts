@@ -14,19 +14,32 @@ export class HealthService {
   readonly api: ApiReachability;
   private readonly startedAt = Date.now();
   private controller: Controller | undefined;
+  /** The backend in use and the settings its driver was made with, once chosen. */
+  private backend: Record<string, unknown> | undefined;
 
   constructor(
     private readonly syncPeriodMs: number,
     logger: Logger,
+    /** What /status says of the build and the node. */
+    private readonly about: Record<string, unknown> = {},
   ) {
     this.api = new ApiReachability(Date.now, (resource, ms) =>
       logger.info({ resource, failedForMs: ms }, 'Listing and watching again'),
     );
   }
 
-  /** Serves /healthz and /readyz; rejects with one line when the address cannot be bound. */
+  /** Serves /healthz, /readyz and /status; rejects with one line when the address cannot be bound. */
   serve(bind: BindAddress): Promise<HttpEndpoint> {
-    return startHealthEndpoint(bind, () => this.inputs());
+    return startHealthEndpoint(
+      bind,
+      () => this.inputs(),
+      () => ({ ...this.about, backend: this.backend ?? null }),
+    );
+  }
+
+  /** /status names this backend (and the settings its driver was made with) from now on. */
+  describeBackend(backend: Record<string, unknown>): void {
+    this.backend = backend;
   }
 
   /** Health is judged from this controller's status from now on. */

@@ -8,6 +8,7 @@ import type { BackendDescription } from '../backends/registry.js';
 import type { Config } from '../config/options.js';
 import type { Controller, ControllerObserver } from '../controller.js';
 import type { TranslatedConnections } from '../driver/driver.js';
+import { buildInfo } from '../build-info/version.js';
 import { formatBindAddress, type HttpEndpoint } from '../http/endpoint.js';
 import type { InformerObserver } from '../kube/informer.js';
 import type { ServiceInfo } from '../model/types.js';
@@ -27,7 +28,8 @@ export class Operations {
     private readonly config: Config,
     private readonly logger: Logger,
   ) {
-    this.health = new HealthService(config.syncPeriodMs, logger);
+    const { version, kernel } = buildInfo();
+    this.health = new HealthService(config.syncPeriodMs, logger, { version, kernel, node: config.nodeName });
   }
 
   /** Starts the HTTP endpoints; rejects with one line when an address cannot be bound. */
@@ -48,6 +50,8 @@ export class Operations {
   /** backend_info, and the backend's counts of translated connections where it reads them. */
   describeBackend(backend: BackendDescription, translated?: () => Promise<TranslatedConnections[]>): void {
     this.metricsService.describeBackend(backend);
+    const { cgroupPath, bpffsPath, maxEntries, kubeProxyStepAside } = this.config;
+    this.health.describeBackend({ ...backend, cgroupPath, bpffsPath, maxEntries, kubeProxyStepAside });
     if (translated) this.metricsService.countTranslations(translated);
   }
 

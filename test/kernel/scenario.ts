@@ -76,16 +76,31 @@ const SERVERS: Array<[string, number, string]> = [
 
 export class Scenario {
   readonly network = new NodeNetwork();
-  private servers: NamedServer[] = [];
+  private servers: Array<{ address: string; port: number; server: NamedServer }> = [];
 
   async setUp(): Promise<void> {
     this.network.setUp();
     for (const [address] of SERVERS) this.network.bindAddress(address);
-    for (const [address, port, name] of SERVERS) this.servers.push(await NamedServer.start(address, port, name));
+    for (const [address, port, name] of SERVERS) {
+      this.servers.push({ address, port, server: await NamedServer.start(address, port, name) });
+    }
+  }
+
+  /** Stops the server on address:port (a Service whose endpoints are gone), until startServer. */
+  async stopServer(address: string, port: number): Promise<void> {
+    const i = this.servers.findIndex((s) => s.address === address && s.port === port);
+    if (i < 0) throw new Error(`no server on ${address}:${port}`);
+    await this.servers.splice(i, 1)[0]!.server.stop();
+  }
+
+  /** Starts the scenario's server on address:port again. */
+  async startServer(address: string, port: number): Promise<void> {
+    const [, , name] = SERVERS.find(([a, p]) => a === address && p === port)!;
+    this.servers.push({ address, port, server: await NamedServer.start(address, port, name) });
   }
 
   async tearDown(): Promise<void> {
-    for (const s of this.servers.splice(0)) await s.stop();
+    for (const s of this.servers.splice(0)) await s.server.stop();
     this.network.tearDown();
   }
 }

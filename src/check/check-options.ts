@@ -1,0 +1,75 @@
+// `ipvs-node-controller check`'s flags: the controller's own (so that a check run alone derives
+// what a controller with those flags would), and the check's.
+
+import { Option, type Command } from 'commander';
+import { parseConfig, type Config } from '../config/options.js';
+import { duration, parseBindAddress, positiveCount, UsageError } from '../config/flag-values.js';
+import type { BindAddress } from '../http/endpoint.js';
+
+/** Services tried when none is named, at most: a sample, never the whole cluster. */
+export const MAX_SAMPLE = 50;
+/** Paths tried in one check, at most (a Service with many ports and addresses is cut there). */
+export const MAX_PATHS = 64;
+/** The longest a path may be waited for. */
+export const MAX_TIMEOUT_MS = 30_000;
+
+export interface CheckOptions {
+  /** `namespace/name`: every path of this Service; else a sample. */
+  service?: string;
+  sample: number;
+  timeoutMs: number;
+  output: 'text' | 'json';
+  /** Where the running controller serves /status; undefined: checked alone. */
+  controller?: BindAddress;
+}
+
+function addCheckOptions(command: Command): void {
+  command
+    .name('ipvs-node-controller check')
+    .description(
+      "Checks this node's translation: the controller's view, the kernel's objects and hooks, kube-proxy's\n" +
+        'masquerade, and a connection from this node to the addresses of a Service (or of a sample of them).\n' +
+        'Exit code 0 when every checked path works, 1 when something is broken, 2 for a usage error,\n' +
+        '3 when it could not check (no privileges, no API server).',
+    )
+    .option('--service <namespace/name>', 'try every translated address and port of this Service')
+    .option('--sample <n>', `without --service: Services tried (at most ${MAX_SAMPLE})`, '5')
+    .option('--timeout <duration>', 'how long a connection or a datagram is waited for', '2s')
+    .addOption(new Option('--output <format>', 'text, or one JSON object').choices(['text', 'json']).default('text'))
+    .option(
+      '--controller-address <ip:port>',
+      "where the running controller serves /status (default: its --healthz-bind-address on loopback; '' checks alone)",
+    );
+}
+
+/** The controller's Config and the check's options; UsageError on a bad value. */
+export function parseCheckArgs(
+  argv: string[],
+  env: NodeJS.ProcessEnv = process.env,
+): { config: Config; check: CheckOptions } {
+  let command: Command | undefined;
+  const config = parseConfig(argv, env, (c) => {
+    addCheckOptions(c);
+    command = c;
+  });
+  const o = command!.opts<Record<string, string | undefined>>();
+  const service = o.service;
+  if (service !== undefined && !/^[a-z0-9]([-a-z0-9]*[a-z0-9])?\/[a-z0-9]([-a-z0-9]*[a-z0-9])?$/.test(service)) {
+    throw new UsageError(`--service: '${service}' is not namespace/name`);
+  }
+  const sample = positiveCount('--sample', o.sample!);
+  if (sample > MAX_SAMPLE) throw new UsageError(`--sample: at most ${MAX_SAMPLE}`);
+  const timeoutMs = duration('--timeout', o.timeout!, 10);
+  if (timeoutMs > MAX_TIMEOUT_MS) throw new UsageError(`--timeout: at most ${MAX_TIMEOUT_MS / 1000}s`);
+  let controller: BindAddress | undefined;
+  if (o.controllerAddress !== undefined) {
+    controller = parseBindAddress('--controller-address', o.controllerAddress);
+  } else if (config.healthzBindAddress) {
+    const { host, port } = config.healthzBindAddress;
+    controller = { host: host === '0.0.0.0' ? '127.0.0.1' : host === '::' ? '::1' : host, port };
+  }
+  return {
+    config,
+    check: { service, sample, timeoutMs, output: o.output as 'text' | 'json', ...(controller ? { controller } : {}) },
+  };
+}

@@ -2,6 +2,7 @@
 // what a controller with those flags would), and the check's.
 
 import { Option, type Command } from 'commander';
+import { isIP } from 'node:net';
 import { parseConfig, type Config } from '../config/options.js';
 import { duration, parseBindAddress, positiveCount, UsageError } from '../config/flag-values.js';
 import type { BindAddress } from '../http/endpoint.js';
@@ -27,10 +28,10 @@ function addCheckOptions(command: Command): void {
   command
     .name('ipvs-node-controller check')
     .description(
-      "Checks this node's translation: the controller's view, the kernel's objects and hooks, kube-proxy's\n" +
-        'masquerade, and a connection from this node to the addresses of a Service (or of a sample of them).\n' +
-        'Exit code 0 when every checked path works, 1 when something is broken, 2 for a usage error,\n' +
-        '3 when it could not check (no privileges, no API server).',
+      "Checks this node's translation: the controller's view, the kernel's objects and hooks, kube-proxy's " +
+        'masquerade, and a connection from this node to the addresses of a Service (or of a sample of them). ' +
+        'Exit code 0 when every checked path works, 1 when something is broken, 2 for a usage error, ' +
+        '3 when it could not check (no privileges, no API server, nothing to try).',
     )
     .option('--service <namespace/name>', 'try every translated address and port of this Service')
     .option('--sample <n>', `without --service: Services tried (at most ${MAX_SAMPLE})`, '5')
@@ -38,7 +39,7 @@ function addCheckOptions(command: Command): void {
     .addOption(new Option('--output <format>', 'text, or one JSON object').choices(['text', 'json']).default('text'))
     .option(
       '--controller-address <ip:port>',
-      "where the running controller serves /status (default: its --healthz-bind-address on loopback; '' checks alone)",
+      "where the running controller serves /status (default: --healthz-bind-address, at $HOST_IP or loopback for a wildcard; '' checks alone)",
     );
 }
 
@@ -66,10 +67,20 @@ export function parseCheckArgs(
     controller = parseBindAddress('--controller-address', o.controllerAddress);
   } else if (config.healthzBindAddress) {
     const { host, port } = config.healthzBindAddress;
-    controller = { host: host === '0.0.0.0' ? '127.0.0.1' : host === '::' ? '::1' : host, port };
+    // The DaemonSet binds it to the node's address, which its pods have as HOST_IP (`kubectl exec`
+    // runs with the container's environment).
+    const hostIp = env.HOST_IP !== undefined && isIP(env.HOST_IP) !== 0 ? env.HOST_IP : undefined;
+    const wildcard = host === '0.0.0.0' || host === '::';
+    controller = { host: wildcard ? (hostIp ?? (host === '::' ? '::1' : '127.0.0.1')) : host, port };
   }
   return {
     config,
-    check: { service, sample, timeoutMs, output: o.output as 'text' | 'json', ...(controller ? { controller } : {}) },
+    check: {
+      ...(service !== undefined ? { service } : {}),
+      sample,
+      timeoutMs,
+      output: o.output as 'text' | 'json',
+      ...(controller ? { controller } : {}),
+    },
   };
 }

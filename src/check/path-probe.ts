@@ -24,6 +24,8 @@ export interface ConntrackView {
   unreplied: boolean;
   /** The reply comes from another address or port than the one dialled: the connection was translated. */
   translated: boolean;
+  /** The entry's original destination is already the translated one: rewritten at the socket (eBPF). */
+  atSocket?: true;
 }
 
 export interface PathTry {
@@ -53,11 +55,17 @@ export async function tryPath(
   address: string,
   port: number,
   timeoutMs: number,
+  /** Where the translation leads: a socket-level translation (eBPF) sends its packets there. */
+  translatedTo?: { address: string; port: number },
   readConntrack: ConntrackReader = readConntrackEntry,
 ): Promise<PathTry> {
   let entry: { view?: ConntrackView; problem?: string } = {};
   const read = async (local: { address: string; port: number }) => {
     entry = await readConntrack(protocol, local, { address, port });
+    if (entry.view || !translatedTo) return;
+    // Rewritten at connect() or sendmsg(): the kernel's packets, and so the entry, carry the ClusterIP.
+    const atSocket = await readConntrack(protocol, local, translatedTo);
+    if (atSocket.view) entry = { view: { ...atSocket.view, translated: true, atSocket: true } };
   };
   const tried =
     protocol === 'TCP'

@@ -124,7 +124,7 @@ async function judgePath(
   ipvs: IpvsServices | { problem: string } | undefined,
   timeoutMs: number,
 ): Promise<PathReport> {
-  const tried = await tryPath(e.protocol, e.externalIp, e.port, timeoutMs);
+  const tried = await tryPath(e.protocol, e.externalIp, e.port, timeoutMs, { address: e.clusterIp, port: e.port });
   const report: PathReport = { ...where(e), ok: false, outcome: tried.outcome, ms: Math.round(tried.ms * 10) / 10 };
   const ct = tried.conntrack;
   if (ct) report.conntrack = ct;
@@ -142,7 +142,7 @@ async function judgePath(
   const cause = brokenAfterTranslation(e, findings, ipvs);
   if (tried.outcome === 'answered') {
     report.ok = true;
-    report.detail = `answered, translated (conntrack: reply from ${to})`;
+    report.detail = `answered, translated${ct.atSocket ? ' at the socket' : ''} (conntrack: reply from ${to})`;
     return report;
   }
   if (e.protocol === 'UDP' && tried.outcome === 'timed out' && cause === undefined) {

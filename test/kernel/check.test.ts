@@ -20,10 +20,16 @@ import type { ServiceInfo } from '../../src/model/types.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { NODE, requireTools, sh } from '../../testbed/node-network.js';
 import { shippedArgs } from '../../testbed/shipped-controller.js';
+import {
+  KUBE_PROXY_MASQUERADE,
+  checkedFinding,
+  checkedPath,
+  reportText,
+  runCheck,
+  type Json,
+} from '../../testbed/check-command.js';
 import { eventually } from '../support/eventually.js';
 import { CONFIG, LB_V4, LB_V6, NODE_INFO, SERVICES, Scenario } from './scenario.js';
-
-type Json = Record<string, any>;
 
 function wireService(s: ServiceInfo): Json {
   return {
@@ -42,18 +48,6 @@ function wireService(s: ServiceInfo): Json {
   };
 }
 
-/** kube-proxy's masquerade of the mark in IPVS mode (kube-proxy v1.33 writeIptablesRules), both families. */
-const KUBE_POSTROUTING = [
-  '*nat',
-  ':KUBE-POSTROUTING - [0:0]',
-  '-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING',
-  '-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN',
-  '-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000',
-  '-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully',
-  'COMMIT',
-  '',
-].join('\n');
-
 const MASQUERADE_RULE = [
   '-t',
   'nat',
@@ -68,44 +62,9 @@ const MASQUERADE_RULE = [
   '--random-fully',
 ];
 
-interface Checked {
-  code: number | null;
-  report: Json;
-  stderr: string;
-}
-
-async function runCheck(args: string[]): Promise<Checked> {
-  const child = spawn(process.execPath, shippedArgs(['check', '--output=json', ...args]), {
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  let out = '';
-  let err = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  child.stderr.on('data', (d: Buffer) => (err += d.toString()));
-  const [code] = (await once(child, 'exit')) as [number | null];
-  let report: Json = {};
-  try {
-    report = JSON.parse(out) as Json;
-  } catch {
-    throw new Error(`check printed no JSON (exit ${code}): ${out}\n${err}`);
-  }
-  return { code, report, stderr: err };
-}
-
-function path(r: Json, address: string, protocol: string, port: number): Json {
-  const found = (r.paths as Json[]).find((p) => p.address === address && p.protocol === protocol && p.port === port);
-  if (!found) throw new Error(`no path ${address} ${protocol}/${port} in ${JSON.stringify(r.paths)}`);
-  return found;
-}
-
-function finding(r: Json, check: string, family: string): Json {
-  const found = (r.findings as Json[]).find((f) => f.check === check && f.family === family);
-  if (!found) throw new Error(`no ${check} finding for ${family} in ${JSON.stringify(r.findings)}`);
-  return found;
-}
-
-/** The report, for an assertion's message. */
-const said = (r: Json) => JSON.stringify({ findings: r.findings, paths: r.paths });
+const path = checkedPath;
+const finding = checkedFinding;
+const said = reportText;
 
 interface Backend {
   name: string;
@@ -140,8 +99,8 @@ describe('ipvs-node-controller check (the shipped command, real packets)', funct
     });
     for (const s of SERVICES) api.apply(wireService(s));
     await api.writeKubeconfig(kubeconfig);
-    sh('iptables-nft-restore', ['--noflush', '-w'], KUBE_POSTROUTING);
-    sh('ip6tables-nft-restore', ['--noflush', '-w'], KUBE_POSTROUTING);
+    sh('iptables-nft-restore', ['--noflush', '-w'], KUBE_PROXY_MASQUERADE);
+    sh('ip6tables-nft-restore', ['--noflush', '-w'], KUBE_PROXY_MASQUERADE);
   });
 
   after(async () => {

@@ -38,6 +38,7 @@ import { DEFAULT_BPFFS_PATH, defaultCgroupPath } from '../../src/backends/ebpf/e
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
 import { shippedArgs } from '../../testbed/shipped-controller.js';
+import { checkedFinding, checkedPath, reportText, runCheck } from '../../testbed/check-command.js';
 import {
   ADDR,
   Agent,
@@ -459,6 +460,62 @@ describe('controller on real IPVS', function () {
           await expectChecks(serviceChecks('after', 'before 1.24'));
         } finally {
           lab.setScenario('1.24+');
+        }
+      });
+
+      it("check from the node: svc-a's paths answered and translated; kube-proxy's masquerade gone, and no real server, broken with their causes", async () => {
+        // Against the running controller (its /status on the default health address), from the
+        // cgroup the eBPF backend hooks, as the DaemonSet's container would run it.
+        const check = (...more: string[]) =>
+          runCheck(
+            ['--kubeconfig', kubeconfig, '--node-name', 'node-1', '--service=default/svc-a', ...more],
+            cgroupDir,
+          );
+        const working = await check();
+        expect(working.code, working.stderr + reportText(working.report)).to.equal(0);
+        expect(working.report.controller.kind).to.equal('running');
+        for (const a of [v4, v6]) {
+          for (const protocol of ['TCP', 'UDP']) {
+            const p = checkedPath(working.report, a.lb, protocol, PORT);
+            expect(p, `${a.lb} ${protocol}`).to.include({ ok: true, outcome: 'answered' });
+            // IPVS's real server answers: the reply tuple's source is the endpoint on node2.
+            expect(p.conntrack.reply.src, `${a.lb} ${protocol}`).to.equal(a.endpoint);
+          }
+        }
+        const variantTool = (family: 'ipv4' | 'ipv6') =>
+          `${family === 'ipv6' ? 'ip6tables' : 'iptables'}-${variant.kubeProxyIptables}`;
+        const masquerade = sh(variantTool('ipv4'), ['-w', '-t', 'nat', '-S', 'KUBE-POSTROUTING'])
+          .split('\n')
+          .find((l) => l.includes('-j MASQUERADE') && !l.includes('--match-set'))!;
+        sh(
+          `${variantTool('ipv4')}-restore`,
+          ['--noflush', '-w'],
+          `*nat\n${masquerade.replace('-A ', '-D ')}\nCOMMIT\n`,
+        );
+        try {
+          const broken = await check('--timeout=1s');
+          expect(broken.code, reportText(broken.report)).to.equal(1);
+          expect(checkedFinding(broken.report, 'masquerade', 'ipv4')).to.include({ ok: false });
+          expect(checkedFinding(broken.report, 'masquerade', 'ipv6')).to.include({ ok: true });
+          // The reply goes to the LoadBalancer IP on node2, which keeps it: the connect times out.
+          const p = checkedPath(broken.report, v4.lb, 'TCP', PORT);
+          expect(p, reportText(broken.report)).to.include({ ok: false, outcome: 'timed out' });
+          expect(p.detail).to.match(/kube-proxy does not masquerade/);
+        } finally {
+          sh(`${variantTool('ipv4')}-restore`, ['--noflush', '-w'], `*nat\n${masquerade}\nCOMMIT\n`);
+        }
+        // kube-proxy's syncEndpoint with no endpoint left: the ClusterIP's virtual service has no real server.
+        const real = `-t ${v4.clusterIp}:${PORT} -r ${v4.endpoint}:${TARGET_PORT}`;
+        sh('ipvsadm', ['-R'], `-d ${real}\n`);
+        try {
+          const none = await check('--timeout=1s');
+          expect(none.code, reportText(none.report)).to.equal(1);
+          const p = checkedPath(none.report, v4.lb, 'TCP', PORT);
+          expect(p, reportText(none.report)).to.include({ ok: false });
+          expect(p.detail).to.match(/no endpoints: IPVS's virtual service 10\.96\.0\.10:80\/TCP has no real server/);
+          expect(checkedPath(none.report, v6.lb, 'TCP', PORT)).to.include({ ok: true });
+        } finally {
+          sh('ipvsadm', ['-R'], `-a ${real} -m -w 1\n`);
         }
       });
 

@@ -5,7 +5,6 @@ import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { shippedArgs } from './shipped-controller.js';
 
-// eslint-disable-next-line @typescript-eslint/no-explicit-any
 export type Json = Record<string, any>;
 
 export interface Checked {

@@ -1,11 +1,10 @@
 #!/usr/bin/env node
-// ipvs-node-controller: the command line. Usage errors (flags, files they name, no way to reach
-// the API server) are one line and exit code 2, before anything else happens; runtime errors a
-// user can meet (no kernel support, API unreachable for --dry-run) one line and exit 1. Exit 0
-// only after the job is done or a SIGTERM/SIGINT asked for the stop.
-//
-// The composition root: the registry (src/backends/registry.ts) chooses and probes the driver,
-// compose.ts puts the reconciler over it with its subscribers, the controller runs that.
+// ipvs-node-controller: the command line (`check` is src/cli/check/). Usage errors (flags, files they
+// name, no way to reach the API server) are one line and exit code 2, before anything else; runtime
+// errors a user can meet (no kernel support, API unreachable for --dry-run) one line and exit 1.
+// Exit 0 only after the job is done or a SIGTERM/SIGINT asked for the stop. The composition root:
+// the registry (src/backends/registry.ts) chooses and probes the driver, compose.ts puts the
+// reconciler over it with its subscribers, the controller runs that.
 
 import { CommanderError } from 'commander';
 import { accessSync, constants as fsConstants, existsSync, statSync } from 'node:fs';
@@ -49,10 +48,7 @@ let settled = false;
 let runLogger: Logger | undefined;
 
 async function main(argv: string[]): Promise<number> {
-  if (argv[0] === 'check') {
-    const { checkCommand } = await import('../check/check-command.js');
-    return checkCommand(argv.slice(1));
-  }
+  if (argv[0] === 'check') return (await import('./check/check-command.js')).checkCommand(argv.slice(1));
   let config: Config;
   try {
     config = parseConfig(argv);

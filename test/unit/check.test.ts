@@ -2,10 +2,10 @@
 // kube-proxy's KUBE-POSTROUTING as a marked packet walks it.
 
 import { expect } from 'chai';
-import { parseCheckArgs } from '../../src/check/check-options.js';
-import { parseIpvsTable } from '../../src/check/ipvs-table.js';
-import { jumpsToKubePostrouting, walkMarked } from '../../src/check/masquerade.js';
-import { parseConntrackLine } from '../../src/check/path-probe.js';
+import { parseCheckArgs } from '../../src/cli/check/check-options.js';
+import { parseIpvsTable } from '../../src/cli/check/ipvs-table.js';
+import { jumpsToKubePostrouting, walkMarked } from '../../src/cli/check/masquerade.js';
+import { parseConntrackLine } from '../../src/cli/check/path-probe.js';
 import { UsageError } from '../../src/config/flag-values.js';
 
 describe('check: conntrack entries', () => {

@@ -196,7 +196,7 @@ export class EbpfDriver implements Driver {
         );
       }
     }
-    if (full || this.maps === undefined) {
+    if (full || this.attachment === undefined) {
       // A full sync also repairs the attachment: detached links, removed pins, a new cgroup path.
       try {
         await this.attach(addon);
@@ -214,6 +214,10 @@ export class EbpfDriver implements Driver {
     });
     // The maps may be new (first run, pins removed): open them afresh by their pins.
     this.closeMaps();
+    this.maps = this.openPins(addon);
+  }
+
+  private openPins(addon: EbpfAddon): Record<Family, PinnedMap> {
     const opened: Partial<Record<Family, PinnedMap>> = {};
     try {
       for (const family of FAMILIES) opened[family] = new addon.PinnedMap(this.mapPath(family));
@@ -221,11 +225,21 @@ export class EbpfDriver implements Driver {
       for (const m of Object.values(opened)) m.close();
       throw err;
     }
-    this.maps = opened as Record<Family, PinnedMap>;
+    return opened as Record<Family, PinnedMap>;
   }
 
+  /**
+   * A family's map: the one attach() opened, or, in a driver that attached nothing (`check`
+   * reading what the running controller pinned), the pinned one, opened without loading anything.
+   */
   private map(family: Family): PinnedMap {
-    if (!this.maps) throw new BackendError('the eBPF maps are not open: nothing is attached', 'ebpf');
+    if (!this.maps) {
+      const load = this.addon();
+      if (!load.ok || !existsSync(this.mapPath(family))) {
+        throw new BackendError(`the eBPF maps are not pinned in ${this.bpffsPath}: nothing is attached`, 'ebpf');
+      }
+      this.maps = this.openPins(load.addon);
+    }
     return this.maps[family];
   }
 

@@ -7,8 +7,8 @@
 import { execa } from 'execa';
 import * as dgram from 'node:dgram';
 import * as net from 'node:net';
-import { canonicalAddress } from '../model/ip.js';
-import type { Protocol } from '../model/types.js';
+import { canonicalAddress } from '../../model/ip.js';
+import type { Protocol } from '../../model/types.js';
 
 /** What `check` sends in a UDP probe: its endpoints see this one datagram. */
 export const PROBE_DATAGRAM = 'ipvs-node-controller check\n';

@@ -4,8 +4,8 @@
 
 import { CommanderError } from 'commander';
 import { readFileSync } from 'node:fs';
-import { PROGRAM, writeStderr } from '../log.js';
-import { UsageError } from '../config/options.js';
+import { PROGRAM, writeStderr } from '../../log.js';
+import { UsageError } from '../../config/options.js';
 import { parseCheckArgs } from './check-options.js';
 import { CannotCheck, runChecks } from './check.js';
 import { renderText } from './report.js';
@@ -44,7 +44,7 @@ export async function checkCommand(argv: string[]): Promise<number> {
           "controller's container (kubectl exec -n kube-system ds/ipvs-node-controller -- ipvs-node-controller check)",
       );
     }
-    const { loadKubeConfig } = await import('../kube/cluster.js');
+    const { loadKubeConfig } = await import('../../kube/cluster.js');
     let kc;
     try {
       kc = loadKubeConfig(config.kubeconfig);

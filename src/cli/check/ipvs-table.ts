@@ -4,7 +4,7 @@
 // none is a Service without endpoints, as this node's kube-proxy sees it.
 
 import { readFile } from 'node:fs/promises';
-import { canonicalAddress } from '../model/ip.js';
+import { canonicalAddress } from '../../model/ip.js';
 
 export const IPVS_TABLE = '/proc/net/ip_vs';
 

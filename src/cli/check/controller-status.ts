@@ -3,10 +3,10 @@
 // on alone; an answer that is not a /status is said as such.
 
 import * as http from 'node:http';
-import type { BindAddress } from '../http/endpoint.js';
-import type { ModelConfig } from '../model/types.js';
-import type { ProxyMode } from '../kubeproxy/mode.js';
-import type { BackendName } from '../driver/driver.js';
+import type { BindAddress } from '../../http/endpoint.js';
+import type { ModelConfig } from '../../model/types.js';
+import type { ProxyMode } from '../../kubeproxy/mode.js';
+import type { BackendName } from '../../driver/driver.js';
 
 const STATUS_TIMEOUT_MS = 2000;
 const MAX_STATUS_BYTES = 1 << 20;

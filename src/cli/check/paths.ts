@@ -2,7 +2,7 @@
 // answered and translated is working; anything else is broken, with the cause the node shows
 // (not translated, no endpoints in IPVS, kube-proxy not masquerading the node's mark).
 
-import type { DesiredState, Entry, Family, ServiceInfo } from '../model/types.js';
+import type { DesiredState, Entry, Family, ServiceInfo } from '../../model/types.js';
 import { MAX_PATHS, type CheckOptions } from './check-options.js';
 import { ipvsKey, type IpvsServices } from './ipvs-table.js';
 import type { Finding } from './kernel-checks.js';

@@ -4,14 +4,14 @@
 // controller started with them would see it. The Services and this Node come from the API server.
 
 import type { KubeConfig } from '@kubernetes/client-node';
-import { BACKENDS, selectBackend, type BackendSettings } from '../backends/registry.js';
-import type { Config } from '../config/options.js';
-import { entryLimit, type Driver, type TranslatedConnections } from '../driver/driver.js';
-import { isNonIpvsMode } from '../kubeproxy/mode.js';
-import { DesiredStateModel } from '../model/desired-state.js';
-import type { DesiredState, Entry, ModelConfig, NodeInfo, ServiceInfo, Skip } from '../model/types.js';
-import { interfaceAddresses } from '../node/interface-addresses.js';
-import { buildInfo } from '../build-info/version.js';
+import { BACKENDS, selectBackend, type BackendSettings } from '../../backends/registry.js';
+import type { Config } from '../../config/options.js';
+import { entryLimit, type Driver, type TranslatedConnections } from '../../driver/driver.js';
+import { isNonIpvsMode } from '../../kubeproxy/mode.js';
+import { DesiredStateModel } from '../../model/desired-state.js';
+import type { DesiredState, Entry, ModelConfig, NodeInfo, ServiceInfo, Skip } from '../../model/types.js';
+import { interfaceAddresses } from '../../node/interface-addresses.js';
+import { buildInfo } from '../../build-info/version.js';
 import type { CheckOptions } from './check-options.js';
 import { readControllerStatus, type ControllerView, type RunningController } from './controller-status.js';
 import { checkHooks, checkMasquerade, checkObjects, familiesInUse, type Finding } from './kernel-checks.js';
@@ -48,7 +48,7 @@ export async function runChecks(config: Config, options: CheckOptions, kc: KubeC
   const controller = await readControllerStatus(options.controller);
   const running = controller.kind === 'running' ? controller : undefined;
   const { services, node } = await readCluster(config, kc);
-  const { KubeProxyAwareness } = await import('../kubeproxy/awareness.js');
+  const { KubeProxyAwareness } = await import('../../kubeproxy/awareness.js');
   const looked = running ? undefined : await KubeProxyAwareness.lookOnce(config);
   const model: ModelConfig = running?.model ?? looked!.settings.model;
   const mode = running?.kubeProxy?.mode ?? looked!.mode.mode;
@@ -106,8 +106,8 @@ function version(
 }
 
 async function readCluster(config: Config, kc: KubeConfig): Promise<{ services: ServiceInfo[]; node?: NodeInfo }> {
-  const { listAllJson } = await import('../kube/cluster.js');
-  const { toNodeInfo, toServiceInfo } = await import('../kube/objects.js');
+  const { listAllJson } = await import('../../kube/cluster.js');
+  const { toNodeInfo, toServiceInfo } = await import('../../kube/objects.js');
   try {
     const services = await listAllJson(kc, '/api/v1/services', {}, toServiceInfo);
     const query = { fieldSelector: `metadata.name=${config.nodeName}` };

@@ -3,9 +3,9 @@
 
 import { Option, type Command } from 'commander';
 import { isIP } from 'node:net';
-import { parseConfig, type Config } from '../config/options.js';
-import { duration, parseBindAddress, positiveCount, UsageError } from '../config/flag-values.js';
-import type { BindAddress } from '../http/endpoint.js';
+import { parseConfig, type Config } from '../../config/options.js';
+import { duration, parseBindAddress, positiveCount, UsageError } from '../../config/flag-values.js';
+import type { BindAddress } from '../../http/endpoint.js';
 
 /** Services tried when none is named, at most: a sample, never the whole cluster. */
 export const MAX_SAMPLE = 50;

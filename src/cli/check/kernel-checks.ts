@@ -3,12 +3,12 @@
 // IPVS's hooks, and whether kube-proxy masquerades the node's marked traffic.
 
 import { execa } from 'execa';
-import type { Driver, ReadBack } from '../driver/driver.js';
-import { FAMILIES, type DesiredState, type Family } from '../model/types.js';
-import { shapeOf } from '../reconciler/ledger.js';
-import { CHAIN_PRIORITY, NFT_FAMILY, OUTPUT_CHAIN, PREROUTING_CHAIN, TABLE_NAME } from '../backends/nft/render.js';
-import { IptablesCommands, IPTABLES_VARIANTS, type IptablesVariant } from '../backends/iptables/executor.js';
-import { JUMPS } from '../backends/iptables/layout.js';
+import type { Driver, ReadBack } from '../../driver/driver.js';
+import { FAMILIES, type DesiredState, type Family } from '../../model/types.js';
+import { shapeOf } from '../../reconciler/ledger.js';
+import { CHAIN_PRIORITY, NFT_FAMILY, OUTPUT_CHAIN, PREROUTING_CHAIN, TABLE_NAME } from '../../backends/nft/render.js';
+import { IptablesCommands, IPTABLES_VARIANTS, type IptablesVariant } from '../../backends/iptables/executor.js';
+import { JUMPS } from '../../backends/iptables/layout.js';
 import { jumpsToKubePostrouting, walkMarked } from './masquerade.js';
 
 /** One thing checked: ok or broken, and one line that says what was found (and, when broken, why it matters). */

@@ -23,7 +23,8 @@ import { fileURLToPath } from 'node:url';
 import YAML from 'yaml';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { httpGet } from '../support/scrape.js';
-import { NODE } from '../../testbed/node-network.js';
+import { NODE, sh } from '../../testbed/node-network.js';
+import { KUBE_PROXY_MASQUERADE } from '../../testbed/check-command.js';
 import { Scenario, LB_V4, LB_PATH } from '../kernel/scenario.js';
 import { defaultCgroupPath } from '../../src/backends/ebpf/ebpf-driver.js';
 
@@ -47,6 +48,17 @@ function podman(args: string[], allowFail = false): { code: number; out: string;
   const res = { code: r.status ?? -1, out: (r.stdout ?? '').trim(), err: (r.stderr ?? '').trim() };
   if (!allowFail && res.code !== 0) throw new Error(`podman ${args.join(' ')}: exit ${res.code}: ${res.err}`);
   return res;
+}
+
+/** podman without blocking the event loop: for a command that calls back into this process (the API stand-in). */
+async function podmanAsync(args: string[]): Promise<{ code: number | null; out: string; err: string }> {
+  const child = spawn('podman', args, { env: PODMAN_ENV, stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  let err = '';
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+  const [code] = (await once(child, 'exit')) as [number | null];
+  return { code, out: out.trim(), err: err.trim() };
 }
 
 function run(cmd: string, args: string[], allowFail = false): string {
@@ -575,6 +587,46 @@ describe('the image under the DaemonSet, as a kubelet runs it (podman)', functio
     expect(first.node).to.equal('node-1');
     // The image's in-process libnftables addon programs the kernel, not the nft command.
     expect(kubelet.logs(started.name)).to.match(/programmed in process through libnftables/);
+    // The check an operator execs in the container (docs: "Prove it works"), with kube-proxy's
+    // masquerade of the mark on the node as IPVS mode writes it: it finds the running controller
+    // at the node's address and proves the path with a connection of its own.
+    sh('iptables-nft-restore', ['--noflush', '-w'], KUBE_PROXY_MASQUERADE);
+    let checked;
+    try {
+      // Asynchronously: the API stand-in answering the check lives in this process.
+      checked = await podmanAsync([
+        'exec',
+        started.name,
+        'ipvs-node-controller',
+        'check',
+        '--service=default/svc-a',
+        '--output=json',
+      ]);
+    } finally {
+      sh('iptables-nft', [
+        '-w',
+        '-t',
+        'nat',
+        '-D',
+        'POSTROUTING',
+        '-m',
+        'comment',
+        '--comment',
+        'kubernetes postrouting rules',
+        '-j',
+        'KUBE-POSTROUTING',
+      ]);
+      sh('iptables-nft', ['-w', '-t', 'nat', '-F', 'KUBE-POSTROUTING']);
+      sh('iptables-nft', ['-w', '-t', 'nat', '-X', 'KUBE-POSTROUTING']);
+    }
+    expect(checked.code, `${checked.out}\n${checked.err}`).to.equal(0);
+    const report = JSON.parse(checked.out) as Obj;
+    expect(report.ok).to.equal(true);
+    expect(report.controller).to.include({ kind: 'running', address: `${NODE_IP}:9478` });
+    expect(report.backend.name).to.equal('nft');
+    expect(report.paths).to.have.length(1);
+    expect(report.paths[0]).to.include({ address: LB_V4, protocol: 'TCP', port: 80, ok: true, outcome: 'answered' });
+    expect(report.paths[0].conntrack.reply.src).to.equal('10.96.0.10');
     const metrics = await httpGet(`http://${NODE_IP}:9477/metrics`);
     expect(metrics.body).to.match(
       new RegExp(

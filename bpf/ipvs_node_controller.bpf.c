@@ -11,6 +11,11 @@
 //
 // Addresses and ports are kept in network byte order exactly as the socket context holds them;
 // the userspace side writes map keys and values in the same layout.
+//
+// Every translation is counted, per CPU, by the family of the entry that translated it and by
+// where the socket lives: the node's network namespace ("node": its processes, host-network
+// pods) or any other ("pods"). A connect() counts once, an unconnected sendmsg() once per
+// datagram.
 
 #include <linux/bpf.h>
 #include <linux/in.h>
@@ -20,6 +25,12 @@
 // Keep in step with src/backends/ebpf/map-codec.ts.
 #define MAX_ENTRIES 65536
 #define MAX_SOCKET_ORIGINS 65536
+
+// Slots of the translated map: keep in step with src/backends/ebpf/counters.ts.
+#define COUNTER_IPV4 0
+#define COUNTER_IPV6 2
+#define COUNTER_NODE 1
+#define COUNTER_SLOTS 4
 
 struct entry_key_v4 {
 	__u32 addr;
@@ -91,7 +102,39 @@ struct {
 	__type(value, struct origin_value);
 } socket_origins SEC(".maps");
 
+// Translations made, per CPU: slot COUNTER_IPV4 or COUNTER_IPV6, plus COUNTER_NODE for a socket
+// in the node's network namespace. Userspace sums the CPUs' values.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, COUNTER_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
+} translated SEC(".maps");
+
+// The node's network namespace cookie, written by the loader before it attaches (the namespace
+// it runs in). 0 when the kernel could not tell it (SO_NETNS_COOKIE is Linux 5.14+): then the
+// initial network namespace is the node's.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} node_netns SEC(".maps");
+
 #define SOCK_ADDR_ALLOW 1
+
+static __always_inline void count_translation(struct bpf_sock_addr *ctx, __u32 family_slot)
+{
+	__u32 zero = 0;
+	const __u64 *node = bpf_map_lookup_elem(&node_netns, &zero);
+	__u64 node_cookie = node && *node ? *node : bpf_get_netns_cookie(NULL);
+	__u32 slot = family_slot + (bpf_get_netns_cookie(ctx) == node_cookie ? COUNTER_NODE : 0);
+	__u64 *n = bpf_map_lookup_elem(&translated, &slot);
+
+	// Another task may run this program on the same CPU when this one is preempted.
+	if (n)
+		__sync_fetch_and_add(n, 1);
+}
 
 static __always_inline int is_v4_mapped(const __u32 addr[4])
 {
@@ -158,6 +201,7 @@ static __always_inline int translate_v4(struct bpf_sock_addr *ctx)
 	__u16 translated_port = to->port;
 
 	remember_origin(ctx, translated, translated_port, original, port);
+	count_translation(ctx, COUNTER_IPV4);
 	ctx->user_ip4 = translated[3];
 	ctx->user_port = translated_port;
 	return SOCK_ADDR_ALLOW;
@@ -169,6 +213,7 @@ static __always_inline int translate_v6(struct bpf_sock_addr *ctx)
 	__u32 translated[4];
 	__u16 port = (__u16)ctx->user_port;
 	__u16 translated_port;
+	__u32 family_slot;
 
 	original[0] = ctx->user_ip6[0];
 	original[1] = ctx->user_ip6[1];
@@ -186,6 +231,7 @@ static __always_inline int translate_v6(struct bpf_sock_addr *ctx)
 		translated[2] = original[2];
 		translated[3] = to->addr;
 		translated_port = to->port;
+		family_slot = COUNTER_IPV4;
 	} else {
 		struct entry_key_v6 key = {};
 
@@ -204,9 +250,11 @@ static __always_inline int translate_v6(struct bpf_sock_addr *ctx)
 		translated[2] = to->addr[2];
 		translated[3] = to->addr[3];
 		translated_port = to->port;
+		family_slot = COUNTER_IPV6;
 	}
 
 	remember_origin(ctx, translated, translated_port, original, port);
+	count_translation(ctx, family_slot);
 	ctx->user_ip6[0] = translated[0];
 	ctx->user_ip6[1] = translated[1];
 	ctx->user_ip6[2] = translated[2];

@@ -63,6 +63,7 @@ class LoadWorker : public PromiseWorker {
   Napi::Value Result(Napi::Env env) override {
     Napi::Object out = Napi::Object::New(env);
     out.Set("cgroupId", Napi::BigInt::New(env, static_cast<uint64_t>(result_.cgroupId)));
+    out.Set("nodeNetnsCookie", Napi::BigInt::New(env, static_cast<uint64_t>(result_.nodeNetnsCookie)));
     Napi::Array programs = Napi::Array::New(env, result_.programs.size());
     for (size_t i = 0; i < result_.programs.size(); ++i) {
       const AttachedProgram& p = result_.programs[i];
@@ -191,6 +192,22 @@ class DumpWorker : public MapWorker {
   std::vector<uint8_t> keys_, values_;
 };
 
+class SumPerCpuWorker : public MapWorker {
+ public:
+  SumPerCpuWorker(Napi::Env env, int fd, const MapShape& shape) : MapWorker(env, fd, shape) {}
+
+ protected:
+  void RunOnMap() override { sums_ = SumPerCpu(fd_, shape_); }
+  Napi::Value Result(Napi::Env env) override {
+    Napi::Array out = Napi::Array::New(env, sums_.size());
+    for (size_t i = 0; i < sums_.size(); ++i) out.Set(i, Napi::BigInt::New(env, sums_[i]));
+    return out;
+  }
+
+ private:
+  std::vector<uint64_t> sums_;
+};
+
 class PinnedMapHandle : public Napi::ObjectWrap<PinnedMapHandle> {
  public:
   static Napi::Function Define(Napi::Env env) {
@@ -204,6 +221,7 @@ class PinnedMapHandle : public Napi::ObjectWrap<PinnedMapHandle> {
                            InstanceMethod<&PinnedMapHandle::Update>("update"),
                            InstanceMethod<&PinnedMapHandle::Delete>("delete"),
                            InstanceMethod<&PinnedMapHandle::Dump>("dump"),
+                           InstanceMethod<&PinnedMapHandle::SumPerCpu>("sumPerCpu"),
                            InstanceMethod<&PinnedMapHandle::Close>("close"),
                        });
   }
@@ -264,6 +282,13 @@ class PinnedMapHandle : public Napi::ObjectWrap<PinnedMapHandle> {
   Napi::Value Dump(const Napi::CallbackInfo& info) {
     RequireOpen(info.Env());
     auto* worker = new DumpWorker(info.Env(), fd_, shape_);
+    worker->Queue();
+    return worker->Promise();
+  }
+
+  Napi::Value SumPerCpu(const Napi::CallbackInfo& info) {
+    RequireOpen(info.Env());
+    auto* worker = new SumPerCpuWorker(info.Env(), fd_, shape_);
     worker->Queue();
     return worker->Promise();
   }

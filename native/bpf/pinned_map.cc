@@ -1,6 +1,7 @@
 #include "pinned_map.h"
 
 #include <bpf/bpf.h>
+#include <bpf/libbpf.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -104,6 +105,30 @@ uint32_t DeleteElements(int fd, const MapShape& shape, const uint8_t* keys, uint
     ++at;
   }
   return deleted;
+}
+
+std::vector<uint64_t> SumPerCpu(int fd, const MapShape& shape) {
+  if (shape.type != BPF_MAP_TYPE_PERCPU_ARRAY || shape.valueSize != sizeof(uint64_t)) {
+    throw std::runtime_error("map " + shape.name + " is not a per-CPU array of 8-byte counters");
+  }
+  if (shape.maxEntries > kMaxSummedSlots) {
+    throw std::runtime_error("map " + shape.name + " has " + std::to_string(shape.maxEntries) +
+                             " slots: more than the " + std::to_string(kMaxSummedSlots) + " a sum reads");
+  }
+  // The kernel copies one value per possible CPU (each rounded up to 8 bytes).
+  const int cpus = libbpf_num_possible_cpus();
+  if (cpus <= 0) throw std::runtime_error(ErrnoMessage("count the possible CPUs", cpus));
+  std::vector<uint64_t> perCpu(static_cast<size_t>(cpus));
+  std::vector<uint64_t> sums(shape.maxEntries);
+  for (uint32_t key = 0; key < shape.maxEntries; ++key) {
+    if (bpf_map_lookup_elem(fd, &key, perCpu.data()) != 0) {
+      throw std::runtime_error(ErrnoMessage("read map " + shape.name, errno));
+    }
+    uint64_t sum = 0;
+    for (uint64_t v : perCpu) sum += v;  // wraps at 2^64 as each CPU's counter does
+    sums[key] = sum;
+  }
+  return sums;
 }
 
 void DumpElements(int fd, const MapShape& shape, std::vector<uint8_t>* keys, std::vector<uint8_t>* values) {

@@ -27,6 +27,11 @@ void UpdateElements(int fd, const MapShape& shape, const uint8_t* keys, const ui
 // Deletes `count` keys; keys already absent are not an error. Returns how many were deleted.
 uint32_t DeleteElements(int fd, const MapShape& shape, const uint8_t* keys, uint32_t count);
 
+// A per-CPU array of u64 counters: each slot summed over the possible CPUs (one lookup per
+// slot, at most kMaxSummedSlots). Throws std::runtime_error for another kind of map.
+constexpr uint32_t kMaxSummedSlots = 64;
+std::vector<uint64_t> SumPerCpu(int fd, const MapShape& shape);
+
 // Every element of the map.
 void DumpElements(int fd, const MapShape& shape, std::vector<uint8_t>* keys, std::vector<uint8_t>* values);
 

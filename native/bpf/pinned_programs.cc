@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -16,9 +17,16 @@
 
 #include "bpf_errors.h"
 
+#ifndef SO_NETNS_COOKIE
+#define SO_NETNS_COOKIE 71
+#endif
+
 namespace ebpf_addon {
 
 namespace {
+
+// The object's map holding the node's network namespace cookie (bpf/ipvs_node_controller.bpf.c).
+const char kNodeNetnsMap[] = "node_netns";
 
 class Fd {
  public:
@@ -131,6 +139,33 @@ uint32_t MapId(int map_fd) {
   uint32_t len = sizeof(info);
   if (bpf_obj_get_info_by_fd(map_fd, &info, &len) != 0) return 0;
   return info.id;
+}
+
+// The cookie of the network namespace this thread runs in (the process's: nothing here calls
+// setns), or 0 where the kernel does not hand it out (SO_NETNS_COOKIE, Linux 5.14).
+uint64_t OwnNetnsCookie() {
+  Fd sock(socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (sock.get() < 0) Fail(ErrnoMessage("open a socket to read the network namespace cookie", errno));
+  uint64_t cookie = 0;
+  socklen_t len = sizeof(cookie);
+  if (getsockopt(sock.get(), SOL_SOCKET, SO_NETNS_COOKIE, &cookie, &len) != 0) {
+    if (errno == ENOPROTOOPT || errno == EINVAL) return 0;
+    Fail(ErrnoMessage("read the network namespace cookie", errno));
+  }
+  return cookie;
+}
+
+// Before the programs attach, so that none counts with a stale namespace (a controller that
+// moved, a map new to this load). An object without the map (an older build) is left as it is.
+uint64_t WriteNodeNetns(bpf_object* obj) {
+  bpf_map* map = bpf_object__find_map_by_name(obj, kNodeNetnsMap);
+  if (map == nullptr) return 0;
+  const uint64_t cookie = OwnNetnsCookie();
+  const uint32_t zero = 0;
+  if (bpf_map_update_elem(bpf_map__fd(map), &zero, &cookie, BPF_ANY) != 0) {
+    Fail(ErrnoMessage(std::string("write map ") + kNodeNetnsMap, errno));
+  }
+  return cookie;
 }
 
 void AttachOne(bpf_program* prog, int cgroup_fd, uint64_t cgroup_id, const std::string& linkDir,
@@ -268,6 +303,7 @@ LoadResult LoadAndAttach(const std::string& objectPath, const std::string& bpffs
     bpf_map* m = bpf_object__find_map_by_name(obj.get(), report.name.c_str());
     if (m != nullptr) report.id = MapId(bpf_map__fd(m));
   }
+  result.nodeNetnsCookie = WriteNodeNetns(obj.get());
 
   bpf_program* prog;
   bpf_object__for_each_program(prog, obj.get()) {

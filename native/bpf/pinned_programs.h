@@ -2,7 +2,8 @@
 // bpffs directory so that the translation outlives the process that set it up.
 //
 // Layout under the bpffs directory:
-//   maps/<map name>       the entry maps and the per-socket origin map (re-used by the next load)
+//   maps/<map name>       the entry maps, the per-socket origin map, the translation counters and
+//                         the node's network namespace (re-used by the next load)
 //   programs/<name>       the programs currently attached (for inspection with bpftool)
 //   links/<name>          one cgroup link per program; the pin keeps the program attached
 
@@ -33,6 +34,9 @@ struct PinnedMapReport {
 
 struct LoadResult {
   uint64_t cgroupId = 0;
+  // The network namespace cookie the programs count as the node's (this process's); 0 when the
+  // kernel cannot tell it (before 5.14): the programs then count the initial namespace's.
+  uint64_t nodeNetnsCookie = 0;
   std::vector<AttachedProgram> programs;
   std::vector<PinnedMapReport> maps;
 };

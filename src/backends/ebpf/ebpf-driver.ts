@@ -23,6 +23,7 @@ import {
   type KernelElement,
   type ProbeResult,
   type ReadBack,
+  type TranslatedConnections,
 } from '../../driver/driver.js';
 import {
   BPF_FS_MAGIC,
@@ -36,6 +37,7 @@ import {
   readEffectiveCapabilities,
   runningKernel,
 } from './host-support.js';
+import { COUNTER_MAP_NAME, translatedRows } from './counters.js';
 import { ENTRY_MAP_CAPACITY, dumpChanges, elementWrites, encodeKeys, encodeValues, KEY_SIZE } from './map-codec.js';
 import {
   defaultObjectPath,
@@ -327,6 +329,22 @@ export class EbpfDriver implements Driver {
     const load = this.addon();
     if (load.ok) await load.addon.removePinned(this.bpffsPath);
     else removePinsWithoutAddon(this.bpffsPath);
+  }
+
+  /**
+   * The programs' counters (pinned map `translated`), summed over the CPUs: four lookups, on a
+   * worker thread. Nothing while the map is not pinned: nothing attached yet, or pins of a
+   * release without counters, until this one attaches (which makes the map).
+   */
+  async translatedConnections(): Promise<TranslatedConnections[]> {
+    const path = join(this.bpffsPath, 'maps', COUNTER_MAP_NAME);
+    if (!existsSync(path)) return [];
+    const map = new (this.requireAddon().PinnedMap)(path);
+    try {
+      return translatedRows(await map.sumPerCpu());
+    } finally {
+      map.close();
+    }
   }
 
   async close(): Promise<void> {

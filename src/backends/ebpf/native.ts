@@ -15,6 +15,8 @@ export interface AttachedProgram {
 
 export interface LoadReport {
   cgroupId: bigint;
+  /** The network namespace the programs count as the node's (this process's); 0n before Linux 5.14: the initial one. */
+  nodeNetnsCookie: bigint;
   programs: AttachedProgram[];
   maps: Array<{ name: string; path: string; id: number; reused: boolean }>;
 }
@@ -30,6 +32,8 @@ export interface PinnedMap {
   /** Deletes; absent keys are skipped. Resolves to the number deleted. */
   delete(keys: Buffer): Promise<number>;
   dump(): Promise<{ keys: Buffer; values: Buffer }>;
+  /** A per-CPU array of u64 (at most 64 slots): each slot summed over the possible CPUs, exactly. */
+  sumPerCpu(): Promise<bigint[]>;
   close(): void;
 }
 

@@ -10,7 +10,7 @@
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { expect } from 'chai';
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmdirSync, rmSync, unlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -98,6 +98,11 @@ function tryRun(cmd: string, args: string[]): void {
 interface Where {
   ns: string;
   inCgroup: boolean;
+  /**
+   * Enter the network namespace only (nsenter): `ip netns exec` mounts a /sys of its own, which
+   * hides the cgroup2 mount a controller attaches to.
+   */
+  netOnly?: boolean;
 }
 
 class Lab {
@@ -161,7 +166,12 @@ class Lab {
   /** Starts the peer script; resolves with the process and its first JSON line. */
   start(where: Where | undefined, args: string[]): { child: ChildProcess; first: Promise<Record<string, unknown>> } {
     const peer = [process.execPath, PEER, ...args];
-    const inNs = where ? ['ip', 'netns', 'exec', where.ns, ...peer] : peer;
+    const enter = !where
+      ? []
+      : where.netOnly
+        ? ['nsenter', `--net=/run/netns/${where.ns}`]
+        : ['ip', 'netns', 'exec', where.ns];
+    const inNs = [...enter, ...peer];
     // Joining the cgroup before exec: everything the client creates is under the cgroup.
     const child =
       where?.inCgroup === true
@@ -296,7 +306,9 @@ describe('ebpf backend on the kernel', function () {
     expect(readdirSync(join(lab.bpffsPath, 'maps')).sort()).to.deep.equal([
       'entries_v4',
       'entries_v6',
+      'node_netns',
       'socket_origins',
+      'translated',
     ]);
     expect(readdirSync(join(lab.bpffsPath, 'links'))).to.have.lengthOf(8);
     expect(readdirSync(join(lab.bpffsPath, 'programs'))).to.have.lengthOf(8);
@@ -579,6 +591,107 @@ describe('ebpf backend on the kernel', function () {
     expect(loopResult.attempts).to.be.above(0);
     second.child.kill('SIGKILL');
     await new Promise((r) => second.child.once('exit', r));
+  });
+
+  it('counts each translation by family and source, across restarts and over pins without counters', async function () {
+    // The node is where the attaching controller runs: here, the node namespace.
+    const controllerArgs = ['controller', lab.cgroupPath, lab.bpffsPath, JSON.stringify(ALL_ENTRIES)];
+    const inNode: Where = { ns: NODE_NS, inCgroup: false, netOnly: true };
+    const startController = async () => {
+      const started = lab.start(inNode, controllerArgs);
+      const ready = (await started.first) as {
+        ready: boolean;
+        nodeNetnsCookie: string;
+        maps: Array<{ name: string; reused: boolean }>;
+      };
+      expect(ready.ready, JSON.stringify(ready)).to.equal(true);
+      // The node's namespace cookie, which the kernel tells from Linux 5.14 on (SO_NETNS_COOKIE).
+      expect(ready.nodeNetnsCookie, 'a kernel before 5.14 counts the initial namespace as the node').to.match(/^[1-9]/);
+      return { ...started, ready };
+    };
+    const stop = async (child: ChildProcess) => {
+      child.kill('SIGKILL');
+      if (child.exitCode === null && child.signalCode === null) await new Promise((r) => child.once('exit', r));
+    };
+    // A new driver over the pinned state each time: no attach, the counters read from the pins.
+    const counts = async () =>
+      Object.fromEntries(
+        (await new EbpfDriver({ cgroupPath: lab.cgroupPath, bpffsPath: lab.bpffsPath }).translatedConnections()).map(
+          (r) => [`${r.family} ${r.source}`, r.connections],
+        ),
+      );
+    const moved = (before: Record<string, number>, after: Record<string, number>) =>
+      Object.fromEntries(Object.keys(after).map((k) => [k, after[k]! - (before[k] ?? 0)]));
+    const translatedBy = async (where: Where, args: string[]) => {
+      const r = await lab.client(where, args);
+      expect(r.error, args.join(' ')).to.equal(undefined);
+      expect(String(r.reply), args.join(' ')).to.match(/^cluster /);
+    };
+    const port = String(PORT);
+
+    const first = await startController();
+    const before = await counts();
+    expect(Object.keys(before).sort()).to.deep.equal(['ipv4 node', 'ipv4 pods', 'ipv6 node', 'ipv6 pods']);
+    await translatedBy(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, port]);
+    await translatedBy(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, port]);
+    // A connected UDP socket: its connect() counts, its datagram (no address) is not looked at.
+    await translatedBy(inCgroup(POD_NS), ['udp-connected', ADDR.ipv4.external, port]);
+    // Unconnected UDP: every datagram is translated and counted, three on one socket.
+    await translatedBy(inCgroup(POD_NS), ['udp', ADDR.ipv4.external, port, '3']);
+    // An IPv6 socket to an IPv4-mapped address: translated by the IPv4 entries, counted as IPv4.
+    await translatedBy(inCgroup(POD_NS), ['tcp', `::ffff:${ADDR.ipv4.external}`, port]);
+    await translatedBy(inCgroup(NODE_NS), ['tcp', ADDR.ipv4.external, port]);
+    await translatedBy(inCgroup(POD_NS), ['tcp', ADDR.ipv6.external, port]);
+    await translatedBy(inCgroup(NODE_NS), ['udp', ADDR.ipv6.external, port, '2']);
+    // Not translated, not counted: a port with no entry, a process outside the cgroup.
+    const untranslated = [
+      await lab.client(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, String(OTHER_PORT)]),
+      await lab.client(inCgroup(NODE_NS), ['udp', ADDR.ipv6.external, String(OTHER_PORT)]),
+      await lab.client(outside(POD_NS), ['tcp', ADDR.ipv4.external, port]),
+      await lab.client(outside(NODE_NS), ['udp', ADDR.ipv6.external, port]),
+    ];
+    expect(untranslated.map((r) => String(r.reply).split(' ')[0])).to.deep.equal(Array(4).fill('external'));
+    const afterFirst = await counts();
+    expect(moved(before, afterFirst)).to.deep.equal({
+      'ipv4 pods': 7,
+      'ipv4 node': 1,
+      'ipv6 pods': 1,
+      'ipv6 node': 2,
+    });
+
+    // Killed: the counts stay in the pinned map, and the programs go on counting.
+    await stop(first.child);
+    expect(await counts()).to.deep.equal(afterFirst);
+    await translatedBy(inCgroup(POD_NS), ['tcp', ADDR.ipv6.external, port]);
+    // A restart re-uses the map: nothing is reset.
+    const second = await startController();
+    expect(second.ready.maps.find((m) => m.name === 'translated')?.reused).to.equal(true);
+    await translatedBy(inCgroup(NODE_NS), ['tcp', ADDR.ipv4.external, port]);
+    expect(moved(afterFirst, await counts())).to.deep.equal({
+      'ipv4 pods': 0,
+      'ipv4 node': 1,
+      'ipv6 pods': 1,
+      'ipv6 node': 0,
+    });
+    await stop(second.child);
+
+    // The pins of a release without counters: the map is absent, so nothing is read; the next
+    // controller makes it (the other maps are re-used) and counts from 0.
+    unlinkSync(join(lab.bpffsPath, 'maps', 'translated'));
+    unlinkSync(join(lab.bpffsPath, 'maps', 'node_netns'));
+    expect(await counts()).to.deep.equal({});
+    const third = await startController();
+    expect(third.ready.maps.map((m) => `${m.name} ${m.reused}`).sort()).to.deep.equal([
+      'entries_v4 true',
+      'entries_v6 true',
+      'node_netns false',
+      'socket_origins true',
+      'translated false',
+    ]);
+    await translatedBy(inCgroup(POD_NS), ['tcp', ADDR.ipv4.external, port]);
+    await translatedBy(inCgroup(NODE_NS), ['udp', ADDR.ipv4.external, port]);
+    expect(await counts()).to.deep.equal({ 'ipv4 pods': 1, 'ipv4 node': 1, 'ipv6 pods': 0, 'ipv6 node': 0 });
+    await stop(third.child);
   });
 
   it('cleanup removes programs, links and pins; a second cleanup succeeds', async function () {

@@ -3,7 +3,8 @@
 //
 //   server <ip> <port> <tag>            TCP + UDP on ip:port; answers "<tag> <client address>"
 //   tcp <ip> <port>                     connects, prints { peer (getpeername), reply }
-//   udp <ip> <port>                     unconnected send, prints { from (recvfrom source), reply }
+//   udp <ip> <port> [datagrams]         unconnected sends (1 datagram, or that many on one socket),
+//                                       prints { from (recvfrom source), reply, replies }
 //   udp-connected <ip> <port>           connect + send, prints { peer, from, reply }
 //   tcp-loop <ip> <port> <stopFile>     connects one after the other until stopFile exists
 //   controller <cgroup> <bpffs> <json>  an Reconciler syncing the given entries, then idle
@@ -66,15 +67,17 @@ function tcpOnce(
   });
 }
 
-function udpOnce(ip: string, port: number, connected: boolean): Promise<Record<string, unknown>> {
+function udpOnce(ip: string, port: number, connected: boolean, datagrams = 1): Promise<Record<string, unknown>> {
   return new Promise((resolve) => {
     const sock = createSocket(isIPv6(ip) ? 'udp6' : 'udp4');
     const timer = setTimeout(() => {
       sock.close();
       resolve({ error: 'timeout' });
     }, TIMEOUT_MS);
-    const result: Record<string, unknown> = {};
+    const result: Record<string, unknown> = { replies: 0 };
     sock.on('message', (msg, rinfo) => {
+      result.replies = (result.replies as number) + 1;
+      if ((result.replies as number) < datagrams) return;
       clearTimeout(timer);
       result.from = rinfo.address;
       result.fromPort = rinfo.port;
@@ -94,7 +97,7 @@ function udpOnce(ip: string, port: number, connected: boolean): Promise<Record<s
         sock.send('ping');
       });
     } else {
-      sock.send('ping', port, ip);
+      for (let i = 0; i < datagrams; i++) sock.send('ping', port, ip);
     }
   });
 }
@@ -127,6 +130,7 @@ async function controller(cgroupPath: string, bpffsPath: string, entriesJson: st
   print({
     ready: true,
     mode: result.mode,
+    nodeNetnsCookie: String(a.nodeNetnsCookie),
     links: a.programs.map((p) => ({ name: p.name, link: p.link, linkId: p.linkId })),
     maps: a.maps.map((m) => ({ name: m.name, id: m.id, reused: m.reused })),
   });
@@ -142,7 +146,7 @@ async function main(): Promise<void> {
     case 'tcp':
       return print(await tcpOnce(args[0]!, Number(args[1])));
     case 'udp':
-      return print(await udpOnce(args[0]!, Number(args[1]), false));
+      return print(await udpOnce(args[0]!, Number(args[1]), false, args[2] === undefined ? 1 : Number(args[2])));
     case 'udp-connected':
       return print(await udpOnce(args[0]!, Number(args[1]), true));
     case 'tcp-loop':

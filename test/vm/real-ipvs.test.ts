@@ -34,7 +34,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 
-import { DEFAULT_BPFFS_PATH, defaultCgroupPath } from '../../src/backends/ebpf/ebpf-driver.js';
+import { DEFAULT_BPFFS_PATH, EbpfDriver, defaultCgroupPath } from '../../src/backends/ebpf/ebpf-driver.js';
+import { atLeast, kernelVersion, runningKernel } from '../../src/backends/ebpf/host-support.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
 import { shippedArgs } from '../../testbed/shipped-controller.js';
@@ -518,6 +519,40 @@ describe('controller on real IPVS', function () {
           sh('ipvsadm', ['-R'], `-a ${real} -m -w 1\n`);
         }
       });
+
+      if (variant.backend === 'ebpf') {
+        it("counts each translation by family and source, read from the programs' pinned counters", async () => {
+          const counts = async () =>
+            Object.fromEntries(
+              (
+                await new EbpfDriver({ cgroupPath: cgroupDir!, bpffsPath: DEFAULT_BPFFS_PATH }).translatedConnections()
+              ).map((r) => [`${r.family} ${r.source}`, r.connections]),
+            );
+          const before = await counts();
+          const answers = [
+            await pod.tcp(v4.lb),
+            await pod.tcp(v4.lb),
+            await pod.udp(v4.lb), // a connected UDP socket: its connect() counts
+            await host.tcp(v4.lb),
+            await pod.tcp(v6.lb),
+            await host.udp(v6.lb),
+          ];
+          expect(answers.map((a) => a.answer.split(' ')[0])).to.deep.equal(Array(6).fill('endpoint'));
+          // Not translated: an ipMode Proxy ingress, a client outside the cgroup.
+          expect((await pod.tcp(v4.proxyLb)).answer).to.equal(fromLoadBalancer(v4.pod));
+          expect((await outside.tcp(v4.localLb)).answer).to.equal(fromLocalEndpoint(v4.outside));
+          const after = await counts();
+          const moved = Object.fromEntries(Object.keys(after).map((k) => [k, after[k]! - (before[k] ?? 0)]));
+          // The node is the controller's network namespace (this test's); before Linux 5.14 the
+          // kernel cannot tell it, and the node is the initial namespace: the host agent counts as a pod.
+          const told = atLeast(kernelVersion(runningKernel()) ?? [0, 0], [5, 14]);
+          expect(moved).to.deep.equal(
+            told
+              ? { 'ipv4 pods': 3, 'ipv4 node': 1, 'ipv6 pods': 1, 'ipv6 node': 1 }
+              : { 'ipv4 pods': 4, 'ipv4 node': 0, 'ipv6 pods': 2, 'ipv6 node': 0 },
+          );
+        });
+      }
 
       it('leaves an ipMode Proxy ingress and traffic from outside the node alone', async () => {
         const checks: Check[] = [];

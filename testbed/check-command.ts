@@ -1,7 +1,7 @@
 // `ipvs-node-controller check --output=json` as the image runs it (the shipped bundle and its Node
 // flags), for the kernel and VM tests: its exit code, its report, what it said on stderr.
 
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { shippedArgs } from './shipped-controller.js';
 
@@ -61,3 +61,13 @@ export const KUBE_PROXY_MASQUERADE = [
   'COMMIT',
   '',
 ].join('\n');
+
+/** The opposite of KUBE_PROXY_MASQUERADE, in both families of the variant's tools (a test leaves nothing behind). */
+export function removeKubeProxyMasquerade(variant: 'nft' | 'legacy'): void {
+  for (const tool of [`iptables-${variant}`, `ip6tables-${variant}`]) {
+    const run = (...args: string[]) => execFileSync(tool, ['-w', '-t', 'nat', ...args], { stdio: 'ignore' });
+    run('-D', 'POSTROUTING', '-m', 'comment', '--comment', 'kubernetes postrouting rules', '-j', 'KUBE-POSTROUTING');
+    run('-F', 'KUBE-POSTROUTING');
+    run('-X', 'KUBE-POSTROUTING');
+  }
+}

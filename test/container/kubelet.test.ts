@@ -24,7 +24,7 @@ import YAML from 'yaml';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { httpGet } from '../support/scrape.js';
 import { NODE, sh } from '../../testbed/node-network.js';
-import { KUBE_PROXY_MASQUERADE } from '../../testbed/check-command.js';
+import { KUBE_PROXY_MASQUERADE, removeKubeProxyMasquerade } from '../../testbed/check-command.js';
 import { Scenario, LB_V4, LB_PATH } from '../kernel/scenario.js';
 import { defaultCgroupPath } from '../../src/backends/ebpf/ebpf-driver.js';
 
@@ -591,6 +591,7 @@ describe('the image under the DaemonSet, as a kubelet runs it (podman)', functio
     // masquerade of the mark on the node as IPVS mode writes it: it finds the running controller
     // at the node's address and proves the path with a connection of its own.
     sh('iptables-nft-restore', ['--noflush', '-w'], KUBE_PROXY_MASQUERADE);
+    sh('ip6tables-nft-restore', ['--noflush', '-w'], KUBE_PROXY_MASQUERADE);
     let checked;
     try {
       // Asynchronously: the API stand-in answering the check lives in this process.
@@ -603,21 +604,7 @@ describe('the image under the DaemonSet, as a kubelet runs it (podman)', functio
         '--output=json',
       ]);
     } finally {
-      sh('iptables-nft', [
-        '-w',
-        '-t',
-        'nat',
-        '-D',
-        'POSTROUTING',
-        '-m',
-        'comment',
-        '--comment',
-        'kubernetes postrouting rules',
-        '-j',
-        'KUBE-POSTROUTING',
-      ]);
-      sh('iptables-nft', ['-w', '-t', 'nat', '-F', 'KUBE-POSTROUTING']);
-      sh('iptables-nft', ['-w', '-t', 'nat', '-X', 'KUBE-POSTROUTING']);
+      removeKubeProxyMasquerade('nft');
     }
     expect(checked.code, `${checked.out}\n${checked.err}`).to.equal(0);
     const report = JSON.parse(checked.out) as Obj;

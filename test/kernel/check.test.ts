@@ -22,6 +22,7 @@ import { NODE, requireTools, sh } from '../../testbed/node-network.js';
 import { shippedArgs } from '../../testbed/shipped-controller.js';
 import {
   KUBE_PROXY_MASQUERADE,
+  removeKubeProxyMasquerade,
   checkedFinding,
   checkedPath,
   reportText,
@@ -105,6 +106,7 @@ describe('ipvs-node-controller check (the shipped command, real packets)', funct
 
   after(async () => {
     try {
+      removeKubeProxyMasquerade('nft');
       sh(process.execPath, shippedArgs(['--cleanup']));
       await api?.stop();
     } finally {

@@ -16,9 +16,8 @@ import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { OUTPUT_CHAIN, TABLE_NAME } from '../../src/backends/nft/render.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { Reconciler } from '../../src/reconciler/reconciler.js';
-import type { ServiceInfo } from '../../src/model/types.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
-import { NODE, requireTools, sh } from '../../testbed/node-network.js';
+import { requireTools, sh } from '../../testbed/node-network.js';
 import { shippedArgs } from '../../testbed/shipped-controller.js';
 import {
   KUBE_PROXY_MASQUERADE,
@@ -30,24 +29,7 @@ import {
   type Json,
 } from '../../testbed/check-command.js';
 import { eventually } from '../support/eventually.js';
-import { CONFIG, LB_V4, LB_V6, NODE_INFO, SERVICES, Scenario } from './scenario.js';
-
-function wireService(s: ServiceInfo): Json {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: s.namespace, name: s.name, creationTimestamp: s.creationTimestamp },
-    spec: {
-      type: s.type,
-      clusterIP: s.clusterIP,
-      clusterIPs: s.clusterIPs ?? [s.clusterIP],
-      externalIPs: s.externalIPs,
-      externalTrafficPolicy: s.externalTrafficPolicy,
-      ports: s.ports,
-    },
-    status: { loadBalancer: { ingress: s.ingress ?? [] } },
-  };
-}
+import { CONFIG, LB_V4, LB_V6, NODE_INFO, SERVICES, Scenario, applyScenario } from './scenario.js';
 
 const MASQUERADE_RULE = [
   '-t',
@@ -92,13 +74,7 @@ describe('ipvs-node-controller check (the shipped command, real packets)', funct
     dir = await mkdtemp(join(tmpdir(), 'check-'));
     kubeconfig = join(dir, 'kubeconfig');
     api = await ApiStandIn.start();
-    api.apply({
-      apiVersion: 'v1',
-      kind: 'Node',
-      metadata: { name: 'node-1' },
-      spec: { podCIDR: NODE.podCidr4, podCIDRs: [NODE.podCidr4, NODE.podCidr6] },
-    });
-    for (const s of SERVICES) api.apply(wireService(s));
+    applyScenario(api);
     await api.writeKubeconfig(kubeconfig);
     sh('iptables-nft-restore', ['--noflush', '-w'], KUBE_PROXY_MASQUERADE);
     sh('ip6tables-nft-restore', ['--noflush', '-w'], KUBE_PROXY_MASQUERADE);

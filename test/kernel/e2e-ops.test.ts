@@ -13,11 +13,10 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { MAP_NAME, TABLE_NAME } from '../../src/backends/nft/render.js';
-import type { ServiceInfo } from '../../src/model/types.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
-import { NODE, probe, requireTools, sh } from '../../testbed/node-network.js';
+import { probe, requireTools, sh } from '../../testbed/node-network.js';
 import { Exposition, httpGet, promtoolCheckMetrics, scrapeMetrics } from '../support/scrape.js';
-import { LB_PATH, LB_PROXY, LB_V4, LB_V6, SERVICES, Scenario } from './scenario.js';
+import { LB_PATH, LB_PROXY, LB_V4, LB_V6, SERVICES, Scenario, applyScenario, wireService } from './scenario.js';
 import { rejectionOf } from '../support/assertions.js';
 import { eventually } from '../support/eventually.js';
 import { PrometheusServer } from '../support/prometheus.js';
@@ -26,26 +25,6 @@ import { shippedArgs } from '../../testbed/shipped-controller.js';
 const METRICS = 'http://127.0.0.1:9477';
 const HEALTH = 'http://127.0.0.1:9478';
 const P = 'ipvs_node_controller_';
-
-type Json = Record<string, any>;
-
-/** A Service of the scenario as the API server serves it. */
-function wireService(s: ServiceInfo): Json {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: s.namespace, name: s.name, creationTimestamp: s.creationTimestamp },
-    spec: {
-      type: s.type,
-      clusterIP: s.clusterIP,
-      clusterIPs: s.clusterIPs ?? [s.clusterIP],
-      externalIPs: s.externalIPs,
-      externalTrafficPolicy: s.externalTrafficPolicy,
-      ports: s.ports,
-    },
-    status: { loadBalancer: { ingress: s.ingress ?? [] } },
-  };
-}
 
 async function health(path: '/healthz' | '/readyz'): Promise<{ status: number; detail: string }> {
   const a = await httpGet(HEALTH + path);
@@ -83,13 +62,7 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
     await scenario.setUp();
     dir = await mkdtemp(join(tmpdir(), 'e2e-ops-'));
     api = await ApiStandIn.start({ bookmarkIntervalMs: 200 });
-    api.apply({
-      apiVersion: 'v1',
-      kind: 'Node',
-      metadata: { name: 'node-1' },
-      spec: { podCIDR: NODE.podCidr4, podCIDRs: [NODE.podCidr4, NODE.podCidr6] },
-    });
-    for (const s of SERVICES) api.apply(wireService(s));
+    applyScenario(api);
     await api.writeKubeconfig(join(dir, 'kubeconfig'));
   });
 

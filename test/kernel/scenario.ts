@@ -104,3 +104,32 @@ export class Scenario {
     this.network.tearDown();
   }
 }
+
+/** A Service of the scenario as the API server serves it. */
+export function wireService(s: ServiceInfo): Record<string, unknown> {
+  return {
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: { namespace: s.namespace, name: s.name, creationTimestamp: s.creationTimestamp },
+    spec: {
+      type: s.type,
+      clusterIP: s.clusterIP,
+      clusterIPs: s.clusterIPs ?? [s.clusterIP],
+      externalIPs: s.externalIPs,
+      externalTrafficPolicy: s.externalTrafficPolicy,
+      ports: s.ports,
+    },
+    status: { loadBalancer: { ingress: s.ingress ?? [] } },
+  };
+}
+
+/** The scenario's Node and Services, stored in the API stand-in as the wire carries them. */
+export function applyScenario(api: { apply(obj: Record<string, unknown>): unknown }): void {
+  api.apply({
+    apiVersion: 'v1',
+    kind: 'Node',
+    metadata: { name: 'node-1' },
+    spec: { podCIDR: NODE.podCidr4, podCIDRs: [NODE.podCidr4, NODE.podCidr6] },
+  });
+  for (const s of SERVICES) api.apply(wireService(s));
+}

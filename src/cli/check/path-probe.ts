@@ -89,66 +89,62 @@ function outcomeOf(err: NodeJS.ErrnoException): PathOutcome {
   return 'failed';
 }
 
-function tryTcp(
-  address: string,
-  port: number,
+type LocalEnd = { address: string; port: number };
+
+/**
+ * One try's bookkeeping: the first outcome settles it (a timeout after `timeoutMs`); the
+ * conntrack entry of the local end is read before the socket is closed.
+ */
+function settleOnce(
   timeoutMs: number,
-  read: (local: { address: string; port: number }) => Promise<void>,
-): Promise<SocketTry> {
+  read: (local: LocalEnd) => Promise<void>,
+  close: () => void,
+  resolve: (t: SocketTry) => void,
+): { finish: (outcome: PathOutcome, error?: string) => void; setLocal: (local: LocalEnd) => void } {
   const started = performance.now();
-  return new Promise((resolve) => {
+  let done = false;
+  let local: LocalEnd | undefined;
+  const finish = (outcome: PathOutcome, error?: string) => {
+    if (done) return;
+    done = true;
+    clearTimeout(timer);
+    const ms = performance.now() - started;
+    const end = local;
+    void (end ? read(end) : Promise.resolve()).then(() => {
+      close();
+      resolve({ outcome, ms, ...(error !== undefined ? { error } : {}), ...(end ? { local: end } : {}) });
+    });
+  };
+  const timer = setTimeout(() => finish('timed out'), timeoutMs);
+  return { finish, setLocal: (l) => (local = l) };
+}
+
+function tryTcp(address: string, port: number, timeoutMs: number, read: (local: LocalEnd) => Promise<void>) {
+  return new Promise<SocketTry>((resolve) => {
     const socket = net.connect({ host: address, port });
-    let done = false;
-    let local: { address: string; port: number } | undefined;
+    const { finish, setLocal } = settleOnce(timeoutMs, read, () => socket.destroy(), resolve);
     // Node.js connects to an address on the next tick; this tick comes after it, before any
     // answer (a refusal closes the socket, and its local end with it): the end the entry names.
     process.nextTick(() => {
-      if (socket.localAddress && socket.localPort) local = { address: socket.localAddress, port: socket.localPort };
+      if (socket.localAddress && socket.localPort) setLocal({ address: socket.localAddress, port: socket.localPort });
     });
-    const finish = async (outcome: PathOutcome, error?: string) => {
-      if (done) return;
-      done = true;
-      clearTimeout(timer);
-      const ms = performance.now() - started;
-      if (local) await read(local);
-      socket.destroy();
-      resolve({ outcome, ms, ...(error !== undefined ? { error } : {}), ...(local ? { local } : {}) });
-    };
-    const timer = setTimeout(() => void finish('timed out'), timeoutMs);
-    socket.once('connect', () => void finish('answered'));
-    socket.once('error', (err: NodeJS.ErrnoException) => void finish(outcomeOf(err), err.message));
+    socket.once('connect', () => finish('answered'));
+    socket.once('error', (err: NodeJS.ErrnoException) => finish(outcomeOf(err), err.message));
   });
 }
 
-function tryUdp(
-  address: string,
-  port: number,
-  timeoutMs: number,
-  read: (local: { address: string; port: number }) => Promise<void>,
-): Promise<SocketTry> {
-  const started = performance.now();
-  return new Promise((resolve) => {
+function tryUdp(address: string, port: number, timeoutMs: number, read: (local: LocalEnd) => Promise<void>) {
+  return new Promise<SocketTry>((resolve) => {
     const socket = dgram.createSocket(net.isIPv6(address) ? 'udp6' : 'udp4');
-    let done = false;
-    let local: { address: string; port: number } | undefined;
-    const finish = async (outcome: PathOutcome, error?: string) => {
-      if (done) return;
-      done = true;
-      clearTimeout(timer);
-      const ms = performance.now() - started;
-      if (local) await read(local);
-      socket.close();
-      resolve({ outcome, ms, ...(error !== undefined ? { error } : {}), ...(local ? { local } : {}) });
-    };
-    const timer = setTimeout(() => void finish('timed out'), timeoutMs);
+    const { finish, setLocal } = settleOnce(timeoutMs, read, () => socket.close(), resolve);
     // A connected socket hears an ICMP port unreachable as ECONNREFUSED.
-    socket.on('error', (err: NodeJS.ErrnoException) => void finish(outcomeOf(err), err.message));
-    socket.once('message', () => void finish('answered'));
+    socket.on('error', (err: NodeJS.ErrnoException) => finish(outcomeOf(err), err.message));
+    socket.once('message', () => finish('answered'));
     socket.connect(port, address, () => {
       const a = socket.address();
-      local = { address: a.address, port: a.port };
+      setLocal({ address: a.address, port: a.port });
       socket.send(PROBE_DATAGRAM, (err) => {
-        if (err) void finish(outcomeOf(err), err.message);
+        if (err) finish(outcomeOf(err), err.message);
       });
     });
   });

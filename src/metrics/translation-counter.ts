@@ -30,9 +30,9 @@ export function registerTranslationCounter(
   new Counter({
     name: 'ipvs_node_controller_translated_connections_total',
     help:
-      'Connections our rules translated (DNAT to the ClusterIP), by family and by source: pods (local pods) or node ' +
-      "(the node's processes and host-network pods). Read from the kernel's counters when scraped; since the " +
-      "family's table was made.",
+      'Connections translated to the ClusterIP, by family and by source: pods (local pods) or node ' +
+      "(the node's processes and host-network pods). Read from the backend's kernel counters when scraped " +
+      '(nft: per new connection; ebpf: per connect(), and per datagram of an unconnected UDP socket).',
     labelNames: ['family', 'source'],
     registers: [registry],
     async collect() {

@@ -14,6 +14,14 @@ export class UsageError extends Error {
   }
 }
 
+/** A Service's `namespace/name`, each a DNS label (RFC 1123) as the API server allows them. */
+export function serviceName(flag: string, text: string): string {
+  if (!/^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\/[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/.test(text)) {
+    throw new UsageError(`${flag}: '${text}' is not namespace/name`);
+  }
+  return text;
+}
+
 /** Linux interface names: 1-15 bytes, no '/', whitespace, ':' or NUL. */
 export const INTERFACE_NAME = /^[A-Za-z0-9_.@+-]{1,15}$/;
 

@@ -3,6 +3,7 @@
 
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { DEFAULT_MAX_ENTRIES_PER_SERVICE, DETECT_LOCAL_MODES } from '../model/types.js';
+import { DEFAULT_PROBED_SERVICES, MAX_PROBED_SERVICES } from './probe-settings.js';
 import { buildInfo } from '../build-info/version.js';
 import { LOG_FORMATS } from '../log.js';
 
@@ -135,6 +136,21 @@ export function buildCommand(): Command {
         'record Kubernetes Events on Services whose addresses are skipped or lose a conflict',
         false,
       ),
+    )
+    .option(
+      '--probe-service <namespace/name>',
+      'probe this Service from the node every --probe-interval (repeatable); probed before annotated ones',
+      (value: string, previous: string[] | undefined) => [...(previous ?? []), value],
+    )
+    .option(
+      '--probe-max-services <n>',
+      `Services probed in all: --probe-service ones, then those annotated ipvs-node-controller/probe: "true", the oldest first (0 to ${MAX_PROBED_SERVICES}; 0: no probe)`,
+      String(DEFAULT_PROBED_SERVICES),
+    )
+    .option('--probe-interval <duration>', 'how often the probed Services are tried (at least 5s)', '30s')
+    .option('--probe-timeout <duration>', 'how long a probed connection or datagram is waited for (at most 10s)', '2s')
+    .addOption(
+      booleanOption('--probe-readiness', '/readyz fails while a --probe-service Service does not answer', false),
     )
     .option(
       '--kube-proxy-config <path>',

@@ -9,6 +9,8 @@ import type { KubeProxyModelSetting, SettingSource } from './setting-sources.js'
 import type { BindAddress } from '../http/endpoint.js';
 import type { BackendChoice } from '../backends/registry.js';
 import type { LogFormat } from '../log.js';
+import type { ProbeSettings } from '../probe/prober.js';
+import { probeSettings } from './probe-settings.js';
 import { buildCommand } from './flags.js';
 import {
   bindAddressesOverlap,
@@ -69,6 +71,8 @@ export interface Config {
   kubeProxyStepAside: boolean;
   /** --max-entries: entries per family this node programs at most; undefined: the backend's default. */
   maxEntries?: number;
+  /** The continuous probe (--probe-*). */
+  probe: ProbeSettings;
 }
 
 /**
@@ -217,5 +221,6 @@ export function parseConfig(
     kubeProxyMetricsAddressExplicit: command.getOptionValueSource('kubeProxyMetricsAddress') === 'cli',
     kubeProxyPollIntervalMs,
     kubeProxyStepAside: o.kubeProxyStepAside === true,
+    probe: probeSettings(o),
   };
 }

@@ -20,6 +20,7 @@
 
 import type { ControllerStatus } from '../controller.js';
 import type { InformerObserver } from '../kube/informer.js';
+import type { ProbeResult } from '../probe/prober.js';
 import { describeKnownIssue, knownIssues } from '../kubeproxy/known-issues.js';
 
 export interface Judgement {
@@ -82,6 +83,8 @@ export class ApiReachability implements InformerObserver {
 
 export interface HealthInputs {
   status: ControllerStatus;
+  /** --probe-readiness: the --probe-service Services whose last probe round failed. */
+  probesFailing?: readonly ProbeResult[];
   api: ApiReachability;
   syncPeriodMs: number;
   /** Process start, the fallback when the moment the caches synced is not known. */
@@ -167,6 +170,14 @@ function kubeProxyIssueWarnings(status: ControllerStatus): string[] {
   return knownIssues(mode.mode, mode.version).map((issue) => describeKnownIssue(issue, mode.version!));
 }
 
+function probeFailure(r: ProbeResult): string {
+  if (r.notProbed !== undefined) return r.notProbed;
+  return r.paths
+    .filter((p) => p.outcome !== 'answered')
+    .map((p) => `${p.address}:${p.port}/${p.protocol} ${p.outcome}`)
+    .join(', ');
+}
+
 export function judgeReadiness(inputs: HealthInputs): Judgement {
   const { status, api, syncPeriodMs, now } = inputs;
   const outage = api.unreachable();
@@ -202,6 +213,11 @@ export function judgeReadiness(inputs: HealthInputs): Judgement {
     return { ok: false, detail: `${outageLine}; the last programmed rules are kept`, warnings };
   }
   if (outageLine) warnings.push(outageLine);
+  const failing = inputs.probesFailing ?? [];
+  if (failing.length > 0) {
+    const which = failing.map((r) => `${r.service} (${probeFailure(r)})`).join(', ');
+    return { ok: false, detail: `the probe of --probe-service ${which} failed (--probe-readiness)`, warnings };
+  }
   const kubeProxy = status.kubeProxy;
   // Stepping aside is the intended behaviour outside IPVS mode: ready, and the detail says why.
   const detail = kubeProxy?.steppedAside

@@ -2,7 +2,7 @@
 // missing or of the wrong type; what is unusable becomes undefined and the model skips it.
 // Accepts both raw JSON (watch events, files) and client-node's deserialized models (Date timestamps).
 
-import { SKIP_ANNOTATION, type NodeInfo, type ServiceInfo } from '../model/types.js';
+import { PROBE_ANNOTATION, SKIP_ANNOTATION, type NodeInfo, type ServiceInfo } from '../model/types.js';
 
 type Loose = Record<string, unknown>;
 
@@ -77,6 +77,7 @@ export function toServiceInfo(raw: unknown): ServiceInfo | undefined {
   const meta = obj(o?.metadata);
   const name = str(meta?.name);
   const namespace = str(meta?.namespace);
+  const annotations = obj(meta?.annotations);
   if (!o || !name || !namespace) return undefined;
   const spec = obj(o.spec) ?? {};
   const status = obj(o.status) ?? {};
@@ -107,8 +108,9 @@ export function toServiceInfo(raw: unknown): ServiceInfo | undefined {
           return { ip: str(entry.ip), hostname: str(entry.hostname), ipMode: common(entry.ipMode) };
         })
       : undefined,
-    // Annotations are not kept (memory): only the one boolean the model reads.
-    ...(obj(meta?.annotations)?.[SKIP_ANNOTATION] === 'true' ? { skip: true } : {}),
+    // Annotations are not kept (memory): only the booleans the model and the probe read.
+    ...(annotations?.[SKIP_ANNOTATION] === 'true' ? { skip: true } : {}),
+    ...(annotations?.[PROBE_ANNOTATION] === 'true' ? { probe: true } : {}),
   };
 }
 

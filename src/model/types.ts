@@ -23,12 +23,16 @@ export interface ServiceInfo {
   ingress?: Array<{ ip?: string; hostname?: string; ipMode?: string }>;
   /** `spec.loadBalancerSourceRanges`, as the API object has them (the model parses them). */
   loadBalancerSourceRanges?: string[];
-  /** The annotation `ipvs-node-controller/skip: "true"` (the operator's opt-out); no other annotation is kept. */
+  /** The annotation `ipvs-node-controller/skip: "true"` (the operator's opt-out); no other annotation is kept but `probe`. */
   skip?: boolean;
+  /** The annotation `ipvs-node-controller/probe: "true"`: its owner asks every node to probe it (src/probe/). */
+  probe?: boolean;
 }
 
 /** The annotation that leaves a Service untranslated when its value is "true". */
 export const SKIP_ANNOTATION = 'ipvs-node-controller/skip';
+/** The annotation by which a Service's owner opts in to the continuous probe, when its value is "true". */
+export const PROBE_ANNOTATION = 'ipvs-node-controller/probe';
 
 /** The fields of this node's core/v1 Node the controller reads. */
 export interface NodeInfo {

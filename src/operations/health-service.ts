@@ -6,6 +6,7 @@ import type { Controller, ControllerStatus } from '../controller.js';
 import { ApiReachability, type HealthInputs } from '../health/health.js';
 import { startHealthEndpoint } from '../health/health-server.js';
 import type { BindAddress, HttpEndpoint } from '../http/endpoint.js';
+import type { ContinuousProber } from '../probe/prober.js';
 
 const NOT_STARTED: ControllerStatus = { cachesSynced: false, localPodMatchProblems: [] };
 
@@ -14,6 +15,7 @@ export class HealthService {
   readonly api: ApiReachability;
   private readonly startedAt = Date.now();
   private controller: Controller | undefined;
+  private prober: ContinuousProber | undefined;
   /** The backend in use and the settings its driver was made with, once chosen. */
   private backend: Record<string, unknown> | undefined;
 
@@ -47,8 +49,14 @@ export class HealthService {
     this.controller = controller;
   }
 
+  /** /readyz takes this probe's failing --probe-service Services into account from now on (--probe-readiness). */
+  probe(prober: ContinuousProber): void {
+    this.prober = prober;
+  }
+
   inputs(): HealthInputs {
     return {
+      probesFailing: this.prober?.failingForReadiness() ?? [],
       status: this.controller?.status ?? NOT_STARTED,
       api: this.api,
       syncPeriodMs: this.syncPeriodMs,

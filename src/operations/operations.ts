@@ -1,6 +1,7 @@
 // Everything an operator watches the controller through, started by the CLI's run command in
 // one piece: /metrics (metrics-service.ts), /healthz and /readyz (health-service.ts), and the
-// optional Events on Services and on the Node (event-service.ts).
+// optional Events on Services and on the Node (event-service.ts), and the continuous probe
+// (src/probe/prober.ts, --probe-*), whose results /metrics and /readyz show.
 
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
@@ -12,6 +13,8 @@ import { buildInfo } from '../build-info/version.js';
 import { formatBindAddress, type HttpEndpoint } from '../http/endpoint.js';
 import type { InformerObserver } from '../kube/informer.js';
 import type { ServiceInfo } from '../model/types.js';
+import { registerProbeMetrics } from '../metrics/probe-metrics.js';
+import { ContinuousProber } from '../probe/prober.js';
 import { allControllerObservers, allInformerObservers } from './observer-fan-out.js';
 import { eventRecorders, type EventRecorder } from './event-service.js';
 import { HealthService } from './health-service.js';
@@ -23,6 +26,7 @@ export class Operations {
   readonly health: HealthService;
   private readonly endpoints: HttpEndpoint[] = [];
   private events: EventRecorder[] = [];
+  private prober: ContinuousProber | undefined;
 
   private constructor(
     private readonly config: Config,
@@ -60,10 +64,15 @@ export class Operations {
     return allInformerObservers(own, this.metrics, this.health.api);
   }
 
-  /** The controller's observer: metrics, and Events when --emit-events is set. */
+  /** The controller's observer: metrics, Events when --emit-events is set, and the probe unless --probe-max-services=0. */
   controllerObserver(kubeConfig: KubeConfig, services: { list(): ServiceInfo[] }): ControllerObserver {
     this.events = eventRecorders(this.config, kubeConfig, services, this.logger);
-    return allControllerObservers(this.metrics, ...this.events);
+    if (this.config.probe.maxServices > 0 && !this.prober) {
+      const observer = registerProbeMetrics(this.metrics.registry);
+      this.prober = new ContinuousProber(this.config.probe, services, observer, this.logger);
+      this.health.probe(this.prober);
+    }
+    return allControllerObservers(this.metrics, ...this.events, this.prober);
   }
 
   /** Health is judged from this controller's status from now on. */
@@ -72,6 +81,7 @@ export class Operations {
   }
 
   async close(): Promise<void> {
+    await this.prober?.stop();
     await Promise.all(this.events.map((e) => e.flush()));
     await Promise.all(this.endpoints.splice(0).map((e) => e.close()));
   }

@@ -5,7 +5,7 @@ import { expect } from 'chai';
 import { parseCheckArgs } from '../../src/cli/check/check-options.js';
 import { parseIpvsTable } from '../../src/cli/check/ipvs-table.js';
 import { jumpsToKubePostrouting, walkMarked } from '../../src/cli/check/masquerade.js';
-import { parseConntrackLine } from '../../src/cli/check/path-probe.js';
+import { parseConntrackLine } from '../../src/probe/path-probe.js';
 import { UsageError } from '../../src/config/flag-values.js';
 
 describe('check: conntrack entries', () => {

@@ -4,7 +4,7 @@
 import { Option, type Command } from 'commander';
 import { isIP } from 'node:net';
 import { parseConfig, type Config } from '../../config/options.js';
-import { duration, parseBindAddress, positiveCount, UsageError } from '../../config/flag-values.js';
+import { duration, parseBindAddress, positiveCount, serviceName, UsageError } from '../../config/flag-values.js';
 import type { BindAddress } from '../../http/endpoint.js';
 
 /** Services tried when none is named, at most: a sample, never the whole cluster. */
@@ -54,10 +54,7 @@ export function parseCheckArgs(
     command = c;
   });
   const o = command!.opts<Record<string, string | undefined>>();
-  const service = o.service;
-  if (service !== undefined && !/^[a-z0-9]([-a-z0-9]*[a-z0-9])?\/[a-z0-9]([-a-z0-9]*[a-z0-9])?$/.test(service)) {
-    throw new UsageError(`--service: '${service}' is not namespace/name`);
-  }
+  const service = o.service === undefined ? undefined : serviceName('--service', o.service);
   const sample = positiveCount('--sample', o.sample!);
   if (sample > MAX_SAMPLE) throw new UsageError(`--sample: at most ${MAX_SAMPLE}`);
   const timeoutMs = duration('--timeout', o.timeout!, 10);

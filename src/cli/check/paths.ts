@@ -6,7 +6,7 @@ import type { DesiredState, Entry, Family, ServiceInfo } from '../../model/types
 import { MAX_PATHS, type CheckOptions } from './check-options.js';
 import { ipvsKey, type IpvsServices } from './ipvs-table.js';
 import type { Finding } from './kernel-checks.js';
-import { PROBE_DATAGRAM, tryPath, type ConntrackView, type PathOutcome } from './path-probe.js';
+import { PROBE_DATAGRAM, tryPath, type ConntrackView, type PathOutcome } from '../../probe/path-probe.js';
 
 /** Paths tried at once. */
 const CONCURRENCY = 8;

@@ -7,10 +7,10 @@
 import { execa } from 'execa';
 import * as dgram from 'node:dgram';
 import * as net from 'node:net';
-import { canonicalAddress } from '../../model/ip.js';
-import type { Protocol } from '../../model/types.js';
+import { canonicalAddress } from '../model/ip.js';
+import type { Protocol } from '../model/types.js';
 
-/** What `check` sends in a UDP probe: its endpoints see this one datagram. */
+/** What `check` and the continuous probe send in a UDP try: its endpoints see this one datagram. */
 export const PROBE_DATAGRAM = 'ipvs-node-controller check\n';
 
 export type PathOutcome = 'answered' | 'refused' | 'timed out' | 'unreachable' | 'failed';
@@ -57,10 +57,12 @@ export async function tryPath(
   timeoutMs: number,
   /** Where the translation leads: a socket-level translation (eBPF) sends its packets there. */
   translatedTo?: { address: string; port: number },
-  readConntrack: ConntrackReader = readConntrackEntry,
+  /** null: the socket's outcome alone (the continuous probe reads no conntrack entry). */
+  readConntrack: ConntrackReader | null = readConntrackEntry,
 ): Promise<PathTry> {
   let entry: { view?: ConntrackView; problem?: string } = {};
   const read = async (local: { address: string; port: number }) => {
+    if (!readConntrack) return;
     entry = await readConntrack(protocol, local, { address, port });
     if (entry.view || !translatedTo) return;
     // Rewritten at connect() or sendmsg(): the kernel's packets, and so the entry, carry the ClusterIP.
@@ -76,7 +78,7 @@ export async function tryPath(
   const result: PathTry = { protocol, address, port, outcome: tried.outcome, ms: tried.ms };
   if (tried.error !== undefined) result.error = tried.error;
   if (entry.view) result.conntrack = entry.view;
-  else if (protocol === 'TCP' || protocol === 'UDP')
+  else if (readConntrack && (protocol === 'TCP' || protocol === 'UDP'))
     result.conntrackProblem = entry.problem ?? 'no local port to look up';
   return result;
 }

@@ -23,6 +23,7 @@ import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import YAML from 'yaml';
 import { ControllerMetrics } from '../../src/metrics/controller-metrics.js';
+import { registerProbeMetrics } from '../../src/metrics/probe-metrics.js';
 import { eventually } from '../support/eventually.js';
 import { PrometheusServer } from '../support/prometheus.js';
 
@@ -47,6 +48,8 @@ interface NodeFixture {
   version: string;
   skipped: number;
   conflicts: number;
+  /** probe_success of the Service both nodes probe. */
+  probe: number;
 }
 
 const started = Date.now() / 1000;
@@ -95,6 +98,12 @@ function exposition(f: NodeFixture): string {
     `# TYPE ${P}translated_connections_total counter`,
     `${P}translated_connections_total{family="ipv4",source="pods"} ${3 * n}`,
     `${P}translated_connections_total{family="ipv4",source="node"} ${n}`,
+    `# TYPE ${P}probe_success gauge`,
+    `${P}probe_success{service="shop/web",origin="annotation"} ${f.probe}`,
+    `# TYPE ${P}probe_duration_seconds gauge`,
+    `${P}probe_duration_seconds{service="shop/web"} 0.002`,
+    `# TYPE ${P}probes_total counter`,
+    `${P}probes_total{service="shop/web",outcome="answered"} ${n}`,
     `# TYPE ${P}conntrack_entries_deleted_total counter`,
     `${P}conntrack_entries_deleted_total ${n}`,
     `# TYPE ${P}conntrack_cleanup_errors_total counter`,
@@ -195,8 +204,8 @@ function operatorScrapeConfig(podMonitor: Json, pods: Array<{ target: string; no
 describe('deploy/monitoring in a real Prometheus, two nodes (kube-prometheus-stack selection, with and without the node label)', function () {
   this.timeout(180_000);
   const fixtures: NodeFixture[] = [
-    { node: 'n1', version: '0.4.0', skipped: 3, conflicts: 1 },
-    { node: 'n2', version: '0.3.0', skipped: 3, conflicts: 1 },
+    { node: 'n1', version: '0.4.0', skipped: 3, conflicts: 1, probe: 1 },
+    { node: 'n2', version: '0.3.0', skipped: 3, conflicts: 1, probe: 0 },
   ];
   const servers: Server[] = [];
   const targets: Array<{ target: string; node: string }> = [];
@@ -239,6 +248,7 @@ describe('deploy/monitoring in a real Prometheus, two nodes (kube-prometheus-sta
     // As the nft backend runs it: with the counts of translated connections.
     const controller = new ControllerMetrics();
     controller.countTranslations(async () => []);
+    registerProbeMetrics(controller.registry);
     const real = new Map(
       [...(await controller.exposition()).text.matchAll(/^# TYPE (\S+) (\S+)$/gm)].map((m) => [m[1], m[2]]),
     );
@@ -308,6 +318,7 @@ describe('deploy/monitoring in a real Prometheus, two nodes (kube-prometheus-sta
             return count(a, 'IpvsNodeControllerSteppedAside').length === 2 &&
               count(a, 'IpvsNodeControllerConflicts').length === 1 &&
               count(a, 'IpvsNodeControllerVersionsDiffer').length === 1 &&
+              count(a, 'IpvsNodeControllerProbeFailingOnSomeNodes').length === 1 &&
               count(a, 'IpvsNodeControllerMissing').length === 1
               ? a
               : undefined;
@@ -321,8 +332,12 @@ describe('deploy/monitoring in a real Prometheus, two nodes (kube-prometheus-sta
           'IpvsNodeControllerConflicts',
           'IpvsNodeControllerVersionsDiffer',
           'IpvsNodeControllerMissing',
+          'IpvsNodeControllerProbeFailingOnSomeNodes',
         ])
           expect(count(later, name), name).to.have.lengthOf(1);
+        const probe = count(alerts, 'IpvsNodeControllerProbeFailingOnSomeNodes')[0]!;
+        expect(probe.labels.service).to.equal('shop/web');
+        expect(probe.annotations.description).to.match(/^The probe of Service shop\/web has failed on 1 nodes /);
         expect(count(later, 'IpvsNodeControllerSteppedAside')).to.have.lengthOf(2);
         const stepped = count(alerts, 'IpvsNodeControllerSteppedAside').map((a) => a.annotations.description as string);
         expect(stepped.sort()).to.deep.equal(
@@ -343,6 +358,7 @@ describe('deploy/monitoring in a real Prometheus, two nodes (kube-prometheus-sta
         expect([...names].sort()).to.deep.equal([
           'IpvsNodeControllerConflicts',
           'IpvsNodeControllerMissing',
+          'IpvsNodeControllerProbeFailingOnSomeNodes',
           'IpvsNodeControllerSteppedAside',
           'IpvsNodeControllerVersionsDiffer',
         ]);

@@ -155,7 +155,10 @@ describe("flags as kube-proxy's: booleans and aliases", () => {
     ['--kube-proxy-step-aside', (c: ReturnType<typeof parseConfig>) => c.kubeProxyStepAside, true],
     ['--dry-run', (c: ReturnType<typeof parseConfig>) => c.dryRun, false],
     ['--cleanup', (c: ReturnType<typeof parseConfig>) => c.cleanup, false],
+    ['--probe-readiness', (c: ReturnType<typeof parseConfig>) => c.probe.readiness, false],
   ] as const;
+  /** What a boolean needs beside it to be accepted. */
+  const NEEDS: Record<string, string[]> = { '--probe-readiness': ['--probe-service=ns/web'] };
 
   it('lists every boolean flag of --help here, each with a [bool] value; no flag is a bare switch', () => {
     const help = buildCommand().helpInformation();
@@ -171,13 +174,14 @@ describe("flags as kube-proxy's: booleans and aliases", () => {
   for (const [flag, read, byDefault] of BOOLEANS) {
     it(`${flag}: absent is ${byDefault}; ${flag}, ${flag}=true and ${flag}=false; any other value refused`, () => {
       const env = { NODE_NAME: 'n' };
-      expect(read(parseConfig([], env))).to.equal(byDefault);
-      expect(read(parseConfig([flag], env))).to.equal(true);
-      expect(read(parseConfig([`${flag}=true`], env))).to.equal(true);
-      expect(read(parseConfig([`${flag}=false`], env))).to.equal(false);
-      expect(read(parseConfig([`${flag}=False`], env)), 'strconv.ParseBool spellings').to.equal(false);
-      expect(read(parseConfig([`${flag}=1`], env))).to.equal(true);
-      fails([`${flag}=yes`], new RegExp(`${flag}.*'yes' is not true or false`), env);
+      const w = NEEDS[flag] ?? [];
+      expect(read(parseConfig([...w], env))).to.equal(byDefault);
+      expect(read(parseConfig([...w, flag], env))).to.equal(true);
+      expect(read(parseConfig([...w, `${flag}=true`], env))).to.equal(true);
+      expect(read(parseConfig([...w, `${flag}=false`], env))).to.equal(false);
+      expect(read(parseConfig([...w, `${flag}=False`], env)), 'strconv.ParseBool spellings').to.equal(false);
+      expect(read(parseConfig([...w, `${flag}=1`], env))).to.equal(true);
+      fails([...w, `${flag}=yes`], new RegExp(`${flag}.*'yes' is not true or false`), env);
     });
   }
 

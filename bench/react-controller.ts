@@ -23,6 +23,8 @@ export interface ControllerArgs {
   nodeAddress: string;
   /** Extra Node flags (the bench's --cpu-prof). */
   extraNodeFlags?: string[];
+  /** Extra controller flags (the probe-cost measure's --probe-*). */
+  extraArgs?: string[];
 }
 
 export class ShippedController {
@@ -71,6 +73,7 @@ export class ShippedController {
       `--healthz-bind-address=${args.nodeAddress}:9478`,
       '--sync-period=30s',
       '--min-sync-period=0s',
+      ...(args.extraArgs ?? []),
     ];
     const spawnedNs = process.hrtime.bigint();
     const child = spawn(nodePath, argv, { stdio: ['ignore', 'pipe', 'pipe'] });

@@ -15,6 +15,7 @@
 //      with the bound on rule deletes and without it (iptables-removal, bench/iptables-removal.ts),
 //      and smaller removals with each path forced. Printed before the report, not part of it.
 //  11. react (bench/react.ts, alone): this tree against another build, as users run them.
+//  12. probe-cost (bench/probe-cost.ts, alone): the continuous probe off, at its defaults, at its limit.
 // It opens with the targets' table: each figure before the footprint work and now.
 // Prints a table and writes bench/results/<timestamp>.json. Asserts nothing.
 // The latency measure runs the controller with --sync-period from --latency-sync-period (3s by
@@ -52,6 +53,7 @@ import { ElementMonitor } from './kernel-monitor.js';
 import { compilePacketProbe, probeNode } from './packet-probe.js';
 import { benchmarkArgs, inPrivateNamespaces } from './namespace.js';
 import { reactRequested, runReact } from './react.js';
+import { probeCostRequested, runProbeCost } from './probe-cost.js';
 import {
   formatReport,
   type BenchResults,
@@ -120,6 +122,8 @@ const USAGE = `usage (root): npm run bench [-- OPTIONS]
   --probe-from node|pod        where the end-to-end connections start
   --only react [--compare REF|none] [--node 24,20] [--cpu-prof] ...
                                alone: this tree against another build as users run them (bench/react.ts)
+  --only probe-cost [--rounds 2] [--window 30] [--node 24]
+                               alone: the continuous probe's cost, off / defaults / at its limit (bench/probe-cost.ts)
 Prints a report and writes bench/results/<timestamp>.json; asserts nothing.`;
 
 interface Options {
@@ -657,6 +661,9 @@ async function benchmark(argv: string[]): Promise<void> {
 const args = benchmarkArgs();
 if (args.includes('--help') || args.includes('-h')) {
   console.log(USAGE);
+} else if (probeCostRequested(args)) {
+  // Namespaces and processes of its own (bench/probe-cost.ts).
+  void runProbeCost(args);
 } else if (reactRequested(args)) {
   // Builds, namespaces and processes of its own (bench/react.ts).
   void runReact(args);

@@ -179,6 +179,56 @@ async function readConntrackEntry(
   return { problem: `conntrack -G found no entry${why ? `: ${why}` : ''}` };
 }
 
+/** Connections conntrack holds now to one address and port: every entry, and those translated. */
+export interface TrackedConnections {
+  connections: number;
+  translated: number;
+}
+
+/** `conntrack -L`'s output read at most: about 20,000 entries. */
+const TRACKED_MAX_BYTES = 4 * 1024 * 1024;
+
+/**
+ * The entries whose original destination is address:port (open connections, and closed TCP ones
+ * still in TIME_WAIT), counted from `conntrack -L`; a problem when it cannot be read or holds
+ * more than TRACKED_MAX_BYTES of them.
+ */
+export async function trackedConnections(
+  protocol: Protocol,
+  address: string,
+  port: number,
+): Promise<TrackedConnections | { problem: string }> {
+  const family = net.isIPv6(address) ? 'ipv6' : 'ipv4';
+  const args = ['-L', '-f', family, '-p', protocol.toLowerCase(), '-d', address, '--dport', String(port)];
+  const run = await execa('conntrack', args, {
+    reject: false,
+    timeout: CONNTRACK_TIMEOUT_MS,
+    maxBuffer: TRACKED_MAX_BYTES,
+    stdin: 'ignore',
+  }).catch((err: Error) => ({
+    exitCode: undefined,
+    stdout: '',
+    stderr: err.message,
+    timedOut: false,
+    isMaxBuffer: false,
+  }));
+  if (run.timedOut) return { problem: `conntrack -L did not answer within ${CONNTRACK_TIMEOUT_MS} ms` };
+  if ('isMaxBuffer' in run && run.isMaxBuffer)
+    return { problem: `more entries than ${TRACKED_MAX_BYTES} bytes of conntrack -L` };
+  if (run.exitCode !== 0) {
+    return { problem: `conntrack -L failed: ${String(run.stderr).trim().split('\n').at(-1) ?? ''}` };
+  }
+  let connections = 0;
+  let translated = 0;
+  for (const line of String(run.stdout).split('\n')) {
+    const view = parseConntrackLine(line);
+    if (!view) continue;
+    connections++;
+    if (view.translated) translated++;
+  }
+  return { connections, translated };
+}
+
 /**
  * One line of `conntrack -L/-G` (the default output): the protocol, its number, the timeout, a
  * TCP state, then the original tuple's `src= dst= sport= dport=`, perhaps `[UNREPLIED]`, and the

@@ -40,6 +40,8 @@ import { ApiStandIn } from '../../testbed/api-server.js';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
 import { shippedArgs } from '../../testbed/shipped-controller.js';
 import { checkedFinding, checkedPath, reportText, runCheck } from '../../testbed/check-command.js';
+import { eventually } from '../support/eventually.js';
+import { scrapeMetrics } from '../support/scrape.js';
 import {
   ADDR,
   Agent,
@@ -345,18 +347,22 @@ describe('controller on real IPVS', function () {
         return [`--backend=${variant.backend}`, ...(variant.backend === 'ebpf' ? ['--cgroup-path', cgroupDir!] : [])];
       }
 
-      function startController(): void {
+      /** `more`: extra flags. `inCgroup`: started in the cgroup the eBPF backend hooks, as a DaemonSet's container is under the root. */
+      function startController(more: string[] = [], inCgroup = false): void {
         output = '';
         cleanedUp = false;
-        controller = spawn(
-          process.execPath,
-          shippedArgs([
-            ...backendArgs(),
-            ...['--kubeconfig', kubeconfig, '--node-name', 'node-1'],
-            ...['--min-sync-period', '0', '--sync-period', '10s'],
-          ]),
-          { stdio: ['ignore', 'pipe', 'pipe'] },
-        );
+        const argv = shippedArgs([
+          ...backendArgs(),
+          ...['--kubeconfig', kubeconfig, '--node-name', 'node-1'],
+          ...['--min-sync-period', '0', '--sync-period', '10s'],
+          ...more,
+        ]);
+        controller =
+          inCgroup && cgroupDir
+            ? spawn('sh', ['-c', 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroupDir, process.execPath, ...argv], {
+                stdio: ['ignore', 'pipe', 'pipe'],
+              })
+            : spawn(process.execPath, argv, { stdio: ['ignore', 'pipe', 'pipe'] });
         controller.stdout!.on('data', (d: Buffer) => (output += d.toString()));
         controller.stderr!.on('data', (d: Buffer) => (output += d.toString()));
       }
@@ -517,6 +523,49 @@ describe('controller on real IPVS', function () {
           expect(checkedPath(none.report, v6.lb, 'TCP', PORT)).to.include({ ok: true });
         } finally {
           sh('ipvsadm', ['-R'], `-a ${real} -m -w 1\n`);
+        }
+      });
+
+      it("the continuous probe from the node: svc-a answered through IPVS's real server; without it, failing on the probe's metrics", async () => {
+        await killController();
+        startController(['--probe-service=default/svc-a', '--probe-interval=5s', '--probe-timeout=1s'], true);
+        try {
+          const success = async () => {
+            const e = await scrapeMetrics('http://127.0.0.1:9477');
+            return {
+              e,
+              ok: e.value('ipvs_node_controller_probe_success', { service: 'default/svc-a', origin: 'flag' }),
+            };
+          };
+          const working = await eventually(
+            'the probe of svc-a answering',
+            async () => (await success()).ok === 1 && (await success()).e,
+            60_000,
+          );
+          // TCP and UDP over both families: four paths a round, every one answered.
+          expect(
+            working.sum('ipvs_node_controller_probes_total', { service: 'default/svc-a', outcome: 'answered' }),
+          ).to.be.at.least(4);
+          const real = `-t ${v4.clusterIp}:${PORT} -r ${v4.endpoint}:${TARGET_PORT}`;
+          sh('ipvsadm', ['-R'], `-d ${real}\n`);
+          try {
+            const failing = await eventually(
+              'the probe of svc-a failing',
+              async () => (await success()).ok === 0 && (await success()).e,
+              60_000,
+            );
+            expect(
+              failing.sum('ipvs_node_controller_probes_total', { service: 'default/svc-a', outcome: 'answered' }),
+            ).to.be.above(0);
+            expect(output).to.match(/"msg":"Probe failing"/);
+          } finally {
+            sh('ipvsadm', ['-R'], `-a ${real} -m -w 1\n`);
+          }
+          await eventually('the probe of svc-a answering again', async () => (await success()).ok === 1, 60_000);
+        } finally {
+          await killController();
+          startController();
+          for (const a of [v4, v6]) await waitForPodPath(a.lb, a.clusterIp, 'after the restart without the probe');
         }
       });
 

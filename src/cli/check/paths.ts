@@ -6,7 +6,14 @@ import type { DesiredState, Entry, Family, ServiceInfo } from '../../model/types
 import { MAX_PATHS, type CheckOptions } from './check-options.js';
 import { ipvsKey, type IpvsServices } from './ipvs-table.js';
 import type { Finding } from './kernel-checks.js';
-import { PROBE_DATAGRAM, tryPath, type ConntrackView, type PathOutcome } from '../../probe/path-probe.js';
+import {
+  PROBE_DATAGRAM,
+  trackedConnections,
+  tryPath,
+  type ConntrackView,
+  type PathOutcome,
+  type TrackedConnections,
+} from '../../probe/path-probe.js';
 
 /** Paths tried at once. */
 const CONCURRENCY = 8;
@@ -23,6 +30,12 @@ export interface PathReport {
   outcome?: PathOutcome;
   ms?: number;
   conntrack?: ConntrackView;
+  /**
+   * What conntrack holds to this address and port now, the try's own entry among them (open
+   * connections, closed TCP ones in TIME_WAIT): the Service's own count on this node. Not for a
+   * translation at the socket (eBPF), whose entries carry the ClusterIP.
+   */
+  tracked?: TrackedConnections | { problem: string };
   /** What it shows: where it was translated to, or why it is broken. */
   detail?: string;
 }
@@ -128,6 +141,7 @@ async function judgePath(
   const report: PathReport = { ...where(e), ok: false, outcome: tried.outcome, ms: Math.round(tried.ms * 10) / 10 };
   const ct = tried.conntrack;
   if (ct) report.conntrack = ct;
+  if (!ct?.atSocket) report.tracked = await trackedConnections(e.protocol, e.externalIp, e.port);
   const to = ct ? `${ct.reply.src}:${ct.reply.sport}` : undefined;
   if (!ct) {
     // A refusal by a local socket takes the entry with it (the RST closes it at once).

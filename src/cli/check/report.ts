@@ -42,6 +42,14 @@ export function renderText(r: CheckReport): string {
       continue;
     }
     lines.push(`path        ${mark(p.ok)} ${p.service} ${at} -> ${p.clusterIp}: ${p.detail} [${p.ms} ms]`);
+    const t = p.tracked;
+    if (t) {
+      lines.push(
+        'problem' in t
+          ? `tracked     ${p.service} ${at}: not counted: ${t.problem}`
+          : `tracked     ${p.service} ${at}: ${t.connections} connections in conntrack now, ${t.translated} translated`,
+      );
+    }
   }
   if (r.bounded) lines.push(`bounds      ${r.bounded}`);
   for (const t of r.translated ?? []) {

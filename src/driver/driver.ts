@@ -187,7 +187,8 @@ export interface Driver {
   hasState?(): Promise<boolean>;
   /**
    * The connections our rules translated since the family's table was made, by source, as the
-   * kernel counts them; a family it could not read (no table, a listing that did not finish in
+   * kernel counts them (iptables: a total kept across the rules its own writes replace, never
+   * decreasing within a process); a family it could not read (no table, a listing that did not finish in
    * time) is left out. Read without holding back writes.
    */
   translatedConnections?(): Promise<TranslatedConnections[]>;

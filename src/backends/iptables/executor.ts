@@ -62,7 +62,8 @@ export interface IptablesOutcome {
  * /proc by default; tests give a stand-in that keeps a nat table in memory.
  */
 export interface IptablesRunner {
-  run(command: string, args: readonly string[], input?: string): Promise<IptablesOutcome>;
+  /** `timeoutMs`: stopped after this long (exit status undefined); the command timeout by default. */
+  run(command: string, args: readonly string[], input?: string, timeoutMs?: number): Promise<IptablesOutcome>;
   /** The legacy tables that exist in this network namespace (see variant.ts legacyTables). */
   legacyTables(family: Family): Promise<Set<string> | undefined>;
   /**
@@ -79,17 +80,17 @@ let generationAddon: NftAddonExecutor | null | undefined;
 const COMMAND_TIMEOUT_MS = (XTABLES_LOCK_WAIT_SECONDS + 30) * 1000;
 
 export const systemIptablesRunner: IptablesRunner = {
-  async run(command, args, input) {
+  async run(command, args, input, timeoutMs = COMMAND_TIMEOUT_MS) {
     const result = await execa(command, [...args], {
       ...(input === undefined ? { stdin: 'ignore' as const } : { input }),
       reject: false,
       stripFinalNewline: false,
-      timeout: COMMAND_TIMEOUT_MS,
+      timeout: timeoutMs,
     });
     const missing = result.failed && (result as { code?: string }).code === 'ENOENT';
     const exitCode = result.failed ? result.exitCode : 0;
     // Killed at the timeout, it wrote no message of its own.
-    const stderr = result.timedOut ? `${command} did not finish within ${COMMAND_TIMEOUT_MS / 1000} s` : result.stderr;
+    const stderr = result.timedOut ? `${command} did not finish within ${timeoutMs} ms` : result.stderr;
     return { exitCode, stdout: result.stdout, stderr, ...(missing ? { missing } : {}) };
   },
   async legacyTables(family) {
@@ -127,6 +128,26 @@ export class IptablesCommands {
   /** `-save` of one table, or of every table that exists when `table` is omitted. */
   async save(table?: string): Promise<string> {
     return this.exec(variantCommand(this.variant, this.family, 'save'), table ? ['-t', table] : []);
+  }
+
+  /** `-save -c -t nat`: the nat table with each rule's `[packets:bytes]`, within `timeoutMs`. */
+  async saveCounted(timeoutMs: number): Promise<string> {
+    return this.exec(variantCommand(this.variant, this.family, 'save'), ['-c', '-t', 'nat'], undefined, timeoutMs);
+  }
+
+  /**
+   * `iptables -t nat -S CHAIN -v`: the chain's `-A` lines with `-c PACKETS BYTES` before the
+   * target, within `timeoutMs`; undefined when the chain does not exist. Cheap with iptables-nft.
+   */
+  async listCounted(chain: string, timeoutMs: number): Promise<string[] | undefined> {
+    const command = variantCommand(this.variant, this.family, '');
+    const args = ['-w', String(XTABLES_LOCK_WAIT_SECONDS), '-t', 'nat', '-S', chain, '-v'];
+    try {
+      return (await this.exec(command, args, undefined, timeoutMs)).split('\n').filter((l) => l.startsWith('-A '));
+    } catch (err) {
+      if (err instanceof IptablesError && !(err instanceof IptablesToolMissing) && err.exitCode === 1) return undefined;
+      throw err;
+    }
   }
 
   /**
@@ -170,8 +191,8 @@ export class IptablesCommands {
     }
   }
 
-  private async exec(command: string, args: string[], input?: string): Promise<string> {
-    const result = await this.runner.run(command, args, input);
+  private async exec(command: string, args: string[], input?: string, timeoutMs?: number): Promise<string> {
+    const result = await this.runner.run(command, args, input, timeoutMs);
     if (result.missing) {
       throw new IptablesToolMissing(`the '${command}' command was not found: install the iptables package`);
     }

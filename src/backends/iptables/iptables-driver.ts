@@ -16,6 +16,8 @@
 //   ours: the reconciler trusts a family while every commit since it was exact was ours.
 // Between syncs a jump guard (jump-guard.ts) keeps our jumps at rule 1 when another writer
 // prepends its own, unless what it prepends cannot take packets away from ours (precedence.ts).
+// The connections translated are our DNAT rules' packet counters, kept across the rules our own
+// restores flush or delete (counters.ts).
 // After a repair the driver tells its bypass listeners which translations new connections may
 // have passed by; it never runs conntrack itself, so no write waits for a flow clean-up.
 
@@ -30,14 +32,17 @@ import type {
   FamilyShape,
   ProbeResult,
   ReadBack,
+  TranslatedConnections,
 } from '../../driver/driver.js';
 import type { TranslationsBypassed } from '../../driver/kernel-change.js';
 import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './executor.js';
+import { TranslationCounter } from './counters.js';
 import { bucketOf } from './layout.js';
-import { KUBE_MARK_MASQ, emptyNatTable } from './parse.js';
+import { KUBE_MARK_MASQ } from './parse.js';
 import { planPartialWrite, recordPartialWrite, type PartialWrite } from './partial-write.js';
 import { renderJumpRepairs } from './precedence.js';
 import { FamilyRecord } from './record.js';
+import { probeVariant } from './probe.js';
 import { renderFamilyRestore } from './render.js';
 import type { Rejection } from './rules.js';
 import { readVerificationView, shapeDrift } from './verify.js';
@@ -103,6 +108,11 @@ export class IptablesDriver implements Driver {
   /** Per family, the rejections last logged. */
   private readonly reportedRejections = new Map<Family, string>();
   private readonly bypassListeners: Array<(bypass: TranslationsBypassed) => void> = [];
+  /** The connections our rules translated, kept across our own writes (counters.ts). */
+  private readonly counter = new TranslationCounter(
+    (family) => this.commands(family),
+    () => (this.writesUnderWay > 0 ? undefined : this.writeEvents),
+  );
 
   constructor(
     readonly variant: IptablesVariant,
@@ -178,37 +188,8 @@ export class IptablesDriver implements Driver {
     return new IptablesCommands(this.variant, family, this.options.runner);
   }
 
-  async probe(): Promise<ProbeResult> {
-    // A test restore (parsed and built, not committed) of rules of our shape proves the tools,
-    // the nat table and the extensions used (comment, addrtype, tcp, MARK, DNAT, goto, masks),
-    // a Service's source-range chains included (RETURN, DNAT without a protocol).
-    const sample: FamilyState = {
-      entries: [],
-      localPodMatch: { kind: 'interfacePrefix', prefix: 'veth' },
-    };
-    try {
-      for (const family of FAMILIES) {
-        const entry = {
-          family,
-          externalIp: family === 'ipv4' ? '192.0.2.1' : '2001:db8::1',
-          protocol: 'TCP' as const,
-          port: 80,
-          clusterIp: family === 'ipv4' ? '192.0.2.2' : '2001:db8::2',
-          service: 'probe/probe',
-        };
-        const ranged = {
-          ...entry,
-          port: 443,
-          service: 'probe/ranged',
-          sourceRanges: [family === 'ipv4' ? '192.0.2.0/24' : '2001:db8::/64'],
-        };
-        const rendered = renderFamilyRestore(family, { ...sample, entries: [entry, ranged] }, 0x4000, emptyNatTable());
-        await this.commands(family).restore(rendered.text, { test: true });
-      }
-      return { ok: true, detail: `iptables via iptables-${this.variant}` };
-    } catch (err) {
-      return { ok: false, detail: `iptables-${this.variant} cannot be programmed: ${(err as Error).message}` };
-    }
+  probe(): Promise<ProbeResult> {
+    return probeVariant(this.variant, (family) => this.commands(family));
   }
 
   generation(): Promise<number | undefined> {
@@ -299,7 +280,7 @@ export class IptablesDriver implements Driver {
       // iptables-legacy's view is the whole table: a chain it does not list does not exist.
       if (this.variant === 'nft') for (const chain of candidates) current.chains.add(chain);
       const rendered = renderFamilyRestore(family, state, masqueradeMark, current);
-      if (!rendered.upToDate) await commands.restore(rendered.text);
+      if (!rendered.upToDate) await this.counter.restore(commands, rendered.text, current.chains);
       return { rendered, useKubeMarkMasq: current.chains.has(KUBE_MARK_MASQ) };
     });
     const shape = { localPodMatch: state.localPodMatch, masqueradeMark, useKubeMarkMasq };
@@ -316,7 +297,8 @@ export class IptablesDriver implements Driver {
     let write: PartialWrite;
     try {
       write = planPartialWrite(family, record, removed, added, this.rewriteAboveDeletes);
-      if (write.text !== undefined) await this.commands(family).restore(write.text);
+      const existing = new Set(record.chainNames());
+      if (write.text !== undefined) await this.counter.restore(this.commands(family), write.text, existing);
     } catch (err) {
       // The chains are not what was recorded, or the change cannot be written in part: the
       // reconciler writes the family whole, which removes what this record had and the state no
@@ -387,7 +369,14 @@ export class IptablesDriver implements Driver {
   private async removeAll(): Promise<void> {
     this.written.clear();
     this.mayExist.clear();
-    for (const family of FAMILIES) await removeIptablesObjects(this.variant, family, this.options.runner);
+    for (const family of FAMILIES) {
+      await this.counter.removeAll(family, () => removeIptablesObjects(this.variant, family, this.options.runner));
+    }
+  }
+
+  /** Our DNAT rules' packet counters, read when scraped (counters.ts). */
+  translatedConnections(): Promise<TranslatedConnections[]> {
+    return this.counter.read();
   }
 
   /** Stops the jump checks; the rules stay. */

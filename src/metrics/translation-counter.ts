@@ -32,7 +32,8 @@ export function registerTranslationCounter(
     help:
       'Connections translated to the ClusterIP, by family and by source: pods (local pods) or node ' +
       "(the node's processes and host-network pods). Read from the backend's kernel counters when scraped " +
-      '(nft: per new connection; ebpf: per connect(), and per datagram of an unconnected UDP socket).',
+      "(nft: per new connection; iptables: per new connection, from the DNAT rules' packet counters, " +
+      'kept across the rules its own writes replace; ebpf: per connect(), and per datagram of an unconnected UDP socket).',
     labelNames: ['family', 'source'],
     registers: [registry],
     async collect() {

@@ -57,6 +57,23 @@ export const BACKENDS: BackendUnderTest[] = [
   })),
 ];
 
+/** The families and sources the translation counters count. */
+const COUNTED = [
+  ['ipv4', 'pods'],
+  ['ipv4', 'node'],
+  ['ipv6', 'pods'],
+  ['ipv6', 'node'],
+] as const;
+
+/** The scenario's Services without svc-b (which shares svc-a's IPv4 address on port 8080). */
+function withoutSvcB(): DesiredState {
+  return buildDesiredState(
+    SERVICES.filter((s) => s.name !== 'svc-b'),
+    NODE_INFO,
+    CONFIG,
+  );
+}
+
 function desired(config: Partial<ModelConfig> = {}, node: NodeInfo | undefined = NODE_INFO): DesiredState {
   return buildDesiredState(SERVICES, node, { ...CONFIG, ...config });
 }
@@ -133,19 +150,14 @@ for (const backendUnderTest of BACKENDS) {
         return (family, source) => rows.find((r) => r.family === family && r.source === source)?.connections;
       };
       const moved = (from: Read, to: Read, by: Record<string, number>) => {
-        for (const key of ['ipv4 pods', 'ipv4 node', 'ipv6 pods', 'ipv6 node']) {
-          const [family, source] = key.split(' ') as [string, string];
+        for (const [family, source] of COUNTED) {
+          const key = `${family} ${source}`;
           expect(to(family, source), key).to.equal(from(family, source)! + (by[key] ?? 0));
         }
       };
       const before = await read();
-      for (const [family, source] of [
-        ['ipv4', 'pods'],
-        ['ipv4', 'node'],
-        ['ipv6', 'pods'],
-        ['ipv6', 'node'],
-      ]) {
-        expect(before(family!, source!), `${family} ${source}`).to.be.a('number');
+      for (const [family, source] of COUNTED) {
+        expect(before(family, source), `${family} ${source}`).to.be.a('number');
       }
       expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
       expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
@@ -156,12 +168,7 @@ for (const backendUnderTest of BACKENDS) {
       expect(await probe(pod(), 'tcp', LB_PROXY, 80)).to.equal(LB_PATH);
       // Another Service's connection, then that Service deleted (its rules go) and back.
       expect(await probe(pod(), 'tcp', LB_V4, 8080)).to.equal('svc-b');
-      const withoutB = buildDesiredState(
-        SERVICES.filter((s) => s.name !== 'svc-b'),
-        NODE_INFO,
-        CONFIG,
-      );
-      await backend!.sync(withoutB, { full: false });
+      await backend!.sync(withoutSvcB(), { full: false });
       expect(await probe(pod(), 'tcp', LB_V4, 8080)).to.equal(LB_PATH);
       await backend!.sync(desired(), { full: false });
       // A full resync (a verification), then a whole write: another masquerade mark, another shape.
@@ -183,12 +190,7 @@ for (const backendUnderTest of BACKENDS) {
       // The first driver's total, read again after the other's write, has not gone back (iptables:
       // a flush by another process is seen only where its rule counts less than before).
       const again = await read();
-      for (const [family, source] of [
-        ['ipv4', 'pods'],
-        ['ipv4', 'node'],
-        ['ipv6', 'pods'],
-        ['ipv6', 'node'],
-      ] as const) {
+      for (const [family, source] of COUNTED) {
         expect(again(family, source), `${family} ${source}`).to.be.at.least(written(family, source)!);
       }
     });
@@ -257,12 +259,7 @@ for (const backendUnderTest of BACKENDS) {
     });
 
     it('removes the translation of a deleted Service', async () => {
-      const withoutB = buildDesiredState(
-        SERVICES.filter((s) => s.name !== 'svc-b'),
-        NODE_INFO,
-        CONFIG,
-      );
-      await backend!.sync(withoutB, { full: false });
+      await backend!.sync(withoutSvcB(), { full: false });
       expect(await probe(pod(), 'tcp', LB_V4, 8080)).to.equal(LB_PATH);
       expect(await probe(pod(), 'tcp', LB_V4, 80)).to.equal('svc-a');
       await backend!.sync(desired(), { full: false });

@@ -88,75 +88,46 @@ describe('iptables translation counts: parsing', () => {
 });
 
 describe('iptables translation counts: the ledger', () => {
-  const counts = (rows: Array<[string, number]>) =>
-    parseSavedCounts(['*nat', ...rows.map(([chain, n]) => `[${n}:0] -A ${chain} ${DNAT4}`), 'COMMIT'].join('\n'));
+  /** A -save -c with one DNAT rule counting `n` in each chain. */
+  const counts = (rows: Record<string, number>) =>
+    parseSavedCounts(
+      ['*nat', ...Object.entries(rows).map(([chain, n]) => `[${n}:0] -A ${chain} ${DNAT4}`), 'COMMIT'].join('\n'),
+    );
 
   it('knows nothing before its first read, then takes the kernel counts as they are', () => {
     const ledger = new TranslationLedger();
     expect(ledger.totals()).to.equal(undefined);
-    ledger.observe(
-      counts([
-        ['IPVS_PREROUTING_1', 5],
-        ['IPVS_OUTPUT_1', 2],
-      ]),
-    );
+    ledger.observe(counts({ IPVS_PREROUTING_1: 5, IPVS_OUTPUT_1: 2 }));
     expect(ledger.totals()).to.deep.equal({ pods: 5, node: 2 });
   });
 
   it('keeps what a rule counted once it is gone or counts again from less, and never decreases', () => {
     const ledger = new TranslationLedger();
-    ledger.observe(
-      counts([
-        ['IPVS_PREROUTING_1', 5],
-        ['IPVS_OUTPUT_1', 2],
-      ]),
-    );
+    ledger.observe(counts({ IPVS_PREROUTING_1: 5, IPVS_OUTPUT_1: 2 }));
     // Someone flushed the pods' chain and 1 connection came since; the node's rule was deleted.
-    ledger.observe(counts([['IPVS_PREROUTING_1', 1]]));
+    ledger.observe(counts({ IPVS_PREROUTING_1: 1 }));
     expect(ledger.totals()).to.deep.equal({ pods: 6, node: 2 });
-    ledger.observe(
-      counts([
-        ['IPVS_PREROUTING_1', 4],
-        ['IPVS_OUTPUT_1', 3],
-      ]),
-    );
+    ledger.observe(counts({ IPVS_PREROUTING_1: 4, IPVS_OUTPUT_1: 3 }));
     expect(ledger.totals()).to.deep.equal({ pods: 9, node: 5 });
   });
 
   it('banks the rules a committed restore flushed or deleted: they count from 0 again', () => {
     const ledger = new TranslationLedger();
-    ledger.observe(
-      counts([
-        ['IPVS_PREROUTING_1', 5],
-        ['IPVS_OUTPUT_1', 2],
-        ['IPVS_OUTPUT_2', 1],
-      ]),
-    );
+    ledger.observe(counts({ IPVS_PREROUTING_1: 5, IPVS_OUTPUT_1: 2, IPVS_OUTPUT_2: 1 }));
     ledger.wrote(`*nat\n:IPVS_PREROUTING_1 - [0:0]\n-D IPVS_OUTPUT_1 ${DNAT4}\nCOMMIT\n`);
     expect(ledger.totals()).to.deep.equal({ pods: 5, node: 3 });
     // More connections since the write than the flushed rule had counted before: still all counted.
-    ledger.observe(
-      counts([
-        ['IPVS_PREROUTING_1', 7],
-        ['IPVS_OUTPUT_1', 4],
-        ['IPVS_OUTPUT_2', 1],
-      ]),
-    );
+    ledger.observe(counts({ IPVS_PREROUTING_1: 7, IPVS_OUTPUT_1: 4, IPVS_OUTPUT_2: 1 }));
     expect(ledger.totals()).to.deep.equal({ pods: 12, node: 7 });
   });
 
   it('a read of some chains judges those chains only', () => {
     const ledger = new TranslationLedger();
-    ledger.observe(
-      counts([
-        ['IPVS_OUTPUT_1', 2],
-        ['IPVS_OUTPUT_2', 3],
-      ]),
-    );
-    ledger.observe(counts([['IPVS_OUTPUT_1', 4]]), new Set(['IPVS_OUTPUT_1']));
+    ledger.observe(counts({ IPVS_OUTPUT_1: 2, IPVS_OUTPUT_2: 3 }));
+    ledger.observe(counts({ IPVS_OUTPUT_1: 4 }), new Set(['IPVS_OUTPUT_1']));
     expect(ledger.totals()).to.deep.equal({ pods: 0, node: 7 });
     ledger.removedAll();
-    ledger.observe(counts([]));
+    ledger.observe(counts({}));
     expect(ledger.totals()).to.deep.equal({ pods: 0, node: 7 });
   });
 });

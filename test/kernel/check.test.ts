@@ -5,6 +5,8 @@
 // backend, and against a running controller (its /status).
 
 import { expect } from 'chai';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtemp, rm } from 'node:fs/promises';
@@ -17,7 +19,7 @@ import { OUTPUT_CHAIN, TABLE_NAME } from '../../src/backends/nft/render.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
-import { requireTools, sh } from '../../testbed/node-network.js';
+import { probe, requireTools, sh } from '../../testbed/node-network.js';
 import { shippedArgs } from '../../testbed/shipped-controller.js';
 import {
   KUBE_PROXY_MASQUERADE,
@@ -48,6 +50,7 @@ const MASQUERADE_RULE = [
 const path = checkedPath;
 const finding = checkedFinding;
 const said = reportText;
+const execFileAsync = promisify(execFile);
 
 interface Backend {
   name: string;
@@ -126,6 +129,25 @@ describe('ipvs-node-controller check (the shipped command, real packets)', funct
           expect(finding(report, 'hooks', family), family).to.include({ ok: true });
           expect(finding(report, 'masquerade', family), family).to.include({ ok: true });
         }
+      });
+
+      it("counts per path what conntrack holds to its address: the node's own connections, translated", async () => {
+        // Three connections of the node's before the check (closed by the server: TIME_WAIT
+        // entries stay), then the check's own try.
+        for (let i = 0; i < 3; i++) expect(await probe(undefined, 'tcp', LB_V4, 80)).to.equal('svc-a');
+        const { code, report, stderr } = await alone('--service=default/svc-a');
+        expect(code, stderr + said(report)).to.equal(0);
+        const tracked = path(report, LB_V4, 'TCP', 80).tracked as { connections: number; translated: number };
+        expect(tracked.translated, said(report)).to.be.at.least(4);
+        expect(tracked.connections).to.be.at.least(tracked.translated);
+        // Not sh(): a synchronous child would hold up the API stand-in of this process.
+        const { stdout: text } = await execFileAsync(
+          process.execPath,
+          shippedArgs(['check', ...flags(), backend.flag, '--controller-address=', '--service=default/svc-a']),
+        );
+        expect(text).to.match(
+          /^tracked     default\/svc-a 192\.0\.2\.10 tcp\/80: \d+ connections in conntrack now, \d+ translated$/m,
+        );
       });
 
       it('reports an entry missing from the kernel as broken: not translated', async () => {

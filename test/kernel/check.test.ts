@@ -146,7 +146,7 @@ describe('ipvs-node-controller check (the shipped command, real packets)', funct
           shippedArgs(['check', ...flags(), backend.flag, '--controller-address=', '--service=default/svc-a']),
         );
         expect(text).to.match(
-          /^tracked     default\/svc-a 192\.0\.2\.10 tcp\/80: \d+ connections in conntrack now, \d+ translated$/m,
+          /^tracked {5}default\/svc-a 192\.0\.2\.10 tcp\/80: \d+ connections in conntrack now, \d+ translated$/m,
         );
       });
 

@@ -103,13 +103,37 @@ describe('deploy/monitoring alerts (PrometheusRule)', function () {
   it('covers what an operator fears: down, missing, conntrack clean-up errors, stepped aside for long', () => {
     const alerts = new Map(rule.spec.groups.flatMap((g) => g.rules).map((r) => [r.alert, r]));
     expect(alerts.get('IpvsNodeControllerDown')?.expr).to.match(/up\{job="ipvs-node-controller"\} == 0/);
-    expect(alerts.get('IpvsNodeControllerMissing')?.expr).to.match(
-      /kube_node_info\s+unless on \(cluster, node\)\s+kube_pod_info\{/,
-    );
+    // The nodes the DaemonSet runs on (no Windows, no virtual-kubelet nodes), without a pod of it.
+    const missing = alerts.get('IpvsNodeControllerMissing')?.expr as string;
+    expect(missing).to.match(/^\(\s*kube_node_info\s+unless on \(cluster, node\)/);
+    expect(missing).to.match(/\)\s*unless on \(cluster, node\)\s*kube_pod_info\{/);
+    expect(missing).to.include('kube_node_spec_taint{key="virtual-kubelet.io/provider"}');
     expect(alerts.get('IpvsNodeControllerConntrackCleanupErrors')?.expr).to.include('conntrack_cleanup_errors_total');
     const steppedAside = alerts.get('IpvsNodeControllerSteppedAside');
     expect(steppedAside?.labels?.severity).to.equal('info');
     expect(steppedAside?.for).to.equal('24h');
+  });
+
+  it('IpvsNodeControllerMissing leaves out the nodes the DaemonSet leaves out, and no others', async () => {
+    const ds = YAML.parse(await readFile(join(repoRoot, 'deploy', 'base', 'daemonset.yaml'), 'utf8'));
+    const pod = ds.spec.template.spec;
+    // Linux only (the alert: os_image, or the kubernetes.io/os label where exported) ...
+    expect(pod.nodeSelector).to.deep.equal({ 'kubernetes.io/os': 'linux' });
+    // ... no virtual-kubelet (the alert: its taint, or the type label where exported) ...
+    expect(pod.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms).to.deep.equal([
+      { matchExpressions: [{ key: 'type', operator: 'NotIn', values: ['virtual-kubelet'] }] },
+    ]);
+    // ... and every taint tolerated: no other taint leaves a node out.
+    expect(pod.tolerations).to.deep.equal([{ operator: 'Exists' }]);
+    const missing = rule.spec.groups.flatMap((g) => g.rules).find((r) => r.alert === 'IpvsNodeControllerMissing')!;
+    const excluded = [...missing.expr.matchAll(/unless on \(cluster, node\)\s+(\w+\{[^}]*\})/g)].map((m) => m[1]);
+    expect(excluded).to.deep.equal([
+      'kube_node_info{os_image=~"(?i)windows.*"}',
+      'kube_node_labels{label_kubernetes_io_os!~"linux|"}',
+      'kube_node_spec_taint{key="virtual-kubelet.io/provider"}',
+      'kube_node_labels{label_type="virtual-kubelet"}',
+      'kube_pod_info{created_by_kind="DaemonSet", created_by_name="ipvs-node-controller"}',
+    ]);
   });
 
   it('promtool check rules accepts them', async () => {

@@ -1,5 +1,7 @@
 // deploy/monitoring in a real Prometheus server (Debian's prometheus), with two nodes' controllers
-// as targets (HTTP servers serving their expositions) and kube-state-metrics' node and pod series:
+// as targets (HTTP servers serving their expositions) and kube-state-metrics' node and pod series
+// (three Linux nodes, one without a controller, and a Windows and a virtual-kubelet node, which the
+// DaemonSet does not run on):
 //
 // - kube-prometheus-stack's selection: its Prometheus loads only objects labelled
 //   `release: <its Helm release>`; deploy/monitoring alone carries none (nothing would load),
@@ -122,11 +124,26 @@ function exposition(f: NodeFixture): string {
   ].join('\n');
 }
 
-/** kube-state-metrics: three nodes, a controller pod on the first two only. */
+/**
+ * kube-state-metrics with its default flags (no node labels): three Linux nodes, a controller pod
+ * on the first two only, and two nodes the DaemonSet does not run on, without a pod either: a
+ * Windows node (its os_image) and a virtual-kubelet (its taint).
+ */
 function kubeStateMetrics(): string {
+  const os: Record<string, string> = {
+    n1: 'Ubuntu 22.04.4 LTS',
+    n2: 'Debian GNU/Linux 12 (bookworm)',
+    n3: 'Flatcar Container Linux by Kinvolk 3815.2.0 (Oklo)',
+    'win-1': 'Windows Server 2022 Datacenter',
+    'virtual-node-aci-linux': '',
+  };
   return [
     '# TYPE kube_node_info gauge',
-    ...['n1', 'n2', 'n3'].map((n) => `kube_node_info{node="${n}"} 1`),
+    ...Object.entries(os).map(([n, image]) => `kube_node_info{node="${n}",os_image="${image}"} 1`),
+    '# TYPE kube_node_labels gauge',
+    ...Object.keys(os).map((n) => `kube_node_labels{node="${n}"} 1`),
+    '# TYPE kube_node_spec_taint gauge',
+    'kube_node_spec_taint{node="virtual-node-aci-linux",key="virtual-kubelet.io/provider",value="azure",effect="NoSchedule"} 1',
     '# TYPE kube_pod_info gauge',
     ...['n1', 'n2'].map(
       (n) =>
@@ -307,7 +324,7 @@ describe('deploy/monitoring in a real Prometheus, two nodes (kube-prometheus-sta
         if (byPodMonitor) expect(up.map((r) => r.metric.namespace)).to.deep.equal(['kube-system', 'kube-system']);
       });
 
-      it('loads every rule: per-node alerts once per node, naming it; cluster facts once; Missing for the node without a pod', async () => {
+      it('loads every rule: per-node alerts once per node, naming it; cluster facts once; Missing for the Linux node without a pod only', async () => {
         const groups = await prometheus.rules();
         expect(groups.flatMap((g) => g.rules as Json[]).filter((r) => r.health !== 'ok')).to.deep.equal([]);
         const count = (alerts: Json[], name: string) => alerts.filter((a) => a.labels.alertname === name);
@@ -348,7 +365,8 @@ describe('deploy/monitoring in a real Prometheus, two nodes (kube-prometheus-sta
             )
             .sort(),
         );
-        expect(count(alerts, 'IpvsNodeControllerMissing')[0]!.labels.node).to.equal('n3');
+        // Not the Windows node nor the virtual-kubelet, which have no pod either.
+        expect(count(later, 'IpvsNodeControllerMissing').map((a) => a.labels.node)).to.deep.equal(['n3']);
         expect(count(alerts, 'IpvsNodeControllerConflicts')[0]!.annotations.description).to.match(/^1 claims /);
         expect(count(alerts, 'IpvsNodeControllerVersionsDiffer')[0]!.annotations.description).to.include(
           'in 2 versions',
@@ -364,16 +382,28 @@ describe('deploy/monitoring in a real Prometheus, two nodes (kube-prometheus-sta
         ]);
       });
 
-      it('every dashboard panel has data with the variables at All; the node variable lists both; skipped addresses are not summed over nodes', async () => {
+      it("every dashboard panel has data with the variables at All; the node picker lists the nodes' names (the address picker their addresses); skipped addresses are not summed over nodes", async () => {
         const variable = (name: string) => (dashboard.templating.list as Json[]).find((v) => v.name === name)!;
-        const asGrafana = (expr: string) =>
+        const asGrafana = (expr: string, values: Record<string, string> = {}) =>
           expr
             .replaceAll('$cluster', variable('cluster').allValue)
+            .replaceAll('$node', values.node ?? variable('node').allValue)
             .replaceAll('$instance', variable('instance').allValue)
             .replaceAll('$__rate_interval', '1m');
-        const instanceValues = /^label_values\((.+), instance\)$/.exec(variable('instance').definition)![1]!;
-        const instances = await prometheus.query(asGrafana(instanceValues));
-        expect(instances.map((r) => r.metric.instance).sort()).to.deep.equal(targets.map((t) => t.target).sort());
+        const values = async (name: string, picked: Record<string, string> = {}) => {
+          const [, series, label] = /^label_values\((.+), (\w+)\)$/.exec(variable(name).definition)!;
+          expect(label).to.equal(name);
+          const r = await prometheus.query(asGrafana(series!, picked));
+          return [...new Set(r.map((x) => x.metric[label!]).filter((v) => v !== undefined))].sort();
+        };
+        // Grafana lists a label's values; series without the label add none (the plain job: only All).
+        expect(await values('node')).to.deep.equal(byPodMonitor ? ['n1', 'n2'] : []);
+        expect(await values('instance')).to.deep.equal(targets.map((t) => t.target).sort());
+        if (byPodMonitor) expect(await values('instance', { node: 'n2' })).to.deep.equal([targets[1]!.target]);
+        // Every panel that follows the address picker follows the node picker too.
+        for (const panel of dashboard.panels)
+          for (const target of panel.targets ?? [])
+            if (target.expr.includes('$instance')) expect(target.expr, panel.title).to.include('node=~"$node"');
         let missing: string[] = [];
         await eventually(
           'data in every panel',
@@ -391,6 +421,12 @@ describe('deploy/monitoring in a real Prometheus, two nodes (kube-prometheus-sta
           throw new Error(`${err.message}; without data: ${missing.join(' | ')}`);
         });
         const expr = (title: string) => asGrafana(dashboard.panels.find((p) => p.title === title)!.targets![0]!.expr);
+        if (byPodMonitor) {
+          // One node picked: the panels show that node's controller only.
+          const versions = dashboard.panels.find((p) => p.title === 'Versions running')!.targets![0]!.expr;
+          const picked = await prometheus.query(asGrafana(versions, { node: 'n2' }));
+          expect(picked.map((r) => r.metric.version)).to.deep.equal(['0.3.0']);
+        }
         const skipped = await prometheus.query(expr('Skipped addresses by reason'));
         expect(skipped.map((r) => Number(r.value[1]))).to.deep.equal([3]);
         const conflicts = await prometheus.query(expr('Conflicts'));

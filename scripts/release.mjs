@@ -7,6 +7,8 @@
 //                                            the DaemonSet and RBAC of each overlay (kubectl kustomize),
 //                                            the image pinned by the index's digest: REPO:<version>@sha256:...
 //   monitoring.yaml                          PodMonitor, PrometheusRule and the Grafana dashboard
+//   monitoring-kube-prometheus-stack.yaml    the same, labelled release: kube-prometheus-stack (what
+//                                            the chart's Prometheus selects: deploy/monitoring-kube-prometheus-stack)
 //   uninstall.yaml                           the cleanup DaemonSet (README, Uninstall)
 //   sbom.cdx.json                            CycloneDX 1.5, each component saying where it comes from: the
 //                                            npm packages of the bundle as `npm sbom` (npm's own generator)
@@ -257,6 +259,11 @@ try {
       'deploy/monitoring',
       'PodMonitor, alerts and Grafana dashboard (Prometheus Operator CRDs needed)',
       'kubectl apply -f monitoring.yaml',
+    ],
+    'monitoring-kube-prometheus-stack.yaml': [
+      'deploy/monitoring-kube-prometheus-stack',
+      'PodMonitor, alerts and Grafana dashboard labelled release: kube-prometheus-stack, which the Prometheus of a kube-prometheus-stack release of that name selects',
+      'kubectl apply -f monitoring-kube-prometheus-stack.yaml',
     ],
     'uninstall.yaml': [
       'deploy/uninstall',

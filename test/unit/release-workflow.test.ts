@@ -118,6 +118,25 @@ describe('the release workflow (.github/workflows/release.yml)', function () {
     // Secrets reach commands through the environment, never spliced into a script.
     for (const step of workflow.jobs.release!.steps) expect(step.run ?? '').to.not.include('${{ secrets.');
   });
+  it('publishes every manifest npm run release renders, and the README names each', async () => {
+    const script = await readFile(join(repoRoot, 'scripts', 'release.mjs'), 'utf8');
+    const rendered = [
+      .../const rendered = \{([\s\S]*?)\n {2}\};/.exec(script)![1]!.matchAll(/^ {4}'([\w-]+\.yaml)': \[/gm),
+    ].map((m) => m[1]!);
+    expect(rendered).to.include.members(['monitoring.yaml', 'monitoring-kube-prometheus-stack.yaml']);
+    const publish = workflow.jobs.release!.steps.find((s) => s.uses?.startsWith('softprops/action-gh-release@'))!;
+    const files = String(publish.with?.files ?? '')
+      .split('\n')
+      .map((f) => f.trim());
+    const readme = await readFile(join(repoRoot, 'README.md'), 'utf8');
+    const header = /^(?:#!.*\n)?((?:\/\/.*\n)+)/.exec(script)![1]!;
+    for (const file of rendered) {
+      expect(files, file).to.include(`dist/release/${file}`);
+      expect(header, `release.mjs's header names ${file}`).to.match(new RegExp(`\\b${file.replace('.', '\\.')}\\b`));
+      expect(readme, `README names ${file}`).to.include(`\`${file}\``);
+    }
+  });
+
   it('tests the very files it pushes: one release build, then the tests CI runs on them, then the unchanged archive pushed', () => {
     const steps = workflow.jobs.release!.steps;
     const at = (what: (s: Step) => boolean, label: string) => {

@@ -66,7 +66,6 @@ const nodes = [process.execPath, ...(process.env.IPVS_NODE_CONTROLLER_TEST_NODE 
 
 for (const node of nodes) {
   describe(`launcher bin/ipvs-node-controller.mjs under ${node}`, function () {
-    this.timeout(30_000);
     let dir: string;
     let execve: boolean;
     const running: ChildProcess[] = [];

@@ -19,7 +19,6 @@ const BUNDLE_CLI = join(repoRoot, 'dist', 'bundle', 'ipvs-node-controller.mjs');
 const LAUNCHER = join(repoRoot, 'bin', 'ipvs-node-controller.mjs');
 
 describe('the version', function () {
-  this.timeout(30_000);
   let version: string;
 
   before(async () => {

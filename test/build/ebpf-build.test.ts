@@ -90,7 +90,6 @@ describe('eBPF backend build', () => {
     });
 
     it('compiles the object with clang', function () {
-      this.timeout(30_000);
       const { status, lines } = buildBpf(process.env);
       expect(status, lines.join('\n')).to.equal(0);
       expect(lines, lines.join('\n')).to.have.lengthOf(1);
@@ -99,7 +98,6 @@ describe('eBPF backend build', () => {
     });
 
     it('fails loudly when the source does not compile', function () {
-      this.timeout(30_000);
       writeFileSync(join(scratch, 'bpf', 'ipvs_node_controller.bpf.c'), 'this is not C\n');
       const { status, lines } = buildBpf(process.env);
       expect(status).to.equal(1);

@@ -99,7 +99,6 @@ function entries(address: string, port: number): number[] {
 }
 
 describe('conntrack clean-up on the kernel', function () {
-  this.timeout(30_000);
   const network = new NodeNetwork();
   const logLines: string[] = [];
   const logger = linesLogger(logLines, 'debug');

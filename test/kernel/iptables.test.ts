@@ -294,7 +294,6 @@ for (const variant of VARIANTS) {
 }
 
 describe('iptables variant detection (kube-proxy iptables-wrapper rules)', function () {
-  this.timeout(30_000);
   before(() => assertIsolatedNetns());
   afterEach(() => {
     for (const variant of VARIANTS) {

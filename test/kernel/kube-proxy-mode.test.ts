@@ -47,7 +47,9 @@ const NODE_OBJECT = {
 
 function get(port: number, path: string): Promise<string> {
   return new Promise((resolve) => {
-    const req = http.get({ host: '127.0.0.1', port, path, timeout: 2000 }, (res) => {
+    // below the floor: one request of a polling loop, to a server on loopback; a hung one is
+    // retried by the loop (a refused one answers at once).
+    const req = http.get({ host: '127.0.0.1', port, path, timeout: 30_000 }, (res) => {
       let body = '';
       res.on('data', (d: Buffer) => (body += d.toString()));
       res.on('end', () => resolve(body));

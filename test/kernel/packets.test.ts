@@ -100,7 +100,6 @@ function installMarkObserver(): void {
 
 for (const backendUnderTest of BACKENDS) {
   describe(`packets through the ${backendUnderTest.name} backend`, function () {
-    this.timeout(30_000);
     const scenario = new Scenario();
     const pod = () => scenario.network.pod.ns;
     const outside = () => scenario.network.outside.ns;

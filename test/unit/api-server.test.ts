@@ -126,7 +126,6 @@ function names(objs: readonly KubernetesObject[]): string[] {
 }
 
 describe('Kubernetes API stand-in', function () {
-  this.timeout(30_000);
   let server: ApiStandIn;
   const stopAfter: Array<() => unknown> = [];
 

@@ -123,7 +123,6 @@ function check(seed: number, size: number, addresses: number, steps: number, cha
 describe('DesiredStateModel', function () {
   // Hundreds of random change sequences, each checked against a state built from nothing: seconds
   // of work that a loaded machine stretches. What is checked is the result, never the time.
-  this.timeout(30_000);
 
   it('after any changes equals the state built from nothing, collisions and skips included', () => {
     let hints = 0;

@@ -68,7 +68,6 @@ const SERVICES = [
 type Json = Record<string, any>;
 
 describe('Service Events', function () {
-  this.timeout(30_000);
   let server: ApiStandIn;
   let kc: KubeConfig;
   let services: { list(): ServiceInfo[] };
@@ -181,7 +180,6 @@ describe('Service Events', function () {
 });
 
 describe('Node Events', function () {
-  this.timeout(30_000);
   let server: ApiStandIn;
   let kc: KubeConfig;
   const logLines: string[] = [];

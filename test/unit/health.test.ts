@@ -190,7 +190,6 @@ describe('readiness (/readyz)', () => {
 });
 
 describe('API reachability as the informers report it', function () {
-  this.timeout(30_000);
   let server: ApiStandIn;
   let caches: ClusterCaches | undefined;
 

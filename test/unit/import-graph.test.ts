@@ -22,8 +22,6 @@ interface ImportGraph {
 const load = async () => (await import(SCRIPT.href)) as ImportGraph;
 
 describe('import graph of src/', function () {
-  this.timeout(30_000);
-
   it('takes a folder of src/ as one part and each file directly in src/ as a part of its own', async () => {
     const { partOf } = await load();
     expect(partOf('src/backends/nft/render.ts')).to.equal('backends/');

@@ -140,7 +140,6 @@ describe('the change feed of a cache', () => {
 });
 
 describe('Service informer change tracking', function () {
-  this.timeout(30_000);
   let server: ApiStandIn;
   let caches: ClusterCaches;
 

@@ -506,7 +506,6 @@ describe('informer helpers', () => {
   });
 
   it('keeps the process alive while it waits to retry an unreachable API server', async function () {
-    this.timeout(20_000);
     const informerModule = fileURLToPath(new URL('../../src/kube/informer.js', import.meta.url));
     const clusterModule = fileURLToPath(new URL('../../src/kube/cluster.js', import.meta.url));
     // Nothing but the informer in the process; port 9 on loopback refuses connections.

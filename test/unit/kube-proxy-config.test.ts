@@ -276,7 +276,6 @@ describe('kube-proxy configuration: flags win over the file, the file over defau
 });
 
 describe('kube-proxy configuration: following the file', function () {
-  this.timeout(10_000);
   let dir: string;
   beforeEach(() => (dir = mkdtempSync(join(tmpdir(), 'kp-follow-'))));
   afterEach(() => rmSync(dir, { recursive: true, force: true }));

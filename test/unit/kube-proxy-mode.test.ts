@@ -71,7 +71,6 @@ describe('kube-proxy mode: judging the signals', () => {
 });
 
 describe('kube-proxy mode: GET /proxyMode', function () {
-  this.timeout(10_000);
   let server: LocalHttpServer;
   before(async () => (server = await LocalHttpServer.start((_req, res) => res.end('ipvs'))));
   after(() => server.stop());
@@ -129,7 +128,6 @@ describe('kube-proxy mode: GET /proxyMode', function () {
 });
 
 describe('kube-proxy mode: the monitor', function () {
-  this.timeout(10_000);
   let server: LocalHttpServer;
   before(async () => (server = await LocalHttpServer.start((_req, res) => res.end('ipvs'))));
   after(() => server.stop());
@@ -176,7 +174,6 @@ describe('kube-proxy mode: the monitor', function () {
 });
 
 describe("kube-proxy mode: the monitor and kube-proxy's version", function () {
-  this.timeout(10_000);
   /** kube-proxy's metrics address: /proxyMode and /metrics answered as the test sets them. */
   let mode: string | undefined;
   let version: string | undefined;

@@ -43,7 +43,6 @@ status: {loadBalancer: {ingress: [{ip: 192.0.2.12}]}}
 `;
 
 describe('--dry-run: kube-proxy settings, mode and the migration report', function () {
-  this.timeout(30_000);
   let dir: string;
   let server: http.Server;
   let answer = 'ipvs';
@@ -81,7 +80,7 @@ describe('--dry-run: kube-proxy settings, mode and the migration report', functi
         `--kube-proxy-metrics-address=${address}`,
         ...extra,
       ],
-      { reject: false, timeout: 20_000 },
+      { reject: false, timeout: 100_000 },
     );
 
   it('IPVS mode: settings with their sources, and which Services depend on the controller', async () => {

@@ -204,7 +204,6 @@ function inChunks(res: http.ServerResponse, text: string, size: number): void {
 }
 
 describe('kube-proxy version: GET /metrics', function () {
-  this.timeout(20_000);
   let server: LocalHttpServer;
   before(async () => (server = await LocalHttpServer.start()));
   after(() => server.stop());

@@ -127,8 +127,6 @@ async function until(what: string, ok: () => boolean): Promise<void> {
 }
 
 describe('log messages: the controller writes values as fields', function () {
-  this.timeout(20_000);
-
   it('skip, conflict and step-aside lines: a constant message, the Service as {namespace, name}', async () => {
     const raw: string[] = [];
     const logger = linesLogger(raw, 'debug');

@@ -199,7 +199,6 @@ describe('controller metrics', () => {
   });
 
   it('pass promtool check metrics, process metrics included', async function () {
-    this.timeout(10_000);
     const metrics = new ControllerMetrics();
     metrics.describeBackend({ backend: 'nft', nftExecutor: 'addon' });
     const desired = buildDesiredState(SERVICES, { name: 'n', podCIDRs: ['10.244.0.0/24'] }, CONFIG);

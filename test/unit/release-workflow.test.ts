@@ -49,7 +49,6 @@ interface Step {
 }
 
 describe('the release workflow (.github/workflows/release.yml)', function () {
-  this.timeout(30_000);
   let parser: Parser;
   let text: string;
   let workflow: {

@@ -1,4 +1,4 @@
-// Boots one of Debian's kernels in QEMU (TCG: this machine has no hardware virtualisation) with
+// Boots one of Debian's kernels in QEMU (KVM where /dev/kvm is usable, TCG otherwise) with
 // the host's own root filesystem as the guest's root, and runs one command in it. The root is
 // shared read-only over virtio-9p under a tmpfs overlay, so the guest sees the same node, nft,
 // iptables, ipvsadm and checkout as the host at the same paths, and nothing it writes reaches the
@@ -7,7 +7,7 @@
 // kernel's console on a third (kept for the report when the guest fails).
 
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -20,6 +20,22 @@ const here = dirname(fileURLToPath(import.meta.url));
 export const STATUS = { timeout: 124, noStatus: 125 };
 
 const CONSOLE_LINES = 60;
+
+/**
+ * QEMU's accelerator: 'kvm' where /dev/kvm opens read-write (GitHub's Linux runners expose it, as
+ * do most machines with hardware virtualisation), 'tcg' (emulation) otherwise or when
+ * IPVS_NODE_CONTROLLER_VM_ACCEL=tcg. With KVM, QEMU is given TCG as its second accelerator, so a
+ * /dev/kvm that opens but cannot make a VM (nested virtualisation off) still boots, emulated.
+ */
+export function accelerator() {
+  if (process.env.IPVS_NODE_CONTROLLER_VM_ACCEL === 'tcg') return 'tcg';
+  try {
+    closeSync(openSync('/dev/kvm', 'r+'));
+    return 'kvm';
+  } catch {
+    return 'tcg';
+  }
+}
 
 /** Passes `stream`'s lines to `each`, keeping the last `limit` of them in `into`. */
 function collect(stream, into, limit, each) {
@@ -172,6 +188,8 @@ async function boot({
     '-no-user-config',
     '-display',
     'none',
+    // -cpu max: the host's CPU under KVM, every feature TCG emulates under TCG.
+    ...(accelerator() === 'kvm' ? ['-accel', 'kvm'] : []),
     '-accel',
     'tcg,thread=multi',
     '-cpu',

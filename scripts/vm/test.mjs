@@ -9,7 +9,7 @@
 //   node scripts/vm/test.mjs [--timeout S] [kernel...]    kernels: 5.10 6.1 6.12 (default: all three)
 
 import { parseArgs } from 'node:util';
-import { abortOnStopSignals, runInGuest } from './guest.mjs';
+import { abortOnStopSignals, accelerator, runInGuest } from './guest.mjs';
 import { KERNELS, findKernel } from './kernels.mjs';
 
 const SUMMARY_LINES = 400;
@@ -34,6 +34,9 @@ if (process.getuid?.() !== 0) {
 }
 
 const controller = abortOnStopSignals();
+console.log(
+  `vm: QEMU accelerator ${accelerator() === 'kvm' ? 'kvm (/dev/kvm), tcg if KVM fails' : 'tcg (no usable /dev/kvm)'}`,
+);
 
 const results = [];
 for (const kernel of kernels) {

@@ -35,7 +35,7 @@ if (process.getuid?.() !== 0) {
 
 const controller = abortOnStopSignals();
 console.log(
-  `vm: QEMU accelerator ${accelerator() === 'kvm' ? 'kvm (/dev/kvm), tcg if KVM fails' : 'tcg (no usable /dev/kvm)'}`,
+  `vm: QEMU accelerator ${accelerator() === 'kvm' ? 'kvm (/dev/kvm), tcg if KVM fails' : 'tcg (IPVS_NODE_CONTROLLER_VM_ACCEL=kvm for KVM)'}`,
 );
 
 const results = [];

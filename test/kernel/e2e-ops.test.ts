@@ -7,7 +7,7 @@
 import { expect } from 'chai';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, readFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { dirname, join } from 'node:path';
@@ -16,7 +16,17 @@ import { MAP_NAME, TABLE_NAME } from '../../src/backends/nft/render.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { probe, requireTools, sh } from '../../testbed/node-network.js';
 import { Exposition, httpGet, promtoolCheckMetrics, scrapeMetrics } from '../support/scrape.js';
-import { LB_PATH, LB_PROXY, LB_V4, LB_V6, SERVICES, Scenario, applyScenario, wireService } from './scenario.js';
+import {
+  LB_PATH,
+  LB_PROXY,
+  LB_V4,
+  LB_V6,
+  SERVICES,
+  Scenario,
+  applyScenario,
+  tearDownCliRun,
+  wireService,
+} from './scenario.js';
 import { rejectionOf } from '../support/assertions.js';
 import { eventually } from '../support/eventually.js';
 import { PrometheusServer } from '../support/prometheus.js';
@@ -72,19 +82,7 @@ describe('operating the controller (real CLI, API stand-in, metrics, health, Pro
 
   after(async () => {
     await prometheus.stop();
-    for (const child of [tableHolder, controller]) {
-      if (child && child.exitCode === null) {
-        child.kill('SIGTERM');
-        await once(child, 'exit');
-      }
-    }
-    try {
-      sh(process.execPath, shippedArgs(['--cleanup']));
-      await api?.stop();
-    } finally {
-      await scenario.tearDown();
-      await rm(dir, { recursive: true, force: true });
-    }
+    await tearDownCliRun([tableHolder, controller], api, scenario, dir);
   });
 
   it('before the caches sync: alive, not ready, and the kernel untouched', async () => {

@@ -6,17 +6,16 @@
 
 import { expect } from 'chai';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { PROBE_ANNOTATION } from '../../src/model/types.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
-import { requireTools, sh } from '../../testbed/node-network.js';
+import { requireTools } from '../../testbed/node-network.js';
 import { shippedArgs } from '../../testbed/shipped-controller.js';
 import { eventually } from '../support/eventually.js';
 import { httpGet, scrapeMetrics } from '../support/scrape.js';
-import { LB_V4, LB_V6, SERVICES, Scenario, applyScenario, wireService } from './scenario.js';
+import { LB_V4, LB_V6, SERVICES, Scenario, applyScenario, tearDownCliRun, wireService } from './scenario.js';
 
 const METRICS = 'http://127.0.0.1:9487';
 const HEALTH = 'http://127.0.0.1:9488';
@@ -68,19 +67,7 @@ for (const backend of ['nft', 'iptables'] as const) {
       if (this.currentTest?.state === 'failed') console.log(`controller log:\n${log.join('\n')}`);
     });
 
-    after(async () => {
-      if (controller && controller.exitCode === null) {
-        controller.kill('SIGTERM');
-        await once(controller, 'exit');
-      }
-      try {
-        sh(process.execPath, shippedArgs(['--cleanup']));
-        await api?.stop();
-      } finally {
-        await scenario.tearDown();
-        await rm(dir, { recursive: true, force: true });
-      }
-    });
+    after(() => tearDownCliRun([controller], api, scenario, dir));
 
     const readyz = async () => {
       const a = await httpGet(`${HEALTH}/readyz`);

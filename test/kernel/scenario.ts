@@ -1,7 +1,11 @@
 // The Services, addresses and servers shared by the packet tests of every backend.
 
+import type { ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { rm } from 'node:fs/promises';
 import type { NodeInfo, ServiceInfo } from '../../src/model/types.js';
-import { NamedServer, NodeNetwork, NODE } from '../../testbed/node-network.js';
+import { NamedServer, NodeNetwork, NODE, sh } from '../../testbed/node-network.js';
+import { shippedArgs } from '../../testbed/shipped-controller.js';
 
 export const LB_V4 = '192.0.2.10';
 export const LB_V6 = '2001:db8::10';
@@ -132,4 +136,30 @@ export function applyScenario(api: { apply(obj: Record<string, unknown>): unknow
     spec: { podCIDR: NODE.podCidr4, podCIDRs: [NODE.podCidr4, NODE.podCidr6] },
   });
   for (const s of SERVICES) api.apply(wireService(s));
+}
+
+/**
+ * The end of a file that ran the real CLI: its processes stopped as a kubelet stops them
+ * (SIGTERM), every object of ours removed (--cleanup), the API stand-in stopped, then the
+ * scenario and the work directory gone, whatever failed before.
+ */
+export async function tearDownCliRun(
+  children: ReadonlyArray<ChildProcess | undefined>,
+  api: { stop(): Promise<void> } | undefined,
+  scenario: Scenario,
+  dir: string,
+): Promise<void> {
+  for (const child of children) {
+    if (child && child.exitCode === null) {
+      child.kill('SIGTERM');
+      await once(child, 'exit');
+    }
+  }
+  try {
+    sh(process.execPath, shippedArgs(['--cleanup']));
+    await api?.stop();
+  } finally {
+    await scenario.tearDown();
+    await rm(dir, { recursive: true, force: true });
+  }
 }

@@ -8,7 +8,7 @@
 // (loadBalancerSourceRanges that leave the node out). One tenant's Service of 10,000 ports costs
 // what one of four does.
 
-import { creationTime, precedes, serviceKey } from '../model/service-identity.js';
+import { creationTime, precedes, serviceKey, type Precedence } from '../model/service-identity.js';
 import type { DesiredState, Entry, ServiceInfo } from '../model/types.js';
 
 /** Paths of one Service tried in a round, at most. */
@@ -39,29 +39,40 @@ export function probedServices(
     seen.add(service);
     chosen.push({ service, origin: 'flag' });
   }
+  // One pass over the Services: the annotated ones, and whether each named one exists (only
+  // those and the Services of a named one's namespace are keyed).
+  const namedNamespaces = new Set(chosen.map((c) => c.service.slice(0, c.service.indexOf('/'))));
+  const known = new Set<string>();
+  const annotated: Precedence[] = [];
+  services.forEach((s, seq) => {
+    if (s.probe !== true && !namedNamespaces.has(s.namespace)) return;
+    const key = serviceKey(s);
+    if (seen.has(key)) known.add(key);
+    else if (s.probe === true) annotated.push({ created: creationTime(s), service: key, seq });
+  });
   if (chosen.length < maxServices) {
-    const annotated = services
-      .filter((s) => s.probe === true && !seen.has(serviceKey(s)))
-      .map((s, seq) => ({ created: creationTime(s), service: serviceKey(s), seq }))
-      .sort((a, b) => (precedes(a, b) ? -1 : precedes(b, a) ? 1 : 0));
+    annotated.sort((a, b) => (precedes(a, b) ? -1 : precedes(b, a) ? 1 : 0));
     for (const a of annotated.slice(0, maxServices - chosen.length)) {
       chosen.push({ service: a.service, origin: 'annotation' });
+      known.add(a.service);
     }
   }
   const paths = new Map<string, Entry[]>(chosen.map((c) => [c.service, []]));
-  const leftOut = new Map<string, number>();
+  const leftOut = new Set<string>();
   if (desired) {
-    for (const e of [...desired.ipv4.entries, ...desired.ipv6.entries]) {
-      const list = paths.get(e.service);
-      if (!list) continue;
-      if (e.sourceRanges && !e.sourcesFromNode) leftOut.set(e.service, (leftOut.get(e.service) ?? 0) + 1);
-      else if (list.length < MAX_PATHS_PER_SERVICE) list.push(e);
+    for (const entries of [desired.ipv4.entries, desired.ipv6.entries]) {
+      for (const e of entries) {
+        const list = paths.get(e.service);
+        if (!list) continue;
+        if (e.sourceRanges && !e.sourcesFromNode) leftOut.add(e.service);
+        else if (list.length < MAX_PATHS_PER_SERVICE) list.push(e);
+      }
     }
   }
   return chosen.map(({ service, origin }) => {
     const list = paths.get(service)!;
     if (list.length > 0) return { service, origin, paths: list };
-    const notProbed = !services.some((s) => serviceKey(s) === service)
+    const notProbed = !known.has(service)
       ? 'no such Service on the API server'
       : leftOut.has(service)
         ? "loadBalancerSourceRanges leave the node's own connections untranslated"

@@ -92,11 +92,6 @@ export class ContinuousProber {
     this.schedule(0);
   }
 
-  /** The last round's results. */
-  results(): readonly ProbeResult[] {
-    return this.last;
-  }
-
   /** For /readyz: the --probe-service Services whose last round failed, when --probe-readiness asks. */
   failingForReadiness(): ProbeResult[] {
     if (!this.settings.readiness) return [];

@@ -87,7 +87,8 @@ for (const backend of ['nft', 'iptables'] as const) {
       expect(m.sum(`${P}probes_total`, { service: 'default/svc-a', outcome: 'answered' })).to.be.at.least(4);
       expect(m.sum(`${P}probes_total`, { service: 'default/svc-b', outcome: 'answered' })).to.be.at.least(1);
       expect(m.sum(`${P}probes_total`, { outcome: 'refused' })).to.equal(0);
-      expect(m.value(`${P}probe_duration_seconds`, { service: 'default/svc-a' })).to.be.within(0, 0.5);
+      // Measured, not bounded here: the bench (probe-cost) says how long a path takes.
+      expect(m.value(`${P}probe_duration_seconds`, { service: 'default/svc-a' })).to.be.above(0);
       // No other Service is probed.
       expect(m.sum(`${P}probe_success`)).to.equal(2);
       expect(m.text).to.not.include('svc-ext');

@@ -112,9 +112,8 @@ export class TranslationLedger {
     this.read = true;
   }
 
-  /** After a restore of `restoreText` committed: the rules it flushed or deleted count from 0 again. */
-  wrote(restoreText: string): void {
-    const { chains, deleted } = flushedBy(restoreText);
+  /** After a restore committed: the rules it flushed or deleted (flushedBy) count from 0 again. */
+  wrote({ chains, deleted }: { chains: ReadonlySet<string>; deleted: ReadonlySet<string> }): void {
     if (chains.size === 0 && deleted.size === 0) return;
     for (const [key, was] of this.last) {
       if (!chains.has(was.chain) && !deleted.has(key)) continue;
@@ -185,7 +184,8 @@ export class TranslationCounter {
    */
   async restore(commands: IptablesCommands, text: string, existing: ReadonlySet<string>): Promise<void> {
     const ledger = this.ledger(commands.family);
-    const { chains, deleted } = flushedBy(text);
+    const flushed = flushedBy(text);
+    const { chains, deleted } = flushed;
     const touched = new Set([...chains, ...[...deleted].map((key) => key.slice(0, key.indexOf(' ')))]);
     const read = [...touched].filter((c) => existing.has(c));
     if (read.length > 0) {
@@ -197,7 +197,7 @@ export class TranslationCounter {
       }
     }
     await commands.restore(text);
-    ledger.wrote(text);
+    ledger.wrote(flushed);
   }
 
   /** Before our objects are removed: what they counted is read and banked. */

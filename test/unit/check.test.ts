@@ -5,7 +5,9 @@ import { expect } from 'chai';
 import { parseCheckArgs } from '../../src/cli/check/check-options.js';
 import { parseIpvsTable } from '../../src/cli/check/ipvs-table.js';
 import { jumpsToKubePostrouting, walkMarked } from '../../src/cli/check/masquerade.js';
-import { parseConntrackLine } from '../../src/probe/path-probe.js';
+import { judgePaths } from '../../src/cli/check/paths.js';
+import type { Entry } from '../../src/model/types.js';
+import { parseConntrackLine, type PathTry, type tryPath } from '../../src/probe/path-probe.js';
 import { UsageError } from '../../src/config/flag-values.js';
 
 describe('check: conntrack entries', () => {
@@ -42,6 +44,48 @@ describe('check: conntrack entries', () => {
     );
     expect(parseConntrackLine('tcp 6 10 src=1.1.1.1 dst=2.2.2.2 sport=1 dport=80')).to.equal(undefined);
     expect(parseConntrackLine('')).to.equal(undefined);
+  });
+});
+
+describe('check: an answered path whose entry is gone when read', () => {
+  const entry: Entry = {
+    family: 'ipv4',
+    externalIp: '192.0.2.10',
+    protocol: 'TCP',
+    port: 80,
+    clusterIp: '10.96.0.10',
+    service: 'default/svc-a',
+  };
+  const view = {
+    original: { src: '10.96.0.10', dst: '10.96.0.10', sport: 40000, dport: 80 },
+    reply: { src: '10.244.2.5', dst: '172.18.0.1', sport: 8080, dport: 40000 },
+    unreplied: false,
+    translated: true,
+    atSocket: true as const,
+  };
+  const answered: PathTry = { protocol: 'TCP', address: '192.0.2.10', port: 80, outcome: 'answered', ms: 1 };
+  const tries = (results: PathTry[]) => {
+    let n = 0;
+    const one: typeof tryPath = () => Promise.resolve(results[Math.min(n++, results.length - 1)]!);
+    return { one, count: () => n };
+  };
+
+  it('is tried once more; the second entry judges it, and the line says so', async () => {
+    const t = tries([{ ...answered, conntrackProblem: 'conntrack -G found no entry' }, { ...answered, conntrack: view }]);
+    const [r] = await judgePaths([entry], [], undefined, 100, t.one);
+    expect(t.count()).to.equal(2);
+    expect(r!.ok).to.equal(true);
+    expect(r!.detail).to.match(/translated at the socket .*; on a second try: the first entry was gone when read$/);
+  });
+
+  it('without an entry on the second try either, it stays not known; an entry read at once is tried once', async () => {
+    const gone = tries([{ ...answered, conntrackProblem: 'conntrack -G found no entry' }]);
+    const [r] = await judgePaths([entry], [], undefined, 100, gone.one);
+    expect([gone.count(), r!.ok]).to.deep.equal([2, false]);
+    expect(r!.detail).to.match(/^answered; whether it was translated is not known: conntrack -G found no entry$/);
+    const first = tries([{ ...answered, conntrack: view }]);
+    const [s] = await judgePaths([entry], [], undefined, 100, first.one);
+    expect([first.count(), s!.ok, s!.detail?.includes('second try')]).to.deep.equal([1, true, false]);
   });
 });
 

@@ -118,13 +118,15 @@ export async function judgePaths(
   findings: readonly Finding[],
   ipvs: IpvsServices | { problem: string } | undefined,
   timeoutMs: number,
+  /** How one path is tried: a real connection unless a test gives another. */
+  tryOne: typeof tryPath = tryPath,
 ): Promise<PathReport[]> {
   const out: PathReport[] = new Array<PathReport>(entries.length);
   let next = 0;
   const worker = async () => {
     while (next < entries.length) {
       const i = next++;
-      out[i] = await judgePath(entries[i]!, findings, ipvs, timeoutMs);
+      out[i] = await judgePath(entries[i]!, findings, ipvs, timeoutMs, tryOne);
     }
   };
   await Promise.all(Array.from({ length: Math.min(CONCURRENCY, entries.length) }, worker));
@@ -136,8 +138,18 @@ async function judgePath(
   findings: readonly Finding[],
   ipvs: IpvsServices | { problem: string } | undefined,
   timeoutMs: number,
+  tryOne: typeof tryPath,
 ): Promise<PathReport> {
-  const tried = await tryPath(e.protocol, e.externalIp, e.port, timeoutMs, { address: e.clusterIp, port: e.port });
+  const translatedTo = { address: e.clusterIp, port: e.port };
+  let tried = await tryOne(e.protocol, e.externalIp, e.port, timeoutMs, translatedTo);
+  let secondTry = false;
+  if (tried.outcome === 'answered' && !tried.conntrack) {
+    // An answered connection's entry can be gone when it is read (seen with IPVS on 6.1: a TCP
+    // connect answered, no entry by either tuple). A second connection has an entry of its own;
+    // one more try per such path is all it costs.
+    const again = await tryOne(e.protocol, e.externalIp, e.port, timeoutMs, translatedTo);
+    if (again.conntrack) [tried, secondTry] = [again, true];
+  }
   const report: PathReport = { ...where(e), ok: false, outcome: tried.outcome, ms: Math.round(tried.ms * 10) / 10 };
   const ct = tried.conntrack;
   if (ct) report.conntrack = ct;
@@ -156,7 +168,8 @@ async function judgePath(
   const cause = brokenAfterTranslation(e, findings, ipvs);
   if (tried.outcome === 'answered') {
     report.ok = true;
-    report.detail = `answered, translated${ct.atSocket ? ' at the socket' : ''} (conntrack: reply from ${to})`;
+    const retried = secondTry ? '; on a second try: the first entry was gone when read' : '';
+    report.detail = `answered, translated${ct.atSocket ? ' at the socket' : ''} (conntrack: reply from ${to})${retried}`;
     return report;
   }
   if (e.protocol === 'UDP' && tried.outcome === 'timed out' && cause === undefined) {

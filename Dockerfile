@@ -3,7 +3,7 @@
 # the BPF object beside it, and the userspace the fallbacks and backends call: nft, iptables
 # (legacy and nft), conntrack. Deploy it with deploy/ (kubectl apply -k deploy/overlays/nft).
 #
-#   docker build -t ipvs-node-controller:0.4.0 .           (or: npm run image)
+#   docker build -t ipvs-node-controller:0.5.0 .           (or: npm run image)
 #   docker buildx build --platform linux/amd64,linux/arm64 .  (or: npm run release, both, under emulation)
 #
 # The base images are build arguments so that a machine without a registry can pass bases it
@@ -91,7 +91,7 @@ RUN ["node", "/opt/ipvs-node-controller/bin/ipvs-node-controller.mjs", "--versio
 RUN ["ipvs-node-controller", "--version"]
 # VERSION is package.json's (scripts/stamp-version.mjs keeps this default in step); SOURCE is the
 # repository URL (npm run image passes the git remote's).
-ARG VERSION=0.4.0
+ARG VERSION=0.5.0
 ARG REVISION=unknown
 ARG SOURCE=unknown
 LABEL org.opencontainers.image.title="ipvs-node-controller" \

@@ -2,7 +2,8 @@
 // overlay says (args, env with NODE_NAME from the downward API, capabilities, read-only root,
 // no privilege escalation, the user, hostPath and emptyDir volumes, the host network, the
 // in-cluster ServiceAccount), against the API stand-in over HTTPS. Then packets, probes, a stop,
-// a rolling update, switching overlays, and the uninstall DaemonSet.
+// a rolling update (to a second tag, and from the previous release and back with its own
+// manifests: npm run image:previous), switching overlays, and the uninstall DaemonSet.
 //
 // The node is this process's network namespace (test/run.mjs starts the suite under
 // `unshare --net --mount`); the node's bpffs is one mounted for the test, its cgroup v2 root a
@@ -18,7 +19,7 @@ import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, rmdirSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join, relative } from 'node:path';
+import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import YAML from 'yaml';
 import { ApiStandIn } from '../../testbed/api-server.js';
@@ -95,7 +96,7 @@ function imageTool(args: string[]): string {
 
 /** `kubectl kustomize DIR`, as YAML documents; with components, through an overlay of a user's own. */
 function render(dir: string, components: string[] = []): Obj[] {
-  let target = join(repoRoot, dir);
+  let target = resolve(repoRoot, dir);
   let scratch: string | undefined;
   if (components.length > 0) {
     scratch = mkdtempSync(join(tmpdir(), `${TAG}-overlay-`));
@@ -103,7 +104,7 @@ function render(dir: string, components: string[] = []): Obj[] {
       apiVersion: 'kustomize.config.k8s.io/v1beta1',
       kind: 'Kustomization',
       resources: [relative(scratch, target)],
-      components: components.map((c) => relative(scratch!, join(repoRoot, c))),
+      components: components.map((c) => relative(scratch!, resolve(repoRoot, c))),
     };
     writeFileSync(join(scratch, 'kustomization.yaml'), YAML.stringify(kustomization));
     target = scratch;
@@ -138,6 +139,29 @@ function seccompAllowsBpfWithCapBpf(): boolean {
 const OVERLAY_COMPONENTS: Record<string, string[]> = {
   ebpf: seccompAllowsBpfWithCapBpf() ? [] : ['deploy/components/ebpf-sys-admin'],
 };
+
+/** Each overlay with the objects it leaves on the node; in this order the suite switches them. */
+const OVERLAY_OBJECTS = [
+  ['iptables', ['iptables-legacy']],
+  ['ebpf', ['ebpf']],
+  ['nft', ['nft']],
+] as const;
+
+/** The previous release as `npm run image:previous` made it: its image and its source tree. */
+interface PreviousRelease {
+  version: string;
+  image: string;
+  dir: string;
+}
+
+function previousRelease(): PreviousRelease | { missing: string } {
+  const r = spawnSync(process.execPath, [join(repoRoot, 'scripts', 'previous-image.mjs'), '--check'], {
+    encoding: 'utf8',
+    env: PODMAN_ENV,
+  });
+  if (r.status !== 0) return { missing: r.stderr.trim() || `previous-image.mjs --check: exit ${r.status}` };
+  return JSON.parse(r.stdout) as PreviousRelease;
+}
 
 function daemonSetOf(dir: string, name: string, components: string[] = []): Obj {
   const ds = render(dir, components).find((o) => o.kind === 'DaemonSet' && o.metadata.name === name);
@@ -338,10 +362,18 @@ class Kubelet {
   readonly pulled = new Map<string, string>();
 
   /** The image the spec names: one pulled by that reference, else as built here (the tag is checked against package.json). */
-  private image(container: Obj, override?: string): string {
+  /**
+   * The local image for the one the manifest names: this version's, fully named; or, for a
+   * previous release's manifests (`previous`), that release's image, however it named it.
+   */
+  private image(container: Obj, override?: string, previous?: string): string {
     const pulled = this.pulled.get(container.image as string);
     if (pulled) return pulled;
-    expect(container.image).to.equal(`ghcr.io/ipvs-node-controller/ipvs-node-controller:${VERSION}`);
+    if (previous !== undefined) {
+      expect(container.image).to.match(new RegExp(`(^|/)ipvs-node-controller:${previous.replace(/\./g, '\\.')}$`));
+    } else {
+      expect(container.image).to.equal(`ghcr.io/ipvs-node-controller/ipvs-node-controller:${VERSION}`);
+    }
     return override ?? IMAGE;
   }
 
@@ -353,10 +385,10 @@ class Kubelet {
     return { code, log: `${log.out}\n${log.err}` };
   }
 
-  start(pod: Obj, name: string, image?: string): Started {
+  start(pod: Obj, name: string, image?: string, previous?: string): Started {
     const container = pod.spec.containers[0] as Obj;
     const startedAt = Date.now();
-    podman(this.containerArgs(pod, container, name, this.image(container, image)));
+    podman(this.containerArgs(pod, container, name, this.image(container, image, previous)));
     return { name, startedAt, pod };
   }
 
@@ -463,9 +495,24 @@ describe('the image under the DaemonSet, as a kubelet runs it (podman)', functio
   const pulledNames: string[] = [];
   const figures: string[] = [];
 
-  const startOverlay = async (overlay: string, image?: string): Promise<{ started: Started; readyMs: number }> => {
+  const onlyObjects = (objects: readonly string[], what: string) =>
+    waitFor(`only ${objects.join(', ')} on the node (${what})`, () =>
+      JSON.stringify(inventory(node)) === JSON.stringify(objects) ? true : undefined,
+    );
+
+  /** One pod of the overlay's DaemonSet, as this tree renders it, or as a previous release's tree does with its image. */
+  const startOverlay = async (
+    overlay: string,
+    image?: string,
+    previous?: PreviousRelease,
+  ): Promise<{ started: Started; readyMs: number }> => {
+    const source = previous?.dir ?? repoRoot;
     const components = OVERLAY_COMPONENTS[overlay] ?? [];
-    const ds = daemonSetOf(`deploy/overlays/${overlay}`, 'ipvs-node-controller', components);
+    const ds = daemonSetOf(
+      join(source, 'deploy', 'overlays', overlay),
+      'ipvs-node-controller',
+      components.map((c) => join(source, c)),
+    );
     if (components.length > 0 && !figures.some((f) => f.includes(components[0]!))) {
       figures.push(
         `${overlay}: with ${components.join(', ')} (podman's default seccomp profile allows bpf() only to CAP_SYS_ADMIN)`,
@@ -473,9 +520,10 @@ describe('the image under the DaemonSet, as a kubelet runs it (podman)', functio
     }
     const name = `${TAG}-${overlay}-${names.length}`;
     names.push(name);
-    const started = kubelet.start(ds.spec.template, name, image);
+    const shown = previous?.image ?? image;
+    const started = kubelet.start(ds.spec.template, name, shown, previous?.version);
     const readyMs = await kubelet.waitReady(started);
-    figures.push(`${overlay}${image ? ` (${image})` : ''}: container start -> ready ${readyMs} ms`);
+    figures.push(`${overlay}${shown ? ` (${shown})` : ''}: container start -> ready ${readyMs} ms`);
     return { started, readyMs };
   };
 
@@ -662,18 +710,57 @@ describe('the image under the DaemonSet, as a kubelet runs it (podman)', functio
     figures.push(`rolling update: ${answers.length} connections during stop old / start new, all answered`);
   });
 
-  for (const [overlay, objects] of [
-    ['iptables', ['iptables-legacy']],
-    ['ebpf', ['ebpf']],
-    ['nft', ['nft']],
-  ] as const) {
+  it('a rolling update from the previous release and back, with its own manifests (old -> new -> old -> new), on each overlay: no connection lost', async function () {
+    const previous = previousRelease();
+    if ('missing' in previous) {
+      if (process.env.IPVS_NODE_CONTROLLER_REQUIRE_IMAGE === '1') throw new Error(previous.missing);
+      console.log(`    skipped: ${previous.missing}`);
+      this.skip();
+    }
+    // After the previous release: this one, the previous one again, this one.
+    const steps = [undefined, previous, undefined];
+    for (const [overlay, objects] of OVERLAY_OBJECTS) {
+      // The previous release on this overlay first (switching overlays is not what is counted).
+      if (current) kubelet.stop(current);
+      current = (await startOverlay(overlay, undefined, previous)).started;
+      await onlyObjects(objects, `${previous.version} on ${overlay}`);
+      let stop = false;
+      const answers: string[] = [];
+      const loop = (async () => {
+        for (let i = 0; !stop; i++) {
+          const from = i % 2 === 0 ? 'pod' : 'node';
+          answers.push(`${from}: ${await connect(from, node, scenario.network.pod.ns)}`);
+          await new Promise((r) => setTimeout(r, 50));
+        }
+      })();
+      try {
+        for (const release of steps) {
+          kubelet.stop(current);
+          current = (await startOverlay(overlay, undefined, release)).started;
+          const image = release?.image ?? IMAGE;
+          expect(podman(['inspect', '--format', '{{.ImageName}}', current.name]).out).to.equal(image);
+          await onlyObjects(objects, `${image} on ${overlay}`);
+          await new Promise((r) => setTimeout(r, 1000));
+        }
+      } finally {
+        stop = true;
+        await loop;
+      }
+      expect(answers.length).to.be.greaterThan(10);
+      expect(answers.filter((a) => !a.endsWith(': svc-a'))).to.deep.equal([]);
+      figures.push(
+        `rolling update ${previous.version} -> ${VERSION} -> ${previous.version} -> ${VERSION} (${overlay}): ` +
+          `${answers.length} connections from a pod and the node, all answered`,
+      );
+    }
+  });
+
+  for (const [overlay, objects] of OVERLAY_OBJECTS) {
     it(`switching to the ${overlay} overlay leaves exactly its objects (${objects.join(', ')}) and translates`, async () => {
       kubelet.stop(current!);
       const { started } = await startOverlay(overlay);
       current = started;
-      await waitFor(`only ${objects.join(', ')} on the node`, () =>
-        JSON.stringify(inventory(node)) === JSON.stringify(objects) ? true : undefined,
-      );
+      await onlyObjects(objects, overlay);
       expect(await connect('pod', node, scenario.network.pod.ns)).to.equal('svc-a');
       expect(await connect('node', node, scenario.network.pod.ns)).to.equal('svc-a');
       if (overlay === 'ebpf') {

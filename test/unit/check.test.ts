@@ -71,7 +71,10 @@ describe('check: an answered path whose entry is gone when read', () => {
   };
 
   it('is tried once more; the second entry judges it, and the line says so', async () => {
-    const t = tries([{ ...answered, conntrackProblem: 'conntrack -G found no entry' }, { ...answered, conntrack: view }]);
+    const t = tries([
+      { ...answered, conntrackProblem: 'conntrack -G found no entry' },
+      { ...answered, conntrack: view },
+    ]);
     const [r] = await judgePaths([entry], [], undefined, 100, t.one);
     expect(t.count()).to.equal(2);
     expect(r!.ok).to.equal(true);

@@ -251,6 +251,7 @@ describe('the workflows (.github/workflows/*.yml)', function () {
       'release_args=("$@")',
       '[ "${#release_args[@]}" -gt 0 ] || release_args=(--registry ghcr.io/ipvs-node-controller/ipvs-node-controller)',
       'npm run release -- "${release_args[@]}"',
+      'npm run image:previous',
       'IPVS_NODE_CONTROLLER_REQUIRE_IMAGE=1 npm test',
       'npm run test:vm',
     ]);

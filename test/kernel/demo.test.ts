@@ -16,11 +16,13 @@ import { expect } from 'chai';
 import { assertIsolatedNetns, requireTools } from '../../testbed/node-network.js';
 import { httpGet, scrapeMetrics } from '../support/scrape.js';
 import { rejectionOf } from '../support/assertions.js';
+import { codeBlockAfter, inOrder } from '../support/readme.js';
 
 const run = promisify(execFile);
 const here = dirname(fileURLToPath(import.meta.url));
 const DEMO = join(here, '..', '..', 'demo', 'run.js');
 const EXTRA = join(here, '..', '..', '..', 'demo', 'extra-service.yaml');
+const README = join(here, '..', '..', '..', 'README.md');
 
 function cmdlineOf(pid: number): string | undefined {
   try {
@@ -134,6 +136,13 @@ describe('the demo (npm run demo)', function () {
         expect(line(after, client), `${client} -> ${target} after, the pod's source kept:\n${after}`).to.match(own);
       }
     }
+
+    // The README's transcript of these two steps is what the demo printed, line for line.
+    const transcript = codeBlockAfter(readFileSync(README, 'utf8'), 'Before and after, as `npm start` prints them');
+    expect(transcript.length).to.be.greaterThan(15);
+    expect(inOrder(transcript, (before + after).split('\n')), 'the README transcript').to.deep.equal({
+      missing: undefined,
+    });
 
     const kubectl = async (...args: string[]) => (await run('kubectl', ['--kubeconfig', kubeconfig!, ...args])).stdout;
     const rows = (await kubectl('get', 'services', '-A'))

@@ -9,6 +9,8 @@ import type { BindAddress } from '../../http/endpoint.js';
 
 /** Services tried when none is named, at most: a sample, never the whole cluster. */
 export const MAX_SAMPLE = 50;
+/** Services tried when none is named and --sample is not given. */
+export const DEFAULT_SAMPLE = 5;
 /** Paths tried in one check, at most (a Service with many ports and addresses is cut there). */
 export const MAX_PATHS = 64;
 /** The longest a path may be waited for. */
@@ -34,7 +36,7 @@ function addCheckOptions(command: Command): void {
         '3 when it could not check (no privileges, no API server, nothing to try).',
     )
     .option('--service <namespace/name>', 'try every translated address and port of this Service')
-    .option('--sample <n>', `without --service: Services tried (at most ${MAX_SAMPLE})`, '5')
+    .option('--sample <n>', `without --service: Services tried (at most ${MAX_SAMPLE})`, String(DEFAULT_SAMPLE))
     .option('--timeout <duration>', 'how long a connection or a datagram is waited for', '2s')
     .addOption(new Option('--output <format>', 'text, or one JSON object').choices(['text', 'json']).default('text'))
     .option(

@@ -260,10 +260,30 @@ export class FakeIptables implements IptablesRunner {
   /** Awaited before each command is answered: plays what happens while the command runs. */
   onRun: ((command: string, args: readonly string[]) => Promise<void> | void) | undefined;
 
-  async run(command: string, args: readonly string[], input?: string): Promise<IptablesOutcome> {
+  /** What happened in which order: `start`, `output` (first stdout, the table read) and `end` of each command. */
+  readonly events: string[] = [];
+
+  async run(
+    command: string,
+    args: readonly string[],
+    input?: string,
+    _timeoutMs?: number,
+    onOutput?: () => void,
+  ): Promise<IptablesOutcome> {
     this.calls.push({ command, args: [...args], ...(input === undefined ? {} : { input }) });
+    const name = `${command} ${args.join(' ')}`;
+    this.events.push(`start ${name}`);
     await this.onRun?.(command, args);
-    return this.outcome(command, [...args], input);
+    // As the real commands: the table is read at once, its text comes later (the event loop turns
+    // in between, so that what the caller starts on its first output runs meanwhile).
+    const outcome = this.outcome(command, [...args], input);
+    if (outcome.stdout !== '') {
+      this.events.push(`output ${name}`);
+      onOutput?.();
+      await new Promise((resolve) => setImmediate(resolve));
+    }
+    this.events.push(`end ${name}`);
+    return outcome;
   }
 
   private outcome(command: string, args: string[], input?: string): IptablesOutcome {

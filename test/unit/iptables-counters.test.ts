@@ -59,6 +59,12 @@ describe('iptables translation counts: parsing', () => {
       { chain: 'IPVS_OUT_SR_7KQ2M4N6P3R5S2T4', source: 'node', packets: 4 },
     ]);
     expect(counts.has(`IPVS_OUTPUT_1 ${DNAT4}`)).to.equal(true);
+    // Of the chains named only (the *mangle line of that name is not the nat table's).
+    const some = parseSavedCounts(SAVED, new Set(['IPVS_OUTPUT_1', 'IPVS_OUT_SR_7KQ2M4N6P3R5S2T4']));
+    expect([...some.values()].map((c) => [c.chain, c.packets])).to.deep.equal([
+      ['IPVS_OUTPUT_1', 2],
+      ['IPVS_OUT_SR_7KQ2M4N6P3R5S2T4', 4],
+    ]);
   });
 
   it('keys a rule alike from -save -c and from -S -v, IPv6 mixed notation as the model writes it', () => {
@@ -201,6 +207,25 @@ for (const variant of ['legacy', 'nft'] as const) {
       await reconciler.sync(state([service(1)]), { full: false });
       connect('pods', 1);
       expect(await totals()).to.deep.equal({ pods: 3, node: 0 });
+    });
+
+    it("a partial write's restore starts once the counts are taken, beside the rest of the read, and the counts stay exact", async () => {
+      // 40 Services in 40 buckets: a change of 20 touches more chains than one listing each reads.
+      const many = Array.from({ length: 40 }, (_, i) => service(i + 1));
+      await reconciler.sync(state(many), { full: true });
+      for (let i = 1; i <= 40; i++) connect('pods', i);
+      connect('node', 3);
+      fake.events.length = 0;
+      await reconciler.sync(state(many.slice(20)), { full: false });
+      const save = fake.events.findIndex((e) => e.startsWith('output ') && e.includes('save -c -t nat'));
+      const restore = fake.events.findIndex((e) => e.startsWith('start ') && e.includes('restore'));
+      const saved = fake.events.findIndex((e) => e.startsWith('end ') && e.includes('save -c -t nat'));
+      expect(save, fake.events.join('\n')).to.be.at.least(0);
+      // Taken, then the restore, then the read's end: never a restore before the counts are taken.
+      expect([save < restore, restore < saved], fake.events.join('\n')).to.deep.equal([true, true]);
+      expect(await totals()).to.deep.equal({ pods: 40, node: 1 });
+      for (let i = 21; i <= 40; i++) connect('pods', i);
+      expect(await totals()).to.deep.equal({ pods: 60, node: 1 });
     });
 
     it('a read that one of our writes overlapped is not taken: the totals stay as last read', async () => {

@@ -7,8 +7,9 @@
 // bucket chain written whole, a Service's source-range chains written again) flushes it, a `-D`
 // deletes it. So the total is kept here, per family: the last count read of each rule, and what
 // rules that are gone counted (banked). Before each of our restores that flushes or deletes rules
-// of ours, their counts are read (within COUNTER_READ_MS); once the restore is committed, those
-// rules' counts are banked and they count again from 0. A read between our writes that finds a
+// of ours, their counts are read (within COUNTER_READ_MS; the restore starts once the kernel's
+// counts are taken, while the read's output is still coming); once the restore is committed,
+// those rules' counts are banked and they count again from 0. A read between our writes that finds a
 // rule gone, or counting less than it did, banks its last count (someone else's flush or -Z).
 // The total never decreases within a process; what it can miss is described in docs/iptables.md.
 
@@ -50,13 +51,21 @@ function addCount(counts: RuleCounts, chain: string, spec: string, packets: numb
   counts.set(key, { chain, source, packets: packets + (held?.packets ?? 0) });
 }
 
-/** The counts of our DNAT rules in `-save -c -t nat` output (`[PACKETS:BYTES] -A CHAIN SPEC`). */
-export function parseSavedCounts(saveOutput: string): RuleCounts {
+/**
+ * The counts of our DNAT rules in `-save -c -t nat` output (`[PACKETS:BYTES] -A CHAIN SPEC`);
+ * `chains`: of the rules of those chains only (the others' lines are passed over unparsed).
+ */
+export function parseSavedCounts(saveOutput: string, chains?: ReadonlySet<string>): RuleCounts {
   const counts: RuleCounts = new Map();
   let inNat = false;
   for (const line of saveOutput.split('\n')) {
     if (line.startsWith('*')) inNat = line === '*nat';
-    const m = inNat ? /^\[(\d+):\d+\] -A (\S+) (.*)$/.exec(line) : null;
+    if (!inNat || !line.startsWith('[')) continue;
+    if (chains) {
+      const at = line.indexOf('] -A ') + 5;
+      if (at < 5 || !chains.has(line.slice(at, line.indexOf(' ', at)))) continue;
+    }
+    const m = /^\[(\d+):\d+\] -A (\S+) (.*)$/.exec(line);
     if (m) addCount(counts, m[2]!, m[3]!, Number(m[1]));
   }
   return counts;
@@ -138,13 +147,16 @@ export class TranslationLedger {
 }
 
 /**
- * The counts of our DNAT rules now: `chains` only, one listing each (iptables-nft, a few), or all
- * of them with one `-save -c -t nat`; a legacy nat table that does not exist holds none (a listing
- * would create it). The scope read, undefined: all our chains.
+ * The counts of our DNAT rules now: `chains` only, one listing each (iptables-nft, a few), or read
+ * with one `-save -c -t nat` (of those chains only when named); a legacy nat table that does not
+ * exist holds none (a listing would create it). The scope read, undefined: all our chains.
+ * `onRead`: called once the kernel's counts have been taken, which for a `-save` is before its
+ * output has all come and been parsed; not called when the read ends first (or fails).
  */
 async function readCounts(
   commands: IptablesCommands,
   chains?: readonly string[],
+  onRead?: () => void,
 ): Promise<{ counts: RuleCounts; scope?: Set<string> }> {
   if (commands.variant === 'nft' && chains !== undefined && chains.length <= MAX_LISTED_CHAINS) {
     const counts: RuleCounts = new Map();
@@ -158,7 +170,9 @@ async function readCounts(
   if (commands.variant === 'legacy' && !(await commands.runner.legacyTables(commands.family))?.has('nat')) {
     return { counts: new Map() };
   }
-  return { counts: parseSavedCounts(await commands.saveCounted(COUNTER_READ_MS)) };
+  const scope = chains === undefined ? undefined : new Set(chains);
+  const counts = parseSavedCounts(await commands.saveCounted(COUNTER_READ_MS, onRead), scope);
+  return scope === undefined ? { counts } : { counts, scope };
 }
 
 /** The driver's translation counts, per family: read when scraped, and kept across its own restores. */
@@ -180,7 +194,10 @@ export class TranslationCounter {
   /**
    * Restores `text` (in the driver's write turn), the counts of the rules it flushes or deletes
    * read first when their chains may hold any (`existing`: the chains that exist); a read that
-   * fails or takes too long loses what they counted since the last read.
+   * fails or takes too long loses what they counted since the last read. The restore starts as
+   * soon as the kernel's counts are taken: a `-save`'s formatting and the parse of its output run
+   * beside it, off the write's path (what is counted between the two is lost, as it was while a
+   * read ran before the restore: a window of the restore's start-up).
    */
   async restore(commands: IptablesCommands, text: string, existing: ReadonlySet<string>): Promise<void> {
     const ledger = this.ledger(commands.family);
@@ -188,15 +205,19 @@ export class TranslationCounter {
     const { chains, deleted } = flushed;
     const touched = new Set([...chains, ...[...deleted].map((key) => key.slice(0, key.indexOf(' ')))]);
     const read = [...touched].filter((c) => existing.has(c));
-    if (read.length > 0) {
-      try {
-        const { counts, scope } = await readCounts(commands, read);
-        ledger.observe(counts, scope);
-      } catch {
-        // Banked as last read, below.
-      }
+    if (read.length === 0) {
+      await commands.restore(text);
+      ledger.wrote(flushed);
+      return;
     }
-    await commands.restore(text);
+    let taken!: () => void;
+    const countsTaken = new Promise<void>((resolve) => (taken = resolve));
+    const reading = readCounts(commands, read, taken).finally(taken);
+    const restoring = countsTaken.then(() => commands.restore(text));
+    const [counts, restored] = await Promise.allSettled([reading, restoring]);
+    // A failed read: what these rules counted since the last read is lost (banked as last read, below).
+    if (counts.status === 'fulfilled') ledger.observe(counts.value.counts, counts.value.scope);
+    if (restored.status === 'rejected') throw restored.reason;
     ledger.wrote(flushed);
   }
 

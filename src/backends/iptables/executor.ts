@@ -62,8 +62,19 @@ export interface IptablesOutcome {
  * /proc by default; tests give a stand-in that keeps a nat table in memory.
  */
 export interface IptablesRunner {
-  /** `timeoutMs`: stopped after this long (exit status undefined); the command timeout by default. */
-  run(command: string, args: readonly string[], input?: string, timeoutMs?: number): Promise<IptablesOutcome>;
+  /**
+   * `timeoutMs`: stopped after this long (exit status undefined); the command timeout by default.
+   * `onOutput`: called once, when the command first writes to its stdout (a `-save` has read the
+   * table whole by then: both variants fetch it before printing its first line); never for a
+   * command that writes nothing.
+   */
+  run(
+    command: string,
+    args: readonly string[],
+    input?: string,
+    timeoutMs?: number,
+    onOutput?: () => void,
+  ): Promise<IptablesOutcome>;
   /** The legacy tables that exist in this network namespace (see variant.ts legacyTables). */
   legacyTables(family: Family): Promise<Set<string> | undefined>;
   /**
@@ -80,13 +91,15 @@ let generationAddon: NftAddonExecutor | null | undefined;
 const COMMAND_TIMEOUT_MS = (XTABLES_LOCK_WAIT_SECONDS + 30) * 1000;
 
 export const systemIptablesRunner: IptablesRunner = {
-  async run(command, args, input, timeoutMs = COMMAND_TIMEOUT_MS) {
-    const result = await execa(command, [...args], {
+  async run(command, args, input, timeoutMs = COMMAND_TIMEOUT_MS, onOutput) {
+    const child = execa(command, [...args], {
       ...(input === undefined ? { stdin: 'ignore' as const } : { input }),
       reject: false,
       stripFinalNewline: false,
       timeout: timeoutMs,
     });
+    if (onOutput) child.stdout?.once('data', onOutput);
+    const result = await child;
     const missing = result.failed && (result as { code?: string }).code === 'ENOENT';
     const exitCode = result.failed ? result.exitCode : 0;
     // Killed at the timeout, it wrote no message of its own.
@@ -130,9 +143,14 @@ export class IptablesCommands {
     return this.exec(variantCommand(this.variant, this.family, 'save'), table ? ['-t', table] : []);
   }
 
-  /** `-save -c -t nat`: the nat table with each rule's `[packets:bytes]`, within `timeoutMs`. */
-  async saveCounted(timeoutMs: number): Promise<string> {
-    return this.exec(variantCommand(this.variant, this.family, 'save'), ['-c', '-t', 'nat'], undefined, timeoutMs);
+  /**
+   * `-save -c -t nat`: the nat table with each rule's `[packets:bytes]`, within `timeoutMs`.
+   * `onRead`: called once the table has been read (its first line printed), before the rest of
+   * the output has come.
+   */
+  async saveCounted(timeoutMs: number, onRead?: () => void): Promise<string> {
+    const command = variantCommand(this.variant, this.family, 'save');
+    return this.exec(command, ['-c', '-t', 'nat'], undefined, timeoutMs, onRead);
   }
 
   /**
@@ -191,8 +209,14 @@ export class IptablesCommands {
     }
   }
 
-  private async exec(command: string, args: string[], input?: string, timeoutMs?: number): Promise<string> {
-    const result = await this.runner.run(command, args, input, timeoutMs);
+  private async exec(
+    command: string,
+    args: string[],
+    input?: string,
+    timeoutMs?: number,
+    onOutput?: () => void,
+  ): Promise<string> {
+    const result = await this.runner.run(command, args, input, timeoutMs, onOutput);
     if (result.missing) {
       throw new IptablesToolMissing(`the '${command}' command was not found: install the iptables package`);
     }

@@ -191,9 +191,9 @@ for (const variant of ['legacy', 'nft'] as const) {
     it('a resync rewrites a chain someone changed, and only then', async () => {
       const commands: string[] = [];
       const runner: IptablesRunner = {
-        run: (command, args, input) => {
+        run: (command, args, input, timeoutMs, onOutput) => {
           commands.push(command);
-          return systemIptablesRunner.run(command, args, input);
+          return systemIptablesRunner.run(command, args, input, timeoutMs, onOutput);
         },
         legacyTables: (family) => systemIptablesRunner.legacyTables(family),
         generation: () => systemIptablesRunner.generation!(),

@@ -45,6 +45,46 @@ export default {
       to: { path: '^src/(backends|reconciler)/' },
     },
     {
+      name: 'conntrack-not-reconciler',
+      severity: 'error',
+      comment:
+        'The conntrack clean-up imports the reconciler: it is a subscriber, told each change (src/driver/kernel-change.ts) and mapping it to tuples; it never computes a difference of its own.',
+      from: { path: '^src/conntrack/' },
+      to: { path: '^src/(reconciler|backends)/' },
+    },
+    {
+      name: 'model-pure',
+      severity: 'error',
+      comment:
+        'The model imports another part of src/: it is pure (Services + Node + flags -> the desired state); of Node.js it imports only node:net (test/unit/import-graph.test.ts).',
+      from: { path: '^src/model/' },
+      to: { pathNot: '^src/model/' },
+    },
+    {
+      name: 'kube-not-decisions',
+      severity: 'error',
+      comment:
+        'The informers import what decides or writes: they list and watch, and hand the model a change feed (a type of src/model/).',
+      from: { path: '^src/kube/' },
+      to: { path: '^src/(reconciler|backends|driver|controller|conntrack)/' },
+    },
+    {
+      name: 'kube-only-model-types',
+      severity: 'error',
+      comment:
+        "The informers import model code: what they share with the model is src/model/types.ts (ServiceInfo, NodeInfo, the annotations' names) and the change feed's type.",
+      from: { path: '^src/kube/' },
+      to: { path: '^src/model/', pathNot: '^src/model/types\\.ts$', dependencyTypesNot: ['type-only'] },
+    },
+    {
+      name: 'observers-not-backends',
+      severity: 'error',
+      comment:
+        'What an operator watches (operations, metrics, health, events, http) and the controller import a backend: they see the driver through src/driver/ and the reconciler, as values the composition root hands them.',
+      from: { path: '^src/(operations|metrics|health|events|http|controller)/' },
+      to: { path: '^src/backends/' },
+    },
+    {
       name: 'reconciler-built-in-cli',
       severity: 'error',
       comment:

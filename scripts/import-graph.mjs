@@ -5,7 +5,7 @@
 //   node scripts/import-graph.mjs --check   no output when there is no loop; else each loop, exit 1
 //
 // npm run lint runs --check. The parts are the folders of src/ and the files directly in it, each
-// on its own: a file of src/ that imports a folder (controller.ts) is a part above that folder,
+// on its own: a file of src/ that imports a folder (main.ts once did) is a part above that folder,
 // and a folder that imports it back closes a loop. dependency-cruiser's own rules
 // (.dependency-cruiser.mjs) reject loops between modules and between folders nested deeper, and
 // are applied in the same run.

@@ -8,7 +8,15 @@
 import type { Logger } from 'pino';
 import { access, constants } from 'node:fs/promises';
 import { delimiter, join } from 'node:path';
-import { BackendError, type BackendName, type Driver, type EntryCapacity, type ProbeResult } from '../driver/driver.js';
+import {
+  BackendError,
+  type BackendChoice,
+  type BackendDescription,
+  type BackendName,
+  type Driver,
+  type EntryCapacity,
+  type ProbeResult,
+} from '../driver/driver.js';
 import { DEFAULT_BPFFS_PATH, EBPF_CAPACITY, EbpfDriver, defaultCgroupPath } from './ebpf/ebpf-driver.js';
 import { selectNftExecutor, type NftExecutorPreference } from './nft/addon-executor.js';
 import { NFT_CAPACITY, NftDriver } from './nft/nft-driver.js';
@@ -18,8 +26,6 @@ import { hasIptablesObjects, removeIptablesObjects } from './iptables/nat-view.j
 import { renderDesiredStateRestoreText } from './iptables/render.js';
 import { IPTABLES_VARIANTS, detectIptablesVariant, type IptablesVariant } from './iptables/variant.js';
 import { FAMILIES, type DesiredState } from '../model/types.js';
-
-export type BackendChoice = 'auto' | BackendName;
 
 /** What building and cleaning up the backends takes from the configuration. */
 export interface BackendSettings {
@@ -35,15 +41,6 @@ export interface BackendSettings {
   bpffsPath?: string;
   /** Where the iptables backend logs rejected entries and jump repairs. */
   logger?: Logger;
-}
-
-/** A backend as metrics and logs show it: which executor or iptables variant programs the kernel. */
-export interface BackendDescription {
-  backend: BackendName;
-  nftExecutor?: string;
-  /** How the nft rules look keys up on this kernel, once probed. */
-  nftKeyLookup?: KeyLookup;
-  iptablesVariant?: IptablesVariant;
 }
 
 export interface SelectedBackend {
@@ -161,7 +158,7 @@ export async function selectBackend(
     const { driver, reason } = created;
     const probe = await driver.probe();
     if (!probe.ok) {
-      await driver.close?.();
+      await driver.close();
       throw new BackendError(`${probe.detail} (on this kernel, try ${INSTEAD[choice]})`, choice);
     }
     return {
@@ -183,7 +180,7 @@ export async function selectBackend(
             : `--backend=auto chose ${name} (${reason}) because ${failed.join('; ')}`,
       };
     }
-    await driver.close?.();
+    await driver.close();
     failed.push(probe.detail);
   }
   throw new BackendError(`no backend can program this node: ${failed.join('; ')}`, AUTO_ORDER.at(-1)!);
@@ -270,7 +267,7 @@ function nftLeftovers(settings: BackendSettings): LeftoverCleanup {
     async cleanup() {
       const { driver, description } = await BACKENDS.nft.create({ ...settings, nftExecutor: 'auto' });
       if (description.nftExecutor === 'cli' && !(await onPath('nft'))) return;
-      if (await driver.hasState?.()) await driver.apply([{ kind: 'removeAll' }]);
+      if (await driver.hasState()) await driver.apply([{ kind: 'removeAll' }]);
     },
   };
 }

@@ -2,45 +2,24 @@
 // ipvs-node-controller: the command line (`check` is src/cli/check/). Usage errors (flags, files they
 // name, no way to reach the API server) are one line and exit code 2, before anything else; runtime
 // errors a user can meet (no kernel support, API unreachable for --dry-run) one line and exit 1.
-// Exit 0 only after the job is done or a SIGTERM/SIGINT asked for the stop. The composition root:
-// the registry (src/backends/registry.ts) chooses and probes the driver, compose.ts puts the
-// reconciler over it with its subscribers, the controller runs that.
+// Exit 0 only after the job is done or a SIGTERM/SIGINT asked for the stop. The parts of a run are
+// built and wired in one place, the composition root (compose.ts).
 
 import { CommanderError } from 'commander';
 import { accessSync, constants as fsConstants, existsSync, statSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { delimiter, join } from 'node:path';
 import { PROGRAM, createLogger, logFatal, writeStderr, type Logger } from '../log.js';
-import {
-  cleanupAll,
-  dryRunCapacity,
-  removeLeftovers,
-  renderDryRun,
-  selectBackend,
-  type BackendDescription,
-  type BackendSettings,
-  type SelectedBackend,
-} from '../backends/registry.js';
+import { cleanupAll, dryRunCapacity, renderDryRun } from '../backends/registry.js';
 import { entryLimit } from '../driver/driver.js';
-import { Controller } from '../controller.js';
-import { composeReconciler } from './compose.js';
+import { backendSettings, runController } from './compose.js';
+import { FatalError } from './fatal-error.js';
 import { buildDesiredState } from '../model/desired-state.js';
 import type { NodeInfo, ServiceInfo } from '../model/types.js';
 import { parseConfig, UsageError, type Config } from '../config/options.js';
-import { formatDuration } from '../config/duration.js';
 import { dryRunReport } from './dry-run-report.js';
 import { toNodeInfo, toServiceInfo } from '../kube/objects.js';
-import type { Operations } from '../operations/operations.js';
-import { describeSettings } from '../kubeproxy/config.js';
 import { buildInfo } from '../build-info/version.js';
-import { InterfaceAddressWatch } from '../node/interface-addresses.js';
-import { collectEverything, leaveOptimisingCompilersOut } from './v8-settings.js';
-import { releaseFilePages } from './file-pages.js';
-
-/** An error with a message meant for the user as it is. */
-class FatalError extends Error {
-  override name = 'FatalError';
-}
 
 /** Set when main() settled: an exit before that is a defect, reported by the last-resort guards. */
 let settled = false;
@@ -196,28 +175,6 @@ async function kubeConfigOrFail(config: Config) {
   }
 }
 
-/** What the backends take from the configuration. */
-function backendSettings(config: Config, logger?: Logger): BackendSettings {
-  return {
-    nftExecutor: config.nftExecutor,
-    nftKeyLookup: config.nftKeyLookup,
-    cgroupPath: config.cgroupPath,
-    bpffsPath: config.bpffsPath,
-    logger,
-  };
-}
-
-async function createBackend(config: Config, logger: Logger): Promise<SelectedBackend> {
-  let selected;
-  try {
-    selected = await selectBackend(config.backend, backendSettings(config, logger));
-  } catch (err) {
-    throw new FatalError((err as Error).message);
-  }
-  logger.info({ backend: selected.driver.name, reason: selected.reason, probe: selected.probe }, 'Backend selected');
-  return selected;
-}
-
 async function cleanup(config: Config, logger: Logger): Promise<number> {
   logVersion(logger);
   try {
@@ -227,15 +184,6 @@ async function cleanup(config: Config, logger: Logger): Promise<number> {
     throw new FatalError((err as Error).message);
   }
   return 0;
-}
-
-/**
- * After the first successful sync: remove what other backends left, so a node never carries two.
- * A failure is the controller's to retry and report.
- */
-async function removeOtherBackends(config: Config, backend: BackendDescription, logger: Logger): Promise<void> {
-  const checked = await removeLeftovers(backend, backendSettings(config));
-  logger.debug({ checked }, 'Removed leftovers of other backends');
 }
 
 async function run(config: Config, logger: Logger): Promise<number> {
@@ -278,98 +226,6 @@ async function run(config: Config, logger: Logger): Promise<number> {
   } finally {
     clearInterval(keepAlive);
   }
-}
-
-async function runController(
-  config: Config,
-  logger: Logger,
-  operations: Operations,
-  kc: Awaited<ReturnType<typeof kubeConfigOrFail>>,
-  stopped: Promise<void>,
-): Promise<number> {
-  const { driver, description } = await createBackend(config, logger);
-  operations.describeBackend(description, driver.translatedConnections?.bind(driver));
-  const { createClusterCaches } = await import('../kube/cluster.js');
-  let controller: Controller | undefined;
-  const caches = createClusterCaches(
-    kc,
-    config.nodeName,
-    operations.informerObserver({
-      onError: (resource, err, retryInMs) =>
-        logger.warn({ resource, retryInMs, err }, 'Failed to list and watch, keeping the last rules'),
-      onWatchListUnavailable: (resource, why) =>
-        logger.info(
-          { resource, why },
-          'The API server offers no WatchList stream, starting from lists served by its watch cache',
-        ),
-      onDecodeError: (resource, problem, firstOnStream) => {
-        // Once per watch stream: a broken proxy can send many; the metric counts them all.
-        if (firstOnStream) logger.warn({ resource, problem }, 'Skipped a watch line that is not a watch event');
-      },
-    }),
-    { minWatchTimeoutMs: config.minWatchTimeoutMs },
-  );
-  // kube-proxy's settings and mode, read before the first sync so that it never programs against them.
-  const { KubeProxyAwareness } = await import('../kubeproxy/awareness.js');
-  const kubeProxy = await KubeProxyAwareness.start(config, logger, {
-    onSettings: (settings) => controller?.setModelConfig(settings.model, describeSettings(settings)),
-    onMode: (verdict) => controller?.onKubeProxyMode(verdict),
-  });
-  const observer = operations.controllerObserver(kc, caches.services);
-  // The composition: the reconciler over the chosen driver, the conntrack clean-up among its subscribers.
-  const reconciler = composeReconciler(driver, {
-    logger,
-    onConntrackCleanup: (report) => observer.onConntrackCleanup?.(report),
-  });
-  const interfaces = new InterfaceAddressWatch();
-  controller = new Controller({
-    observer,
-    caches,
-    reconciler,
-    model: kubeProxy.settings.model,
-    kubeProxyStepAside: config.kubeProxyStepAside,
-    kubeProxyMode: kubeProxy.mode,
-    kubeProxySettings: kubeProxy.describe(),
-    nodeName: config.nodeName,
-    maxEntries: config.maxEntries,
-    interfaceAddresses: () => interfaces.current(),
-    compactMemory: async () => {
-      collectEverything();
-      await releaseFilePages(logger);
-    },
-    minSyncPeriodMs: config.minSyncPeriodMs,
-    syncPeriodMs: config.syncPeriodMs,
-    logger,
-    removeLeftovers: () => removeOtherBackends(config, description, logger),
-  });
-  operations.attach(controller);
-  logger.info(
-    {
-      backend: driver.name,
-      kernel: buildInfo().kernel,
-      detectLocalMode: kubeProxy.settings.model.detectLocalMode,
-      kubeProxyMode: kubeProxy.mode.mode,
-      kubeProxyVersion: kubeProxy.mode.version ?? 'unknown',
-      minSyncPeriod: formatDuration(config.minSyncPeriodMs),
-      syncPeriod: formatDuration(config.syncPeriodMs),
-      ...controller.status.limits,
-      serviceExternalIpRange: kubeProxy.settings.model.externalIpRanges?.join(',') ?? 'any',
-      serviceClusterIpRange: kubeProxy.settings.model.serviceCidrs?.join(',') ?? 'none',
-      nodeAddressRanges: kubeProxy.settings.model.nodeAddressRanges?.join(',') ?? 'none',
-    },
-    'Starting',
-  );
-  interfaces.start(() => controller?.nodeAddressesChanged());
-  // Every module of the run is loaded by now, and the first list is read next (v8-settings.ts).
-  leaveOptimisingCompilersOut();
-  await Promise.race([controller.start(), stopped]);
-  await stopped;
-  // The controller first: once it is told, no write begins (a sync deriving its state drops it).
-  interfaces.stop();
-  await controller.stop();
-  await kubeProxy.stop();
-  await reconciler.close();
-  return 0;
 }
 
 // A closed stdout or stderr (a log reader gone) must not crash the run: the logs are lost, the

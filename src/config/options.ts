@@ -7,7 +7,7 @@ import { hostname } from 'node:os';
 import type { DetectLocalMode, ModelConfig } from '../model/types.js';
 import type { KubeProxyModelSetting, SettingSource } from './setting-sources.js';
 import type { BindAddress } from '../http/endpoint.js';
-import type { BackendChoice } from '../backends/registry.js';
+import type { BackendChoice } from '../driver/driver.js';
 import type { LogFormat } from '../log.js';
 import type { ProbeSettings } from '../probe/prober.js';
 import { probeSettings } from './probe-settings.js';

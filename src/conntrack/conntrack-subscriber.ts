@@ -21,7 +21,7 @@ export class ConntrackSubscriber implements KernelSubscriber {
 
   /** Deletes the conntrack entries that would keep translations the kernel no longer has. Never throws. */
   async kernelChanged(change: KernelChange): Promise<void> {
-    const tuples = staleTuples(change.previous, change.next);
+    const tuples = staleTuples(change);
     if (tuples.length === 0) return;
     this.onReport(await this.client.clean(tuples));
   }

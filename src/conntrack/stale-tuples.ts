@@ -4,16 +4,8 @@
 // changes target, disappears or appears, the entries whose original destination is that tuple
 // must go (semantics.md, "Connection tracking"). TCP is left alone, as kube-proxy does. Pure.
 
-import { diffByKey } from '../reconciler/element-storage.js';
-import {
-  FAMILIES,
-  entryKey,
-  sameSourceRanges,
-  type DesiredState,
-  type Entry,
-  type Family,
-  type Protocol,
-} from '../model/types.js';
+import type { FamilyChange, KernelChange } from '../driver/kernel-change.js';
+import { entryKey, sameSourceRanges, type Entry, type Family, type Protocol } from '../model/types.js';
 
 export type ConntrackProtocol = Extract<Protocol, 'UDP' | 'SCTP'>;
 
@@ -45,51 +37,56 @@ function tuple(
   return { family: e.family, externalIp: e.externalIp, protocol: e.protocol, port: e.port, untranslatedOnly, why };
 }
 
-/** Entries of one family that differ between two entry lists, as stale tuples (one diff: element-storage's). */
-function diffEntries(before: readonly Entry[], after: readonly Entry[]): StaleTuple[] {
-  // The target and the sources translated matter to a flow: a comment (the owning Service) change
-  // keeps its path, other source ranges change which flows are translated.
-  const { removed, added } = diffByKey(
-    before.filter(tracked),
-    after.filter(tracked),
-    (a, b) => a.clusterIp === b.clusterIp && sameSourceRanges(a, b),
-  );
-  const removedKeys = new Set(removed.map(entryKey));
-  const addedKeys = new Set(added.map(entryKey));
-  const out: StaleTuple[] = [];
-  for (const e of added) if (tracked(e)) out.push(tuple(e, removedKeys.has(entryKey(e)) ? 'retargeted' : 'appeared'));
-  for (const e of removed) if (tracked(e) && !addedKeys.has(entryKey(e))) out.push(tuple(e, 'removed'));
-  return out;
+/**
+ * The tuples of one family's change, by key: the target and the sources translated matter to a
+ * flow; a comment (the owning Service) changing keeps its path, other source ranges change which
+ * flows are translated.
+ */
+function changedTuples({ removed, added }: Pick<FamilyChange, 'removed' | 'added'>, out: StaleTuple[]): void {
+  const gone = new Map<string, Entry>();
+  for (const e of removed) if (tracked(e)) gone.set(entryKey(e), e);
+  for (const e of added) {
+    if (!tracked(e)) continue;
+    const key = entryKey(e);
+    const old = gone.get(key);
+    gone.delete(key);
+    if (!old) out.push(tuple(e, 'appeared'));
+    else if (old.clusterIp !== e.clusterIp || !sameSourceRanges(old, e)) out.push(tuple(e, 'retargeted'));
+  }
+  for (const e of gone.values()) out.push(tuple(e as Entry & { protocol: ConntrackProtocol }, 'removed'));
 }
 
 /**
- * The tuples whose conntrack entries are stale once the kernel holds `next` instead of
- * `previous` (undefined: not known, as on the first sync after a start).
+ * The tuples whose conntrack entries are stale after `change`: its difference mapped to tuples
+ * (never a comparison of whole states). What the kernel held before not known (the first sync
+ * after a start): every tuple, for its untranslated flows only. The local-pod match changed:
+ * every tuple held before or after.
  */
-export function staleTuples(previous: DesiredState | undefined, next: DesiredState): StaleTuple[] {
+export function staleTuples(change: Pick<KernelChange, 'previous' | 'families'>): StaleTuple[] {
   const out: StaleTuple[] = [];
-  for (const family of FAMILIES) {
-    const after = next[family];
-    if (previous === undefined) {
-      for (const e of after.entries) if (tracked(e)) out.push(tuple(e, 'first sync', true));
-      continue;
+  for (const family of change.families) {
+    if (family.previousUnknown) {
+      for (const e of family.added) if (tracked(e)) out.push(tuple(e, 'first sync', true));
+    } else if (family.shapeChanged) {
+      everyTuple(family.family, change.previous, family, out);
+    } else {
+      changedTuples(family, out);
     }
-    const before = previous[family];
-    if (JSON.stringify(before.localPodMatch) !== JSON.stringify(after.localPodMatch)) {
-      // Pod flows change from translated to not (or back) on every tuple of the family.
-      const all = new Map<string, Entry & { protocol: ConntrackProtocol }>();
-      for (const e of [...before.entries, ...after.entries]) if (tracked(e)) all.set(entryKey(e), e);
-      for (const e of all.values()) out.push(tuple(e, 'local pod match changed'));
-      continue;
-    }
-    if (after.entries === before.entries) continue;
-    // The model says what changed since the list the kernel holds: no need to compare the lists.
-    // One push per tuple: a change may hold more than a call can take arguments.
-    const changed =
-      after.changes?.since === before.entries
-        ? diffEntries(after.changes.removed, after.changes.added)
-        : diffEntries(before.entries, after.entries);
-    for (const tuple of changed) out.push(tuple);
   }
   return out;
+}
+
+/** Pod flows change from translated to not (or back) on every tuple of the family, before or after. */
+function everyTuple(
+  family: Family,
+  previous: KernelChange['previous'],
+  change: Pick<FamilyChange, 'removed' | 'added'>,
+  out: StaleTuple[],
+): void {
+  const all = new Map<string, Entry & { protocol: ConntrackProtocol }>();
+  // What was held, then what went and came: every tuple of before and of after.
+  for (const list of [previous?.[family].entries ?? [], change.removed, change.added]) {
+    for (const e of list) if (tracked(e)) all.set(entryKey(e), e);
+  }
+  for (const e of all.values()) out.push(tuple(e, 'local pod match changed'));
 }

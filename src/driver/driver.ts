@@ -8,6 +8,21 @@ import type { TranslationsBypassed } from './kernel-change.js';
 
 export type BackendName = 'nft' | 'iptables' | 'ebpf';
 
+/** What --backend asks for: a backend, or the first whose probe passes (src/backends/registry.ts). */
+export type BackendChoice = 'auto' | BackendName;
+
+/**
+ * A backend as metrics, logs and /status show it (the composition root describes the one it
+ * chose): which executor or iptables variant programs the kernel.
+ */
+export interface BackendDescription {
+  backend: BackendName;
+  nftExecutor?: string;
+  /** How the nft rules look keys up on this kernel, once probed (nft/render.ts, KeyLookup). */
+  nftKeyLookup?: 'map' | 'set';
+  iptablesVariant?: 'legacy' | 'nft';
+}
+
 export interface ProbeResult {
   ok: boolean;
   /** One line a user can act on when !ok; a short description of what was found when ok. */
@@ -40,26 +55,26 @@ export function entryLimit(capacity: EntryCapacity, maxEntriesFlag: number | und
 }
 
 /**
- * What a driver declares of itself, where the drivers differ (nft, iptables, eBPF); the
- * reconciler, the controller and the composition root read nothing else of it.
+ * What a driver declares of itself, where the drivers differ: the facts that vary, each given
+ * once (by the driver when it is made; `filtersSources` of nft by its probe, which runs before
+ * the driver is used). The reconciler, the controller and the composition root read nothing else.
  */
 export interface DriverCapabilities {
   /**
-   * A partial sync may run while a full sync is under way: the driver's state (its key lookup,
-   * its programs) needs no preparation a concurrent sync could disturb. Not eBPF (prepare()
-   * attaches its programs).
+   * Its writes are transactions (nft): one apply() of several families happens whole or not at
+   * all, and a family whose objects cannot be declared again is replaced (replaceFamily).
    */
-  ordersOwnWrites: boolean;
-  /** Its translations are NAT decisions that conntrack keeps: stale flows must be deleted. Not eBPF. */
-  conntrackMatters: boolean;
-  /** One apply() of several families is one transaction: all of it happens or none (nft). */
-  atomicWrites: boolean;
-  /** replaceFamily is a last resort distinct from writeFamily: the table is removed and written anew (nft). */
-  replacesFamilies: boolean;
-  /** readBack(..., 'alongside-writes') may be tried: it reads in another process (nft, iptables). */
-  readsAlongsideWrites: boolean;
+  readonly transactional: boolean;
+  /**
+   * What it translates. 'packets' (nft, iptables): NAT rules, whose decisions conntrack keeps
+   * (stale flows must be deleted), and whose state needs no preparation before a sync (a partial
+   * sync may run while a full one verifies). 'sockets' (eBPF): the destination rewritten at
+   * connect() and sendmsg(), before conntrack sees a packet; prepare() attaches the programs
+   * again, so no sync runs beside a full one.
+   */
+  readonly translates: 'packets' | 'sockets';
   /** It translates an entry only for the sources of its sourceRanges; otherwise the model leaves those out. */
-  filtersSources: boolean;
+  readonly filtersSources: boolean;
 }
 
 /** The part of a family's state that is not its entries: what a partial sync cannot change. */
@@ -153,19 +168,19 @@ export interface Driver {
   shapeKey(shape: FamilyShape): string;
   /**
    * The entries a family written whole with `entries` holds before it must be written whole again
-   * (nft: the map's declared size); unlimited when absent.
+   * (nft: the map's declared size); Infinity where nothing is declared with a size.
    */
-  roomFor?(entries: number): number;
+  roomFor(entries: number): number;
   /** Checks that the kernel and userspace can run this driver, without changing anything. */
   probe(): Promise<ProbeResult>;
-  /** Before each sync: checks limits, and puts back what writes rest on (eBPF: programs and links). */
-  prepare?(desired: DesiredState, full: boolean): Promise<void>;
+  /** Before each sync: checks limits, and puts back what writes rest on (eBPF: programs and links; nothing elsewhere). */
+  prepare(desired: DesiredState, full: boolean): Promise<void>;
   apply(operations: readonly DriverOperation[]): Promise<Applied>;
   /**
    * The ruleset generation now, where the driver reads one around each commit (apply's
    * `generations`); undefined when it cannot be read.
    */
-  generation?(): Promise<number | undefined>;
+  generation(): Promise<number | undefined>;
   /**
    * Reads a family back and compares it with `expected` and `shape`. 'alongside-writes': in
    * another process, while writes go on: 'unfinished' when it could not finish in time,
@@ -180,22 +195,23 @@ export interface Driver {
   /**
    * Listeners told, outside the driver's writes, when new connections may have passed our
    * translations by (iptables: another writer's jump ran before ours until it was put back).
-   * The reconciler listens, and tells its subscribers.
+   * The reconciler listens, and tells its subscribers. A driver whose translations no other
+   * writer can get ahead of (nft's own table, eBPF's programs) never calls it.
    */
-  watchBypasses?(listener: (bypass: TranslationsBypassed) => void): void;
+  watchBypasses(listener: (bypass: TranslationsBypassed) => void): void;
   /** Whether any object of ours exists in the kernel (a leftover of another backend choice). */
-  hasState?(): Promise<boolean>;
+  hasState(): Promise<boolean>;
   /**
    * The connections our rules translated since the family's table was made, by source, as the
    * kernel counts them (iptables: a total kept across the rules its own writes replace, never
    * decreasing within a process); a family it could not read (no table, a listing that did not finish in
    * time) is left out. Read without holding back writes.
    */
-  translatedConnections?(): Promise<TranslatedConnections[]>;
-  /** Hands memory freed by large work back to the kernel (malloc_trim). */
-  releaseMemory?(): Promise<void>;
+  translatedConnections(): Promise<TranslatedConnections[]>;
+  /** Hands memory freed by large work back to the kernel (malloc_trim, where an addon allocated it). */
+  releaseMemory(): Promise<void>;
   /** Releases resources (native handles, timers); leaves kernel state in place. */
-  close?(): Promise<void>;
+  close(): Promise<void>;
 }
 
 /** An error a user can meet, carrying one line that says what to do. */

@@ -5,11 +5,31 @@
 
 import type { DesiredState, Entry, Family } from '../model/types.js';
 
+/**
+ * How one family's entries changed in the kernel: the reconciler's one difference (the model's,
+ * model/entry-diff.ts), composed over the writes since subscribers were last told.
+ */
+export interface FamilyChange {
+  family: Family;
+  /** What the kernel held of ours before is not known (nothing told since the start): `added` is every entry. */
+  previousUnknown: boolean;
+  /**
+   * The family's shape changed (the local-pod match): every translation of the family may have
+   * changed for pods, those whose entries stayed too.
+   */
+  shapeChanged: boolean;
+  /** Entries whose elements went (an element whose value changed is removed and added). */
+  removed: readonly Entry[];
+  added: readonly Entry[];
+}
+
 /** What the kernel held of ours before a change and holds after it: what subscribers are told. */
 export interface KernelChange {
   /** Undefined: not known (nothing programmed since the start). */
   previous: DesiredState | undefined;
   next: DesiredState;
+  /** Per family, the difference from `previous` to `next`. */
+  families: readonly FamilyChange[];
 }
 
 /**

@@ -4,7 +4,7 @@
 
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { Logger } from '../log.js';
-import type { ControllerObserver, KubeProxyStatus } from '../controller.js';
+import type { ControllerObserver, KubeProxyStatus } from '../controller/controller.js';
 import { describeKnownIssue, knownIssues } from '../kubeproxy/known-issues.js';
 import { EVENT_COMPONENT, postEvent } from './post-event.js';
 

@@ -10,7 +10,7 @@
 import { createHash } from 'node:crypto';
 import type { KubeConfig } from '@kubernetes/client-node';
 import { kobj, type Logger } from '../log.js';
-import type { ControllerObserver } from '../controller.js';
+import type { ControllerObserver } from '../controller/controller.js';
 import type { Conflict, ServiceInfo, Skip, SkipReason } from '../model/types.js';
 import { postEvent } from './post-event.js';
 

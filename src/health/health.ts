@@ -18,7 +18,7 @@
 // of another backend that could not be removed yet (retried with back-off): what is ours is
 // current, and a node whose old objects resist removal is not made unready by it on every node at once.
 
-import type { ControllerStatus } from '../controller.js';
+import type { ControllerStatus } from '../controller/controller.js';
 import type { InformerObserver } from '../kube/informer.js';
 import type { ProbeResult } from '../probe/prober.js';
 import { describeKnownIssue, knownIssues } from '../kubeproxy/known-issues.js';

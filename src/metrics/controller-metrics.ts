@@ -3,7 +3,7 @@
 // several controllers in one process never share counters.
 
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
-import type { ControllerObserver, KubeProxyStatus, SyncReport } from '../controller.js';
+import type { ControllerObserver, KubeProxyStatus, SyncReport } from '../controller/controller.js';
 import { KNOWN_ISSUE_IDS, knownIssues } from '../kubeproxy/known-issues.js';
 import { PROXY_MODES } from '../kubeproxy/mode.js';
 import type { ConntrackCleanupReport } from '../conntrack/conntrack-cleaner.js';

@@ -4,7 +4,7 @@
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import type { Config } from '../config/options.js';
-import type { ControllerObserver } from '../controller.js';
+import type { ControllerObserver } from '../controller/controller.js';
 import { NodeKubeProxyEvents } from '../events/node-events.js';
 import { ServiceEventRecorder } from '../events/service-events.js';
 import type { ServiceInfo } from '../model/types.js';

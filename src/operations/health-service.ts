@@ -2,7 +2,7 @@
 // the informers (--healthz-bind-address).
 
 import type { Logger } from 'pino';
-import type { Controller, ControllerStatus } from '../controller.js';
+import type { Controller, ControllerStatus } from '../controller/controller.js';
 import { ApiReachability, type HealthInputs } from '../health/health.js';
 import { startHealthEndpoint } from '../health/health-server.js';
 import type { BindAddress, HttpEndpoint } from '../http/endpoint.js';

@@ -1,6 +1,6 @@
 // /metrics: the controller's metrics and the endpoint that serves them (--metrics-bind-address).
 
-import type { BackendDescription } from '../backends/registry.js';
+import type { BackendDescription } from '../driver/driver.js';
 import type { TranslatedConnections } from '../driver/driver.js';
 import type { BindAddress, HttpEndpoint } from '../http/endpoint.js';
 import { ControllerMetrics } from '../metrics/controller-metrics.js';

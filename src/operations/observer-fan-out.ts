@@ -2,7 +2,7 @@
 // to several (metrics, health, Events, the CLI's own logging). Each returns every hook
 // (Required<>): a hook added to an observer interface fails to compile here until it is passed on.
 
-import type { ControllerObserver } from '../controller.js';
+import type { ControllerObserver } from '../controller/controller.js';
 import type { InformerObserver } from '../kube/informer.js';
 
 export function allControllerObservers(

@@ -5,9 +5,9 @@
 
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import type { BackendDescription } from '../backends/registry.js';
+import type { BackendDescription } from '../driver/driver.js';
 import type { Config } from '../config/options.js';
-import type { Controller, ControllerObserver } from '../controller.js';
+import type { Controller, ControllerObserver } from '../controller/controller.js';
 import type { TranslatedConnections } from '../driver/driver.js';
 import { buildInfo } from '../build-info/version.js';
 import { formatBindAddress, type HttpEndpoint } from '../http/endpoint.js';

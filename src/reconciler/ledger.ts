@@ -10,7 +10,8 @@
 
 import { FAMILIES, type DesiredState, type Family, type FamilyState } from '../model/types.js';
 import type { Applied, Driver, FamilyShape, Rejection } from '../driver/driver.js';
-import { ElementStorage, type ElementChanges } from './element-storage.js';
+import { ComposedDiff, type EntryDiff } from '../model/entry-diff.js';
+import { ElementStorage } from './element-storage.js';
 
 export interface ProgrammedFamily {
   elements: ElementStorage;
@@ -23,6 +24,9 @@ export interface ProgrammedFamily {
   /** Entries the family holds before it must be written whole again (driver.roomFor). */
   room: number;
 }
+
+/** What was written of a family since subscribers were last told (Ledger.takeUntold). */
+export type Untold = ComposedDiff | 'whole';
 
 /** The state a family was last written with, and its generation. */
 export interface Written {
@@ -52,6 +56,12 @@ export class Ledger {
   private readonly trustedAt = new Map<Family, number>();
   /** Per family, what the driver left out of it, as it last said. */
   private readonly rejected = new Map<Family, readonly Rejection[]>();
+  /**
+   * Per family, what was written since subscribers were last told (takeUntold): the element
+   * differences written, composed, or 'whole' when it was written whole (its difference is then
+   * found when they are told: the write itself needed none).
+   */
+  private untold = new Map<Family, Untold>();
 
   constructor(private readonly driver: Driver) {}
 
@@ -61,13 +71,17 @@ export class Ledger {
     this.trustedAt.clear();
     this.written.clear();
     this.rejected.clear();
+    this.untold.clear();
     this.epoch++;
   }
 
   /** `families` are about to be written whole: nothing of them is known until each is recorded. */
   unprogram(families: readonly Family[]): void {
     this.epoch++;
-    for (const family of families) this.programmed.delete(family);
+    for (const family of families) {
+      this.programmed.delete(family);
+      this.untold.set(family, 'whole');
+    }
   }
 
   /** Records `family` written whole with `target`'s state. */
@@ -79,15 +93,27 @@ export class Ledger {
       shape,
       shapeKey: this.driver.shapeKey(shape),
       leftOut: applied.leftOut?.[family] ?? 0,
-      room: this.driver.roomFor?.(state.entries.length) ?? Number.POSITIVE_INFINITY,
+      room: this.driver.roomFor(state.entries.length),
     });
     this.written.set(family, target);
+    this.untold.set(family, 'whole');
   }
 
-  /** Records that the family's elements now hold `target`'s entries. */
-  commit(family: Family, programmed: ProgrammedFamily, target: Written, changes: ElementChanges): void {
+  /** Records that the family's elements now hold `target`'s entries, `changes` written to get there. */
+  commit(family: Family, programmed: ProgrammedFamily, target: Written, changes: EntryDiff): void {
     programmed.elements.commit(target.desired[family], changes);
     this.written.set(family, target);
+    let untold = this.untold.get(family);
+    if (untold === 'whole') return;
+    if (!untold) this.untold.set(family, (untold = new ComposedDiff()));
+    untold.add(changes);
+  }
+
+  /** What was written since the last call, per family (see `untold`); forgotten here. */
+  takeUntold(): ReadonlyMap<Family, Untold> {
+    const untold = this.untold;
+    this.untold = new Map();
+    return untold;
   }
 
   /** What a commit said: what the driver now leaves out, and which families stay or become trusted. */
@@ -122,7 +148,7 @@ export class Ledger {
   async untouched(family: Family): Promise<boolean> {
     const trusted = this.trustedAt.get(family);
     if (trusted === undefined) return false;
-    return (await this.driver.generation?.()) === trusted;
+    return (await this.driver.generation()) === trusted;
   }
 
   /** Entries of `family` the kernel holds: those written, but those the driver left out. */

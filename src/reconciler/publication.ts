@@ -4,8 +4,10 @@
 // tells it, outside every write.
 
 import type { Driver } from '../driver/driver.js';
-import type { KernelSubscriber } from '../driver/kernel-change.js';
-import type { DesiredState } from '../model/types.js';
+import type { FamilyChange, KernelSubscriber } from '../driver/kernel-change.js';
+import { entryDiff, recorded } from '../model/entry-diff.js';
+import { FAMILIES, type DesiredState, type Family, type FamilyState } from '../model/types.js';
+import type { Untold } from './ledger.js';
 
 export class Publication {
   /** What subscribers were last told the kernel holds (undefined: not known). */
@@ -17,7 +19,7 @@ export class Publication {
     private readonly subscribers: readonly KernelSubscriber[],
     driver: Driver,
   ) {
-    driver.watchBypasses?.((bypass) => {
+    driver.watchBypasses((bypass) => {
       for (const s of subscribers) s.translationsBypassed?.(bypass);
     });
   }
@@ -27,14 +29,41 @@ export class Publication {
     return this.told;
   }
 
-  /** Tells subscribers that the kernel holds `next`, after every change told before. */
-  publish(next: DesiredState): Promise<void> {
+  /**
+   * Tells subscribers that the kernel holds `next`, after every change told before; `untold` is
+   * what was written since then (the ledger's), or 'whole' for every family.
+   */
+  publish(next: DesiredState, untold: ReadonlyMap<Family, Untold> | 'whole'): Promise<void> {
     const previous = this.told;
     this.told = next;
+    const families = FAMILIES.map((family) =>
+      familyChange(family, previous?.[family], next[family], untold === 'whole' ? 'whole' : untold.get(family)),
+    );
     const told = this.queue.then(async () => {
-      for (const s of this.subscribers) await s.kernelChanged({ previous, next });
+      for (const s of this.subscribers) await s.kernelChanged({ previous, next, families });
     });
     this.queue = told.catch(() => undefined);
     return told;
   }
+}
+
+/** A family's change from what subscribers were told to `after`, from what was written between. */
+export function familyChange(
+  family: Family,
+  before: FamilyState | undefined,
+  after: FamilyState,
+  untold: Untold | undefined,
+): FamilyChange {
+  if (!before) return { family, previousUnknown: true, shapeChanged: false, removed: [], added: after.entries };
+  const shapeChanged = JSON.stringify(before.localPodMatch) !== JSON.stringify(after.localPodMatch);
+  // Nothing written, or written whole: the difference is found here, once (a write whole needs none).
+  const diff =
+    untold === undefined
+      ? before.entries === after.entries
+        ? { removed: [], added: [] }
+        : entryDiff(recorded(before.entries), after)
+      : untold === 'whole'
+        ? entryDiff(recorded(before.entries), after)
+        : untold.result();
+  return { family, previousUnknown: false, shapeChanged, removed: diff.removed, added: diff.added };
 }

@@ -32,7 +32,7 @@ import {
   type EntryCapacity,
 } from '../driver/driver.js';
 import type { KernelSubscriber } from '../driver/kernel-change.js';
-import { isEmpty } from './element-storage.js';
+import { isEmpty } from '../model/entry-diff.js';
 import { Ledger, shapeOf, type Exact, type Written } from './ledger.js';
 import { Publication } from './publication.js';
 import type { FallbackReason, SyncOptions, SyncResult } from './sync-result.js';
@@ -101,7 +101,7 @@ export class Reconciler {
   async sync(desired: DesiredState, options: SyncOptions): Promise<SyncResult> {
     const { driver, ledger } = this;
     const call = this.call(desired);
-    await driver.prepare?.(desired, options.full);
+    await driver.prepare(desired, options.full);
     const mark = desired.masqueradeMark;
     const modes: Array<SyncResult['mode']> = [];
     const failures: string[] = [];
@@ -162,7 +162,7 @@ export class Reconciler {
     }
     options.onWritten?.();
     // A removal asked for since: it tells subscribers that nothing is held.
-    if (!superseded) await this.publication.publish(ledger.holding());
+    if (!superseded) await this.publication.publish(ledger.holding(), ledger.takeUntold());
     const result: SyncResult = {
       mode: superseded ? 'noop' : modes.includes('full') ? 'full' : modes.includes('partial') ? 'partial' : 'noop',
       entries: { ipv4: ledger.count('ipv4'), ipv6: ledger.count('ipv6') },
@@ -193,7 +193,7 @@ export class Reconciler {
         await this.driver.apply([{ kind: 'removeAll' }]);
         // In the order of the writes: before any write that comes after the removal.
         const held = basis ?? this.publication.held;
-        if (held) told = this.publication.publish(withoutEntries(held));
+        if (held) told = this.publication.publish(withoutEntries(held), 'whole');
       });
     } catch (err) {
       if (err instanceof BackendError) throw err;
@@ -203,12 +203,12 @@ export class Reconciler {
   }
 
   async releaseMemory(): Promise<void> {
-    await this.driver.releaseMemory?.();
+    await this.driver.releaseMemory();
   }
 
   /** Releases the driver's resources; the kernel keeps what it holds. */
   async close(): Promise<void> {
-    await this.driver.close?.();
+    await this.driver.close();
   }
 
   private call(desired: DesiredState): Call {
@@ -358,7 +358,7 @@ export class Reconciler {
       if (!applied.unchanged) wrote = true;
       ledger.recordWhole(family, targetOf(family), applied);
     };
-    if (driver.capabilities.atomicWrites || families.length === 1) {
+    if (driver.capabilities.transactional || families.length === 1) {
       try {
         const applied = await this.apply(
           families.map((family) => write('writeFamily', family)),
@@ -368,7 +368,7 @@ export class Reconciler {
         return { failures: [], wrote };
       } catch (err) {
         // One by one below, unless there is nothing else to try.
-        if (families.length === 1 && !driver.capabilities.replacesFamilies) {
+        if (families.length === 1 && !driver.capabilities.transactional) {
           return { failures: [`${driver.familyLabel(families[0]!)}: ${(err as Error).message}`], wrote: true };
         }
       }
@@ -380,7 +380,7 @@ export class Reconciler {
         try {
           applied = await this.apply([write('writeFamily', family)], { families: [family] });
         } catch (err) {
-          if (!driver.capabilities.replacesFamilies) throw err;
+          if (!driver.capabilities.transactional) throw err;
           applied = await this.apply([write('replaceFamily', family)], { families: [family] });
         }
         record(family, applied);

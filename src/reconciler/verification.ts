@@ -26,7 +26,7 @@ import {
   type ReadBack,
 } from '../driver/driver.js';
 import { entryKey, type Entry, type Family } from '../model/types.js';
-import type { ElementChanges } from './element-storage.js';
+import type { EntryDiff } from '../model/entry-diff.js';
 import type { Exact, Ledger } from './ledger.js';
 
 /** Verifications skipped in a row (the read could not finish) before one holds back our writes. */
@@ -62,7 +62,7 @@ export class Verifier {
   }
 
   /** Element changes a partial sync or resync wrote: a read under way does not judge them. */
-  noteWritten(family: Family, changes: Pick<ElementChanges, 'removed' | 'added'>): void {
+  noteWritten(family: Family, changes: Pick<EntryDiff, 'removed' | 'added'>): void {
     const written = this.writtenDuringRead.get(family);
     if (!written) return;
     for (const e of changes.removed) written.add(entryKey(e));
@@ -119,7 +119,7 @@ export class Verifier {
       if (remove.length > 0 || add.length > 0) operations.push({ kind: 'elements', family, remove, add });
       const listedAt = read.generation;
       if (operations.length === 0) {
-        if (listedAt !== undefined && (await driver.generation?.()) === listedAt) ledger.trust(family, listedAt);
+        if (listedAt !== undefined && (await driver.generation()) === listedAt) ledger.trust(family, listedAt);
         return 0;
       }
       try {
@@ -144,7 +144,7 @@ export class Verifier {
   ): Promise<{ read: ReadBack; alongside: boolean } | undefined> {
     const { driver } = this.host;
     const skipped = this.skipped.get(family) ?? 0;
-    if (driver.capabilities.readsAlongsideWrites && skipped < MAX_SKIPPED_VERIFICATIONS) {
+    if (skipped < MAX_SKIPPED_VERIFICATIONS) {
       const read = await driver.readBack(family, expected, shape, 'alongside-writes');
       if (read === 'unfinished') {
         this.skipped.set(family, skipped + 1);

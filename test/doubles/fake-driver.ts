@@ -17,6 +17,7 @@ import {
   type KernelElement,
   type ProbeResult,
   type ReadBack,
+  type TranslatedConnections,
   type Rejection,
 } from '../../src/driver/driver.js';
 import type { TranslationsBypassed } from '../../src/driver/kernel-change.js';
@@ -28,6 +29,13 @@ export interface FakeFamily {
   shape: string;
   elements: Map<string, KernelElement>;
 }
+
+/** What each backend's driver declares (src/backends/): the fake named after one declares the same. */
+const FAKE_CAPABILITIES: Record<BackendName, DriverCapabilities> = {
+  nft: { transactional: true, translates: 'packets', filtersSources: true },
+  iptables: { transactional: false, translates: 'packets', filtersSources: true },
+  ebpf: { transactional: false, translates: 'sockets', filtersSources: false },
+};
 
 export class FakeDriver implements Driver {
   readonly label: string;
@@ -69,28 +77,49 @@ export class FakeDriver implements Driver {
   /** Changes what a read back returns (to play a driver's listing, or one that cannot finish). */
   alterRead:
     ((read: ReadBack, how: 'alongside-writes' | 'between-writes', family: Family) => ReadBackAnswer) | undefined;
-  /** Before each sync, when set (the eBPF driver checks limits and attaches its programs). */
-  prepare: ((desired: DesiredState, full: boolean) => Promise<void>) | undefined;
-  /** When set, the driver hands memory back (and may fail to). */
-  releaseMemory: (() => Promise<void>) | undefined;
-  /** When set, the driver has resources to release. */
-  close: (() => Promise<void>) | undefined;
+  /** Played before each sync (the eBPF driver checks limits and attaches its programs). */
+  preparing: ((desired: DesiredState, full: boolean) => Promise<void>) | undefined;
+  /** Played when memory is handed back (which may fail). */
+  releasing: (() => Promise<void>) | undefined;
+  /** Played when the driver is closed. */
+  closing: (() => Promise<void>) | undefined;
+  /** Reads back alongside our writes (as nft's and iptables' commands do); else answers 'not-alongside'. */
+  readonly readsAlongsideWrites: boolean;
   private readonly bypassListeners: Array<(bypass: TranslationsBypassed) => void> = [];
 
+  /** A driver with the capabilities of the backend it is named after, but those given. */
   constructor(
     readonly name: BackendName = 'nft',
-    capabilities: Partial<DriverCapabilities> = {},
+    options: Partial<DriverCapabilities> & { readsAlongsideWrites?: boolean } = {},
   ) {
     this.label = name;
-    this.capabilities = {
-      ordersOwnWrites: true,
-      conntrackMatters: true,
-      atomicWrites: true,
-      replacesFamilies: true,
-      readsAlongsideWrites: false,
-      filtersSources: true,
-      ...capabilities,
-    };
+    const { readsAlongsideWrites = false, ...capabilities } = options;
+    this.readsAlongsideWrites = readsAlongsideWrites;
+    this.capabilities = { ...FAKE_CAPABILITIES[name], ...capabilities };
+  }
+
+  prepare(desired: DesiredState, full: boolean): Promise<void> {
+    return this.preparing?.(desired, full) ?? Promise.resolve();
+  }
+
+  releaseMemory(): Promise<void> {
+    return this.releasing?.() ?? Promise.resolve();
+  }
+
+  close(): Promise<void> {
+    return this.closing?.() ?? Promise.resolve();
+  }
+
+  roomFor(): number {
+    return Number.POSITIVE_INFINITY;
+  }
+
+  async hasState(): Promise<boolean> {
+    return this.kernel.size > 0;
+  }
+
+  async translatedConnections(): Promise<TranslatedConnections[]> {
+    return [];
   }
 
   familyLabel(family: Family): string {
@@ -204,6 +233,7 @@ export class FakeDriver implements Driver {
     shape: FamilyShape,
     how: 'alongside-writes' | 'between-writes',
   ): Promise<ReadBackAnswer> {
+    if (how === 'alongside-writes' && !this.readsAlongsideWrites) return 'not-alongside';
     this.reads++;
     this.duringRead?.();
     const held = this.kernel.get(family);

@@ -201,7 +201,7 @@ describe('command line exits', function () {
 
     it('shows the existing build with a warning when src/ is newer and dist/ is not writable', async () => {
       const later = new Date(Date.now() + 60_000);
-      utimesSync(join(clone, 'src', 'controller.ts'), later, later);
+      utimesSync(join(clone, 'src', 'controller', 'controller.ts'), later, later);
       const r = await preview(nobodysHome('home-stale'));
       expect(r.exitCode, r.stderr).to.equal(0);
       expect(r.stdout).to.match(/# 4 Services read; 5 IPv4 and 2 IPv6 entries/);

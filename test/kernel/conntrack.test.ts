@@ -14,7 +14,7 @@ import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
 import { NftDriver } from '../../src/backends/nft/nft-driver.js';
 import { composeReconciler } from '../../src/cli/compose.js';
-import { Controller } from '../../src/controller.js';
+import { Controller } from '../../src/controller/controller.js';
 import type { Driver } from '../../src/driver/driver.js';
 import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
 import { ApiStandIn } from '../../testbed/api-server.js';

@@ -1,4 +1,4 @@
-// The controller's loop in this process (src/controller.ts, given one reconciler) against the API
+// The controller's loop in this process (src/controller/controller.ts, given one reconciler) against the API
 // stand-in: the set-up of the kernel tests that change Services through the API and watch what a
 // backend does between syncs. The sync period is 60 s, so only changes and the backend's own
 // checks reach the kernel while a test runs; the log is off.
@@ -7,7 +7,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pino } from 'pino';
-import { Controller, type ControllerOptions } from '../../src/controller.js';
+import { Controller, type ControllerOptions } from '../../src/controller/controller.js';
 import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { CONFIG } from './fixtures.js';

@@ -6,6 +6,11 @@ import { staleTuples, type StaleTuple } from '../../src/conntrack/stale-tuples.j
 import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { CONFIG } from '../support/fixtures.js';
+import { changeBetween } from '../support/kernel-change.js';
+
+/** The stale tuples of the change from `previous` to `next`, as the reconciler tells it. */
+const stale = (previous: DesiredState | undefined, next: DesiredState): StaleTuple[] =>
+  staleTuples(changeBetween(previous, next));
 
 const NODE: NodeInfo = { name: 'node-1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
 
@@ -49,31 +54,31 @@ const ALL_UDP_SCTP = (why: string) => [
 
 describe('stale conntrack tuples', () => {
   it('flushes nothing when the programmed translations are the same', () => {
-    expect(staleTuples(state([service()]), state([service()]))).to.deep.equal([]);
+    expect(stale(state([service()]), state([service()]))).to.deep.equal([]);
   });
 
   it('flushes the UDP and SCTP tuples of a Service recreated with another ClusterIP, never TCP', () => {
     const recreated = service({ clusterIP: '10.96.0.99', clusterIPs: ['10.96.0.99', 'fd00::10'] });
-    expect(show(staleTuples(state([service()]), state([recreated])))).to.deep.equal([
+    expect(show(stale(state([service()]), state([recreated])))).to.deep.equal([
       'ipv4 192.0.2.10 SCTP/9 retargeted',
       'ipv4 192.0.2.10 UDP/53 retargeted',
     ]);
   });
 
   it('flushes every UDP and SCTP tuple of a deleted Service', () => {
-    expect(show(staleTuples(state([service()]), state([])))).to.deep.equal(ALL_UDP_SCTP('removed'));
+    expect(show(stale(state([service()]), state([])))).to.deep.equal(ALL_UDP_SCTP('removed'));
   });
 
   it('flushes a tuple whose ingress turns to ipMode Proxy', () => {
     const proxied = service({ ingress: [{ ip: '192.0.2.10', ipMode: 'Proxy' }, { ip: '2001:db8::10' }] });
-    expect(show(staleTuples(state([service()]), state([proxied])))).to.deep.equal([
+    expect(show(stale(state([service()]), state([proxied])))).to.deep.equal([
       'ipv4 192.0.2.10 SCTP/9 removed',
       'ipv4 192.0.2.10 UDP/53 removed',
     ]);
   });
 
   it('flushes tuples whose translation appears (their flows went through untranslated)', () => {
-    expect(show(staleTuples(state([]), state([service()])))).to.deep.equal(ALL_UDP_SCTP('appeared'));
+    expect(show(stale(state([]), state([service()])))).to.deep.equal(ALL_UDP_SCTP('appeared'));
   });
 
   it('flushes only the lost port when one port of a Service goes', () => {
@@ -83,7 +88,7 @@ describe('stale conntrack tuples', () => {
         { port: 9, protocol: 'SCTP' },
       ],
     });
-    expect(show(staleTuples(state([service()]), state([fewer])))).to.deep.equal([
+    expect(show(stale(state([service()]), state([fewer])))).to.deep.equal([
       'ipv4 192.0.2.10 UDP/53 removed',
       'ipv6 2001:db8::10 UDP/53 removed',
     ]);
@@ -96,7 +101,7 @@ describe('stale conntrack tuples', () => {
       clusterIP: '10.96.0.20',
       clusterIPs: ['10.96.0.20'],
     });
-    const tuples = show(staleTuples(state([service()]), state([service(), older])));
+    const tuples = show(stale(state([service()]), state([service(), older])));
     expect(tuples).to.deep.equal(['ipv4 192.0.2.10 SCTP/9 retargeted', 'ipv4 192.0.2.10 UDP/53 retargeted']);
     const loserArrives = service({
       name: 'younger',
@@ -104,26 +109,24 @@ describe('stale conntrack tuples', () => {
       clusterIP: '10.96.0.30',
       clusterIPs: ['10.96.0.30'],
     });
-    expect(staleTuples(state([service()]), state([service(), loserArrives]))).to.deep.equal([]);
+    expect(stale(state([service()]), state([service(), loserArrives]))).to.deep.equal([]);
   });
 
   it('flushes nothing when only the owning name changes and the ClusterIP stays', () => {
-    expect(staleTuples(state([service()]), state([service({ name: 'renamed' })]))).to.deep.equal([]);
+    expect(stale(state([service()]), state([service({ name: 'renamed' })]))).to.deep.equal([]);
   });
 
   it('flushes every tuple of a family whose local pod match changes (pod flows change side)', () => {
-    const tuples = show(staleTuples(state([service()], { name: 'node-1' }), state([service()])));
+    const tuples = show(stale(state([service()], { name: 'node-1' }), state([service()])));
     expect(tuples).to.deep.equal(ALL_UDP_SCTP('local pod match changed'));
   });
 
   it('on the first sync, flushes only untranslated entries of every UDP and SCTP tuple', () => {
-    expect(show(staleTuples(undefined, state([service()])))).to.deep.equal(
-      ALL_UDP_SCTP('first sync (untranslated only)'),
-    );
+    expect(show(stale(undefined, state([service()])))).to.deep.equal(ALL_UDP_SCTP('first sync (untranslated only)'));
   });
 
   it('flushes everything that was programmed when the rules are removed (an empty state)', () => {
-    expect(show(staleTuples(state([service()]), state([], undefined)))).to.deep.equal(ALL_UDP_SCTP('removed'));
+    expect(show(stale(state([service()]), state([], undefined)))).to.deep.equal(ALL_UDP_SCTP('removed'));
   });
 
   it("reads the model's changes and agrees with comparing the lists", () => {
@@ -140,9 +143,9 @@ describe('stale conntrack tuples', () => {
     const recreated = service({ clusterIP: '10.96.0.99', clusterIPs: ['10.96.0.99'] });
     const second = model.update([recreated, ...others.slice(1)], NODE);
     expect(second.ipv4.changes?.since).to.equal(first.ipv4.entries);
-    const viaChanges = show(staleTuples(first, second));
+    const viaChanges = show(stale(first, second));
     const viaLists = show(
-      staleTuples(first, {
+      stale(first, {
         ...second,
         ipv4: { ...second.ipv4, changes: undefined },
         ipv6: { ...second.ipv6, changes: undefined },
@@ -158,6 +161,6 @@ describe('stale conntrack tuples', () => {
       'ipv6 2001:db8::10 UDP/53 removed',
     ]);
     // A later state with the same entries (the model hands out the same array) flushes nothing.
-    expect(staleTuples(second, model.update([recreated, ...others.slice(1)], NODE))).to.deep.equal([]);
+    expect(stale(second, model.update([recreated, ...others.slice(1)], NODE))).to.deep.equal([]);
   });
 });

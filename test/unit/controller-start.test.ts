@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { pino } from 'pino';
-import { Controller, type ControllerOptions, type SyncReport } from '../../src/controller.js';
+import { Controller, type ControllerOptions, type SyncReport } from '../../src/controller/controller.js';
 import type { DriverOperation } from '../../src/driver/driver.js';
 import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
 import { Reconciler } from '../../src/reconciler/reconciler.js';

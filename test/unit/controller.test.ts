@@ -5,7 +5,7 @@
 // reaching the metrics, and a bypass the driver tells reaching the conntrack client.
 
 import { expect } from 'chai';
-import { Controller, type SyncReport } from '../../src/controller.js';
+import { Controller, type SyncReport } from '../../src/controller/controller.js';
 import type { ConntrackCleanupReport } from '../../src/conntrack/conntrack-cleaner.js';
 import type { StaleTuple } from '../../src/conntrack/stale-tuples.js';
 import type { ClusterCaches } from '../../src/kube/cluster.js';

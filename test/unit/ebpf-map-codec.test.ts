@@ -15,7 +15,7 @@ import {
   type MapChanges,
   type MapEntry,
 } from '../../src/backends/ebpf/map-codec.js';
-import { diffByKey } from '../../src/reconciler/element-storage.js';
+import { diffByKey } from '../../src/model/entry-diff.js';
 import { entryKey, type Entry } from '../../src/model/types.js';
 
 /** The map element an entry becomes. */

@@ -15,7 +15,7 @@ import {
   RESUMED_REASON,
   STEPPED_ASIDE_REASON,
 } from '../../src/events/node-events.js';
-import type { KubeProxyStatus } from '../../src/controller.js';
+import type { KubeProxyStatus } from '../../src/controller/controller.js';
 import { eventRecorders } from '../../src/operations/event-service.js';
 import { toServiceInfo } from '../../src/kube/objects.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';

@@ -3,7 +3,7 @@
 
 import { expect } from 'chai';
 import { KubeConfig } from '@kubernetes/client-node';
-import type { ControllerStatus } from '../../src/controller.js';
+import type { ControllerStatus } from '../../src/controller/controller.js';
 import { ApiReachability, judgeLiveness, judgeReadiness, type HealthInputs } from '../../src/health/health.js';
 import { startHealthEndpoint } from '../../src/health/health-server.js';
 import type { HttpEndpoint } from '../../src/http/endpoint.js';

@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
 import { ApiReachability, judgeLiveness, judgeReadiness, type HealthInputs } from '../../src/health/health.js';
-import type { ControllerStatus, KubeProxyStatus } from '../../src/controller.js';
+import type { ControllerStatus, KubeProxyStatus } from '../../src/controller/controller.js';
 import { kubeProxyMetricsText } from '../support/kube-proxy-stand-in.js';
 
 const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));

@@ -10,7 +10,7 @@ import { expect } from 'chai';
 import ts from 'typescript';
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { FakeDriver } from '../doubles/fake-driver.js';
-import { Controller } from '../../src/controller.js';
+import { Controller } from '../../src/controller/controller.js';
 import type { ClusterCaches } from '../../src/kube/cluster.js';
 import type { NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { CONFIG } from '../support/fixtures.js';
@@ -76,7 +76,7 @@ describe('log messages: constant sentences', () => {
 
   it('finds the logger calls of src/ (the scan itself works)', () => {
     expect(calls.length).to.be.greaterThan(30);
-    expect(calls.some((c) => c.where.startsWith('src/controller.ts'))).to.equal(true);
+    expect(calls.some((c) => c.where.startsWith('src/controller/controller.ts'))).to.equal(true);
     expect(calls.some((c) => c.where.startsWith('src/cli/main.ts'))).to.equal(true);
   });
 

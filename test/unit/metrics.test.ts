@@ -11,7 +11,7 @@ import { BACKENDS } from '../../src/backends/registry.js';
 import { pino } from 'pino';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { SKIP_REASONS, type ServiceInfo } from '../../src/model/types.js';
-import type { KubeProxyStatus, SyncReport } from '../../src/controller.js';
+import type { KubeProxyStatus, SyncReport } from '../../src/controller/controller.js';
 import { Exposition, httpGet, promtoolCheckMetrics } from '../support/scrape.js';
 import { rejectionOf } from '../support/assertions.js';
 import { CONFIG } from '../support/fixtures.js';

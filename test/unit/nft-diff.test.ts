@@ -1,8 +1,8 @@
-// diffProgrammed finds a partial sync's element changes by walking the programmed entries and the
+// entryDiff (the model's one difference) finds a partial sync's element changes by walking the programmed entries and the
 // new ones side by side; whatever the input, applying its changes must give the new entries.
 
 import { expect } from 'chai';
-import { diffByKey, diffProgrammed } from '../../src/reconciler/element-storage.js';
+import { diffByKey, entryDiff } from '../../src/model/entry-diff.js';
 import { entryKey, type Entry } from '../../src/model/types.js';
 import { seededRandom } from '../support/fixtures.js';
 
@@ -20,7 +20,7 @@ function entry(host: number, cluster: number): Entry {
 const byHost = (a: Entry, b: Entry) => Number(a.externalIp.split('.')[3]) - Number(b.externalIp.split('.')[3]);
 const contents = (entries: Entry[]) => entries.map((e) => `${entryKey(e)} ${e.clusterIp} ${e.service}`).sort();
 
-describe('nft partial sync: diffProgrammed', () => {
+describe('the entry difference: entryDiff', () => {
   it('turns the programmed entries into the new ones, and agrees with the diff by key', () => {
     const rnd = seededRandom(7);
     let walked = 0;
@@ -38,7 +38,7 @@ describe('nft partial sync: diffProgrammed', () => {
       if (rnd() < 0.8) next.sort(byHost);
       else next.reverse();
 
-      const changes = diffProgrammed({ entries: programmed, objects: new Set(programmed) }, next);
+      const changes = entryDiff({ entries: programmed, objects: new Set(programmed) }, { entries: next });
       if (!changes.renewed) walked++;
       const kernel = new Map(programmed.map((e) => [entryKey(e), e]));
       for (const e of changes.removed)
@@ -62,9 +62,9 @@ describe('nft partial sync: diffProgrammed', () => {
 
   it('finds nothing to write when the same entries come back as new objects', () => {
     const programmed = [entry(1, 1), entry(2, 2)];
-    const changes = diffProgrammed(
+    const changes = entryDiff(
       { entries: programmed, objects: new Set(programmed) },
-      programmed.map((e) => ({ ...e })),
+      { entries: programmed.map((e) => ({ ...e })) },
     );
     expect([changes.removed, changes.added]).to.deep.equal([[], []]);
     expect(changes.replaced).to.have.lengthOf(2);

@@ -9,7 +9,7 @@ import { renderDesiredStateText, desiredTable, mapElement } from '../../src/back
 import { deleteTables, mapChanges, replaceTable, writeTable } from '../../src/backends/nft/transactions.js';
 import { JsonWriter, Transaction, type NftCommand } from '../../src/backends/nft/objects.js';
 import type { Family, FamilyState } from '../../src/model/types.js';
-import { diffByKey } from '../../src/reconciler/element-storage.js';
+import { diffByKey } from '../../src/model/entry-diff.js';
 import { entryKey } from '../../src/model/types.js';
 import { assertGolden } from '../support/golden.js';
 import { CONFIG } from '../support/fixtures.js';

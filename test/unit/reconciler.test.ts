@@ -4,7 +4,15 @@
 
 import { expect } from 'chai';
 import { buildDesiredState, DesiredStateModel } from '../../src/model/desired-state.js';
-import type { DesiredState, Family, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import {
+  entryKey,
+  type DesiredState,
+  type Entry,
+  type Family,
+  type NodeInfo,
+  type ServiceInfo,
+} from '../../src/model/types.js';
+import { sameElement } from '../../src/model/entry-diff.js';
 import { BackendError, type DriverOperation } from '../../src/driver/driver.js';
 import type { KernelChange } from '../../src/driver/kernel-change.js';
 import { Reconciler } from '../../src/reconciler/reconciler.js';
@@ -80,8 +88,35 @@ function heldBy(state: DesiredState): Held {
 /** Records what subscribers are told. */
 class Told {
   readonly changes: Array<{ previous: Held | undefined; next: Held }> = [];
+  /** Changes whose difference does not take `previous` to `next` (each family, by key and value). */
+  readonly inexact: string[] = [];
+  last: KernelChange | undefined;
   kernelChanged(change: KernelChange): void {
+    this.last = change;
     this.changes.push({ previous: change.previous && heldBy(change.previous), next: heldBy(change.next) });
+    for (const f of change.families) {
+      const held = new Map<string, Entry>();
+      if (change.previous && f.previousUnknown) this.inexact.push(`${f.family}: previous known, said unknown`);
+      for (const e of f.previousUnknown ? [] : (change.previous?.[f.family].entries ?? [])) held.set(entryKey(e), e);
+      for (const e of f.removed)
+        if (!held.delete(entryKey(e))) this.inexact.push(`${f.family}: removes absent ${entryKey(e)}`);
+      for (const e of f.added) {
+        if (held.has(entryKey(e))) this.inexact.push(`${f.family}: adds present ${entryKey(e)}`);
+        held.set(entryKey(e), e);
+      }
+      const next = change.next[f.family].entries;
+      const exact =
+        held.size === next.length &&
+        next.every((e) => {
+          const h = held.get(entryKey(e));
+          return h !== undefined && sameElement(h, e);
+        });
+      if (!exact) this.inexact.push(`${f.family}: the difference does not lead to the next state`);
+      const shapeChanged =
+        change.previous !== undefined &&
+        JSON.stringify(change.previous[f.family].localPodMatch) !== JSON.stringify(change.next[f.family].localPodMatch);
+      if (f.shapeChanged !== shapeChanged) this.inexact.push(`${f.family}: shapeChanged is ${f.shapeChanged}`);
+    }
   }
 }
 
@@ -105,6 +140,7 @@ function expectToldAsWritten(driver: FakeDriver, told: Told): void {
     at = j;
   });
   expect(told.changes.at(-1)?.next, 'the last change told is what the kernel holds').to.deep.equal(driver.holding());
+  expect(told.inexact, 'each change told is the difference of its states').to.deep.equal([]);
 }
 
 /** Makes the first write that `matches` wait until released. */
@@ -127,6 +163,66 @@ const settle = () => new Promise((resolve) => setImmediate(resolve));
 
 const writesIpv4Shape = (ops: readonly DriverOperation[]) =>
   ops.some((op) => op.kind === 'writeShape' && op.family === 'ipv4');
+
+describe('Reconciler: the change subscribers are told (no root)', () => {
+  it('is the difference it wrote, partial or whole, composed over the writes since the last', async () => {
+    const driver = new FakeDriver();
+    const told = new Told();
+    const reconciler = new Reconciler(driver, [told]);
+    const model = new DesiredStateModel(CONFIG);
+    const lines = () => {
+      const c = told.last!;
+      return c.families.map((f) => ({
+        family: f.family,
+        unknown: f.previousUnknown,
+        shape: f.shapeChanged,
+        removed: f.removed.map((e) => `${e.externalIp} -> ${e.clusterIp}`),
+        added: f.added.map((e) => `${e.externalIp} -> ${e.clusterIp}`),
+      }));
+    };
+    await reconciler.sync(model.update([dual(1)], DUAL_NODE), { full: true });
+    expect(lines()).to.deep.equal([
+      { family: 'ipv4', unknown: true, shape: false, removed: [], added: ['192.0.2.1 -> 10.96.0.1'] },
+      { family: 'ipv6', unknown: true, shape: false, removed: [], added: ['2001:db8::1 -> fd00::1'] },
+    ]);
+    // A partial sync: a Service comes, another's ClusterIP changes.
+    const moved = { ...dual(1), clusterIP: '10.96.9.1', clusterIPs: ['10.96.9.1', 'fd00::91'] };
+    expect((await reconciler.sync(model.update([moved, dual(2)], DUAL_NODE), { full: false })).mode).to.equal(
+      'partial',
+    );
+    expect(lines()).to.deep.equal([
+      {
+        family: 'ipv4',
+        unknown: false,
+        shape: false,
+        removed: ['192.0.2.1 -> 10.96.0.1'],
+        added: ['192.0.2.1 -> 10.96.9.1', '192.0.2.2 -> 10.96.0.2'],
+      },
+      {
+        family: 'ipv6',
+        unknown: false,
+        shape: false,
+        removed: ['2001:db8::1 -> fd00::1'],
+        added: ['2001:db8::1 -> fd00::91', '2001:db8::2 -> fd00::2'],
+      },
+    ]);
+    // The IPv4 pod range moves: that family is written whole, a shape change; a Service goes.
+    await reconciler.sync(model.update([moved], DUAL_NODE_MOVED), { full: false });
+    expect(lines()).to.deep.equal([
+      { family: 'ipv4', unknown: false, shape: true, removed: ['192.0.2.2 -> 10.96.0.2'], added: [] },
+      { family: 'ipv6', unknown: false, shape: false, removed: ['2001:db8::2 -> fd00::2'], added: [] },
+    ]);
+    // Nothing changed: nothing told as changed.
+    await reconciler.sync(model.update([moved], DUAL_NODE_MOVED), { full: true });
+    expect(lines().flatMap((f) => [...f.removed, ...f.added])).to.deep.equal([]);
+    await reconciler.cleanup();
+    expect(lines()).to.deep.equal([
+      { family: 'ipv4', unknown: false, shape: false, removed: ['192.0.2.1 -> 10.96.9.1'], added: [] },
+      { family: 'ipv6', unknown: false, shape: false, removed: ['2001:db8::1 -> fd00::91'], added: [] },
+    ]);
+    expect(told.inexact).to.deep.equal([]);
+  });
+});
 
 describe('Reconciler: syncs and removals that overlap (no root)', () => {
   it('a partial sync that writes while a full sync is under way is not undone by the full sync', async () => {
@@ -547,7 +643,7 @@ describe('Reconciler: writes refused, and writes that overlap a refusal (no root
   });
 
   it('a driver that can neither write families together nor replace one reports a refused family at once', async () => {
-    const driver = new FakeDriver('iptables', { atomicWrites: false, replacesFamilies: false });
+    const driver = new FakeDriver('iptables');
     const reconciler = new Reconciler(driver);
     const model = new DesiredStateModel(CONFIG);
     await reconciler.sync(model.update([dual(1)], DUAL_NODE), { full: true });
@@ -567,7 +663,7 @@ describe('Reconciler: what the driver brings to a sync (no root)', () => {
   it("checks a state with the driver's prepare before anything is written, and a refusal fails the sync", async () => {
     const driver = new FakeDriver('ebpf');
     const prepared: string[] = [];
-    driver.prepare = async (state, full) => {
+    driver.preparing = async (state, full) => {
       prepared.push(`${state.ipv4.entries.length} ${full ? 'full' : 'partial'}`);
       if (state.ipv4.entries.length > 2) throw new BackendError('3 ipv4 entries exceed the map capacity', 'ebpf');
     };
@@ -583,7 +679,7 @@ describe('Reconciler: what the driver brings to a sync (no root)', () => {
   it('hands memory back after a full sync, and a failure to do so fails nothing', async () => {
     const driver = new FakeDriver();
     let asked = 0;
-    driver.releaseMemory = async () => {
+    driver.releasing = async () => {
       asked++;
       throw new Error('malloc_trim is not there');
     };
@@ -597,7 +693,7 @@ describe('Reconciler: what the driver brings to a sync (no root)', () => {
   it('releases the driver on close, and says which driver a refused removal was', async () => {
     const driver = new FakeDriver();
     let closed = false;
-    driver.close = async () => void (closed = true);
+    driver.closing = async () => void (closed = true);
     const reconciler = new Reconciler(driver);
     await reconciler.sync(desired(1), { full: true });
     refuseOnce(driver, (ops) => ops.some((op) => op.kind === 'removeAll'), 'Operation not permitted');

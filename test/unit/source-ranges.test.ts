@@ -6,12 +6,17 @@ import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-st
 import { sourceRangesByFamily } from '../../src/model/source-ranges.js';
 import { toNodeInfo, toServiceInfo } from '../../src/kube/objects.js';
 import type { DesiredState, Entry, FamilyState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
-import { staleTuples } from '../../src/conntrack/stale-tuples.js';
-import { diffProgrammed } from '../../src/reconciler/element-storage.js';
+import { staleTuples, type StaleTuple } from '../../src/conntrack/stale-tuples.js';
+import { entryDiff } from '../../src/model/entry-diff.js';
 import { renderChainRules } from '../../src/backends/iptables/render.js';
 import { desiredTable, sourceChainName } from '../../src/backends/nft/render.js';
 import { tableText } from '../../src/backends/nft/text.js';
 import { CONFIG } from '../support/fixtures.js';
+import { changeBetween } from '../support/kernel-change.js';
+
+/** The stale tuples of the change from `previous` to `next`, as the reconciler tells it. */
+const stale = (previous: DesiredState | undefined, next: DesiredState): StaleTuple[] =>
+  staleTuples(changeBetween(previous, next));
 
 const NODE: NodeInfo = {
   name: 'n1',
@@ -142,13 +147,13 @@ describe('source ranges: the model', () => {
     const udp = { ports: [{ port: 53, protocol: 'UDP' }] };
     const before = model.update([lb({ ...udp, loadBalancerSourceRanges: ['10.0.0.0/8'] })], NODE);
     const after = model.update([lb({ ...udp, loadBalancerSourceRanges: ['10.0.0.0/16'] })], NODE);
-    const changes = diffProgrammed(
+    const changes = entryDiff(
       { entries: before.ipv4.entries, objects: new Set(before.ipv4.entries) },
-      after.ipv4.entries,
+      { entries: after.ipv4.entries },
     );
     expect(changes.removed.map((e) => e.sourceRanges)).to.deep.equal([['10.0.0.0/8']]);
     expect(changes.added.map((e) => e.sourceRanges)).to.deep.equal([['10.0.0.0/16']]);
-    expect(staleTuples(before, after).filter((t) => t.family === 'ipv4')).to.deep.equal([
+    expect(stale(before, after).filter((t) => t.family === 'ipv4')).to.deep.equal([
       {
         family: 'ipv4',
         externalIp: '192.0.2.10',

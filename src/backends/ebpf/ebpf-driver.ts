@@ -22,6 +22,7 @@ import {
   type EntryCapacity,
   type KernelElement,
   type ProbeResult,
+  type FamilyShape,
   type ReadBack,
   type TranslatedConnections,
 } from '../../driver/driver.js';
@@ -81,13 +82,8 @@ export class EbpfDriver implements Driver {
   readonly label = 'ebpf';
   readonly capacity = EBPF_CAPACITY;
   readonly capabilities: DriverCapabilities = {
-    // A full sync's prepare() attaches the programs again and reopens the maps: no partial sync beside it.
-    ordersOwnWrites: false,
-    // Sockets are translated before conntrack sees them: no NAT decision to go stale.
-    conntrackMatters: false,
-    atomicWrites: false,
-    replacesFamilies: false,
-    readsAlongsideWrites: false,
+    transactional: false,
+    translates: 'sockets',
     // A cgroup connect hook does not know the source of an unbound socket (docs/ebpf.md).
     filtersSources: false,
   };
@@ -302,7 +298,14 @@ export class EbpfDriver implements Driver {
   }
 
   /** The map dumped and compared, on the bytes, with `expected`. */
-  async readBack(family: Family, expected: readonly Entry[]): Promise<ReadBack> {
+  /** The maps dumped in this process: between our writes only. */
+  async readBack(
+    family: Family,
+    expected: readonly Entry[],
+    _shape: FamilyShape,
+    how: 'alongside-writes' | 'between-writes',
+  ): Promise<ReadBack | 'not-alongside'> {
+    if (how === 'alongside-writes') return 'not-alongside';
     const { upserts, deleteKeys, extra } = dumpChanges(family, await this.map(family).dump(), expected);
     const size = KEY_SIZE[family];
     return {
@@ -350,6 +353,20 @@ export class EbpfDriver implements Driver {
   async close(): Promise<void> {
     this.closeMaps();
   }
+
+  /** The maps are declared with their capacity, which --max-entries never exceeds (EBPF_CAPACITY). */
+  roomFor(): number {
+    return Number.POSITIVE_INFINITY;
+  }
+
+  /** BPF maps have no ruleset generation. */
+  generation = async (): Promise<number | undefined> => undefined;
+
+  /** No other writer can get ahead of a cgroup's socket hooks: nothing is ever bypassed. */
+  watchBypasses(): void {}
+
+  /** The maps' elements are written one syscall each, from buffers V8 owns: nothing to hand back. */
+  async releaseMemory(): Promise<void> {}
 
   /** Whether pins of ours exist (a leftover of another backend choice, say). */
   async hasState(): Promise<boolean> {

@@ -38,7 +38,7 @@ import type { TranslationsBypassed } from '../../driver/kernel-change.js';
 import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './executor.js';
 import { TranslationCounter } from './counters.js';
 import { bucketOf } from './layout.js';
-import { KUBE_MARK_MASQ } from './parse.js';
+import { KUBE_MARK_MASQ, hasOurObjects } from './parse.js';
 import { planPartialWrite, recordPartialWrite, type PartialWrite } from './partial-write.js';
 import { renderJumpRepairs } from './precedence.js';
 import { FamilyRecord } from './record.js';
@@ -47,7 +47,7 @@ import { renderFamilyRestore } from './render.js';
 import type { Rejection } from './rules.js';
 import { readVerificationView, shapeDrift } from './verify.js';
 import { JumpGuard } from './jump-guard.js';
-import { readJumpView, readWriteView, removeIptablesObjects, withRetries } from './nat-view.js';
+import { readJumpView, readNatTable, readWriteView, removeIptablesObjects, withRetries } from './nat-view.js';
 
 export interface IptablesDriverOptions {
   /** Rejections (once per change) and jump repairs are logged here. */
@@ -120,14 +120,7 @@ export class IptablesDriver implements Driver {
   ) {
     this.label = `iptables-${variant}`;
     this.rewriteAboveDeletes = options.rewriteAboveDeletes ?? REWRITE_ABOVE_DELETES[variant];
-    this.capabilities = {
-      ordersOwnWrites: true,
-      conntrackMatters: true,
-      atomicWrites: false,
-      replacesFamilies: false,
-      readsAlongsideWrites: true,
-      filtersSources: true,
-    };
+    this.capabilities = { transactional: false, translates: 'packets', filtersSources: true };
     const interval = options.jumpCheckIntervalMs ?? 1000;
     if (interval > 0) {
       this.jumpGuard = new JumpGuard({
@@ -195,6 +188,26 @@ export class IptablesDriver implements Driver {
   generation(): Promise<number | undefined> {
     return this.commands('ipv4').generation();
   }
+
+  /** Chains are not declared with a size. */
+  roomFor(): number {
+    return Number.POSITIVE_INFINITY;
+  }
+
+  /** Nothing to put back before a sync: the jump guard keeps our jumps first between syncs. */
+  async prepare(): Promise<void> {}
+
+  /** Whether the nat table holds any chain or jump of ours, in either family. */
+  async hasState(): Promise<boolean> {
+    for (const family of FAMILIES) {
+      const current = await readNatTable(this.commands(family));
+      if (current && hasOurObjects(current)) return true;
+    }
+    return false;
+  }
+
+  /** Nothing of its own outside V8's heap: the restores run in other processes. */
+  async releaseMemory(): Promise<void> {}
 
   /** One restore per operation, all in one turn; the jump guard runs once a family is written. */
   async apply(operations: readonly DriverOperation[]): Promise<Applied> {

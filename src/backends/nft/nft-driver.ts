@@ -89,7 +89,8 @@ export class NftDriver implements Driver {
   readonly name = 'nft' as const;
   readonly label = 'nft';
   readonly capacity = NFT_CAPACITY;
-  readonly capabilities: DriverCapabilities;
+  /** Set once more by probe(), before any use (selectBackend probes before it hands a driver out). */
+  capabilities: DriverCapabilities;
   private readonly kernel: NftKernelProbe;
   private readonly reader: NftReader;
   /**
@@ -113,14 +114,7 @@ export class NftDriver implements Driver {
     this.kernel = new NftKernelProbe(executor, options.lookup ?? 'auto');
     this.reader = new NftReader(executor, lister);
     this.lister = lister;
-    this.capabilities = {
-      ordersOwnWrites: true,
-      conntrackMatters: true,
-      atomicWrites: true,
-      replacesFamilies: true,
-      readsAlongsideWrites: true,
-      filtersSources: true,
-    };
+    this.capabilities = { transactional: true, translates: 'packets', filtersSources: true };
   }
 
   familyLabel(family: Family): string {
@@ -141,11 +135,21 @@ export class NftDriver implements Driver {
     return this.kernel.keyLookup();
   }
 
+  /** Also finds whether the kernel takes the source-range set: `capabilities.filtersSources`, set here once. */
   async probe(): Promise<ProbeResult> {
     const { filtersSources, ...result } = await this.kernel.probe();
-    if (filtersSources !== undefined) this.capabilities.filtersSources = filtersSources;
+    if (filtersSources !== undefined) this.capabilities = { ...this.capabilities, filtersSources };
     return result;
   }
+
+  /** Nothing to put back before a sync: the table and its hooks are declared by every whole write. */
+  async prepare(): Promise<void> {}
+
+  /** Our own table: no other writer's rule runs before ours in it, so nothing is ever bypassed. */
+  watchBypasses(): void {}
+
+  /** Nothing to release: the executor's libnftables context lives as long as the process. */
+  async close(): Promise<void> {}
 
   /**
    * All of `operations` in one transaction; element changes of one family alone go to the

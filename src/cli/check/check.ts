@@ -68,7 +68,7 @@ export async function runChecks(config: Config, options: CheckOptions, kc: KubeC
     if (probeProblem) findings.unshift({ check: 'backend', family: 'ipv4', ok: false, detail: probeProblem });
     const ipvs = selection.entries.length > 0 ? await readIpvsServices() : undefined;
     const paths = await judgePaths(selection.entries, findings, ipvs, options.timeoutMs);
-    const translated = await driver.translatedConnections?.().catch(() => undefined);
+    const translated = await driver.translatedConnections().catch(() => undefined);
     const report: CheckReport = {
       node: config.nodeName,
       version: buildInfo().version,
@@ -94,7 +94,7 @@ export async function runChecks(config: Config, options: CheckOptions, kc: KubeC
     };
     return report;
   } finally {
-    await driver.close?.();
+    await driver.close();
   }
 }
 

@@ -72,7 +72,7 @@ export async function checkHooks(driver: Driver, family: Family): Promise<Findin
   if (driver.name === 'nft') return nftHooks(family);
   if (driver.name === 'iptables') return iptablesJumps(variantOf(driver), family);
   // Socket hooks rewrite the destination at connect() and sendmsg(), before any packet exists.
-  const present = (await driver.hasState?.()) ?? false;
+  const present = await driver.hasState();
   return {
     check: 'hooks',
     family,

@@ -6,26 +6,21 @@
 // what the model says logged once per change (controller/model-report.ts), and the removal of
 // other backends' leftovers (controller/leftover-removal.ts).
 
-import type { Logger } from './log.js';
-import type { ConntrackCleanupReport } from './conntrack/conntrack-cleaner.js';
-import { entryLimit } from './driver/driver.js';
-import type { ClusterCaches } from './kube/cluster.js';
-import type { ModeVerdict } from './kubeproxy/mode.js';
-import { DesiredStateModel } from './model/desired-state.js';
-import { DEFAULT_MAX_ENTRIES_PER_SERVICE, type DesiredState, type ModelConfig } from './model/types.js';
-import type { Reconciler } from './reconciler/reconciler.js';
-import type { SyncResult } from './reconciler/sync-result.js';
-import { SyncRunner, type SyncRequestInfo } from './sync/runner.js';
-import { LeftoverRemoval, type LeftoverStatus } from './controller/leftover-removal.js';
-import {
-  ModelReport,
-  type DerivedCounts,
-  type ModelReportObserver,
-  type ServicesOverLimits,
-} from './controller/model-report.js';
-import { StepAside, type KubeProxyStatus } from './controller/step-aside.js';
+import type { Logger } from '../log.js';
+import type { ConntrackCleanupReport } from '../conntrack/conntrack-cleaner.js';
+import { entryLimit } from '../driver/driver.js';
+import type { ClusterCaches } from '../kube/cluster.js';
+import type { ModeVerdict } from '../kubeproxy/mode.js';
+import { DesiredStateModel } from '../model/desired-state.js';
+import { DEFAULT_MAX_ENTRIES_PER_SERVICE, type DesiredState, type ModelConfig } from '../model/types.js';
+import type { Reconciler } from '../reconciler/reconciler.js';
+import type { SyncResult } from '../reconciler/sync-result.js';
+import { SyncRunner, type SyncRequestInfo } from '../sync/runner.js';
+import { LeftoverRemoval, type LeftoverStatus } from './leftover-removal.js';
+import { ModelReport, type DerivedCounts, type ModelReportObserver, type ServicesOverLimits } from './model-report.js';
+import { StepAside, type KubeProxyStatus } from './step-aside.js';
 
-export type { KubeProxyStatus } from './controller/step-aside.js';
+export type { KubeProxyStatus } from './step-aside.js';
 
 export interface SyncReport {
   backend: string;
@@ -183,7 +178,7 @@ export class Controller {
       minIntervalMs: options.minSyncPeriodMs,
       fullIntervalMs: options.syncPeriodMs,
       sync: (info) => this.sync(info),
-      partialDuringFull: reconciler.capabilities.ordersOwnWrites,
+      partialDuringFull: reconciler.capabilities.translates === 'packets',
       onError: (err, retryInMs) => {
         this.status.lastError = err.message;
         logger.error({ retryInMs, err }, 'Sync failed, keeping the rules in place');

@@ -112,8 +112,17 @@ export type DriverOperation =
   | { kind: 'writeFamily'; family: Family; state: FamilyState; masqueradeMark: number }
   /** The shape again (never touching other elements), with these element changes. */
   | { kind: 'writeShape'; family: Family; shape: FamilyShape; remove: readonly KernelElement[]; add: readonly Entry[] }
-  /** Element changes only: removals, then additions (a driver without transactions adds first). */
-  | { kind: 'elements'; family: Family; remove: readonly KernelElement[]; add: readonly Entry[] }
+  /**
+   * Element changes only: removals, then additions (a driver without transactions adds first).
+   * `rangedByService`: the family's, once they are written (FamilyState.rangedByService).
+   */
+  | {
+      kind: 'elements';
+      family: Family;
+      remove: readonly KernelElement[];
+      add: readonly Entry[];
+      rangedByService: ReadonlyMap<string, number> | undefined;
+    }
   /** Parts of the shape (as readBack named them) written again; `entries` are those programmed. */
   | { kind: 'repairShape'; family: Family; shape: FamilyShape; parts: readonly string[]; entries: readonly Entry[] }
   /** The last resort: our objects of the family removed and written anew. */

@@ -17,6 +17,19 @@ export class SortedEntries {
   private readonly added = new Set<Entry>();
   /** How many of the entries have source ranges. */
   ranged = 0;
+  /** Per Service (Entry.service), how many of its entries have source ranges. */
+  private readonly rangedOf = new Map<string, number>();
+  /** What was handed out of `rangedOf` last; undefined: it changed since. */
+  private rangedPublished: ReadonlyMap<string, number> | undefined = new Map();
+
+  /**
+   * Per Service, how many of its entries have source ranges (absent: none), as of now: the same
+   * map until a ranged entry comes or goes, a copy then (its size is that of the Services with
+   * ranges, not of the table).
+   */
+  rangedByService(): ReadonlyMap<string, number> {
+    return (this.rangedPublished ??= new Map(this.rangedOf));
+  }
 
   publish(): { entries: Entry[]; changes?: EntryChanges } {
     if (this.published) return { entries: this.published, changes: { since: this.published, removed: [], added: [] } };
@@ -96,10 +109,24 @@ export class SortedEntries {
 
   /** Records a change since the last hand-out; an entry added and gone again in between nets out. */
   private note(out: Entry | undefined, into: Entry | undefined): void {
-    if (out?.sourceRanges) this.ranged--;
-    if (into?.sourceRanges) this.ranged++;
+    const outRanged = out?.sourceRanges !== undefined;
+    const intoRanged = into?.sourceRanges !== undefined;
+    if (outRanged) this.ranged--;
+    if (intoRanged) this.ranged++;
+    // A ranged entry replaced by one of the same Service: its count stays, and so does the map.
+    if (!(outRanged && intoRanged && out!.service === into!.service)) {
+      if (outRanged) this.countRanged(out!.service, -1);
+      if (intoRanged) this.countRanged(into!.service, 1);
+    }
     if (out && !this.added.delete(out)) this.removed.add(out);
     if (into && !this.removed.delete(into)) this.added.add(into);
+  }
+
+  private countRanged(service: string, by: 1 | -1): void {
+    const n = (this.rangedOf.get(service) ?? 0) + by;
+    if (n > 0) this.rangedOf.set(service, n);
+    else this.rangedOf.delete(service);
+    this.rangedPublished = undefined;
   }
 
   /** The first index whose key is not below sortKey. */

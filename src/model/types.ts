@@ -235,6 +235,13 @@ export interface FamilyState {
    */
   sourceRanged?: boolean;
   /**
+   * Per Service (Entry.service), how many of `entries` have source ranges; absent when none do.
+   * A backend whose objects are per Service with ranges (nft's and iptables' source-range
+   * chains) knows from it whether a change leaves a Service's objects wanted, without a record
+   * of its own.
+   */
+  rangedByService?: ReadonlyMap<string, number>;
+  /**
    * How `entries` came from an earlier entries array of the same DesiredStateModel, when it
    * knows: a backend that programmed `since` can apply these changes without comparing lists.
    */

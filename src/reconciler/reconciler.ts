@@ -271,7 +271,10 @@ export class Reconciler {
     let wrote = !isEmpty(changes);
     if (wrote) {
       try {
-        const applied = await this.apply([{ kind: 'elements', family, remove: changes.removed, add: changes.added }]);
+        const { rangedByService } = target.desired[family];
+        const applied = await this.apply([
+          { kind: 'elements', family, remove: changes.removed, add: changes.added, rangedByService },
+        ]);
         const leftOut = applied.leftOut?.[family];
         if (leftOut !== undefined) before.leftOut = leftOut;
         // The driver's elements may hold less than an entry (no Service name): nothing to write.
@@ -311,7 +314,7 @@ export class Reconciler {
     const operations: DriverOperation[] = untouched
       ? isEmpty(changes)
         ? []
-        : [{ kind: 'elements', family, remove, add }]
+        : [{ kind: 'elements', family, remove, add, rangedByService: state.rangedByService }]
       : [{ kind: 'writeShape', family, shape: shapeOf(state, mark), remove, add }];
     try {
       await this.apply(operations);

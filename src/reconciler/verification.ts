@@ -116,7 +116,10 @@ export class Verifier {
         const entries = [...now.elements.values()];
         operations.push({ kind: 'repairShape', family, shape: now.shape, parts: read.shapeDrift, entries });
       }
-      if (remove.length > 0 || add.length > 0) operations.push({ kind: 'elements', family, remove, add });
+      if (remove.length > 0 || add.length > 0) {
+        const { rangedByService } = ledger.written.get(family)?.desired[family] ?? {};
+        operations.push({ kind: 'elements', family, remove, add, rangedByService });
+      }
       const listedAt = read.generation;
       if (operations.length === 0) {
         if (listedAt !== undefined && (await driver.generation()) === listedAt) ledger.trust(family, listedAt);

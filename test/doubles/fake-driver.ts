@@ -185,7 +185,13 @@ export class FakeDriver implements Driver {
           masqueradeMark: op.shape.masqueradeMark,
         });
       } else if (op.kind === 'writeShape' && this.writesLikeIptables) {
-        this.applyOne(kernel, { kind: 'elements', family: op.family, remove: op.remove, add: op.add });
+        this.applyOne(kernel, {
+          kind: 'elements',
+          family: op.family,
+          remove: op.remove,
+          add: op.add,
+          rangedByService: undefined,
+        });
       } else this.applyOne(kernel, op);
     }
     if (!this.keepsComments && snapshot(kernel) === snapshot(this.kernel)) applied.unchanged = true;

@@ -374,6 +374,8 @@ describe('nft whole writes write the difference', function () {
         service: 'tenant/edited',
         sourceRanges: ranges,
       }));
+    // What the desired state says of its ranged entries per Service, as the reconciler hands it on.
+    const rangedOf = (entries: Entry[]) => new Map([['tenant/edited', entries.length]]);
     const executor = new NftAddonExecutor(addon());
     const driver = new NftDriver(executor, { lookup: 'set' });
     const before = svc(['10.244.1.0/24', '172.16.0.0/12']);
@@ -385,7 +387,9 @@ describe('nft whole writes write the difference', function () {
       return run(tx);
     };
     const after = svc(['10.244.1.0/24', '192.168.0.0/16']);
-    await driver.apply([{ kind: 'elements', family: 'ipv4', remove: before, add: after }]);
+    await driver.apply([
+      { kind: 'elements', family: 'ipv4', remove: before, add: after, rangedByService: rangedOf(after) },
+    ]);
     const verbs = sent.flatMap((tx) => tx.operations.map(({ verb, object: o }) => `${verb} ${o.kind}`));
     // The chain declared, emptied and given its three rules: no element of the map, the check
     // map or the own-address set is written.
@@ -396,7 +400,7 @@ describe('nft whole writes write the difference', function () {
     );
     // Every ranged entry removed: the elements, then the chain.
     sent.length = 0;
-    await driver.apply([{ kind: 'elements', family: 'ipv4', remove: after, add: [] }]);
+    await driver.apply([{ kind: 'elements', family: 'ipv4', remove: after, add: [], rangedByService: undefined }]);
     expect(ourChains()).to.deep.equal([]);
     expect(checks()).to.deep.equal([]);
   });

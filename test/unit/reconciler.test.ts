@@ -751,7 +751,9 @@ describe('Reconciler: entries given out of order, or twice (no root)', () => {
     const added = entryOf(desired(4), 4);
     const shuffled = reordered([...first.ipv4.entries].reverse().concat(added));
     expect(await reconciler.sync(shuffled, { full: false })).to.include({ mode: 'partial' });
-    expect(driver.applied.at(-1)).to.deep.equal([{ kind: 'elements', family: 'ipv4', remove: [], add: [added] }]);
+    expect(driver.applied.at(-1)).to.deep.equal([
+      { kind: 'elements', family: 'ipv4', remove: [], add: [added], rangedByService: undefined },
+    ]);
     // The record follows the entries it was given: the same objects in their first order are no change.
     expect(await reconciler.sync(reordered([...first.ipv4.entries, added]), { full: false })).to.include({
       mode: 'noop',

@@ -187,6 +187,54 @@ describe('source ranges: the model', () => {
   });
 });
 
+describe('source ranges: the ranged entries per Service, as the desired state says them', () => {
+  it("counts each Service's ranged entries, the same map until one comes or goes", () => {
+    const model = new DesiredStateModel({ ...CONFIG });
+    const ranged = (name: string, ports: number[], ip: string) =>
+      lb({
+        name,
+        clusterIPs: [`10.96.0.${ports[0]! % 250}`],
+        clusterIP: `10.96.0.${ports[0]! % 250}`,
+        ingress: [{ ip }],
+        ports: ports.map((port) => ({ port, protocol: 'TCP' })),
+        loadBalancerSourceRanges: ['10.0.0.0/8'],
+      });
+    const plain = lb({
+      name: 'plain',
+      ingress: [{ ip: '192.0.2.50' }],
+      clusterIPs: ['10.96.0.50'],
+      clusterIP: '10.96.0.50',
+    });
+    const first = model.update([ranged('a', [80, 81], '192.0.2.1'), ranged('b', [90], '192.0.2.2'), plain], NODE);
+    expect(first.ipv4.rangedByService).to.deep.equal(
+      new Map([
+        ['default/a', 2],
+        ['default/b', 1],
+      ]),
+    );
+    expect(first.ipv6.rangedByService, 'no ranged entry: absent').to.equal(undefined);
+    // A plain Service changes: the same map.
+    const second = model.update(
+      [
+        ranged('a', [80, 81], '192.0.2.1'),
+        ranged('b', [90], '192.0.2.2'),
+        { ...plain, ports: [{ port: 8080, protocol: 'TCP' }] },
+      ],
+      NODE,
+    );
+    expect(second.ipv4.rangedByService).to.equal(first.ipv4.rangedByService);
+    // One of a's ports goes, b goes: a new map, the one handed out before unchanged.
+    const third = model.update([ranged('a', [80], '192.0.2.1'), plain], NODE);
+    expect(third.ipv4.rangedByService).to.deep.equal(new Map([['default/a', 1]]));
+    expect(first.ipv4.rangedByService).to.deep.equal(
+      new Map([
+        ['default/a', 2],
+        ['default/b', 1],
+      ]),
+    );
+  });
+});
+
 describe('source ranges: what the backends write', () => {
   const entry = (over: Partial<Entry> = {}): Entry => ({
     family: 'ipv4',

@@ -48,7 +48,6 @@ import {
   KEY_SET_NAME,
   MAP_NAME,
   NFT_FAMILY,
-  SOURCE_CHECK_MAP,
   TABLE_NAME,
   TRANSLATED_COUNTERS,
   desiredTable,
@@ -58,7 +57,7 @@ import {
 } from './render.js';
 import { writeTableButElements, type HeldContents } from './transactions.js';
 import { readHeld, sourceChains } from './held.js';
-import { addOperation, countRanged, programmedRanged } from './operations.js';
+import { addOperation } from './operations.js';
 
 export interface NftDriverOptions {
   /**
@@ -93,14 +92,6 @@ export class NftDriver implements Driver {
   capabilities: DriverCapabilities;
   private readonly kernel: NftKernelProbe;
   private readonly reader: NftReader;
-  /**
-   * Per family, the ranged entries programmed per Service's source-range chain: a partial write
-   * that removes the last one removes the chain. Known from a whole write on (which removes the
-   * chains nothing wants, a previous run's among them, as listed); a failed write leaves it as it
-   * was, and the whole write that follows counts again.
-   */
-  private readonly rangedPerChain = new Map<Family, Map<string, number>>();
-
   /** Lists without holding back our writes (the nft command), where there is one. */
   private readonly lister: NftLister | undefined;
 
@@ -188,10 +179,7 @@ export class NftDriver implements Driver {
       whole.every((op) => !op.state.sourceRanged)
     ) {
       const applied = await this.writeByBatches(whole, lookup);
-      if (applied) {
-        this.wroteWhole(whole);
-        return applied;
-      }
+      if (applied) return applied;
     }
     // What the sets and the map hold, so that the transaction writes their difference.
     const held = await readHeld(this.executor, operations, lookup);
@@ -203,7 +191,7 @@ export class NftDriver implements Driver {
         // Without what the family holds, the chains listed are still known.
         const chains = family && held.families.get(family)?.sourceChains;
         const given = contents || (chains ? { sourceChains: chains } : undefined);
-        addOperation(tx, op, lookup, given || undefined, (f) => this.rangedPerChain.get(f));
+        addOperation(tx, op, lookup, given || undefined);
       }
       return tx;
     };
@@ -219,35 +207,7 @@ export class NftDriver implements Driver {
       // The difference refused (changed since it was read, or the map must grow): written whole.
       applied = (await this.executor.run(transaction(new Map()))) ?? {};
     }
-    this.wroteWhole(operations);
     return applied;
-  }
-
-  /** Counts the ranged entries per chain that `operations`, committed, leave programmed. */
-  private wroteWhole(operations: readonly DriverOperation[]): void {
-    for (const op of operations) {
-      switch (op.kind) {
-        case 'writeFamily':
-        case 'replaceFamily':
-          this.rangedPerChain.set(op.family, countRanged(new Map(), op.state.entries, 1));
-          break;
-        case 'repairShape':
-          if (op.parts.includes(SOURCE_CHECK_MAP))
-            this.rangedPerChain.set(op.family, countRanged(new Map(), op.entries, 1));
-          break;
-        case 'elements':
-        case 'writeShape': {
-          const counts = this.rangedPerChain.get(op.family);
-          if (!counts) break;
-          countRanged(counts, programmedRanged(op.remove), -1);
-          countRanged(counts, op.add, 1);
-          break;
-        }
-        case 'removeAll':
-          this.rangedPerChain.clear();
-          break;
-      }
-    }
   }
 
   /**

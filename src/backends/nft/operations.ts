@@ -1,6 +1,7 @@
 // One typed driver operation as verbs on our tables' objects (render.ts, transactions.ts): what
-// NftDriver.apply puts in a JSON transaction, and how the ranged entries per Service chain are
-// counted so that a partial write removes a chain with its Service's last ranged entry. Pure.
+// NftDriver.apply puts in a JSON transaction. A partial write removes a Service's source-range
+// chain with its last ranged entry, as the operation's desired state says (rangedByService):
+// the driver keeps no record of its own. Pure.
 
 import { FAMILIES, entryKey, type Entry, type Family } from '../../model/types.js';
 import type { DriverOperation, KernelElement } from '../../driver/driver.js';
@@ -33,17 +34,6 @@ export function programmedRanged(remove: readonly KernelElement[]): Entry[] {
   return remove.filter((e): e is Entry => (e as Entry).sourceRanges !== undefined && !e.ref);
 }
 
-export function countRanged(counts: Map<string, number>, entries: readonly Entry[], sign: 1 | -1): Map<string, number> {
-  for (const e of entries) {
-    if (!e.sourceRanges) continue;
-    const chain = sourceChainName(e.service);
-    const n = (counts.get(chain) ?? 0) + sign;
-    if (n > 0) counts.set(chain, n);
-    else counts.delete(chain);
-  }
-  return counts;
-}
-
 /** One typed operation as verbs on our tables' objects. */
 export function addOperation(
   tx: Transaction,
@@ -51,10 +41,14 @@ export function addOperation(
   lookup: KeyLookup,
   /** What the family's sets and map hold, where it is known. */
   held: HeldContents | undefined,
-  /** The ranged entries programmed per chain, where known. */
-  rangedPerChain: (family: Family) => ReadonlyMap<string, number> | undefined,
 ): void {
-  const changes = (family: Family, remove: readonly KernelElement[], add: readonly Entry[]) => {
+  const changes = (
+    family: Family,
+    remove: readonly KernelElement[],
+    add: readonly Entry[],
+    /** Once written: per Service, its ranged entries (FamilyState.rangedByService). */
+    rangedByService: ReadonlyMap<string, number> | undefined,
+  ) => {
     // A key removed and added with the same element (its source ranges changed, say) stays.
     const adding = new Map(add.map((e) => [entryKey(e), e]));
     const stays = (e: KernelElement) => {
@@ -69,15 +63,9 @@ export function addOperation(
     // A programmed entry removed is the Entry itself: its source-range elements go with it, and
     // its Service's chain when no ranged entry of the Service is left.
     const rangedRemoved = programmedRanged(remove);
-    const counts = rangedPerChain(family);
-    const gone: string[] = [];
-    if (counts) {
-      const left = countRanged(new Map(counts), rangedRemoved, -1);
-      countRanged(left, add, 1);
-      for (const chain of new Set(rangedRemoved.map((e) => sourceChainName(e.service)))) {
-        if (!left.has(chain)) gone.push(chain);
-      }
-    }
+    const gone = [...new Set(rangedRemoved.map((e) => e.service))]
+      .filter((service) => !rangedByService?.has(service))
+      .map(sourceChainName);
     mapChanges(tx, family, inMap, addMap.map(mapElement), lookup, inKeySet);
     sourceRangeChanges(tx, family, rangedRemoved, add, gone);
   };
@@ -90,10 +78,10 @@ export function addOperation(
       return;
     case 'writeShape':
       resyncTable(tx, desiredTable(op.family, op.shape.state, op.shape.masqueradeMark, lookup));
-      changes(op.family, op.remove, op.add);
+      changes(op.family, op.remove, op.add, op.shape.state.rangedByService);
       return;
     case 'elements':
-      changes(op.family, op.remove, op.add);
+      changes(op.family, op.remove, op.add, op.rangedByService);
       return;
     case 'repairShape': {
       const table = desiredTable(op.family, op.shape.state, op.shape.masqueradeMark, lookup);

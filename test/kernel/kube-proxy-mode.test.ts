@@ -359,36 +359,36 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
       const readyzSays = (steppedAside: boolean) =>
         until(`stepped aside: ${steppedAside}`, async () => (await readyz())?.kubeProxy?.steppedAside === steppedAside);
 
-      let toNft = 0;
-      let toNftDone = 0;
-      let asideAt = 0;
-      let toIpvs = 0;
-      let toIpvsDone = 0;
-      let backAt = 0;
+      /**
+       * The operator changes kube-proxy's ConfigMap, then restarts kube-proxy in `mode`: when
+       * that began, when kube-proxy was done, and when readyz said `steppedAside`.
+       */
+      const switchTo = async (mode: StandInMode, steppedAside: boolean) => {
+        const began = Date.now();
+        writeKubeProxyConfig(configured(mode));
+        await kubeProxy.switchMode(mode, 1000);
+        const done = Date.now();
+        await readyzSays(steppedAside);
+        return { began, done, followed: Date.now() };
+      };
+
+      let toNftables = { began: 0, done: 0, followed: 0 };
+      let toIpvsAgain = toNftables;
       try {
         await sleep(1000);
-        // The operator changes kube-proxy's ConfigMap, then restarts kube-proxy in the new mode.
-        toNft = Date.now();
-        writeKubeProxyConfig(configured('nftables'));
-        await kubeProxy.switchMode('nftables', 1000);
-        toNftDone = Date.now();
-        await readyzSays(true);
-        asideAt = Date.now();
+        toNftables = await switchTo('nftables', true);
         await until('our tables gone', async () => ourNftTables().length === 0);
         expect(ourIptablesChains(), 'no iptables chains of ours either').to.deep.equal([]);
         await sleep(1500);
 
-        toIpvs = Date.now();
-        writeKubeProxyConfig(configured('ipvs'));
-        await kubeProxy.switchMode('ipvs', 1000);
-        toIpvsDone = Date.now();
-        await readyzSays(false);
-        backAt = Date.now();
+        toIpvsAgain = await switchTo('ipvs', false);
         await sleep(1500);
       } finally {
         probing = false;
         await loop;
       }
+      const { began: toNft, done: toNftDone, followed: asideAt } = toNftables;
+      const { began: toIpvs, done: toIpvsDone, followed: backAt } = toIpvsAgain;
 
       // Every probe outside a switch (from its start to the controller's change) is answered right.
       const within = (p: { start: number; end: number }, from: number, to: number) => p.end >= from && p.start <= to;

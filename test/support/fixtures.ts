@@ -2,7 +2,7 @@
 // seeded random generator.
 
 import { writeFileSync } from 'node:fs';
-import type { ModelConfig, ServiceInfo } from '../../src/model/types.js';
+import type { Entry, ModelConfig, ServiceInfo } from '../../src/model/types.js';
 
 /** kube-proxy's defaults: local pods by the node's podCIDRs, masquerade bit 14, every Service. */
 export const CONFIG: Readonly<ModelConfig> = Object.freeze({
@@ -22,6 +22,19 @@ export function lbService(i: number, over: Partial<ServiceInfo> = {}): ServiceIn
     clusterIP: `10.96.0.${i}`,
     ports: [{ port: 80, protocol: 'TCP' }],
     ingress: [{ ip: `192.0.2.${i}` }],
+    ...over,
+  };
+}
+
+/** The IPv4 entry of default/web: 192.0.2.10 TCP port 80 to the ClusterIP 10.96.0.10; `over` replaces fields. */
+export function webEntry(over: Partial<Entry> = {}): Entry {
+  return {
+    family: 'ipv4',
+    externalIp: '192.0.2.10',
+    protocol: 'TCP',
+    port: 80,
+    clusterIp: '10.96.0.10',
+    service: 'default/web',
     ...over,
   };
 }

@@ -40,6 +40,23 @@ export function webEntry(over: Partial<Entry> = {}): Entry {
 }
 
 /**
+ * Filler Service number `i` (0 to 65,535) beside a test's own: filler/svc-i, ClusterIP
+ * 10.97.x.y of `i + clusterShift`, LoadBalancer IP 198.18.x.y of `i`, TCP port 443.
+ */
+export function fillerService(i: number, clusterShift = 0): ServiceInfo {
+  const c = i + clusterShift;
+  return {
+    namespace: 'filler',
+    name: `svc-${i}`,
+    type: 'LoadBalancer',
+    creationTimestamp: '2024-02-01T00:00:00Z',
+    clusterIP: `10.97.${(c >> 8) & 255}.${c & 255}`,
+    ports: [{ port: 443, protocol: 'TCP' }],
+    ingress: [{ ip: `198.18.${(i >> 8) & 255}.${i & 255}` }],
+  };
+}
+
+/**
  * A seeded generator of numbers in [0, 1), so that a failure can be replayed with its seed. A
  * linear congruential generator: the randomised tests were tuned to its sequences.
  */

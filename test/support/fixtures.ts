@@ -2,7 +2,8 @@
 // seeded random generator.
 
 import { writeFileSync } from 'node:fs';
-import type { Entry, ModelConfig, ServiceInfo } from '../../src/model/types.js';
+import { DesiredStateModel } from '../../src/model/desired-state.js';
+import type { DesiredState, Entry, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 
 /** kube-proxy's defaults: local pods by the node's podCIDRs, masquerade bit 14, every Service. */
 export const CONFIG: Readonly<ModelConfig> = Object.freeze({
@@ -124,6 +125,33 @@ export function churnServices<T extends object>(
   }
   if (step % 20 === 19) out.reverse();
   return out;
+}
+
+/**
+ * 60 syncs through random churn (churnServices) of 200 Services (churnServiceMaker with
+ * `addresses`) from `seed`, the model's state on `node` each time, the first sync full:
+ * `check` after each. Returns how many of the syncs were partial.
+ */
+export async function churnedSyncs(
+  sync: (desired: DesiredState, options: { full: boolean }) => Promise<{ mode: string }>,
+  node: NodeInfo,
+  seed: number,
+  addresses: Parameters<typeof churnServiceMaker>[1],
+  check: (desired: DesiredState, step: number) => Promise<void>,
+): Promise<number> {
+  const rnd = seededRandom(seed);
+  const makeService = churnServiceMaker(rnd, addresses);
+  const model = new DesiredStateModel(CONFIG);
+  let services = Array.from({ length: 200 }, makeService);
+  let partial = 0;
+  for (let step = 0; step < 60; step++) {
+    const desired = model.update(services, node);
+    const result = await sync(desired, { full: step === 0 });
+    if (result.mode === 'partial') partial++;
+    await check(desired, step);
+    services = churnServices(services, step, rnd, makeService);
+  }
+  return partial;
 }
 
 export const MALFORMED_WATCH_LINES: readonly string[] = [

@@ -40,6 +40,21 @@ export function webEntry(over: Partial<Entry> = {}): Entry {
   };
 }
 
+/** IPv6 entries, one a row of [externalIp, protocol, port, clusterIp, sourceRanges]: row i of Service v6/svc-i. */
+export function ipv6Entries(
+  rows: ReadonlyArray<readonly [string, Entry['protocol'], number, string, (readonly string[] | undefined)?]>,
+): Entry[] {
+  return rows.map(([externalIp, protocol, port, clusterIp, sourceRanges], i) => ({
+    family: 'ipv6',
+    externalIp,
+    protocol,
+    port,
+    clusterIp,
+    service: `v6/svc-${i}`,
+    ...(sourceRanges ? { sourceRanges } : {}),
+  }));
+}
+
 /**
  * Filler Service number `i` (0 to 65,535) beside a test's own: filler/svc-i, ClusterIP
  * 10.97.x.y of `i + clusterShift`, LoadBalancer IP 198.18.x.y of `i`, TCP port 443.

@@ -19,6 +19,7 @@ import {
 import { NftCliExecutor, NftError } from '../../src/backends/nft/executor.js';
 import { defaultAddonPath as ebpfAddonPath } from '../../src/backends/ebpf/native.js';
 import { addonPath } from '../../src/native-addon.js';
+import { withFileNotAnAddon } from '../support/temp-dir.js';
 
 /** readelf's output (binutils, which g++ needs to build the addons at all). */
 function readelf(args: string[], file: string): string {
@@ -135,16 +136,11 @@ describe('nft executor selection without the addon', () => {
   });
 
   it('says why when the file is not a loadable addon', () => {
-    const dir = mkdtempSync(join(tmpdir(), 'nftables-addon-'));
-    try {
-      const notAnAddon = join(dir, 'nftables_addon.node');
-      writeFileSync(notAnAddon, 'not a shared object');
+    withFileNotAnAddon('nftables_addon.node', (notAnAddon) => {
       const load = loadNftAddon(notAnAddon);
       expect(load.executor).to.equal(undefined);
       expect(!load.executor ? load.reason : '').to.match(/did not load \(.*\): install libnftables-dev/);
-    } finally {
-      rmSync(dir, { recursive: true, force: true });
-    }
+    });
   });
 
   it('auto falls back to the CLI and gives the reason', () => {

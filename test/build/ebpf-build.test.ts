@@ -8,6 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 import { defaultAddonPath, defaultObjectPath, loadEbpfAddon, packageRoot } from '../../src/backends/ebpf/native.js';
+import { withFileNotAnAddon } from '../support/temp-dir.js';
 
 const EM_BPF = 247;
 const PROGRAM_SECTIONS = [
@@ -47,18 +48,13 @@ describe('eBPF backend build', () => {
   });
 
   it('an addon path that is not an addon gives one line saying so', () => {
-    const dir = mkdtempSync(join(tmpdir(), 'ebpf-addon-'));
-    try {
-      const bogus = join(dir, 'ebpf_addon.node');
-      writeFileSync(bogus, 'not a shared object');
+    withFileNotAnAddon('ebpf_addon.node', (bogus, dir) => {
       const load = loadEbpfAddon(bogus);
       expect(load.ok).to.equal(false);
       expect(load.ok ? '' : load.reason).to.match(/did not load .*: install libbpf1 and rebuild$/);
       const missing = loadEbpfAddon(join(dir, 'absent.node'));
       expect(missing.ok ? '' : missing.reason).to.match(/is not built: install libbpf-dev and pkg-config/);
-    } finally {
-      rmSync(dir, { recursive: true, force: true });
-    }
+    });
   });
 
   describe('scripts/build-bpf.mjs', () => {

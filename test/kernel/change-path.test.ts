@@ -17,7 +17,8 @@ import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
 import { NftDriver } from '../../src/backends/nft/nft-driver.js';
 import { MAP_NAME, TABLE_NAME } from '../../src/backends/nft/render.js';
 import { composeReconciler } from '../../src/cli/compose.js';
-import { ControllerOnStandIn, wireLbService } from '../support/controller-on-stand-in.js';
+import { ControllerOnStandIn } from '../support/controller-on-stand-in.js';
+import { wireLbService } from '../support/wire-objects.js';
 import { eventually } from '../support/eventually.js';
 
 /** The most files of src/ one change may run through (measured: see the test's output). */
@@ -41,10 +42,7 @@ async function filesRun(session: Session): Promise<string[]> {
 }
 
 function udpService(clusterIp: string): Record<string, unknown> {
-  const service = wireLbService('dns', clusterIp, '192.0.2.53', 53);
-  const spec = service.spec as { ports: Array<{ port: number; protocol: string }> };
-  spec.ports = [{ port: 53, protocol: 'UDP' }];
-  return service;
+  return wireLbService('dns', clusterIp, '192.0.2.53', { port: 53, protocol: 'UDP' });
 }
 
 describe('one Service change, watch event to kernel write and conntrack (V8 coverage)', function () {

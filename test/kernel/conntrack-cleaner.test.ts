@@ -121,9 +121,11 @@ describe('conntrack clean-up on the kernel', function () {
     }
   });
 
+  /** The cleaner in process, with the addon's bounds; the command, should it run, fails. */
+  const inProcess = () => new ConntrackCleaner({ logger, netlink: netlink(), command: '/bin/false' });
   /** The ways the cleaner deletes: the command never runs in process (it is one that fails). */
   const ways: Array<{ name: string; cleaner: () => ConntrackCleaner }> = [
-    { name: 'in process', cleaner: () => new ConntrackCleaner({ logger, netlink: netlink(), command: '/bin/false' }) },
+    { name: 'in process', cleaner: inProcess },
     { name: 'one tuple at a time', cleaner: () => new ConntrackCleaner({ logger, listAbove: 16 }) },
     { name: 'after one listing', cleaner: () => new ConntrackCleaner({ logger, listAbove: 0 }) },
   ];
@@ -159,7 +161,7 @@ describe('conntrack clean-up on the kernel', function () {
     await flow(B, 53, 41023);
     // 80 tuples (past the filtered dumps), two of which have entries.
     const tuples = [tuple(A, 53), tuple(A, 60), ...Array.from({ length: 78 }, (_, i) => tuple(A, 1000 + i))];
-    const report = await new ConntrackCleaner({ logger, netlink: netlink(), command: '/bin/false' }).clean(tuples);
+    const report = await inProcess().clean(tuples);
     expect(report).to.include({ tuples: 80, deleted: 2, failures: 0 });
     expect(entries(A, 53)).to.deep.equal([]);
     expect(entries(A, 60)).to.deep.equal([]);
@@ -170,9 +172,7 @@ describe('conntrack clean-up on the kernel', function () {
     sh('conntrack', ['-F']);
     logLines.length = 0;
     await manyFlows(A, 53, 3000, SOURCES);
-    const report = await new ConntrackCleaner({ logger, netlink: netlink(), command: '/bin/false' }).clean([
-      tuple(A, 53),
-    ]);
+    const report = await inProcess().clean([tuple(A, 53)]);
     expect(count(A, 53)).to.equal(0);
     expect(report).to.include({ deleted: 3000, failures: 0 });
     expect(logLines.filter((l) => l.includes('in process failed'))).to.deep.equal([]);
@@ -259,7 +259,7 @@ describe('conntrack clean-up on the kernel', function () {
     });
 
     it('in process, deletes the tuples asked for among 20,000 other entries with one read of the table', async () => {
-      const cleaner = new ConntrackCleaner({ logger, netlink: netlink(), command: '/bin/false' });
+      const cleaner = inProcess();
       const report = await cleaner.clean(asked);
       expect(report).to.include({ tuples: 8, deleted: 8, failures: 0 });
       for (const t of asked) expect(entries(A, t.port), `port ${t.port}`).to.deep.equal([]);
@@ -335,6 +335,14 @@ describe('conntrack clean-up on the kernel', function () {
     };
     /** Log lines that report a truncation. */
     const truncations = () => logLines.filter((l) => l.includes('more than their share of one in-process deletion'));
+    /** A cleaner in process with a share of 100 per tuple and 200 a call, `rounds` calls, then `command`. */
+    const sharedCleaner = (rounds: number, command: string) =>
+      new ConntrackCleaner({
+        logger,
+        netlink: netlink({ perTarget: 100, total: 200 }),
+        netlinkRounds: rounds,
+        command,
+      });
 
     before(() => {
       dir = mkdtempSync(join(tmpdir(), 'conntrack-truncated-'));
@@ -361,12 +369,7 @@ describe('conntrack clean-up on the kernel', function () {
       // A share of 100 per tuple, and no command to complete anything: what one call does.
       await manyFlows(A, 53, 1000, SOURCES);
       await manyFlows(B, 53, 5, SOURCES);
-      const cleaner = new ConntrackCleaner({
-        logger,
-        netlink: netlink({ perTarget: 100, total: 200 }),
-        netlinkRounds: 1,
-        command: '/bin/false',
-      });
+      const cleaner = sharedCleaner(1, '/bin/false');
       const report = await cleaner.clean([tuple(A, 53), tuple(B, 53)]);
       expect(entries(B, 53), 'the other tuple').to.deep.equal([]);
       expect(count(A, 53), 'the truncated tuple').to.equal(900);
@@ -379,12 +382,7 @@ describe('conntrack clean-up on the kernel', function () {
     it('the same in IPv6, where a call reads the whole table once', async () => {
       await manyFlows(A6, 53, 300, SOURCES6);
       await manyFlows(B6, 53, 3, SOURCES6);
-      const cleaner = new ConntrackCleaner({
-        logger,
-        netlink: netlink({ perTarget: 100, total: 200 }),
-        netlinkRounds: 1,
-        command: '/bin/false',
-      });
+      const cleaner = sharedCleaner(1, '/bin/false');
       const report = await cleaner.clean([tuple(A6, 53), tuple(B6, 53)]);
       expect(count(B6, 53), 'the other tuple').to.equal(0);
       expect(count(A6, 53), 'the truncated tuple').to.equal(200);
@@ -395,12 +393,7 @@ describe('conntrack clean-up on the kernel', function () {
     it('completes the truncated tuple with further calls, then the command', async () => {
       await manyFlows(A, 53, 1000, SOURCES);
       await manyFlows(B, 53, 5, SOURCES);
-      const cleaner = new ConntrackCleaner({
-        logger,
-        netlink: netlink({ perTarget: 100, total: 200 }),
-        netlinkRounds: 2,
-        command,
-      });
+      const cleaner = sharedCleaner(2, command);
       const report = await cleaner.clean([tuple(A, 53), tuple(B, 53)]);
       expect(entries(B, 53)).to.deep.equal([]);
       expect(entries(A, 53)).to.deep.equal([]);

@@ -22,6 +22,7 @@ import { NODE, NodeNetwork, requireTools, sh } from '../../testbed/node-network.
 import { CountingUdpServer, UdpFlow } from '../support/udp-flow.js';
 import { CONFIG } from '../support/fixtures.js';
 import { linesLogger } from '../support/log-lines.js';
+import { wireLbService, wireNode } from '../support/wire-objects.js';
 
 const LB4 = '192.0.2.50';
 const LB6 = '2001:db8::50';
@@ -29,27 +30,16 @@ const PORT = 5353;
 const FIRST = { v4: '10.96.5.1', v6: 'fd00::5:1' };
 const SECOND = { v4: '10.96.5.2', v6: 'fd00::5:2' };
 
-const NODE_OBJECT = {
-  apiVersion: 'v1',
-  kind: 'Node',
-  metadata: { name: 'node-1' },
-  spec: { podCIDR: NODE.podCidr4, podCIDRs: [NODE.podCidr4, NODE.podCidr6] },
-};
+const NODE_OBJECT = wireNode([NODE.podCidr4, NODE.podCidr6]);
 
 function dnsService(clusterIps: { v4: string; v6: string }, ipMode4: 'VIP' | 'Proxy' = 'VIP') {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { name: 'dns', namespace: 'default' },
-    spec: {
-      type: 'LoadBalancer',
-      clusterIP: clusterIps.v4,
-      clusterIPs: [clusterIps.v4, clusterIps.v6],
-      ipFamilies: ['IPv4', 'IPv6'],
-      ports: [{ name: 'dns', port: PORT, protocol: 'UDP' }],
-    },
-    status: { loadBalancer: { ingress: [{ ip: LB4, ipMode: ipMode4 }, { ip: LB6 }] } },
-  };
+  return wireLbService('dns', clusterIps.v4, [{ ip: LB4, ipMode: ipMode4 }, { ip: LB6 }], {
+    port: PORT,
+    protocol: 'UDP',
+    portName: 'dns',
+    clusterIPs: [clusterIps.v4, clusterIps.v6],
+    spec: { ipFamilies: ['IPv4', 'IPv6'] },
+  });
 }
 
 interface BackendCase {

@@ -2,7 +2,7 @@
 // stand-in (real wire protocol, real client library), checked with packets on the kernel.
 
 import { expect } from 'chai';
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -13,31 +13,16 @@ import { ApiStandIn } from '../../testbed/api-server.js';
 import { NamedServer, probe, sh } from '../../testbed/node-network.js';
 import { LB_PATH, LB_V4, Scenario } from './scenario.js';
 import { shippedArgs } from '../../testbed/shipped-controller.js';
+import { wireLbService, wireNode } from '../support/wire-objects.js';
+import { spawnNodeProcess, standInFlags } from '../support/node-process.js';
 
 const NEW_LB = '192.0.2.30';
 
 function serviceObject(ingressIp: string) {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { name: 'web', namespace: 'default' },
-    spec: {
-      type: 'LoadBalancer',
-      externalTrafficPolicy: 'Local',
-      clusterIP: '10.96.0.10',
-      clusterIPs: ['10.96.0.10'],
-      ports: [{ name: 'http', port: 80, protocol: 'TCP' }],
-    },
-    status: { loadBalancer: { ingress: [{ ip: ingressIp }] } },
-  };
+  return wireLbService('web', '10.96.0.10', ingressIp, { portName: 'http', spec: { externalTrafficPolicy: 'Local' } });
 }
 
-const NODE_OBJECT = {
-  apiVersion: 'v1',
-  kind: 'Node',
-  metadata: { name: 'node-1' },
-  spec: { podCIDR: '10.244.1.0/24', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] },
-};
+const NODE_OBJECT = wireNode(['10.244.1.0/24', 'fd01::/64']);
 
 /** Polls until the probe gives `expected` (the controller works asynchronously). */
 async function eventually(check: () => Promise<string>, expected: string, what: string): Promise<void> {
@@ -71,28 +56,10 @@ for (const backendName of ['nft', 'iptables'] as const)
     const pod = () => scenario.network.pod.ns;
 
     function startController(): ChildProcess {
-      const child = spawn(
-        process.execPath,
-        shippedArgs([
-          `--backend=${backendName}`,
-          ...[
-            '--kubeconfig',
-            kubeconfig,
-            '--node-name',
-            'node-1',
-            '--min-sync-period',
-            '0',
-            '--sync-period',
-            '2s',
-            '--log-level',
-            'debug',
-          ],
-        ]),
-        { stdio: ['ignore', 'pipe', 'pipe'] },
+      return spawnNodeProcess(
+        shippedArgs([`--backend=${backendName}`, ...standInFlags(kubeconfig, '2s'), '--log-level', 'debug']),
+        (text) => (output += text),
       );
-      child.stdout!.on('data', (d: Buffer) => (output += d.toString()));
-      child.stderr!.on('data', (d: Buffer) => (output += d.toString()));
-      return child;
     }
 
     /** SIGTERM, then the exit code, or the signal that ended the process. */

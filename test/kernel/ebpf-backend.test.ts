@@ -23,7 +23,7 @@ import { DesiredStateModel } from '../../src/model/desired-state.js';
 import type { DesiredState, Entry, Family, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
 import { rejectionOf } from '../support/assertions.js';
-import { CONFIG, churnServiceMaker, churnServices, seededRandom } from '../support/fixtures.js';
+import { CONFIG, churnedSyncs } from '../support/fixtures.js';
 
 const PEER = fileURLToPath(new URL('./ebpf-peer.js', import.meta.url));
 const TAG = `inc${process.pid}`;
@@ -503,26 +503,20 @@ describe('ebpf backend on the kernel', function () {
   });
 
   it('partial syncs driven by the model keep the maps equal to the desired entries through random changes', async function () {
-    const rnd = seededRandom(11);
-    const makeService = churnServiceMaker(rnd, {
-      clusterV4: '10.97',
-      clusterV6: 'fd00:97::',
-      ingressV6: '2001:db8:1::',
-    });
-    const model = new DesiredStateModel(CONFIG);
-    let services = Array.from({ length: 200 }, makeService);
-    let partial = 0;
-    for (let step = 0; step < 60; step++) {
-      const desired = model.update(services, NODE);
-      const result = await backend.sync(desired, { full: step === 0 });
-      if (result.mode === 'partial') partial++;
-      for (const family of ['ipv4', 'ipv6'] as const) {
-        expect(await mapElements(lab.bpffsPath, family), `step ${step}, ${family}`).to.deep.equal(
-          elementsOf(desired[family].entries),
-        );
-      }
-      services = churnServices(services, step, rnd, makeService);
-    }
+    const addresses = { clusterV4: '10.97', clusterV6: 'fd00:97::', ingressV6: '2001:db8:1::' };
+    const partial = await churnedSyncs(
+      (d, o) => backend.sync(d, o),
+      NODE,
+      11,
+      addresses,
+      async (desired, step) => {
+        for (const family of ['ipv4', 'ipv6'] as const) {
+          expect(await mapElements(lab.bpffsPath, family), `step ${step}, ${family}`).to.deep.equal(
+            elementsOf(desired[family].entries),
+          );
+        }
+      },
+    );
     expect(partial, `most syncs were partial (${partial})`).to.be.above(40);
     expect((await backend.sync(desiredOf(ALL_ENTRIES), { full: false })).mode).to.equal('partial');
     for (const family of ['ipv4', 'ipv6'] as const) {

@@ -10,25 +10,18 @@ import { removeIptablesObjects } from '../../src/backends/iptables/nat-view.js';
 import type { IptablesVariant } from '../../src/backends/iptables/variant.js';
 import type { Entry, FamilyState } from '../../src/model/types.js';
 import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
+import { ipv6Entries } from '../support/fixtures.js';
 
 const VARIANTS: readonly IptablesVariant[] = ['legacy', 'nft'];
 
 /** Addresses inet_ntop prints in mixed notation (::1.2.3.4, ::0.1.0.0, ::255.255.0.1), and others. */
-const entries: Entry[] = [
+const entries: Entry[] = ipv6Entries([
   ['::102:304', 'TCP', 443, 'fd00:96::1', ['::102:300/120', 'fd00:1::/64']],
-  ['::1:0', 'TCP', 443, '::a60:1', undefined],
+  ['::1:0', 'TCP', 443, '::a60:1'],
   ['::ffff:1', 'UDP', 53, '::a60:2', ['::a00:0/104']],
-  ['64:ff9b::102:304', 'TCP', 80, '::ffff', undefined],
-  ['2001:db8::1:0:0:1', 'UDP', 9000, '::c000:202', undefined],
-].map(([externalIp, protocol, port, clusterIp, sourceRanges], i) => ({
-  family: 'ipv6' as const,
-  externalIp: externalIp as string,
-  protocol: protocol as Entry['protocol'],
-  port: port as number,
-  clusterIp: clusterIp as string,
-  service: `v6/svc-${i}`,
-  ...(sourceRanges ? { sourceRanges: sourceRanges as string[] } : {}),
-}));
+  ['64:ff9b::102:304', 'TCP', 80, '::ffff'],
+  ['2001:db8::1:0:0:1', 'UDP', 9000, '::c000:202'],
+]);
 
 const state: FamilyState = { entries, localPodMatch: { kind: 'cidrs', cidrs: ['fd01::/64'] } };
 

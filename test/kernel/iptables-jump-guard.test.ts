@@ -11,7 +11,8 @@ import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { composeReconciler } from '../../src/cli/compose.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { probe } from '../../testbed/node-network.js';
-import { ControllerOnStandIn, wireLbService } from '../support/controller-on-stand-in.js';
+import { ControllerOnStandIn } from '../support/controller-on-stand-in.js';
+import { wireLbService } from '../support/wire-objects.js';
 import {
   WRITER_CHAIN,
   installWriterChain,

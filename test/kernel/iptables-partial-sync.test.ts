@@ -18,23 +18,11 @@ import { DesiredStateModel } from '../../src/model/desired-state.js';
 import type { ServiceInfo } from '../../src/model/types.js';
 import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
 import { CONFIG, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
+import { fillerService } from '../support/fixtures.js';
 import { linesLogger } from '../support/log-lines.js';
 
 const CONNECT_LOOP = fileURLToPath(new URL('./nft-connect-loop.js', import.meta.url));
 const FILLERS = 2_500;
-
-function filler(i: number, clusterShift = 0): ServiceInfo {
-  const c = i + clusterShift;
-  return {
-    namespace: 'filler',
-    name: `svc-${i}`,
-    type: 'LoadBalancer',
-    creationTimestamp: '2024-02-01T00:00:00Z',
-    clusterIP: `10.97.${(c >> 8) & 255}.${c & 255}`,
-    ports: [{ port: 443, protocol: 'TCP' }],
-    ingress: [{ ip: `198.18.${(i >> 8) & 255}.${i & 255}` }],
-  };
-}
 
 /** One address, `ports` ports, IPv4 only: a Service whose rules all sit in one bucket per hook. */
 function large(ports: number): ServiceInfo {
@@ -56,6 +44,18 @@ function ourRules(variant: 'legacy' | 'nft', family: 'ipv4' | 'ipv6'): string[] 
     .split('\n')
     .filter((l) => l.startsWith('-A IPVS_') || / -j IPVS_/.test(l))
     .sort();
+}
+
+/** The real runner, telling `seen` of each command and its input before it runs. */
+function watchedRunner(seen: (command: string, input: string | undefined) => void): IptablesRunner {
+  return {
+    run: (command, args, input, timeoutMs, onOutput) => {
+      seen(command, input);
+      return systemIptablesRunner.run(command, args, input, timeoutMs, onOutput);
+    },
+    legacyTables: (family) => systemIptablesRunner.legacyTables(family),
+    generation: () => systemIptablesRunner.generation!(),
+  };
 }
 
 interface LoopReport {
@@ -110,7 +110,7 @@ for (const variant of ['legacy', 'nft'] as const) {
     it('loses no connection while Services churn, and ends with the rules of a fresh full write', async () => {
       const model = new DesiredStateModel(CONFIG);
       const live = new Map<number, ServiceInfo>();
-      for (let i = 0; i < FILLERS; i++) live.set(i, filler(i));
+      for (let i = 0; i < FILLERS; i++) live.set(i, fillerService(i));
       const services = () => [...SERVICES, ...live.values()];
       expect((await backend.sync(model.update(services(), NODE_INFO), { full: true })).mode).to.equal('full');
 
@@ -142,10 +142,10 @@ for (const variant of ['legacy', 'nft'] as const) {
           for (let j = 0; j < 3; j++) {
             const keys = [...live.keys()];
             live.delete(keys[random(keys.length)]!);
-            live.set(next, filler(next));
+            live.set(next, fillerService(next));
             next++;
             const moved = keys[random(keys.length)]!;
-            if (live.has(moved)) live.set(moved, filler(moved, 20_000 + k));
+            if (live.has(moved)) live.set(moved, fillerService(moved, 20_000 + k));
           }
           // Every eighth step another writer commits to the nat table first (iptables-nft: the
           // generation moves, so the resync compares our chains).
@@ -190,17 +190,10 @@ for (const variant of ['legacy', 'nft'] as const) {
 
     it('a resync rewrites a chain someone changed, and only then', async () => {
       const commands: string[] = [];
-      const runner: IptablesRunner = {
-        run: (command, args, input, timeoutMs, onOutput) => {
-          commands.push(command);
-          return systemIptablesRunner.run(command, args, input, timeoutMs, onOutput);
-        },
-        legacyTables: (family) => systemIptablesRunner.legacyTables(family),
-        generation: () => systemIptablesRunner.generation!(),
-      };
+      const runner = watchedRunner((command) => commands.push(command));
       backend = new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 0, runner }));
       const model = new DesiredStateModel(CONFIG);
-      const services = [...SERVICES, ...Array.from({ length: 50 }, (_, i) => filler(i))];
+      const services = [...SERVICES, ...Array.from({ length: 50 }, (_, i) => fillerService(i))];
       await backend.sync(model.update(services, NODE_INFO), { full: true });
       commands.length = 0;
       expect((await backend.sync(model.update(services, NODE_INFO), { full: true })).repairedElements).to.equal(
@@ -230,15 +223,10 @@ for (const variant of ['legacy', 'nft'] as const) {
 
     it('a removal past the bound on rule deletes writes its bucket chains whole in its one restore, as a fresh write would', async () => {
       const restores: string[] = [];
-      const runner: IptablesRunner = {
-        run: (command, args, input) => {
-          if (command.endsWith('-restore') && input !== undefined) restores.push(input);
-          return systemIptablesRunner.run(command, args, input);
-        },
-        legacyTables: (family) => systemIptablesRunner.legacyTables(family),
-        generation: () => systemIptablesRunner.generation!(),
-      };
-      const base = [...SERVICES, ...Array.from({ length: 1_000 }, (_, i) => filler(i))];
+      const runner = watchedRunner((command, input) => {
+        if (command.endsWith('-restore') && input !== undefined) restores.push(input);
+      });
+      const base = [...SERVICES, ...Array.from({ length: 1_000 }, (_, i) => fillerService(i))];
       // Without the bound (the control) a small removal: one -D per rule costs minutes past a few
       // hundred in one chain. The removed Service's ports all sit in the buckets of its address's
       // last byte (7), which fillers 7, 263, 519 and 775 keep.
@@ -303,15 +291,10 @@ for (const variant of ['legacy', 'nft'] as const) {
 
     it('an upgraded node: the flat chains of earlier versions become the bucket layout in one restore, losing no connection', async () => {
       const restores: string[] = [];
-      const runner: IptablesRunner = {
-        run: (command, args, input) => {
-          if (command.endsWith('-restore') && input !== undefined) restores.push(input);
-          return systemIptablesRunner.run(command, args, input);
-        },
-        legacyTables: (family) => systemIptablesRunner.legacyTables(family),
-        generation: () => systemIptablesRunner.generation!(),
-      };
-      const services = [...SERVICES, ...Array.from({ length: FILLERS }, (_, i) => filler(i))];
+      const runner = watchedRunner((command, input) => {
+        if (command.endsWith('-restore') && input !== undefined) restores.push(input);
+      });
+      const services = [...SERVICES, ...Array.from({ length: FILLERS }, (_, i) => fillerService(i))];
       const desired = new DesiredStateModel(CONFIG).update(services, NODE_INFO);
       // What an earlier version wrote: every rule in IPVS_PREROUTING / IPVS_OUTPUT themselves.
       for (const family of ['ipv4', 'ipv6'] as const) {

@@ -18,7 +18,8 @@ import { pino } from 'pino';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { composeReconciler } from '../../src/cli/compose.js';
 import { assertIsolatedNetns, probe } from '../../testbed/node-network.js';
-import { ControllerOnStandIn, wireLbService } from '../support/controller-on-stand-in.js';
+import { ControllerOnStandIn } from '../support/controller-on-stand-in.js';
+import { wireLbService } from '../support/wire-objects.js';
 import { installWriterChain, natSave, prependWriterJumps, removeWriterObjects } from '../support/kube-proxy-jump.js';
 import { LB_V4, Scenario } from './scenario.js';
 
@@ -91,7 +92,7 @@ for (const variant of ['nft', 'legacy'] as const) {
         expect((backend.driver as IptablesDriver).jumpRepairs).to.be.at.least(1);
 
         // The change, and the kernel looked at until it holds it.
-        running.api.apply(wireLbService('svc-new', '10.96.0.11', '192.0.2.99', 8080));
+        running.api.apply(wireLbService('svc-new', '10.96.0.11', '192.0.2.99', { port: 8080 }));
         let programmed = false;
         let waiting = 0;
         for (let i = 0; i < 300 && !programmed; i++) {

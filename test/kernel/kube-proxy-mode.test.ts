@@ -6,7 +6,7 @@
 // the Node Event, and their clearing when kube-proxy is upgraded.
 
 import { expect } from 'chai';
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, rmSync, writeFileSync, renameSync } from 'node:fs';
 import http from 'node:http';
@@ -17,6 +17,8 @@ import { ApiStandIn } from '../../testbed/api-server.js';
 import { NodeNetwork, probe, sh } from '../../testbed/node-network.js';
 import { ENDPOINT, KubeProxyStandIn, type StandInMode } from '../support/kube-proxy-stand-in.js';
 import { shippedArgs } from '../../testbed/shipped-controller.js';
+import { wireLbService, wireNode } from '../support/wire-objects.js';
+import { spawnNodeProcess, standInFlags } from '../support/node-process.js';
 
 const CLUSTER_IP = '10.96.0.10';
 const LB = '192.0.2.10';
@@ -25,25 +27,13 @@ const HEALTH_PORT = 19478;
 const METRICS_PORT = 19477;
 const POLL = '300ms';
 
-const SERVICE = {
-  apiVersion: 'v1',
-  kind: 'Service',
-  metadata: { name: 'web', namespace: 'default', uid: 'uid-web' },
-  spec: {
-    type: 'LoadBalancer',
-    externalTrafficPolicy: 'Local',
-    clusterIP: CLUSTER_IP,
-    clusterIPs: [CLUSTER_IP],
-    ports: [{ name: 'http', port: PORT, protocol: 'TCP' }],
-  },
-  status: { loadBalancer: { ingress: [{ ip: LB }] } },
-};
-const NODE_OBJECT = {
-  apiVersion: 'v1',
-  kind: 'Node',
-  metadata: { name: 'node-1' },
-  spec: { podCIDR: '10.244.1.0/24', podCIDRs: ['10.244.1.0/24'] },
-};
+const SERVICE = wireLbService('web', CLUSTER_IP, LB, {
+  metadata: { uid: 'uid-web' },
+  port: PORT,
+  portName: 'http',
+  spec: { externalTrafficPolicy: 'Local' },
+});
+const NODE_OBJECT = wireNode(['10.244.1.0/24']);
 
 function get(port: number, path: string): Promise<string> {
   return new Promise((resolve) => {
@@ -133,19 +123,16 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
 
   function startController(...extra: string[]): void {
     output = '';
-    controller = spawn(
-      process.execPath,
+    controller = spawnNodeProcess(
       shippedArgs([
         '--backend=nft',
-        ...['--kubeconfig', kubeconfig, '--node-name', 'node-1', '--min-sync-period', '0', '--sync-period', '5s'],
+        ...standInFlags(kubeconfig, '5s'),
         ...[`--healthz-bind-address=127.0.0.1:${HEALTH_PORT}`, `--metrics-bind-address=127.0.0.1:${METRICS_PORT}`],
         ...[`--kube-proxy-config=${kubeProxyConfig}`, `--kube-proxy-mode-poll-interval=${POLL}`],
         ...extra,
       ]),
-      { stdio: ['ignore', 'pipe', 'pipe'] },
+      (text) => (output += text),
     );
-    controller.stdout!.on('data', (d: Buffer) => (output += d.toString()));
-    controller.stderr!.on('data', (d: Buffer) => (output += d.toString()));
   }
 
   async function stopController(): Promise<void> {
@@ -372,36 +359,36 @@ describe('kube-proxy mode on the kernel (CLI + API stand-in + kube-proxy stand-i
       const readyzSays = (steppedAside: boolean) =>
         until(`stepped aside: ${steppedAside}`, async () => (await readyz())?.kubeProxy?.steppedAside === steppedAside);
 
-      let toNft = 0;
-      let toNftDone = 0;
-      let asideAt = 0;
-      let toIpvs = 0;
-      let toIpvsDone = 0;
-      let backAt = 0;
+      /**
+       * The operator changes kube-proxy's ConfigMap, then restarts kube-proxy in `mode`: when
+       * that began, when kube-proxy was done, and when readyz said `steppedAside`.
+       */
+      const switchTo = async (mode: StandInMode, steppedAside: boolean) => {
+        const began = Date.now();
+        writeKubeProxyConfig(configured(mode));
+        await kubeProxy.switchMode(mode, 1000);
+        const done = Date.now();
+        await readyzSays(steppedAside);
+        return { began, done, followed: Date.now() };
+      };
+
+      let toNftables = { began: 0, done: 0, followed: 0 };
+      let toIpvsAgain = toNftables;
       try {
         await sleep(1000);
-        // The operator changes kube-proxy's ConfigMap, then restarts kube-proxy in the new mode.
-        toNft = Date.now();
-        writeKubeProxyConfig(configured('nftables'));
-        await kubeProxy.switchMode('nftables', 1000);
-        toNftDone = Date.now();
-        await readyzSays(true);
-        asideAt = Date.now();
+        toNftables = await switchTo('nftables', true);
         await until('our tables gone', async () => ourNftTables().length === 0);
         expect(ourIptablesChains(), 'no iptables chains of ours either').to.deep.equal([]);
         await sleep(1500);
 
-        toIpvs = Date.now();
-        writeKubeProxyConfig(configured('ipvs'));
-        await kubeProxy.switchMode('ipvs', 1000);
-        toIpvsDone = Date.now();
-        await readyzSays(false);
-        backAt = Date.now();
+        toIpvsAgain = await switchTo('ipvs', false);
         await sleep(1500);
       } finally {
         probing = false;
         await loop;
       }
+      const { began: toNft, done: toNftDone, followed: asideAt } = toNftables;
+      const { began: toIpvs, done: toIpvsDone, followed: backAt } = toIpvsAgain;
 
       // Every probe outside a switch (from its start to the controller's change) is answered right.
       const within = (p: { start: number; end: number }, from: number, to: number) => p.end >= from && p.start <= to;

@@ -16,7 +16,8 @@ import { ControllerMetrics } from '../../src/metrics/controller-metrics.js';
 import { buildDesiredState } from '../../src/model/desired-state.js';
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { assertIsolatedNetns, probe, sh } from '../../testbed/node-network.js';
-import { ControllerOnStandIn, wireLbService } from '../support/controller-on-stand-in.js';
+import { ControllerOnStandIn } from '../support/controller-on-stand-in.js';
+import { wireLbService } from '../support/wire-objects.js';
 import { eventually } from '../support/eventually.js';
 import { CONFIG, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
 

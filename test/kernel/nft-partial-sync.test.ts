@@ -7,10 +7,9 @@ import { expect } from 'chai';
 import { loadNftAddon } from '../../src/backends/nft/addon-executor.js';
 import { NftDriver } from '../../src/backends/nft/nft-driver.js';
 import { KEY_SET_NAME, MAP_NAME, NFT_FAMILY, TABLE_NAME, type KeyLookup } from '../../src/backends/nft/render.js';
-import { DesiredStateModel } from '../../src/model/desired-state.js';
 import type { DesiredState, Family, NodeInfo } from '../../src/model/types.js';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
-import { CONFIG, churnServiceMaker, churnServices, seededRandom } from '../support/fixtures.js';
+import { churnedSyncs } from '../support/fixtures.js';
 
 const NODE: NodeInfo = { name: 'n1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };
 
@@ -47,25 +46,23 @@ describe('nft partial syncs driven by the model', function () {
       const load = loadNftAddon();
       if (!load.executor) throw new Error(load.reason);
       const backend = new Reconciler(new NftDriver(load.executor, { lookup }));
-      const rnd = seededRandom(5);
-      const makeService = churnServiceMaker(rnd, { clusterV4: '10.96', clusterV6: 'fd00::', ingressV6: '2001:db8::' });
-      const model = new DesiredStateModel(CONFIG);
-      let services = Array.from({ length: 200 }, makeService);
+      const addresses = { clusterV4: '10.96', clusterV6: 'fd00::', ingressV6: '2001:db8::' };
       try {
-        let partial = 0;
-        for (let step = 0; step < 60; step++) {
-          const desired = model.update(services, NODE);
-          const result = await backend.sync(desired, { full: step === 0 });
-          if (result.mode === 'partial') partial++;
-          for (const family of ['ipv4', 'ipv6'] as const) {
-            const want = desiredElements(desired, family);
-            const keys = want.map((line) => line.split(' ').slice(0, 3).join(' ')).sort();
-            expect(await kernelElements(backend, family), `step ${step}, ${family}`).to.deep.equal(
-              lookup === 'set' ? { map: want, keys } : { map: want },
-            );
-          }
-          services = churnServices(services, step, rnd, makeService);
-        }
+        const partial = await churnedSyncs(
+          (d, o) => backend.sync(d, o),
+          NODE,
+          5,
+          addresses,
+          async (desired, step) => {
+            for (const family of ['ipv4', 'ipv6'] as const) {
+              const want = desiredElements(desired, family);
+              const keys = want.map((line) => line.split(' ').slice(0, 3).join(' ')).sort();
+              expect(await kernelElements(backend, family), `step ${step}, ${family}`).to.deep.equal(
+                lookup === 'set' ? { map: want, keys } : { map: want },
+              );
+            }
+          },
+        );
         expect(partial, `most syncs were partial (${partial})`).to.be.above(40);
       } finally {
         await backend.cleanup();

@@ -15,6 +15,7 @@ import { buildDesiredState } from '../../src/model/desired-state.js';
 import type { DesiredState, ModelConfig, ServiceInfo } from '../../src/model/types.js';
 import { sh } from '../../testbed/node-network.js';
 import { CONFIG, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
+import { fillerService } from '../support/fixtures.js';
 
 const CONNECT_LOOP = fileURLToPath(new URL('./nft-connect-loop.js', import.meta.url));
 
@@ -26,15 +27,7 @@ function addonBackend(): Reconciler {
 
 /** n LoadBalancer Services besides the scenario's, one element each. */
 function fillerServices(n: number): ServiceInfo[] {
-  return Array.from({ length: n }, (_, i) => ({
-    namespace: 'filler',
-    name: `svc-${i}`,
-    type: 'LoadBalancer',
-    creationTimestamp: '2024-02-01T00:00:00Z',
-    clusterIP: `10.97.${(i >> 8) & 255}.${i & 255}`,
-    ports: [{ port: 443, protocol: 'TCP' }],
-    ingress: [{ ip: `198.18.${(i >> 8) & 255}.${i & 255}` }],
-  }));
+  return Array.from({ length: n }, (_, i) => fillerService(i));
 }
 
 function desired(services: ServiceInfo[], config: Partial<ModelConfig> = {}): DesiredState {

@@ -36,6 +36,7 @@ import type { FamilyShape } from '../../src/driver/driver.js';
 import { canonicalAddress } from '../../src/model/ip.js';
 import type { DesiredState, Entry, Family, FamilyState } from '../../src/model/types.js';
 import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
+import { ipv6Entries } from '../support/fixtures.js';
 
 function addon(): NftablesAddon {
   const load = loadNftAddon();
@@ -53,6 +54,17 @@ function recording(real: NftablesAddon): { addon: NftablesAddon; batches: Elemen
     return result;
   };
   return { addon: { ...real, writeElements }, batches };
+}
+
+/** The transactions `executor` runs from now on, kept as it runs them. */
+function transactionsOf(executor: NftExecutor): Transaction[] {
+  const sent: Transaction[] = [];
+  const run = executor.run.bind(executor);
+  executor.run = (tx) => {
+    sent.push(tx);
+    return run(tx);
+  };
+  return sent;
 }
 
 function familyState(entries: Entry[], podCidr: string): FamilyState {
@@ -236,12 +248,7 @@ describe('nft whole writes write the difference', function () {
     const before = [ranged, ...entries(300).slice(1)];
     const after = before.map((e, i) => (i === 7 ? { ...e, clusterIp: '10.99.0.7' } : e)).slice(0, 299);
     const mapCommands = async (executor: NftExecutor, state: Entry[]) => {
-      const sent: Transaction[] = [];
-      const run = executor.run.bind(executor);
-      executor.run = (tx) => {
-        sent.push(tx);
-        return run(tx);
-      };
+      const sent = transactionsOf(executor);
       await writeWhole(new NftDriver(executor, { lookup: 'set' }), state);
       return sent.flatMap((tx) =>
         tx.operations.flatMap(({ verb, object: o }) => {
@@ -316,12 +323,7 @@ describe('nft whole writes write the difference', function () {
       const others = [...entries(5).slice(1), { ...entries(6)[5]!, sourceRanges: ['10.0.0.1/32'] }];
       const write = async (first: Entry[]) => {
         const executor = executorOf();
-        const sent: Transaction[] = [];
-        const run = executor.run.bind(executor);
-        executor.run = (tx) => {
-          sent.push(tx);
-          return run(tx);
-        };
+        const sent = transactionsOf(executor);
         await writeWhole(new NftDriver(executor, { lookup: 'set' }), [...others, ...first]);
         // The commands on the source-range objects: verb, object, and elements counted.
         return sent.flatMap((tx) =>
@@ -380,12 +382,7 @@ describe('nft whole writes write the difference', function () {
     const driver = new NftDriver(executor, { lookup: 'set' });
     const before = svc(['10.244.1.0/24', '172.16.0.0/12']);
     await writeWhole(driver, before);
-    const sent: Transaction[] = [];
-    const run = executor.run.bind(executor);
-    executor.run = (tx) => {
-      sent.push(tx);
-      return run(tx);
-    };
+    const sent = transactionsOf(executor);
     const after = svc(['10.244.1.0/24', '192.168.0.0/16']);
     await driver.apply([
       { kind: 'elements', family: 'ipv4', remove: before, add: after, rangedByService: rangedOf(after) },
@@ -427,21 +424,14 @@ describe('nft whole writes write the difference', function () {
    * `::a60:1`; beside them forms inet_ntop prints as the model does (`64:ff9b::102:304`,
    * `::ffff`, the first of two equal zero runs compressed).
    */
-  const mixedV6: Entry[] = [
+  const mixedV6: Entry[] = ipv6Entries([
     ['::102:304', 'TCP', 443, 'fd00:96::1'],
     ['::1:0', 'TCP', 443, '::a60:1'],
     ['::ffff:1', 'UDP', 53, '::a60:2'],
     ['64:ff9b::102:304', 'TCP', 80, '::ffff'],
     ['2001:db8::1:0:0:1', 'SCTP', 9000, '::c000:202'],
     ['::c000:201', 'TCP', 8443, '::c000:202'],
-  ].map(([externalIp, protocol, port, clusterIp], i) => ({
-    family: 'ipv6' as Family,
-    externalIp: externalIp as string,
-    protocol: protocol as Entry['protocol'],
-    port: port as number,
-    clusterIp: clusterIp as string,
-    service: `v6/svc-${i}`,
-  }));
+  ]);
   const v6Shape = (sourceRanged: boolean): FamilyShape => {
     const state: FamilyState = { entries: [], localPodMatch: { kind: 'cidrs', cidrs: ['fd01::/64'] } };
     if (sourceRanged) state.sourceRanged = true;
@@ -547,12 +537,7 @@ describe('nft whole writes write the difference', function () {
       const ours = new Set(ranged.map((e) => sourceChainName(e.service)));
       const write = async () => {
         const executor = executorOf();
-        const sent: Transaction[] = [];
-        const run = executor.run.bind(executor);
-        executor.run = (tx) => {
-          sent.push(tx);
-          return run(tx);
-        };
+        const sent = transactionsOf(executor);
         const driver = new NftDriver(executor, { lookup: 'set' });
         await writeWhole(driver, [], ranged);
         // The commands on the source-range objects: their elements, and the Services' chains.

@@ -10,7 +10,7 @@
 // is not being written yet: the killed controller writes nothing, and the next start takes the map
 // from N to N+2 at once. (Where the launcher is the process itself, Node.js 24, it dies whole.)
 
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -24,6 +24,8 @@ import { benchNode, benchService, NODE_NAME } from '../../bench/services.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { sh } from '../../testbed/node-network.js';
 import { LAUNCHER, shippedArgs } from '../../testbed/shipped-controller.js';
+import { waitFor as waitUntil } from '../support/eventually.js';
+import { spawnNodeProcess, standInFlags } from '../support/node-process.js';
 
 /** Enough Services that a first sync takes far longer than a stop takes to reach the child. */
 const N = 3000;
@@ -43,13 +45,7 @@ function alive(pid: number): boolean {
   }
 }
 
-async function waitFor(cond: () => boolean, what: string, ms = 60_000): Promise<void> {
-  const until = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await sleep(5);
-  }
-}
+const waitFor = (cond: () => boolean, what: string, ms = 60_000) => waitUntil(cond, what, ms, 5);
 
 describe('a start killed around its first sync (launcher + API stand-in + nft)', function () {
   this.timeout(180_000);
@@ -66,24 +62,14 @@ describe('a start killed around its first sync (launcher + API stand-in + nft)',
   function start(via: 'launcher' | 'bundle'): Run {
     const args = [
       '--backend=nft',
-      '--kubeconfig',
-      kubeconfig,
-      '--node-name',
-      NODE_NAME,
-      '--min-sync-period',
-      '0',
-      '--sync-period',
-      '60s',
+      ...standInFlags(kubeconfig, '60s', NODE_NAME),
       '--log-level',
       'debug',
       `--metrics-bind-address=127.0.0.1:${port++}`,
       `--healthz-bind-address=127.0.0.1:${port++}`,
     ];
     const argv = via === 'launcher' ? [LAUNCHER, ...args] : shippedArgs(args);
-    const child = spawn(process.execPath, argv, { stdio: ['ignore', 'pipe', 'pipe'] });
-    const run: Run = { process: child, output: '' };
-    child.stdout!.on('data', (d: Buffer) => (run.output += d.toString()));
-    child.stderr!.on('data', (d: Buffer) => (run.output += d.toString()));
+    const run: Run = { process: spawnNodeProcess(argv, (text) => (run.output += text)), output: '' };
     runs.push(run);
     return run;
   }

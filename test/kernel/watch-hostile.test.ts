@@ -3,12 +3,11 @@
 // JSON at all, a half-open watch that delivers nothing, an API server that cannot be reached.
 // The controller keeps running, keeps its rules, and programs the changes that come after.
 
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { MAP_NAME, TABLE_NAME } from '../../src/backends/nft/render.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
@@ -16,31 +15,17 @@ import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
 import { scrapeMetrics } from '../support/scrape.js';
 import { MALFORMED_WATCH_LINES } from '../support/fixtures.js';
 import { shippedArgs } from '../../testbed/shipped-controller.js';
+import { waitFor as waitUntil } from '../support/eventually.js';
+import { wireLbService, wireNode } from '../support/wire-objects.js';
+import { spawnNodeProcess, standInFlags } from '../support/node-process.js';
 
 const METRICS = '127.0.0.1:19477';
 const DECODE_ERRORS = 'ipvs_node_controller_watch_decode_errors_total';
 
-function service(name: string, ingressIp: string, clusterIp: string) {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { name, namespace: 'default' },
-    spec: {
-      type: 'LoadBalancer',
-      clusterIP: clusterIp,
-      clusterIPs: [clusterIp],
-      ports: [{ name: 'http', port: 80, protocol: 'TCP' }],
-    },
-    status: { loadBalancer: { ingress: [{ ip: ingressIp }] } },
-  };
-}
+const service = (name: string, ingressIp: string, clusterIp: string) =>
+  wireLbService(name, clusterIp, ingressIp, { portName: 'http' });
 
-const NODE_OBJECT = {
-  apiVersion: 'v1',
-  kind: 'Node',
-  metadata: { name: 'node-1' },
-  spec: { podCIDR: '10.244.1.0/24', podCIDRs: ['10.244.1.0/24'] },
-};
+const NODE_OBJECT = wireNode(['10.244.1.0/24']);
 
 type Listed = {
   nftables: Array<{ map?: { name: string; elem?: Array<[{ elem: { val: { concat: unknown[] } } }, string]> } }>;
@@ -66,13 +51,7 @@ function expectedMap(api: ApiStandIn): string[] {
     .sort();
 }
 
-async function waitFor(cond: () => boolean | Promise<boolean>, what: string, ms = 30_000): Promise<void> {
-  const until = Date.now() + ms;
-  while (!(await cond())) {
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await sleep(50);
-  }
-}
+const waitFor = (cond: () => boolean | Promise<boolean>, what: string, ms = 30_000) => waitUntil(cond, what, ms, 50);
 
 describe('controller against hostile and silent watch streams (CLI + API stand-in + nft)', function () {
   this.timeout(120_000);
@@ -82,29 +61,20 @@ describe('controller against hostile and silent watch streams (CLI + API stand-i
   let controller: ChildProcess | undefined;
   let output = '';
 
-  function startController(extra: string[] = []): ChildProcess {
+  /** The shipped controller with `args`; what it prints goes to `output`. */
+  function spawnController(args: string[]): ChildProcess {
     output = '';
-    const child = spawn(
-      process.execPath,
-      shippedArgs([
-        '--backend=nft',
-        '--kubeconfig',
-        kubeconfig,
-        '--node-name',
-        'node-1',
-        '--min-sync-period',
-        '0',
-        '--sync-period',
-        '2s',
-        `--metrics-bind-address=${METRICS}`,
-        '--healthz-bind-address=',
-        ...extra,
-      ]),
-      { stdio: ['ignore', 'pipe', 'pipe'] },
-    );
-    child.stdout!.on('data', (d: Buffer) => (output += d.toString()));
-    child.stderr!.on('data', (d: Buffer) => (output += d.toString()));
-    return child;
+    return spawnNodeProcess(shippedArgs(args), (text) => (output += text));
+  }
+
+  function startController(extra: string[] = []): ChildProcess {
+    return spawnController([
+      '--backend=nft',
+      ...standInFlags(kubeconfig, '2s'),
+      `--metrics-bind-address=${METRICS}`,
+      '--healthz-bind-address=',
+      ...extra,
+    ]);
   }
 
   async function stopController(): Promise<void> {
@@ -205,22 +175,15 @@ describe('controller against hostile and silent watch streams (CLI + API stand-i
 
   it('keeps retrying an API server it cannot reach, without endpoints to hold the process up', async () => {
     await api.stop(); // its port now refuses connections
-    controller = spawn(
-      process.execPath,
-      shippedArgs([
-        '--backend=nft',
-        '--kubeconfig',
-        kubeconfig,
-        '--node-name',
-        'node-1',
-        '--metrics-bind-address=',
-        '--healthz-bind-address=',
-      ]),
-      { stdio: ['ignore', 'pipe', 'pipe'] },
-    );
-    output = '';
-    controller.stdout!.on('data', (d: Buffer) => (output += d.toString()));
-    controller.stderr!.on('data', (d: Buffer) => (output += d.toString()));
+    controller = spawnController([
+      '--backend=nft',
+      '--kubeconfig',
+      kubeconfig,
+      '--node-name',
+      'node-1',
+      '--metrics-bind-address=',
+      '--healthz-bind-address=',
+    ]);
     await waitFor(
       () =>
         (output.match(/"resource":"services".*"msg":"Failed to list and watch, keeping the last rules"/g) ?? [])

@@ -11,20 +11,10 @@ import { Controller, type ControllerOptions } from '../../src/controller/control
 import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { CONFIG } from './fixtures.js';
+import { wireNode } from './wire-objects.js';
 
 const NODE_NAME = 'node-1';
 const POD_CIDR = '10.244.1.0/24';
-
-/** A LoadBalancer Service in `default` as the API serves it: one TCP port, one ingress IP. */
-export function wireLbService(name: string, clusterIp: string, ingress: string, port = 80): Record<string, unknown> {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { name, namespace: 'default' },
-    spec: { type: 'LoadBalancer', clusterIP: clusterIp, clusterIPs: [clusterIp], ports: [{ port, protocol: 'TCP' }] },
-    status: { loadBalancer: { ingress: [{ ip: ingress }] } },
-  };
-}
 
 export class ControllerOnStandIn {
   private constructor(
@@ -48,12 +38,7 @@ export class ControllerOnStandIn {
     let controller: Controller | undefined;
     try {
       await api.writeKubeconfig(join(dir, 'kubeconfig'));
-      api.apply({
-        apiVersion: 'v1',
-        kind: 'Node',
-        metadata: { name: NODE_NAME },
-        spec: { podCIDR: POD_CIDR, podCIDRs: [POD_CIDR] },
-      });
+      api.apply(wireNode([POD_CIDR], { name: NODE_NAME }));
       for (const service of services) api.apply(service);
       controller = new Controller({
         caches: createClusterCaches(loadKubeConfig(join(dir, 'kubeconfig')), NODE_NAME),

@@ -24,3 +24,20 @@ export async function eventually<T>(
     await new Promise((r) => setTimeout(r, everyMs));
   }
 }
+
+/**
+ * Polls `cond` every `everyMs` until it holds; past `limitMs` the wait fails with "timed out
+ * waiting for `what`". Unlike eventually(), a condition that throws fails the wait at once.
+ */
+export async function waitFor(
+  cond: () => boolean | Promise<boolean>,
+  what: string,
+  limitMs = 30_000,
+  everyMs = 10,
+): Promise<void> {
+  const deadline = Date.now() + limitMs;
+  while (!(await cond())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+}

@@ -2,7 +2,8 @@
 // seeded random generator.
 
 import { writeFileSync } from 'node:fs';
-import type { ModelConfig, ServiceInfo } from '../../src/model/types.js';
+import { DesiredStateModel } from '../../src/model/desired-state.js';
+import type { DesiredState, Entry, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 
 /** kube-proxy's defaults: local pods by the node's podCIDRs, masquerade bit 14, every Service. */
 export const CONFIG: Readonly<ModelConfig> = Object.freeze({
@@ -23,6 +24,51 @@ export function lbService(i: number, over: Partial<ServiceInfo> = {}): ServiceIn
     ports: [{ port: 80, protocol: 'TCP' }],
     ingress: [{ ip: `192.0.2.${i}` }],
     ...over,
+  };
+}
+
+/** The IPv4 entry of default/web: 192.0.2.10 TCP port 80 to the ClusterIP 10.96.0.10; `over` replaces fields. */
+export function webEntry(over: Partial<Entry> = {}): Entry {
+  return {
+    family: 'ipv4',
+    externalIp: '192.0.2.10',
+    protocol: 'TCP',
+    port: 80,
+    clusterIp: '10.96.0.10',
+    service: 'default/web',
+    ...over,
+  };
+}
+
+/** IPv6 entries, one a row of [externalIp, protocol, port, clusterIp, sourceRanges]: row i of Service v6/svc-i. */
+export function ipv6Entries(
+  rows: ReadonlyArray<readonly [string, Entry['protocol'], number, string, (readonly string[] | undefined)?]>,
+): Entry[] {
+  return rows.map(([externalIp, protocol, port, clusterIp, sourceRanges], i) => ({
+    family: 'ipv6',
+    externalIp,
+    protocol,
+    port,
+    clusterIp,
+    service: `v6/svc-${i}`,
+    ...(sourceRanges ? { sourceRanges } : {}),
+  }));
+}
+
+/**
+ * Filler Service number `i` (0 to 65,535) beside a test's own: filler/svc-i, ClusterIP
+ * 10.97.x.y of `i + clusterShift`, LoadBalancer IP 198.18.x.y of `i`, TCP port 443.
+ */
+export function fillerService(i: number, clusterShift = 0): ServiceInfo {
+  const c = i + clusterShift;
+  return {
+    namespace: 'filler',
+    name: `svc-${i}`,
+    type: 'LoadBalancer',
+    creationTimestamp: '2024-02-01T00:00:00Z',
+    clusterIP: `10.97.${(c >> 8) & 255}.${c & 255}`,
+    ports: [{ port: 443, protocol: 'TCP' }],
+    ingress: [{ ip: `198.18.${(i >> 8) & 255}.${i & 255}` }],
   };
 }
 
@@ -94,6 +140,33 @@ export function churnServices<T extends object>(
   }
   if (step % 20 === 19) out.reverse();
   return out;
+}
+
+/**
+ * 60 syncs through random churn (churnServices) of 200 Services (churnServiceMaker with
+ * `addresses`) from `seed`, the model's state on `node` each time, the first sync full:
+ * `check` after each. Returns how many of the syncs were partial.
+ */
+export async function churnedSyncs(
+  sync: (desired: DesiredState, options: { full: boolean }) => Promise<{ mode: string }>,
+  node: NodeInfo,
+  seed: number,
+  addresses: Parameters<typeof churnServiceMaker>[1],
+  check: (desired: DesiredState, step: number) => Promise<void>,
+): Promise<number> {
+  const rnd = seededRandom(seed);
+  const makeService = churnServiceMaker(rnd, addresses);
+  const model = new DesiredStateModel(CONFIG);
+  let services = Array.from({ length: 200 }, makeService);
+  let partial = 0;
+  for (let step = 0; step < 60; step++) {
+    const desired = model.update(services, node);
+    const result = await sync(desired, { full: step === 0 });
+    if (result.mode === 'partial') partial++;
+    await check(desired, step);
+    services = churnServices(services, step, rnd, makeService);
+  }
+  return partial;
 }
 
 export const MALFORMED_WATCH_LINES: readonly string[] = [

@@ -2,7 +2,7 @@
 // stand-in of an address the controller reads, such as kube-proxy's metrics address.
 
 import * as http from 'node:http';
-import type * as net from 'node:net';
+import * as net from 'node:net';
 import { once } from 'node:events';
 import type { BindAddress } from '../../src/http/endpoint.js';
 
@@ -26,4 +26,14 @@ export class LocalHttpServer {
     this.server.closeAllConnections();
     await new Promise((r) => this.server.close(r));
   }
+}
+
+/** A port of 127.0.0.1 that nothing listens on (one the system gave, then closed): a connection is refused. */
+export async function closedLoopbackPort(): Promise<number> {
+  const server = net.createServer();
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const port = (server.address() as net.AddressInfo).port;
+  await new Promise((r) => server.close(r));
+  return port;
 }

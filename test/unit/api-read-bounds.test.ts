@@ -5,7 +5,6 @@
 // server for bodies the stand-in never sends (endless, or announced too long).
 
 import type { ServerResponse } from 'node:http';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { KubeConfig } from '@kubernetes/client-node';
 import { expect } from 'chai';
 import {
@@ -22,6 +21,7 @@ import { MAX_WATCH_LINE_BYTES } from '../../src/kube/watch.js';
 import type { ServiceInfo } from '../../src/model/types.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { makeTlsFixture, RawApiServer, type TlsFixture } from '../support/raw-api.js';
+import { waitFor } from '../support/eventually.js';
 
 /** A Service whose annotation makes its JSON about `bytes` long. */
 function service(name: string, ip: string, bytes = 0) {
@@ -32,14 +32,6 @@ function service(name: string, ip: string, bytes = 0) {
     spec: { type: 'LoadBalancer', clusterIP: '10.96.0.10', ports: [{ protocol: 'TCP', port: 80 }] },
     status: { loadBalancer: { ingress: [{ ip }] } },
   };
-}
-
-async function waitFor(cond: () => boolean, what: string, ms = 30_000): Promise<void> {
-  const until = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await sleep(10);
-  }
 }
 
 describe('bounded reads from the API server', function () {

@@ -21,6 +21,7 @@ import {
 import { expect } from 'chai';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { rejectionOf } from '../support/assertions.js';
+import { waitFor as waitUntil } from '../support/eventually.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const repoRoot = join(here, '..', '..', '..');
@@ -93,13 +94,7 @@ function raw(
 }
 
 /** Polls until cond holds; the bound only keeps a broken run from hanging. */
-async function waitFor(cond: () => boolean, what: string, limitMs = 10_000): Promise<void> {
-  const deadline = Date.now() + limitMs;
-  while (!cond()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
+const waitFor = (cond: () => boolean, what: string, ms = 10_000) => waitUntil(cond, what, ms);
 
 interface WatchRecording {
   events: Array<{ type: string; object: Json }>;
@@ -642,19 +637,30 @@ describe('Kubernetes API stand-in', function () {
   });
 
   describe('with the client-node informer', () => {
-    it('a Service informer sees adds, updates and deletes', async () => {
-      server.apply(service('default', 'pre', { clusterIP: '10.96.0.50' }));
+    type ServiceInformer = ReturnType<typeof makeInformer<V1Service>>;
+    /** A Service informer on the server, `listen` given it before its start; stopped after the test. */
+    async function startServiceInformer(
+      listen: (informer: ServiceInformer) => void,
+    ): Promise<{ informer: ServiceInformer; core: CoreV1Api }> {
       const { kc, core } = clientFor(server);
       const informer = makeInformer<V1Service>(kc, '/api/v1/services', () => core.listServiceForAllNamespaces());
-      const seen: string[] = [];
-      informer.on('add', (s) => seen.push(`add ${s.metadata!.namespace}/${s.metadata!.name} ${s.spec!.clusterIP}`));
-      informer.on('update', (s) =>
-        seen.push(`update ${s.metadata!.namespace}/${s.metadata!.name} ${s.spec!.clusterIP}`),
-      );
-      informer.on('delete', (s) => seen.push(`delete ${s.metadata!.namespace}/${s.metadata!.name}`));
-      informer.on('error', (err) => seen.push(`error ${String(err)}`));
+      listen(informer);
       await informer.start();
       stopAfter.push(() => informer.stop());
+      return { informer, core };
+    }
+
+    it('a Service informer sees adds, updates and deletes', async () => {
+      server.apply(service('default', 'pre', { clusterIP: '10.96.0.50' }));
+      const seen: string[] = [];
+      const { informer } = await startServiceInformer((informer) => {
+        informer.on('add', (s) => seen.push(`add ${s.metadata!.namespace}/${s.metadata!.name} ${s.spec!.clusterIP}`));
+        informer.on('update', (s) =>
+          seen.push(`update ${s.metadata!.namespace}/${s.metadata!.name} ${s.spec!.clusterIP}`),
+        );
+        informer.on('delete', (s) => seen.push(`delete ${s.metadata!.namespace}/${s.metadata!.name}`));
+        informer.on('error', (err) => seen.push(`error ${String(err)}`));
+      });
       await waitFor(() => seen.length === 1, 'the listed Service');
 
       server.apply(service('shop', 'web', { clusterIP: '10.96.0.60' }));
@@ -705,14 +711,12 @@ describe('Kubernetes API stand-in', function () {
 
     it('emits an error when the server becomes unavailable, and a restart resumes without a relist', async () => {
       server.apply(service('default', 'a'));
-      const { kc, core } = clientFor(server);
-      const informer = makeInformer<V1Service>(kc, '/api/v1/services', () => core.listServiceForAllNamespaces());
       const errors: unknown[] = [];
       const seen: string[] = [];
-      informer.on('error', (err) => errors.push(err));
-      informer.on('add', (s) => seen.push(`add ${s.metadata!.name}`));
-      await informer.start();
-      stopAfter.push(() => informer.stop());
+      const { informer, core } = await startServiceInformer((informer) => {
+        informer.on('error', (err) => errors.push(err));
+        informer.on('add', (s) => seen.push(`add ${s.metadata!.name}`));
+      });
       await waitFor(() => seen.length === 1, 'the listed Service');
 
       server.setUnavailable(true);
@@ -733,16 +737,14 @@ describe('Kubernetes API stand-in', function () {
     it('relists and converges when restarted after the history expired (410 Gone)', async () => {
       server.apply(service('default', 'a'));
       server.apply(service('default', 'b'));
-      const { kc, core } = clientFor(server);
-      const informer = makeInformer<V1Service>(kc, '/api/v1/services', () => core.listServiceForAllNamespaces());
       const errors: unknown[] = [];
       const seen: string[] = [];
-      informer.on('error', (err) => errors.push(err));
-      informer.on('add', (s) => seen.push(`add ${s.metadata!.name}`));
-      informer.on('update', (s) => seen.push(`update ${s.metadata!.name} ${s.spec!.clusterIP}`));
-      informer.on('delete', (s) => seen.push(`delete ${s.metadata!.name}`));
-      await informer.start();
-      stopAfter.push(() => informer.stop());
+      const { informer } = await startServiceInformer((informer) => {
+        informer.on('error', (err) => errors.push(err));
+        informer.on('add', (s) => seen.push(`add ${s.metadata!.name}`));
+        informer.on('update', (s) => seen.push(`update ${s.metadata!.name} ${s.spec!.clusterIP}`));
+        informer.on('delete', (s) => seen.push(`delete ${s.metadata!.name}`));
+      });
       await waitFor(() => seen.length === 2, 'the listed Services');
 
       // Cut the watch, change things while the informer is away, and lose the history.

@@ -9,6 +9,7 @@ import { judgePaths } from '../../src/cli/check/paths.js';
 import type { Entry } from '../../src/model/types.js';
 import { parseConntrackLine, type PathTry, type tryPath } from '../../src/probe/path-probe.js';
 import { UsageError } from '../../src/config/flag-values.js';
+import { webEntry } from '../support/fixtures.js';
 
 describe('check: conntrack entries', () => {
   it('reads both tuples of a translated TCP entry, [UNREPLIED] and the state', () => {
@@ -48,14 +49,7 @@ describe('check: conntrack entries', () => {
 });
 
 describe('check: an answered path whose entry is gone when read', () => {
-  const entry: Entry = {
-    family: 'ipv4',
-    externalIp: '192.0.2.10',
-    protocol: 'TCP',
-    port: 80,
-    clusterIp: '10.96.0.10',
-    service: 'default/svc-a',
-  };
+  const entry: Entry = webEntry({ service: 'default/svc-a' });
   const view = {
     original: { src: '10.96.0.10', dst: '10.96.0.10', sport: 40000, dport: 80 },
     reply: { src: '10.244.2.5', dst: '172.18.0.1', sport: 8080, dport: 40000 },

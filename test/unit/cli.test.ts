@@ -32,6 +32,19 @@ function outsideCluster(home: string): NodeJS.ProcessEnv {
   return env;
 }
 
+/** Two Nodes of a --from-file list: a (pod CIDR 10.1.0.0/24) and b (10.2.0.0/24). */
+const TWO_NODES = [
+  { kind: 'Node', metadata: { name: 'a' }, spec: { podCIDRs: ['10.1.0.0/24'] } },
+  { kind: 'Node', metadata: { name: 'b' }, spec: { podCIDRs: ['10.2.0.0/24'] } },
+];
+/** shop/web of a --from-file list: 203.0.113.5, TCP port 443, to the ClusterIP 10.96.0.1. */
+const SHOP_WEB = {
+  kind: 'Service',
+  metadata: { name: 'web', namespace: 'shop' },
+  spec: { type: 'LoadBalancer', clusterIP: '10.96.0.1', ports: [{ port: 443 }] },
+  status: { loadBalancer: { ingress: [{ ip: '203.0.113.5' }] } },
+};
+
 /** A loopback port held by the test: a controller that binds it first fails differently. */
 async function heldPort(): Promise<{ port: number; close: () => void }> {
   const server = net.createServer();
@@ -74,16 +87,7 @@ describe('command line', function () {
     const list = {
       apiVersion: 'v1',
       kind: 'List',
-      items: [
-        { kind: 'Node', metadata: { name: 'a' }, spec: { podCIDRs: ['10.1.0.0/24'] } },
-        { kind: 'Node', metadata: { name: 'b' }, spec: { podCIDRs: ['10.2.0.0/24'] } },
-        {
-          kind: 'Service',
-          metadata: { name: 'web', namespace: 'shop' },
-          spec: { type: 'LoadBalancer', clusterIP: '10.96.0.1', ports: [{ port: 443 }] },
-          status: { loadBalancer: { ingress: [{ ip: '203.0.113.5' }] } },
-        },
-      ],
+      items: [...TWO_NODES, SHOP_WEB],
     };
     const r = await cli(['--dry-run', '--from-file', '-', '--node-name', 'b'], JSON.stringify(list));
     expect(r.exitCode, r.stderr).to.equal(0);
@@ -329,13 +333,7 @@ describe('command line', function () {
   });
 
   it("--node-name that is not in --from-file: one line and exit 1, never another node's pod CIDRs", async () => {
-    const list = {
-      kind: 'List',
-      items: [
-        { kind: 'Node', metadata: { name: 'a' }, spec: { podCIDRs: ['10.1.0.0/24'] } },
-        { kind: 'Node', metadata: { name: 'b' }, spec: { podCIDRs: ['10.2.0.0/24'] } },
-      ],
-    };
+    const list = { kind: 'List', items: TWO_NODES };
     const r = await cli(['--dry-run', '--from-file', '-', '--node-name', 'nosuch'], JSON.stringify(list));
     expect(r.exitCode).to.equal(1);
     expect(r.stderr).to.equal('ipvs-node-controller: --node-name nosuch: no such Node in --from-file (it has a, b)');
@@ -351,13 +349,7 @@ describe('command line', function () {
   });
 
   it('without --node-name, a file of several Nodes none of which is this host is an error', async () => {
-    const list = {
-      kind: 'List',
-      items: [
-        { kind: 'Node', metadata: { name: 'a' }, spec: { podCIDRs: ['10.1.0.0/24'] } },
-        { kind: 'Node', metadata: { name: 'b' }, spec: { podCIDRs: ['10.2.0.0/24'] } },
-      ],
-    };
+    const list = { kind: 'List', items: TWO_NODES };
     const env: NodeJS.ProcessEnv = { ...process.env };
     delete env.NODE_NAME;
     const r = await cli(['--dry-run', '--from-file', '-'], JSON.stringify(list), env);
@@ -370,15 +362,7 @@ describe('command line', function () {
     this.timeout(180_000);
     const list = {
       kind: 'List',
-      items: [
-        { kind: 'Node', metadata: { name: 'worker-1' }, spec: { podCIDRs: ['10.2.0.0/24'] } },
-        {
-          kind: 'Service',
-          metadata: { name: 'web', namespace: 'shop' },
-          spec: { type: 'LoadBalancer', clusterIP: '10.96.0.1', ports: [{ port: 443 }] },
-          status: { loadBalancer: { ingress: [{ ip: '203.0.113.5' }] } },
-        },
-      ],
+      items: [{ kind: 'Node', metadata: { name: 'worker-1' }, spec: { podCIDRs: ['10.2.0.0/24'] } }, SHOP_WEB],
     };
     const r = await execa(
       'npx',

@@ -77,6 +77,29 @@ describe('conntrack clean-up in process', () => {
     }
   };
 
+  /**
+   * Cleans port 53, a tenant's 1,000 flows, and 54, another Service's 3, through boundedNetlink
+   * with `share`, in `netlinkRounds` calls (the cleaner's default when not given). `logged`: the
+   * log lines that report a truncation.
+   */
+  async function cleanTenantFlows(share: number, netlinkRounds?: number) {
+    const entries = new Map([
+      [53, 1000],
+      [54, 3],
+    ]);
+    const { netlink, calls } = boundedNetlink(entries, share);
+    const lines: string[] = [];
+    const cleaner = new ConntrackCleaner({
+      logger: linesLogger(lines, 'debug'),
+      netlink,
+      command,
+      ...(netlinkRounds === undefined ? {} : { netlinkRounds }),
+    });
+    const report = await cleaner.clean([tuple('192.0.2.1', 53), tuple('192.0.2.1', 54)]);
+    const logged = lines.filter((l) => l.includes('more than their share of one in-process deletion'));
+    return { entries, calls, report, logged };
+  }
+
   it('hands each family its tuples in one call, and runs no command', async () => {
     const { netlink, calls } = recordingNetlink();
     const lines: string[] = [];
@@ -108,39 +131,22 @@ describe('conntrack clean-up in process', () => {
   });
 
   it('completes a truncated tuple with further calls of it alone, and counts and logs it once', async () => {
-    // Port 53: a tenant's 1,000 flows; 54: another Service's 3.
-    const entries = new Map([
-      [53, 1000],
-      [54, 3],
-    ]);
-    const { netlink, calls } = boundedNetlink(entries, 400);
-    const lines: string[] = [];
-    const cleaner = new ConntrackCleaner({ logger: linesLogger(lines, 'debug'), netlink, command });
-    const report = await cleaner.clean([tuple('192.0.2.1', 53), tuple('192.0.2.1', 54)]);
+    const { entries, calls, report, logged } = await cleanTenantFlows(400);
     expect(calls).to.deep.equal([[53, 54], [53], [53]]);
     expect(report).to.deep.include({ tuples: 2, deleted: 1003, failures: 0, truncated: { ipv4: 1 } });
     expect([...entries.values()]).to.deep.equal([0, 0]);
     expect(commandCalls()).to.deep.equal([]);
-    const logged = lines.filter((l) => l.includes('more than their share of one in-process deletion'));
     expect(logged).to.have.length(1);
     expect(logged[0]).to.include('udp 192.0.2.1:53 (1000 entries)').and.not.include(':54');
     expect(logged[0]).to.include('"byCommand":0');
   });
 
   it('gives what a truncated tuple has left after the rounds to the command', async () => {
-    const entries = new Map([
-      [53, 1000],
-      [54, 3],
-    ]);
-    const { netlink, calls } = boundedNetlink(entries, 100);
-    const lines: string[] = [];
-    const cleaner = new ConntrackCleaner({ logger: linesLogger(lines, 'debug'), netlink, command, netlinkRounds: 2 });
-    const report = await cleaner.clean([tuple('192.0.2.1', 53), tuple('192.0.2.1', 54)]);
+    const { calls, report, logged } = await cleanTenantFlows(100, 2);
     expect(calls).to.deep.equal([[53, 54], [53]]);
     // 103 + 100 in process, then the command (which says it deleted 1).
     expect(report).to.deep.include({ deleted: 204, failures: 0, truncated: { ipv4: 1 } });
     expect(commandCalls()).to.deep.equal(['-D -f ipv4 -p udp --orig-dst 192.0.2.1 --dport 53']);
-    const logged = lines.filter((l) => l.includes('more than their share of one in-process deletion'));
     expect(logged).to.have.length(1);
     expect(logged[0]).to.include('"byCommand":1');
   });

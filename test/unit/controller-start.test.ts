@@ -20,16 +20,12 @@ import { createClusterCaches, loadKubeConfig } from '../../src/kube/cluster.js';
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { ApiStandIn, type ApiStandInOptions } from '../../testbed/api-server.js';
 import { FakeDriver } from '../doubles/fake-driver.js';
-import { wireLbService } from '../support/controller-on-stand-in.js';
+import { wireLbService, wireNode } from '../support/wire-objects.js';
 import { CONFIG } from '../support/fixtures.js';
+import { waitFor as waitUntil } from '../support/eventually.js';
 
 const NODE_NAME = 'node-1';
-const NODE = {
-  apiVersion: 'v1',
-  kind: 'Node',
-  metadata: { name: NODE_NAME },
-  spec: { podCIDR: '10.244.1.0/24', podCIDRs: ['10.244.1.0/24'] },
-};
+const NODE = wireNode(['10.244.1.0/24'], { name: NODE_NAME });
 /** More than a list page (PAGE_SIZE, 500), within the fake driver's capacity (1,000 entries). */
 const N = 600;
 
@@ -48,13 +44,7 @@ function written(operations: readonly DriverOperation[]): Record<string, string[
   return out;
 }
 
-async function waitFor(cond: () => boolean, what: string, ms = 20_000): Promise<void> {
-  const until = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await sleep(5);
-  }
-}
+const waitFor = (cond: () => boolean, what: string, ms = 20_000) => waitUntil(cond, what, ms, 5);
 
 describe('what a start writes (controller on the API stand-in, fake driver)', function () {
   this.timeout(60_000);

@@ -31,6 +31,30 @@ async function kustomize(dir: string): Promise<Json[]> {
   return YAML.parseAllDocuments(stdout).map((d) => d.toJSON() as Json);
 }
 
+/**
+ * An overlay of a user's own, outside the repository, as the components' comments show:
+ * overlays/`overlay` with components/`component`, rendered, every object schema-valid.
+ */
+async function kustomizeWithComponent(overlay: string, component: string): Promise<Json[]> {
+  const dir = await mkdtemp(join(tmpdir(), `overlay-${component}-`));
+  try {
+    await writeFile(
+      join(dir, 'kustomization.yaml'),
+      YAML.stringify({
+        apiVersion: 'kustomize.config.k8s.io/v1beta1',
+        kind: 'Kustomization',
+        resources: [relative(dir, join(deploy, 'overlays', overlay))],
+        components: [relative(dir, join(deploy, 'components', component))],
+      }),
+    );
+    const objects = await kustomize(dir);
+    validateSchemas(objects);
+    return objects;
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
 const MODELS: Record<string, new (data: any) => { validate(): void }> = {
   'v1/ServiceAccount': ServiceAccount,
   'v1/Service': Service,
@@ -278,54 +302,23 @@ describe('deploy/ manifests (kubectl kustomize)', function () {
   });
 
   it('components/apparmor-unconfined runs the container without an AppArmor profile, and changes nothing else', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'overlay-apparmor-'));
-    try {
-      await writeFile(
-        join(dir, 'kustomization.yaml'),
-        YAML.stringify({
-          apiVersion: 'kustomize.config.k8s.io/v1beta1',
-          kind: 'Kustomization',
-          resources: [relative(dir, join(deploy, 'overlays', 'ebpf'))],
-          components: [relative(dir, join(deploy, 'components', 'apparmor-unconfined'))],
-        }),
-      );
-      const objects = await kustomize(dir);
-      validateSchemas(objects);
-      const sc = container(only(objects, 'DaemonSet')).securityContext;
-      expect(sc.appArmorProfile).to.deep.equal({ type: 'Unconfined' });
-      delete sc.appArmorProfile;
-      expect(sc).to.deep.equal(container(only(rendered.get('ebpf')!, 'DaemonSet')).securityContext);
-    } finally {
-      await rm(dir, { recursive: true, force: true });
-    }
+    const objects = await kustomizeWithComponent('ebpf', 'apparmor-unconfined');
+    const sc = container(only(objects, 'DaemonSet')).securityContext;
+    expect(sc.appArmorProfile).to.deep.equal({ type: 'Unconfined' });
+    delete sc.appArmorProfile;
+    expect(sc).to.deep.equal(container(only(rendered.get('ebpf')!, 'DaemonSet')).securityContext);
   });
 
   it('components/emit-events turns on --emit-events with create on events, and nothing more', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'overlay-events-'));
-    try {
-      // An overlay of a user's own, outside the repository, as the component's comment shows.
-      await writeFile(
-        join(dir, 'kustomization.yaml'),
-        YAML.stringify({
-          apiVersion: 'kustomize.config.k8s.io/v1beta1',
-          kind: 'Kustomization',
-          resources: [relative(dir, join(deploy, 'overlays', 'nft'))],
-          components: [relative(dir, join(deploy, 'components', 'emit-events'))],
-        }),
-      );
-      const objects = await kustomize(dir);
-      validateSchemas(objects);
-      expect(configOf(only(objects, 'DaemonSet')).emitEvents).to.equal(true);
-      const role = only(objects, 'ClusterRole', 'ipvs-node-controller-events');
-      expect(role.rules).to.deep.equal([{ apiGroups: [''], resources: ['events'], verbs: ['create'] }]);
-      const binding = only(objects, 'ClusterRoleBinding', 'ipvs-node-controller-events');
-      expect(binding.roleRef.name).to.equal(role.metadata.name);
-      expect(binding.subjects).to.deep.equal([
-        { kind: 'ServiceAccount', name: 'ipvs-node-controller', namespace: 'kube-system' },
-      ]);
-    } finally {
-      await rm(dir, { recursive: true, force: true });
-    }
+    const objects = await kustomizeWithComponent('nft', 'emit-events');
+    expect(configOf(only(objects, 'DaemonSet')).emitEvents).to.equal(true);
+    const role = only(objects, 'ClusterRole', 'ipvs-node-controller-events');
+    expect(role.rules).to.deep.equal([{ apiGroups: [''], resources: ['events'], verbs: ['create'] }]);
+    const binding = only(objects, 'ClusterRoleBinding', 'ipvs-node-controller-events');
+    expect(binding.roleRef.name).to.equal(role.metadata.name);
+    expect(binding.subjects).to.deep.equal([
+      { kind: 'ServiceAccount', name: 'ipvs-node-controller', namespace: 'kube-system' },
+    ]);
   });
 
   it('monitoring: the PodMonitor and the ServiceMonitor example select the pods and their metrics port', async () => {

@@ -17,6 +17,7 @@ import {
 } from '../../src/backends/ebpf/map-codec.js';
 import { diffByKey } from '../../src/model/entry-diff.js';
 import { entryKey, type Entry } from '../../src/model/types.js';
+import { webEntry } from '../support/fixtures.js';
 
 /** The map element an entry becomes. */
 function toMapEntry(e: Entry): MapEntry {
@@ -46,15 +47,7 @@ function mapChanges(current: Iterable<MapEntry>, desired: readonly Entry[]): Map
 }
 
 function entry(over: Partial<Entry> = {}): Entry {
-  return {
-    family: 'ipv4',
-    externalIp: '192.0.2.10',
-    protocol: 'TCP',
-    port: 443,
-    clusterIp: '10.96.0.10',
-    service: 'default/web',
-    ...over,
-  };
+  return webEntry({ port: 443, ...over });
 }
 
 const V6: Entry = entry({

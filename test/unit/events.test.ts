@@ -23,34 +23,19 @@ import { SKIP_REASONS, type DesiredState, type ServiceInfo } from '../../src/mod
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { CONFIG } from '../support/fixtures.js';
 import { linesLogger } from '../support/log-lines.js';
+import { wireLbService } from '../support/wire-objects.js';
 
 const run = promisify(execFile);
 
 const SERVICES = [
-  {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: 'shop', name: 'web', creationTimestamp: '2024-01-01T00:00:00Z' },
-    spec: {
-      type: 'LoadBalancer',
-      clusterIP: '10.96.0.10',
-      clusterIPs: ['10.96.0.10'],
-      ports: [{ port: 80, protocol: 'TCP' }],
-    },
-    status: { loadBalancer: { ingress: [{ ip: '192.0.2.10' }, { ip: '192.0.2.20', ipMode: 'Proxy' }] } },
-  },
-  {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: 'shop', name: 'late', creationTimestamp: '2024-02-01T00:00:00Z' },
-    spec: {
-      type: 'LoadBalancer',
-      clusterIP: '10.96.0.11',
-      clusterIPs: ['10.96.0.11'],
-      ports: [{ port: 80, protocol: 'TCP' }],
-    },
-    status: { loadBalancer: { ingress: [{ ip: '192.0.2.10' }] } },
-  },
+  wireLbService('web', '10.96.0.10', [{ ip: '192.0.2.10' }, { ip: '192.0.2.20', ipMode: 'Proxy' }], {
+    namespace: 'shop',
+    metadata: { creationTimestamp: '2024-01-01T00:00:00Z' },
+  }),
+  wireLbService('late', '10.96.0.11', '192.0.2.10', {
+    namespace: 'shop',
+    metadata: { creationTimestamp: '2024-02-01T00:00:00Z' },
+  }),
   {
     apiVersion: 'v1',
     kind: 'Service',

@@ -10,6 +10,7 @@ import type { HttpEndpoint } from '../../src/http/endpoint.js';
 import { createClusterCaches, type ClusterCaches } from '../../src/kube/cluster.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { httpGet } from '../support/scrape.js';
+import { waitFor as waitUntil } from '../support/eventually.js';
 
 const PERIOD = 30_000;
 const T0 = 1_700_000_000_000;
@@ -208,13 +209,7 @@ describe('API reachability as the informers report it', function () {
     await server.stop();
   });
 
-  async function waitFor(cond: () => boolean, what: string): Promise<void> {
-    const deadline = Date.now() + 15_000;
-    while (!cond()) {
-      if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-      await new Promise((r) => setTimeout(r, 20));
-    }
-  }
+  const waitFor = (cond: () => boolean, what: string) => waitUntil(cond, what, 15_000, 20);
 
   it('marks the outage from its first error through the retries, and clears it when a watch is re-established', async () => {
     const kc = new KubeConfig();

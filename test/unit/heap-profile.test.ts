@@ -27,7 +27,14 @@ interface TestNode {
   type: string;
   name: string;
   size: number;
-  edges?: Array<[type: string, nameOrIndex: string | number, to: number]>;
+  edges?: TestEdge[];
+}
+
+type TestEdge = [type: string, nameOrIndex: string | number, to: number];
+
+/** A node of `type`, `name` and self size `size`, with `edges` to other nodes (by index). */
+function node(type: string, name: string, size: number, ...edges: TestEdge[]): TestNode {
+  return { type, name, size, edges };
 }
 
 /** A .heapsnapshot document as V8 lays it out, from a list of nodes (node 0 is the root). */
@@ -159,39 +166,14 @@ describe('heap profile: dominators and retained sizes', () => {
   // 5 a string; 2 reaches 4 only weakly, and 1 reaches 5 by a shortcut: neither keeps them.
   // 3 and 6 form a cycle; 7 is unreachable.
   const nodes: TestNode[] = [
-    {
-      type: 'synthetic',
-      name: '',
-      size: 0,
-      edges: [
-        ['element', 1, 1],
-        ['element', 2, 2],
-      ],
-    },
-    {
-      type: 'object',
-      name: 'Informer',
-      size: 100,
-      edges: [
-        ['property', 'objects', 3],
-        ['property', 'record', 4],
-        ['shortcut', 'fast', 5],
-      ],
-    },
-    {
-      type: 'object',
-      name: 'Model',
-      size: 200,
-      edges: [
-        ['property', 'cache', 3],
-        ['weak', 'maybe', 4],
-      ],
-    },
-    { type: 'object', name: 'Map', size: 30, edges: [['internal', 'table', 6]] },
-    { type: 'object', name: 'Object', size: 40, edges: [['property', 'x', 5]] },
-    { type: 'string', name: 'svc-1', size: 24 },
-    { type: 'array', name: '', size: 500, edges: [['internal', '0', 3]] },
-    { type: 'object', name: 'Lost', size: 1000, edges: [['property', 'y', 1]] },
+    node('synthetic', '', 0, ['element', 1, 1], ['element', 2, 2]),
+    node('object', 'Informer', 100, ['property', 'objects', 3], ['property', 'record', 4], ['shortcut', 'fast', 5]),
+    node('object', 'Model', 200, ['property', 'cache', 3], ['weak', 'maybe', 4]),
+    node('object', 'Map', 30, ['internal', 'table', 6]),
+    node('object', 'Object', 40, ['property', 'x', 5]),
+    node('string', 'svc-1', 24),
+    node('array', '', 500, ['internal', '0', 3]),
+    node('object', 'Lost', 1000, ['property', 'y', 1]),
   ];
 
   it('finds the immediate dominators, ignoring weak edges and shortcuts off the root', () => {
@@ -243,41 +225,16 @@ describe('heap profile: grouping', () => {
   // Object {name,ip} inside the first record is not counted twice in its class's retained size.
   const g = parseHeapSnapshot(
     snapshot([
-      { type: 'synthetic', name: '', size: 0, edges: [['element', 1, 1]] },
-      { type: 'object', name: 'Informer', size: 40, edges: [['property', 'objects', 2]] },
-      { type: 'object', name: 'Map', size: 32, edges: [['internal', 'table', 3]] },
-      {
-        type: 'array',
-        name: '',
-        size: 100,
-        edges: [
-          ['internal', '3', 4],
-          ['internal', '6', 5],
-        ],
-      },
-      {
-        type: 'object',
-        name: 'Object',
-        size: 56,
-        edges: [
-          ['property', 'name', 6],
-          ['property', 'ip', 7],
-          ['property', '__proto__', 8],
-        ],
-      },
-      {
-        type: 'object',
-        name: 'Object',
-        size: 56,
-        edges: [
-          ['property', 'name', 6],
-          ['property', 'ip', 7],
-        ],
-      },
-      { type: 'string', name: 'svc', size: 20 },
-      { type: 'string', name: '10.0.0.1', size: 24 },
-      { type: 'object', name: 'Object', size: 16, edges: [['property', 'name', 9]] },
-      { type: 'concatenated string', name: 'a.b', size: 32 },
+      node('synthetic', '', 0, ['element', 1, 1]),
+      node('object', 'Informer', 40, ['property', 'objects', 2]),
+      node('object', 'Map', 32, ['internal', 'table', 3]),
+      node('array', '', 100, ['internal', '3', 4], ['internal', '6', 5]),
+      node('object', 'Object', 56, ['property', 'name', 6], ['property', 'ip', 7], ['property', '__proto__', 8]),
+      node('object', 'Object', 56, ['property', 'name', 6], ['property', 'ip', 7]),
+      node('string', 'svc', 20),
+      node('string', '10.0.0.1', 24),
+      node('object', 'Object', 16, ['property', 'name', 9]),
+      node('concatenated string', 'a.b', 32),
     ]),
   );
   const summary = summarizeHeap(g, computeDominators(g), 0.2, 2);

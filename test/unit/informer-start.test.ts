@@ -10,6 +10,8 @@ import { expect } from 'chai';
 import { createClusterCaches, type ClusterCaches } from '../../src/kube/cluster.js';
 import type { ServiceInfo } from '../../src/model/types.js';
 import { ApiStandIn, type ApiStandInOptions, type ClientReads } from '../../testbed/api-server.js';
+import { waitFor } from '../support/eventually.js';
+import { wireNode } from '../support/wire-objects.js';
 
 function service(i: number, ip = `198.18.${i >> 8}.${i & 255}`) {
   return {
@@ -21,20 +23,7 @@ function service(i: number, ip = `198.18.${i >> 8}.${i & 255}`) {
   };
 }
 
-const NODE = {
-  apiVersion: 'v1',
-  kind: 'Node',
-  metadata: { name: 'node-1' },
-  spec: { podCIDR: '10.244.1.0/24', podCIDRs: ['10.244.1.0/24'] },
-};
-
-async function waitFor(cond: () => boolean, what: string, ms = 30_000): Promise<void> {
-  const until = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await sleep(10);
-  }
-}
+const NODE = wireNode(['10.244.1.0/24']);
 
 const N = 1200;
 

@@ -5,7 +5,6 @@
 
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { KubeConfig } from '@kubernetes/client-node';
 import { expect } from 'chai';
@@ -18,6 +17,7 @@ import type { NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { MALFORMED_WATCH_LINES } from '../support/fixtures.js';
 import { makeTlsFixture, RawApiServer, type TlsFixture } from '../support/raw-api.js';
+import { waitFor as waitUntil } from '../support/eventually.js';
 
 function service(name: string, ip: string, extra: { labels?: Record<string, string> } = {}) {
   return {
@@ -39,13 +39,7 @@ function node(podCIDR: string, labels: Record<string, string> = {}) {
   };
 }
 
-async function waitFor(cond: () => boolean, what: string, ms = 20_000): Promise<void> {
-  const until = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await sleep(10);
-  }
-}
+const waitFor = (cond: () => boolean, what: string, ms = 20_000) => waitUntil(cond, what, ms);
 
 interface Recorded {
   decodeErrors: Array<{ problem: string; first: boolean }>;
@@ -99,6 +93,12 @@ describe('informer list+watch loop', function () {
   }
 
   const fresh = (): Recorded => ({ decodeErrors: [], errors: [], changes: 0 });
+  /** Service a on 198.18.0.1, and a watching informer (watchingInformer) recording into a fresh record. */
+  async function watchingServiceA(extra: Partial<InformerOptions<ServiceInfo>> = {}) {
+    server.apply(service('a', '198.18.0.1'));
+    const rec = fresh();
+    return { rec, informer: await watchingInformer(rec, extra) };
+  }
   const ipOf = (informer: Informer<ServiceInfo>, name: string) =>
     informer.list().find((s) => s.name === name)?.ingress?.[0]?.ip;
 
@@ -138,9 +138,7 @@ describe('informer list+watch loop', function () {
   });
 
   it('counts lines that are not JSON as decode errors, and loses nothing around them', async () => {
-    server.apply(service('a', '198.18.0.1'));
-    const rec = fresh();
-    const informer = await watchingInformer(rec);
+    const { rec, informer } = await watchingServiceA();
     const watches = server.stats.watches.services ?? 0;
     for (const line of ['this is not JSON', '{"type":"MODIFIED","object":', '\u00ff\u00fe']) {
       expect(server.injectWatchLine('Service', line)).to.equal(1);
@@ -159,9 +157,7 @@ describe('informer list+watch loop', function () {
   });
 
   it('replaces a stream whose line grows past 16 MiB, and resumes where it was without a relist', async () => {
-    server.apply(service('a', '198.18.0.1'));
-    const rec = fresh();
-    const informer = await watchingInformer(rec, { backoff: { initialMs: 10, maxMs: 50 } });
+    const { rec, informer } = await watchingServiceA({ backoff: { initialMs: 10, maxMs: 50 } });
     const lists = server.stats.lists.services ?? 0;
     const watches = server.stats.watches.services ?? 0;
     expect(server.injectWatchLine('Service', '"' + 'x'.repeat(16 << 20) + '"')).to.equal(1);
@@ -176,9 +172,7 @@ describe('informer list+watch loop', function () {
   });
 
   it('resumes from its resourceVersion after the connection is reset, without a relist', async () => {
-    server.apply(service('a', '198.18.0.1'));
-    const rec = fresh();
-    const informer = await watchingInformer(rec, { backoff: { initialMs: 10, maxMs: 50 } });
+    const { rec, informer } = await watchingServiceA({ backoff: { initialMs: 10, maxMs: 50 } });
     const lists = server.stats.lists.services ?? 0;
     server.setUnavailable(true);
     server.apply(service('a', '198.18.0.2'));
@@ -236,9 +230,7 @@ describe('informer list+watch loop', function () {
   });
 
   it('relists on an ERROR event with code 410 inside a stream', async () => {
-    server.apply(service('a', '198.18.0.1'));
-    const rec = fresh();
-    const informer = await watchingInformer(rec);
+    const { rec, informer } = await watchingServiceA();
     const lists = server.stats.lists.services ?? 0;
     server.injectWatchLine(
       'Service',
@@ -254,10 +246,11 @@ describe('informer list+watch loop', function () {
   });
 
   it('takes a watch that delivers nothing for too long for dead and resumes from where it was', async () => {
-    server.apply(service('a', '198.18.0.1'));
-    const rec = fresh();
     // Bookmarks every 200 ms keep a live watch busy; the deadline is far above that.
-    const informer = await watchingInformer(rec, { watchIdleTimeoutMs: 1500, backoff: { initialMs: 10, maxMs: 50 } });
+    const { rec, informer } = await watchingServiceA({
+      watchIdleTimeoutMs: 1500,
+      backoff: { initialMs: 10, maxMs: 50 },
+    });
     const lists = server.stats.lists.services ?? 0;
     expect(server.silenceOpenWatches('Service')).to.equal(1);
     server.apply(service('a', '198.18.0.2'));

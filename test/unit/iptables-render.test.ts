@@ -35,6 +35,7 @@ import {
   type ListingRow,
 } from '../support/seed-listing.js';
 import type { Entry, FamilyState } from '../../src/model/types.js';
+import { webEntry } from '../support/fixtures.js';
 
 const CONFIG = SEED_CONFIG;
 
@@ -78,15 +79,7 @@ function asListingRow(rule: string): { chain: string; row: ListingRow } {
 }
 
 function entry(partial: Partial<Entry>): Entry {
-  return {
-    family: 'ipv4',
-    externalIp: '192.0.2.10',
-    protocol: 'TCP',
-    port: 80,
-    clusterIp: '10.96.0.10',
-    service: 'default/svc-a',
-    ...partial,
-  };
+  return webEntry({ service: 'default/svc-a', ...partial });
 }
 
 describe('iptables renderer', () => {

@@ -24,20 +24,11 @@ import { renderCleanupRestore } from '../../src/backends/iptables/nat-view.js';
 import type { DesiredState, Entry, Family, FamilyState, LocalPodMatch } from '../../src/model/types.js';
 import { FakeIptables } from '../doubles/fake-iptables.js';
 import { assertGolden } from '../support/golden.js';
+import { webEntry } from '../support/fixtures.js';
 
 type Fields = Partial<Entry>;
 
-function entry(over: Fields = {}): Entry {
-  return {
-    family: 'ipv4',
-    externalIp: '192.0.2.10',
-    protocol: 'TCP',
-    port: 80,
-    clusterIp: '10.96.0.10',
-    service: 'default/web',
-    ...over,
-  };
-}
+const entry = webEntry;
 
 const PODS: LocalPodMatch = { kind: 'cidrs', cidrs: ['10.244.1.0/24'] };
 const RANGES = ['10.0.0.0/8', '192.0.2.0/24', '203.0.113.0/24'];

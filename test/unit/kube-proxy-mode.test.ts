@@ -21,7 +21,7 @@ import {
 } from '../../src/kubeproxy/mode.js';
 import type { BindAddress } from '../../src/http/endpoint.js';
 import { linesLogger } from '../support/log-lines.js';
-import { LocalHttpServer } from '../support/local-http-server.js';
+import { closedLoopbackPort, LocalHttpServer } from '../support/local-http-server.js';
 import { kubeProxyMetricsText } from '../support/kube-proxy-stand-in.js';
 
 describe('kube-proxy mode: judging the signals', () => {
@@ -116,11 +116,7 @@ describe('kube-proxy mode: GET /proxyMode', function () {
   });
 
   it('nothing listening is "connection refused"', async () => {
-    const probe = net.createServer();
-    probe.listen(0, '127.0.0.1');
-    await once(probe, 'listening');
-    const port = (probe.address() as net.AddressInfo).port;
-    await new Promise((r) => probe.close(r));
+    const port = await closedLoopbackPort();
     expect(await fetchProxyMode({ host: '127.0.0.1', port }, 1000)).to.deep.equal({
       liveProblem: 'connection refused',
     });

@@ -17,30 +17,22 @@ import { kubeProxyMetricsText } from '../support/kube-proxy-stand-in.js';
 
 const CLI = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
 
-const OBJECTS = `
-apiVersion: v1
-kind: Node
-metadata: {name: node-1}
-spec: {podCIDRs: [10.244.1.0/24]}
----
-apiVersion: v1
-kind: Service
-metadata: {name: local, namespace: shop}
-spec: {type: LoadBalancer, externalTrafficPolicy: Local, clusterIP: 10.96.0.10, ports: [{port: 80}]}
-status: {loadBalancer: {ingress: [{ip: 192.0.2.10}]}}
----
-apiVersion: v1
-kind: Service
-metadata: {name: cluster, namespace: shop}
-spec: {type: LoadBalancer, externalTrafficPolicy: Cluster, clusterIP: 10.96.0.11, ports: [{port: 443}]}
-status: {loadBalancer: {ingress: [{ip: 192.0.2.11}]}}
----
-apiVersion: v1
-kind: Service
-metadata: {name: opted, namespace: shop, annotations: {ipvs-node-controller/skip: "true"}}
-spec: {type: LoadBalancer, clusterIP: 10.96.0.12, ports: [{port: 80}]}
-status: {loadBalancer: {ingress: [{ip: 192.0.2.12}]}}
-`;
+/** A LoadBalancer Service of namespace shop as YAML: `metadata` and `spec` add to its own, in flow style. */
+const lbYaml = (name: string, metadata: string, spec: string, ip: string) =>
+  `apiVersion: v1\nkind: Service\nmetadata: {name: ${name}, namespace: shop${metadata}}\n` +
+  `spec: {type: LoadBalancer, ${spec}}\nstatus: {loadBalancer: {ingress: [{ip: ${ip}}]}}\n`;
+
+const OBJECTS = [
+  'apiVersion: v1\nkind: Node\nmetadata: {name: node-1}\nspec: {podCIDRs: [10.244.1.0/24]}\n',
+  lbYaml('local', '', 'externalTrafficPolicy: Local, clusterIP: 10.96.0.10, ports: [{port: 80}]', '192.0.2.10'),
+  lbYaml('cluster', '', 'externalTrafficPolicy: Cluster, clusterIP: 10.96.0.11, ports: [{port: 443}]', '192.0.2.11'),
+  lbYaml(
+    'opted',
+    ', annotations: {ipvs-node-controller/skip: "true"}',
+    'clusterIP: 10.96.0.12, ports: [{port: 80}]',
+    '192.0.2.12',
+  ),
+].join('---\n');
 
 describe('--dry-run: kube-proxy settings, mode and the migration report', function () {
   let dir: string;

@@ -4,10 +4,8 @@
 // answer, older label names, garbage, endless and stalled answers).
 
 import { expect } from 'chai';
-import { LocalHttpServer } from '../support/local-http-server.js';
+import { closedLoopbackPort, LocalHttpServer } from '../support/local-http-server.js';
 import http from 'node:http';
-import net from 'node:net';
-import { once } from 'node:events';
 import { KNOWN_ISSUE_IDS, knownIssues } from '../../src/kubeproxy/known-issues.js';
 import {
   MAX_METRICS_BYTES,
@@ -291,11 +289,7 @@ describe('kube-proxy version: GET /metrics', function () {
   });
 
   it('nothing listening is "connection refused"', async () => {
-    const probe = net.createServer();
-    probe.listen(0, '127.0.0.1');
-    await once(probe, 'listening');
-    const port = (probe.address() as net.AddressInfo).port;
-    await new Promise((r) => probe.close(r));
+    const port = await closedLoopbackPort();
     expect(await fetchKubeProxyVersion({ host: '127.0.0.1', port }, 1000)).to.deep.equal({
       problem: 'connection refused',
     });

@@ -14,7 +14,7 @@ import { SKIP_REASONS, type ServiceInfo } from '../../src/model/types.js';
 import type { KubeProxyStatus, SyncReport } from '../../src/controller/controller.js';
 import { Exposition, httpGet, promtoolCheckMetrics } from '../support/scrape.js';
 import { rejectionOf } from '../support/assertions.js';
-import { CONFIG } from '../support/fixtures.js';
+import { CONFIG, lbService } from '../support/fixtures.js';
 
 const SERVICES: ServiceInfo[] = [
   {
@@ -31,16 +31,8 @@ const SERVICES: ServiceInfo[] = [
       { hostname: 'lb.example' },
     ],
   },
-  {
-    // Loses 192.0.2.10 TCP/80 to the older web.
-    namespace: 'default',
-    name: 'late',
-    type: 'LoadBalancer',
-    creationTimestamp: '2024-02-01T00:00:00Z',
-    clusterIP: '10.96.0.11',
-    ports: [{ port: 80, protocol: 'TCP' }],
-    ingress: [{ ip: '192.0.2.10' }],
-  },
+  // Loses 192.0.2.10 TCP/80 to the older web.
+  lbService(11, { name: 'late', creationTimestamp: '2024-02-01T00:00:00Z', ingress: [{ ip: '192.0.2.10' }] }),
 ];
 
 async function exposition(metrics: ControllerMetrics): Promise<Exposition> {

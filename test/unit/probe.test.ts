@@ -15,6 +15,7 @@ import { registerProbeMetrics } from '../../src/metrics/probe-metrics.js';
 import { MAX_PATHS_PER_SERVICE, probedServices } from '../../src/probe/probe-selection.js';
 import { ContinuousProber, type ProbeResult, type ProbeSettings } from '../../src/probe/prober.js';
 import type { DesiredState, Entry, ServiceInfo } from '../../src/model/types.js';
+import { closedLoopbackPort } from '../support/local-http-server.js';
 
 function svc(name: string, created: string, probe = false): ServiceInfo {
   return { namespace: 'ns', name, creationTimestamp: created, ...(probe ? { probe: true } : {}) };
@@ -101,10 +102,7 @@ describe('the continuous probe', () => {
       udp.bind(0, '127.0.0.1');
       await once(udp, 'listening');
       udpPort = udp.address().port;
-      const spare = net.createServer().listen(0, '127.0.0.1');
-      await once(spare, 'listening');
-      closedPort = (spare.address() as net.AddressInfo).port;
-      await new Promise((r) => spare.close(r));
+      closedPort = await closedLoopbackPort();
     });
     after(() => {
       tcp.close();

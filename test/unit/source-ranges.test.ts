@@ -5,13 +5,13 @@ import { expect } from 'chai';
 import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
 import { sourceRangesByFamily } from '../../src/model/source-ranges.js';
 import { toNodeInfo, toServiceInfo } from '../../src/kube/objects.js';
-import type { DesiredState, Entry, FamilyState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
+import type { DesiredState, FamilyState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { staleTuples, type StaleTuple } from '../../src/conntrack/stale-tuples.js';
 import { entryDiff } from '../../src/model/entry-diff.js';
 import { renderChainRules } from '../../src/backends/iptables/render.js';
 import { desiredTable, sourceChainName } from '../../src/backends/nft/render.js';
 import { tableText } from '../../src/backends/nft/text.js';
-import { CONFIG } from '../support/fixtures.js';
+import { CONFIG, lbService, webEntry } from '../support/fixtures.js';
 import { changeBetween } from '../support/kernel-change.js';
 
 /** The stale tuples of the change from `previous` to `next`, as the reconciler tells it. */
@@ -25,18 +25,14 @@ const NODE: NodeInfo = {
   hostIPs: ['192.168.50.1', 'fd50::1'],
 };
 
+/** default/web, dual-stack: 192.0.2.10 and 2001:db8::10 to 10.96.0.10 and fd00::10, TCP port 80. */
 function lb(over: Partial<ServiceInfo> = {}): ServiceInfo {
-  return {
-    namespace: 'default',
+  return lbService(10, {
     name: 'web',
-    type: 'LoadBalancer',
-    creationTimestamp: '2024-01-01T00:00:00Z',
-    clusterIP: '10.96.0.10',
     clusterIPs: ['10.96.0.10', 'fd00::10'],
-    ports: [{ port: 80, protocol: 'TCP' }],
     ingress: [{ ip: '192.0.2.10' }, { ip: '2001:db8::10' }],
     ...over,
-  };
+  });
 }
 
 function build(services: ServiceInfo[], config: Partial<ModelConfig> = {}, node: NodeInfo = NODE): DesiredState {
@@ -236,15 +232,7 @@ describe('source ranges: the ranged entries per Service, as the desired state sa
 });
 
 describe('source ranges: what the backends write', () => {
-  const entry = (over: Partial<Entry> = {}): Entry => ({
-    family: 'ipv4',
-    externalIp: '192.0.2.10',
-    protocol: 'TCP',
-    port: 80,
-    clusterIp: '10.96.0.10',
-    service: 'default/web',
-    ...over,
-  });
+  const entry = webEntry;
 
   it("iptables: one rule per entry and hook going to the Service's chain, which holds each range once", () => {
     const { rules } = renderChainRules(

@@ -17,14 +17,9 @@ import {
 } from '../../src/kube/watch.js';
 import { ApiStandIn } from '../../testbed/api-server.js';
 import { makeTlsFixture, RawApiServer, type TlsFixture } from '../support/raw-api.js';
+import { waitFor as waitUntil } from '../support/eventually.js';
 
-async function waitFor(cond: () => boolean, what: string, ms = 20_000): Promise<void> {
-  const until = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await sleep(10);
-  }
-}
+const waitFor = (cond: () => boolean, what: string, ms = 20_000) => waitUntil(cond, what, ms);
 
 /** Everything a watch reported, and a promise of its end. */
 function record() {

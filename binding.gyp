@@ -32,7 +32,9 @@
       'target_name': 'nftables_addon',
       'conditions': [
         ['have_libnftables==1', {
-          'sources': ['native/nftables_addon.cc'],
+          # netlink_socket.cc: the netfilter netlink socket of every addon that talks to the
+          # kernel (set-up, sends, the receive loop) and their clock; libc only.
+          'sources': ['native/nftables_addon.cc', 'native/netlink_socket.cc'],
           'dependencies': ["<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"],
           'defines': [
             'NAPI_VERSION=8',
@@ -63,7 +65,7 @@
       'target_name': 'conntrack_addon',
       'conditions': [
         ['have_libmnl==1', {
-          'sources': ['native/conntrack_addon.cc'],
+          'sources': ['native/conntrack_addon.cc', 'native/netlink_socket.cc'],
           'dependencies': ["<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"],
           'defines': ['NAPI_VERSION=8'],
           'cflags_cc': ['-std=c++17', '-Wall', '-Wextra', '-Wunused-parameter', '<!@(pkg-config --cflags libmnl)'],

@@ -23,14 +23,15 @@
 #include <libmnl/libmnl.h>
 #include <linux/netfilter/nfnetlink.h>
 #include <linux/netfilter/nfnetlink_conntrack.h>
+#include <linux/netlink.h>
 #include <sys/socket.h>
-#include <time.h>
 
 #include <napi.h>
 
+#include "netlink_socket.h"
+
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <sstream>
@@ -55,6 +56,11 @@ constexpr size_t MAX_TARGETS = 1u << 20;  // targets per call
 // from the first one: ENOBUFS, the deletions done but not known, the whole family given to the
 // conntrack command (300 entries to delete were enough, on Linux 6.18).
 constexpr size_t MESSAGES_PER_SEND = 128;
+// The buffer each datagram of a dump or of the acknowledgements is read into.
+constexpr size_t DATAGRAM_BYTES = 64u << 10;
+// Room for more acknowledgements than the default receive buffer holds (the kernel caps it at
+// net.core.rmem_max): best effort.
+constexpr int RECEIVE_BUFFER_BYTES = 1 << 20;
 // Up to this many IPv4 targets, one dump per target filtered by the kernel (CTA_FILTER, Linux 5.8
 // and later: only the entries of that original destination cross to us); beyond, one dump of the
 // family's whole table, each entry looked up among the targets (a filtered dump walks the table
@@ -120,12 +126,6 @@ struct DumpState {
   std::vector<size_t> keptEnds;
 };
 
-double NowMs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
-}
-
 std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
 // Calls `each` for every attribute nested in `nest` (libmnl's for-each macros assign void* and do
@@ -167,11 +167,11 @@ bool ParseTuple(const nlattr* nest, size_t addressLength, Tuple& out) {
   return out.src != nullptr && out.dst != nullptr && out.hasProtocol;
 }
 
-int OnEntry(const nlmsghdr* nlh, void* data) {
-  auto* state = static_cast<DumpState*>(data);
+// One entry of a dump: kept when it matches a target within its share. False past MAX_DUMPED.
+bool OnEntry(const nlmsghdr* nlh, DumpState* state) {
   if (++state->dumped > MAX_DUMPED) {
     state->tooMany = true;
-    return MNL_CB_STOP;
+    return false;
   }
   const nlattr* orig = nullptr;
   const nlattr* reply = nullptr;
@@ -186,21 +186,21 @@ int OnEntry(const nlmsghdr* nlh, void* data) {
       default: break;
     }
   }
-  if (orig == nullptr) return MNL_CB_OK;
+  if (orig == nullptr) return true;
   Tuple o;
-  if (!ParseTuple(orig, state->addressLength, o) || !o.hasPort) return MNL_CB_OK;
+  if (!ParseTuple(orig, state->addressLength, o) || !o.hasPort) return true;
   Tuple r;
   const bool hasReply = reply != nullptr && ParseTuple(reply, state->addressLength, r);
   // One lookup per entry: a node's table holds up to millions, a sync asks for up to thousands.
   const auto target = state->targets.find(TargetKey(o.protocol, o.dst, state->addressLength, o.dport));
-  if (target == state->targets.end()) return MNL_CB_OK;
-  if (state->only != SIZE_MAX && target->second != state->only) return MNL_CB_OK;
+  if (target == state->targets.end()) return true;
+  if (state->only != SIZE_MAX && target->second != state->only) return true;
   TargetState& t = state->states[target->second];
   // Untranslated: the reply comes from the original destination itself.
-  if (t.untranslatedOnly && (!hasReply || std::memcmp(r.src, o.dst, state->addressLength) != 0)) return MNL_CB_OK;
+  if (t.untranslatedOnly && (!hasReply || std::memcmp(r.src, o.dst, state->addressLength) != 0)) return true;
   ++t.matched;
   // Past its share, an entry is counted, not kept: the target is truncated.
-  if (t.kept >= state->share) return MNL_CB_OK;
+  if (t.kept >= state->share) return true;
   ++t.kept;
   state->kept.append(reinterpret_cast<const char*>(orig), orig->nla_len);
   state->kept.resize(MNL_ALIGN(state->kept.size()), '\0');
@@ -209,7 +209,7 @@ int OnEntry(const nlmsghdr* nlh, void* data) {
     state->kept.resize(MNL_ALIGN(state->kept.size()), '\0');
   }
   state->keptEnds.push_back(state->kept.size());
-  return MNL_CB_OK;
+  return true;
 }
 
 nlmsghdr* PutHeader(char* buffer, uint16_t type, uint16_t flags, int family, uint32_t seq) {
@@ -227,9 +227,11 @@ nlmsghdr* PutHeader(char* buffer, uint16_t type, uint16_t flags, int family, uin
 // One dump of the family's table into `state`: every entry, or (`filter`) only those of the
 // filter's original destination. A kernel without CTA_FILTER sends every entry; the lookup among
 // the targets decides either way.
-bool Dump(mnl_socket* sock, uint32_t portid, int family, uint32_t seq, const Target* filter, std::vector<char>& buffer,
-          DumpState& state, std::string& error) {
-  nlmsghdr* dump = PutHeader(buffer.data(), IPCTNL_MSG_CT_GET, NLM_F_DUMP, family, seq);
+bool Dump(netlink::Socket& sock, int family, const Target* filter, DumpState& state, std::string& error) {
+  // The header, the nfgenmsg, the tuple and the filter: about 100 bytes.
+  alignas(nlmsghdr) char request[512];
+  const uint32_t seq = sock.NextSeq();
+  nlmsghdr* dump = PutHeader(request, IPCTNL_MSG_CT_GET, NLM_F_DUMP, family, seq);
   if (filter != nullptr) {
     nlattr* tuple = mnl_attr_nest_start(dump, CTA_TUPLE_ORIG);
     nlattr* ip = mnl_attr_nest_start(dump, CTA_TUPLE_IP);
@@ -245,22 +247,30 @@ bool Dump(mnl_socket* sock, uint32_t portid, int family, uint32_t seq, const Tar
     mnl_attr_put_u32(dump, CTA_FILTER_REPLY_FLAGS, 0);
     mnl_attr_nest_end(dump, flags);
   }
-  if (mnl_socket_sendto(sock, dump, dump->nlmsg_len) < 0) return error = Errno("asking conntrack for its entries"), false;
-  for (;;) {
-    const ssize_t n = mnl_socket_recvfrom(sock, buffer.data(), buffer.size());
-    if (n < 0) {
-      error = errno == EAGAIN ? "reading conntrack's entries: no answer within the timeout"
-                              : Errno("reading conntrack's entries");
-      return false;
+  if (!sock.Send(dump, dump->nlmsg_len)) return error = Errno("asking conntrack for its entries"), false;
+  const netlink::Received received = sock.Receive(seq, seq, netlink::Limits(), [&](const netlink::Message& m) {
+    using Type = netlink::Message::Type;
+    if ((m.header->nlmsg_flags & NLM_F_DUMP_INTR) != 0) {
+      error = std::string("reading conntrack's entries: ") + std::strerror(EINTR);
+      return netlink::Next::kStop;
     }
-    const int rc = mnl_cb_run(buffer.data(), static_cast<size_t>(n), seq, portid, OnEntry, &state);
-    if (state.tooMany) {
-      error = "conntrack holds more than " + std::to_string(MAX_DUMPED) + " entries: not read further";
-      return false;
-    }
-    if (rc == MNL_CB_STOP) return true;
-    if (rc < 0) return error = Errno("reading conntrack's entries"), false;
+    if (m.type == Type::kError) error = std::string("reading conntrack's entries: ") + std::strerror(m.error);
+    // The end of the dump (an ack ends it too, as libmnl's mnl_cb_run has it).
+    if (m.type != Type::kData) return netlink::Next::kStop;
+    if (m.header->nlmsg_type < NLMSG_MIN_TYPE) return netlink::Next::kMore;
+    return OnEntry(m.header, &state) ? netlink::Next::kMore : netlink::Next::kStop;
+  });
+  if (state.tooMany) {
+    error = "conntrack holds more than " + std::to_string(MAX_DUMPED) + " entries: not read further";
+    return false;
   }
+  if (!received.ok()) {
+    error = received.end == netlink::Received::End::kSystem && received.error == EAGAIN
+                ? "reading conntrack's entries: no answer within the timeout"
+                : "reading conntrack's entries: " + received.Why();
+    return false;
+  }
+  return error.empty();
 }
 
 struct Limits {
@@ -284,35 +294,9 @@ struct Result {
   double ms = 0;
 };
 
-class Socket {
- public:
-  ~Socket() {
-    if (socket_ != nullptr) mnl_socket_close(socket_);
-  }
-  bool Open(int timeoutMs, std::string& error) {
-    socket_ = mnl_socket_open(NETLINK_NETFILTER);
-    if (socket_ == nullptr) return error = Errno("opening a netfilter netlink socket"), false;
-    if (mnl_socket_bind(socket_, 0, MNL_SOCKET_AUTOPID) < 0) return error = Errno("binding it"), false;
-    timeval tv{timeoutMs / 1000, (timeoutMs % 1000) * 1000};
-    if (setsockopt(mnl_socket_get_fd(socket_), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0)
-      return error = Errno("setting its receive timeout"), false;
-    // Acknowledgements without the request copied back (Linux 4.3 and later; else they are
-    // larger), and room for more of them (the kernel caps it at net.core.rmem_max): best effort.
-    const int on = 1;
-    setsockopt(mnl_socket_get_fd(socket_), SOL_NETLINK, NETLINK_CAP_ACK, &on, sizeof on);
-    const int room = 1 << 20;
-    setsockopt(mnl_socket_get_fd(socket_), SOL_SOCKET, SO_RCVBUF, &room, sizeof room);
-    return true;
-  }
-  mnl_socket* get() const { return socket_; }
-
- private:
-  mnl_socket* socket_ = nullptr;
-};
-
 Result DeleteMatching(int family, const std::vector<Target>& targets, int timeoutMs, const Limits& limits) {
   Result result;
-  const double started = NowMs();
+  const double started = netlink::NowMs();
   DumpState state;
   state.family = family;
   state.addressLength = family == AF_INET ? 4 : 16;
@@ -334,22 +318,20 @@ Result DeleteMatching(int family, const std::vector<Target>& targets, int timeou
   const size_t distinct = state.states.empty() ? 1 : state.states.size();
   state.share = std::max<size_t>(1, std::min(limits.perTarget, limits.total / distinct));
   result.share = state.share;
-  Socket sock;
-  if (!sock.Open(timeoutMs, result.error)) return result;
-  const uint32_t portid = mnl_socket_get_portid(sock.get());
-  std::vector<char> buffer(MNL_SOCKET_BUFFER_SIZE > 65536 ? MNL_SOCKET_BUFFER_SIZE : 65536);
+  netlink::Socket sock;
+  if (!sock.Open(timeoutMs, DATAGRAM_BYTES, result.error)) return result;
+  sock.GrowReceiveBuffer(RECEIVE_BUFFER_BYTES, false);
 
-  uint32_t seq = static_cast<uint32_t>(time(nullptr));
   if (family == AF_INET && targets.size() <= FILTERED_DUMPS_UP_TO) {
     for (size_t line = 0; line < targets.size(); ++line) {
       const Target& t = targets[line];
       state.only = state.targets.at(TargetKey(t.protocol, t.address, state.addressLength, t.port));
       // A key asked twice is dumped once.
       if (state.states[state.only].firstLine != line) continue;
-      if (!Dump(sock.get(), portid, family, ++seq, &t, buffer, state, result.error)) return result;
+      if (!Dump(sock, family, &t, state, result.error)) return result;
     }
     state.only = SIZE_MAX;
-  } else if (!Dump(sock.get(), portid, family, ++seq, nullptr, buffer, state, result.error)) {
+  } else if (!Dump(sock, family, nullptr, state, result.error)) {
     return result;
   }
   result.dumped = state.dumped;
@@ -363,45 +345,48 @@ Result DeleteMatching(int family, const std::vector<Target>& targets, int timeou
   while (next < state.keptEnds.size()) {
     std::vector<char> batch;
     batch.reserve(MESSAGES_PER_SEND * 128);
-    const uint32_t first = ++seq;
+    uint32_t first = 0;
     size_t messages = 0;
     while (next < state.keptEnds.size() && messages < MESSAGES_PER_SEND) {
       const size_t from = next == 0 ? 0 : state.keptEnds[next - 1];
       const size_t length = state.keptEnds[next++] - from;
       const size_t at = batch.size();
       batch.resize(at + MNL_ALIGN(sizeof(nlmsghdr)) + MNL_ALIGN(sizeof(nfgenmsg)) + length);
-      nlmsghdr* nlh = PutHeader(batch.data() + at, IPCTNL_MSG_CT_DELETE, NLM_F_ACK, family, first + messages);
+      const uint32_t seq = sock.NextSeq();
+      if (messages == 0) first = seq;
+      nlmsghdr* nlh = PutHeader(batch.data() + at, IPCTNL_MSG_CT_DELETE, NLM_F_ACK, family, seq);
       std::memcpy(static_cast<char*>(mnl_nlmsg_get_payload_tail(nlh)), state.kept.data() + from, length);
       nlh->nlmsg_len += static_cast<uint32_t>(length);
       ++messages;
     }
-    seq = first + static_cast<uint32_t>(messages);
-    if (mnl_socket_sendto(sock.get(), batch.data(), batch.size()) < 0) {
+    if (!sock.Send(batch.data(), batch.size())) {
       result.error = Errno("deleting conntrack entries");
       return result;
     }
-    for (size_t acked = 0; acked < messages;) {
-      const ssize_t n = mnl_socket_recvfrom(sock.get(), buffer.data(), buffer.size());
-      if (n < 0) {
-        result.error = errno == EAGAIN ? "deleting conntrack entries: no answer within the timeout"
-                                       : Errno("deleting conntrack entries");
-        return result;
-      }
-      auto* nlh = reinterpret_cast<nlmsghdr*>(buffer.data());
-      int len = static_cast<int>(n);
-      for (; mnl_nlmsg_ok(nlh, len); nlh = mnl_nlmsg_next(nlh, &len)) {
-        if (nlh->nlmsg_type != NLMSG_ERROR || nlh->nlmsg_seq < first || nlh->nlmsg_seq >= first + messages) continue;
-        ++acked;
-        const auto* err = static_cast<const nlmsgerr*>(mnl_nlmsg_get_payload(nlh));
-        if (err->error == 0) {
-          ++result.deleted;
-        } else if (err->error != -ENOENT && result.error.empty()) {
-          result.error = std::string("deleting a conntrack entry: ") + std::strerror(-err->error);
-        }
-      }
+    size_t acked = 0;
+    const netlink::Received received =
+        sock.Receive(first, sock.LastSeq(), netlink::Limits(), [&](const netlink::Message& m) {
+          using Type = netlink::Message::Type;
+          if (m.type == Type::kAck) {
+            ++result.deleted;
+          } else if (m.type == Type::kError) {
+            // ENOENT: the entry went meanwhile.
+            if (m.error != ENOENT && result.error.empty()) {
+              result.error = std::string("deleting a conntrack entry: ") + std::strerror(m.error);
+            }
+          } else {
+            return netlink::Next::kMore;
+          }
+          return ++acked < messages ? netlink::Next::kMore : netlink::Next::kStop;
+        });
+    if (!received.ok()) {
+      result.error = received.end == netlink::Received::End::kSystem && received.error == EAGAIN
+                         ? "deleting conntrack entries: no answer within the timeout"
+                         : "deleting conntrack entries: " + received.Why();
+      return result;
     }
   }
-  result.ms = NowMs() - started;
+  result.ms = netlink::NowMs() - started;
   return result;
 }
 

@@ -30,6 +30,8 @@
 #include <napi.h>
 #include <nftables/libnftables.h>
 
+#include "netlink_socket.h"
+
 #ifdef NFT_ELEMENT_BATCH
 #include "nft_element_batch.h"
 #include "nft_element_dump.h"
@@ -41,7 +43,6 @@
 #include <arpa/inet.h>
 #include <malloc.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
@@ -96,21 +97,10 @@ struct CommandResult {
 // Reads the nf_tables ruleset generation over a netlink socket of its own (NFT_MSG_GETGEN).
 class GenerationReader {
  public:
-  GenerationReader() = default;
-  GenerationReader(const GenerationReader&) = delete;
-  GenerationReader& operator=(const GenerationReader&) = delete;
-  ~GenerationReader() {
-    if (fd_ >= 0) close(fd_);
-  }
-
   // The generation, or -1 when it cannot be read (the caller then trusts nothing).
   int64_t Read() {
-    if (fd_ < 0) {
-      fd_ = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER);
-      if (fd_ < 0) return -1;
-      timeval timeout{1, 0};
-      setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-    }
+    std::string error;
+    if (!socket_.Open(kReceiveTimeoutMs, kDatagramBytes, error)) return -1;
     struct {
       nlmsghdr header;
       nfgenmsg body;
@@ -118,52 +108,33 @@ class GenerationReader {
     request.header.nlmsg_len = sizeof request;
     request.header.nlmsg_type = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN;
     request.header.nlmsg_flags = NLM_F_REQUEST;
-    request.header.nlmsg_seq = ++seq_;
+    request.header.nlmsg_seq = socket_.NextSeq();
     request.body.nfgen_family = AF_UNSPEC;
     request.body.version = NFNETLINK_V0;
-    sockaddr_nl kernel{};
-    kernel.nl_family = AF_NETLINK;
-    if (sendto(fd_, &request, sizeof request, 0, reinterpret_cast<sockaddr*>(&kernel), sizeof kernel) < 0) {
-      return Broken();
-    }
-    // 8192 bytes, as netlink(7) advises: no answer of the kernel is truncated on pages of 8 KiB.
-    alignas(nlmsghdr) char buffer[8192];
-    for (int datagram = 0; datagram < kMaxDatagramsPerRead; ++datagram) {
-      sockaddr_nl sender{};
-      iovec part{buffer, sizeof buffer};
-      msghdr message{};
-      message.msg_name = &sender;
-      message.msg_namelen = sizeof sender;
-      message.msg_iov = &part;
-      message.msg_iovlen = 1;
-      const ssize_t received = recvmsg(fd_, &message, 0);
-      if (received < 0) return Broken();
-      // Cut to the buffer: what was lost may have been our answer.
-      if ((message.msg_flags & MSG_TRUNC) != 0) return Broken();
-      // Only the kernel (port 0) answers GETGEN; a datagram from another socket is ignored.
-      if (message.msg_namelen != sizeof sender || sender.nl_family != AF_NETLINK || sender.nl_pid != 0) continue;
-      // Signed, as NLMSG_OK and NLMSG_NEXT expect (netlink(7)): NLMSG_NEXT may take it below zero
-      // after a last message whose length is not aligned, and NLMSG_OK then stops.
-      int left = static_cast<int>(received);
-      nlmsghdr* h = reinterpret_cast<nlmsghdr*>(buffer);
-      for (; NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
-        if (h->nlmsg_seq != seq_) continue;  // a late answer to an earlier request
-        if (h->nlmsg_type == NLMSG_ERROR) return -1;
-        if (h->nlmsg_type != ((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN)) continue;
-        return GenerationId(h);
-      }
-      // Bytes left that make no whole message (a header cut short, or a length beyond what was
-      // received): the datagram is not what the kernel sends.
-      if (left > 0) return Broken();
-    }
-    // Datagrams kept coming without our answer.
-    return Broken();
+    if (!socket_.Send(&request, sizeof request)) return -1;
+    netlink::Limits limits;
+    limits.maxDatagrams = kMaxDatagramsPerRead;
+    int64_t generation = -1;
+    const uint32_t seq = request.header.nlmsg_seq;
+    // A socket that failed (a timeout, datagrams that kept coming without our answer, one that is
+    // not what the kernel sends) is closed by the read and reopened at the next: answers may be
+    // out of step.
+    socket_.Receive(seq, seq, limits, [&](const netlink::Message& m) {
+      if (m.type == netlink::Message::Type::kAck || m.type == netlink::Message::Type::kError) return netlink::Next::kStop;
+      if (m.header->nlmsg_type != ((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN)) return netlink::Next::kMore;
+      generation = GenerationId(m.header);
+      return netlink::Next::kStop;
+    });
+    return generation;
   }
 
  private:
+  static constexpr int kReceiveTimeoutMs = 1000;
+  // 8192 bytes, as netlink(7) advises: no answer of the kernel is truncated on pages of 8 KiB.
+  static constexpr size_t kDatagramBytes = 8192;
   // At most this many datagrams are read for one answer: late answers to earlier requests
   // (after a timeout) are a few; more is a socket out of step.
-  static constexpr int kMaxDatagramsPerRead = 16;
+  static constexpr size_t kMaxDatagramsPerRead = 16;
 
   // NFTA_GEN_ID of a NEWGEN message that NLMSG_OK accepted (its whole length was received).
   static int64_t GenerationId(const nlmsghdr* h) {
@@ -188,15 +159,7 @@ class GenerationReader {
     return -1;
   }
 
-  // A socket that failed once is reopened at the next read: answers may be out of step.
-  int64_t Broken() {
-    close(fd_);
-    fd_ = -1;
-    return -1;
-  }
-
-  int fd_ = -1;
-  uint32_t seq_ = 0;
+  netlink::Socket socket_;
 };
 
 std::string TrimTrailingNewlines(std::string text) {

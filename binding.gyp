@@ -32,7 +32,9 @@
       'target_name': 'nftables_addon',
       'conditions': [
         ['have_libnftables==1', {
-          'sources': ['native/nftables_addon.cc'],
+          # netlink_socket.cc: the netfilter netlink socket of every addon that talks to the
+          # kernel (set-up, sends, the receive loop) and their clock; libc only.
+          'sources': ['native/nftables_addon.cc', 'native/nft_session.cc', 'native/netlink_socket.cc'],
           'dependencies': ["<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"],
           'defines': [
             'NAPI_VERSION=8',
@@ -43,10 +45,10 @@
           'libraries': ['<!@(pkg-config --libs libnftables)'],
           'conditions': [
             # Map element writes as netlink batches (writeElements) and reads as netlink dumps
-            # (readElements); without libnftnl-dev and libmnl-dev the addon has neither, and
-            # elements go through libnftables' JSON.
+            # (readSets), and those two calls (nft_element_calls.cc); without libnftnl-dev and
+            # libmnl-dev the addon has neither, and elements go through libnftables' JSON.
             ['have_libnftnl==1', {
-              'sources': ['native/nft_element_batch.cc', 'native/nft_element_dump.cc'],
+              'sources': ['native/nft_element_batch.cc', 'native/nft_element_dump.cc', 'native/nft_element_calls.cc'],
               'defines': ['NFT_ELEMENT_BATCH=1'],
               'cflags_cc': ['<!@(pkg-config --cflags libnftnl libmnl)'],
               'libraries': ['<!@(pkg-config --libs libnftnl libmnl)'],
@@ -63,7 +65,7 @@
       'target_name': 'conntrack_addon',
       'conditions': [
         ['have_libmnl==1', {
-          'sources': ['native/conntrack_addon.cc'],
+          'sources': ['native/conntrack_addon.cc', 'native/conntrack_delete.cc', 'native/netlink_socket.cc'],
           'dependencies': ["<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"],
           'defines': ['NAPI_VERSION=8'],
           'cflags_cc': ['-std=c++17', '-Wall', '-Wextra', '-Wunused-parameter', '<!@(pkg-config --cflags libmnl)'],

@@ -1,16 +1,6 @@
 // conntrack_addon: deletes conntrack entries by their original destination through ctnetlink,
-// in the process, on a libuv worker thread. What `conntrack -D -f FAMILY -p PROTO --orig-dst IP
-// --dport PORT [--reply-src IP]` does, for many tuples at once and without a process: one dump of
-// the family's table (IPCTNL_MSG_CT_GET, NLM_F_DUMP), the entries matching a target kept (their
-// original tuple and zone, copied as the kernel sent them), then one IPCTNL_MSG_CT_DELETE each.
-// A process per tuple cost the controller's main thread milliseconds of fork and exec per change.
-//
-// Bounds: the dump is read with a receive timeout and at most MAX_DUMPED entries. A call keeps
-// (and deletes) at most `total` entries, and each target has a share of its own: at most
-// min(perTarget, total / targets) of its entries, so that the flows of one target never take
-// another's. A target that matched more than its share is reported truncated, with how many
-// matched: its other entries stay, for the caller to delete (a further call, or the conntrack
-// command). A deletion the kernel answers ENOENT (the entry went meanwhile) is not a failure.
+// in the process, on a libuv worker thread (conntrack_delete.cc: what it dumps and deletes, and
+// its bounds).
 //
 // deleteMatching(family: 'ipv4' | 'ipv6', targets: string, timeoutMs?: number,
 //                limits?: { perTarget?: number, total?: number })
@@ -19,414 +9,22 @@
 //   (target: the index of the target's first line; matched: its entries seen; kept: those
 //   deleted or gone meanwhile), rejects with the kernel's reason.
 
-#include <arpa/inet.h>
-#include <libmnl/libmnl.h>
-#include <linux/netfilter/nfnetlink.h>
-#include <linux/netfilter/nfnetlink_conntrack.h>
 #include <sys/socket.h>
-#include <time.h>
 
 #include <napi.h>
 
-#include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <cstdint>
-#include <cstring>
-#include <sstream>
+#include "conntrack_delete.h"
+
 #include <string>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace {
 
-constexpr size_t MAX_DUMPED = 8u << 20;   // entries read of one dump (a busy node: millions)
-// Entries kept (to delete) per call, all targets together: a worker's memory (an IPv6 entry is
-// about 90 bytes kept, an IPv4 one 60) and the time of one call (65,536 deletions took 2 s on a
-// loaded 2-core machine).
-constexpr size_t DEFAULT_TOTAL = 1u << 16;
-// Entries kept per target and call, at most (by default, only the call's total bounds it).
-constexpr size_t DEFAULT_PER_TARGET = DEFAULT_TOTAL;
-constexpr size_t MAX_LIMIT = 1u << 22;
-constexpr size_t MAX_TARGETS = 1u << 20;  // targets per call
-// Delete messages per sendto. The kernel handles them all before the sendto returns and queues
-// one acknowledgement each on our socket, an skb each, counted in full against its receive
-// buffer. Batches of 60 KiB (about 750 messages) overflowed the default buffer (212,992 bytes)
-// from the first one: ENOBUFS, the deletions done but not known, the whole family given to the
-// conntrack command (300 entries to delete were enough, on Linux 6.18).
-constexpr size_t MESSAGES_PER_SEND = 128;
-// Up to this many IPv4 targets, one dump per target filtered by the kernel (CTA_FILTER, Linux 5.8
-// and later: only the entries of that original destination cross to us); beyond, one dump of the
-// family's whole table, each entry looked up among the targets (a filtered dump walks the table
-// too). IPv6 is always dumped whole: the kernels tried here (6.18) return no entry to a filtered
-// IPv6 dump that the same filter in IPv4 finds.
-constexpr size_t FILTERED_DUMPS_UP_TO = 64;
-// The kernel's tuple filter flags (nf_internals.h): the original destination address, protocol
-// and destination port.
-constexpr uint32_t FILTER_IP_DST = 1u << 1;
-constexpr uint32_t FILTER_PROTO_NUM = 1u << 3;
-constexpr uint32_t FILTER_PROTO_DST_PORT = 1u << 5;
-
-struct Target {
-  uint8_t protocol = 0;
-  uint8_t address[16] = {};
-  uint16_t port = 0;  // network byte order, as the kernel sends it
-  bool untranslatedOnly = false;
-};
-
-// One entry's parts that decide a match, and what its deletion repeats.
-struct Tuple {
-  const uint8_t* src = nullptr;
-  const uint8_t* dst = nullptr;
-  uint8_t protocol = 0;
-  bool hasProtocol = false;
-  uint16_t dport = 0;
-  bool hasPort = false;
-};
-
-// A target's key: protocol, address, port (network order), as bytes.
-std::string TargetKey(uint8_t protocol, const uint8_t* address, size_t addressLength, uint16_t port) {
-  std::string key(1 + addressLength + 2, '\0');
-  key[0] = static_cast<char>(protocol);
-  std::memcpy(&key[1], address, addressLength);
-  std::memcpy(&key[1 + addressLength], &port, 2);
-  return key;
-}
-
-// One target (of one or more lines with the same key) in a call.
-struct TargetState {
-  size_t firstLine = 0;
-  // Whether only untranslated entries go (false wins when a key is asked twice).
-  bool untranslatedOnly = false;
-  size_t matched = 0;  // entries seen that match
-  size_t kept = 0;     // of which kept, to delete: at most the share
-};
-
-struct DumpState {
-  int family = 0;
-  size_t addressLength = 0;
-  // Per target key: its index in `states`.
-  std::unordered_map<std::string, size_t> targets;
-  std::vector<TargetState> states;
-  size_t share = 0;  // entries kept per target, at most
-  // In a filtered dump, the target filtered for: a kernel without CTA_FILTER sends every entry,
-  // which must not count for the other targets (they have their own dump).
-  size_t only = SIZE_MAX;
-  size_t dumped = 0;
-  bool tooMany = false;
-  // Per kept entry: its CTA_TUPLE_ORIG attribute and, when present, CTA_ZONE, as sent, one after
-  // the other in `kept`; `keptEnds` holds where each ends.
-  std::string kept;
-  std::vector<size_t> keptEnds;
-};
-
-double NowMs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
-}
-
-std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
-
-// Calls `each` for every attribute nested in `nest` (libmnl's for-each macros assign void* and do
-// not compile as C++).
-template <typename Each>
-void ForEachNested(const nlattr* nest, Each each) {
-  const char* end = static_cast<const char*>(mnl_attr_get_payload(nest)) + mnl_attr_get_payload_len(nest);
-  for (const nlattr* a = static_cast<const nlattr*>(mnl_attr_get_payload(nest));
-       mnl_attr_ok(a, static_cast<int>(end - reinterpret_cast<const char*>(a))); a = mnl_attr_next(a)) {
-    each(a);
-  }
-}
-
-// CTA_TUPLE_* nest: the addresses (CTA_TUPLE_IP) and protocol with ports (CTA_TUPLE_PROTO).
-bool ParseTuple(const nlattr* nest, size_t addressLength, Tuple& out) {
-  ForEachNested(nest, [&](const nlattr* attr) {
-    const uint16_t type = mnl_attr_get_type(attr);
-    if (type == CTA_TUPLE_IP) {
-      ForEachNested(attr, [&](const nlattr* ip) {
-        const uint16_t t = mnl_attr_get_type(ip);
-        if (mnl_attr_get_payload_len(ip) != addressLength) return;
-        const auto* bytes = static_cast<const uint8_t*>(mnl_attr_get_payload(ip));
-        if (t == CTA_IP_V4_SRC || t == CTA_IP_V6_SRC) out.src = bytes;
-        if (t == CTA_IP_V4_DST || t == CTA_IP_V6_DST) out.dst = bytes;
-      });
-    } else if (type == CTA_TUPLE_PROTO) {
-      ForEachNested(attr, [&](const nlattr* p) {
-        const uint16_t t = mnl_attr_get_type(p);
-        if (t == CTA_PROTO_NUM && mnl_attr_get_payload_len(p) >= 1) {
-          out.protocol = mnl_attr_get_u8(p);
-          out.hasProtocol = true;
-        } else if (t == CTA_PROTO_DST_PORT && mnl_attr_get_payload_len(p) >= 2) {
-          out.dport = mnl_attr_get_u16(p);
-          out.hasPort = true;
-        }
-      });
-    }
-  });
-  return out.src != nullptr && out.dst != nullptr && out.hasProtocol;
-}
-
-int OnEntry(const nlmsghdr* nlh, void* data) {
-  auto* state = static_cast<DumpState*>(data);
-  if (++state->dumped > MAX_DUMPED) {
-    state->tooMany = true;
-    return MNL_CB_STOP;
-  }
-  const nlattr* orig = nullptr;
-  const nlattr* reply = nullptr;
-  const nlattr* zone = nullptr;
-  const char* end = reinterpret_cast<const char*>(nlh) + nlh->nlmsg_len;
-  for (const nlattr* attr = static_cast<const nlattr*>(mnl_nlmsg_get_payload_offset(nlh, sizeof(nfgenmsg)));
-       mnl_attr_ok(attr, static_cast<int>(end - reinterpret_cast<const char*>(attr))); attr = mnl_attr_next(attr)) {
-    switch (mnl_attr_get_type(attr)) {
-      case CTA_TUPLE_ORIG: orig = attr; break;
-      case CTA_TUPLE_REPLY: reply = attr; break;
-      case CTA_ZONE: zone = attr; break;
-      default: break;
-    }
-  }
-  if (orig == nullptr) return MNL_CB_OK;
-  Tuple o;
-  if (!ParseTuple(orig, state->addressLength, o) || !o.hasPort) return MNL_CB_OK;
-  Tuple r;
-  const bool hasReply = reply != nullptr && ParseTuple(reply, state->addressLength, r);
-  // One lookup per entry: a node's table holds up to millions, a sync asks for up to thousands.
-  const auto target = state->targets.find(TargetKey(o.protocol, o.dst, state->addressLength, o.dport));
-  if (target == state->targets.end()) return MNL_CB_OK;
-  if (state->only != SIZE_MAX && target->second != state->only) return MNL_CB_OK;
-  TargetState& t = state->states[target->second];
-  // Untranslated: the reply comes from the original destination itself.
-  if (t.untranslatedOnly && (!hasReply || std::memcmp(r.src, o.dst, state->addressLength) != 0)) return MNL_CB_OK;
-  ++t.matched;
-  // Past its share, an entry is counted, not kept: the target is truncated.
-  if (t.kept >= state->share) return MNL_CB_OK;
-  ++t.kept;
-  state->kept.append(reinterpret_cast<const char*>(orig), orig->nla_len);
-  state->kept.resize(MNL_ALIGN(state->kept.size()), '\0');
-  if (zone != nullptr) {
-    state->kept.append(reinterpret_cast<const char*>(zone), zone->nla_len);
-    state->kept.resize(MNL_ALIGN(state->kept.size()), '\0');
-  }
-  state->keptEnds.push_back(state->kept.size());
-  return MNL_CB_OK;
-}
-
-nlmsghdr* PutHeader(char* buffer, uint16_t type, uint16_t flags, int family, uint32_t seq) {
-  nlmsghdr* nlh = mnl_nlmsg_put_header(buffer);
-  nlh->nlmsg_type = (NFNL_SUBSYS_CTNETLINK << 8) | type;
-  nlh->nlmsg_flags = NLM_F_REQUEST | flags;
-  nlh->nlmsg_seq = seq;
-  auto* nfg = static_cast<nfgenmsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(nfgenmsg)));
-  nfg->nfgen_family = static_cast<uint8_t>(family);
-  nfg->version = NFNETLINK_V0;
-  nfg->res_id = 0;
-  return nlh;
-}
-
-// One dump of the family's table into `state`: every entry, or (`filter`) only those of the
-// filter's original destination. A kernel without CTA_FILTER sends every entry; the lookup among
-// the targets decides either way.
-bool Dump(mnl_socket* sock, uint32_t portid, int family, uint32_t seq, const Target* filter, std::vector<char>& buffer,
-          DumpState& state, std::string& error) {
-  nlmsghdr* dump = PutHeader(buffer.data(), IPCTNL_MSG_CT_GET, NLM_F_DUMP, family, seq);
-  if (filter != nullptr) {
-    nlattr* tuple = mnl_attr_nest_start(dump, CTA_TUPLE_ORIG);
-    nlattr* ip = mnl_attr_nest_start(dump, CTA_TUPLE_IP);
-    mnl_attr_put(dump, family == AF_INET ? CTA_IP_V4_DST : CTA_IP_V6_DST, state.addressLength, filter->address);
-    mnl_attr_nest_end(dump, ip);
-    nlattr* proto = mnl_attr_nest_start(dump, CTA_TUPLE_PROTO);
-    mnl_attr_put_u8(dump, CTA_PROTO_NUM, filter->protocol);
-    mnl_attr_put_u16(dump, CTA_PROTO_DST_PORT, filter->port);
-    mnl_attr_nest_end(dump, proto);
-    mnl_attr_nest_end(dump, tuple);
-    nlattr* flags = mnl_attr_nest_start(dump, CTA_FILTER);
-    mnl_attr_put_u32(dump, CTA_FILTER_ORIG_FLAGS, FILTER_IP_DST | FILTER_PROTO_NUM | FILTER_PROTO_DST_PORT);
-    mnl_attr_put_u32(dump, CTA_FILTER_REPLY_FLAGS, 0);
-    mnl_attr_nest_end(dump, flags);
-  }
-  if (mnl_socket_sendto(sock, dump, dump->nlmsg_len) < 0) return error = Errno("asking conntrack for its entries"), false;
-  for (;;) {
-    const ssize_t n = mnl_socket_recvfrom(sock, buffer.data(), buffer.size());
-    if (n < 0) {
-      error = errno == EAGAIN ? "reading conntrack's entries: no answer within the timeout"
-                              : Errno("reading conntrack's entries");
-      return false;
-    }
-    const int rc = mnl_cb_run(buffer.data(), static_cast<size_t>(n), seq, portid, OnEntry, &state);
-    if (state.tooMany) {
-      error = "conntrack holds more than " + std::to_string(MAX_DUMPED) + " entries: not read further";
-      return false;
-    }
-    if (rc == MNL_CB_STOP) return true;
-    if (rc < 0) return error = Errno("reading conntrack's entries"), false;
-  }
-}
-
-struct Limits {
-  size_t perTarget = DEFAULT_PER_TARGET;
-  size_t total = DEFAULT_TOTAL;
-};
-
-struct Truncated {
-  size_t target = 0;  // the index of its first line
-  size_t matched = 0;
-  size_t kept = 0;
-};
-
-struct Result {
-  std::string error;
-  size_t dumped = 0;
-  size_t matched = 0;
-  size_t deleted = 0;
-  size_t share = 0;
-  std::vector<Truncated> truncated;
-  double ms = 0;
-};
-
-class Socket {
- public:
-  ~Socket() {
-    if (socket_ != nullptr) mnl_socket_close(socket_);
-  }
-  bool Open(int timeoutMs, std::string& error) {
-    socket_ = mnl_socket_open(NETLINK_NETFILTER);
-    if (socket_ == nullptr) return error = Errno("opening a netfilter netlink socket"), false;
-    if (mnl_socket_bind(socket_, 0, MNL_SOCKET_AUTOPID) < 0) return error = Errno("binding it"), false;
-    timeval tv{timeoutMs / 1000, (timeoutMs % 1000) * 1000};
-    if (setsockopt(mnl_socket_get_fd(socket_), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0)
-      return error = Errno("setting its receive timeout"), false;
-    // Acknowledgements without the request copied back (Linux 4.3 and later; else they are
-    // larger), and room for more of them (the kernel caps it at net.core.rmem_max): best effort.
-    const int on = 1;
-    setsockopt(mnl_socket_get_fd(socket_), SOL_NETLINK, NETLINK_CAP_ACK, &on, sizeof on);
-    const int room = 1 << 20;
-    setsockopt(mnl_socket_get_fd(socket_), SOL_SOCKET, SO_RCVBUF, &room, sizeof room);
-    return true;
-  }
-  mnl_socket* get() const { return socket_; }
-
- private:
-  mnl_socket* socket_ = nullptr;
-};
-
-Result DeleteMatching(int family, const std::vector<Target>& targets, int timeoutMs, const Limits& limits) {
-  Result result;
-  const double started = NowMs();
-  DumpState state;
-  state.family = family;
-  state.addressLength = family == AF_INET ? 4 : 16;
-  for (size_t line = 0; line < targets.size(); ++line) {
-    const Target& t = targets[line];
-    auto [at, inserted] =
-        state.targets.emplace(TargetKey(t.protocol, t.address, state.addressLength, t.port), state.states.size());
-    if (inserted) {
-      TargetState s;
-      s.firstLine = line;
-      s.untranslatedOnly = t.untranslatedOnly;
-      state.states.push_back(s);
-    } else {
-      TargetState& s = state.states[at->second];
-      s.untranslatedOnly = s.untranslatedOnly && t.untranslatedOnly;
-    }
-  }
-  // Each target's own share of the call's entries: one target's flows never use another's.
-  const size_t distinct = state.states.empty() ? 1 : state.states.size();
-  state.share = std::max<size_t>(1, std::min(limits.perTarget, limits.total / distinct));
-  result.share = state.share;
-  Socket sock;
-  if (!sock.Open(timeoutMs, result.error)) return result;
-  const uint32_t portid = mnl_socket_get_portid(sock.get());
-  std::vector<char> buffer(MNL_SOCKET_BUFFER_SIZE > 65536 ? MNL_SOCKET_BUFFER_SIZE : 65536);
-
-  uint32_t seq = static_cast<uint32_t>(time(nullptr));
-  if (family == AF_INET && targets.size() <= FILTERED_DUMPS_UP_TO) {
-    for (size_t line = 0; line < targets.size(); ++line) {
-      const Target& t = targets[line];
-      state.only = state.targets.at(TargetKey(t.protocol, t.address, state.addressLength, t.port));
-      // A key asked twice is dumped once.
-      if (state.states[state.only].firstLine != line) continue;
-      if (!Dump(sock.get(), portid, family, ++seq, &t, buffer, state, result.error)) return result;
-    }
-    state.only = SIZE_MAX;
-  } else if (!Dump(sock.get(), portid, family, ++seq, nullptr, buffer, state, result.error)) {
-    return result;
-  }
-  result.dumped = state.dumped;
-  for (const TargetState& t : state.states) {
-    result.matched += t.matched;
-    if (t.matched > t.kept) result.truncated.push_back(Truncated{t.firstLine, t.matched, t.kept});
-  }
-
-  // Deletions, MESSAGES_PER_SEND at a time, each acknowledged.
-  size_t next = 0;
-  while (next < state.keptEnds.size()) {
-    std::vector<char> batch;
-    batch.reserve(MESSAGES_PER_SEND * 128);
-    const uint32_t first = ++seq;
-    size_t messages = 0;
-    while (next < state.keptEnds.size() && messages < MESSAGES_PER_SEND) {
-      const size_t from = next == 0 ? 0 : state.keptEnds[next - 1];
-      const size_t length = state.keptEnds[next++] - from;
-      const size_t at = batch.size();
-      batch.resize(at + MNL_ALIGN(sizeof(nlmsghdr)) + MNL_ALIGN(sizeof(nfgenmsg)) + length);
-      nlmsghdr* nlh = PutHeader(batch.data() + at, IPCTNL_MSG_CT_DELETE, NLM_F_ACK, family, first + messages);
-      std::memcpy(static_cast<char*>(mnl_nlmsg_get_payload_tail(nlh)), state.kept.data() + from, length);
-      nlh->nlmsg_len += static_cast<uint32_t>(length);
-      ++messages;
-    }
-    seq = first + static_cast<uint32_t>(messages);
-    if (mnl_socket_sendto(sock.get(), batch.data(), batch.size()) < 0) {
-      result.error = Errno("deleting conntrack entries");
-      return result;
-    }
-    for (size_t acked = 0; acked < messages;) {
-      const ssize_t n = mnl_socket_recvfrom(sock.get(), buffer.data(), buffer.size());
-      if (n < 0) {
-        result.error = errno == EAGAIN ? "deleting conntrack entries: no answer within the timeout"
-                                       : Errno("deleting conntrack entries");
-        return result;
-      }
-      auto* nlh = reinterpret_cast<nlmsghdr*>(buffer.data());
-      int len = static_cast<int>(n);
-      for (; mnl_nlmsg_ok(nlh, len); nlh = mnl_nlmsg_next(nlh, &len)) {
-        if (nlh->nlmsg_type != NLMSG_ERROR || nlh->nlmsg_seq < first || nlh->nlmsg_seq >= first + messages) continue;
-        ++acked;
-        const auto* err = static_cast<const nlmsgerr*>(mnl_nlmsg_get_payload(nlh));
-        if (err->error == 0) {
-          ++result.deleted;
-        } else if (err->error != -ENOENT && result.error.empty()) {
-          result.error = std::string("deleting a conntrack entry: ") + std::strerror(-err->error);
-        }
-      }
-    }
-  }
-  result.ms = NowMs() - started;
-  return result;
-}
-
-bool ParseTargets(const std::string& text, int family, std::vector<Target>& out, std::string& error) {
-  std::istringstream lines(text);
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (line.empty()) continue;
-    if (out.size() >= MAX_TARGETS) return error = "too many targets", false;
-    std::istringstream fields(line);
-    unsigned protocol = 0, port = 0, untranslated = 0;
-    std::string address;
-    if (!(fields >> protocol >> address >> port >> untranslated) || protocol > 255 || port > 65535 ||
-        untranslated > 1) {
-      return error = "not a target: '" + line + "'", false;
-    }
-    Target t;
-    t.protocol = static_cast<uint8_t>(protocol);
-    t.port = htons(static_cast<uint16_t>(port));
-    t.untranslatedOnly = untranslated == 1;
-    if (inet_pton(family, address.c_str(), t.address) != 1) return error = "not an address: '" + address + "'", false;
-    out.push_back(t);
-  }
-  return true;
-}
+using conntrack::Limits;
+using conntrack::MAX_LIMIT;
+using conntrack::Result;
+using conntrack::Target;
 
 class DeleteWorker : public Napi::AsyncWorker {
  public:
@@ -442,7 +40,7 @@ class DeleteWorker : public Napi::AsyncWorker {
 
  protected:
   void Execute() override {
-    result_ = DeleteMatching(family_, targets_, timeoutMs_, limits_);
+    result_ = conntrack::DeleteMatching(family_, targets_, timeoutMs_, limits_);
     if (!result_.error.empty()) SetError(result_.error);
   }
   void OnOK() override {
@@ -515,7 +113,7 @@ Napi::Value DeleteMatchingJs(const Napi::CallbackInfo& info) {
   }
   std::vector<Target> targets;
   std::string error;
-  if (!ParseTargets(info[1].As<Napi::String>().Utf8Value(), family, targets, error))
+  if (!conntrack::ParseTargets(info[1].As<Napi::String>().Utf8Value(), family, targets, error))
     throw Napi::TypeError::New(env, error);
   auto* worker = new DeleteWorker(env, family, std::move(targets), timeoutMs, limits);
   worker->Queue();

@@ -29,8 +29,6 @@
 #include <linux/netfilter/nfnetlink.h>
 #include <linux/netlink.h>
 #include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -49,12 +47,10 @@ constexpr size_t kMaxElementBytes = 256;
 constexpr size_t kMaxMessageBytes = kMaxNestBytes + kMaxElementBytes + 512;
 // Late datagrams (answers to a write whose read failed) read beyond the expected acks.
 constexpr size_t kExtraDatagrams = 64;
-
-double NowMs() {
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<double>(now.tv_sec) * 1e3 + static_cast<double>(now.tv_nsec) / 1e6;
-}
+// The kernel has answered when sendmsg returns; the timeout only bounds a socket out of step.
+constexpr int kReceiveTimeoutMs = 5000;
+// 8192 bytes, as netlink(7) advises; acks are 36 bytes, errors with a message a little more.
+constexpr size_t kDatagramBytes = 8192;
 
 struct ParsedElement {
   uint8_t key[24] = {};
@@ -166,75 +162,29 @@ void PutData(nlmsghdr* nlh, uint16_t type, const void* bytes, size_t length) {
 
 }  // namespace
 
-ElementBatchWriter::~ElementBatchWriter() { Close(); }
-
-void ElementBatchWriter::Close() {
-  if (socket_ != nullptr) mnl_socket_close(socket_);
-  socket_ = nullptr;
-  sendBuffer_ = 0;
-  receiveBuffer_ = 0;
-}
-
-bool ElementBatchWriter::Open(std::string& error) {
-  if (socket_ != nullptr) return true;
-  socket_ = mnl_socket_open2(NETLINK_NETFILTER, SOCK_CLOEXEC);
-  if (socket_ == nullptr) {
-    error = std::string("cannot open a netfilter netlink socket: ") + std::strerror(errno);
-    return false;
-  }
-  if (mnl_socket_bind(socket_, 0, MNL_SOCKET_AUTOPID) < 0) {
-    error = std::string("cannot bind a netfilter netlink socket: ") + std::strerror(errno);
-    Close();
-    return false;
-  }
-  const int fd = mnl_socket_get_fd(socket_);
-  // Acks carry only the header of the message they answer, not the message (up to 64 KiB each);
-  // errors carry the kernel's extended message when it has one.
-  const int on = 1;
-  setsockopt(fd, SOL_NETLINK, NETLINK_CAP_ACK, &on, sizeof on);
-  setsockopt(fd, SOL_NETLINK, NETLINK_EXT_ACK, &on, sizeof on);
-  // The kernel has answered when sendmsg returns; the timeout only bounds a socket out of step.
-  timeval timeout{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  if (seq_ == 0) seq_ = static_cast<uint32_t>(time(nullptr));
-  return true;
-}
-
 // The batch goes in one datagram, which must fit the socket's send buffer; the acks must fit its
 // receive buffer (an ack that does not is dropped, and the write could not be told apart from a
 // lost one). The *FORCE options pass the system's limits; they need CAP_NET_ADMIN, which a
 // process that programs nf_tables has.
 bool ElementBatchWriter::EnsureBuffers(size_t sendBytes, size_t acks, std::string& error) {
-  const int fd = mnl_socket_get_fd(socket_);
   const size_t wantSend = sendBytes + 4096;
-  if (wantSend > static_cast<size_t>(sendBuffer_)) {
-    if (wantSend > static_cast<size_t>(INT32_MAX / 2)) {
-      error = "the batch is too large for one netlink message (" + std::to_string(sendBytes) + " bytes)";
-      return false;
-    }
-    const int value = static_cast<int>(wantSend);
-    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &value, sizeof value) < 0 &&
-        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &value, sizeof value) < 0) {
-      error = std::string("cannot size the netlink send buffer: ") + std::strerror(errno);
-      return false;
-    }
-    sendBuffer_ = value;
+  if (wantSend > static_cast<size_t>(INT32_MAX / 2)) {
+    error = "the batch is too large for one netlink message (" + std::to_string(sendBytes) + " bytes)";
+    return false;
+  }
+  if (!socket_.GrowSendBuffer(static_cast<int>(wantSend))) {
+    error = std::string("cannot size the netlink send buffer: ") + std::strerror(errno);
+    return false;
   }
   // An ack takes about 1 KiB of buffer (the skb around its few bytes); 256 KiB at least.
   const size_t wantReceive = std::max<size_t>(256 << 10, acks * 2048);
-  if (wantReceive > static_cast<size_t>(receiveBuffer_) && wantReceive <= static_cast<size_t>(INT32_MAX / 2)) {
-    const int value = static_cast<int>(wantReceive);
-    if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &value, sizeof value) < 0) {
-      setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &value, sizeof value);
-    }
-    receiveBuffer_ = value;
-  }
+  if (wantReceive <= static_cast<size_t>(INT32_MAX / 2)) socket_.GrowReceiveBuffer(static_cast<int>(wantReceive), true);
   return true;
 }
 
 ElementWriteResult ElementBatchWriter::Write(const ElementWrite& write) {
   ElementWriteResult result;
-  const double started = NowMs();
+  const double started = netlink::NowMs();
   const int af = write.family == AF_INET6 ? AF_INET6 : AF_INET;
   if (write.family != AF_INET && write.family != AF_INET6) {
     result.error = "the family must be ip or ip6";
@@ -247,14 +197,14 @@ ElementWriteResult ElementBatchWriter::Write(const ElementWrite& write) {
     result.error = "bad table, map or key set name";
     return result;
   }
-  if (!Open(result.error)) return result;
+  if (!socket_.Open(kReceiveTimeoutMs, kDatagramBytes, result.error)) return result;
 
   // Build: BATCH_BEGIN, the messages, BATCH_END, laid end to end in one buffer.
   size_t used = 0;
   auto reserve = [&](size_t bytes) {
     if (batch_.size() < used + bytes) batch_.resize(std::max(batch_.size() * 2, used + bytes));
   };
-  const uint32_t beginSeq = ++seq_;
+  const uint32_t beginSeq = socket_.NextSeq();
   reserve(NLMSG_ALIGN(sizeof(nlmsghdr) + sizeof(nfgenmsg)) + MNL_ATTR_HDRLEN + sizeof(uint32_t));
   nlmsghdr* begin = nftnl_batch_begin(batch_.data() + used, beginSeq);
   // The generation the lists were computed at: the kernel compares it with its own under the
@@ -263,14 +213,14 @@ ElementWriteResult ElementBatchWriter::Write(const ElementWrite& write) {
     mnl_attr_put_u32(begin, NFNL_BATCH_GENID, htonl(static_cast<uint32_t>(write.generation)));
   }
   used += NLMSG_ALIGN(begin->nlmsg_len);
-  const uint32_t firstSeq = seq_ + 1;
+  const uint32_t firstSeq = socket_.LastSeq() + 1;
   const bool withKeySet = !write.keySet.empty();
   if (write.flush) {
     for (const std::string* set : {&write.map, withKeySet ? &write.keySet : nullptr}) {
       if (set == nullptr) continue;
       reserve(kMaxMessageBytes);
       nlmsghdr* flush =
-          nftnl_nlmsg_build_hdr(batch_.data() + used, NFT_MSG_DELSETELEM, write.family, NLM_F_ACK, ++seq_);
+          nftnl_nlmsg_build_hdr(batch_.data() + used, NFT_MSG_DELSETELEM, write.family, NLM_F_ACK, socket_.NextSeq());
       mnl_attr_put_strz(flush, NFTA_SET_ELEM_LIST_TABLE, write.table.c_str());
       mnl_attr_put_strz(flush, NFTA_SET_ELEM_LIST_SET, set->c_str());
       used += NLMSG_ALIGN(flush->nlmsg_len);
@@ -333,7 +283,7 @@ ElementWriteResult ElementBatchWriter::Write(const ElementWrite& write) {
         // Grown only between messages: the open message points into the buffer.
         reserve(kMaxMessageBytes);
         nlh = nftnl_nlmsg_build_hdr(batch_.data() + used, part.add ? NFT_MSG_NEWSETELEM : NFT_MSG_DELSETELEM,
-                                    write.family, part.add ? (NLM_F_CREATE | NLM_F_ACK) : NLM_F_ACK, ++seq_);
+                                    write.family, part.add ? (NLM_F_CREATE | NLM_F_ACK) : NLM_F_ACK, socket_.NextSeq());
         mnl_attr_put_strz(nlh, NFTA_SET_ELEM_LIST_TABLE, write.table.c_str());
         mnl_attr_put_strz(nlh, NFTA_SET_ELEM_LIST_SET, part.set->c_str());
         list = mnl_attr_nest_start(nlh, NFTA_SET_ELEM_LIST_ELEMENTS);
@@ -356,94 +306,52 @@ ElementWriteResult ElementBatchWriter::Write(const ElementWrite& write) {
       ++*part.count;
     }
     closeMessage();
-    if (!part.add) removalsLastSeq = seq_;
+    if (!part.add) removalsLastSeq = socket_.LastSeq();
   }
-  const uint32_t lastSeq = seq_;
+  const uint32_t lastSeq = socket_.LastSeq();
   reserve(NLMSG_ALIGN(sizeof(nlmsghdr) + sizeof(nfgenmsg)));
-  used += NLMSG_ALIGN(nftnl_batch_end(batch_.data() + used, ++seq_)->nlmsg_len);
+  used += NLMSG_ALIGN(nftnl_batch_end(batch_.data() + used, socket_.NextSeq())->nlmsg_len);
   result.bytes = used;
-  result.buildMs = NowMs() - started;
+  result.buildMs = netlink::NowMs() - started;
   if (result.messages == 0) {
     result.ok = true;
     return result;
   }
 
-  // Send, then read one ack per message.
-  const double sent = NowMs();
+  // Send, then read one ack per message (and the batch's own error, when it is refused whole).
+  const double sent = netlink::NowMs();
   if (!EnsureBuffers(used, result.messages, result.error)) return result;
-  if (mnl_socket_sendto(socket_, batch_.data(), used) < 0) {
+  if (!socket_.Send(batch_.data(), used)) {
     result.error = std::string("cannot send the batch to the kernel: ") + std::strerror(errno);
-    Close();
     return result;
   }
-  const int fd = mnl_socket_get_fd(socket_);
   size_t acked = 0;
   int firstError = 0;
   uint32_t errorSeq = 0;
   std::string kernelMessage;
-  bool refused = false;
-  // 8192 bytes, as netlink(7) advises; acks are 36 bytes, errors with a message a little more.
-  alignas(nlmsghdr) char buffer[8192];
-  for (size_t datagram = 0; acked < result.messages && !refused; ++datagram) {
-    if (datagram >= result.messages + kExtraDatagrams) {
-      result.error = "the kernel's answer to the batch did not come (too many other datagrams)";
-      Close();
-      return result;
+  netlink::Limits limits;
+  limits.maxDatagrams = result.messages + kExtraDatagrams;
+  const netlink::Received received = socket_.Receive(beginSeq, lastSeq, limits, [&](const netlink::Message& m) {
+    using Type = netlink::Message::Type;
+    if (m.type != Type::kAck && m.type != Type::kError) return netlink::Next::kMore;
+    const bool isBatch = m.header->nlmsg_seq == beginSeq;
+    if (!isBatch) ++acked;
+    if (m.type == Type::kError && firstError == 0) {
+      firstError = m.error;
+      errorSeq = m.header->nlmsg_seq;
+      kernelMessage = m.kernelMessage;
     }
-    sockaddr_nl sender{};
-    iovec part{buffer, sizeof buffer};
-    msghdr message{};
-    message.msg_name = &sender;
-    message.msg_namelen = sizeof sender;
-    message.msg_iov = &part;
-    message.msg_iovlen = 1;
-    const ssize_t received = recvmsg(fd, &message, 0);
-    if (received < 0 || (message.msg_flags & MSG_TRUNC) != 0) {
-      result.error = std::string("reading the kernel's answer to the batch: ") +
-                     (received < 0 ? std::strerror(errno) : "a datagram was cut short");
-      Close();
-      return result;
-    }
-    if (message.msg_namelen != sizeof sender || sender.nl_family != AF_NETLINK || sender.nl_pid != 0) continue;
-    int left = static_cast<int>(received);
-    for (nlmsghdr* h = reinterpret_cast<nlmsghdr*>(buffer); NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
-      if (h->nlmsg_type != NLMSG_ERROR) continue;
-      if (h->nlmsg_len < NLMSG_LENGTH(sizeof(nlmsgerr))) continue;
-      const auto* answer = static_cast<const nlmsgerr*>(NLMSG_DATA(h));
-      const bool isBatch = h->nlmsg_seq == beginSeq;
-      const bool isOurs = h->nlmsg_seq >= firstSeq && h->nlmsg_seq <= lastSeq;
-      if (!isBatch && !isOurs) continue;  // a late answer to an earlier write
-      if (isOurs) ++acked;
-      if (answer->error == 0) continue;
-      if (firstError == 0) {
-        firstError = -answer->error;
-        errorSeq = h->nlmsg_seq;
-        // Extended ack attributes follow the error and the header it echoes.
-        if ((h->nlmsg_flags & NLM_F_ACK_TLVS) != 0) {
-          const size_t offset = NLMSG_ALIGN(sizeof(nlmsgerr));
-          const char* at = reinterpret_cast<const char*>(answer) + offset;
-          int remaining = static_cast<int>(h->nlmsg_len) - static_cast<int>(NLMSG_HDRLEN + offset);
-          while (remaining >= static_cast<int>(sizeof(nlattr))) {
-            const auto* attr = reinterpret_cast<const nlattr*>(at);
-            if (!mnl_attr_ok(attr, remaining)) break;
-            if (mnl_attr_get_type(attr) == NLMSGERR_ATTR_MSG && mnl_attr_validate(attr, MNL_TYPE_NUL_STRING) == 0) {
-              kernelMessage = mnl_attr_get_str(attr);
-            }
-            const int step = static_cast<int>(MNL_ALIGN(attr->nla_len));
-            at += step;
-            remaining -= step;
-          }
-        }
-      }
-      if (isBatch) refused = true;  // the batch as a whole: no per-message acks follow
-    }
-    if (left > 0) {
-      result.error = "reading the kernel's answer to the batch: a datagram holds no whole message";
-      Close();
-      return result;
-    }
+    // The batch refused as a whole: no per-message acks follow.
+    const bool refused = isBatch && m.type == Type::kError;
+    return refused || acked >= result.messages ? netlink::Next::kStop : netlink::Next::kMore;
+  });
+  if (!received.ok()) {
+    result.error = received.end == netlink::Received::End::kTooManyDatagrams
+                       ? "the kernel's answer to the batch did not come (too many other datagrams)"
+                       : "reading the kernel's answer to the batch: " + received.Why();
+    return result;
   }
-  result.kernelMs = NowMs() - sent;
+  result.kernelMs = netlink::NowMs() - sent;
   if (firstError != 0 && errorSeq == beginSeq && firstError == ERESTART && write.generation > 0) {
     result.generationChanged = true;
     result.error = "the ruleset changed since generation " + std::to_string(write.generation) +

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-struct mnl_socket;
+#include "netlink_socket.h"
 
 namespace nft_batch {
 
@@ -61,27 +61,18 @@ struct ElementWriteResult {
   bool generationChanged = false;
 };
 
-// One netlink socket, opened at the first write and kept (reopened after a failure). Not
-// thread-safe: the caller serialises writes.
+// Writes through one netlink socket (netlink_socket.h), opened at the first write and kept
+// (reopened after a failure); not copyable, as the socket is not. Not thread-safe: the caller
+// serialises writes.
 class ElementBatchWriter {
  public:
-  ElementBatchWriter() = default;
-  ElementBatchWriter(const ElementBatchWriter&) = delete;
-  ElementBatchWriter& operator=(const ElementBatchWriter&) = delete;
-  ~ElementBatchWriter();
-
   // Deletions then additions of one map's elements (and of its key set's), in one transaction.
   ElementWriteResult Write(const ElementWrite& write);
 
  private:
-  bool Open(std::string& error);
-  void Close();
   bool EnsureBuffers(size_t sendBytes, size_t acks, std::string& error);
 
-  mnl_socket* socket_ = nullptr;
-  uint32_t seq_ = 0;
-  int sendBuffer_ = 0;
-  int receiveBuffer_ = 0;
+  netlink::Socket socket_;
   std::vector<char> batch_;
 };
 

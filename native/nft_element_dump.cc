@@ -31,7 +31,6 @@
 #include <linux/netlink.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <time.h>
 
 #include <cerrno>
 #include <cstring>
@@ -45,12 +44,8 @@ namespace {
 constexpr size_t kMaxElementDumpBytes = 512;
 // A dump datagram is at most 32 KiB (the kernel sizes it to the reader's buffer, up to that).
 constexpr size_t kDatagramBytes = 64 << 10;
-
-double NowMs() {
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<double>(now.tv_sec) * 1e3 + static_cast<double>(now.tv_nsec) / 1e6;
-}
+// The kernel answers a dump as fast as it is read; the timeout only bounds a socket out of step.
+constexpr int kReceiveTimeoutMs = 5000;
 
 struct Formatter {
   int af = AF_INET;
@@ -221,39 +216,9 @@ int FormatElement(nftnl_set_elem* e, void* data) {
 
 }  // namespace
 
-ElementReader::~ElementReader() { Close(); }
-
-void ElementReader::Close() {
-  if (socket_ != nullptr) mnl_socket_close(socket_);
-  socket_ = nullptr;
-}
-
-bool ElementReader::Open(std::string& error) {
-  if (socket_ != nullptr) return true;
-  socket_ = mnl_socket_open2(NETLINK_NETFILTER, SOCK_CLOEXEC);
-  if (socket_ == nullptr) {
-    error = std::string("cannot open a netfilter netlink socket: ") + std::strerror(errno);
-    return false;
-  }
-  if (mnl_socket_bind(socket_, 0, MNL_SOCKET_AUTOPID) < 0) {
-    error = std::string("cannot bind a netfilter netlink socket: ") + std::strerror(errno);
-    Close();
-    return false;
-  }
-  const int fd = mnl_socket_get_fd(socket_);
-  const int on = 1;
-  setsockopt(fd, SOL_NETLINK, NETLINK_EXT_ACK, &on, sizeof on);
-  // The kernel answers a dump as fast as it is read; the timeout only bounds a socket out of step.
-  timeval timeout{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  if (seq_ == 0) seq_ = static_cast<uint32_t>(time(nullptr));
-  buffer_.resize(kDatagramBytes);
-  return true;
-}
-
 ElementReadResult ElementReader::Read(const ElementRead& read) {
   ElementReadResult result;
-  const double started = NowMs();
+  const double started = netlink::NowMs();
   if (read.family != AF_INET && read.family != AF_INET6) {
     result.error = "the family must be ip or ip6";
     return result;
@@ -262,10 +227,10 @@ ElementReadResult ElementReader::Read(const ElementRead& read) {
     result.error = "bad table or set name";
     return result;
   }
-  if (!Open(result.error)) return result;
+  if (!socket_.Open(kReceiveTimeoutMs, kDatagramBytes, result.error)) return result;
 
   alignas(nlmsghdr) char request[1024];
-  const uint32_t seq = ++seq_;
+  const uint32_t seq = socket_.NextSeq();
   nlmsghdr* nlh = nftnl_nlmsg_build_hdr(request, NFT_MSG_GETSETELEM, read.family, NLM_F_DUMP, seq);
   nftnl_set* named = nftnl_set_alloc();
   if (named == nullptr) {
@@ -276,9 +241,8 @@ ElementReadResult ElementReader::Read(const ElementRead& read) {
   nftnl_set_set_str(named, NFTNL_SET_NAME, read.set.c_str());
   nftnl_set_elems_nlmsg_build_payload(nlh, named);
   nftnl_set_free(named);
-  if (mnl_socket_sendto(socket_, nlh, nlh->nlmsg_len) < 0) {
+  if (!socket_.Send(nlh, nlh->nlmsg_len)) {
     result.error = std::string("cannot send the dump request: ") + std::strerror(errno);
-    Close();
     return result;
   }
 
@@ -289,72 +253,60 @@ ElementReadResult ElementReader::Read(const ElementRead& read) {
   f.maxElements = read.maxElements;
   f.lines = &result.lines;
   f.elements = &result.elements;
-  const size_t maxBytes = read.maxElements * kMaxElementDumpBytes + (1 << 20);
-  const int fd = mnl_socket_get_fd(socket_);
-  size_t receivedBytes = 0;
+  netlink::Limits limits;
+  limits.maxBytes = read.maxElements * kMaxElementDumpBytes + (1 << 20);
   // Any failure below leaves the rest of the dump on the socket: it is closed, and reopened at
   // the next read.
-  auto fail = [&](std::string error) {
+  std::string error;
+  const netlink::Received received = socket_.Receive(seq, seq, limits, [&](const netlink::Message& m) {
+    using Type = netlink::Message::Type;
+    if ((m.header->nlmsg_flags & NLM_F_DUMP_INTR) != 0) result.interrupted = true;
+    if (m.type == Type::kDone) {
+      if (m.error != 0) error = "the dump of " + read.set + " failed: " + std::strerror(m.error);
+      return netlink::Next::kStop;
+    }
+    if (m.type == Type::kAck) return netlink::Next::kMore;
+    if (m.type == Type::kError) {
+      result.missing = m.error == ENOENT;
+      error = "cannot read " + read.set + ": " + std::strerror(m.error);
+      return netlink::Next::kStop;
+    }
+    if (m.header->nlmsg_type != ((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM)) return netlink::Next::kMore;
+    nftnl_set* elements = nftnl_set_alloc();
+    if (elements == nullptr) {
+      error = "out of memory";
+      return netlink::Next::kStop;
+    }
+    const bool parsed = nftnl_set_elems_nlmsg_parse(m.header, elements) >= 0;
+    if (parsed) nftnl_set_elem_foreach(elements, FormatElement, &f);
+    nftnl_set_free(elements);
+    if (!parsed) {
+      error = "libnftnl could not parse the elements of " + read.set;
+    } else if (f.tooMany) {
+      result.tooMany = true;
+      error = read.set + " holds more than " + std::to_string(read.maxElements) +
+              " elements, more than the controller writes: it was not read";
+    } else if (!f.error.empty()) {
+      error = read.set + ": " + f.error;
+    }
+    return error.empty() ? netlink::Next::kMore : netlink::Next::kStop;
+  });
+  if (received.end == netlink::Received::End::kTooManyBytes) {
+    result.tooMany = true;
+    error = "the dump of " + read.set + " is longer than " + std::to_string(limits.maxBytes) + " bytes, more than " +
+            std::to_string(read.maxElements) + " elements take";
+  } else if (!received.ok()) {
+    error = "reading the dump of " + read.set + ": " + received.Why();
+  }
+  if (!error.empty()) {
     result.error = std::move(error);
     result.lines.clear();
-    Close();
+    socket_.Close();
     return result;
-  };
-  for (;;) {
-    sockaddr_nl sender{};
-    iovec part{buffer_.data(), buffer_.size()};
-    msghdr message{};
-    message.msg_name = &sender;
-    message.msg_namelen = sizeof sender;
-    message.msg_iov = &part;
-    message.msg_iovlen = 1;
-    const ssize_t received = recvmsg(fd, &message, 0);
-    if (received < 0 || (message.msg_flags & MSG_TRUNC) != 0) {
-      return fail(std::string("reading the dump of ") + read.set + ": " +
-                  (received < 0 ? std::strerror(errno) : "a datagram was cut short"));
-    }
-    receivedBytes += static_cast<size_t>(received);
-    if (receivedBytes > maxBytes) {
-      result.tooMany = true;
-      return fail("the dump of " + read.set + " is longer than " + std::to_string(maxBytes) +
-                  " bytes, more than " + std::to_string(read.maxElements) + " elements take");
-    }
-    if (message.msg_namelen != sizeof sender || sender.nl_family != AF_NETLINK || sender.nl_pid != 0) continue;
-    int left = static_cast<int>(received);
-    for (nlmsghdr* h = reinterpret_cast<nlmsghdr*>(buffer_.data()); NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
-      if (h->nlmsg_seq != seq) continue;  // a late answer to an earlier request
-      if ((h->nlmsg_flags & NLM_F_DUMP_INTR) != 0) result.interrupted = true;
-      if (h->nlmsg_type == NLMSG_DONE) {
-        int status = 0;
-        if (h->nlmsg_len >= NLMSG_LENGTH(sizeof status)) std::memcpy(&status, NLMSG_DATA(h), sizeof status);
-        if (status < 0) return fail("the dump of " + read.set + " failed: " + std::strerror(-status));
-        result.ok = true;
-        result.ms = NowMs() - started;
-        return result;
-      }
-      if (h->nlmsg_type == NLMSG_ERROR) {
-        if (h->nlmsg_len < NLMSG_LENGTH(sizeof(nlmsgerr))) return fail("a cut error message in the dump");
-        const int error = -static_cast<const nlmsgerr*>(NLMSG_DATA(h))->error;
-        if (error == 0) continue;
-        result.missing = error == ENOENT;
-        return fail("cannot read " + read.set + ": " + std::strerror(error));
-      }
-      if (h->nlmsg_type != ((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM)) continue;
-      nftnl_set* elements = nftnl_set_alloc();
-      if (elements == nullptr) return fail("out of memory");
-      const bool parsed = nftnl_set_elems_nlmsg_parse(h, elements) >= 0;
-      if (parsed) nftnl_set_elem_foreach(elements, FormatElement, &f);
-      nftnl_set_free(elements);
-      if (!parsed) return fail("libnftnl could not parse the elements of " + read.set);
-      if (f.tooMany) {
-        result.tooMany = true;
-        return fail(read.set + " holds more than " + std::to_string(read.maxElements) +
-                    " elements, more than the controller writes: it was not read");
-      }
-      if (!f.error.empty()) return fail(read.set + ": " + f.error);
-    }
-    if (left > 0) return fail("reading the dump of " + read.set + ": a datagram holds no whole message");
   }
+  result.ok = true;
+  result.ms = netlink::NowMs() - started;
+  return result;
 }
 
 }  // namespace nft_batch

@@ -10,8 +10,7 @@
 #include <string>
 #include <vector>
 
-struct mnl_socket;
-struct nlmsghdr;
+#include "netlink_socket.h"
 
 namespace nft_batch {
 
@@ -44,24 +43,15 @@ struct ElementReadResult {
   double ms = 0;
 };
 
-// One netlink socket, opened at the first read and kept (reopened after a failure). Not
-// thread-safe: the caller serialises reads.
+// Reads through one netlink socket (netlink_socket.h), opened at the first read and kept
+// (reopened after a failure); not copyable, as the socket is not. Not thread-safe: the caller
+// serialises reads.
 class ElementReader {
  public:
-  ElementReader() = default;
-  ElementReader(const ElementReader&) = delete;
-  ElementReader& operator=(const ElementReader&) = delete;
-  ~ElementReader();
-
   ElementReadResult Read(const ElementRead& read);
 
  private:
-  bool Open(std::string& error);
-  void Close();
-
-  mnl_socket* socket_ = nullptr;
-  uint32_t seq_ = 0;
-  std::vector<char> buffer_;
+  netlink::Socket socket_;
 };
 
 }  // namespace nft_batch

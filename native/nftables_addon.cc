@@ -1,25 +1,16 @@
 // In-process libnftables: nft JSON documents run as one transaction each, without a process
 // per call. Every call runs on a libuv worker thread (Napi::AsyncWorker) so a large transaction
-// never blocks the event loop; results come back as promises.
-//
-// One long-lived nft_ctx per addon instance, all calls serialised by one process-wide lock:
-// - Freeing a context after a transaction costs about 6 ms (its netlink socket is closed),
-//   against about 0.1 ms for a single-element transaction on a kept context: a context per
-//   call would make every partial sync 50 times slower.
-// - libnftables keeps unsynchronised process-wide state (a one-time initialisation inside
-//   nft_ctx_new, an interface cache released at the end of every command), so even separate
-//   contexts must not run at the same time: a pool of several would buy no parallelism.
-// - A kept context stays correct when others change the ruleset: libnftables compares the
-//   ruleset generation before each command and refetches its cache when it moved, and drops
-//   its cache after a failed command. Dry-run is set on every call.
-// The netlink socket belongs to the network namespace the process was in at the first call.
+// never blocks the event loop; results come back as promises. The calls go to one long-lived
+// libnftables context per addon instance, all serialised by one process-wide lock (nft_session.cc
+// says why).
 //
 // Each transaction also reports the ruleset generation (NFT_MSG_GETGEN) read just before and
 // just after it: when the two differ by exactly one, the commit between them was ours, so the
 // caller can tell later whether anyone else has written since (a resync then need not list).
-// writeElements() (when built with libnftnl and libmnl) writes one map's element removals and
-// additions as a netlink batch of its own (nft_element_batch.cc): no JSON, no libnftables parse.
-// It holds the same lock and reads the generation around its commit the same way.
+// writeElements() (when built with libnftnl and libmnl; nft_element_calls.cc) writes one map's
+// element removals and additions as a netlink batch of its own (nft_element_batch.cc): no JSON,
+// no libnftables parse. It holds the same lock and reads the generation around its commit the
+// same way.
 // readSets() reads what some sets hold with netlink dumps (nft_element_dump.cc), at one ruleset
 // generation: a whole write compares them with what they must hold and writes only the
 // difference, with that generation in its batch so that the kernel refuses it if anything was
@@ -28,20 +19,11 @@
 // the freed arenas of libnftables' parse otherwise. The caller decides when (after full syncs).
 
 #include <napi.h>
-#include <nftables/libnftables.h>
 
-#ifdef NFT_ELEMENT_BATCH
-#include "nft_element_batch.h"
-#include "nft_element_dump.h"
-#endif
+#include "nft_calls.h"
+#include "nft_session.h"
 
-#include <linux/netfilter/nf_tables.h>
-#include <linux/netfilter/nfnetlink.h>
-#include <linux/netlink.h>
-#include <arpa/inet.h>
 #include <malloc.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
@@ -51,19 +33,31 @@
 #include <mutex>
 #include <string>
 #include <utility>
-#include <vector>
 
 #ifndef LIBNFTABLES_VERSION
 #define LIBNFTABLES_VERSION "unknown"
 #endif
 
+namespace nft_addon {
+
+SharedSession SessionOf(Napi::Env env) { return *env.GetInstanceData<SharedSession>(); }
+
+std::string StringArgument(const Napi::CallbackInfo& info, size_t index, const char* name) {
+  if (info.Length() <= index || !info[index].IsString()) {
+    throw Napi::TypeError::New(info.Env(), std::string(name) + " must be a string");
+  }
+  return info[index].As<Napi::String>().Utf8Value();
+}
+
+}  // namespace nft_addon
+
 namespace {
 
-// Guards libnftables' process-wide state: one lock for every addon instance in the process.
-std::mutex& LibnftablesLock() {
-  static std::mutex lock;
-  return lock;
-}
+using nft_addon::CommandResult;
+using nft_addon::NftSession;
+using nft_addon::SessionOf;
+using nft_addon::SharedSession;
+using nft_addon::StringArgument;
 
 void ReleaseFreedMemory() {
 #ifdef __GLIBC__
@@ -83,237 +77,6 @@ void TuneAllocatorForLargeTransactions() {
   std::call_once(once, [] { mallopt(M_MXFAST, 0); });
 #endif
 }
-
-struct CommandResult {
-  int rc = 0;
-  std::string output;
-  std::string error;
-  // Ruleset generation before and after the command; -1 when it could not be read.
-  int64_t generationBefore = -1;
-  int64_t generationAfter = -1;
-};
-
-// Reads the nf_tables ruleset generation over a netlink socket of its own (NFT_MSG_GETGEN).
-class GenerationReader {
- public:
-  GenerationReader() = default;
-  GenerationReader(const GenerationReader&) = delete;
-  GenerationReader& operator=(const GenerationReader&) = delete;
-  ~GenerationReader() {
-    if (fd_ >= 0) close(fd_);
-  }
-
-  // The generation, or -1 when it cannot be read (the caller then trusts nothing).
-  int64_t Read() {
-    if (fd_ < 0) {
-      fd_ = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER);
-      if (fd_ < 0) return -1;
-      timeval timeout{1, 0};
-      setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-    }
-    struct {
-      nlmsghdr header;
-      nfgenmsg body;
-    } request{};
-    request.header.nlmsg_len = sizeof request;
-    request.header.nlmsg_type = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN;
-    request.header.nlmsg_flags = NLM_F_REQUEST;
-    request.header.nlmsg_seq = ++seq_;
-    request.body.nfgen_family = AF_UNSPEC;
-    request.body.version = NFNETLINK_V0;
-    sockaddr_nl kernel{};
-    kernel.nl_family = AF_NETLINK;
-    if (sendto(fd_, &request, sizeof request, 0, reinterpret_cast<sockaddr*>(&kernel), sizeof kernel) < 0) {
-      return Broken();
-    }
-    // 8192 bytes, as netlink(7) advises: no answer of the kernel is truncated on pages of 8 KiB.
-    alignas(nlmsghdr) char buffer[8192];
-    for (int datagram = 0; datagram < kMaxDatagramsPerRead; ++datagram) {
-      sockaddr_nl sender{};
-      iovec part{buffer, sizeof buffer};
-      msghdr message{};
-      message.msg_name = &sender;
-      message.msg_namelen = sizeof sender;
-      message.msg_iov = &part;
-      message.msg_iovlen = 1;
-      const ssize_t received = recvmsg(fd_, &message, 0);
-      if (received < 0) return Broken();
-      // Cut to the buffer: what was lost may have been our answer.
-      if ((message.msg_flags & MSG_TRUNC) != 0) return Broken();
-      // Only the kernel (port 0) answers GETGEN; a datagram from another socket is ignored.
-      if (message.msg_namelen != sizeof sender || sender.nl_family != AF_NETLINK || sender.nl_pid != 0) continue;
-      // Signed, as NLMSG_OK and NLMSG_NEXT expect (netlink(7)): NLMSG_NEXT may take it below zero
-      // after a last message whose length is not aligned, and NLMSG_OK then stops.
-      int left = static_cast<int>(received);
-      nlmsghdr* h = reinterpret_cast<nlmsghdr*>(buffer);
-      for (; NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
-        if (h->nlmsg_seq != seq_) continue;  // a late answer to an earlier request
-        if (h->nlmsg_type == NLMSG_ERROR) return -1;
-        if (h->nlmsg_type != ((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN)) continue;
-        return GenerationId(h);
-      }
-      // Bytes left that make no whole message (a header cut short, or a length beyond what was
-      // received): the datagram is not what the kernel sends.
-      if (left > 0) return Broken();
-    }
-    // Datagrams kept coming without our answer.
-    return Broken();
-  }
-
- private:
-  // At most this many datagrams are read for one answer: late answers to earlier requests
-  // (after a timeout) are a few; more is a socket out of step.
-  static constexpr int kMaxDatagramsPerRead = 16;
-
-  // NFTA_GEN_ID of a NEWGEN message that NLMSG_OK accepted (its whole length was received).
-  static int64_t GenerationId(const nlmsghdr* h) {
-    // The attributes follow the header and the nfgenmsg, each aligned.
-    const int attributes = NLMSG_HDRLEN + static_cast<int>(NLMSG_ALIGN(sizeof(nfgenmsg)));
-    int length = static_cast<int>(h->nlmsg_len) - attributes;
-    if (length < 0) return -1;
-    const char* at = reinterpret_cast<const char*>(h) + attributes;
-    while (length >= static_cast<int>(sizeof(nlattr))) {
-      nlattr attribute;
-      std::memcpy(&attribute, at, sizeof attribute);
-      if (attribute.nla_len < sizeof(nlattr) || attribute.nla_len > length) return -1;
-      if ((attribute.nla_type & NLA_TYPE_MASK) == NFTA_GEN_ID && attribute.nla_len >= NLA_HDRLEN + sizeof(uint32_t)) {
-        uint32_t id;
-        std::memcpy(&id, at + NLA_HDRLEN, sizeof id);
-        return ntohl(id);
-      }
-      const int step = static_cast<int>(NLA_ALIGN(attribute.nla_len));
-      at += step;
-      length -= step;
-    }
-    return -1;
-  }
-
-  // A socket that failed once is reopened at the next read: answers may be out of step.
-  int64_t Broken() {
-    close(fd_);
-    fd_ = -1;
-    return -1;
-  }
-
-  int fd_ = -1;
-  uint32_t seq_ = 0;
-};
-
-std::string TrimTrailingNewlines(std::string text) {
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  return text;
-}
-
-// The context of one addon instance, created at its first use (on a worker thread).
-class NftSession {
- public:
-  NftSession() = default;
-  NftSession(const NftSession&) = delete;
-  NftSession& operator=(const NftSession&) = delete;
-
-  ~NftSession() {
-    std::lock_guard<std::mutex> guard(LibnftablesLock());
-    if (ctx_ != nullptr) nft_ctx_free(ctx_);
-  }
-
-  // Runs one document (JSON, because the context's output flags say JSON).
-  CommandResult Run(const std::string& document, bool dryRun) {
-    std::lock_guard<std::mutex> guard(LibnftablesLock());
-    if (ctx_ == nullptr) {
-      ctx_ = nft_ctx_new(NFT_CTX_DEFAULT);
-      if (ctx_ == nullptr) {
-        CommandResult failed;
-        failed.rc = -1;
-        failed.error = "libnftables could not create a context (nft_ctx_new failed: out of memory?)";
-        return failed;
-      }
-      // libnftables 1.0.6 has no input flags: the JSON output flag is what makes it parse JSON.
-      nft_ctx_output_set_flags(ctx_, NFT_CTX_OUTPUT_JSON);
-      nft_ctx_buffer_output(ctx_);
-      nft_ctx_buffer_error(ctx_);
-    }
-    nft_ctx_set_dry_run(ctx_, dryRun);
-    CommandResult result;
-    if (!dryRun) result.generationBefore = generation_.Read();
-    result.rc = nft_run_cmd_from_buffer(ctx_, document.c_str());
-    if (!dryRun) result.generationAfter = generation_.Read();
-    // Reading a buffer also empties it for the next call.
-    result.output = TrimTrailingNewlines(nft_ctx_get_output_buffer(ctx_));
-    result.error = TrimTrailingNewlines(nft_ctx_get_error_buffer(ctx_));
-    return result;
-  }
-
-  int64_t Generation() {
-    std::lock_guard<std::mutex> guard(LibnftablesLock());
-    return generation_.Read();
-  }
-
-#ifdef NFT_ELEMENT_BATCH
-  // The commit is libnftables-free, but the lock keeps it in order with the JSON transactions and
-  // the generation readings around it meaningful.
-  nft_batch::ElementWriteResult WriteElements(const nft_batch::ElementWrite& write, int64_t& before, int64_t& after) {
-    std::lock_guard<std::mutex> guard(LibnftablesLock());
-    before = generation_.Read();
-    nft_batch::ElementWriteResult result = elements_.Write(write);
-    after = generation_.Read();
-    return result;
-  }
-
-  // Sets read at one generation: the generation is read before and after all the dumps, and the
-  // dumps are taken again while it moves (another process committing) or one was interrupted, a
-  // few times at most.
-  struct SetsRead {
-    std::vector<nft_batch::ElementReadResult> sets;
-    int64_t generation = -1;
-    std::string error;
-    bool tooMany = false;
-  };
-  SetsRead ReadSets(const std::vector<nft_batch::ElementRead>& reads) {
-    std::lock_guard<std::mutex> guard(LibnftablesLock());
-    constexpr int kAttempts = 4;
-    SetsRead read;
-    for (int attempt = 0; attempt < kAttempts; ++attempt) {
-      read = SetsRead();
-      read.generation = generation_.Read();
-      bool interrupted = false;
-      for (const nft_batch::ElementRead& one : reads) {
-        read.sets.push_back(reader_.Read(one));
-        const nft_batch::ElementReadResult& result = read.sets.back();
-        // A missing set is an answer (null); any other failure fails the read.
-        if (!result.ok && !result.missing) {
-          read.error = result.error;
-          read.tooMany = result.tooMany;
-          return read;
-        }
-        interrupted = interrupted || result.interrupted;
-      }
-      const int64_t after = generation_.Read();
-      // Unknown generations: the elements are returned without one (the batch then checks none).
-      if (read.generation < 0 || after < 0) {
-        read.generation = -1;
-        return read;
-      }
-      if (after == read.generation && !interrupted) return read;
-    }
-    read.error = "the ruleset kept changing while " + (reads.empty() ? std::string("the sets") : reads[0].set) +
-                 " was read (" + std::to_string(kAttempts) + " attempts)";
-    return read;
-  }
-#endif
-
- private:
-  nft_ctx* ctx_ = nullptr;
-  GenerationReader generation_;
-#ifdef NFT_ELEMENT_BATCH
-  nft_batch::ElementBatchWriter elements_;
-  nft_batch::ElementReader reader_;
-#endif
-};
-
-using SharedSession = std::shared_ptr<NftSession>;
-
-// Workers hold the session too, so it outlives an environment torn down while they run.
-SharedSession SessionOf(Napi::Env env) { return *env.GetInstanceData<SharedSession>(); }
 
 std::string FailureMessage(const CommandResult& result) {
   if (!result.error.empty()) return result.error;
@@ -376,102 +139,6 @@ class TransactionWorker : public Napi::AsyncWorker {
   bool dryRun_;
   CommandResult result_;
 };
-
-#ifdef NFT_ELEMENT_BATCH
-// writeElements(): one map's removals and additions in one transaction, as a netlink batch.
-class WriteElementsWorker : public Napi::AsyncWorker {
- public:
-  WriteElementsWorker(Napi::Env env, nft_batch::ElementWrite write)
-      : Napi::AsyncWorker(env, "nftables.writeElements"),
-        session_(SessionOf(env)),
-        deferred_(Napi::Promise::Deferred::New(env)),
-        write_(std::move(write)) {}
-
-  Napi::Promise Promise() const { return deferred_.Promise(); }
-
- protected:
-  void Execute() override {
-    result_ = session_->WriteElements(write_, before_, after_);
-    if (!result_.ok) SetError(result_.error);
-  }
-
-  void OnOK() override {
-    Napi::Env env = Env();
-    Napi::Object value = Napi::Object::New(env);
-    auto number = [&](const char* name, double n) { value.Set(name, Napi::Number::New(env, n)); };
-    number("generationBefore", static_cast<double>(before_));
-    number("generationAfter", static_cast<double>(after_));
-    number("buildMs", result_.buildMs);
-    number("kernelMs", result_.kernelMs);
-    number("messages", static_cast<double>(result_.messages));
-    number("bytes", static_cast<double>(result_.bytes));
-    number("removed", static_cast<double>(result_.removed));
-    number("added", static_cast<double>(result_.added));
-    number("keysRemoved", static_cast<double>(result_.keysRemoved));
-    number("keysAdded", static_cast<double>(result_.keysAdded));
-    deferred_.Resolve(value);
-  }
-
-  void OnError(const Napi::Error& error) override {
-    if (result_.generationChanged) error.Value().Set("code", Napi::String::New(Env(), "ERR_GENERATION_CHANGED"));
-    deferred_.Reject(error.Value());
-  }
-
- private:
-  SharedSession session_;
-  Napi::Promise::Deferred deferred_;
-  nft_batch::ElementWrite write_;
-  nft_batch::ElementWriteResult result_;
-  int64_t before_ = -1;
-  int64_t after_ = -1;
-};
-
-// readSets(): what some sets of one table hold, at one generation; null for a set (or table) that
-// does not exist.
-class ReadSetsWorker : public Napi::AsyncWorker {
- public:
-  ReadSetsWorker(Napi::Env env, std::vector<nft_batch::ElementRead> reads)
-      : Napi::AsyncWorker(env, "nftables.readSets"),
-        session_(SessionOf(env)),
-        deferred_(Napi::Promise::Deferred::New(env)),
-        reads_(std::move(reads)) {}
-
-  Napi::Promise Promise() const { return deferred_.Promise(); }
-
- protected:
-  void Execute() override {
-    read_ = session_->ReadSets(reads_);
-    if (!read_.error.empty()) SetError(read_.error);
-  }
-
-  void OnOK() override {
-    Napi::Env env = Env();
-    Napi::Array sets = Napi::Array::New(env, read_.sets.size());
-    double ms = 0;
-    for (size_t i = 0; i < read_.sets.size(); ++i) {
-      const nft_batch::ElementReadResult& one = read_.sets[i];
-      sets.Set(static_cast<uint32_t>(i), one.missing ? env.Null() : Napi::String::New(env, one.lines));
-      ms += one.ms;
-    }
-    Napi::Object value = Napi::Object::New(env);
-    value.Set("sets", sets);
-    value.Set("generation", Napi::Number::New(env, static_cast<double>(read_.generation)));
-    value.Set("ms", Napi::Number::New(env, ms));
-    deferred_.Resolve(value);
-  }
-
-  void OnError(const Napi::Error& error) override {
-    if (read_.tooMany) error.Value().Set("code", Napi::String::New(Env(), "ERR_TOO_MANY_ELEMENTS"));
-    deferred_.Reject(error.Value());
-  }
-
- private:
-  SharedSession session_;
-  Napi::Promise::Deferred deferred_;
-  std::vector<nft_batch::ElementRead> reads_;
-  NftSession::SetsRead read_;
-};
-#endif
 
 // list(): the JSON listing of one table, or null when the table does not exist. A listing longer
 // than maxBytes rejects with code ERR_LISTING_TOO_LARGE, and no JavaScript string is made of it.
@@ -569,13 +236,6 @@ class ReleaseMemoryWorker : public Napi::AsyncWorker {
   Napi::Promise::Deferred deferred_;
 };
 
-std::string StringArgument(const Napi::CallbackInfo& info, size_t index, const char* name) {
-  if (info.Length() <= index || !info[index].IsString()) {
-    throw Napi::TypeError::New(info.Env(), std::string(name) + " must be a string");
-  }
-  return info[index].As<Napi::String>().Utf8Value();
-}
-
 Napi::Value Run(const Napi::CallbackInfo& info) {
   auto* worker = new TransactionWorker(info.Env(), StringArgument(info, 0, "json"), false);
   worker->Queue();
@@ -608,109 +268,6 @@ Napi::Value List(const Napi::CallbackInfo& info) {
   return worker->Promise();
 }
 
-#ifdef NFT_ELEMENT_BATCH
-// writeElements(family, table, map, removed, added[, flush[, keySet[, options]]]): the lists as
-// nft_element_batch.h describes; flush: the map's other elements are removed in the same
-// transaction; keySet: the set of its keys, written alike; options: { keySetRemoved, keySetAdded }
-// (the key set's own lists) and { generation } (the batch is refused, code ERR_GENERATION_CHANGED,
-// when anything was committed since).
-Napi::Value WriteElements(const Napi::CallbackInfo& info) {
-  nft_batch::ElementWrite write;
-  const std::string family = StringArgument(info, 0, "family");
-  if (family == "ip") {
-    write.family = AF_INET;
-  } else if (family == "ip6") {
-    write.family = AF_INET6;
-  } else {
-    throw Napi::TypeError::New(info.Env(), "family must be ip or ip6");
-  }
-  write.table = StringArgument(info, 1, "table");
-  write.map = StringArgument(info, 2, "map");
-  write.removed = StringArgument(info, 3, "removed");
-  write.added = StringArgument(info, 4, "added");
-  write.flush = info.Length() > 5 && info[5].ToBoolean().Value();
-  if (info.Length() > 6 && !info[6].IsUndefined()) write.keySet = StringArgument(info, 6, "keySet");
-  if (info.Length() > 7 && !info[7].IsUndefined()) {
-    if (!info[7].IsObject()) throw Napi::TypeError::New(info.Env(), "options must be an object");
-    Napi::Object options = info[7].As<Napi::Object>();
-    auto text = [&](const char* name, std::string& into) {
-      Napi::Value v = options.Get(name);
-      if (v.IsUndefined()) return false;
-      if (!v.IsString()) throw Napi::TypeError::New(info.Env(), std::string(name) + " must be a string");
-      into = v.As<Napi::String>().Utf8Value();
-      return true;
-    };
-    const bool removed = text("keySetRemoved", write.keySetRemoved);
-    const bool added = text("keySetAdded", write.keySetAdded);
-    if (removed != added) throw Napi::TypeError::New(info.Env(), "keySetRemoved and keySetAdded go together");
-    write.keySetOwnLists = removed;
-    Napi::Value generation = options.Get("generation");
-    if (!generation.IsUndefined()) {
-      if (!generation.IsNumber()) throw Napi::TypeError::New(info.Env(), "generation must be a number");
-      const double g = generation.As<Napi::Number>().DoubleValue();
-      if (!(g >= 0 && g <= 4294967295.0) || g != static_cast<double>(static_cast<int64_t>(g))) {
-        throw Napi::RangeError::New(info.Env(), "generation must be an integer from 0 to 2^32 - 1");
-      }
-      write.generation = static_cast<int64_t>(g);
-    }
-  }
-  auto* worker = new WriteElementsWorker(info.Env(), std::move(write));
-  worker->Queue();
-  return worker->Promise();
-}
-
-// readSets(family, table, sets, maxElements): sets is an array of { name, kind } with kind `map`,
-// `keys` or `ranges` (nft_element_dump.h); resolves { sets: lines or null each, generation, ms }.
-// More than maxElements in a set rejects with code ERR_TOO_MANY_ELEMENTS.
-Napi::Value ReadSets(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  nft_batch::ElementRead base;
-  const std::string family = StringArgument(info, 0, "family");
-  if (family == "ip") {
-    base.family = AF_INET;
-  } else if (family == "ip6") {
-    base.family = AF_INET6;
-  } else {
-    throw Napi::TypeError::New(env, "family must be ip or ip6");
-  }
-  base.table = StringArgument(info, 1, "table");
-  if (info.Length() <= 2 || !info[2].IsArray()) throw Napi::TypeError::New(env, "sets must be an array");
-  if (info.Length() <= 3 || !info[3].IsNumber()) throw Napi::TypeError::New(env, "maxElements must be a number");
-  const double max = info[3].As<Napi::Number>().DoubleValue();
-  if (!(max >= 1 && max <= 10e6)) throw Napi::RangeError::New(env, "maxElements must be from 1 to 10,000,000");
-  base.maxElements = static_cast<size_t>(max);
-  Napi::Array sets = info[2].As<Napi::Array>();
-  if (sets.Length() == 0 || sets.Length() > 8) throw Napi::RangeError::New(env, "sets must name 1 to 8 sets");
-  std::vector<nft_batch::ElementRead> reads;
-  for (uint32_t i = 0; i < sets.Length(); ++i) {
-    Napi::Value item = sets.Get(i);
-    if (!item.IsObject()) throw Napi::TypeError::New(env, "each set must be { name, kind }");
-    Napi::Object set = item.As<Napi::Object>();
-    Napi::Value name = set.Get("name");
-    Napi::Value kind = set.Get("kind");
-    if (!name.IsString() || !kind.IsString()) throw Napi::TypeError::New(env, "each set must be { name, kind }");
-    nft_batch::ElementRead read = base;
-    read.set = name.As<Napi::String>().Utf8Value();
-    const std::string k = kind.As<Napi::String>().Utf8Value();
-    if (k == "map") {
-      read.kind = nft_batch::ElementRead::Kind::kMap;
-    } else if (k == "keys") {
-      read.kind = nft_batch::ElementRead::Kind::kKeys;
-    } else if (k == "sourced") {
-      read.kind = nft_batch::ElementRead::Kind::kSourced;
-    } else if (k == "verdicts") {
-      read.kind = nft_batch::ElementRead::Kind::kVerdicts;
-    } else {
-      throw Napi::TypeError::New(env, "kind must be map, keys, sourced or verdicts");
-    }
-    reads.push_back(std::move(read));
-  }
-  auto* worker = new ReadSetsWorker(env, std::move(reads));
-  worker->Queue();
-  return worker->Promise();
-}
-#endif
-
 Napi::Value Generation(const Napi::CallbackInfo& info) {
   auto* worker = new GenerationWorker(info.Env());
   worker->Queue();
@@ -732,8 +289,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("generation", Napi::Function::New(env, Generation, "generation"));
   exports.Set("releaseMemory", Napi::Function::New(env, ReleaseMemory, "releaseMemory"));
 #ifdef NFT_ELEMENT_BATCH
-  exports.Set("writeElements", Napi::Function::New(env, WriteElements, "writeElements"));
-  exports.Set("readSets", Napi::Function::New(env, ReadSets, "readSets"));
+  exports.Set("writeElements", Napi::Function::New(env, nft_addon::WriteElements, "writeElements"));
+  exports.Set("readSets", Napi::Function::New(env, nft_addon::ReadSets, "readSets"));
 #endif
   exports.Set("version", Napi::String::New(env, LIBNFTABLES_VERSION));
   return exports;

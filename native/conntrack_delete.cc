@@ -1,0 +1,375 @@
+// Deletes conntrack entries by their original destination through ctnetlink, in the process
+// (conntrack_addon runs it on a libuv worker thread). What `conntrack -D -f FAMILY -p PROTO --orig-dst IP
+// --dport PORT [--reply-src IP]` does, for many tuples at once and without a process: one dump of
+// the family's table (IPCTNL_MSG_CT_GET, NLM_F_DUMP), the entries matching a target kept (their
+// original tuple and zone, copied as the kernel sent them), then one IPCTNL_MSG_CT_DELETE each.
+// A process per tuple cost the controller's main thread milliseconds of fork and exec per change.
+//
+// Bounds: the dump is read with a receive timeout and at most MAX_DUMPED entries. A call keeps
+// (and deletes) at most `total` entries, and each target has a share of its own: at most
+// min(perTarget, total / targets) of its entries, so that the flows of one target never take
+// another's. A target that matched more than its share is reported truncated, with how many
+// matched: its other entries stay, for the caller to delete (a further call, or the conntrack
+// command). A deletion the kernel answers ENOENT (the entry went meanwhile) is not a failure.
+
+#include "conntrack_delete.h"
+
+#include <arpa/inet.h>
+#include <libmnl/libmnl.h>
+#include <linux/netfilter/nfnetlink.h>
+#include <linux/netfilter/nfnetlink_conntrack.h>
+#include <linux/netlink.h>
+#include <sys/socket.h>
+
+#include "netlink_socket.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+#include <unordered_map>
+
+namespace conntrack {
+
+namespace {
+
+constexpr size_t MAX_DUMPED = 8u << 20;   // entries read of one dump (a busy node: millions)
+constexpr size_t MAX_TARGETS = 1u << 20;  // targets per call
+// Delete messages per sendto. The kernel handles them all before the sendto returns and queues
+// one acknowledgement each on our socket, an skb each, counted in full against its receive
+// buffer. Batches of 60 KiB (about 750 messages) overflowed the default buffer (212,992 bytes)
+// from the first one: ENOBUFS, the deletions done but not known, the whole family given to the
+// conntrack command (300 entries to delete were enough, on Linux 6.18).
+constexpr size_t MESSAGES_PER_SEND = 128;
+// The buffer each datagram of a dump or of the acknowledgements is read into.
+constexpr size_t DATAGRAM_BYTES = 64u << 10;
+// Room for more acknowledgements than the default receive buffer holds (the kernel caps it at
+// net.core.rmem_max): best effort.
+constexpr int RECEIVE_BUFFER_BYTES = 1 << 20;
+// Up to this many IPv4 targets, one dump per target filtered by the kernel (CTA_FILTER, Linux 5.8
+// and later: only the entries of that original destination cross to us); beyond, one dump of the
+// family's whole table, each entry looked up among the targets (a filtered dump walks the table
+// too). IPv6 is always dumped whole: the kernels tried here (6.18) return no entry to a filtered
+// IPv6 dump that the same filter in IPv4 finds.
+constexpr size_t FILTERED_DUMPS_UP_TO = 64;
+// The kernel's tuple filter flags (nf_internals.h): the original destination address, protocol
+// and destination port.
+constexpr uint32_t FILTER_IP_DST = 1u << 1;
+constexpr uint32_t FILTER_PROTO_NUM = 1u << 3;
+constexpr uint32_t FILTER_PROTO_DST_PORT = 1u << 5;
+
+// One entry's parts that decide a match, and what its deletion repeats.
+struct Tuple {
+  const uint8_t* src = nullptr;
+  const uint8_t* dst = nullptr;
+  uint8_t protocol = 0;
+  bool hasProtocol = false;
+  uint16_t dport = 0;
+  bool hasPort = false;
+};
+
+// A target's key: protocol, address, port (network order), as bytes.
+std::string TargetKey(uint8_t protocol, const uint8_t* address, size_t addressLength, uint16_t port) {
+  std::string key(1 + addressLength + 2, '\0');
+  key[0] = static_cast<char>(protocol);
+  std::memcpy(&key[1], address, addressLength);
+  std::memcpy(&key[1 + addressLength], &port, 2);
+  return key;
+}
+
+// One target (of one or more lines with the same key) in a call.
+struct TargetState {
+  size_t firstLine = 0;
+  // Whether only untranslated entries go (false wins when a key is asked twice).
+  bool untranslatedOnly = false;
+  size_t matched = 0;  // entries seen that match
+  size_t kept = 0;     // of which kept, to delete: at most the share
+};
+
+struct DumpState {
+  int family = 0;
+  size_t addressLength = 0;
+  // Per target key: its index in `states`.
+  std::unordered_map<std::string, size_t> targets;
+  std::vector<TargetState> states;
+  size_t share = 0;  // entries kept per target, at most
+  // In a filtered dump, the target filtered for: a kernel without CTA_FILTER sends every entry,
+  // which must not count for the other targets (they have their own dump).
+  size_t only = SIZE_MAX;
+  size_t dumped = 0;
+  bool tooMany = false;
+  // Per kept entry: its CTA_TUPLE_ORIG attribute and, when present, CTA_ZONE, as sent, one after
+  // the other in `kept`; `keptEnds` holds where each ends.
+  std::string kept;
+  std::vector<size_t> keptEnds;
+};
+
+std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+// Calls `each` for every attribute nested in `nest` (libmnl's for-each macros assign void* and do
+// not compile as C++).
+template <typename Each>
+void ForEachNested(const nlattr* nest, Each each) {
+  const char* end = static_cast<const char*>(mnl_attr_get_payload(nest)) + mnl_attr_get_payload_len(nest);
+  for (const nlattr* a = static_cast<const nlattr*>(mnl_attr_get_payload(nest));
+       mnl_attr_ok(a, static_cast<int>(end - reinterpret_cast<const char*>(a))); a = mnl_attr_next(a)) {
+    each(a);
+  }
+}
+
+// CTA_TUPLE_* nest: the addresses (CTA_TUPLE_IP) and protocol with ports (CTA_TUPLE_PROTO).
+bool ParseTuple(const nlattr* nest, size_t addressLength, Tuple& out) {
+  ForEachNested(nest, [&](const nlattr* attr) {
+    const uint16_t type = mnl_attr_get_type(attr);
+    if (type == CTA_TUPLE_IP) {
+      ForEachNested(attr, [&](const nlattr* ip) {
+        const uint16_t t = mnl_attr_get_type(ip);
+        if (mnl_attr_get_payload_len(ip) != addressLength) return;
+        const auto* bytes = static_cast<const uint8_t*>(mnl_attr_get_payload(ip));
+        if (t == CTA_IP_V4_SRC || t == CTA_IP_V6_SRC) out.src = bytes;
+        if (t == CTA_IP_V4_DST || t == CTA_IP_V6_DST) out.dst = bytes;
+      });
+    } else if (type == CTA_TUPLE_PROTO) {
+      ForEachNested(attr, [&](const nlattr* p) {
+        const uint16_t t = mnl_attr_get_type(p);
+        if (t == CTA_PROTO_NUM && mnl_attr_get_payload_len(p) >= 1) {
+          out.protocol = mnl_attr_get_u8(p);
+          out.hasProtocol = true;
+        } else if (t == CTA_PROTO_DST_PORT && mnl_attr_get_payload_len(p) >= 2) {
+          out.dport = mnl_attr_get_u16(p);
+          out.hasPort = true;
+        }
+      });
+    }
+  });
+  return out.src != nullptr && out.dst != nullptr && out.hasProtocol;
+}
+
+// One entry of a dump: kept when it matches a target within its share. False past MAX_DUMPED.
+bool OnEntry(const nlmsghdr* nlh, DumpState* state) {
+  if (++state->dumped > MAX_DUMPED) {
+    state->tooMany = true;
+    return false;
+  }
+  const nlattr* orig = nullptr;
+  const nlattr* reply = nullptr;
+  const nlattr* zone = nullptr;
+  const char* end = reinterpret_cast<const char*>(nlh) + nlh->nlmsg_len;
+  for (const nlattr* attr = static_cast<const nlattr*>(mnl_nlmsg_get_payload_offset(nlh, sizeof(nfgenmsg)));
+       mnl_attr_ok(attr, static_cast<int>(end - reinterpret_cast<const char*>(attr))); attr = mnl_attr_next(attr)) {
+    switch (mnl_attr_get_type(attr)) {
+      case CTA_TUPLE_ORIG: orig = attr; break;
+      case CTA_TUPLE_REPLY: reply = attr; break;
+      case CTA_ZONE: zone = attr; break;
+      default: break;
+    }
+  }
+  if (orig == nullptr) return true;
+  Tuple o;
+  if (!ParseTuple(orig, state->addressLength, o) || !o.hasPort) return true;
+  Tuple r;
+  const bool hasReply = reply != nullptr && ParseTuple(reply, state->addressLength, r);
+  // One lookup per entry: a node's table holds up to millions, a sync asks for up to thousands.
+  const auto target = state->targets.find(TargetKey(o.protocol, o.dst, state->addressLength, o.dport));
+  if (target == state->targets.end()) return true;
+  if (state->only != SIZE_MAX && target->second != state->only) return true;
+  TargetState& t = state->states[target->second];
+  // Untranslated: the reply comes from the original destination itself.
+  if (t.untranslatedOnly && (!hasReply || std::memcmp(r.src, o.dst, state->addressLength) != 0)) return true;
+  ++t.matched;
+  // Past its share, an entry is counted, not kept: the target is truncated.
+  if (t.kept >= state->share) return true;
+  ++t.kept;
+  state->kept.append(reinterpret_cast<const char*>(orig), orig->nla_len);
+  state->kept.resize(MNL_ALIGN(state->kept.size()), '\0');
+  if (zone != nullptr) {
+    state->kept.append(reinterpret_cast<const char*>(zone), zone->nla_len);
+    state->kept.resize(MNL_ALIGN(state->kept.size()), '\0');
+  }
+  state->keptEnds.push_back(state->kept.size());
+  return true;
+}
+
+nlmsghdr* PutHeader(char* buffer, uint16_t type, uint16_t flags, int family, uint32_t seq) {
+  nlmsghdr* nlh = mnl_nlmsg_put_header(buffer);
+  nlh->nlmsg_type = (NFNL_SUBSYS_CTNETLINK << 8) | type;
+  nlh->nlmsg_flags = NLM_F_REQUEST | flags;
+  nlh->nlmsg_seq = seq;
+  auto* nfg = static_cast<nfgenmsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(nfgenmsg)));
+  nfg->nfgen_family = static_cast<uint8_t>(family);
+  nfg->version = NFNETLINK_V0;
+  nfg->res_id = 0;
+  return nlh;
+}
+
+// One dump of the family's table into `state`: every entry, or (`filter`) only those of the
+// filter's original destination. A kernel without CTA_FILTER sends every entry; the lookup among
+// the targets decides either way.
+bool Dump(netlink::Socket& sock, int family, const Target* filter, DumpState& state, std::string& error) {
+  // The header, the nfgenmsg, the tuple and the filter: about 100 bytes.
+  alignas(nlmsghdr) char request[512];
+  const uint32_t seq = sock.NextSeq();
+  nlmsghdr* dump = PutHeader(request, IPCTNL_MSG_CT_GET, NLM_F_DUMP, family, seq);
+  if (filter != nullptr) {
+    nlattr* tuple = mnl_attr_nest_start(dump, CTA_TUPLE_ORIG);
+    nlattr* ip = mnl_attr_nest_start(dump, CTA_TUPLE_IP);
+    mnl_attr_put(dump, family == AF_INET ? CTA_IP_V4_DST : CTA_IP_V6_DST, state.addressLength, filter->address);
+    mnl_attr_nest_end(dump, ip);
+    nlattr* proto = mnl_attr_nest_start(dump, CTA_TUPLE_PROTO);
+    mnl_attr_put_u8(dump, CTA_PROTO_NUM, filter->protocol);
+    mnl_attr_put_u16(dump, CTA_PROTO_DST_PORT, filter->port);
+    mnl_attr_nest_end(dump, proto);
+    mnl_attr_nest_end(dump, tuple);
+    nlattr* flags = mnl_attr_nest_start(dump, CTA_FILTER);
+    mnl_attr_put_u32(dump, CTA_FILTER_ORIG_FLAGS, FILTER_IP_DST | FILTER_PROTO_NUM | FILTER_PROTO_DST_PORT);
+    mnl_attr_put_u32(dump, CTA_FILTER_REPLY_FLAGS, 0);
+    mnl_attr_nest_end(dump, flags);
+  }
+  if (!sock.Send(dump, dump->nlmsg_len)) return error = Errno("asking conntrack for its entries"), false;
+  const netlink::Received received = sock.Receive(seq, seq, netlink::Limits(), [&](const netlink::Message& m) {
+    using Type = netlink::Message::Type;
+    if ((m.header->nlmsg_flags & NLM_F_DUMP_INTR) != 0) {
+      error = std::string("reading conntrack's entries: ") + std::strerror(EINTR);
+      return netlink::Next::kStop;
+    }
+    if (m.type == Type::kError) error = std::string("reading conntrack's entries: ") + std::strerror(m.error);
+    // The end of the dump (an ack ends it too, as libmnl's mnl_cb_run has it).
+    if (m.type != Type::kData) return netlink::Next::kStop;
+    if (m.header->nlmsg_type < NLMSG_MIN_TYPE) return netlink::Next::kMore;
+    return OnEntry(m.header, &state) ? netlink::Next::kMore : netlink::Next::kStop;
+  });
+  if (state.tooMany) {
+    error = "conntrack holds more than " + std::to_string(MAX_DUMPED) + " entries: not read further";
+    return false;
+  }
+  if (!received.ok()) {
+    error = received.end == netlink::Received::End::kSystem && received.error == EAGAIN
+                ? "reading conntrack's entries: no answer within the timeout"
+                : "reading conntrack's entries: " + received.Why();
+    return false;
+  }
+  return error.empty();
+}
+
+}  // namespace
+
+Result DeleteMatching(int family, const std::vector<Target>& targets, int timeoutMs, const Limits& limits) {
+  Result result;
+  const double started = netlink::NowMs();
+  DumpState state;
+  state.family = family;
+  state.addressLength = family == AF_INET ? 4 : 16;
+  for (size_t line = 0; line < targets.size(); ++line) {
+    const Target& t = targets[line];
+    auto [at, inserted] =
+        state.targets.emplace(TargetKey(t.protocol, t.address, state.addressLength, t.port), state.states.size());
+    if (inserted) {
+      TargetState s;
+      s.firstLine = line;
+      s.untranslatedOnly = t.untranslatedOnly;
+      state.states.push_back(s);
+    } else {
+      TargetState& s = state.states[at->second];
+      s.untranslatedOnly = s.untranslatedOnly && t.untranslatedOnly;
+    }
+  }
+  // Each target's own share of the call's entries: one target's flows never use another's.
+  const size_t distinct = state.states.empty() ? 1 : state.states.size();
+  state.share = std::max<size_t>(1, std::min(limits.perTarget, limits.total / distinct));
+  result.share = state.share;
+  netlink::Socket sock;
+  if (!sock.Open(timeoutMs, DATAGRAM_BYTES, result.error)) return result;
+  sock.GrowReceiveBuffer(RECEIVE_BUFFER_BYTES, false);
+
+  if (family == AF_INET && targets.size() <= FILTERED_DUMPS_UP_TO) {
+    for (size_t line = 0; line < targets.size(); ++line) {
+      const Target& t = targets[line];
+      state.only = state.targets.at(TargetKey(t.protocol, t.address, state.addressLength, t.port));
+      // A key asked twice is dumped once.
+      if (state.states[state.only].firstLine != line) continue;
+      if (!Dump(sock, family, &t, state, result.error)) return result;
+    }
+    state.only = SIZE_MAX;
+  } else if (!Dump(sock, family, nullptr, state, result.error)) {
+    return result;
+  }
+  result.dumped = state.dumped;
+  for (const TargetState& t : state.states) {
+    result.matched += t.matched;
+    if (t.matched > t.kept) result.truncated.push_back(Truncated{t.firstLine, t.matched, t.kept});
+  }
+
+  // Deletions, MESSAGES_PER_SEND at a time, each acknowledged.
+  size_t next = 0;
+  while (next < state.keptEnds.size()) {
+    std::vector<char> batch;
+    batch.reserve(MESSAGES_PER_SEND * 128);
+    uint32_t first = 0;
+    size_t messages = 0;
+    while (next < state.keptEnds.size() && messages < MESSAGES_PER_SEND) {
+      const size_t from = next == 0 ? 0 : state.keptEnds[next - 1];
+      const size_t length = state.keptEnds[next++] - from;
+      const size_t at = batch.size();
+      batch.resize(at + MNL_ALIGN(sizeof(nlmsghdr)) + MNL_ALIGN(sizeof(nfgenmsg)) + length);
+      const uint32_t seq = sock.NextSeq();
+      if (messages == 0) first = seq;
+      nlmsghdr* nlh = PutHeader(batch.data() + at, IPCTNL_MSG_CT_DELETE, NLM_F_ACK, family, seq);
+      std::memcpy(static_cast<char*>(mnl_nlmsg_get_payload_tail(nlh)), state.kept.data() + from, length);
+      nlh->nlmsg_len += static_cast<uint32_t>(length);
+      ++messages;
+    }
+    if (!sock.Send(batch.data(), batch.size())) {
+      result.error = Errno("deleting conntrack entries");
+      return result;
+    }
+    size_t acked = 0;
+    const netlink::Received received =
+        sock.Receive(first, sock.LastSeq(), netlink::Limits(), [&](const netlink::Message& m) {
+          using Type = netlink::Message::Type;
+          if (m.type == Type::kAck) {
+            ++result.deleted;
+          } else if (m.type == Type::kError) {
+            // ENOENT: the entry went meanwhile.
+            if (m.error != ENOENT && result.error.empty()) {
+              result.error = std::string("deleting a conntrack entry: ") + std::strerror(m.error);
+            }
+          } else {
+            return netlink::Next::kMore;
+          }
+          return ++acked < messages ? netlink::Next::kMore : netlink::Next::kStop;
+        });
+    if (!received.ok()) {
+      result.error = received.end == netlink::Received::End::kSystem && received.error == EAGAIN
+                         ? "deleting conntrack entries: no answer within the timeout"
+                         : "deleting conntrack entries: " + received.Why();
+      return result;
+    }
+  }
+  result.ms = netlink::NowMs() - started;
+  return result;
+}
+
+bool ParseTargets(const std::string& text, int family, std::vector<Target>& out, std::string& error) {
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    if (out.size() >= MAX_TARGETS) return error = "too many targets", false;
+    std::istringstream fields(line);
+    unsigned protocol = 0, port = 0, untranslated = 0;
+    std::string address;
+    if (!(fields >> protocol >> address >> port >> untranslated) || protocol > 255 || port > 65535 ||
+        untranslated > 1) {
+      return error = "not a target: '" + line + "'", false;
+    }
+    Target t;
+    t.protocol = static_cast<uint8_t>(protocol);
+    t.port = htons(static_cast<uint16_t>(port));
+    t.untranslatedOnly = untranslated == 1;
+    if (inet_pton(family, address.c_str(), t.address) != 1) return error = "not an address: '" + address + "'", false;
+    out.push_back(t);
+  }
+  return true;
+}
+
+}  // namespace conntrack

@@ -274,6 +274,8 @@ export async function measureBackend(
         await c.stop();
       }
     };
+    // With no Service first (what the process costs by itself), then with them.
+    if (options.memory) await steady(0, false);
     if (options.memory || options.packetLatency) await steady(options.services, options.packetLatency);
     return result;
   } catch (err) {
@@ -291,31 +293,6 @@ export async function measureBackend(
       }
       env.close();
     }
-  }
-}
-
-/** Memory of the controller with no Service at all (measured before any Service is served). */
-export async function idleMemory(
-  ctx: EndToEndContext,
-  backend: E2eBackend,
-): Promise<{ rssIdleMiB: number; rssAfterGcMiB: number } | { error: string }> {
-  let env: BackendEnvironment | undefined;
-  try {
-    env = new BackendEnvironment(backend, ctx.workDir);
-    log(`${backend}: memory, no Service`);
-    const c = Controller.start(env.flags(ctx, { minSyncPeriod: '0s' }));
-    try {
-      await c.waitForSyncs('full', 1, 60_000);
-      const { idle, afterGc } = await c.settledMemory();
-      return { rssIdleMiB: idle.rssBytes / MiB, rssAfterGcMiB: afterGc.rssBytes / MiB };
-    } finally {
-      await c.stop();
-      cleanupRules({ backend: env.controllerBackend, extraArgs: env.cleanupArgs });
-    }
-  } catch (err) {
-    return { error: (err as Error).message };
-  } finally {
-    env?.close();
   }
 }
 

@@ -162,7 +162,7 @@ export function formatHeapProfile(r: HeapProfileResult): string {
     ...[fmt(x.services), mib(x.rssBytes), mib(x.rssAfterGcBytes), mib(x.heapUsedBytes), mib(x.heapTotalBytes)],
     ...[mib(x.externalBytes), fmt(x.summary.nodes), mib(x.summary.totalBytes), mib(x.summary.reachableBytes)],
   ];
-  out.push(...markdown(header.split('|'), r.runs.map(runRow), figures));
+  out.push(...markdown(header, r.runs.map(runRow), figures));
   const [first, last] = [r.runs[0]!, r.runs[r.runs.length - 1]!];
   const per = (f: (x: HeapProfileRun) => number) => `${fmt((f(last) - f(first)) / n)} B`;
   out.push(
@@ -183,7 +183,7 @@ export function formatHeapProfile(r: HeapProfileResult): string {
     ]);
   const classHeader =
     'class|objects per Service|self B per Service|share|retained B per Service (top-most objects of the class)';
-  out.push(...markdown(classHeader.split('|'), classes, ['---', ...figures]));
+  out.push(...markdown(classHeader, classes, ['---', ...figures]));
   out.push('', '#### Whose they are (self bytes per Service by owner: dominator.edge)', '');
   const owners = bySelf
     .slice(0, 15)

@@ -97,7 +97,7 @@ function ms(value: number, digits = 1): string {
   return Number.isFinite(value) ? `${value.toFixed(digits)} ms` : '-';
 }
 
-function table(header: string[], rows: string[][]): string[] {
+function table(header: string | string[], rows: string[][]): string[] {
   return columns(header, rows, '   ');
 }
 
@@ -228,20 +228,7 @@ export function formatReport(r: BenchResults): string {
     });
     out.push(
       ...table(
-        [
-          'Services',
-          'elements',
-          'addon median',
-          'range',
-          'addon first',
-          'of it model',
-          'addon alone',
-          'CLI median',
-          'CLI first',
-          'CLI alone',
-          'start to 1st sync',
-          'target (addon)',
-        ],
+        'Services|elements|addon median|range|addon first|of it model|addon alone|CLI median|CLI first|CLI alone|start to 1st sync|target (addon)',
         rows,
       ),
     );
@@ -369,20 +356,7 @@ function formatEndToEnd(r: BenchResults): string[] {
   });
   out.push(
     ...table(
-      [
-        'backend',
-        'start -> answered',
-        'median',
-        'first log',
-        'caches synced',
-        "1st 'synced'",
-        'first full sync',
-        'resolution',
-        'CPU at first log / caches synced / answered',
-        'waited',
-        'API conns',
-        'target (median)',
-      ],
+      "backend|start -> answered|median|first log|caches synced|1st 'synced'|first full sync|resolution|CPU at first log / caches synced / answered|waited|API conns|target (median)",
       startupRows,
     ),
   );
@@ -399,20 +373,7 @@ function formatEndToEnd(r: BenchResults): string[] {
     );
     out.push(
       ...table(
-        [
-          'backend',
-          'changes',
-          'p50',
-          'p90',
-          'p99',
-          'max',
-          'lost',
-          'nft monitor p50 / p99',
-          'partial sync p50 / p99',
-          'full syncs',
-          'resolution p99',
-          'target',
-        ],
+        'backend|changes|p50|p90|p99|max|lost|nft monitor p50 / p99|partial sync p50 / p99|full syncs|resolution p99|target',
         withLatency.map((b) => {
           const l = b.packetLatency!;
           return [
@@ -478,9 +439,7 @@ function formatOneService(runs: Array<OneServiceRun & { variant: string }>): str
   ]);
   out.push(
     ...columns(
-      'backend|shape|entries|object|outcome|answered|sync ms|/healthz max|failed|next|RSS peak / after / GC|heap'.split(
-        '|',
-      ),
+      'backend|shape|entries|object|outcome|answered|sync ms|/healthz max|failed|next|RSS peak / after / GC|heap',
       rows,
     ),
   );

@@ -38,7 +38,6 @@ import { formatHeapProfile, heapProfile } from './heap-profile.js';
 import {
   BackendEnvironment,
   E2E_BACKENDS,
-  idleMemory,
   measureBackend,
   type E2eBackend,
   type EndToEndContext,
@@ -348,17 +347,9 @@ async function benchmark(argv: string[]): Promise<void> {
         ...(options.probeFrom === 'pod' ? { pod: { address: svc.POD_ADDRESS, gateway: svc.POD_GATEWAY } } : {}),
       });
       const probeBinary = compilePacketProbe(bench.workDir);
-      context = {
-        cluster: bench.cluster,
-        workDir: bench.workDir,
-        probeBinary,
-        probeFrom: options.probeFrom,
-        random: seededRandom(10),
-      };
+      const { cluster, workDir } = bench;
+      context = { cluster, workDir, probeBinary, probeFrom: options.probeFrom, random: seededRandom(10) };
     }
-    const idle = new Map<E2eBackend, Awaited<ReturnType<typeof idleMemory>>>();
-    // Before any Service is served: the stand-in never removes them.
-    for (const backend of otherBackends) idle.set(backend, await idleMemory(context!, backend));
     const needFirstPacket = options.only.has('first-packet');
     const memoryAt = (services: number) => options.only.has('memory') && MEMORY_SIZES.includes(services);
     const steady = async (services: number) => {
@@ -391,12 +382,6 @@ async function benchmark(argv: string[]): Promise<void> {
         startup: options.only.has('startup'),
         packetLatency: options.only.has('packet-latency'),
       });
-      const zero = idle.get(backend);
-      if (zero && 'error' in zero) r.error = `${r.error ? `${r.error}; ` : ''}no Service: ${zero.error}`;
-      else if (zero) {
-        r.rssIdleMiB[0] = zero.rssIdleMiB;
-        r.rssAfterGcMiB[0] = zero.rssAfterGcMiB;
-      }
       results.backends!.push(r);
     }
     if (options.only.has('one-service')) {
@@ -404,14 +389,8 @@ async function benchmark(argv: string[]): Promise<void> {
       for (const backend of options.backends) {
         const env = new BackendEnvironment(backend, bench.workDir);
         try {
-          for (const r of await measureOneService(
-            bench.cluster,
-            env.controllerBackend,
-            env.extraArgs,
-            env.cleanupArgs,
-          )) {
-            results.oneService.push({ ...r, variant: backend });
-          }
+          const runs = await measureOneService(bench.cluster, env.controllerBackend, env.extraArgs, env.cleanupArgs);
+          results.oneService.push(...runs.map((r) => ({ ...r, variant: backend })));
         } finally {
           env.close();
         }

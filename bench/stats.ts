@@ -26,8 +26,12 @@ export function seededRandom(seed: number): () => number {
   };
 }
 
+/** The cells of a header: 'a|b|c' or a list. */
+const cells = (header: string | string[]) => (typeof header === 'string' ? header.split('|') : header);
+
 /** Columns of text two spaces apart, the first left-aligned (and those in `left`), the others right-aligned. */
-export function table(header: string[], rows: string[][], indent = '', left: number[] = [0]): string[] {
+export function table(head: string | string[], rows: string[][], indent = '', left: number[] = [0]): string[] {
+  const header = cells(head);
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
   const line = (cells: string[]) =>
     indent +
@@ -39,7 +43,8 @@ export function table(header: string[], rows: string[][], indent = '', left: num
 }
 
 /** A Markdown table; `align` gives each column's rule ('---' unless told, '---:' for figures). */
-export function markdown(header: string[], rows: Array<Array<string | number>>, align?: string[]): string[] {
+export function markdown(head: string | string[], rows: Array<Array<string | number>>, align?: string[]): string[] {
+  const header = cells(head);
   const line = (cells: Array<string | number>) => `| ${cells.join(' | ')} |`;
   return [line(header), line(header.map((_, i) => align?.[i] ?? '---')), ...rows.map(line)];
 }

@@ -5,9 +5,10 @@
 // the controller, writes a Service): the difference is the figure.
 //
 // The node it probes from is set up by `probeNode()`: the ClusterIPs are local (a `local` route
-// on lo, answered by the prober's listener on 0.0.0.0:PORT), and the LoadBalancer and moved
-// ranges are routed to a bridge with no ports, where an untranslated packet leaves and vanishes
-// (no ENETUNREACH, no answer). So an attempt gets through if and only if it was translated.
+// on lo, answered by the prober's listener on 0.0.0.0:PORT), and so are the LoadBalancer and moved
+// ranges, as kube-ipvs0 binds them (the controller translates a local destination only), but a
+// packet to one of them that was not translated (nor a reply of one that was) is dropped on input,
+// where it vanishes (no answer, no reset). So an attempt gets through if and only if it was translated.
 //
 // The prober is in C: it must start an attempt every ~150 us for seconds on end and time them on
 // CLOCK_MONOTONIC, which an event loop cannot do. One process, one poll loop, driven by lines on
@@ -396,11 +397,11 @@ export interface ProbeRun {
 
 /** Node network of the benchmark's namespace: see the header. Idempotent; never leaves the namespace. */
 export interface ProbeNodeLayout {
-  /** Ranges whose traffic must vanish unless translated (ingress and moved addresses). */
+  /** Local ranges whose traffic must vanish unless translated (ingress and moved addresses). */
   sinkRanges: string[];
   /** Range of the ClusterIPs, made local. */
   clusterRange: string;
-  /** The node's address (the source of the probes), put on the sink bridge. */
+  /** The node's address (the source of the probes), put on a bridge of its own. */
   nodeAddress: string;
   /**
    * Also a pod: a network namespace joined to the node by a veth, with this address (in the
@@ -413,6 +414,20 @@ export interface ProbeNodeLayout {
 export const POD_NETNS = '/run/netns/bench-pod';
 
 const SINK = 'lb-sink';
+let sinkRanges: string[] = [];
+
+/** `nft flush ruleset`, then the drop of untranslated packets again. */
+export function flushRuleset(): void {
+  execFileSync('nft', ['flush', 'ruleset']);
+  dropUntranslated();
+}
+
+function dropUntranslated(): void {
+  if (sinkRanges.length === 0) return;
+  const drop = `ip daddr { ${sinkRanges.join(', ')} } ct status & dnat == 0 drop`;
+  const table = `table ip bench-sink {\n chain input {\n  type filter hook input priority 0;\n  ${drop}\n }\n}\n`;
+  execFileSync('nft', ['-f', '-'], { input: `table ip bench-sink\ndelete table ip bench-sink\n${table}` });
+}
 
 export function probeNode(layout: ProbeNodeLayout): void {
   const ip = (...args: string[]) => execFileSync('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] });
@@ -423,8 +438,12 @@ export function probeNode(layout: ProbeNodeLayout): void {
     ip('link', 'set', SINK, 'up');
   }
   ip('addr', 'replace', layout.nodeAddress, 'dev', SINK);
-  for (const range of layout.sinkRanges) ip('route', 'replace', range, 'dev', SINK);
   ip('route', 'replace', 'local', layout.clusterRange, 'dev', 'lo');
+  // The node's address the source of the connections to them, as before they were local.
+  const src = layout.nodeAddress.split('/')[0]!;
+  for (const range of layout.sinkRanges) ip('route', 'replace', 'local', range, 'dev', 'lo', 'src', src);
+  sinkRanges = layout.sinkRanges;
+  dropUntranslated();
   if (layout.pod && spawnSync('ip', ['netns', 'pid', 'bench-pod'], { stdio: 'ignore' }).status !== 0) {
     // A tmpfs of this mount namespace only: the netns name never appears on the machine.
     execFileSync('mkdir', ['-p', '/run/netns']);
@@ -569,6 +588,18 @@ export class PacketProbe {
     await exit;
     clearTimeout(timer);
   }
+}
+
+/**
+ * Milliseconds from the spawn of the controller (an hrtime) to the start of the first attempt
+ * through `target`; throws when none got through, or one did before it started (rules left in place).
+ */
+export function throughAfter(spawnedAtNs: bigint, outcome: ProbeOutcome, target: string): number {
+  if (!outcome.ok)
+    throw new Error(`${target} never answered (${outcome.attempts} attempts, ${outcome.firstError || 'no error'})`);
+  if (outcome.firstOkNs < spawnedAtNs)
+    throw new Error(`${target} answered before the controller started: rules were left in place`);
+  return msSince(spawnedAtNs, outcome);
 }
 
 /** Milliseconds from `fromNs` (an hrtime) to when the first attempt that connected started. */

@@ -29,7 +29,6 @@ import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, write
 import { loadavg, tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { execFileSync } from 'node:child_process';
 import { StandInProcess } from './api-process.js';
 import {
   latestTag,
@@ -43,7 +42,7 @@ import {
 import { Controller, SETTLE_MS, sleep, type Build } from './controller.js';
 import { changePhaseProfile } from './cpu-profile.js';
 import { innerSpec, runInner } from './namespace.js';
-import { compilePacketProbe, msSince, PacketProbe, probeNode, type ProbeOutcome } from './prober.js';
+import { compilePacketProbe, flushRuleset, PacketProbe, probeNode, throughAfter } from './prober.js';
 import * as svc from './services.js';
 import { markdown, options, percentile, seededRandom } from './stats.js';
 
@@ -347,13 +346,6 @@ function startController(node: NodeBinary, build: Build, kubeconfig: string, nod
   return Controller.asDaemonSet({ node: node.path, build, kubeconfig, nodeFlags, ...where });
 }
 
-function startedAfter(c: Controller, outcome: ProbeOutcome, target: string): number {
-  if (!outcome.ok)
-    throw new Error(`${target} never answered (${outcome.attempts} attempts, ${outcome.firstError || 'no error'})`);
-  if (outcome.firstOkNs < c.spawnedAtNs) throw new Error(`${target} answered before the controller started`);
-  return msSince(c.spawnedAtNs, outcome);
-}
-
 async function measureRun(ctx: RunContext, node: NodeBinary, build: Build, round: number): Promise<RunResult> {
   const { spec } = ctx;
   const result: RunResult = {
@@ -363,7 +355,7 @@ async function measureRun(ctx: RunContext, node: NodeBinary, build: Build, round
   const startTimeoutMs = 60_000 + spec.services * 4;
   const port = svc.BENCH_PORT;
   try {
-    execFileSync('nft', ['flush', 'ruleset']);
+    flushRuleset();
     const target = svc.ingressIp(spec.services - 1);
     const probing = await ctx.tcp.begin(target, port, startTimeoutMs, PROBE_INTERVAL_US, 0);
     const profile = spec.cpuProfileDir;
@@ -375,7 +367,7 @@ async function measureRun(ctx: RunContext, node: NodeBinary, build: Build, round
     );
     result.pid = c.pid;
     try {
-      result.startMs = startedAfter(c, await probing.outcome, target);
+      result.startMs = throughAfter(c.spawnedAtNs, await probing.outcome, target);
       const since = (at: number | undefined) => (at === undefined ? undefined : at - c.spawnedAt);
       result.firstLogMs = since(c.firstLineAt);
       result.cachesSyncedMs = since(c.cachesSyncedAt);
@@ -389,12 +381,12 @@ async function measureRun(ctx: RunContext, node: NodeBinary, build: Build, round
     } finally {
       await c.stop();
     }
-    execFileSync('nft', ['flush', 'ruleset']);
+    flushRuleset();
     const only = svc.ingressIp(UDP_SERVICE);
     const probingOne = await ctx.udp.begin(only, port, startTimeoutMs, PROBE_INTERVAL_US, 0);
     const c1 = startController(node, build, ctx.one.kubeconfig);
     try {
-      startedAfter(c1, await probingOne.outcome, only);
+      throughAfter(c1.spawnedAtNs, await probingOne.outcome, only);
       await sleep(SETTLE_MS);
       c1.checkRunning();
       result.rssOneMiB = c1.residentMiB();

@@ -17,16 +17,15 @@
 // see the image's figures: the controller runs under the bench's own process.execPath.
 // Runs itself in a private network and mount namespace: the machine's firewall is never touched.
 
-import { spawn, spawnSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, readFileSync, readlinkSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
-import { ApiStandIn } from '../testbed/api-server.js';
-import { NODE_FLAGS, shippedArgs } from '../testbed/shipped-controller.js';
-import { SETTLE_MS } from './controller-process.js';
+import { NODE_FLAGS } from '../testbed/shipped-controller.js';
+import { Controller, SETTLE_MS, cleanupRules, sleep, until } from './controller.js';
 import { inPrivateNamespaces } from './namespace.js';
-import { NODE_NAME, benchNode, benchService } from './services.js';
+import { NODE_NAME, ServedCluster } from './services.js';
 import { httpGet, scrapeMetrics } from '../test/support/scrape.js';
 
 function statusKb(pid: number, field: string): number {
@@ -63,21 +62,6 @@ function residentByMapping(pid: number): { node: number; files: number; anon: nu
   return { node, files, anon: byPath.get('(anonymous)') ?? 0, top };
 }
 
-/** user + system CPU of a process, ms. */
-function cpuMs(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  return ((Number(f[11]) + Number(f[12])) * 1000) / 100;
-}
-
-async function until(what: string, check: () => Promise<boolean>): Promise<void> {
-  const deadline = Date.now() + 120_000;
-  while (!(await check().catch(() => false))) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
-
 const extraNodeFlags = process.env.BENCH_NODE_FLAGS?.split(' ').filter(Boolean) ?? [];
 const extraEnv = Object.fromEntries(
   (process.env.BENCH_ENV?.split(' ').filter(Boolean) ?? []).map((kv) => [
@@ -100,7 +84,7 @@ async function floor(): Promise<string> {
     env: { ...process.env, ...extraEnv },
   });
   try {
-    await new Promise((r) => setTimeout(r, 3000));
+    await sleep(3000);
     return row('bare node', '-', child.pid!, ['-', '-', '-', '-', '-', '-']);
   } finally {
     child.kill('SIGKILL');
@@ -109,34 +93,25 @@ async function floor(): Promise<string> {
 }
 
 async function measure(n: number, dir: string): Promise<string> {
-  const api = await ApiStandIn.start();
-  api.apply(benchNode());
-  for (let i = 0; i < n; i++) api.apply(benchService(i));
-  const kubeconfig = join(dir, `kubeconfig-${n}`);
-  await api.writeKubeconfig(kubeconfig);
-  const child = spawn(
-    process.execPath,
-    shippedArgs(
-      [
-        `--kubeconfig=${kubeconfig}`,
-        `--node-name=${NODE_NAME}`,
-        '--sync-period=2s',
-        '--metrics-bind-address=127.0.0.1:9477',
-        '--healthz-bind-address=127.0.0.1:9478',
-        ...(process.env.BENCH_ARGS?.split(' ').filter(Boolean) ?? []),
-      ],
-      extraNodeFlags,
-    ),
-    { stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, ...extraEnv } },
-  );
+  const api = await ServedCluster.start(dir);
+  api.serve(n);
+  const c = Controller.spawn({
+    args: [
+      ...[`--kubeconfig=${api.kubeconfig}`, `--node-name=${NODE_NAME}`, '--sync-period=2s'],
+      ...['--metrics-bind-address=127.0.0.1:9477', '--healthz-bind-address=127.0.0.1:9478'],
+      ...(process.env.BENCH_ARGS?.split(' ').filter(Boolean) ?? []),
+    ],
+    nodeFlags: extraNodeFlags,
+    env: { ...process.env, ...extraEnv },
+  });
   try {
-    await until('ready', async () => (await httpGet('http://127.0.0.1:9478/readyz')).status === 200);
-    const startCpu = cpuMs(child.pid!);
+    await until('ready', async () => (await httpGet('http://127.0.0.1:9478/readyz')).status === 200, 120_000, 200);
+    const startCpu = c.cpuMs();
     const syncs = async () =>
       (await scrapeMetrics('http://127.0.0.1:9477')).sum('ipvs_node_controller_sync_duration_seconds_count');
     const first = await syncs();
-    await until('three full resyncs', async () => (await syncs()) >= first + 3);
-    await new Promise((r) => setTimeout(r, SETTLE_MS));
+    await until('three full resyncs', async () => (await syncs()) >= first + 3, 120_000, 200);
+    await sleep(SETTLE_MS);
     const e = await scrapeMetrics('http://127.0.0.1:9477');
     const entries = e.sum('ipvs_node_controller_programmed_entries');
     const full = { mode: 'full' };
@@ -144,22 +119,23 @@ async function measure(n: number, dir: string): Promise<string> {
       (e.sum('ipvs_node_controller_sync_duration_seconds_sum', full) /
         e.sum('ipvs_node_controller_sync_duration_seconds_count', full)) *
       1000;
-    const space = (s: string) => (e.value('nodejs_heap_space_size_total_bytes', { space: s }) ?? NaN) / 2 ** 20;
-    const heapUsed = (e.value('nodejs_heap_size_used_bytes') ?? NaN) / 2 ** 20;
-    const heapTotal = (e.value('nodejs_heap_size_total_bytes') ?? NaN) / 2 ** 20;
-    const external = (e.value('nodejs_external_memory_bytes') ?? NaN) / 2 ** 20;
-    return row(n, entries, child.pid!, [
-      `${heapUsed.toFixed(1)} / ${heapTotal.toFixed(1)}`,
-      `${space('code').toFixed(1)}`,
-      `${(space('old') + space('new')).toFixed(1)}`,
-      external.toFixed(1),
+    const mib = (name: string, labels?: Record<string, string>) => (e.value(name, labels) ?? NaN) / 2 ** 20;
+    const space = (s: string) => mib('nodejs_heap_space_size_total_bytes', { space: s });
+    return row(n, entries, c.pid, [
+      `${mib('nodejs_heap_size_used_bytes').toFixed(1)} / ${mib('nodejs_heap_size_total_bytes').toFixed(1)}`,
+      space('code').toFixed(1),
+      (space('old') + space('new')).toFixed(1),
+      mib('nodejs_external_memory_bytes').toFixed(1),
       startCpu.toFixed(0),
       syncMs.toFixed(1),
     ]);
   } finally {
-    child.kill('SIGTERM');
-    await once(child, 'exit');
-    spawnSync(process.execPath, shippedArgs(['--cleanup']), { stdio: 'ignore' });
+    await c.stop();
+    try {
+      cleanupRules();
+    } catch {
+      // Its failure to look for eBPF pins without a bpffs: what it removes of nft is removed.
+    }
     await api.stop();
   }
 }

@@ -1,4 +1,4 @@
-// The end-to-end figures, per backend, with real packets (bench/packet-probe.ts):
+// The end-to-end figures, per backend, with real packets (bench/prober.ts):
 //   startup: from spawning the controller (all Services already served) to the first connection
 //     from the node that succeeds through the LoadBalancer IP of the last Service;
 //   packet latency: from writing a Service's new ingress IP into the API stand-in to the first
@@ -8,20 +8,15 @@
 // The backend's environment (ebpf: a cgroup v2 subtree and a bpffs mount; iptables-legacy: the
 // kubelet's hint chain) is made here and removed afterwards, also on failure.
 
-import { execFileSync, spawnSync } from 'node:child_process';
+import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
 import { existsSync, mkdirSync, mkdtempSync, rmdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
+import { createInterface } from 'node:readline';
 import { defaultCgroupPath } from '../src/backends/ebpf/ebpf-driver.js';
-import {
-  ControllerProcess,
-  SETTLE_MS,
-  cleanupRules,
-  type BenchBackend,
-  type ControllerFlags,
-} from './controller-process.js';
-import { ElementMonitor } from './kernel-monitor.js';
-import { PacketProbe, POD_NETNS, msSince } from './packet-probe.js';
-import { BENCH_PORT } from './services.js';
+import { Controller, MiB, cleanupRules, sleep, type BenchBackend, type ControllerFlags } from './controller.js';
+import { PacketProbe, POD_NETNS, msSince, throughAfter } from './prober.js';
+import { BENCH_PORT, NODE_NAME, benchService, ingressIp, log, type ServedCluster } from './services.js';
 import { percentile } from './stats.js';
 
 /** A backend as the benchmark runs it: iptables in either variant. */
@@ -87,27 +82,14 @@ export interface BackendResult {
 }
 
 export interface EndToEndContext {
-  kubeconfig: string;
-  nodeName: string;
+  cluster: ServedCluster;
   workDir: string;
   probeBinary: string;
-  log: (message: string) => void;
-  /** Serves exactly Services 0..n-1. */
-  ensureServices: (n: number) => void;
-  /** Writes Service i with the given ingress IP into the stand-in. */
-  moveService: (i: number, ingress: string) => void;
-  /** A fresh address, never used before in this run. */
-  freshAddress: () => string;
-  lastIngress: (services: number) => string;
-  /** Connections the API stand-in has accepted so far. */
-  apiConnections: () => number;
   /** Where the connections start: the node itself, or the pod namespace (POD_NETNS). */
   probeFrom: 'node' | 'pod';
   random: () => number;
 }
 
-const MiB = 1024 * 1024;
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 const run = (cmd: string, args: string[]) => execFileSync(cmd, args, { stdio: ['ignore', 'ignore', 'pipe'] });
 
 /** What a backend needs around the controller: flags, where the prober lives, and its removal. */
@@ -153,6 +135,17 @@ export class BackendEnvironment {
 
   get controllerBackend(): BenchBackend {
     return this.backend.startsWith('iptables') ? 'iptables' : (this.backend as BenchBackend);
+  }
+
+  /** The instrumented controller's flags on this backend. */
+  flags(ctx: EndToEndContext, more: Partial<ControllerFlags> = {}): ControllerFlags {
+    return {
+      kubeconfig: ctx.cluster.kubeconfig,
+      nodeName: NODE_NAME,
+      backend: this.controllerBackend,
+      extraArgs: this.extraArgs,
+      ...more,
+    };
   }
 
   close(): void {
@@ -207,16 +200,7 @@ export async function measureBackend(
   let listener: PacketProbe | undefined;
   try {
     env = new BackendEnvironment(backend, ctx.workDir);
-    const flags = (more: Partial<ControllerFlags>): ControllerFlags => ({
-      kubeconfig: ctx.kubeconfig,
-      nodeName: ctx.nodeName,
-      backend: env!.controllerBackend,
-      nftExecutor: 'addon',
-      minSyncPeriod: '1s',
-      syncPeriod: '1h',
-      extraArgs: env!.extraArgs,
-      ...more,
-    });
+    const flags = (more: Partial<ControllerFlags>) => env!.flags(ctx, more);
     const cleanup = () => cleanupRules(flags({ extraArgs: env!.cleanupArgs }));
     cleanup();
     if (ctx.probeFrom === 'pod') {
@@ -233,26 +217,21 @@ export async function measureBackend(
     const timeout = 60_000 + options.services * 4;
 
     if (options.startup) {
-      ctx.ensureServices(options.services);
-      const target = ctx.lastIngress(options.services);
+      ctx.cluster.serve(options.services);
+      const target = ingressIp(options.services - 1);
       for (let r = 0; r < options.startupRuns; r++) {
         cleanup();
-        ctx.log(`${backend}: start -> last Service answered, run ${r + 1} of ${options.startupRuns}`);
+        log(`${backend}: start -> last Service answered, run ${r + 1} of ${options.startupRuns}`);
         const probing = await probe.begin(target, BENCH_PORT, timeout);
-        const connectionsBefore = ctx.apiConnections();
-        const c = ControllerProcess.start(flags({}));
+        const connectionsBefore = ctx.cluster.standIn.stats.connections;
+        const c = Controller.start(flags({}));
         try {
           const outcome = await probing.outcome;
           const sched = c.schedStats();
-          if (!outcome.ok)
-            throw new Error(
-              `${target} never answered (${outcome.attempts} attempts, ${outcome.firstError || 'no error'})`,
-            );
-          if (outcome.firstOkNs < c.spawnedAtNs)
-            throw new Error(`${target} answered before the controller started: rules were left in place`);
+          const firstPacketMs = throughAfter(c.spawnedAtNs, outcome, target);
           const first = (await c.waitForSyncs('full', 1, timeout))[0]!;
           result.startup.push({
-            firstPacketMs: msSince(c.spawnedAtNs, outcome),
+            firstPacketMs,
             resolutionMs: outcome.beforeOkNs > 0n ? Number(outcome.firstOkNs - outcome.beforeOkNs) / 1e6 : NaN,
             firstLogMs: (c.firstLineAt ?? NaN) - c.startedAt,
             cachesSyncedMs: (c.cachesSyncedAt ?? NaN) - c.startedAt,
@@ -262,7 +241,7 @@ export async function measureBackend(
             cpuAtFirstLogMs: c.cpuAtFirstLineMs ?? NaN,
             cpuAtCachesSyncedMs: c.cpuAtCachesSyncedMs ?? NaN,
             attempts: outcome.attempts,
-            apiConnections: ctx.apiConnections() - connectionsBefore,
+            apiConnections: ctx.cluster.standIn.stats.connections - connectionsBefore,
           });
         } finally {
           await c.stop();
@@ -271,93 +250,56 @@ export async function measureBackend(
     }
 
     const steady = async (services: number, latency: boolean) => {
-      ctx.ensureServices(services);
+      ctx.cluster.serve(services);
       // Rules left by the startup runs would make the first sync a no-op, which logs nothing.
       cleanup();
-      const c = ControllerProcess.start(
+      const c = Controller.start(
         flags({ minSyncPeriod: '0s', ...(latency ? { syncPeriod: options.syncPeriod } : {}) }),
       );
       try {
         await c.waitForSyncs('full', 1, timeout);
         if (options.memory) {
-          ctx.log(`${backend}: memory, ${services.toLocaleString('en-US')} Services`);
-          await sleep(SETTLE_MS);
-          result.rssIdleMiB[services] = c.residentMemory().rssBytes / MiB;
-          await c.collectGarbage();
-          await sleep(2_000);
-          result.rssAfterGcMiB[services] = c.residentMemory().rssBytes / MiB;
+          log(`${backend}: memory, ${services.toLocaleString('en-US')} Services`);
+          const { idle, afterGc } = await c.settledMemory();
+          result.rssIdleMiB[services] = idle.rssBytes / MiB;
+          result.rssAfterGcMiB[services] = afterGc.rssBytes / MiB;
         }
         if (latency) result.packetLatency = await packetLatency(ctx, c, probe!, backend, options);
       } finally {
         await c.stop();
       }
     };
+    // With no Service first (what the process costs by itself), then with them.
+    if (options.memory) await steady(0, false);
     if (options.memory || options.packetLatency) await steady(options.services, options.packetLatency);
     return result;
   } catch (err) {
     result.error = (err as Error).message;
-    ctx.log(`${backend}: ${result.error}`);
+    log(`${backend}: ${result.error}`);
     return result;
   } finally {
     await probe?.stop();
     await listener?.stop();
     if (env) {
       try {
-        cleanupRules({ backend: env.controllerBackend, nftExecutor: 'addon', extraArgs: env.cleanupArgs });
+        cleanupRules({ backend: env.controllerBackend, extraArgs: env.cleanupArgs });
       } catch (err) {
-        ctx.log(`${backend}: cleanup: ${(err as Error).message}`);
+        log(`${backend}: cleanup: ${(err as Error).message}`);
       }
       env.close();
     }
   }
 }
 
-/** Memory of the controller with no Service at all (measured before any Service is served). */
-export async function idleMemory(
-  ctx: EndToEndContext,
-  backend: E2eBackend,
-): Promise<{ rssIdleMiB: number; rssAfterGcMiB: number } | { error: string }> {
-  let env: BackendEnvironment | undefined;
-  try {
-    env = new BackendEnvironment(backend, ctx.workDir);
-    const flags: ControllerFlags = {
-      kubeconfig: ctx.kubeconfig,
-      nodeName: ctx.nodeName,
-      backend: env.controllerBackend,
-      nftExecutor: 'addon',
-      minSyncPeriod: '0s',
-      syncPeriod: '1h',
-      extraArgs: env.extraArgs,
-    };
-    ctx.log(`${backend}: memory, no Service`);
-    const c = ControllerProcess.start(flags);
-    try {
-      await c.waitForSyncs('full', 1, 60_000);
-      await sleep(SETTLE_MS);
-      const rssIdleMiB = c.residentMemory().rssBytes / MiB;
-      await c.collectGarbage();
-      await sleep(2_000);
-      return { rssIdleMiB, rssAfterGcMiB: c.residentMemory().rssBytes / MiB };
-    } finally {
-      await c.stop();
-      cleanupRules({ ...flags, extraArgs: env.cleanupArgs });
-    }
-  } catch (err) {
-    return { error: (err as Error).message };
-  } finally {
-    env?.close();
-  }
-}
-
 async function packetLatency(
   ctx: EndToEndContext,
-  c: ControllerProcess,
+  c: Controller,
   probe: PacketProbe,
   backend: E2eBackend,
   options: EndToEndOptions,
 ): Promise<PacketLatencyResult> {
   const changes = backend.startsWith('iptables') ? Math.min(options.changes, options.iptablesChanges) : options.changes;
-  ctx.log(`${backend}: API write -> first packet through the new address, ${changes} changes`);
+  log(`${backend}: API write -> first packet through the new address, ${changes} changes`);
   const monitor = backend === 'nft' ? await ElementMonitor.start() : undefined;
   const samplesMs: number[] = [];
   const monitorMs: number[] = [];
@@ -367,13 +309,13 @@ async function packetLatency(
   try {
     for (let k = 0; k < changes; k++) {
       const i = Math.floor(ctx.random() * (options.services - 1));
-      const address = ctx.freshAddress();
+      const address = ctx.cluster.freshAddress();
       // Up to 10 s (a full iptables rewrite takes seconds), resolution 150 us or 1 % of the wait.
       const probing = await probe.begin(address, BENCH_PORT, 10_000, 150, 100);
       const seen = monitor?.elementAdded(address, 10_000);
       const writtenNs = process.hrtime.bigint();
       const writtenAt = performance.now();
-      ctx.moveService(i, address);
+      ctx.cluster.standIn.apply(benchService(i, address));
       const outcome = await probing.outcome;
       if (outcome.ok) {
         samplesMs.push(msSince(writtenNs, outcome));
@@ -404,4 +346,61 @@ async function packetLatency(
     partialSyncP99Ms: percentile(partial, 99),
     lost,
   };
+}
+
+/** Watches the kernel, not the controller: `nft -j monitor new elements` prints every map element the kernel commits, timestamped when read. */
+class ElementMonitor {
+  private readonly waiters = new Map<string, (at: number) => void>();
+  private exited = false;
+
+  private constructor(private readonly child: ChildProcess) {
+    createInterface({ input: child.stdout! }).on('line', (line) => {
+      const at = performance.now();
+      if (this.waiters.size === 0) return;
+      for (const [needle, resolve] of this.waiters) {
+        if (line.includes(needle)) {
+          this.waiters.delete(needle);
+          resolve(at);
+        }
+      }
+    });
+    child.on('exit', () => {
+      this.exited = true;
+    });
+  }
+
+  /** Starts the monitor and waits until it listens (it prints nothing until an event comes). */
+  static async start(): Promise<ElementMonitor> {
+    const child = spawn('nft', ['-j', 'monitor', 'new', 'elements'], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const monitor = new ElementMonitor(child);
+    // nft reads the ruleset into its cache before it subscribes; give it that time.
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    if (monitor.exited) throw new Error('`nft monitor` exited at once');
+    return monitor;
+  }
+
+  /**
+   * performance.now() at which an added element mentioning `address` (as a JSON string) was
+   * seen. Register before causing the change.
+   */
+  elementAdded(address: string, timeoutMs: number): Promise<number> {
+    const needle = `"${address}"`;
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.waiters.delete(needle);
+        reject(new Error(`no map element with ${address} reached the kernel within ${timeoutMs} ms`));
+      }, timeoutMs);
+      this.waiters.set(needle, (at) => {
+        clearTimeout(timer);
+        resolve(at);
+      });
+    });
+  }
+
+  async stop(): Promise<void> {
+    if (this.exited) return;
+    const exit = once(this.child, 'exit');
+    this.child.kill('SIGTERM');
+    await exit;
+  }
 }

@@ -7,17 +7,16 @@
 // Run alone it re-executes itself in a private network and mount namespace (unshare): the
 // machine's firewall is never touched. heapProfile() expects its caller to be isolated already.
 
-import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
-import { parseArgs } from 'node:util';
-import { ApiStandIn } from '../testbed/api-server.js';
-import { ControllerProcess } from './controller-process.js';
+import { Controller, MiB, sleep } from './controller.js';
 import { computeDominators, parseHeapSnapshot } from './heap-snapshot.js';
 import { retainerGrowth, summarizeHeap, type HeapSummary, type RetainerGrowth } from './heap-summary.js';
 import { inPrivateNamespaces } from './namespace.js';
-import { NODE_NAME, benchNode, benchService } from './services.js';
+import { NODE_NAME, ServedCluster } from './services.js';
+import { markdown, options } from './stats.js';
 
 /** The sizes profiled: numbers of Services, the smallest the baseline. */
 const DEFAULT_SIZES = [0, 10_000];
@@ -53,24 +52,6 @@ export interface HeapProfileResult {
   perService: { services: number; baseline: number; rows: HeapProfileRow[]; retainers: RetainerGrowth[] };
 }
 
-// Loaded into the controller (node --import): on SIGWINCH (ignored by default and by the
-// controller) a full GC, the memory figures, then a heap snapshot, renamed when complete.
-function hookSource(dir: string): string {
-  return `import { writeHeapSnapshot } from 'node:v8';
-import { renameSync, writeFileSync } from 'node:fs';
-let k = 0;
-process.on('SIGWINCH', () => {
-  globalThis.gc?.();
-  const base = ${JSON.stringify(dir)} + '/heap-' + process.pid + '-' + k++;
-  writeFileSync(base + '.memory.json', JSON.stringify(process.memoryUsage()));
-  writeHeapSnapshot(base + '.partial');
-  renameSync(base + '.partial', base + '.heapsnapshot');
-});
-`;
-}
-
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-
 async function waitForFile(dir: string, suffix: string, timeoutMs: number, alive: () => boolean): Promise<string> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
@@ -85,23 +66,14 @@ async function waitForFile(dir: string, suffix: string, timeoutMs: number, alive
 /** The controller's heap with `services` Services served: its snapshot, summarised. */
 async function profileOnce(kubeconfig: string, services: number, workDir: string): Promise<HeapProfileRun> {
   const dir = mkdtempSync(join(workDir, `run-${services}-`));
-  const hook = join(dir, 'hook.mjs');
-  writeFileSync(hook, hookSource(dir));
-  const c = ControllerProcess.start({
-    kubeconfig,
-    nodeName: NODE_NAME,
-    nftExecutor: 'addon',
-    minSyncPeriod: '1s',
-    syncPeriod: '2s',
-    nodeFlags: ['--import', pathToFileURL(hook).href],
-  });
+  // SIGWINCH: the controller's hook (bench/controller.ts) writes its snapshot into BENCH_HEAP_DIR.
+  const env = { ...process.env, BENCH_HEAP_DIR: dir };
+  const c = Controller.start({ kubeconfig, nodeName: NODE_NAME, syncPeriod: '2s', env });
   try {
     await c.waitForSyncs('full', 1 + RESYNCS, 60_000 + services * 4 + RESYNCS * (10_000 + services));
     const rss = c.residentMemory().rssBytes;
-    let alive = true;
-    void c.waitFor('exit', () => false, 24 * 3600_000).catch(() => (alive = false));
     process.kill(c.pid, 'SIGWINCH');
-    const file = await waitForFile(dir, '.heapsnapshot', 300_000, () => alive);
+    const file = await waitForFile(dir, '.heapsnapshot', 300_000, () => !c.exited);
     const memory = JSON.parse(readFileSync(file.replace(/\.heapsnapshot$/, '.memory.json'), 'utf8')) as {
       rss: number;
       heapUsed: number;
@@ -131,19 +103,15 @@ export async function heapProfile(sizesAsked: number[] = DEFAULT_SIZES): Promise
   const sizes = [...new Set(sizesAsked)].sort((a, b) => a - b);
   if (sizes.length < 2) throw new Error('heap profile: give at least two sizes (the smallest is the baseline)');
   const workDir = mkdtempSync(join(tmpdir(), 'bench-heap-'));
-  const api = await ApiStandIn.start();
+  const cluster = await ServedCluster.start(workDir);
   const runs: HeapProfileRun[] = [];
   try {
-    const kubeconfig = join(workDir, 'kubeconfig');
-    await api.writeKubeconfig(kubeconfig);
-    api.apply(benchNode());
-    let served = 0;
     for (const n of sizes) {
-      for (; served < n; served++) api.apply(benchService(served));
-      runs.push(await profileOnce(kubeconfig, n, workDir));
+      cluster.serve(n);
+      runs.push(await profileOnce(cluster.kubeconfig, n, workDir));
     }
   } finally {
-    await api.stop();
+    await cluster.stop();
     rmSync(workDir, { recursive: true, force: true });
   }
   const base = runs[0]!;
@@ -176,7 +144,6 @@ export async function heapProfile(sizesAsked: number[] = DEFAULT_SIZES): Promise
   };
 }
 
-const MiB = 1024 * 1024;
 const fmt = (x: number, digits = 0) =>
   x.toLocaleString('en-US', { maximumFractionDigits: digits, minimumFractionDigits: digits });
 /** Text in a Markdown table cell. */
@@ -184,57 +151,65 @@ const cell = (text: string) => text.replace(/\|/g, '\\|');
 
 /** Markdown tables: memory per run, then bytes per Service by class, by owner and by single retainer. */
 export function formatHeapProfile(r: HeapProfileResult): string {
-  const out: string[] = [];
   const { services, baseline, rows } = r.perService;
   const n = services - baseline;
-  out.push('### Controller heap (snapshot after the first sync and periodic resyncs, after a full GC)', '');
-  out.push(
-    '| Services | RSS (MiB) | RSS after GC (MiB) | V8 heap used (MiB) | heap total (MiB) | external (MiB) | snapshot nodes | snapshot self sizes (MiB) | reachable (MiB) |',
-  );
-  out.push('| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |');
-  for (const run of r.runs)
-    out.push(
-      `| ${fmt(run.services)} | ${fmt(run.rssBytes / MiB, 1)} | ${fmt(run.rssAfterGcBytes / MiB, 1)} | ${fmt(run.heapUsedBytes / MiB, 1)} | ${fmt(run.heapTotalBytes / MiB, 1)} | ${fmt(run.externalBytes / MiB, 1)} | ${fmt(run.summary.nodes)} | ${fmt(run.summary.totalBytes / MiB, 1)} | ${fmt(run.summary.reachableBytes / MiB, 1)} |`,
-    );
-  const first = r.runs[0]!;
-  const last = r.runs[r.runs.length - 1]!;
-  const per = (a: number, b: number) => fmt((a - b) / n);
+  const mib = (bytes: number) => fmt(bytes / MiB, 1);
+  const figures = Array<string>(9).fill('---:');
+  const out = ['### Controller heap (snapshot after the first sync and periodic resyncs, after a full GC)', ''];
+  const header =
+    'Services|RSS (MiB)|RSS after GC (MiB)|V8 heap used (MiB)|heap total (MiB)|external (MiB)|snapshot nodes|snapshot self sizes (MiB)|reachable (MiB)';
+  const runRow = (x: HeapProfileRun) => [
+    ...[fmt(x.services), mib(x.rssBytes), mib(x.rssAfterGcBytes), mib(x.heapUsedBytes), mib(x.heapTotalBytes)],
+    ...[mib(x.externalBytes), fmt(x.summary.nodes), mib(x.summary.totalBytes), mib(x.summary.reachableBytes)],
+  ];
+  out.push(...markdown(header, r.runs.map(runRow), figures));
+  const [first, last] = [r.runs[0]!, r.runs[r.runs.length - 1]!];
+  const per = (f: (x: HeapProfileRun) => number) => `${fmt((f(last) - f(first)) / n)} B`;
   out.push(
     '',
-    `Per Service (${fmt(services)} minus ${fmt(baseline)}, divided by ${fmt(n)}): RSS ${per(last.rssBytes, first.rssBytes)} B (after GC ${per(last.rssAfterGcBytes, first.rssAfterGcBytes)} B), V8 heap total ${per(last.heapTotalBytes, first.heapTotalBytes)} B, V8 heap used ${per(last.heapUsedBytes, first.heapUsedBytes)} B, reachable in the snapshot ${per(last.summary.reachableBytes, first.summary.reachableBytes)} B, external ${per(last.externalBytes, first.externalBytes)} B.`,
+    `Per Service (${fmt(services)} minus ${fmt(baseline)}, divided by ${fmt(n)}): RSS ${per((x) => x.rssBytes)} (after GC ` +
+      `${per((x) => x.rssAfterGcBytes)}), V8 heap total ${per((x) => x.heapTotalBytes)}, V8 heap used ${per((x) => x.heapUsedBytes)}, ` +
+      `reachable in the snapshot ${per((x) => x.summary.reachableBytes)}, external ${per((x) => x.externalBytes)}.`,
     '',
   );
   const bySelf = [...rows].sort((a, b) => b.selfPerService - a.selfPerService);
   const selfTotal = rows.reduce((s, x) => s + Math.max(x.selfPerService, 0), 0);
   out.push(`#### Bytes per Service by class (${fmt(services)} minus ${fmt(baseline)})`, '');
-  out.push(
-    '| class | objects per Service | self B per Service | share | retained B per Service (top-most objects of the class) |',
-  );
-  out.push('| --- | ---: | ---: | ---: | ---: |');
-  for (const x of bySelf.slice(0, ROWS))
-    out.push(
-      `| ${cell(x.name)} | ${fmt(x.countPerService, 2)} | ${fmt(x.selfPerService, 1)} | ${fmt((100 * x.selfPerService) / selfTotal, 1)}% | ${fmt(x.retainedPerService, 1)} |`,
-    );
+  const classes = bySelf
+    .slice(0, ROWS)
+    .map((x) => [
+      ...[cell(x.name), fmt(x.countPerService, 2), fmt(x.selfPerService, 1)],
+      ...[`${fmt((100 * x.selfPerService) / selfTotal, 1)}%`, fmt(x.retainedPerService, 1)],
+    ]);
+  const classHeader =
+    'class|objects per Service|self B per Service|share|retained B per Service (top-most objects of the class)';
+  out.push(...markdown(classHeader, classes, ['---', ...figures]));
   out.push('', '#### Whose they are (self bytes per Service by owner: dominator.edge)', '');
-  out.push('| class | owner: self B per Service |');
-  out.push('| --- | --- |');
-  for (const x of bySelf.slice(0, 15))
-    if (x.ownersPerService.length > 0)
-      out.push(
-        `| ${cell(x.name)} | ${x.ownersPerService
-          .slice(0, 8)
-          .map(([owner, b]) => `${cell(owner)}: ${fmt(b, 1)}`)
-          .join('<br>')} |`,
-      );
+  const owners = bySelf
+    .slice(0, 15)
+    .filter((x) => x.ownersPerService.length > 0)
+    .map((x) => [
+      cell(x.name),
+      x.ownersPerService
+        .slice(0, 8)
+        .map(([o, b]) => `${cell(o)}: ${fmt(b, 1)}`)
+        .join('<br>'),
+    ]);
+  out.push(...markdown(['class', 'owner: self B per Service'], owners));
   out.push(
     '',
     `#### Single retainers that grow with Services (dominator tree, by class and the edge holding them)`,
     '',
   );
-  out.push(`| object | retained at ${fmt(services)} (MiB) | growth B per Service |`);
-  out.push('| --- | ---: | ---: |');
-  for (const x of r.perService.retainers.slice(0, ROWS))
-    out.push(`| ${cell(x.label)} | ${fmt(x.retainedBytes / MiB, 2)} | ${fmt(x.perService, 1)} |`);
+  const retainers = r.perService.retainers
+    .slice(0, ROWS)
+    .map((x) => [cell(x.label), fmt(x.retainedBytes / MiB, 2), fmt(x.perService, 1)]);
+  out.push(
+    ...markdown(['object', `retained at ${fmt(services)} (MiB)`, 'growth B per Service'], retainers, [
+      '---',
+      ...figures,
+    ]),
+  );
   return out.join('\n') + '\n';
 }
 
@@ -248,7 +223,7 @@ function sizesOf(text: string): number[] {
 
 if (process.argv[1] && fileURLToPath(pathToFileURL(process.argv[1])) === fileURLToPath(import.meta.url)) {
   await inPrivateNamespaces(import.meta.url, 'heap-profile', async (args) => {
-    const { values } = parseArgs({ args, options: { sizes: { type: 'string', default: DEFAULT_SIZES.join(',') } } });
-    process.stdout.write(formatHeapProfile(await heapProfile(sizesOf(values.sizes))));
+    const { sizes } = options(args, { sizes: DEFAULT_SIZES.join(',') });
+    process.stdout.write(formatHeapProfile(await heapProfile(sizesOf(sizes))));
   });
 }

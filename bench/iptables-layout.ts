@@ -14,7 +14,6 @@
 
 import { execFileSync } from 'node:child_process';
 import { performance } from 'node:perf_hooks';
-import { parseArgs } from 'node:util';
 import { variantCommand, type IptablesVariant } from '../src/backends/iptables/executor.js';
 import { emptyNatTable } from '../src/backends/iptables/parse.js';
 import { planPartialWrite } from '../src/backends/iptables/partial-write.js';
@@ -22,7 +21,7 @@ import { FamilyRecord } from '../src/backends/iptables/record.js';
 import { renderFamilyRestore } from '../src/backends/iptables/render.js';
 import type { Entry, LocalPodMatch } from '../src/model/types.js';
 import { inPrivateNamespaces } from './namespace.js';
-import { median } from './stats.js';
+import { median, options, table } from './stats.js';
 
 type Layout = 'flat' | 'buckets';
 const POD_MATCH: LocalPodMatch = { kind: 'cidrs', cidrs: ['10.244.1.0/24'] };
@@ -108,21 +107,13 @@ function benchmark(entries: number, changes: number): void {
   for (const variant of ['legacy', 'nft'] as const) {
     for (const layout of ['flat', 'buckets'] as const) rows.push(measure(variant, layout, entries, changes));
   }
-  const widths = header.map((h, c) => Math.max(h.length, ...rows.map((r) => r[c]!.length)));
-  const line = (cells: string[]) => cells.map((v, c) => (c < 2 ? v.padEnd(widths[c]!) : v.padStart(widths[c]!)));
   console.log(`${entries} entries (one TCP port, one pod CIDR: a mark and a DNAT rule per entry and hook, and`);
   console.log(`the gotos of the bucket layout); a change: two -D and two -A, one -restore --noflush -w`);
   console.log(`(${changes} changes; p50 and the slowest). floor: a restore of one rule in another chain.`);
-  for (const cells of [header, ...rows]) console.log(`   ${line(cells).join('  ')}`);
+  for (const line of table(header, rows, '   ', [0, 1])) console.log(line);
 }
 
 await inPrivateNamespaces(import.meta.url, 'iptables-layout', (args: string[]) => {
-  const { values } = parseArgs({
-    args,
-    options: {
-      entries: { type: 'string', default: '10000' },
-      changes: { type: 'string', default: '10' },
-    },
-  });
-  benchmark(Number(values.entries), Number(values.changes));
+  const { entries, changes } = options(args, { entries: 10_000, changes: 10 });
+  benchmark(entries, changes);
 });

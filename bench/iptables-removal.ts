@@ -13,7 +13,6 @@
 //                                       [--variants legacy,nft]
 //   npm run bench -- --only iptables-removal
 
-import { parseArgs } from 'node:util';
 import { performance } from 'node:perf_hooks';
 import { IptablesCommands, type IptablesVariant } from '../src/backends/iptables/executor.js';
 import { IptablesDriver, REWRITE_ABOVE_DELETES } from '../src/backends/iptables/iptables-driver.js';
@@ -23,6 +22,7 @@ import { buildDesiredState } from '../src/model/desired-state.js';
 import type { DesiredState, NodeInfo, ServiceInfo } from '../src/model/types.js';
 import { inPrivateNamespaces } from './namespace.js';
 import { BENCH_MODEL, benchModelInput } from './services.js';
+import { options } from './stats.js';
 
 /** Rules per entry: a mark and a DNAT rule in each of our two chains (one pod CIDR). */
 const RULES_PER_ENTRY = 4;
@@ -90,19 +90,10 @@ function how(r: Removal): string {
 }
 
 async function benchmark(args: string[]): Promise<void> {
-  const { values } = parseArgs({
-    args,
-    options: {
-      entries: { type: 'string', default: '20000' },
-      remove: { type: 'string', default: '10000' },
-      sweep: { type: 'string', default: '1,4,16,64,256' },
-      variants: { type: 'string', default: 'legacy,nft' },
-    },
-  });
-  const entries = Number(values.entries);
-  const remove = Number(values.remove);
-  const sweep = values.sweep === '' ? [] : values.sweep.split(',').map(Number);
-  const variants = values.variants.split(',') as IptablesVariant[];
+  const o = options(args, { entries: 20_000, remove: 10_000, sweep: '1,4,16,64,256', variants: 'legacy,nft' });
+  const { entries, remove } = o;
+  const sweep = o.sweep === '' ? [] : o.sweep.split(',').map(Number);
+  const variants = o.variants.split(',') as IptablesVariant[];
   const cell = (text: string, width: number, left = false) => (left ? text.padEnd(width) : text.padStart(width));
   console.log(
     `iptables removal: a table of ${entries} IPv4 entries (${entries * RULES_PER_ENTRY} rules, ` +
@@ -113,15 +104,7 @@ async function benchmark(args: string[]): Promise<void> {
     `bound: our chains are written whole past ${REWRITE_ABOVE_DELETES.legacy} rule deletes (legacy), ` +
       `${REWRITE_ABOVE_DELETES.nft} (nft). "one -D per rule": the bound turned off, the path before it.`,
   );
-  const header = [
-    'variant',
-    'removed entries',
-    'rule deletes',
-    'one -D per rule',
-    '(sync did)',
-    'as shipped',
-    '(path)',
-  ];
+  const header = 'variant|removed entries|rule deletes|one -D per rule|(sync did)|as shipped|(path)'.split('|');
   const widths = [16, 15, 12, 16, 22, 12, 10];
   const line = (cells: string[]) => cells.map((c, i) => cell(c, widths[i]!, i === 0 || i === 4 || i === 6)).join('  ');
   console.log(line(header));
@@ -147,14 +130,7 @@ async function benchmark(args: string[]): Promise<void> {
   if (sweep.length === 0) return;
   console.log('');
   console.log('smaller removals from the same table, each path forced (where the bound was chosen):');
-  const sweepHeader = [
-    'variant',
-    'removed entries',
-    'rule deletes',
-    'one -D per rule',
-    'chains rewritten',
-    'shipped takes',
-  ];
+  const sweepHeader = 'variant|removed entries|rule deletes|one -D per rule|chains rewritten|shipped takes'.split('|');
   const sweepWidths = [16, 15, 12, 16, 16, 13];
   console.log(sweepHeader.map((c, i) => cell(c, sweepWidths[i]!, i === 0)).join('  '));
   for (const variant of variants) {

@@ -1,9 +1,11 @@
 // The benchmark programs nftables and iptables: it only ever does so in network namespaces it
 // creates, never in the machine's own. Each benchmark that runs alone re-runs itself inside them
-// (inPrivateNamespaces).
+// (inPrivateNamespaces); one that prepares outside them first (builds, Node.js binaries) hands
+// what it prepared to its measuring half in network, mount and PID namespaces (runInner).
 
-import { spawnSync } from 'node:child_process';
-import { readFileSync, readlinkSync } from 'node:fs';
+import { spawn, spawnSync } from 'node:child_process';
+import { readFileSync, readlinkSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 function namespaceOf(pid: number | 'self', kind: 'net' | 'mnt'): string | undefined {
@@ -91,4 +93,71 @@ export async function inPrivateNamespaces(
   );
   if (run.error) console.error(`${name}: cannot create a network namespace (unshare): ${run.error.message}`);
   process.exitCode = run.status ?? 1;
+}
+
+const RUN_JS = fileURLToPath(new URL('./run.js', import.meta.url));
+const INNER_FLAG = '--inner';
+
+/**
+ * The outer half: `run.js --only MEASURE --inner SPEC_FILE` in new network, mount and PID
+ * namespaces, handed `spec`; every process in them ends with it (unshare --kill-child). SIGINT or
+ * SIGTERM kills it, runs `onInterrupt` and exits. Resolves with its exit code.
+ */
+export async function runInner(
+  measure: string,
+  spec: object,
+  workDir: string,
+  onInterrupt?: () => void,
+): Promise<number | null> {
+  if (process.getuid?.() !== 0) throw new Error('run it as root: it programs nftables in a namespace of its own');
+  const specFile = join(workDir, 'spec.json');
+  writeFileSync(specFile, JSON.stringify({ ...spec, callerNetNamespace: readlinkSync('/proc/self/ns/net') }, null, 2));
+  const namespaces = [
+    '--net',
+    '--mount',
+    '--propagation',
+    'private',
+    '--pid',
+    '--fork',
+    '--mount-proc',
+    '--kill-child',
+  ];
+  const child = spawn(
+    'unshare',
+    [...namespaces, '--', process.execPath, RUN_JS, '--only', measure, INNER_FLAG, specFile],
+    {
+      stdio: ['ignore', 'inherit', 'inherit'],
+    },
+  );
+  const onSignal = () => {
+    process.stderr.write(`[${measure}] interrupted: cleaning up\n`);
+    child.kill('SIGKILL');
+    onInterrupt?.();
+    process.exit(130);
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+  try {
+    return await new Promise<number | null>((resolve, reject) => {
+      child.once('error', reject);
+      child.once('exit', resolve);
+    });
+  } finally {
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+  }
+}
+
+/** The inner half: the spec runInner handed this process (its loopback up), or undefined in the outer one. */
+export function innerSpec<T>(argv: string[]): T | undefined {
+  const i = argv.indexOf(INNER_FLAG);
+  if (i < 0) return undefined;
+  const spec = JSON.parse(readFileSync(argv[i + 1]!, 'utf8')) as T & { callerNetNamespace: string };
+  if (readlinkSync('/proc/self/ns/net') === spec.callerNetNamespace)
+    throw new Error('the measure runs only in a network namespace of its own');
+  // PID 1 of its namespace: a signal without a handler would be ignored. Exiting ends the
+  // namespace's every process.
+  for (const signal of ['SIGINT', 'SIGTERM'] as const) process.on(signal, () => process.exit(130));
+  spawnSync('ip', ['link', 'set', 'lo', 'up']);
+  return spec;
 }

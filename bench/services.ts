@@ -3,8 +3,13 @@
 // ports), so that listing, watching and stripping do the work they do on a real cluster.
 // Service i has one TCP port and one ingress IP: one map element per Service.
 
+import { join } from 'node:path';
 import { toNodeInfo, toServiceInfo } from '../src/kube/objects.js';
 import type { ModelConfig, NodeInfo, ServiceInfo } from '../src/model/types.js';
+import { ApiStandIn } from '../testbed/api-server.js';
+
+/** Progress, on stderr: stdout is the benchmark's figures. */
+export const log = (message: string) => process.stderr.write(`[bench] ${message}\n`);
 
 export const BENCH_PORT = 443;
 export const NODE_NAME = 'bench-node';
@@ -165,4 +170,45 @@ export const BENCH_MODEL: Readonly<ModelConfig> = Object.freeze({
 export function benchModelInput(n: number): { services: ServiceInfo[]; node: NodeInfo } {
   const services = Array.from({ length: n }, (_, i) => toServiceInfo(benchService(i))!);
   return { services, node: toNodeInfo(benchNode())! };
+}
+
+/** The API stand-in of this process (over TLS) serving the node and the benchmark's Services 0..n-1. */
+export class ServedCluster {
+  private served = 0;
+  /** Fresh addresses handed out so far (movedIp). */
+  private moved = 0;
+
+  private constructor(
+    readonly standIn: ApiStandIn,
+    /** The controller's kubeconfig. */
+    readonly kubeconfig: string,
+  ) {}
+
+  /** Starts the stand-in, serving the node; its kubeconfig goes into `dir`. */
+  static async start(dir: string): Promise<ServedCluster> {
+    const standIn = await ApiStandIn.start();
+    const kubeconfig = join(dir, 'kubeconfig');
+    await standIn.writeKubeconfig(kubeconfig);
+    standIn.apply(benchNode());
+    return new ServedCluster(standIn, kubeconfig);
+  }
+
+  /** Serves exactly Services 0..n-1: a measure at 10,000 after one at 50,000 lists 10,000. */
+  serve(n: number): void {
+    if (n !== this.served) log(`serving ${n.toLocaleString('en-US')} Services`);
+    for (; this.served < n; this.served++) this.standIn.apply(benchService(this.served));
+    for (; this.served > n; this.served--) {
+      const { namespace, name } = serviceName(this.served - 1);
+      this.standIn.remove('Service', namespace, name);
+    }
+  }
+
+  /** A fresh address, never used before in this run. */
+  freshAddress(): string {
+    return movedIp(this.moved++);
+  }
+
+  stop(): Promise<void> {
+    return this.standIn.stop();
+  }
 }

@@ -4,7 +4,7 @@
 // reconciler, as a Service update arrives). Prints, per build: the objects the whole write and an
 // edit send to the kernel (elements, rules, and the ranges inside rules), their time and the
 // process's CPU (user + system: nf_tables works in the system time of the netlink sender).
-// With --compare REF, REF is built in a worktree (bench/react-builds.ts) and measured in the same
+// With --compare REF, REF is built in a worktree (bench/builds.ts) and measured in the same
 // run, beside this tree. Prints figures; asserts nothing. Re-runs itself inside `unshare --net --mount`.
 //
 //   node dist/bench/source-range-edit.js [--ports 100] [--ranges 64] [--edits 5] [--compare REF]
@@ -13,11 +13,11 @@ import { join, dirname } from 'node:path';
 import { tmpdir } from 'node:os';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
 import { performance } from 'node:perf_hooks';
 import { inPrivateNamespaces } from './namespace.js';
-import { makeRefBuild, removeRefBuilds } from './react-builds.js';
+import { makeRefBuild, removeRefBuilds } from './builds.js';
 import { BENCH_MODEL } from './services.js';
+import { options } from './stats.js';
 
 interface Objects {
   elements: number;
@@ -145,32 +145,14 @@ async function measure(impl: Implementation, ports: number, ranges: number, edit
 }
 
 async function benchmark(args: string[]): Promise<void> {
-  const { values } = parseArgs({
-    args,
-    options: {
-      ports: { type: 'string', default: '100' },
-      ranges: { type: 'string', default: '64' },
-      edits: { type: 'string', default: '5' },
-      compare: { type: 'string' },
-    },
-  });
-  const ports = Number(values.ports);
-  const ranges = Number(values.ranges);
-  const edits = Number(values.edits);
-  for (const [name, n] of [
-    ['ports', ports],
-    ['ranges', ranges],
-    ['edits', edits],
-  ] as const) {
-    if (!Number.isInteger(n) || n < 1) throw new Error(`--${name} takes a whole number of at least 1`);
-  }
+  const { ports, ranges, edits, compare } = options(args, { ports: 100, ranges: 64, edits: 5, compare: undefined });
   const here = join(dirname(fileURLToPath(import.meta.url)), '..');
   const root = join(here, '..');
   const impls: Implementation[] = [];
   const workDir = mkdtempSync(join(tmpdir(), 'source-range-edit-'));
   try {
-    if (values.compare) {
-      const build = await makeRefBuild(root, values.compare, workDir);
+    if (compare) {
+      const build = await makeRefBuild(root, compare, workDir);
       impls.push({ label: build.label, dist: join(dirname(build.bundle), '..') });
     }
     impls.push({ label: 'this tree', dist: here });

@@ -1,4 +1,4 @@
-// The Kubernetes API stand-in of the react benchmark (bench/react.ts) in a process of its own, as
+// The Kubernetes API stand-in of the react and probe-cost benchmarks in a process of its own, as
 // a real API server is: dist/testbed/api-server-main.js, speaking TLS with the kubeconfig it
 // writes. The benchmark is one more client of it: it creates the Services through the API and
 // moves a Service's ingress address with a PATCH of its status, as a load-balancer controller
@@ -10,6 +10,7 @@ import { once } from 'node:events';
 import { readFileSync } from 'node:fs';
 import https from 'node:https';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { createInterface } from 'node:readline';
 import YAML from 'yaml';
 
@@ -50,10 +51,11 @@ export class StandInProcess {
     });
   }
 
-  /** Starts `node MAIN` on an ephemeral port of 127.0.0.1 and waits until it listens. */
-  static async start(nodePath: string, main: string, dir: string, name: string): Promise<StandInProcess> {
+  /** Starts this tree's dist/testbed/api-server-main.js on an ephemeral port of 127.0.0.1 and waits until it listens. */
+  static async start(dir: string, name: string): Promise<StandInProcess> {
     const kubeconfig = join(dir, `${name}.kubeconfig`);
-    const child = spawn(nodePath, [main, '--port', '0', '--kubeconfig-out', kubeconfig], {
+    const main = fileURLToPath(new URL('../testbed/api-server-main.js', import.meta.url));
+    const child = spawn(process.execPath, [main, '--port', '0', '--kubeconfig-out', kubeconfig], {
       stdio: ['ignore', 'pipe', 'inherit'],
     });
     const lines = createInterface({ input: child.stdout! });

@@ -12,7 +12,7 @@
 
 import { readdirSync, readFileSync } from 'node:fs';
 import { basename, join } from 'node:path';
-import type { RunResult } from './react-measure.js';
+import type { RunResult } from './react.js';
 
 interface ProfileNode {
   id: number;

@@ -1,4 +1,5 @@
-// What the react benchmark (bench/react.ts) runs, made ready before it measures:
+// The builds and Node.js binaries a benchmark compares (react, probe-cost, source-range-edit), made
+// ready before it measures:
 //   - the Node.js binaries: the image's (the Dockerfile's NODE_VERSION, from the npm package
 //     node-linux-<arch>, as scripts/release.mjs and scripts/local-base-images.sh take it), kept in
 //     ~/.cache/ipvs-node-controller/node/<version>/; another major the same way; `current` is the
@@ -21,10 +22,15 @@ import {
 } from 'node:fs';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
-import type { Build } from './react-controller.js';
-import type { NodeBinary } from './react-measure.js';
+import type { Build } from './controller.js';
 
-const log = (message: string) => process.stderr.write(`[react] ${message}\n`);
+export interface NodeBinary {
+  /** What a table calls it, e.g. 'Node 24.21.0'. */
+  label: string;
+  path: string;
+}
+
+const log = (message: string) => process.stderr.write(`[builds] ${message}\n`);
 
 function run(command: string, args: string[], options: SpawnSyncOptions = {}): string {
   // The child's output goes to stderr: stdout is the bench's table.

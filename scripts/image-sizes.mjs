@@ -115,12 +115,17 @@ function measure(image) {
   }
 }
 
+// The release's images, one per architecture; else the one `npm run image` builds for this machine.
+const perArchitecture = [
+  `localhost/ipvs-node-controller:${version}-amd64`,
+  `localhost/ipvs-node-controller:${version}-arm64`,
+].filter(exists);
 const images =
   named.length > 0
     ? named
-    : [`localhost/ipvs-node-controller:${version}-amd64`, `localhost/ipvs-node-controller:${version}-arm64`].filter(
-        exists,
-      );
+    : perArchitecture.length > 0
+      ? perArchitecture
+      : [`localhost/ipvs-node-controller:${version}`].filter(exists);
 if (images.length === 0) {
   process.stderr.write(
     `image-sizes: no image of ${version} is built: run \`npm run image\` (or \`npm run release\`)\n`,

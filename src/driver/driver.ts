@@ -3,6 +3,7 @@
 // knows how to write its kind of kernel objects and how to read them back; the reconciler decides
 // what to write and when. Neither side imports the other: both import this.
 
+import { sameTarget } from '../model/entry-diff.js';
 import type { DesiredState, Entry, EntryKeyFields, Family, FamilyState } from '../model/types.js';
 import type { TranslationsBypassed } from './kernel-change.js';
 
@@ -103,7 +104,7 @@ export interface KernelElement extends EntryKeyFields {
 
 /** Whether an element of the same key as `entry` holds what `entry` programs: its ClusterIP and comment. */
 export function holdsEntry(element: Pick<KernelElement, 'clusterIp' | 'service'>, entry: Entry): boolean {
-  return element.clusterIp === entry.clusterIp && element.service === entry.service;
+  return sameTarget(element, entry);
 }
 
 /** One typed write. A driver applies a list of them in order (atomically when atomicWrites). */

@@ -160,9 +160,10 @@ export class DesiredStateModel {
       const sorted = this.contests.sorted(family);
       const { entries, changes } = sorted.publish();
       const out: FamilyState = { entries, localPodMatch: localPodMatch(family, node, this.config) };
-      if (sorted.ranged > 0) {
+      const ranged = sorted.rangedByService();
+      if (ranged.size > 0) {
         out.sourceRanged = true;
-        out.rangedByService = sorted.rangedByService();
+        out.rangedByService = ranged;
       }
       if (changes) out.changes = changes;
       return out;

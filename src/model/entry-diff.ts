@@ -7,9 +7,17 @@
 import { orderedChanges } from './ordered-changes.js';
 import { entryKey, sameSourceRanges, type Entry, type EntryKeyFields, type FamilyState } from './types.js';
 
+/** Whether two elements of the same key translate to the same ClusterIP and name the same Service. */
+export function sameTarget(
+  a: { clusterIp: string; service?: string },
+  b: { clusterIp: string; service?: string },
+): boolean {
+  return a.clusterIp === b.clusterIp && a.service === b.service;
+}
+
 /** Whether two entries of the same key program the same element (value, comment, source ranges). */
 export function sameElement(a: Entry, b: Entry): boolean {
-  return a.clusterIp === b.clusterIp && a.service === b.service && sameSourceRanges(a, b);
+  return sameTarget(a, b) && sameSourceRanges(a, b);
 }
 
 /** What changes between two entry lists of one family, element by element. */

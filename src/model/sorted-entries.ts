@@ -15,8 +15,6 @@ export class SortedEntries {
   private lastPublished: Entry[] | undefined;
   private readonly removed = new Set<Entry>();
   private readonly added = new Set<Entry>();
-  /** How many of the entries have source ranges. */
-  ranged = 0;
   /** Per Service (Entry.service), how many of its entries have source ranges. */
   private readonly rangedOf = new Map<string, number>();
   /** What was handed out of `rangedOf` last; undefined: it changed since. */
@@ -111,8 +109,6 @@ export class SortedEntries {
   private note(out: Entry | undefined, into: Entry | undefined): void {
     const outRanged = out?.sourceRanges !== undefined;
     const intoRanged = into?.sourceRanges !== undefined;
-    if (outRanged) this.ranged--;
-    if (intoRanged) this.ranged++;
     // A ranged entry replaced by one of the same Service: its count stays, and so does the map.
     if (!(outRanged && intoRanged && out!.service === into!.service)) {
       if (outRanged) this.countRanged(out!.service, -1);

@@ -69,7 +69,16 @@ describe('one Service change, watch event to kernel write and conntrack (V8 cove
     const others = Array.from({ length: 50 }, (_, i) =>
       wireLbService(`web-${i}`, `10.96.1.${i + 1}`, `192.0.2.${100 + i}`),
     );
-    run = await ControllerOnStandIn.start(reconciler, [udpService('10.96.0.53'), ...others]);
+    // A sync reports once it ended, its subscribers (the conntrack clean-up) awaited.
+    let partialSyncs = 0;
+    run = await ControllerOnStandIn.start(reconciler, [udpService('10.96.0.53'), ...others], {
+      observer: { onSync: (report) => void (report.result?.mode === 'partial' && partialSyncs++) },
+    });
+    /** Until the kernel holds `clusterIp` and a partial sync ended since this was asked. */
+    const changeTold = async (what: string, clusterIp: string) => {
+      const before = partialSyncs;
+      await eventually(what, () => holds(clusterIp) && partialSyncs > before);
+    };
     const holds = (clusterIp: string) =>
       execFileSync('nft', ['list', 'map', 'ip', TABLE_NAME, MAP_NAME], { stdio: 'pipe' })
         .toString()
@@ -80,13 +89,10 @@ describe('one Service change, watch event to kernel write and conntrack (V8 cove
     await session.post('Profiler.startPreciseCoverage', { callCount: true, detailed: false });
     // Once with a change, to leave out what runs only the first time (lazy imports, warm-up).
     run.api.apply(udpService('10.96.0.54'));
-    await eventually('the warm-up change', () => holds('10.96.0.54'));
-    await new Promise((r) => setTimeout(r, 200));
+    await changeTold('the warm-up change', '10.96.0.54');
     await filesRun(session);
     run.api.apply(udpService('10.96.0.55'));
-    await eventually('the change', () => holds('10.96.0.55'));
-    // The conntrack clean-up runs as the sync ends, after the write.
-    await new Promise((r) => setTimeout(r, 200));
+    await changeTold('the change', '10.96.0.55');
     const files = await filesRun(session);
     await session.post('Profiler.stopPreciseCoverage');
     console.log(`      ${files.length} files of src/ on the path of one change:\n        ${files.join('\n        ')}`);

@@ -38,7 +38,7 @@ import type { TranslationsBypassed } from '../../driver/kernel-change.js';
 import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './executor.js';
 import { TranslationCounter } from './counters.js';
 import { bucketOf } from './layout.js';
-import { KUBE_MARK_MASQ, hasOurObjects } from './parse.js';
+import { KUBE_MARK_MASQ } from './parse.js';
 import { planPartialWrite, recordPartialWrite, type PartialWrite } from './partial-write.js';
 import { renderJumpRepairs } from './precedence.js';
 import { FamilyRecord } from './record.js';
@@ -47,7 +47,7 @@ import { renderFamilyRestore } from './render.js';
 import type { Rejection } from './rules.js';
 import { readVerificationView, shapeDrift } from './verify.js';
 import { JumpGuard } from './jump-guard.js';
-import { readJumpView, readNatTable, readWriteView, removeIptablesObjects, withRetries } from './nat-view.js';
+import { hasIptablesObjects, readJumpView, readWriteView, removeIptablesObjects, withRetries } from './nat-view.js';
 
 export interface IptablesDriverOptions {
   /** Rejections (once per change) and jump repairs are logged here. */
@@ -198,12 +198,8 @@ export class IptablesDriver implements Driver {
   async prepare(): Promise<void> {}
 
   /** Whether the nat table holds any chain or jump of ours, in either family. */
-  async hasState(): Promise<boolean> {
-    for (const family of FAMILIES) {
-      const current = await readNatTable(this.commands(family));
-      if (current && hasOurObjects(current)) return true;
-    }
-    return false;
+  hasState(): Promise<boolean> {
+    return hasIptablesObjects(this.variant, (family) => this.commands(family));
   }
 
   /** Nothing of its own outside V8's heap: the restores run in other processes. */

@@ -154,9 +154,12 @@ export async function removeIptablesObjects(
 }
 
 /** Whether a variant holds any chain or jump of ours, in either family. */
-export async function hasIptablesObjects(variant: IptablesVariant): Promise<boolean> {
+export async function hasIptablesObjects(
+  variant: IptablesVariant,
+  commands: (family: Family) => IptablesCommands = (family) => new IptablesCommands(variant, family),
+): Promise<boolean> {
   for (const family of FAMILIES) {
-    const current = await readNatTable(new IptablesCommands(variant, family));
+    const current = await readNatTable(commands(family));
     if (current && hasOurObjects(current)) return true;
   }
   return false;

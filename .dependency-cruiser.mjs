@@ -56,7 +56,7 @@ export default {
       name: 'model-pure',
       severity: 'error',
       comment:
-        'The model imports another part of src/: it is pure (Services + Node + flags -> the desired state); of Node.js it imports only node:net (test/unit/import-graph.test.ts).',
+        'The model imports another part of src/: it is pure (Services + Node + flags -> the desired state); of Node.js it imports only node:net (the no-restricted-imports rule of eslint.config.js).',
       from: { path: '^src/model/' },
       to: { pathNot: '^src/model/' },
     },

@@ -53,6 +53,23 @@ export default tseslint.config(
     rules: { 'max-lines': ['error', { max: 400, skipBlankLines: false, skipComments: false }] },
   },
   {
+    // The model is pure (docs/architecture.md): of Node.js it may use node:net's address parsing, nothing else.
+    files: ['src/model/**/*.ts'],
+    rules: {
+      'no-restricted-imports': [
+        'error',
+        {
+          patterns: [
+            {
+              regex: '^(node:(?!net$)|(fs|os|path|child_process|http|https|dgram|worker_threads|timers|process)(/|$))',
+              message: 'src/model/ is pure: of Node.js it imports node:net alone.',
+            },
+          ],
+        },
+      ],
+    },
+  },
+  {
     // Tests and the demo type Kubernetes JSON loosely on purpose; the product code does not.
     files: ['test/**/*.ts', 'testbed/**/*.ts', 'demo/**/*.ts', 'bench/**/*.ts'],
     rules: { '@typescript-eslint/no-explicit-any': 'off' },

@@ -9,7 +9,7 @@
 // flows of one tuple (a tenant's 64k flows to its own address) never keep another tuple's
 // entries. A tuple with more entries than its share is truncated: counted, logged (once per
 // clean-up, naming the tuples), and completed by further calls with only the truncated tuples
-// (netlink-rounds.ts), then by the command for what is still left.
+// (conntrack-netlink.ts, deleteInRounds), then by the command for what is still left.
 //
 // Memory does not grow with the conntrack table: a listing (millions of entries on a busy node
 // print hundreds of megabytes) is read line by line and only the tuples asked for are kept, and
@@ -20,7 +20,7 @@ import { execa } from 'execa';
 import type { Logger } from 'pino';
 import type { Entry, Family } from '../model/types.js';
 import type { ConntrackNetlink, TruncatedTuple } from './conntrack-netlink.js';
-import { NETLINK_ROUNDS, deleteInRounds, logTruncated } from './netlink-rounds.js';
+import { NETLINK_ROUNDS, deleteInRounds, logTruncated } from './conntrack-netlink.js';
 import type { ConntrackProtocol, StaleTuple } from './stale-tuples.js';
 
 export interface ConntrackCleanupReport {

@@ -20,6 +20,9 @@ import { LeftoverRemoval, type LeftoverStatus } from './leftover-removal.js';
 import { ModelReport, type DerivedCounts, type ModelReportObserver, type ServicesOverLimits } from './model-report.js';
 import { StepAside, type KubeProxyStatus } from './step-aside.js';
 
+/** No interface addresses, one array: the model follows the node by identity. */
+const NO_ADDRESSES: readonly string[] = [];
+
 export type { KubeProxyStatus } from './step-aside.js';
 
 export interface SyncReport {
@@ -275,7 +278,11 @@ export class Controller {
   desiredState(): Promise<DesiredState> {
     const { caches, nodeName } = this.options;
     const node = caches.node.list().find((n) => n.name === nodeName);
-    return this.model.updateCooperatively(caches.services.changes, node, this.options.interfaceAddresses?.() ?? []);
+    return this.model.updateCooperatively(
+      caches.services.changes,
+      node,
+      this.options.interfaceAddresses?.() ?? NO_ADDRESSES,
+    );
   }
 
   private async sync(info: SyncRequestInfo): Promise<void> {

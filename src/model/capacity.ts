@@ -4,7 +4,7 @@
 // contests are settled), each whole or not at all, while they fit: one that does not fit is
 // skipped (overCapacity), and younger, smaller ones may still fit after it.
 
-import { precedes } from './service-identity.js';
+import { precedes } from './types.js';
 import type { ServiceRecord } from './service-records.js';
 import type { Family, Skip } from './types.js';
 

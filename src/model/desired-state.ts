@@ -23,13 +23,22 @@
 import { CapacityAdmission } from './capacity.js';
 import { ChangeReader, type ServiceSource } from './change-reading.js';
 import { KeyContests } from './key-contests.js';
-import { localPodMatch } from './local-pods.js';
+import { localPodMatch } from './request-context.js';
 import { requestContext } from './request-context.js';
 import { ServiceRecords, type ServiceRecord } from './service-records.js';
 import { compareKeys } from './sorted-entries.js';
 import { runInSlices, runToEnd, WorkMeter, type Steps } from './time-slicing.js';
 import { FAMILIES } from './types.js';
-import type { DesiredState, Family, FamilyState, ModelConfig, NodeInfo, ServiceInfo, Skip } from './types.js';
+import type {
+  DesiredState,
+  Family,
+  FamilyState,
+  LocalPodMatch,
+  ModelConfig,
+  NodeInfo,
+  ServiceInfo,
+  Skip,
+} from './types.js';
 
 /** Computes what must be programmed. Output order is deterministic whatever the input order. */
 export function buildDesiredState(
@@ -70,6 +79,14 @@ export class DesiredStateModel {
   private readonly withSkips = new Set<ServiceRecord>();
   /** The node's own addresses the records were derived with. */
   private nodeAddressKey = '';
+  /** The node and interface addresses followed last (by identity: the caches keep an unchanged one), and their local-pod match. */
+  private followed:
+    | {
+        node: NodeInfo | undefined;
+        interfaceAddresses: readonly string[];
+        localPodMatch: Record<Family, LocalPodMatch>;
+      }
+    | undefined;
   private skips: Skip[] = [];
   /** The cooperative update under way: updates never interleave. */
   private running: Promise<unknown> = Promise.resolve();
@@ -159,7 +176,7 @@ export class DesiredStateModel {
     const state = (family: Family): FamilyState => {
       const sorted = this.contests.sorted(family);
       const { entries, changes } = sorted.publish();
-      const out: FamilyState = { entries, localPodMatch: localPodMatch(family, node, this.config) };
+      const out: FamilyState = { entries, localPodMatch: this.followed!.localPodMatch[family] };
       const ranged = sorted.rangedByService();
       if (ranged.size > 0) {
         out.sourceRanged = true;
@@ -183,6 +200,14 @@ export class DesiredStateModel {
    * address added to the node), every record is derived again.
    */
   private followNode(node: NodeInfo | undefined, interfaceAddresses: readonly string[]): void {
+    // The caches hand the same objects while nothing changed: a Service change costs no node work.
+    const last = this.followed;
+    if (last && last.node === node && last.interfaceAddresses === interfaceAddresses) return;
+    this.followed = {
+      node,
+      interfaceAddresses,
+      localPodMatch: { ipv4: localPodMatch('ipv4', node, this.config), ipv6: localPodMatch('ipv6', node, this.config) },
+    };
     const context = requestContext(this.config, node, interfaceAddresses, this.records.clusterIps);
     const key = [...[...context.nodeAddresses].sort(), ...FAMILIES.map((f) => context.nodeIps[f]?.address ?? '')].join(
       ',',

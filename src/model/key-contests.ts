@@ -1,11 +1,11 @@
 // Key contests: each admitted Service claims one map key per external address and port; where
 // several Services claim one key (two Services asking for one address and port), the oldest holds
-// it (service-identity.ts precedes) and the others lose it, reported as conflicts. Only the keys
+// it (types.ts, precedes) and the others lose it, reported as conflicts. Only the keys
 // claimed by Services that came or went are decided again, and the winners are kept as the
 // sorted entries of each family (sorted-entries.ts) that the desired state hands out.
 
 import { ipSortKey } from './ip.js';
-import { flat, precedes } from './service-identity.js';
+import { flat, precedes } from './types.js';
 import { NO_CLAIMS, type Claim, type ServiceRecord } from './service-records.js';
 import type { ServiceRequest } from './service-rules.js';
 import { compareKeys, SortedEntries } from './sorted-entries.js';

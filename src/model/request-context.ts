@@ -1,9 +1,16 @@
 // What the Service rules (service-rules.ts) read beyond the Service itself: the configuration,
 // the node's own addresses and node IPs, and the ClusterIPs of every Service. Prepared once per
-// model, and again when the node's addresses change.
+// model, and again when the node's addresses change. Also the node's local-pod match per family
+// (localPodMatch).
 
-import { nodeScopedKind, parseCidr, parseIp, type ParsedCidr, type ParsedIp } from './ip.js';
-import { DEFAULT_MAX_ENTRIES_PER_SERVICE, type Family, type ModelConfig, type NodeInfo } from './types.js';
+import { formatCidr, nodeScopedKind, parseCidr, type ParsedCidr, type ParsedIp, parseIp } from './ip.js';
+import {
+  DEFAULT_MAX_ENTRIES_PER_SERVICE,
+  type Family,
+  type LocalPodMatch,
+  type ModelConfig,
+  type NodeInfo,
+} from './types.js';
 
 /** What the rules read beyond the Service itself, prepared once per model. */
 export interface RequestContext {
@@ -78,4 +85,44 @@ function nodeAddresses(texts: readonly string[]): Set<string> {
     if (ip && !nodeScopedKind(ip)) out.add(ip.address);
   }
   return out;
+}
+
+// Local-pod detection: how each detect-local mode of design/semantics.md tells traffic from this
+// node's pods, per family, or why it cannot.
+
+export function localPodMatch(family: Family, node: NodeInfo | undefined, config: ModelConfig): LocalPodMatch {
+  switch (config.detectLocalMode) {
+    case 'NodeCIDR': {
+      if (!node) return { kind: 'none', reason: 'NodeCIDR mode: the Node object was not found' };
+      const texts = node.podCIDRs && node.podCIDRs.length > 0 ? node.podCIDRs : node.podCIDR ? [node.podCIDR] : [];
+      const cidrs = cidrsOfFamily(texts, family);
+      if (cidrs.length === 0) {
+        return { kind: 'none', reason: `NodeCIDR mode: node ${node.name} has no ${family} podCIDR` };
+      }
+      return { kind: 'cidrs', cidrs };
+    }
+    case 'ClusterCIDR': {
+      const cidrs = cidrsOfFamily(config.clusterCidrs, family);
+      if (cidrs.length === 0) return { kind: 'none', reason: `ClusterCIDR mode: no ${family} --cluster-cidr` };
+      return { kind: 'cidrs', cidrs };
+    }
+    case 'BridgeInterface':
+      if (!config.podBridgeInterface)
+        return { kind: 'none', reason: 'BridgeInterface mode: no --pod-bridge-interface' };
+      return { kind: 'interface', name: config.podBridgeInterface };
+    case 'InterfaceNamePrefix':
+      if (!config.podInterfaceNamePrefix) {
+        return { kind: 'none', reason: 'InterfaceNamePrefix mode: no --pod-interface-name-prefix' };
+      }
+      return { kind: 'interfacePrefix', prefix: config.podInterfaceNamePrefix };
+  }
+}
+
+function cidrsOfFamily(texts: string[], family: Family): string[] {
+  const out = new Set<string>();
+  for (const t of texts) {
+    const c = parseCidr(t);
+    if (c && c.family === family) out.add(formatCidr(c));
+  }
+  return [...out].sort();
 }

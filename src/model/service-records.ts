@@ -7,7 +7,7 @@
 // again, so that the outcome never depends on the order in which Services came.
 
 import { requestContext, type RequestContext } from './request-context.js';
-import { creationTime, serviceKey, type Precedence } from './service-identity.js';
+import { creationTime, serviceKey, type Precedence } from './types.js';
 import { forEachClusterIp, serviceRequest, type ServiceRequest } from './service-rules.js';
 import type { Steps, WorkMeter } from './time-slicing.js';
 import type { Entry, ModelConfig, ServiceInfo, Skip } from './types.js';

@@ -8,7 +8,7 @@
 // (loadBalancerSourceRanges that leave the node out). One tenant's Service of 10,000 ports costs
 // what one of four does.
 
-import { creationTime, precedes, serviceKey, type Precedence } from '../model/service-identity.js';
+import { creationTime, precedes, serviceKey, type Precedence } from '../model/types.js';
 import type { DesiredState, Entry, ServiceInfo } from '../model/types.js';
 
 /** Paths of one Service tried in a round, at most. */

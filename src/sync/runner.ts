@@ -6,8 +6,6 @@
 // - with partialDuringFull, a change is served by a partial sync while a periodic full sync is
 //   under way (the backend orders its own writes), so a long resync never holds a change back.
 
-import { systemClock, type Clock } from './clock.js';
-
 export interface SyncRequestInfo {
   full: boolean;
   /** When the oldest change served by this sync was requested (performance.now() ms), if any. */
@@ -164,3 +162,19 @@ export class SyncRunner {
     this.fullTimer = this.clock.setTimeout(() => this.requestFull(), this.options.fullIntervalMs);
   }
 }
+
+// The time source of the sync runner: the real one in the product, a driven one in its tests
+// (test/support/fake-clock.ts), so that they assert ordering without sleeping.
+
+export interface Clock {
+  /** Milliseconds on a monotonic scale (performance.now()). */
+  now(): number;
+  setTimeout(callback: () => void, ms: number): unknown;
+  clearTimeout(handle: unknown): void;
+}
+
+export const systemClock: Clock = {
+  now: () => performance.now(),
+  setTimeout: (callback, ms) => setTimeout(callback, ms),
+  clearTimeout: (handle) => clearTimeout(handle as NodeJS.Timeout | undefined),
+};

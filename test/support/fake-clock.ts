@@ -1,7 +1,7 @@
 // A clock the test moves by hand: timers fire when advance() passes their time, in order, each
 // followed by a turn of the event loop so that the promises they start can settle.
 
-import type { Clock } from '../../src/sync/clock.js';
+import type { Clock } from '../../src/sync/runner.js';
 
 interface Timer {
   at: number;

@@ -7,7 +7,7 @@
 
 import { expect } from 'chai';
 import { KubeConfig } from '@kubernetes/client-node';
-import { ChangeLog, MAX_CHANGE_LOG } from '../../src/kube/change-log.js';
+import { ChangeLog, MAX_CHANGE_LOG } from '../../src/kube/store.js';
 import { createClusterCaches, type ClusterCaches } from '../../src/kube/cluster.js';
 import { toServiceInfo } from '../../src/kube/objects.js';
 import { ObjectStore } from '../../src/kube/store.js';

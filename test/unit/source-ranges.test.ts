@@ -3,7 +3,7 @@
 
 import { expect } from 'chai';
 import { DesiredStateModel, buildDesiredState } from '../../src/model/desired-state.js';
-import { sourceRangesByFamily } from '../../src/model/source-ranges.js';
+import { sourceRangesByFamily } from '../../src/model/service-rules.js';
 import { toNodeInfo, toServiceInfo } from '../../src/kube/objects.js';
 import type { DesiredState, FamilyState, ModelConfig, NodeInfo, ServiceInfo } from '../../src/model/types.js';
 import { staleTuples, type StaleTuple } from '../../src/conntrack/stale-tuples.js';

@@ -28,7 +28,7 @@ import { waitFor as waitUntil } from '../support/eventually.js';
 import { spawnNodeProcess, standInFlags } from '../support/node-process.js';
 
 /** Enough Services that a first sync takes far longer than a stop takes to reach the child. */
-const N = 3000;
+const N = 12_000;
 
 /** A process of the controller and what it printed. */
 interface Run {

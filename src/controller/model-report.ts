@@ -34,6 +34,10 @@ export class ModelReport {
   private previousSkips = new Set<string>();
   private previousConflicts = new Set<string>();
   private previousLocalProblems = '';
+  /** The lists of the last report, by identity. */
+  private lastSkips: readonly Skip[] | undefined;
+  private lastConflicts: readonly Conflict[] | undefined;
+  private skipCounts: DerivedCounts['skips'] = {};
 
   constructor(
     private readonly logger: Logger,
@@ -42,17 +46,29 @@ export class ModelReport {
 
   /** Logs skips, conflicts and missing local-pod detection once per change, not on every sync. */
   report(desired: DesiredState): void {
-    this.reportSkips(desired.skips);
-    this.reportConflicts(desired.conflicts);
-    const overLimits: ServicesOverLimits = {};
-    for (const s of desired.skips) {
-      if (s.reason === 'tooManyEntries' || s.reason === 'overCapacity')
-        overLimits[s.reason] = (overLimits[s.reason] ?? 0) + 1;
+    // The model hands the same lists while they do not change: a change of one Service's
+    // translation costs no walk of every skip and conflict.
+    if (desired.skips !== this.lastSkips) {
+      this.lastSkips = desired.skips;
+      this.reportSkips(desired.skips);
+      const overLimits: ServicesOverLimits = {};
+      const skips: DerivedCounts['skips'] = {};
+      for (const s of desired.skips) {
+        if (s.reason === 'tooManyEntries' || s.reason === 'overCapacity')
+          overLimits[s.reason] = (overLimits[s.reason] ?? 0) + 1;
+        skips[s.reason] = (skips[s.reason] ?? 0) + (s.count ?? 1);
+      }
+      this.servicesOverLimits = overLimits;
+      this.skipCounts = skips;
     }
-    this.servicesOverLimits = overLimits;
-    const skips: DerivedCounts['skips'] = {};
-    for (const s of desired.skips) skips[s.reason] = (skips[s.reason] ?? 0) + (s.count ?? 1);
-    this.derived = { skips, entries: { ipv4: desired.ipv4.entries.length, ipv6: desired.ipv6.entries.length } };
+    if (desired.conflicts !== this.lastConflicts) {
+      this.lastConflicts = desired.conflicts;
+      this.reportConflicts(desired.conflicts);
+    }
+    this.derived = {
+      skips: this.skipCounts,
+      entries: { ipv4: desired.ipv4.entries.length, ipv6: desired.ipv6.entries.length },
+    };
     this.reportLocalPodMatch(desired);
   }
 

@@ -29,6 +29,8 @@ export interface BackendDescription {
 export class ControllerMetrics implements ControllerObserver, InformerObserver {
   readonly registry = new Registry();
 
+  /** What onDesiredState set its gauges from last, by identity. */
+  private lastDesired: unknown[] | undefined;
   private readonly syncDuration: Histogram<'backend' | 'mode'>;
   private readonly programmingLatency: Histogram<'backend'>;
   private readonly syncErrors: Counter<'backend'>;
@@ -272,6 +274,14 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
   }
 
   onDesiredState(desired: DesiredState): void {
+    // The model hands the same lists and matches while they do not change: nothing to set again.
+    const seen = [
+      desired.skips,
+      desired.conflicts,
+      ...FAMILIES.flatMap((f) => [desired[f].localPodMatch, desired[f].entries.length > 0]),
+    ];
+    if (this.lastDesired?.every((v, i) => v === seen[i])) return;
+    this.lastDesired = seen;
     const perReason = new Map<string, number>(SKIP_REASONS.map((r) => [r, 0]));
     for (const s of desired.skips) perReason.set(s.reason, (perReason.get(s.reason) ?? 0) + (s.count ?? 1));
     for (const [reason, count] of perReason) this.skippedAddresses.set({ reason }, count);

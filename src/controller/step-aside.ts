@@ -39,6 +39,8 @@ export interface StepAsideOptions {
 
 export class StepAside {
   private current: KubeProxyStatus;
+  /** Whether the mode is one our translation breaks: judged when the mode is told, not at every sync. */
+  private nonIpvs: boolean;
 
   constructor(private readonly options: StepAsideOptions) {
     this.current = {
@@ -46,6 +48,7 @@ export class StepAside {
       steppedAside: false,
       settings: options.settings ?? [],
     };
+    this.nonIpvs = isNonIpvsMode(this.current.mode.mode);
   }
 
   get status(): KubeProxyStatus {
@@ -55,6 +58,7 @@ export class StepAside {
   /** kube-proxy's mode changed (after the monitor's confirmation): the next sync steps aside or back. */
   setMode(verdict: ModeVerdict): void {
     this.current = { ...this.current, mode: verdict };
+    this.nonIpvs = isNonIpvsMode(verdict.mode);
     this.options.onChange?.(this.current);
   }
 
@@ -100,7 +104,7 @@ export class StepAside {
    */
   private reason(): string | undefined {
     const { mode, detail } = this.current.mode;
-    if (isNonIpvsMode(mode) || (this.current.steppedAside && mode === 'unknown')) {
+    if (this.nonIpvs || (this.current.steppedAside && mode === 'unknown')) {
       return `kube-proxy is in ${mode === 'unknown' ? 'no known' : mode} mode (${detail}): our DNAT would preempt kube-proxy's own`;
     }
     return undefined;

@@ -140,3 +140,57 @@ export function toNodeInfo(raw: unknown): NodeInfo | undefined {
     ...(addresses.length > 0 ? { addresses, hostIPs } : {}),
   };
 }
+
+/** Where a member named managedFields starts in an object's text: after another member. */
+const MANAGED_FIELDS = ',"managedFields":[';
+
+/**
+ * JSON.parse of an API object's text (a watch line, a list item) without the members named
+ * managedFields whose value is an array: metadata.managedFields, 40% of a Service's bytes as a
+ * real API server serves it, which the controller never reads. Left out of the text, they are
+ * neither parsed nor allocated (a start of 10,000 Services parsed that much less, and collected
+ * it). Only a key can be found so: inside a string a quote is escaped, and a string's closing
+ * quote is never followed by a letter. Any other member of that name is one whose value is an
+ * array, which no field the controller reads is (labels and annotations hold strings). Text that
+ * does not close where expected is parsed whole, so JSON.parse decides what is malformed; what is
+ * inside a member left out is not looked at, as the member would be dropped anyway.
+ */
+export function parseObject(text: string): unknown {
+  let at = text.indexOf(MANAGED_FIELDS);
+  if (at < 0) return JSON.parse(text);
+  const kept: string[] = [];
+  let from = 0;
+  while (at >= 0) {
+    const end = arrayEnd(text, at + MANAGED_FIELDS.length - 1);
+    if (end < 0) return JSON.parse(text);
+    kept.push(text.slice(from, at));
+    from = end;
+    at = text.indexOf(MANAGED_FIELDS, end);
+  }
+  kept.push(text.slice(from));
+  return JSON.parse(kept.join(''));
+}
+
+/** The index just past the array or object that opens at `start`; -1 when it does not close. */
+function arrayEnd(text: string, start: number): number {
+  let depth = 0;
+  for (let i = start; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c === 0x22) {
+      // A string: its end is the next quote not escaped (preceded by an even run of backslashes).
+      let j = i;
+      for (;;) {
+        j = text.indexOf('"', j + 1);
+        if (j < 0) return -1;
+        let backslashes = 0;
+        while (text.charCodeAt(j - 1 - backslashes) === 0x5c) backslashes++;
+        if (backslashes % 2 === 0) break;
+      }
+      i = j;
+    } else if (c === 0x5b || c === 0x7b) depth++;
+    else if (c === 0x5d || c === 0x7d) {
+      if (--depth === 0) return i + 1;
+    }
+  }
+  return -1;
+}

@@ -29,8 +29,7 @@ export interface BackendDescription {
 export class ControllerMetrics implements ControllerObserver, InformerObserver {
   readonly registry = new Registry();
 
-  /** What onDesiredState set its gauges from last, by identity. */
-  private lastDesired: unknown[] | undefined;
+  private lastDesired: unknown[] | undefined; // what onDesiredState set its gauges from, by identity
   private readonly syncDuration: Histogram<'backend' | 'mode'>;
   private readonly programmingLatency: Histogram<'backend'>;
   private readonly syncErrors: Counter<'backend'>;
@@ -60,13 +59,8 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
       collectDefaultMetrics({ register: this.registry });
       // Gauges named like counters (promtool rejects them); nodejs_active_{handles,requests,resources}
       // by type carry the same numbers.
-      for (const misnamed of [
-        'nodejs_active_handles_total',
-        'nodejs_active_requests_total',
-        'nodejs_active_resources_total',
-      ]) {
-        this.registry.removeSingleMetric(misnamed);
-      }
+      for (const kind of ['handles', 'requests', 'resources'])
+        this.registry.removeSingleMetric(`nodejs_active_${kind}_total`);
     }
 
     this.syncDuration = new Histogram({

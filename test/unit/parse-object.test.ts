@@ -34,11 +34,27 @@ function random(seed: number): () => number {
   };
 }
 
-const TRICKY = ['"', '\\', '[', ']', '{', '}', ',', ':', 'managedFields', ',"managedFields":[', '\\"', 'é', '\u2028', 'a'];
+const TRICKY = [
+  '"',
+  '\\',
+  '[',
+  ']',
+  '{',
+  '}',
+  ',',
+  ':',
+  'managedFields',
+  ',"managedFields":[',
+  '\\"',
+  'é',
+  '\u2028',
+  'a',
+];
 
 function randomValue(next: () => number, depth: number): unknown {
   const r = next();
-  const str = () => Array.from({ length: Math.floor(next() * 6) }, () => TRICKY[Math.floor(next() * TRICKY.length)]).join('');
+  const str = () =>
+    Array.from({ length: Math.floor(next() * 6) }, () => TRICKY[Math.floor(next() * TRICKY.length)]).join('');
   if (depth > 3 || r < 0.3) return str();
   if (r < 0.4) return Math.floor(next() * 1000);
   if (r < 0.45) return null;

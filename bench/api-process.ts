@@ -84,34 +84,22 @@ export class StandInProcess {
   request(method: string, path: string, body?: unknown, contentType = 'application/json'): Promise<Answer> {
     const payload = body === undefined ? undefined : JSON.stringify(body);
     return new Promise<Answer>((resolve, reject) => {
-      const req = https.request(
-        {
-          host: this.url.hostname,
-          port: this.url.port,
-          method,
-          path,
-          agent: this.agent,
-          headers: {
-            authorization: `Bearer ${this.token}`,
-            accept: 'application/json',
-            ...(payload === undefined
-              ? {}
-              : { 'content-type': contentType, 'content-length': Buffer.byteLength(payload) }),
-          },
-        },
-        (res) => {
-          const chunks: Buffer[] = [];
-          res.on('data', (c: Buffer) => chunks.push(c));
-          res.on('end', () =>
-            resolve({
-              status: res.statusCode ?? 0,
-              body: Buffer.concat(chunks).toString(),
-              answeredNs: process.hrtime.bigint(),
-            }),
-          );
-          res.on('error', reject);
-        },
-      );
+      const { hostname: host, port } = this.url;
+      const sized =
+        payload === undefined ? {} : { 'content-type': contentType, 'content-length': Buffer.byteLength(payload) };
+      const headers = { authorization: `Bearer ${this.token}`, accept: 'application/json', ...sized };
+      const req = https.request({ host, port, method, path, agent: this.agent, headers }, (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () =>
+          resolve({
+            status: res.statusCode ?? 0,
+            body: Buffer.concat(chunks).toString(),
+            answeredNs: process.hrtime.bigint(),
+          }),
+        );
+        res.on('error', reject);
+      });
       req.on('error', reject);
       req.end(payload);
     });

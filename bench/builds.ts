@@ -1,4 +1,4 @@
-// The builds and Node.js binaries a benchmark compares (react, probe-cost, source-range-edit), made
+// The builds and Node.js binaries a benchmark compares (react, probe-cost), made
 // ready before it measures:
 //   - the Node.js binaries: the image's (the Dockerfile's NODE_VERSION, from the npm package
 //     node-linux-<arch>, as scripts/release.mjs and scripts/local-base-images.sh take it), kept in
@@ -8,8 +8,9 @@
 //     to this tree's, the native addons and the BPF object copied when their sources are this
 //     tree's and built otherwise, then `npm run build` there. removeRefBuilds() removes it.
 
-import { spawn, spawnSync, type ChildProcess, type SpawnSyncOptions } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import {
+  chmodSync,
   copyFileSync,
   existsSync,
   mkdirSync,
@@ -31,17 +32,6 @@ export interface NodeBinary {
 }
 
 const log = (message: string) => process.stderr.write(`[builds] ${message}\n`);
-
-function run(command: string, args: string[], options: SpawnSyncOptions = {}): string {
-  // The child's output goes to stderr: stdout is the bench's table.
-  const r = spawnSync(command, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], ...options });
-  if (r.error) throw new Error(`${command}: ${r.error.message}`);
-  if (r.status !== 0) {
-    const output = `${String(r.stdout ?? '')}${String(r.stderr ?? '')}`.trim().split('\n').slice(-15).join('\n');
-    throw new Error(`${command} ${args.join(' ')} exited with ${r.status ?? r.signal}:\n${output}`);
-  }
-  return String(r.stdout ?? '').trim();
-}
 
 function nodeFlagsOf(packageRoot: string): string[] {
   const pkg = JSON.parse(readFileSync(join(packageRoot, 'package.json'), 'utf8')) as {
@@ -68,11 +58,11 @@ export function latestTag(root: string): string | undefined {
   return r.status === 0 ? r.stdout.trim() : undefined;
 }
 
-/** The long steps running now (a build, a download): stopBuilds() ends them. */
+/** The steps running now (a build, a download): stopBuilds() ends them. */
 const running = new Set<ChildProcess>();
 
-/** `run` for the long steps: asynchronous, in a process group of its own that stopBuilds() ends. */
-function runLong(command: string, args: string[], cwd: string): Promise<string> {
+/** Runs a step in a process group of its own (stopBuilds() ends it): its stdout, or its output's tail in the error. */
+function run(command: string, args: string[], cwd: string): Promise<string> {
   return new Promise((resolve, reject) => {
     const child = spawn(command, args, { cwd, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
     running.add(child);
@@ -98,7 +88,7 @@ function runLong(command: string, args: string[], cwd: string): Promise<string> 
   });
 }
 
-/** Ends the long steps still running, with their children (SIGINT of the bench). */
+/** Ends the steps still running, with their children (SIGINT of the bench). */
 export function stopBuilds(): void {
   for (const child of running) {
     try {
@@ -124,11 +114,11 @@ function copyFiles(from: string, to: string, suffix: string): number {
 
 /** Checks out and builds `ref` in a worktree under `workDir` (removeRefBuilds removes it). */
 export async function makeRefBuild(root: string, ref: string, workDir: string): Promise<Build> {
-  const commit = run('git', ['rev-parse', '--verify', `${ref}^{commit}`], { cwd: root });
+  const commit = await run('git', ['rev-parse', '--verify', `${ref}^{commit}`], root);
   const short = commit.slice(0, 7);
   const dir = join(workDir, `build-${short}`);
   log(`building ${ref} (${short}) in a worktree: ${dir}`);
-  run('git', ['worktree', 'add', '--detach', dir, commit], { cwd: root });
+  await run('git', ['worktree', 'add', '--detach', dir, commit], root);
   try {
     symlinkSync(realpathSync(join(root, 'node_modules')), join(dir, 'node_modules'));
     const native = ['native', 'binding.gyp', 'scripts/build-native.mjs'];
@@ -139,7 +129,7 @@ export async function makeRefBuild(root: string, ref: string, workDir: string): 
       log(`  native addons: this tree's (same sources)`);
     } else {
       log(`  native addons: building (their sources differ from this tree's)`);
-      await runLong(process.execPath, ['scripts/build-native.mjs'], dir);
+      await run(process.execPath, ['scripts/build-native.mjs'], dir);
     }
     if (
       sameSources(root, commit, ['bpf', 'scripts/build-bpf.mjs']) &&
@@ -148,10 +138,10 @@ export async function makeRefBuild(root: string, ref: string, workDir: string): 
       log(`  BPF object: this tree's (same sources)`);
     } else {
       log(`  BPF object: building`);
-      await runLong(process.execPath, ['scripts/build-bpf.mjs'], dir);
+      await run(process.execPath, ['scripts/build-bpf.mjs'], dir);
     }
     log(`  npm run build`);
-    await runLong('npm', ['run', 'build'], dir);
+    await run('npm', ['run', 'build'], dir);
     const bundle = join(dir, 'dist', 'bundle', 'ipvs-node-controller.mjs');
     if (!existsSync(bundle)) throw new Error(`${ref}: npm run build made no ${bundle}`);
     return {
@@ -191,14 +181,10 @@ const NODE_CACHE = join(homedir(), '.cache', 'ipvs-node-controller', 'node');
 /** A cached bin/node of `spec` (an exact version, or the highest cached of a major). */
 function cachedNode(spec: string): NodeBinary | undefined {
   if (!existsSync(NODE_CACHE)) return undefined;
-  const key = (v: string) => v.split('.').map(Number);
   const versions = readdirSync(NODE_CACHE)
     .filter((v) => (spec.includes('.') ? v === spec : v.split('.')[0] === spec))
     .filter((v) => existsSync(join(NODE_CACHE, v, 'bin', 'node')))
-    .sort((a, b) => {
-      const [x, y] = [key(a), key(b)];
-      return x[0]! - y[0]! || x[1]! - y[1]! || x[2]! - y[2]!;
-    });
+    .sort((a, b) => a.localeCompare(b, 'en', { numeric: true }));
   const version = versions.at(-1);
   return version ? { label: `Node ${version}`, path: join(NODE_CACHE, version, 'bin', 'node') } : undefined;
 }
@@ -210,17 +196,17 @@ async function fetchNode(spec: string): Promise<NodeBinary> {
   mkdirSync(NODE_CACHE, { recursive: true });
   const tmp = mkdtempSync(join(NODE_CACHE, '.fetch-'));
   try {
-    const packed = JSON.parse(await runLong('npm', ['pack', '--json', '--pack-destination', tmp, pkg], tmp)) as Array<{
+    const packed = JSON.parse(await run('npm', ['pack', '--json', '--pack-destination', tmp, pkg], tmp)) as Array<{
       filename: string;
       version: string;
     }>;
     const { filename, version } = packed[0]!;
-    run('tar', ['-xzf', join(tmp, filename), '-C', tmp]);
+    await run('tar', ['-xzf', join(tmp, filename), '-C', tmp], tmp);
     const target = join(NODE_CACHE, version);
     rmSync(target, { recursive: true, force: true });
     mkdirSync(join(target, 'bin'), { recursive: true });
     copyFileSync(join(tmp, 'package', 'bin', 'node'), join(target, 'bin', 'node'));
-    run('chmod', ['0755', join(target, 'bin', 'node')]);
+    chmodSync(join(target, 'bin', 'node'), 0o755);
     return { label: `Node ${version}`, path: join(target, 'bin', 'node') };
   } finally {
     rmSync(tmp, { recursive: true, force: true });
@@ -236,7 +222,7 @@ export async function nodeBinary(root: string, spec: string): Promise<NodeBinary
   const current: NodeBinary = { label: `Node ${process.versions.node}`, path: process.execPath };
   if (spec === 'current') return current;
   if (spec.includes('/')) {
-    const version = run(spec, ['--version']).replace(/^v/, '');
+    const version = (await run(spec, ['--version'], root)).replace(/^v/, '');
     return { label: `Node ${version}`, path: spec };
   }
   if (!/^\d+(\.\d+\.\d+)?$/.test(spec))

@@ -3,7 +3,7 @@
 // the API stand-in over TLS, programming the kernel of the benchmark's namespace. Started either
 // plain (nothing added to the process: what it costs is what a node pays) or instrumented for
 // bench/run.ts's measures: its debug log gives each backend sync's duration ('Synced', ms), and a
-// preloaded hook collects the garbage on SIGUSR2 and writes a heap snapshot on SIGWINCH. The
+// preloaded hook collects the garbage on SIGUSR2. The
 // collection is made available then (v8.setFlagsFromString), not by --expose-gc on the command
 // line, which would make Node refuse its built-in modules' code cache (src/cli/v8-settings.ts).
 // /proc gives its resident memory and CPU time.
@@ -48,29 +48,15 @@ export async function until(
 }
 
 // The instrumented controller's preloaded hook (node --import). SIGUSR2: a full collection, then
-// process.memoryUsage() as one stderr line. SIGWINCH (ignored by default and by the controller),
-// with BENCH_HEAP_DIR set: a collection, the memory figures, then a heap snapshot, renamed when complete.
+// process.memoryUsage() as one stderr line.
 const HOOK = `data:text/javascript,${encodeURIComponent(`
-import { setFlagsFromString, writeHeapSnapshot } from 'node:v8';
+import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
-import { renameSync, writeFileSync } from 'node:fs';
 let gc;
-const collect = () => {
+process.on('SIGUSR2', () => {
   if (!gc) { setFlagsFromString('--expose-gc'); gc = runInNewContext('gc'); }
   gc();
-};
-process.on('SIGUSR2', () => {
-  collect();
   process.stderr.write('bench-memory ' + JSON.stringify(process.memoryUsage()) + '\\n');
-});
-let k = 0;
-const dir = process.env.BENCH_HEAP_DIR;
-if (dir) process.on('SIGWINCH', () => {
-  collect();
-  const base = dir + '/heap-' + process.pid + '-' + k++;
-  writeFileSync(base + '.memory.json', JSON.stringify(process.memoryUsage()));
-  writeHeapSnapshot(base + '.partial');
-  renameSync(base + '.partial', base + '.heapsnapshot');
 });
 `)}`;
 
@@ -100,7 +86,6 @@ export interface ControllerFlags {
   nodeFlags?: string[];
   /** Extra controller flags (the ebpf backend's --cgroup-path and --bpffs-path, say). */
   extraArgs?: string[];
-  env?: NodeJS.ProcessEnv;
 }
 
 /** Controller flags that select a backend. */
@@ -119,12 +104,8 @@ export function cleanupRules(flags: Pick<ControllerFlags, 'backend' | 'nftExecut
   if (r.status !== 0) throw new Error(`--cleanup exited with ${r.status}: ${r.stderr.trim().split('\n').pop()}`);
 }
 
-export interface MemoryFigures {
-  rssBytes: number;
-  heapUsedBytes: number;
-  heapTotalBytes: number;
-  externalBytes: number;
-}
+/** process.memoryUsage() of the controller, bytes. */
+type MemoryFigures = NodeJS.MemoryUsage;
 
 export interface SpawnOptions {
   /** Controller flags. */
@@ -136,7 +117,6 @@ export interface SpawnOptions {
   nodeFlags?: string[];
   /** Preload the hook above. */
   instrumented?: boolean;
-  env?: NodeJS.ProcessEnv;
 }
 
 interface DaemonSetArgs {
@@ -148,8 +128,6 @@ interface DaemonSetArgs {
 
 export class Controller {
   readonly syncs: SyncLine[] = [];
-  /** 'Service address skipped' log lines, with when they were read. */
-  readonly skipLines: Array<Record<string, unknown> & { seenAt: number }> = [];
   private readonly waiters = new Set<() => void>();
   private readonly lastLines: string[] = [];
   private memoryWaiter: ((m: MemoryFigures) => void) | undefined;
@@ -186,7 +164,7 @@ export class Controller {
       ...o.args,
     ];
     const [spawnedAtNs, spawnedAt] = [process.hrtime.bigint(), performance.now()];
-    const child = spawn(o.node ?? process.execPath, argv, { stdio: ['ignore', 'pipe', 'pipe'], env: o.env });
+    const child = spawn(o.node ?? process.execPath, argv, { stdio: ['ignore', 'pipe', 'pipe'] });
     return new Controller(child, spawnedAtNs, spawnedAt);
   }
 
@@ -195,7 +173,6 @@ export class Controller {
     return Controller.spawn({
       instrumented: true,
       nodeFlags: flags.nodeFlags,
-      env: flags.env,
       args: [
         ...['--kubeconfig', flags.kubeconfig, '--node-name', flags.nodeName],
         ...backendArgs(flags),
@@ -250,8 +227,6 @@ export class Controller {
         modelMs: typeof record.modelMs === 'number' ? record.modelMs : undefined,
         seenAt: performance.now(),
       });
-    } else if (record.msg === 'Service address skipped') {
-      this.skipLines.push({ ...record, seenAt: performance.now() });
       // 'caches synced' before the log messages were capitalised (a89b78b and earlier).
     } else if (String(record.msg).toLowerCase() === 'caches synced' && this.cachesSyncedAt === undefined) {
       this.cachesSyncedAt = performance.now();
@@ -264,13 +239,7 @@ export class Controller {
 
   private onErrorLine(line: string): void {
     if (line.startsWith('bench-memory ')) {
-      const m = JSON.parse(line.slice('bench-memory '.length)) as Record<string, number>;
-      this.memoryWaiter?.({
-        rssBytes: m.rss!,
-        heapUsedBytes: m.heapUsed!,
-        heapTotalBytes: m.heapTotal!,
-        externalBytes: m.external!,
-      });
+      this.memoryWaiter?.(JSON.parse(line.slice('bench-memory '.length)) as MemoryFigures);
       this.memoryWaiter = undefined;
     } else this.keep(line);
   }
@@ -292,9 +261,12 @@ export class Controller {
     return this.lastLines.join(' | ') || 'no error output';
   }
 
-  /** Resolves when `done()` holds, checked after every log line; rejects on exit or timeout. */
-  async waitFor(what: string, done: () => boolean, timeoutMs: number): Promise<void> {
-    if (done()) return;
+  /** Waits until `count` syncs of `mode` were logged in all (checked at each log line); rejects on exit or timeout. */
+  async waitForSyncs(mode: SyncLine['mode'], count: number, timeoutMs: number): Promise<SyncLine[]> {
+    const ofMode = () => this.syncs.filter((s) => s.mode === mode);
+    const what = `${count} ${mode} syncs`;
+    const done = () => ofMode().length >= count;
+    if (done()) return ofMode();
     await new Promise<void>((resolve, reject) => {
       const timer = setTimeout(
         () => finish(new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)),
@@ -313,12 +285,6 @@ export class Controller {
       };
       this.waiters.add(check);
     });
-  }
-
-  /** Waits until `count` syncs of `mode` have been logged in all. */
-  async waitForSyncs(mode: SyncLine['mode'], count: number, timeoutMs: number): Promise<SyncLine[]> {
-    const ofMode = () => this.syncs.filter((s) => s.mode === mode);
-    await this.waitFor(`${count} ${mode} syncs`, () => ofMode().length >= count, timeoutMs);
     return ofMode();
   }
 

@@ -43,7 +43,8 @@ const ROOT = '(root)';
 const CONNTRACK = new Set(['cleanConntrack', 'programmedStateChanged', 'clean', 'spawn (node:child_process)']);
 const PARTS = ['sampled in all', 'idle', 'garbage collection', 'conntrack clean-up', "the change's own work"];
 
-function keys(profile: CpuProfile): Map<number, string> {
+/** Each node's name (see the header), and each node's parent. */
+function keys(profile: CpuProfile): { key: Map<number, string>; parent: Map<number, number> } {
   const byId = new Map(profile.nodes.map((n) => [n.id, n] as const));
   const parent = new Map<number, number>();
   for (const n of profile.nodes) for (const c of n.children ?? []) parent.set(c, n.id);
@@ -65,14 +66,12 @@ function keys(profile: CpuProfile): Map<number, string> {
     }
     out.set(n.id, caller ? `(anonymous, in ${named(caller)})` : '(anonymous)');
   }
-  return out;
+  return { key: out, parent };
 }
 
 /** Costs of the samples of `profile` inside the windows (sorted, us), per window. */
 function costs(profile: CpuProfile, windows: Array<[number, number]>): Costs {
-  const key = keys(profile);
-  const parent = new Map<number, number>();
-  for (const n of profile.nodes) for (const c of n.children ?? []) parent.set(c, n.id);
+  const { key, parent } = keys(profile);
   const self = new Map<string, number>();
   const inclusive = new Map<string, number>();
   const parts = new Map<string, number>();
@@ -89,12 +88,8 @@ function costs(profile: CpuProfile, windows: Array<[number, number]>): Costs {
     const ms = delta / 1000 / windows.length;
     const leaf = profile.samples[i]!;
     add(parts, PARTS[0]!, ms);
-    if (key.get(leaf) === IDLE) {
-      add(parts, PARTS[1]!, ms);
-      continue;
-    }
-    if (key.get(leaf) === GC) {
-      add(parts, PARTS[2]!, ms);
+    if (key.get(leaf) === IDLE || key.get(leaf) === GC) {
+      add(parts, key.get(leaf) === IDLE ? PARTS[1]! : PARTS[2]!, ms);
       continue;
     }
     const stack = new Set<string>();
@@ -112,16 +107,12 @@ function costs(profile: CpuProfile, windows: Array<[number, number]>): Costs {
 }
 
 function average(all: Costs[]): Costs {
-  const mean = (maps: Array<Map<string, number>>) => {
+  const mean = (kind: keyof Costs) => {
     const out = new Map<string, number>();
-    for (const m of maps) for (const [k, v] of m) out.set(k, (out.get(k) ?? 0) + v / maps.length);
+    for (const c of all) for (const [k, v] of c[kind]) out.set(k, (out.get(k) ?? 0) + v / all.length);
     return out;
   };
-  return {
-    self: mean(all.map((c) => c.self)),
-    inclusive: mean(all.map((c) => c.inclusive)),
-    parts: mean(all.map((c) => c.parts)),
-  };
+  return { self: mean('self'), inclusive: mean('inclusive'), parts: mean('parts') };
 }
 
 /** The printed comparison of the profiles in `dir` (named by the controller's pid). */

@@ -188,13 +188,7 @@ export async function measureBackend(
   backend: E2eBackend,
   options: EndToEndOptions,
 ): Promise<BackendResult> {
-  const result: BackendResult = {
-    backend,
-    services: options.services,
-    startup: [],
-    rssIdleMiB: {},
-    rssAfterGcMiB: {},
-  };
+  const result: BackendResult = { backend, services: options.services, startup: [], rssIdleMiB: {}, rssAfterGcMiB: {} };
   let env: BackendEnvironment | undefined;
   let probe: PacketProbe | undefined;
   let listener: PacketProbe | undefined;
@@ -203,17 +197,10 @@ export async function measureBackend(
     const flags = (more: Partial<ControllerFlags>) => env!.flags(ctx, more);
     const cleanup = () => cleanupRules(flags({ extraArgs: env!.cleanupArgs }));
     cleanup();
-    if (ctx.probeFrom === 'pod') {
-      // The ClusterIPs are the node's: its prober instance only listens; the pod's connects.
-      listener = await PacketProbe.start(ctx.probeBinary, { port: BENCH_PORT });
-      probe = await PacketProbe.start(ctx.probeBinary, {
-        port: BENCH_PORT,
-        cgroupProcs: env.cgroupProcs,
-        netns: POD_NETNS,
-      });
-    } else {
-      probe = await PacketProbe.start(ctx.probeBinary, { port: BENCH_PORT, cgroupProcs: env.cgroupProcs });
-    }
+    // From a pod, the ClusterIPs are still the node's: a prober there only listens; the pod's connects.
+    const pod = ctx.probeFrom === 'pod' ? { netns: POD_NETNS } : undefined;
+    if (pod) listener = await PacketProbe.start(ctx.probeBinary, { port: BENCH_PORT });
+    probe = await PacketProbe.start(ctx.probeBinary, { port: BENCH_PORT, cgroupProcs: env.cgroupProcs, ...pod });
     const timeout = 60_000 + options.services * 4;
 
     if (options.startup) {
@@ -223,25 +210,22 @@ export async function measureBackend(
         cleanup();
         log(`${backend}: start -> last Service answered, run ${r + 1} of ${options.startupRuns}`);
         const probing = await probe.begin(target, BENCH_PORT, timeout);
-        const connectionsBefore = ctx.cluster.standIn.stats.connections;
+        const connections = () => ctx.cluster.standIn.stats.connections;
+        const connectionsBefore = connections();
         const c = Controller.start(flags({}));
         try {
           const outcome = await probing.outcome;
           const sched = c.schedStats();
           const firstPacketMs = throughAfter(c.spawnedAtNs, outcome, target);
           const first = (await c.waitForSyncs('full', 1, timeout))[0]!;
+          const since = (at: number | undefined) => (at ?? NaN) - c.startedAt;
+          const resolutionMs = outcome.beforeOkNs > 0n ? Number(outcome.firstOkNs - outcome.beforeOkNs) / 1e6 : NaN;
           result.startup.push({
-            firstPacketMs,
-            resolutionMs: outcome.beforeOkNs > 0n ? Number(outcome.firstOkNs - outcome.beforeOkNs) / 1e6 : NaN,
-            firstLogMs: (c.firstLineAt ?? NaN) - c.startedAt,
-            cachesSyncedMs: (c.cachesSyncedAt ?? NaN) - c.startedAt,
-            firstSyncLineMs: first.seenAt - c.startedAt,
-            firstSyncMs: first.ms,
+            ...{ firstPacketMs, resolutionMs, firstLogMs: since(c.firstLineAt) },
+            ...{ cachesSyncedMs: since(c.cachesSyncedAt), firstSyncLineMs: since(first.seenAt), firstSyncMs: first.ms },
             ...sched,
-            cpuAtFirstLogMs: c.cpuAtFirstLineMs ?? NaN,
-            cpuAtCachesSyncedMs: c.cpuAtCachesSyncedMs ?? NaN,
-            attempts: outcome.attempts,
-            apiConnections: ctx.cluster.standIn.stats.connections - connectionsBefore,
+            ...{ cpuAtFirstLogMs: c.cpuAtFirstLineMs ?? NaN, cpuAtCachesSyncedMs: c.cpuAtCachesSyncedMs ?? NaN },
+            ...{ attempts: outcome.attempts, apiConnections: connections() - connectionsBefore },
           });
         } finally {
           await c.stop();
@@ -331,20 +315,12 @@ async function packetLatency(
   const during = c.syncs.slice(syncsBefore);
   const partial = during.filter((s) => s.mode === 'partial').map((s) => s.ms);
   return {
-    changes,
-    syncPeriod: options.syncPeriod,
-    samplesMs,
-    p50Ms: percentile(samplesMs, 50),
-    p90Ms: percentile(samplesMs, 90),
-    p99Ms: percentile(samplesMs, 99),
-    maxMs: Math.max(...samplesMs),
-    resolutionMs,
-    resolutionP99Ms: percentile(resolutionMs, 99),
+    ...{ changes, syncPeriod: options.syncPeriod, samplesMs, p50Ms: percentile(samplesMs, 50) },
+    ...{ p90Ms: percentile(samplesMs, 90), p99Ms: percentile(samplesMs, 99), maxMs: Math.max(...samplesMs) },
+    ...{ resolutionMs, resolutionP99Ms: percentile(resolutionMs, 99) },
     ...(monitor ? { monitorMs, monitorP50Ms: percentile(monitorMs, 50), monitorP99Ms: percentile(monitorMs, 99) } : {}),
-    fullSyncs: during.filter((s) => s.mode === 'full').length,
-    partialSyncP50Ms: percentile(partial, 50),
-    partialSyncP99Ms: percentile(partial, 99),
-    lost,
+    ...{ fullSyncs: during.filter((s) => s.mode === 'full').length, partialSyncP50Ms: percentile(partial, 50) },
+    ...{ partialSyncP99Ms: percentile(partial, 99), lost },
   };
 }
 

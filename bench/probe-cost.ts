@@ -26,16 +26,7 @@ import { nodeBinary, thisTree, type NodeBinary } from './builds.js';
 import { Controller, SETTLE_MS, sleep, until } from './controller.js';
 import { innerSpec, runInner } from './namespace.js';
 import { probeNode } from './prober.js';
-import {
-  BENCH_PORT,
-  CLUSTER_RANGE,
-  INGRESS_RANGE,
-  NODE_ADDRESS,
-  NODE_NAME,
-  benchNode,
-  benchService,
-  clusterIp,
-} from './services.js';
+import { BENCH_PORT, INGRESS_RANGE, NODE_ADDRESS, NODE_NAME, benchNode, benchService, clusterIp } from './services.js';
 import { markdown, median, options } from './stats.js';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
@@ -91,13 +82,8 @@ async function outer(argv: string[]): Promise<void> {
   const removeWorkDir = () => rmSync(workDir, { recursive: true, force: true });
   try {
     const node = await nodeBinary(ROOT, o.node);
-    const spec: Spec = {
-      node,
-      rounds: o.rounds,
-      windowMs: o.window * 1000,
-      workDir,
-      resultsFile: join(workDir, 'results.json'),
-    };
+    const resultsFile = join(workDir, 'results.json');
+    const spec: Spec = { node, rounds: o.rounds, windowMs: o.window * 1000, workDir, resultsFile };
     const loadAtStart = loadavg();
     const code = await runInner('probe-cost', spec, workDir, removeWorkDir);
     if (code !== 0) throw new Error(`the measure exited with ${code}`);
@@ -113,18 +99,13 @@ function report(argv: string[], spec: Spec, results: RowResult[], start: number[
   let out = `\nnpm run bench -- ${argv.join(' ')}\n`;
   out += `${spec.node.label}, the bundle of this tree with package.json's Node flags; API stand-in in another process over TLS; ${SERVICES} Services, ${ANNOTATED} annotated, 4 paths each; window ${spec.windowMs / 1000} s after ${SETTLE_MS / 1000} s settling\n`;
   out += `load average (1, 5, 15 min): ${load(start)} at the start, ${load(end)} at the end\n\n`;
-  const header = [
-    'probe',
-    'round',
-    'CPU ms per s',
-    "the probe's sockets at once (max)",
-    "the process's sockets (max / at rest)",
-  ];
+  const header =
+    "probe|round|CPU ms per s|the probe's sockets at once (max)|the process's sockets (max / at rest)|RSS MiB|paths probed (answered)|slowest path ms";
   const rows = results.map((r) => [
     ...[r.row, r.round, r.cpuMsPerS.toFixed(2), r.probeSocketsMax, `${r.socketsMax} / ${r.socketsAtRest}`],
     ...[r.rssMiB.toFixed(1), `${r.pathsProbed} (${r.pathsAnswered})`, r.slowestMs.toFixed(1)],
   ]);
-  out += markdown([...header, 'RSS MiB', 'paths probed (answered)', 'slowest path ms'], rows).join('\n') + '\n';
+  out += markdown(header, rows).join('\n') + '\n';
   return out;
 }
 
@@ -192,23 +173,16 @@ async function metrics(): Promise<string> {
   return answer.text();
 }
 
-function sum(text: string, name: string, filter = ''): number {
-  let total = 0;
-  for (const line of text.split('\n')) {
-    if (line.startsWith(name + '{') && line.includes(filter)) total += Number(line.slice(line.lastIndexOf(' ') + 1));
-  }
-  return total;
-}
-
-function max(text: string, name: string): number {
-  let m = 0;
-  for (const line of text.split('\n'))
-    if (line.startsWith(name + '{')) m = Math.max(m, Number(line.slice(line.lastIndexOf(' ') + 1)));
-  return m;
-}
+/** The values of a metric's series (those whose line holds `filter`). */
+const values = (text: string, name: string, filter = '') =>
+  text
+    .split('\n')
+    .filter((line) => line.startsWith(name + '{') && line.includes(filter))
+    .map((line) => Number(line.slice(line.lastIndexOf(' ') + 1)));
+const sum = (text: string, name: string, filter = '') => values(text, name, filter).reduce((a, b) => a + b, 0);
 
 async function measure(spec: Spec): Promise<void> {
-  probeNode({ sinkRanges: [], clusterRange: CLUSTER_RANGE, nodeAddress: `${NODE_ADDRESS}/24` });
+  probeNode({ sinkRanges: [] });
   execFileSync('ip', ['route', 'replace', 'local', INGRESS_RANGE, 'dev', 'lo']);
   const servers = await endpoints();
   const api = await StandInProcess.start(spec.workDir, 'probe-cost');
@@ -269,7 +243,7 @@ async function measure(spec: Spec): Promise<void> {
             rssMiB: c.residentMiB(),
             pathsProbed: probed(after) - probed(before),
             pathsAnswered: probed(after, 'outcome="answered"') - probed(before, 'outcome="answered"'),
-            slowestMs: max(after, 'ipvs_node_controller_probe_duration_seconds') * 1000,
+            slowestMs: Math.max(0, ...values(after, 'ipvs_node_controller_probe_duration_seconds')) * 1000,
           });
           writeFileSync(spec.resultsFile, JSON.stringify(results, null, 2));
         } finally {

@@ -20,8 +20,8 @@
 // the listener accepts and resets every connection (an attempt that reads ECONNRESET had thus
 // connected); an attempt with no answer after ATTEMPT_LIFE_NS is closed (its SYN vanished). UDP:
 // one datagram carrying the probe's serial number and the attempt's index, so what arrives names
-// its attempt. It prints one JSON line: when that attempt started (firstOkNs) and when its success
-// was seen, when the attempt before it started (so the translation appeared between the two), how
+// its attempt. It prints one JSON line: when that attempt started (firstOkNs), when the attempt
+// before it started (so the translation appeared between the two), how
 // many attempts ran, and the first error other than "no answer yet". SPREAD > 0 lets the interval
 // grow to 1/SPREAD of the time probed so far (a relative resolution), so that a wait of seconds
 // costs thousands of attempts, not tens of thousands; 0 keeps it fixed. The listener is on
@@ -32,6 +32,7 @@ import { once } from 'node:events';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
+import { CLUSTER_RANGE, INGRESS_RANGE, MOVED_RANGE, NODE_ADDRESS } from './services.js';
 
 const PRELUDE_C = String.raw`
 #define _GNU_SOURCE
@@ -65,74 +66,89 @@ struct attempt {
   long long started;
 };
 
-/* The destination of a probe; prints the error line when the address is not one. */
-static int destination(const char *address, int port, struct sockaddr_in *to) {
+/* Of the probe under way: when it began, its attempts, its first error other than "no answer yet". */
+static long long begin;
+static long attempts;
+static int first_errno, announced;
+
+static void failed(int err) {
+  if (!first_errno) first_errno = err;
+}
+
+/* Starts a probe of address:port; prints the error line when the address is not one. */
+static int start(const char *address, int port, struct sockaddr_in *to) {
   memset(to, 0, sizeof *to);
   to->sin_family = AF_INET;
   to->sin_port = htons((unsigned short)port);
+  begin = now_ns();
+  attempts = 0;
+  first_errno = announced = 0;
   if (inet_pton(AF_INET, address, &to->sin_addr) == 1) return 1;
   printf("{\"error\":\"bad address %s\"}\n", address);
   fflush(stdout);
   return 0;
 }
 
+static void announce(void) {
+  if (announced) return;
+  printf("started %lld\n", begin);
+  fflush(stdout);
+  announced = 1;
+}
+
 /* The time of the next attempt: every interval, or 1/spread of the time probed so far once longer. */
-static long long next_attempt(long long next, long long t, long long begin, long long interval, long spread) {
+static long long next_attempt(long long next, long long t, long long interval, long spread) {
   long long step = interval;
   if (spread > 0 && (t - begin) / spread > step) step = (t - begin) / spread;
   next += step;
   return next < t ? t + step : next;
 }
 
-static void print_outcome(int ok, long long begin, long long ok_started, long long ok_seen, long long last_started,
-                          long long before_ok, long attempts, long errors, int first_errno) {
-  printf("{\"ok\":%s,\"beginNs\":\"%lld\",\"firstOkNs\":\"%lld\",\"okSeenNs\":\"%lld\",\"lastStartedNs\":\"%lld\","
-         "\"beforeOkNs\":\"%lld\",\"attempts\":%ld,\"errors\":%ld,\"firstError\":\"%s\"}\n",
-         ok ? "true" : "false", begin, ok_started, ok_seen, last_started, before_ok, attempts, errors,
-         first_errno ? strerror(first_errno) : "");
+/* ppoll() until the next attempt is due (or the deadline); -1 on an error other than EINTR. */
+static int wait_for(struct pollfd *fds, nfds_t n, long long next, long long t, long long deadline) {
+  long long wait = next - now_ns();
+  if (wait < 0) wait = 0;
+  if (wait > deadline - t) wait = deadline - t > 0 ? deadline - t : 0;
+  struct timespec ts = {wait / 1000000000LL, wait % 1000000000LL};
+  int ready = ppoll(fds, n, &ts, NULL);
+  return ready < 0 && errno != EINTR ? -1 : ready;
+}
+
+static void print_outcome(long long ok_started, long long before_ok) {
+  announce();
+  printf("{\"ok\":%s,\"firstOkNs\":\"%lld\",\"beforeOkNs\":\"%lld\",\"attempts\":%ld,\"firstError\":\"%s\"}\n",
+         ok_started ? "true" : "false", ok_started, before_ok, attempts, first_errno ? strerror(first_errno) : "");
   fflush(stdout);
 }
 `;
 
 const TCP_PROBE_C = String.raw`
-static void accept_all(void) {
-  for (;;) {
-    int c = accept4(listener, NULL, NULL, SOCK_NONBLOCK);
-    if (c < 0) return;
-    struct linger reset = {1, 0};
-    setsockopt(c, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
-    close(c);
-  }
-}
-
 static void close_reset(int fd) {
   struct linger reset = {1, 0};
   setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
   close(fd);
 }
 
+static void accept_all(void) {
+  for (int c; (c = accept4(listener, NULL, NULL, SOCK_NONBLOCK)) >= 0;) close_reset(c);
+}
+
 static void probe(const char *address, int port, long timeout_ms, long interval_us, long spread) {
   struct sockaddr_in to;
-  if (!destination(address, port, &to)) return;
+  if (!start(address, port, &to)) return;
   static struct attempt open_[MAX_OPEN];
   static struct pollfd fds[MAX_OPEN + 1];
   int n = 0;
-  long long interval = interval_us * 1000LL;
-  long long begin = now_ns();
   long long deadline = begin + timeout_ms * 1000000LL;
   long long next = begin;
-  long long last_started = 0, previous_started = 0, ok_started = 0, ok_seen = 0;
-  long attempts = 0, errors = 0;
-  int first_errno = 0;
-  int announced = 0;
+  long long last_started = 0, previous_started = 0, ok_started = 0;
   while (!ok_started) {
     long long t = now_ns();
     if (t >= deadline) break;
     if (t >= next && n < MAX_OPEN) {
       int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
       if (fd < 0) {
-        errors++;
-        if (!first_errno) first_errno = errno;
+        failed(errno);
       } else {
         long long s = now_ns();
         int rc = connect(fd, (struct sockaddr *)&to, sizeof to);
@@ -141,7 +157,6 @@ static void probe(const char *address, int port, long timeout_ms, long interval_
         last_started = s;
         if (rc == 0) {
           ok_started = s;
-          ok_seen = now_ns();
           close_reset(fd);
           break;
         } else if (errno == EINPROGRESS) {
@@ -149,32 +164,16 @@ static void probe(const char *address, int port, long timeout_ms, long interval_
           open_[n].started = s;
           n++;
         } else {
-          errors++;
-          if (!first_errno) first_errno = errno;
+          failed(errno);
           close(fd);
         }
       }
-      if (!announced) {
-        printf("started %lld\n", begin);
-        fflush(stdout);
-        announced = 1;
-      }
-      next = next_attempt(next, t, begin, interval, spread);
+      announce();
+      next = next_attempt(next, t, interval_us * 1000LL, spread);
     }
-    for (int i = 0; i < n; i++) {
-      fds[i].fd = open_[i].fd;
-      fds[i].events = POLLOUT;
-      fds[i].revents = 0;
-    }
-    fds[n].fd = listener;
-    fds[n].events = POLLIN;
-    fds[n].revents = 0;
-    long long wait = next - now_ns();
-    if (wait < 0) wait = 0;
-    if (wait > deadline - t) wait = deadline - t > 0 ? deadline - t : 0;
-    struct timespec ts = {wait / 1000000000LL, wait % 1000000000LL};
-    int ready = ppoll(fds, (nfds_t)n + 1, &ts, NULL);
-    if (ready < 0 && errno != EINTR) break;
+    for (int i = 0; i < n; i++) fds[i] = (struct pollfd){open_[i].fd, POLLOUT, 0};
+    fds[n] = (struct pollfd){listener, POLLIN, 0};
+    if (wait_for(fds, (nfds_t)n + 1, next, t, deadline) < 0) break;
     long long seen = now_ns();
     int n_before_accept = n;
     int kept = 0;
@@ -186,13 +185,9 @@ static void probe(const char *address, int port, long timeout_ms, long interval_
         getsockopt(a.fd, SOL_SOCKET, SO_ERROR, &err, &len);
         // ECONNRESET: the listener below accepted and reset it, so it had connected.
         if (err == 0 || err == ECONNRESET) {
-          if (!ok_started || a.started < ok_started) {
-            ok_started = a.started;
-            ok_seen = seen;
-          }
+          if (!ok_started || a.started < ok_started) ok_started = a.started;
         } else {
-          errors++;
-          if (!first_errno) first_errno = err;
+          failed(err);
         }
         close_reset(a.fd);
       } else if (seen - a.started > ATTEMPT_LIFE_NS || ok_started) {
@@ -206,14 +201,10 @@ static void probe(const char *address, int port, long timeout_ms, long interval_
     if (fds[n_before_accept].revents) accept_all();
   }
   for (int i = 0; i < n; i++) close_reset(open_[i].fd);
-  if (!announced) {
-    printf("started %lld\n", begin);
-    announced = 1;
-  }
   // The attempt started just before the one that connected: the translation appeared between them.
   long long before_ok = 0;
   if (ok_started) before_ok = ok_started == last_started ? previous_started : 0;
-  print_outcome(ok_started != 0, begin, ok_started, ok_seen, last_started, before_ok, attempts, errors, first_errno);
+  print_outcome(ok_started, before_ok);
   accept_all();
 }
 `;
@@ -230,9 +221,7 @@ struct datagram {
 
 static uint32_t serial = 0;
 static long long starts[MAX_ATTEMPTS];
-static long attempts = 0;
 static long ok_index = -1;
-static long long ok_seen = 0;
 
 /* Reads every datagram waiting: the earliest attempt of this probe that arrived is kept. */
 static void drain(void) {
@@ -241,69 +230,45 @@ static void drain(void) {
     ssize_t n = recv(listener, &d, sizeof d, MSG_DONTWAIT);
     if (n < 0) return;
     if (n != (ssize_t)sizeof d || d.serial != serial || (long)d.index >= attempts) continue;
-    if (ok_index < 0 || (long)d.index < ok_index) {
-      ok_index = (long)d.index;
-      if (!ok_seen) ok_seen = now_ns();
-    }
+    if (ok_index < 0 || (long)d.index < ok_index) ok_index = (long)d.index;
   }
 }
 
 static void probe(const char *address, int port, long timeout_ms, long interval_us, long spread) {
   struct sockaddr_in to;
-  if (!destination(address, port, &to)) return;
+  serial++;
+  ok_index = -1;
+  drain();
+  if (!start(address, port, &to)) return;
   static struct attempt open_[MAX_OPEN];
   int n = 0;
-  serial++;
-  attempts = 0;
-  ok_index = -1;
-  ok_seen = 0;
-  drain();
-  long long interval = interval_us * 1000LL;
-  long long begin = now_ns();
   long long deadline = begin + timeout_ms * 1000000LL;
   long long next = begin;
-  long errors = 0;
-  int first_errno = 0;
-  int announced = 0;
   while (ok_index < 0) {
     long long t = now_ns();
     if (t >= deadline) break;
     if (t >= next && n < MAX_OPEN && attempts < MAX_ATTEMPTS) {
       int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
       if (fd < 0) {
-        errors++;
-        if (!first_errno) first_errno = errno;
+        failed(errno);
       } else if (connect(fd, (struct sockaddr *)&to, sizeof to) != 0) {
-        errors++;
-        if (!first_errno) first_errno = errno;
+        failed(errno);
         close(fd);
       } else {
         struct datagram d = {serial, (uint32_t)attempts};
         /* Before send(): a local delivery may be done before send() returns. */
         long long s = now_ns();
         starts[attempts++] = s;
-        if (send(fd, &d, sizeof d, 0) < 0) {
-          errors++;
-          if (!first_errno) first_errno = errno;
-        }
+        if (send(fd, &d, sizeof d, 0) < 0) failed(errno);
         open_[n].fd = fd;
         open_[n].started = s;
         n++;
       }
-      if (!announced) {
-        printf("started %lld\n", begin);
-        fflush(stdout);
-        announced = 1;
-      }
-      next = next_attempt(next, t, begin, interval, spread);
+      announce();
+      next = next_attempt(next, t, interval_us * 1000LL, spread);
     }
     struct pollfd pfd = {listener, POLLIN, 0};
-    long long wait = next - now_ns();
-    if (wait < 0) wait = 0;
-    if (wait > deadline - t) wait = deadline - t > 0 ? deadline - t : 0;
-    struct timespec ts = {wait / 1000000000LL, wait % 1000000000LL};
-    int ready = ppoll(&pfd, 1, &ts, NULL);
-    if (ready < 0 && errno != EINTR) break;
+    if (wait_for(&pfd, 1, next, t, deadline) < 0) break;
     if (pfd.revents) drain();
     if (ok_index >= 0) {
       struct timespec grace = {0, GRACE_NS};
@@ -319,11 +284,7 @@ static void probe(const char *address, int port, long timeout_ms, long interval_
     n = kept;
   }
   for (int i = 0; i < n; i++) close(open_[i].fd);
-  if (!announced) printf("started %lld\n", begin);
-  long long ok_started = ok_index >= 0 ? starts[ok_index] : 0;
-  long long before_ok = ok_index > 0 ? starts[ok_index - 1] : 0;
-  long long last_started = attempts > 0 ? starts[attempts - 1] : 0;
-  print_outcome(ok_index >= 0, begin, ok_started, ok_seen, last_started, before_ok, attempts, errors, first_errno);
+  print_outcome(ok_index >= 0 ? starts[ok_index] : 0, ok_index > 0 ? starts[ok_index - 1] : 0);
 }
 `;
 
@@ -377,27 +338,19 @@ int main(void) {
 
 export interface ProbeOutcome {
   ok: boolean;
-  /** hrtime (ns) when probing began. */
-  beginNs: bigint;
   /** hrtime (ns) at which the first attempt that connected was started (0 when none did). */
   firstOkNs: bigint;
-  /** hrtime (ns) at which its success was seen. */
-  okSeenNs: bigint;
   /** The attempt started right before it (the translation appeared in between); 0 if unknown. */
   beforeOkNs: bigint;
   attempts: number;
-  errors: number;
   firstError: string;
 }
 
-export interface ProbeRun {
-  /** Resolves with the outcome once an attempt connected or the timeout passed. */
-  outcome: Promise<ProbeOutcome>;
-}
+type Probing = { outcome: Promise<ProbeOutcome> };
 
-/** Node network of the benchmark's namespace: see the header. Idempotent; never leaves the namespace. */
+/** Node network of the benchmark's namespace: see the header. */
 export interface ProbeNodeLayout {
-  /** Local ranges whose traffic must vanish unless translated (ingress and moved addresses). */
+  /** Local ranges whose traffic must vanish unless translated (the ingress and moved addresses by default). */
   sinkRanges: string[];
   /** Range of the ClusterIPs, made local. */
   clusterRange: string;
@@ -429,7 +382,12 @@ function dropUntranslated(): void {
   execFileSync('nft', ['-f', '-'], { input: `table ip bench-sink\ndelete table ip bench-sink\n${table}` });
 }
 
-export function probeNode(layout: ProbeNodeLayout): void {
+/** Sets the node's network up (`asked` over the benchmark's own layout); idempotent, never leaves the namespace. */
+export function probeNode(asked: Partial<ProbeNodeLayout> = {}): void {
+  const layout: ProbeNodeLayout = {
+    ...{ sinkRanges: [INGRESS_RANGE, MOVED_RANGE], clusterRange: CLUSTER_RANGE, nodeAddress: `${NODE_ADDRESS}/24` },
+    ...asked,
+  };
   const ip = (...args: string[]) => execFileSync('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] });
   ip('link', 'set', 'lo', 'up');
   // A bridge without ports: the `dummy` link type is not built into this kernel.
@@ -466,18 +424,6 @@ export function probeNode(layout: ProbeNodeLayout): void {
   }
 }
 
-/** Compiles C `source` into `dir`/`name` with the first compiler found; `what` names the program in the error. */
-export function compileC(dir: string, name: string, source: string, what: string): string {
-  const sourcePath = join(dir, `${name}.c`);
-  const binary = join(dir, name);
-  writeFileSync(sourcePath, source);
-  for (const compiler of ['cc', 'clang']) {
-    const r = spawnSync(compiler, ['-O2', '-Wall', '-o', binary, sourcePath], { stdio: 'inherit' });
-    if (r.status === 0) return binary;
-  }
-  throw new Error(`${what} needs a C compiler: install gcc (or clang)`);
-}
-
 /** Compiles the TCP prober (or the UDP one) into `dir`; returns the binary's path. */
 export function compilePacketProbe(dir: string, protocol: 'tcp' | 'udp' = 'tcp'): string {
   const [probe, socketType, drain] =
@@ -485,12 +431,12 @@ export function compilePacketProbe(dir: string, protocol: 'tcp' | 'udp' = 'tcp')
       ? [TCP_PROBE_C, 'SOCK_STREAM' as const, 'accept_all']
       : [UDP_PROBE_C, 'SOCK_DGRAM' as const, 'drain'];
   const name = `${protocol}-probe`;
-  return compileC(
-    dir,
-    name,
-    PRELUDE_C + probe + mainC({ socketType, drain, name }),
-    `the ${protocol.toUpperCase()} prober`,
-  );
+  const [source, binary] = [join(dir, `${name}.c`), join(dir, name)];
+  writeFileSync(source, PRELUDE_C + probe + mainC({ socketType, drain, name }));
+  for (const compiler of ['cc', 'clang']) {
+    if (spawnSync(compiler, ['-O2', '-Wall', '-o', binary, source], { stdio: 'inherit' }).status === 0) return binary;
+  }
+  throw new Error(`the ${protocol.toUpperCase()} prober needs a C compiler: install gcc (or clang)`);
 }
 
 export class PacketProbe {
@@ -521,12 +467,10 @@ export class PacketProbe {
     const env = { ...process.env, LISTEN_PORT: String(options.port) };
     // nsenter, not `ip netns exec`: that remounts /sys, which would hide the cgroup tree.
     const command = options.netns ? ['nsenter', `--net=${options.netns}`, binary] : [binary];
-    const child = options.cgroupProcs
-      ? spawn('sh', ['-c', 'echo $$ > "$0" && exec "$@"', options.cgroupProcs, ...command], {
-          stdio: ['pipe', 'pipe', 'inherit'],
-          env,
-        })
-      : spawn(command[0]!, command.slice(1), { stdio: ['pipe', 'pipe', 'inherit'], env });
+    const argv = options.cgroupProcs
+      ? ['sh', '-c', 'echo $$ > "$0" && exec "$@"', options.cgroupProcs, ...command]
+      : command;
+    const child = spawn(argv[0]!, argv.slice(1), { stdio: ['pipe', 'pipe', 'inherit'], env });
     const probe = new PacketProbe(child);
     const ready = await probe.nextLine(5_000);
     if (ready !== 'ready') throw new Error(`the packet prober did not start: ${ready}`);
@@ -554,9 +498,10 @@ export class PacketProbe {
   /**
    * Starts probing `address:port` every `intervalUs` (with `spread` > 0, every 1/spread of the
    * time probed so far once that is longer); resolves once the first attempt is out, so that
-   * what the caller does next happens while probing runs.
+   * what the caller does next happens while probing runs, with the outcome: it resolves once an
+   * attempt got through or the timeout passed.
    */
-  async begin(address: string, port: number, timeoutMs: number, intervalUs = 150, spread = 0): Promise<ProbeRun> {
+  async begin(address: string, port: number, timeoutMs: number, intervalUs = 150, spread = 0): Promise<Probing> {
     if (this.busy) throw new Error('the packet prober is already probing');
     this.busy = true;
     this.child.stdin!.write(`probe ${address} ${port} ${timeoutMs} ${intervalUs} ${spread}\n`);
@@ -568,12 +513,9 @@ export class PacketProbe {
       if (typeof r.error === 'string') throw new Error(`packet prober: ${r.error}`);
       return {
         ok: r.ok === true,
-        beginNs: BigInt(r.beginNs as string),
         firstOkNs: BigInt(r.firstOkNs as string),
-        okSeenNs: BigInt(r.okSeenNs as string),
         beforeOkNs: BigInt(r.beforeOkNs as string),
         attempts: r.attempts as number,
-        errors: r.errors as number,
         firstError: r.firstError as string,
       };
     });

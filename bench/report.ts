@@ -1,8 +1,6 @@
 // The printed table and the JSON shape of a benchmark run.
 
-import type { BackendResult } from './end-to-end.js';
-import type { OneServiceRun } from './one-service.js';
-import type { FirstPacketResult } from './first-packet.js';
+import type { BackendResult, StartupRun } from './end-to-end.js';
 import { median, table as columns } from './stats.js';
 
 export interface FullSyncResult {
@@ -54,15 +52,10 @@ export interface BenchResults {
   };
   fullSync: FullSyncResult[];
   memory: MemoryResult[];
-  firstPacket: FirstPacketResult[];
   /** End to end with real packets, per backend. */
   backends?: BackendResult[];
-  /** One tenant's large Service, per backend (variant: iptables-nft or -legacy). */
-  oneService?: Array<OneServiceRun & { variant: string }>;
   /** Where the end-to-end connections start. */
   probeFrom?: 'node' | 'pod';
-  /** The heap profile per Service (bench/heap-profile.ts), already formatted. */
-  heapProfile?: string;
 }
 
 /** The targets of the current work (10,000 Services, the controller started as the image starts it). */
@@ -76,34 +69,15 @@ const IDLE_MEMORY_TARGET_MIB = 50;
 /** start -> last Service answered through its LB IP. */
 const STARTUP_TARGET_MS = 800;
 
+type Target = { p50: number; p99: number };
 /** The change -> packet target of a backend (the eBPF backend is held to nft's). */
-function packetTarget(backend: string): { p50: number; p99: number } {
-  return backend.startsWith('iptables') ? IPTABLES_LATENCY_TARGET_MS : LATENCY_TARGET_MS;
-}
-
-function meets(target: { p50: number; p99: number }, l: { p50Ms: number; p99Ms: number }): boolean {
-  return l.p50Ms <= target.p50 && l.p99Ms <= target.p99;
-}
-
-function targetCell(target: { p50: number; p99: number }, l: { p50Ms: number; p99Ms: number }): string {
-  return `p50 <= ${target.p50} ms, p99 <= ${target.p99} ms: ${verdict(meets(target, l))}`;
-}
-
-function n(value: number): string {
-  return value.toLocaleString('en-US');
-}
-
-function ms(value: number, digits = 1): string {
-  return Number.isFinite(value) ? `${value.toFixed(digits)} ms` : '-';
-}
-
-function table(header: string | string[], rows: string[][]): string[] {
-  return columns(header, rows, '   ');
-}
-
-function verdict(ok: boolean): string {
-  return ok ? 'met' : 'MISSED';
-}
+const packetTarget = (backend: string) =>
+  backend.startsWith('iptables') ? IPTABLES_LATENCY_TARGET_MS : LATENCY_TARGET_MS;
+const meets = (target: Target, l: { p50Ms: number; p99Ms: number }) => l.p50Ms <= target.p50 && l.p99Ms <= target.p99;
+const n = (value: number) => value.toLocaleString('en-US');
+const ms = (value: number, digits = 1) => (Number.isFinite(value) ? `${value.toFixed(digits)} ms` : '-');
+const table = (header: string | string[], rows: string[][]) => columns(header, rows, '   ');
+const verdict = (ok: boolean) => (ok ? 'met' : 'MISSED');
 
 /**
  * The figures of the targets as measured on the test node before the work on them (API stand-in,
@@ -114,22 +88,29 @@ const BEFORE = {
   rss0: '61 MiB',
   startup: '0.99 s',
   packet: '3.6 / 10.9 ms',
-  iptablesLegacyPacket: '3.4 / 4.0 s',
-  iptablesNftPacket: '4.1 / 9.2 s',
   fullSync: '208 / 619 ms',
 };
+const BEFORE_IPTABLES = { legacy: '3.4 / 4.0 s', nft: '4.1 / 9.2 s' };
 
 /** The before/after table of the targets: every figure this run measured, '-' for the others. */
 function summary(r: BenchResults): string[] {
   const mem = (services: number) => r.memory.find((m) => m.services === services && m.nodeFlags === '');
   const backend = (name: string) => r.backends?.find((b) => b.backend === name);
   const full = (services: number) => r.fullSync.find((f) => f.services === services && f.executor === 'addon');
-  const rss = (m: MemoryResult | undefined) =>
-    m ? `${m.rssIdleMiB.toFixed(0)} MiB settled (${m.rssAfterGcMiB.toFixed(0)} after a forced GC)` : '-';
-  const rssMet = (m: MemoryResult | undefined, target: number) => (m ? verdict(m.rssIdleMiB <= target) : '');
+  const memoryRow = (services: number, label: string, before: string, target: number) => {
+    const m = mem(services);
+    const rss = m ? `${m.rssIdleMiB.toFixed(0)} MiB settled (${m.rssAfterGcMiB.toFixed(0)} after a forced GC)` : '-';
+    return [
+      `nft: resident memory, ${label}`,
+      before,
+      rss,
+      `<= ${target} MiB`,
+      m ? verdict(m.rssIdleMiB <= target) : '',
+    ];
+  };
   const startups = (backend('nft')?.startup ?? []).map((s) => s.firstPacketMs).filter(Number.isFinite);
   const startup = startups.length > 0 ? median(startups) : NaN;
-  const packetRow = (name: string, before: string, target: { p50: number; p99: number }) => {
+  const packetRow = (name: string, before: string, target: Target) => {
     const packet = backend(name)?.packetLatency;
     return [
       `${name}: API write -> first packet through the new address, p50 / p99 (--sync-period=${packet?.syncPeriod ?? '3s'})`,
@@ -141,8 +122,8 @@ function summary(r: BenchResults): string[] {
   };
   const [f10, f50] = [full(10_000), full(50_000)];
   const rows = [
-    packetRow('iptables-legacy', BEFORE.iptablesLegacyPacket, IPTABLES_LATENCY_TARGET_MS),
-    packetRow('iptables-nft', BEFORE.iptablesNftPacket, IPTABLES_LATENCY_TARGET_MS),
+    packetRow('iptables-legacy', BEFORE_IPTABLES.legacy, IPTABLES_LATENCY_TARGET_MS),
+    packetRow('iptables-nft', BEFORE_IPTABLES.nft, IPTABLES_LATENCY_TARGET_MS),
     [
       'nft: first full sync (whole table), 10,000 / 50,000',
       BEFORE.fullSync,
@@ -162,20 +143,8 @@ function summary(r: BenchResults): string[] {
       Number.isFinite(startup) ? verdict(startup <= STARTUP_TARGET_MS) : '',
     ],
     packetRow('nft', BEFORE.packet, LATENCY_TARGET_MS),
-    [
-      'nft: resident memory, no Service',
-      BEFORE.rss0,
-      rss(mem(0)),
-      `<= ${IDLE_MEMORY_TARGET_MIB} MiB`,
-      rssMet(mem(0), IDLE_MEMORY_TARGET_MIB),
-    ],
-    [
-      'nft: resident memory, 10,000 Services',
-      BEFORE.rss10k,
-      rss(mem(10_000)),
-      `<= ${MEMORY_TARGET_MIB} MiB`,
-      rssMet(mem(10_000), MEMORY_TARGET_MIB),
-    ],
+    memoryRow(0, 'no Service', BEFORE.rss0, IDLE_MEMORY_TARGET_MIB),
+    memoryRow(10_000, '10,000 Services', BEFORE.rss10k, MEMORY_TARGET_MIB),
   ];
   return [
     '',
@@ -186,9 +155,7 @@ function summary(r: BenchResults): string[] {
 }
 
 export function formatReport(r: BenchResults): string {
-  const out: string[] = [];
-  out.push(`ipvs-node-controller benchmark, ${r.startedAt}`);
-  out.push(`command: ${r.command}`);
+  const out = [`ipvs-node-controller benchmark, ${r.startedAt}`, `command: ${r.command}`];
   out.push(
     `machine: ${r.machine.cpus} CPUs, kernel ${r.machine.kernel}, node ${r.machine.node}, ${r.machine.nft}, ` +
       `load average ${r.machine.loadAverageAtStart.join(' ')} at start, ${(r.machine.loadAverageAtEnd ?? []).join(' ')} at end`,
@@ -200,11 +167,14 @@ export function formatReport(r: BenchResults): string {
   out.push(...summary(r));
 
   if (r.fullSync.length > 0) {
-    out.push('', "1. Full sync: duration of the sync from the controller's debug line 'Synced' (ms);");
-    out.push('   median of the periodic full syncs (--sync-period 1s), and the first sync after start;');
-    out.push('   "of it model": deriving the desired state from the caches, the rest is writing the kernel.');
-    out.push('   "alone": the whole table as one JSON transaction run by the benchmark itself through the');
-    out.push('   same executor right after (median): what libnftables and the kernel take for it.');
+    out.push(
+      '',
+      "1. Full sync: duration of the sync from the controller's debug line 'Synced' (ms);",
+      '   median of the periodic full syncs (--sync-period 1s), and the first sync after start;',
+      '   "of it model": deriving the desired state from the caches, the rest is writing the kernel.',
+      '   "alone": the whole table as one JSON transaction run by the benchmark itself through the',
+      '   same executor right after (median): what libnftables and the kernel take for it.',
+    );
     const sizes = [...new Set(r.fullSync.map((f) => f.services))];
     const rows = sizes.map((services) => {
       const of = (e: string) => r.fullSync.find((f) => f.services === services && f.executor === e);
@@ -216,12 +186,8 @@ export function formatReport(r: BenchResults): string {
         n(addon?.entries ?? cli?.entries ?? 0),
         ms(addon?.medianMs ?? NaN),
         addon ? `${Math.min(...addon.periodicMs)}-${Math.max(...addon.periodicMs)}` : '-',
-        ms(addon?.firstMs ?? NaN),
-        ms(addon?.firstModelMs ?? NaN),
-        ms(addon?.transactionMedianMs ?? NaN),
-        ms(cli?.medianMs ?? NaN),
-        ms(cli?.firstMs ?? NaN),
-        ms(cli?.transactionMedianMs ?? NaN),
+        ...[addon?.firstMs, addon?.firstModelMs, addon?.transactionMedianMs].map((v) => ms(v ?? NaN)),
+        ...[cli?.medianMs, cli?.firstMs, cli?.transactionMedianMs].map((v) => ms(v ?? NaN)),
         addon ? `${(addon.startToFirstSyncMs / 1000).toFixed(1)} s` : '-',
         target !== undefined && addon ? `first <= ${target} ms: ${verdict(addon.firstMs <= target)}` : '',
       ];
@@ -235,70 +201,27 @@ export function formatReport(r: BenchResults): string {
   }
 
   if (r.memory.length > 0) {
-    out.push('', '2. Resident memory of the controller process with the Services cached (addon):');
     out.push(
-      '   RSS 15 s after the first sync (settled), and how much of it is pages of files (node binary, shared libraries: shared,\n' +
-        '   reclaimable); RSS after a forced full GC; peak RSS (while listing); V8 heap used after GC.',
-    );
-    out.push('   The rows with node flags are a contrast: how the process is started is a deployment choice.');
-    out.push(
+      '',
+      '2. Resident memory of the controller process with the Services cached (addon):',
+      '   RSS 15 s after the first sync (settled), and how much of it is pages of files (node binary, shared libraries: shared,',
+      '   reclaimable); RSS after a forced full GC; peak RSS (while listing); V8 heap used after GC.',
+      '   The rows with node flags are a contrast: how the process is started is a deployment choice.',
       ...table(
         ['Services', 'node flags', 'RSS idle', 'of it files', 'RSS after GC', 'peak RSS', 'heap used', 'target'],
         r.memory.map((m) => [
           n(m.services),
           m.nodeFlags || '-',
-          `${m.rssIdleMiB.toFixed(1)} MiB`,
-          `${m.fileRssMiB.toFixed(1)} MiB`,
-          `${m.rssAfterGcMiB.toFixed(1)} MiB`,
-          `${m.peakRssMiB.toFixed(1)} MiB`,
-          `${m.heapUsedMiB.toFixed(1)} MiB`,
+          ...[m.rssIdleMiB, m.fileRssMiB, m.rssAfterGcMiB, m.peakRssMiB, m.heapUsedMiB].map(
+            (v) => `${v.toFixed(1)} MiB`,
+          ),
           m.services === 10_000 ? `< ${MEMORY_TARGET_MIB} MiB: ${verdict(m.rssIdleMiB <= MEMORY_TARGET_MIB)}` : '',
         ]),
       ),
     );
   }
 
-  if (r.firstPacket.length > 0) {
-    const rounds = r.firstPacket[0]!.p50Us.length;
-    out.push(
-      '',
-      `3. First packet: TCP connect() time to the last-added Service's LoadBalancer IP (answered via its ClusterIP);`,
-    );
-    out.push(
-      `   C connect loop, median over ${rounds} rounds (fresh namespace each, scenarios in turn) of each round's p50 / p99.`,
-    );
-    out.push('   node: host-network client (nat output hook); pod: client in a pod namespace (prerouting hook).');
-    const base = (client: string) =>
-      r.firstPacket.find((f) => f.label === 'nft map' && f.services === 1 && f.client === client);
-    const rows = r.firstPacket.map((f) => {
-      const p50 = median(f.p50Us);
-      const reference = base(f.client);
-      const vsOne = reference
-        ? `${(((p50 - median(reference.p50Us)) / median(reference.p50Us)) * 100).toFixed(1)} %`
-        : '-';
-      const translated = [...f.answers].every((a) => a === 'C') ? 'ClusterIP' : `NOT (${f.answers})`;
-      return [
-        `${f.label}, ${n(f.services)} Service${f.services === 1 ? '' : 's'}`,
-        f.client,
-        translated,
-        `${p50.toFixed(1)} us`,
-        `${median(f.p99Us).toFixed(1)} us`,
-        vsOne,
-        String(f.failures),
-      ];
-    });
-    out.push(...table(['scenario', 'client', 'reached', 'p50', 'p99', 'p50 vs nft 1', 'failures'], rows));
-    const nft10k = r.firstPacket.filter((f) => f.label === 'nft map' && f.services === 10_000);
-    for (const f of nft10k) {
-      const reference = base(f.client);
-      if (!reference) continue;
-      const delta = (median(f.p50Us) - median(reference.p50Us)) / median(reference.p50Us);
-      out.push(`   target (${f.client}): nft at 10,000 within 10 % of nft at 1: ${verdict(delta <= 0.1)}`);
-    }
-  }
   if (r.backends && r.backends.length > 0) out.push(...formatEndToEnd(r));
-  if (r.heapProfile) out.push('', '5. Heap profile per Service (bench/heap-profile.ts)', '', r.heapProfile);
-  if (r.oneService && r.oneService.length > 0) out.push(...formatOneService(r.oneService));
   return out.join('\n') + '\n';
 }
 
@@ -317,7 +240,7 @@ function formatEndToEnd(r: BenchResults): string[] {
   const nftMemory = (n: number) => r.memory.find((m) => m.services === n && m.nodeFlags === '');
   out.push(
     '',
-    `4. End to end with real packets, ${n(services)} Services, per backend (the bundle as shipped, --backend X).`,
+    `3. End to end with real packets, ${n(services)} Services, per backend (the bundle as shipped, --backend X).`,
     r.probeFrom === 'pod'
       ? '   A C prober in a pod namespace (source: the pod address) opens a new TCP connection every 150 us to an'
       : '   A C prober on the node (source: the node address) opens a new TCP connection every 150 us to an',
@@ -335,23 +258,23 @@ function formatEndToEnd(r: BenchResults): string[] {
   );
   const startupRows = backends.map((b) => {
     const s = b.startup;
+    const of = (k: keyof StartupRun, digits = 0) =>
+      range(
+        s.map((x) => x[k]),
+        digits,
+      );
     const firsts = s.map((x) => x.firstPacketMs);
+    const none = s.length === 0;
     return [
       b.backend,
-      s.length > 0 ? `${range(firsts)} ms` : '-',
-      s.length > 0 ? `${median(firsts).toFixed(0)} ms` : '-',
-      range(s.map((x) => x.firstLogMs)),
-      range(s.map((x) => x.cachesSyncedMs)),
-      range(s.map((x) => x.firstSyncLineMs)),
-      range(s.map((x) => x.firstSyncMs)),
-      range(
-        s.map((x) => x.resolutionMs),
-        2,
-      ),
-      `${range(s.map((x) => x.cpuAtFirstLogMs))} / ${range(s.map((x) => x.cpuAtCachesSyncedMs))} / ${range(s.map((x) => x.cpuMs))}`,
-      range(s.map((x) => x.mainThreadWaitMs)),
-      range(s.map((x) => x.apiConnections)),
-      s.length > 0 ? `<= ${STARTUP_TARGET_MS} ms: ${verdict(median(firsts) <= STARTUP_TARGET_MS)}` : '',
+      none ? '-' : `${range(firsts)} ms`,
+      none ? '-' : `${median(firsts).toFixed(0)} ms`,
+      ...(['firstLogMs', 'cachesSyncedMs', 'firstSyncLineMs', 'firstSyncMs'] as const).map((k) => of(k)),
+      of('resolutionMs', 2),
+      `${of('cpuAtFirstLogMs')} / ${of('cpuAtCachesSyncedMs')} / ${of('cpuMs')}`,
+      of('mainThreadWaitMs'),
+      of('apiConnections'),
+      none ? '' : `<= ${STARTUP_TARGET_MS} ms: ${verdict(median(firsts) <= STARTUP_TARGET_MS)}`,
     ];
   });
   out.push(
@@ -375,20 +298,17 @@ function formatEndToEnd(r: BenchResults): string[] {
       ...table(
         'backend|changes|p50|p90|p99|max|lost|nft monitor p50 / p99|partial sync p50 / p99|full syncs|resolution p99|target',
         withLatency.map((b) => {
-          const l = b.packetLatency!;
+          const [l, t] = [b.packetLatency!, packetTarget(b.backend)];
           return [
             b.backend,
             n(l.changes),
-            ms(l.p50Ms, 2),
-            ms(l.p90Ms, 2),
-            ms(l.p99Ms, 2),
-            ms(l.maxMs, 2),
+            ...[l.p50Ms, l.p90Ms, l.p99Ms, l.maxMs].map((v) => ms(v, 2)),
             String(l.lost),
             l.monitorP50Ms !== undefined ? `${ms(l.monitorP50Ms, 2)} / ${ms(l.monitorP99Ms!, 2)}` : '-',
             `${ms(l.partialSyncP50Ms, 0)} / ${ms(l.partialSyncP99Ms, 0)}`,
             String(l.fullSyncs),
             ms(l.resolutionP99Ms, 2),
-            targetCell(packetTarget(b.backend), l),
+            `p50 <= ${t.p50} ms, p99 <= ${t.p99} ms: ${verdict(meets(t, l))}`,
           ];
         }),
       ),
@@ -409,39 +329,5 @@ function formatEndToEnd(r: BenchResults): string[] {
     out.push(...table(['backend', 'no Service', 'after GC', `${n(services)} Services`, 'after GC'], memoryRows));
   }
   for (const b of backends) if (b.error) out.push(`   ${b.backend}: ${b.error}`);
-  return out;
-}
-
-function formatOneService(runs: Array<OneServiceRun & { variant: string }>): string[] {
-  const out = [
-    '',
-    "6. One tenant's Service of A external IPs x P ports beside one small Service (bench/one-service.ts), the",
-    '   bundle as shipped with --max-entries-per-service raised above it, and for nft --max-entries too (iptables',
-    "   and ebpf keep the totals they hold: 20,000 and 65,536). answered: API write -> the 'synced' line that",
-    '   programmed it (or its skip line), up to 1 s of it --min-sync-period after the sync before; sync: that',
-    "   sync's own duration; /healthz: polled every 100 ms with a 3 s timeout until the next Service was programmed,",
-    '   the slowest answer and the failed polls; next: API write of one more small Service -> programmed; RSS: peak',
-    '   from the write on (VmHWM), after, and after a full garbage collection; heap: the JS heap in use then.',
-  ];
-  const rows = runs.map((x) => [
-    x.variant,
-    `${x.addresses} x ${x.ports}`,
-    n(x.addresses * x.ports),
-    `${x.objectKiB.toFixed(0)} KiB`,
-    x.error ? `error: ${x.error}` : x.outcome + (x.reason ? ` (${x.reason})` : ''),
-    x.answeredMs !== undefined ? `${(x.answeredMs / 1000).toFixed(2)} s` : '-',
-    x.syncMs !== undefined ? ms(x.syncMs, 0) : '-',
-    `${x.healthzMaxMs.toFixed(0)} ms`,
-    `${x.healthzFailures} of ${x.healthzPolls}`,
-    x.nextServiceMs !== undefined ? `${x.nextServiceMs.toFixed(0)} ms` : '-',
-    `${x.peakRssMiB.toFixed(0)} / ${x.rssAfterMiB.toFixed(0)} / ${x.rssAfterGcMiB.toFixed(0)} MiB`,
-    `${x.heapUsedMiB.toFixed(0)} MiB`,
-  ]);
-  out.push(
-    ...columns(
-      'backend|shape|entries|object|outcome|answered|sync ms|/healthz max|failed|next|RSS peak / after / GC|heap',
-      rows,
-    ),
-  );
   return out;
 }

@@ -4,8 +4,7 @@
 // Service i has one TCP port and one ingress IP: one map element per Service.
 
 import { join } from 'node:path';
-import { toNodeInfo, toServiceInfo } from '../src/kube/objects.js';
-import type { ModelConfig, NodeInfo, ServiceInfo } from '../src/model/types.js';
+import type { ModelConfig } from '../src/model/types.js';
 import { ApiStandIn } from '../testbed/api-server.js';
 
 /** Progress, on stderr: stdout is the benchmark's figures. */
@@ -15,7 +14,7 @@ export const BENCH_PORT = 443;
 export const NODE_NAME = 'bench-node';
 /** The node's InternalIP (also the source address of the packet prober's connections). */
 export const NODE_ADDRESS = '192.168.50.1';
-export const POD_CIDR = '10.244.1.0/24';
+const POD_CIDR = '10.244.1.0/24';
 /** A pod of this node (the packet prober's --probe-from pod) and its gateway on the node side. */
 export const POD_ADDRESS = '10.244.1.2/24';
 export const POD_GATEWAY = '10.244.1.1/24';
@@ -64,6 +63,7 @@ export function benchService(i: number, ingress = ingressIp(i)): Json {
   const { namespace, name } = serviceName(i);
   const created = rfc3339(CREATED_BASE_MS + i * 1000);
   const labels = { 'app.kubernetes.io/name': name, 'app.kubernetes.io/part-of': 'bench' };
+  const update = { operation: 'Update', apiVersion: 'v1', time: created, fieldsType: 'FieldsV1' };
   const appliedSpec = {
     apiVersion: 'v1',
     kind: 'Service',
@@ -89,11 +89,7 @@ export function benchService(i: number, ingress = ingressIp(i)): Json {
       },
       managedFields: [
         {
-          manager: 'kubectl-client-side-apply',
-          operation: 'Update',
-          apiVersion: 'v1',
-          time: created,
-          fieldsType: 'FieldsV1',
+          ...{ manager: 'kubectl-client-side-apply', ...update },
           fieldsV1: {
             'f:metadata': {
               'f:annotations': { '.': {}, 'f:kubectl.kubernetes.io/last-applied-configuration': {} },
@@ -120,11 +116,7 @@ export function benchService(i: number, ingress = ingressIp(i)): Json {
           },
         },
         {
-          manager: 'metallb-controller',
-          operation: 'Update',
-          apiVersion: 'v1',
-          time: created,
-          fieldsType: 'FieldsV1',
+          ...{ manager: 'metallb-controller', ...update },
           fieldsV1: { 'f:status': { 'f:loadBalancer': { 'f:ingress': {} } } },
           subresource: 'status',
         },
@@ -165,12 +157,6 @@ export const BENCH_MODEL: Readonly<ModelConfig> = Object.freeze({
   masqueradeBit: 14,
   localTrafficPolicyOnly: false,
 });
-
-/** Services 0..n-1 and the node as the model takes them: what the controller reads of benchService(i) and benchNode(). */
-export function benchModelInput(n: number): { services: ServiceInfo[]; node: NodeInfo } {
-  const services = Array.from({ length: n }, (_, i) => toServiceInfo(benchService(i))!);
-  return { services, node: toNodeInfo(benchNode())! };
-}
 
 /** The API stand-in of this process (over TLS) serving the node and the benchmark's Services 0..n-1. */
 export class ServedCluster {

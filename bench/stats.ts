@@ -29,24 +29,24 @@ export function seededRandom(seed: number): () => number {
 /** The cells of a header: 'a|b|c' or a list. */
 const cells = (header: string | string[]) => (typeof header === 'string' ? header.split('|') : header);
 
-/** Columns of text two spaces apart, the first left-aligned (and those in `left`), the others right-aligned. */
-export function table(head: string | string[], rows: string[][], indent = '', left: number[] = [0]): string[] {
+/** Columns of text two spaces apart, the first left-aligned, the others right-aligned. */
+export function table(head: string | string[], rows: string[][], indent = ''): string[] {
   const header = cells(head);
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
   const line = (cells: string[]) =>
     indent +
     cells
-      .map((c, i) => (left.includes(i) ? c.padEnd(widths[i]!) : c.padStart(widths[i]!)))
+      .map((c, i) => (i === 0 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!)))
       .join('  ')
       .trimEnd();
   return [line(header), ...rows.map(line)];
 }
 
-/** A Markdown table; `align` gives each column's rule ('---' unless told, '---:' for figures). */
-export function markdown(head: string | string[], rows: Array<Array<string | number>>, align?: string[]): string[] {
+/** A Markdown table. */
+export function markdown(head: string | string[], rows: Array<Array<string | number>>): string[] {
   const header = cells(head);
   const line = (cells: Array<string | number>) => `| ${cells.join(' | ')} |`;
-  return [line(header), line(header.map((_, i) => align?.[i] ?? '---')), ...rows.map(line)];
+  return [line(header), line(header.map(() => '---')), ...rows.map(line)];
 }
 
 type Option = string | number | boolean | undefined;

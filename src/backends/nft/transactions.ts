@@ -1,6 +1,7 @@
 // The transactions made of our tables' objects (render.ts): the full sync (writeTable, or
 // writeTableButElements and a netlink batch), the periodic resync, the repair of a chain, the
-// replacement, the partial sync's element changes, the cleanup. Pure: no I/O.
+// replacement, the partial sync's element changes, the cleanup; and the executors' element writes
+// as JSON (elementsTransaction, differenceTransaction). Pure: no I/O.
 
 import type { Entry, Family } from '../../model/types.js';
 import { sourceRangeDifference, type MapDifference, type SourceRangeSets } from './element-diff.js';

@@ -21,6 +21,7 @@ import {
   MAX_LISTING_BYTES,
   NftCliExecutor,
   NftError,
+  NftTimeoutError,
   type NftExecutor,
 } from '../../src/backends/nft/executor.js';
 import { expectedLines, listAndDiff } from '../../src/backends/nft/listing-diff.js';
@@ -499,6 +500,23 @@ describe('the listing bound, on the kernel', function () {
     expect(error).to.be.instanceOf(NftError);
     expect((error as Error).message).to.match(tooLarge);
     expect(await new NftCliExecutor('nft', printed()).listTable('ip6', TABLE_NAME)).to.have.length(listingBytes);
+  });
+
+  it("the nft command's readSets: a longer listing of a set or a slower one is an error, not read", async () => {
+    const sets = [{ name: MAP_NAME, kind: 'map' as const }];
+    const error = await new NftCliExecutor('nft', 64 << 10)
+      .readSets('ip6', TABLE_NAME, sets)
+      .catch((err: unknown) => err);
+    expect(error).to.be.instanceOf(NftError);
+    expect((error as Error).message).to.equal(
+      `nft -j list map ip6 ${TABLE_NAME} ${MAP_NAME}: the listing is larger than 64 KiB; it was not read`,
+    );
+    const slow = await new NftCliExecutor('nft', MAX_LISTING_BYTES, 1)
+      .readSets('ip6', TABLE_NAME, sets)
+      .catch((err: unknown) => err);
+    expect(slow).to.be.instanceOf(NftTimeoutError);
+    const read = await new NftCliExecutor('nft', printed()).readSets('ip6', TABLE_NAME, sets);
+    expect(read.sets[0]?.split('\n')).to.have.length(entries.length);
   });
 
   it('the nft command from the comparing worker: a longer listing is an error, not read', async () => {

@@ -123,6 +123,13 @@ export function listingTooLarge(family: 'ip' | 'ip6', table: string, maxBytes: n
   );
 }
 
+/**
+ * How long the nft command may take to list one set for readSets: what a verification's listing
+ * of the table may take at MAX_LISTED_ELEMENTS (read-back.ts: a second and a millisecond per ten
+ * elements).
+ */
+const SET_LISTING_MS = 1_000 + MAX_LISTED_ELEMENTS / 10;
+
 /** A listing that did not finish in time (see NftCliExecutor.listTable). */
 export class NftTimeoutError extends Error {
   constructor(message: string) {
@@ -169,6 +176,8 @@ export class NftCliExecutor implements NftExecutor {
     readonly binary = 'nft',
     /** A longer listing is an error (listingTooLarge), not read further. */
     readonly maxListingBytes = MAX_LISTING_BYTES,
+    /** How long readSets' listing of one set may take (NftTimeoutError past it). */
+    readonly setListingMs = SET_LISTING_MS,
   ) {}
 
   async run(tx: Transaction): Promise<void> {
@@ -225,8 +234,10 @@ export class NftCliExecutor implements NftExecutor {
   }
 
   /**
-   * NftExecutor.readSets: each set listed (`nft -j list set|map`), within the listing bound and
-   * MAX_LISTED_ELEMENTS each, as the addon's dumps write their lines. No generation: the sets are
+   * NftExecutor.readSets: each set listed (`nft -j list set|map`), within the listing bound,
+   * MAX_LISTED_ELEMENTS and setListingMs each (nft starts a listing again whenever the ruleset
+   * changes under it: another writer committing all the time would hold a whole write back for
+   * ever), as the addon's dumps write their lines. No generation: the sets are
    * listed one after the other, and a commit between two listings is not seen.
    */
   async readSets(family: NftFamily, table: string, sets: readonly SetRead[]): Promise<SetsRead> {
@@ -256,7 +267,7 @@ export class NftCliExecutor implements NftExecutor {
     what: 'set' | 'map',
   ): Promise<string | undefined> {
     try {
-      return await this.exec(['-j', 'list', what, family, table, set], undefined, this.maxListingBytes);
+      return await this.exec(['-j', 'list', what, family, table, set], this.setListingMs, this.maxListingBytes);
     } catch (err) {
       if (err instanceof ListingTooLarge) {
         throw new NftError(

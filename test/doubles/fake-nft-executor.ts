@@ -5,8 +5,23 @@
 // atomically. Unit tests drive the nft driver through it without root; the kernel tests stay the
 // proof with packets.
 
-import { NftError, type NftCommit, type NftExecutor } from '../../src/backends/nft/executor.js';
-import { JsonWriter, type NftCommand, type Transaction } from '../../src/backends/nft/objects.js';
+import { listedSetLines } from '../../src/backends/nft/element-diff.js';
+import {
+  NftError,
+  type NftCommit,
+  type NftExecutor,
+  type SetRead,
+  type SetsRead,
+} from '../../src/backends/nft/executor.js';
+import {
+  JsonWriter,
+  type MapElement,
+  type NftCommand,
+  type NftFamily,
+  type Transaction,
+} from '../../src/backends/nft/objects.js';
+import { MAP_NAME, TABLE_NAME } from '../../src/backends/nft/render.js';
+import { elementsTransaction, type MapElementChanges, type MapTarget } from '../../src/backends/nft/transactions.js';
 
 interface FakeChain {
   base?: { type: unknown; hook: unknown; prio: unknown };
@@ -44,6 +59,8 @@ const ENOENT = 'Error: Could not process rule: No such file or directory';
 
 export class FakeNftExecutor implements NftExecutor {
   readonly kind = 'cli' as const;
+  /** As the nft command: element changes are JSON transactions. */
+  readonly writesElementBatches = false;
   tables = new Map<string, FakeTable>();
   /** Every transaction run (committed or not), oldest first. */
   readonly transactions: Transaction[] = [];
@@ -54,6 +71,10 @@ export class FakeNftExecutor implements NftExecutor {
   private generationId = 1;
   /** Whether this executor reads generations (the addon does, the nft command does not). */
   readsGenerations = true;
+  /** Whether readSets reads the sets (as the nft command lists them); else it rejects, as an addon without libnftnl. */
+  readsElements = false;
+  /** Calls of readSets. */
+  setReads = 0;
 
   async run(tx: Transaction): Promise<NftCommit> {
     this.transactions.push(tx);
@@ -80,6 +101,39 @@ export class FakeNftExecutor implements NftExecutor {
 
   async check(tx: Transaction): Promise<void> {
     this.apply(tx);
+  }
+
+  async applyElements(
+    family: NftFamily,
+    changes: MapElementChanges,
+    target: MapTarget = { table: TABLE_NAME, map: MAP_NAME },
+  ): Promise<NftCommit> {
+    return this.run(elementsTransaction(family, changes, target));
+  }
+
+  /** Flushes the map and its key set and adds every element, in one transaction. */
+  async replaceElements(family: NftFamily, elements: readonly MapElement[], target: MapTarget): Promise<NftCommit> {
+    return this.run(elementsTransaction(family, { removed: [], added: elements, flush: true }, target));
+  }
+
+  /** Each set as `nft -j list set|map` would list it, read into lines as the nft command's readSets does. */
+  async readSets(family: NftFamily, table: string, sets: readonly SetRead[]): Promise<SetsRead> {
+    this.setReads++;
+    if (!this.readsElements) throw new NftError('this fake reads no elements');
+    const t = this.tables.get(`${family} ${table}`);
+    const read = sets.map(({ name, kind }) => {
+      const s = t?.sets.get(name);
+      if (!s) return undefined;
+      const elem = [...s.elements.values()].map((e) => (s.kind === 'map' ? [e.json, e.value] : e.json));
+      const listing = JSON.stringify({ nftables: [{ [s.kind]: { family, table, name, elem } }] });
+      return listedSetLines(listing, kind).join('\n');
+    });
+    const generation = await this.generation();
+    return { sets: read, ms: 0, ...(generation !== undefined ? { generation } : {}) };
+  }
+
+  async listChains(family: NftFamily, table: string): Promise<string[]> {
+    return [...(this.tables.get(`${family} ${table}`)?.chains.keys() ?? [])];
   }
 
   async listTable(family: 'ip' | 'ip6', name: string): Promise<string | undefined> {

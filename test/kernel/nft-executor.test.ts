@@ -21,11 +21,12 @@ import {
   MAX_LISTING_BYTES,
   NftCliExecutor,
   NftError,
+  NftTimeoutError,
   type NftExecutor,
 } from '../../src/backends/nft/executor.js';
 import { expectedLines, listAndDiff } from '../../src/backends/nft/listing-diff.js';
 import { NftDriver } from '../../src/backends/nft/nft-driver.js';
-import { MAP_NAME, TABLE_NAME } from '../../src/backends/nft/render.js';
+import { KEY_SET_NAME, MAP_NAME, TABLE_NAME, mapElement } from '../../src/backends/nft/render.js';
 import { Transaction, type ElementObject, type NftFamily, type TableObject } from '../../src/backends/nft/objects.js';
 import type { DesiredState, Entry, Family } from '../../src/model/types.js';
 import { assertIsolatedNetns } from '../../testbed/node-network.js';
@@ -234,6 +235,88 @@ for (const { kind, create } of EXECUTORS) {
       expect(await kernelElements(executor, 'ip6')).to.deep.equal(expectedElements([web6]));
     });
 
+    it('reads a map and its key set as the lines of the netlink dump, a missing set as undefined', async () => {
+      const ip6 = [
+        entry('ipv6', '2001:db8::30', 'TCP', 443, 'fd00:96::31'),
+        // nft and inet_ntop print this one `::1.2.3.4`: read as the model writes it.
+        entry('ipv6', '::102:304', 'UDP', 53, 'fd00:96::30'),
+        { ...entry('ipv6', '2001:db8::31', 'SCTP', 3868, 'fd00:96::32'), service: 'tenant-a/diameter' },
+      ];
+      await new Reconciler(new NftDriver(executor, { lookup: 'set' })).sync(desiredState([], ip6), { full: true });
+      const sets = [
+        { name: MAP_NAME, kind: 'map' as const },
+        { name: KEY_SET_NAME, kind: 'keys' as const },
+        { name: 'no-such-set', kind: 'keys' as const },
+      ];
+      const read = await executor.readSets('ip6', TABLE_NAME, sets);
+      // One element a line (the dump ends each with a newline).
+      const lines = (text: string | undefined) =>
+        text
+          ?.split('\n')
+          .filter((l) => l !== '')
+          .sort();
+      expect(lines(read.sets[0])).to.deep.equal([
+        '2001:db8::30 tcp 443 fd00:96::31 default/svc-443',
+        '2001:db8::31 sctp 3868 fd00:96::32 tenant-a/diameter',
+        '::102:304 udp 53 fd00:96::30 default/svc-53',
+      ]);
+      expect(lines(read.sets[1])).to.deep.equal(['2001:db8::30 tcp 443', '2001:db8::31 sctp 3868', '::102:304 udp 53']);
+      expect(read.sets[2]).to.equal(undefined);
+      // The addon's dump reads the same lines.
+      const dumped = await addonExecutor().readSets('ip6', TABLE_NAME, sets);
+      expect(dumped.sets.map(lines)).to.deep.equal(read.sets.map(lines));
+      // A generation where the executor reads one: the addon, not the nft command.
+      expect(read.generation === undefined).to.equal(kind === 'cli');
+      expect((await executor.readSets('ip', 'no-such-table', [sets[0]!])).sets).to.deep.equal([undefined]);
+    });
+
+    it('replaceElements writes the difference with what the map and its key set hold: an element that stays is not written', async () => {
+      const [kept, moved, gone, added] = [30, 31, 32, 33].map((i) =>
+        entry('ipv4', `192.0.2.${i}`, 'TCP', 80, `10.96.0.${i}`),
+      ) as [Entry, Entry, Entry, Entry];
+      await new Reconciler(new NftDriver(executor, { lookup: 'set' })).sync(desiredState([kept, moved, gone], []), {
+        full: true,
+      });
+      const wanted = [kept, { ...moved, clusterIp: '10.96.0.99' }, added];
+      // What is written to the map and its key set: `verb set count`.
+      const written: string[] = [];
+      const run = executor.run.bind(executor);
+      executor.run = (tx) => {
+        for (const { verb, object: o } of tx.operations) {
+          if (o.kind === 'element') written.push(`${verb} ${o.set} ${o.elements.length}`);
+          if ((o.kind === 'map' || o.kind === 'set') && verb !== 'add') written.push(`${verb} ${o.name}`);
+        }
+        return run(tx);
+      };
+      try {
+        const target = { table: TABLE_NAME, map: MAP_NAME, keySet: KEY_SET_NAME };
+        await executor.replaceElements('ip', wanted.map(mapElement), target);
+      } finally {
+        executor.run = run;
+      }
+      if (executor instanceof NftAddonExecutor) {
+        // A netlink batch: nothing went through run.
+        expect(written).to.deep.equal([]);
+        expect(executor.lastMapWrite).to.include({ how: 'difference', kept: 1 });
+        expect(executor.lastElementBatch).to.include({ removed: 2, added: 2, keysRemoved: 1, keysAdded: 1 });
+      } else {
+        expect(written).to.deep.equal([
+          `delete ${KEY_SET_NAME} 1`,
+          `delete ${MAP_NAME} 2`,
+          `add ${MAP_NAME} 2`,
+          `add ${KEY_SET_NAME} 1`,
+        ]);
+      }
+      expect(await kernelElements(executor, 'ip')).to.deep.equal(expectedElements(wanted));
+      const keys = await executor.readSets('ip', TABLE_NAME, [{ name: KEY_SET_NAME, kind: 'keys' }]);
+      expect(
+        keys.sets[0]
+          ?.split('\n')
+          .filter((l) => l !== '')
+          .sort(),
+      ).to.deep.equal(wanted.map((e) => `${e.externalIp} tcp 80`).sort());
+    });
+
     it('Reconciler: a partial sync after someone deleted the table falls back to a full sync', async () => {
       const backend = new Reconciler(new NftDriver(executor));
       const web4 = entry('ipv4', '192.0.2.20', 'TCP', 80, '10.96.0.20');
@@ -417,6 +500,23 @@ describe('the listing bound, on the kernel', function () {
     expect(error).to.be.instanceOf(NftError);
     expect((error as Error).message).to.match(tooLarge);
     expect(await new NftCliExecutor('nft', printed()).listTable('ip6', TABLE_NAME)).to.have.length(listingBytes);
+  });
+
+  it("the nft command's readSets: a longer listing of a set or a slower one is an error, not read", async () => {
+    const sets = [{ name: MAP_NAME, kind: 'map' as const }];
+    const error = await new NftCliExecutor('nft', 64 << 10)
+      .readSets('ip6', TABLE_NAME, sets)
+      .catch((err: unknown) => err);
+    expect(error).to.be.instanceOf(NftError);
+    expect((error as Error).message).to.equal(
+      `nft -j list map ip6 ${TABLE_NAME} ${MAP_NAME}: the listing is larger than 64 KiB; it was not read`,
+    );
+    const slow = await new NftCliExecutor('nft', MAX_LISTING_BYTES, 1)
+      .readSets('ip6', TABLE_NAME, sets)
+      .catch((err: unknown) => err);
+    expect(slow).to.be.instanceOf(NftTimeoutError);
+    const read = await new NftCliExecutor('nft', printed()).readSets('ip6', TABLE_NAME, sets);
+    expect(read.sets[0]?.split('\n')).to.have.length(entries.length);
   });
 
   it('the nft command from the comparing worker: a longer listing is an error, not read', async () => {

@@ -9,7 +9,9 @@
 // On the kernels nodes run (5.10, 6.1), a whole write that flushed a set and added its elements
 // back lost lookups of the elements that stayed while it committed (element-diff.ts): this test
 // then counted untranslated datagrams, every round with a Service that has source ranges (then a
-// concatenated interval set; now a check map and a Service chain), now and then without. Runs as root inside `unshare --net --mount`
+// concatenated interval set; now a check map and a Service chain), now and then without. Through
+// the addon and through the nft command (its whole writes list the sets and write their
+// difference too). Runs as root inside `unshare --net --mount`
 // (test/run.mjs), and in the VM layer's guests on each of Debian's kernels.
 
 import { spawn, type ChildProcessByStdio } from 'node:child_process';
@@ -17,9 +19,11 @@ import { once } from 'node:events';
 import type { Readable, Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
-import { loadNftAddon, type NftAddonExecutor } from '../../src/backends/nft/addon-executor.js';
+import { NftAddonExecutor, loadNftAddon } from '../../src/backends/nft/addon-executor.js';
+import { NftCliExecutor, type NftExecutor } from '../../src/backends/nft/executor.js';
 import { NftDriver } from '../../src/backends/nft/nft-driver.js';
 import { Transaction } from '../../src/backends/nft/objects.js';
+import { MAP_NAME } from '../../src/backends/nft/render.js';
 import { deleteTables } from '../../src/backends/nft/transactions.js';
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import type { DesiredState, Entry } from '../../src/model/types.js';
@@ -142,44 +146,60 @@ describe('nft whole writes under traffic (restarts, pod CIDRs switching)', funct
     network.tearDown();
   });
 
-  for (const sourceRanged of [false, true]) {
-    it(`translates every new flow from the node and a pod while the table is written whole again and again${sourceRanged ? ', with source ranges' : ''}`, async function () {
-      // A kernel that refuses what filters sources (the probe says so).
-      if (sourceRanged && !filtersSources) this.skip();
-      const executor = addonExecutor();
-      await new Reconciler(new NftDriver(executor)).sync(desired(0, sourceRanged), { full: true });
-      const before = readJsonCounters('ip', 'observer');
-      const streams = [await startStream(undefined), await startStream(network.pod.ns)];
-      let rounds = 0;
-      const started = performance.now();
-      let sent: number[];
-      try {
-        // A restart each round: a new reconciler and driver, whose first sync writes the family whole.
-        while (performance.now() - started < DURATION_MS) {
-          rounds++;
-          const state = desired(rounds, sourceRanged);
-          const result = await new Reconciler(new NftDriver(executor)).sync(state, { full: true });
-          expect(result.mode).to.equal('full');
+  const executors: Array<[string, () => NftExecutor]> = [
+    ['the addon', addonExecutor],
+    ['the nft command', () => new NftCliExecutor()],
+  ];
+  for (const [name, executorOf] of executors)
+    for (const sourceRanged of [false, true]) {
+      it(`translates every new flow from the node and a pod while the table is written whole again and again, through ${name}${sourceRanged ? ', with source ranges' : ''}`, async function () {
+        // A kernel that refuses what filters sources (the probe says so).
+        if (sourceRanged && !filtersSources) this.skip();
+        const executor = executorOf();
+        await new Reconciler(new NftDriver(executor)).sync(desired(0, sourceRanged), { full: true });
+        // The transactions that replaced the map (deleted it), from the first restart on.
+        let replaced = 0;
+        const run = executor.run.bind(executor);
+        executor.run = (tx) => {
+          const ops = tx.operations;
+          if (ops.some(({ verb, object: o }) => verb === 'delete' && o.kind === 'map' && o.name === MAP_NAME))
+            replaced++;
+          return run(tx);
+        };
+        const before = readJsonCounters('ip', 'observer');
+        const streams = [await startStream(undefined), await startStream(network.pod.ns)];
+        let rounds = 0;
+        const started = performance.now();
+        let sent: number[];
+        try {
+          // A restart each round: a new reconciler and driver, whose first sync writes the family whole.
+          while (performance.now() - started < DURATION_MS) {
+            rounds++;
+            const state = desired(rounds, sourceRanged);
+            const result = await new Reconciler(new NftDriver(executor)).sync(state, { full: true });
+            expect(result.mode).to.equal('full');
+          }
+        } finally {
+          sent = [];
+          for (const stream of streams) sent.push(await stopStream(stream));
         }
-      } finally {
-        sent = [];
-        for (const stream of streams) sent.push(await stopStream(stream));
-      }
-      const seconds = (performance.now() - started) / 1000;
-      const after = readJsonCounters('ip', 'observer');
-      const count = (name: string) => (after.get(name) ?? 0) - (before.get(name) ?? 0);
-      const seen = {
-        node: { translated: count('node-translated'), untranslated: count('node-untranslated') },
-        pod: { translated: count('pod-translated'), untranslated: count('pod-untranslated') },
-      };
-      const what = `${rounds} whole writes in ${seconds.toFixed(1)} s, datagrams sent ${sent.join(' and ')}: ${JSON.stringify(seen)}`;
-      console.log(`      ${what}`);
-      expect(seen.node.untranslated + seen.pod.untranslated, what).to.equal(0);
-      expect(rounds, what).to.be.at.least(MIN_ROUNDS);
-      expect(seen.node.translated, what).to.be.at.least(MIN_DATAGRAMS);
-      expect(seen.pod.translated, what).to.be.at.least(MIN_DATAGRAMS);
-      if (sourceRanged) expect(executor.lastMapWrite, 'the JSON path: no batch').to.equal(undefined);
-      else expect(executor.lastMapWrite?.how, what).to.equal('difference');
-    });
-  }
+        const seconds = (performance.now() - started) / 1000;
+        const after = readJsonCounters('ip', 'observer');
+        const count = (name: string) => (after.get(name) ?? 0) - (before.get(name) ?? 0);
+        const seen = {
+          node: { translated: count('node-translated'), untranslated: count('node-untranslated') },
+          pod: { translated: count('pod-translated'), untranslated: count('pod-untranslated') },
+        };
+        const what = `${rounds} whole writes in ${seconds.toFixed(1)} s, datagrams sent ${sent.join(' and ')}: ${JSON.stringify(seen)}`;
+        console.log(`      ${what}`);
+        expect(seen.node.untranslated + seen.pod.untranslated, what).to.equal(0);
+        expect(rounds, what).to.be.at.least(MIN_ROUNDS);
+        expect(seen.node.translated, what).to.be.at.least(MIN_DATAGRAMS);
+        expect(seen.pod.translated, what).to.be.at.least(MIN_DATAGRAMS);
+        expect(replaced, 'whole writes that replaced the map').to.equal(0);
+        if (!(executor instanceof NftAddonExecutor)) return;
+        if (sourceRanged) expect(executor.lastMapWrite, 'the JSON path: no batch').to.equal(undefined);
+        else expect(executor.lastMapWrite?.how, what).to.equal('difference');
+      });
+    }
 });

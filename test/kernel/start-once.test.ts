@@ -84,7 +84,7 @@ describe('a start killed around its first sync (launcher + API stand-in + nft)',
 
   /** The map's elements, and the ruleset generation they were read at (netlink dumps). */
   async function map(): Promise<{ elements: number; generation: number | undefined }> {
-    const read = await executor.readSets!('ip', TABLE_NAME, [{ name: MAP_NAME, kind: 'map' }]);
+    const read = await executor.readSets('ip', TABLE_NAME, [{ name: MAP_NAME, kind: 'map' }]);
     const lines = read.sets[0] ?? '';
     return { elements: lines.split('\n').filter((l) => l.trim() !== '').length, generation: read.generation };
   }

@@ -81,6 +81,50 @@ describe('the reconciler and the nft driver on the fake executor', () => {
     expect((await backend.sync(state([service(1), service(3)]), { full: false })).mode).to.equal('noop');
   });
 
+  it('a whole write through an executor that reads its sets writes their difference: the map is kept', async () => {
+    const { fake, backend } = setUp();
+    fake.readsElements = true;
+    await backend.sync(state([service(1), service(2)]), { full: true });
+    // A restart: a new reconciler's first sync writes both families whole.
+    const before = fake.transactions.length;
+    const restarted = new Reconciler(new NftDriver(fake));
+    expect((await restarted.sync(state([service(1), service(3)]), { full: true })).mode).to.equal('full');
+    const written = fake.transactions.slice(before);
+    expect(written).to.have.length(1);
+    const mapCommands = written[0]!.operations.flatMap(({ verb, object: o }) => {
+      if (o.kind === 'element') return o.set === MAP_NAME ? [`${verb} ${o.family} ${o.elements.length}`] : [];
+      return o.kind === 'map' && o.name === MAP_NAME ? [`${verb} ${o.family} map`] : [];
+    });
+    // Declared (kept as it is), one element removed and one added per family; never replaced.
+    expect(mapCommands).to.deep.equal([
+      'add ip map',
+      'delete ip 1',
+      'add ip 1',
+      'add ip6 map',
+      'delete ip6 1',
+      'add ip6 1',
+    ]);
+    expect(elements(fake)).to.deep.equal([
+      '{"concat":["192.0.2.1","tcp",80]} 10.96.0.1',
+      '{"concat":["192.0.2.3","tcp",80]} 10.96.0.3',
+    ]);
+  });
+
+  it("a partial sync goes to the executor's element write, which the nft command makes one JSON transaction", async () => {
+    const { fake, backend } = setUp();
+    await backend.sync(state([service(1), service(2)]), { full: true });
+    const reads = fake.setReads;
+    const written: string[] = [];
+    const applyElements = fake.applyElements.bind(fake);
+    fake.applyElements = (family, changes, target) => {
+      written.push(`${family} -${changes.removed.length} +${changes.added.length} ${target?.map}`);
+      return applyElements(family, changes, target);
+    };
+    expect((await backend.sync(state([service(1), service(3)]), { full: false })).mode).to.equal('partial');
+    expect(written).to.deep.equal([`ip -1 +1 ${MAP_NAME}`, `ip6 -1 +1 ${MAP_NAME}`]);
+    expect(fake.setReads, 'nothing read before an element write').to.equal(reads);
+  });
+
   it('a partial sync before any full one falls back to a full sync, and says why', async () => {
     const { backend } = setUp();
     const result = await backend.sync(state([service(1)]), { full: false });

@@ -11,8 +11,6 @@ import {
   NftError,
   listingTooLarge,
   nftErrorMessage,
-  type MapElementChanges,
-  type MapTarget,
   type NftCommit,
   type NftExecutor,
   type SetRead,
@@ -21,7 +19,7 @@ import {
 } from './executor.js';
 import { JsonWriter, type MapElement, type NftFamily, type Transaction } from './objects.js';
 import { MAP_NAME, TABLE_NAME } from './render.js';
-import { elementsTransaction } from './transactions.js';
+import { elementsTransaction, type MapElementChanges, type MapTarget } from './transactions.js';
 
 /** What native/nftables_addon.cc exports. */
 export interface NftablesAddon {

@@ -243,3 +243,34 @@ export function mapDifference(held: HeldElements, elements: readonly MapElement[
     keysAdded: linesOf(diff.keysAdded).map((key) => byKey.get(key)!),
   };
 }
+
+/**
+ * One set or map of an `nft -j list set|map` listing as the lines the addon's dump reads
+ * (SetRead, nft_element_dump.cc): `address protocol port value[ comment]` for a map, `address
+ * protocol port` for a set of its keys, `address protocol port source` for the own-address set,
+ * `address protocol port jump chain` for a verdict map; addresses as the model writes them.
+ * Throws on an element of another form: the set is then written whole.
+ */
+export function listedSetLines(listing: string, kind: 'map' | 'keys' | 'sourced' | 'verdicts'): string[] {
+  if (kind === 'keys') return listedSetElements(listing, 'keys').map(keyText);
+  if (kind === 'sourced') return listedSetElements(listing, 'sourced').map(keyText);
+  if (kind === 'verdicts') return listedSetElements(listing, 'verdicts').map(checkText);
+  const doc = JSON.parse(listing) as { nftables?: Array<{ map?: { elem?: unknown[] } }> };
+  const map = doc.nftables?.find((o) => o.map)?.map;
+  if (!map) throw new Error('the listing holds no map');
+  return (map.elem ?? []).map((raw) => {
+    const unexpected = () => new Error(`unexpected map element ${JSON.stringify(raw)}`);
+    if (!Array.isArray(raw) || raw.length !== 2 || typeof raw[1] !== 'string') throw unexpected();
+    const wrapped = (raw[0] as { elem?: { val?: unknown; comment?: unknown } }).elem;
+    const parts = ((wrapped ? wrapped.val : raw[0]) as { concat?: unknown[] }).concat;
+    if (!Array.isArray(parts) || parts.length !== 3) throw unexpected();
+    const [address, protocol, port] = parts;
+    if (typeof address !== 'string' || (typeof protocol !== 'string' && typeof protocol !== 'number')) {
+      throw unexpected();
+    }
+    if (typeof port !== 'number') throw unexpected();
+    const line = `${listedAddress(address)} ${protocol} ${port} ${listedAddress(raw[1])}`;
+    const comment = wrapped?.comment;
+    return typeof comment === 'string' && comment !== '' ? `${line} ${comment}` : line;
+  });
+}

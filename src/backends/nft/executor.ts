@@ -5,9 +5,13 @@
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { performance } from 'node:perf_hooks';
 import { execa } from 'execa';
 import { formatSize } from '../../bytes.js';
+import { listedSetLines, mapDifference, type MapDifference } from './element-diff.js';
 import { JsonWriter, type MapElement, type NftFamily, type Transaction } from './objects.js';
+import { MAP_NAME, TABLE_NAME } from './render.js';
+import { differenceTransaction, elementsTransaction, type MapElementChanges, type MapTarget } from './transactions.js';
 
 /**
  * What a committed transaction tells of the ruleset generation (nf_tables' NFT_MSG_GETGEN), read
@@ -15,14 +19,6 @@ import { JsonWriter, type MapElement, type NftFamily, type Transaction } from '.
  */
 export interface NftCommit {
   generations?: { before: number; after: number };
-}
-
-/** Element removals and additions of one map, written as one transaction (removals first). */
-export interface MapElementChanges {
-  removed: readonly MapElement[];
-  added: readonly MapElement[];
-  /** Every other element of the map removed too, in the same transaction: it then holds `added`. */
-  flush?: boolean;
 }
 
 /**
@@ -45,60 +41,54 @@ export interface SetsRead {
   ms: number;
 }
 
-/** Which map `applyElements` writes: the controller's own map by default. */
-export interface MapTarget {
-  table: string;
-  map: string;
-  /**
-   * A set that holds the map's keys (the `set` key lookup): each change is made to it too, in
-   * the same transaction, and a flush empties it too.
-   */
-  keySet?: string;
-}
-
+/**
+ * How the nft driver reaches the kernel. Every executor answers every member: where one cannot
+ * do a thing the natural way it does it the way it can (the nft command writes element changes
+ * as JSON transactions and reads sets by listing them), so that the driver has one way to write
+ * and never asks which members an executor has.
+ */
 export interface NftExecutor {
   /** `addon` (in-process libnftables) or `cli` (`nft -j -f FILE`). */
   readonly kind: 'addon' | 'cli';
+  /**
+   * True when applyElements and replaceElements write netlink batches: a map refilled whole that
+   * way costs the kernel's work and little more, where the same elements as JSON cost
+   * libnftables' parse. The driver then writes a family's objects and its map's elements apart.
+   */
+  readonly writesElementBatches: boolean;
   /** Runs one transaction atomically; rejects with nft's own message. */
   run(tx: Transaction): Promise<NftCommit | void>;
-  /**
-   * The ruleset generation now, when this executor can read it (undefined: it cannot). Nothing
-   * committed since a generation was read <=> the generation is the same.
-   */
-  generation?(): Promise<number | undefined>;
-  /** Hands memory freed by large work (a long listing, say) back to the kernel, if it can. */
-  releaseMemory?(): Promise<void>;
-  /**
-   * Writes the element changes of one map as one transaction without JSON (a netlink batch, in
-   * process), when this executor can; absent, the caller writes the same changes as a transaction.
-   * Rejects with the kernel's reason, and then nothing was committed.
-   */
-  applyElements?(family: NftFamily, changes: MapElementChanges, target?: MapTarget): Promise<NftCommit>;
-  /**
-   * True when applyElements writes netlink batches: a map refilled whole that way costs the
-   * kernel's work and little more, where the same elements as JSON cost libnftables' parse.
-   */
-  readonly writesElementBatches?: boolean;
-  /**
-   * Brings one map (and its key set) to hold exactly `elements`, in one transaction, when this
-   * executor can. Where it can read what they hold, it writes only the difference: an element
-   * that stays is not in the transaction (element-diff.ts: the kernels nodes run miss an element
-   * deleted and added back in one transaction while it commits); else it flushes them and adds
-   * every element. Rejects with the kernel's reason, and then nothing was committed.
-   */
-  replaceElements?(family: NftFamily, elements: readonly MapElement[], target: MapTarget): Promise<NftCommit>;
-  /**
-   * What some of our sets hold, read at one ruleset generation when this executor can read
-   * elements (the addon's netlink dumps); undefined for a set that does not exist. Rejects when
-   * they cannot be read (more elements than the controller writes, say).
-   */
-  readSets?(family: NftFamily, table: string, sets: readonly SetRead[]): Promise<SetsRead>;
-  /** `nft -j list set|map <family> <table> <name>`, or undefined when the table or the set does not exist. */
-  listSet?(family: NftFamily, table: string, set: string, what?: 'set' | 'map'): Promise<string | undefined>;
-  /** The names of the chains of one table (`nft -j list chains <family>`, no rules). */
-  listChains?(family: NftFamily, table: string): Promise<string[]>;
   /** Runs a transaction in check mode: validated by the kernel, nothing is committed. */
   check(tx: Transaction): Promise<void>;
+  /**
+   * The ruleset generation now, or undefined where this executor cannot read it. Nothing
+   * committed since a generation was read <=> the generation is the same.
+   */
+  generation(): Promise<number | undefined>;
+  /** Hands memory freed by large work (a long listing, say) back to the kernel; a no-op where there is none to hand back. */
+  releaseMemory(): Promise<void>;
+  /**
+   * Writes the element changes of one map (and its key set) as one transaction: a netlink batch
+   * in process where the executor writes batches, else a JSON transaction. Rejects with the
+   * kernel's reason, and then nothing was committed.
+   */
+  applyElements(family: NftFamily, changes: MapElementChanges, target?: MapTarget): Promise<NftCommit>;
+  /**
+   * Brings one map (and its key set) to hold exactly `elements`, in one transaction. Where it can
+   * read what they hold, it writes only the difference: an element that stays is not in the
+   * transaction (element-diff.ts: the kernels nodes run miss an element deleted and added back in
+   * one transaction while it commits); else it flushes them and adds every element. Rejects with
+   * the kernel's reason, and then nothing was committed.
+   */
+  replaceElements(family: NftFamily, elements: readonly MapElement[], target: MapTarget): Promise<NftCommit>;
+  /**
+   * What some of our sets hold, one element a line (SetRead), read at one ruleset generation
+   * where the executor reads generations; undefined for a set that does not exist. Rejects when
+   * they cannot be read (more elements than the controller writes, say).
+   */
+  readSets(family: NftFamily, table: string, sets: readonly SetRead[]): Promise<SetsRead>;
+  /** The names of the chains of one table (`nft -j list chains <family>`, no rules). */
+  listChains(family: NftFamily, table: string): Promise<string[]>;
   /** `nft -j list table <family> <name>` output, or undefined when the table does not exist. */
   listTable(family: 'ip' | 'ip6', name: string): Promise<string | undefined>;
 }
@@ -133,6 +123,13 @@ export function listingTooLarge(family: 'ip' | 'ip6', table: string, maxBytes: n
   );
 }
 
+/**
+ * How long the nft command may take to list one set for readSets: what a verification's listing
+ * of the table may take at MAX_LISTED_ELEMENTS (read-back.ts: a second and a millisecond per ten
+ * elements).
+ */
+const SET_LISTING_MS = 1_000 + MAX_LISTED_ELEMENTS / 10;
+
 /** A listing that did not finish in time (see NftCliExecutor.listTable). */
 export class NftTimeoutError extends Error {
   constructor(message: string) {
@@ -165,13 +162,22 @@ export function isNoSuchObject(err: unknown): boolean {
 /** The command printed more than it may: execa stopped it. */
 class ListingTooLarge extends Error {}
 
+/**
+ * The nft command: every transaction a JSON document (`nft -j -f FILE`), every read a listing.
+ * It writes element changes as JSON transactions, reads sets by listing them, and reads no
+ * ruleset generation.
+ */
 export class NftCliExecutor implements NftExecutor {
   readonly kind = 'cli' as const;
+  /** Element changes go as JSON, parsed by libnftables: a map is written with its table, in one transaction. */
+  readonly writesElementBatches = false;
   private readonly json = new JsonWriter();
   constructor(
     readonly binary = 'nft',
     /** A longer listing is an error (listingTooLarge), not read further. */
     readonly maxListingBytes = MAX_LISTING_BYTES,
+    /** How long readSets' listing of one set may take (NftTimeoutError past it). */
+    readonly setListingMs = SET_LISTING_MS,
   ) {}
 
   async run(tx: Transaction): Promise<void> {
@@ -182,15 +188,92 @@ export class NftCliExecutor implements NftExecutor {
     await this.execDocument(['-c'], this.json.document(tx));
   }
 
-  async listSet(
+  /**
+   * Undefined: nft prints no ruleset generation, and one read by another process around our
+   * command would not tell that the commit between them was ours alone.
+   */
+  async generation(): Promise<number | undefined> {
+    return undefined;
+  }
+
+  /** Nothing to hand back: each listing is parsed by an nft process, whose memory goes when it exits. */
+  async releaseMemory(): Promise<void> {}
+
+  /** The changes as one JSON transaction (elementsTransaction). */
+  async applyElements(
+    family: NftFamily,
+    changes: MapElementChanges,
+    target: MapTarget = { table: TABLE_NAME, map: MAP_NAME },
+  ): Promise<NftCommit> {
+    await this.run(elementsTransaction(family, changes, target));
+    return {};
+  }
+
+  /**
+   * NftExecutor.replaceElements: the map and its key set listed (readSets), and their difference
+   * written as one JSON transaction; flushed and refilled in one where they cannot be read (a
+   * set missing, a listing over the bound, an element of a form the controller does not write).
+   */
+  async replaceElements(family: NftFamily, elements: readonly MapElement[], target: MapTarget): Promise<NftCommit> {
+    let diff: MapDifference | undefined;
+    try {
+      const sets: SetRead[] = [{ name: target.map, kind: 'map' }];
+      if (target.keySet) sets.push({ name: target.keySet, kind: 'keys' });
+      const [map, keys] = (await this.readSets(family, target.table, sets)).sets;
+      if (map !== undefined && (!target.keySet || keys !== undefined)) {
+        diff = mapDifference({ map, ...(target.keySet ? { keySet: keys } : {}) }, elements);
+      }
+    } catch {
+      // Not read: refilled.
+    }
+    const tx = diff
+      ? differenceTransaction(family, diff, target)
+      : elementsTransaction(family, { removed: [], added: elements, flush: true }, target);
+    if (tx.size > 0) await this.run(tx);
+    return {};
+  }
+
+  /**
+   * NftExecutor.readSets: each set listed (`nft -j list set|map`), within the listing bound,
+   * MAX_LISTED_ELEMENTS and setListingMs each (nft starts a listing again whenever the ruleset
+   * changes under it: another writer committing all the time would hold a whole write back for
+   * ever), as the addon's dumps write their lines. No generation: the sets are
+   * listed one after the other, and a commit between two listings is not seen.
+   */
+  async readSets(family: NftFamily, table: string, sets: readonly SetRead[]): Promise<SetsRead> {
+    const start = performance.now();
+    const read: Array<string | undefined> = [];
+    for (const set of sets) {
+      const what = set.kind === 'map' || set.kind === 'verdicts' ? 'map' : 'set';
+      const listing = await this.listSet(family, table, set.name, what);
+      if (listing === undefined) {
+        read.push(undefined);
+        continue;
+      }
+      const lines = listedSetLines(listing, set.kind);
+      if (lines.length > MAX_LISTED_ELEMENTS) {
+        throw new NftError(`${what} ${family} ${table} ${set.name} holds more than ${MAX_LISTED_ELEMENTS} elements`);
+      }
+      read.push(lines.join('\n'));
+    }
+    return { sets: read, ms: performance.now() - start };
+  }
+
+  /** `nft -j list set|map <family> <table> <name>`, or undefined when the table or the set does not exist. */
+  private async listSet(
     family: NftFamily,
     table: string,
     set: string,
-    what: 'set' | 'map' = 'set',
+    what: 'set' | 'map',
   ): Promise<string | undefined> {
     try {
-      return await this.exec(['-j', 'list', what, family, table, set]);
+      return await this.exec(['-j', 'list', what, family, table, set], this.setListingMs, this.maxListingBytes);
     } catch (err) {
+      if (err instanceof ListingTooLarge) {
+        throw new NftError(
+          `nft -j list ${what} ${family} ${table} ${set}: the listing is larger than ${formatSize(this.maxListingBytes)}; it was not read`,
+        );
+      }
       if (isNoSuchObject(err)) return undefined;
       throw err;
     }

@@ -1,11 +1,11 @@
 // What our sets and maps hold before a JSON transaction writes a family whole (or repairs its
-// source-range objects), and which Services' source-range chains it has, where the executor can
-// read it: the transaction then writes their
-// difference (element-diff.ts) instead of emptying and filling them again, or replacing the map.
+// source-range objects), and which Services' source-range chains it has, where it can be read:
+// the transaction then writes their difference (element-diff.ts) instead of emptying and filling
+// them again, or replacing the map.
 
 import type { DriverOperation } from '../../driver/driver.js';
 import type { Family } from '../../model/types.js';
-import { listedSetElements, mapDifference, sourceRangeLines } from './element-diff.js';
+import { mapDifference, sourceRangeLines } from './element-diff.js';
 import type { NftExecutor, SetRead } from './executor.js';
 import {
   KEY_SET_NAME,
@@ -31,11 +31,9 @@ type WholeWrite = Extract<DriverOperation, { kind: 'writeFamily' }>;
 
 /**
  * Reads what the families that `operations` write whole hold: the map and its key set, and the
- * source-range sets where the state has source ranges, in one read at one generation where the
- * executor reads elements (the addon's netlink dumps). The nft command reads no elements: through
- * it the source-range sets are listed (one set each) and the map is replaced as before (a listing
- * of the whole map would cost more than the write). What cannot be read (no way to, a set
- * missing, a failure) is left unknown.
+ * source-range sets, with one readSets per family (the addon's netlink dumps at one generation;
+ * the nft command's listings, one set each), and the Services' source-range chains. What cannot
+ * be read (a set missing, a failure, more elements than the controller writes) is left unknown.
  */
 export async function readHeld(
   executor: NftExecutor,
@@ -50,17 +48,12 @@ export async function readHeld(
     }
   }
   const families = new Map<Family, HeldContents>();
-  const canRead = executor.readSets !== undefined;
-  const canList = executor.listSet !== undefined;
-  const canListChains = executor.listChains !== undefined;
-  const reads = [...wanted].filter(([, w]) => canRead || (w.ranges && canList) || (w.whole && canListChains));
-  if (reads.length === 0) return { families };
-  const generation = await executor.generation?.();
-  for (const [family, w] of reads) {
+  if (wanted.size === 0) return { families };
+  const generation = await executor.generation();
+  for (const [family, w] of wanted) {
     const contents: HeldContents = {};
     try {
-      if (canRead) Object.assign(contents, await read(executor, family, w, lookup));
-      else if (canList && w.ranges) Object.assign(contents, await listed(executor, family));
+      Object.assign(contents, await read(executor, family, w, lookup));
     } catch {
       // Unknown: written whole.
     }
@@ -79,8 +72,8 @@ export async function readHeld(
  */
 export async function sourceChains(executor: NftExecutor, family: Family): Promise<string[] | undefined> {
   try {
-    const names = await executor.listChains?.(NFT_FAMILY[family], TABLE_NAME);
-    return names?.filter((name) => name.startsWith(SOURCE_CHAIN_PREFIX));
+    const names = await executor.listChains(NFT_FAMILY[family], TABLE_NAME);
+    return names.filter((name) => name.startsWith(SOURCE_CHAIN_PREFIX));
   } catch {
     return undefined;
   }
@@ -99,7 +92,7 @@ async function read(
   }
   const rangesAt = sets.length;
   if (w.ranges) sets.push({ name: SOURCE_CHECK_MAP, kind: 'verdicts' }, { name: OWN_SOURCE_SET, kind: 'sourced' });
-  const { sets: lines } = await executor.readSets!(NFT_FAMILY[family], TABLE_NAME, sets);
+  const { sets: lines } = await executor.readSets(NFT_FAMILY[family], TABLE_NAME, sets);
   const contents: HeldContents = {};
   // A missing map or key set (the table is new, say): replaced, as a first write does.
   const [map, keys] = lines;
@@ -113,16 +106,4 @@ async function read(
   // A source-range map or set that does not exist yet holds nothing: the transaction declares it.
   if (w.ranges) contents.sourceRanges = sourceRangeLines(lines[rangesAt] ?? '', lines[rangesAt + 1] ?? '');
   return contents;
-}
-
-async function listed(executor: NftExecutor, family: Family): Promise<HeldContents> {
-  const nf = NFT_FAMILY[family];
-  const checks = await executor.listSet!(nf, TABLE_NAME, SOURCE_CHECK_MAP, 'map');
-  const own = await executor.listSet!(nf, TABLE_NAME, OWN_SOURCE_SET);
-  return {
-    sourceRanges: {
-      checks: checks === undefined ? [] : listedSetElements(checks, 'verdicts'),
-      own: own === undefined ? [] : listedSetElements(own, 'sourced'),
-    },
-  };
 }

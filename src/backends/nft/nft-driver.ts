@@ -9,13 +9,18 @@
 //   elements or the new ones); else both families go in one JSON transaction, which is also the
 //   fallback when a batch is refused.
 // - A whole write writes the difference: what the map, its key set and the source-range sets hold
-//   is read first (netlink dumps, listings of one set) and only what differs is removed or added.
+//   is read first (the addon's netlink dumps, the nft command's listings of each set) and only
+//   what differs is removed or added.
 //   On the kernels nodes run (5.10, 6.1; nf_tables before "restart set lookup on base_seq change",
 //   2025), a packet looked up while a transaction commits can miss an element that transaction
 //   deletes and adds back (a set flushed and refilled), or any element of a map it replaces, and
 //   a new connection's first packet then goes untranslated for the connection's life: at every
 //   restart, for Services that did not change (element-diff.ts). What cannot be read is written
 //   as before (flushed and refilled, the map replaced), and a difference refused is too.
+// - A partial sync's element changes of one family go to the executor's element write
+//   (applyElements), which decides how: a netlink batch in process, a JSON transaction through
+//   the nft command. Every executor has every member (executor.ts): the driver's one choice, made
+//   when it is built, is whether whole writes go in two steps (writesElementBatches).
 // - The shape written again (a resync) declares the chains again, with the element changes,
 //   without touching the map's other elements.
 // - A read back (read-back.ts) lists the table through the nft command when the addon programs:
@@ -94,6 +99,11 @@ export class NftDriver implements Driver {
   private readonly reader: NftReader;
   /** Lists without holding back our writes (the nft command), where there is one. */
   private readonly lister: NftLister | undefined;
+  /**
+   * Whether families written whole go in two steps (writeByBatches): where the executor writes
+   * element batches, whose elements never become JSON. Known when the driver is built.
+   */
+  private readonly wholeWritesByBatches: boolean;
 
   constructor(
     readonly executor: NftExecutor,
@@ -105,6 +115,7 @@ export class NftDriver implements Driver {
     this.kernel = new NftKernelProbe(executor, options.lookup ?? 'auto');
     this.reader = new NftReader(executor, lister);
     this.lister = lister;
+    this.wholeWritesByBatches = executor.writesElementBatches;
     this.capabilities = { transactional: true, translates: 'packets', filtersSources: true };
   }
 
@@ -143,8 +154,10 @@ export class NftDriver implements Driver {
   async close(): Promise<void> {}
 
   /**
-   * All of `operations` in one transaction; element changes of one family alone go to the
-   * executor's element path where it has one (a netlink batch, without JSON).
+   * All of `operations` in one transaction. Element changes of one family alone go to the
+   * executor's element write (applyElements: a netlink batch in process, a JSON transaction
+   * through the nft command); families written whole go in two steps where the executor writes
+   * element batches (writeByBatches, chosen when the driver is built), else in one transaction.
    */
   async apply(operations: readonly DriverOperation[]): Promise<Applied> {
     const { lookup } = await this.keyLookup();
@@ -152,16 +165,10 @@ export class NftDriver implements Driver {
     const [only] = operations;
     // Entries with source ranges are written with their sets' elements, in one JSON transaction.
     const ranged = (entries: readonly KernelElement[]) => entries.some((e) => (e as Entry).sourceRanges);
-    if (
-      operations.length === 1 &&
-      only?.kind === 'elements' &&
-      this.executor.applyElements &&
-      !ranged(only.remove) &&
-      !ranged(only.add)
-    ) {
+    if (operations.length === 1 && only?.kind === 'elements' && !ranged(only.remove) && !ranged(only.add)) {
       const removed = only.remove.map(listedElement);
       // An element listed in one of the map and the key set but not the other is removed from
-      // where it is, which the JSON path writes (a batch removes each key from both).
+      // where it is, which the JSON path writes (applyElements removes each key from both).
       if (!keySet || only.remove.every((e) => listedIn(e) === 'both')) {
         const changes = { removed, added: only.add.map(mapElement) };
         return this.executor.applyElements(NFT_FAMILY[only.family], changes, {
@@ -173,7 +180,7 @@ export class NftDriver implements Driver {
     }
     const whole = operations.filter((op) => op.kind === 'writeFamily');
     if (
-      this.executor.writesElementBatches &&
+      this.wholeWritesByBatches &&
       whole.length > 0 &&
       whole.length === operations.length &&
       whole.every((op) => !op.state.sourceRanged)
@@ -239,11 +246,7 @@ export class NftDriver implements Driver {
         const elements = op.state.entries.map(mapElement);
         const target = { table: TABLE_NAME, map: MAP_NAME, keySet };
         const family = NFT_FAMILY[op.family];
-        commits.push(
-          await (this.executor.replaceElements
-            ? this.executor.replaceElements(family, elements, target)
-            : this.executor.applyElements!(family, { removed: [], added: elements, flush: true }, target)),
-        );
+        commits.push(await this.executor.replaceElements(family, elements, target));
       }
     } catch {
       return undefined;
@@ -252,7 +255,7 @@ export class NftDriver implements Driver {
   }
 
   generation(): Promise<number | undefined> {
-    return this.executor.generation?.() ?? Promise.resolve(undefined);
+    return this.executor.generation();
   }
 
   readBack(
@@ -265,7 +268,7 @@ export class NftDriver implements Driver {
   }
 
   async releaseMemory(): Promise<void> {
-    await this.executor.releaseMemory?.();
+    await this.executor.releaseMemory();
   }
 
   /**

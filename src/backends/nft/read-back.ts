@@ -63,7 +63,7 @@ export class NftReader {
     const lines = await expectedLines(expected);
     // The generation the listing will see, if nothing commits meanwhile: then a repair computed
     // from it leaves the kernel exactly as programmed.
-    const generation = await this.executor.generation?.();
+    const generation = await this.executor.generation();
     // Between our writes too, the nft command lists where there is one: its listing has a time
     // bound (a process we can stop), where libnftables in the addon starts a listing again for as
     // long as another process commits, and holds the addon's lock, so our writes, meanwhile.

@@ -1,10 +1,10 @@
 // The transactions made of our tables' objects (render.ts): the full sync (writeTable, or
 // writeTableButElements and a netlink batch), the periodic resync, the repair of a chain, the
-// replacement, the partial sync's element changes, the cleanup. Pure: no I/O.
+// replacement, the partial sync's element changes, the cleanup; and the executors' element writes
+// as JSON (elementsTransaction, differenceTransaction). Pure: no I/O.
 
 import type { Entry, Family } from '../../model/types.js';
 import { sourceRangeDifference, type MapDifference, type SourceRangeSets } from './element-diff.js';
-import type { MapElementChanges, MapTarget } from './executor.js';
 import {
   Transaction,
   type ChainObject,
@@ -28,6 +28,25 @@ import {
   type KeyLookup,
   type SourceRangeObjects,
 } from './render.js';
+
+/** Element removals and additions of one map, written as one transaction (removals first). */
+export interface MapElementChanges {
+  removed: readonly MapElement[];
+  added: readonly MapElement[];
+  /** Every other element of the map removed too, in the same transaction: it then holds `added`. */
+  flush?: boolean;
+}
+
+/** Which map the executor's element writes (applyElements, replaceElements) write: the controller's own map by default. */
+export interface MapTarget {
+  table: string;
+  map: string;
+  /**
+   * A set that holds the map's keys (the `set` key lookup): each change is made to it too, in
+   * the same transaction, and a flush empties it too.
+   */
+  keySet?: string;
+}
 
 /**
  * What a family's sets and map hold, where it is known (read before the write): a whole write
@@ -274,5 +293,24 @@ export function elementsTransaction(family: NftFamily, changes: MapElementChange
     tx.add(elements(changes.added));
     if (keySet) tx.add(keys(keySet, changes.added));
   }
+  return tx;
+}
+
+/**
+ * A map's difference (element-diff.ts, mapDifference) as a JSON transaction, in mapChanges'
+ * order: the key set's removals, the map's, the map's additions, the key set's. Empty when
+ * nothing differs.
+ */
+export function differenceTransaction(family: NftFamily, diff: MapDifference, target: MapTarget): Transaction {
+  const elements = (list: readonly MapElement[]) =>
+    ({ kind: 'element', family, table: target.table, set: target.map, map: true, elements: list }) as const;
+  const keys = (set: string, list: readonly MapElement[]) =>
+    ({ kind: 'element', family, table: target.table, set, keys: true, elements: list }) as const;
+  const { keySet } = target;
+  const tx = new Transaction();
+  if (keySet && diff.keysRemoved.length > 0) tx.delete(keys(keySet, diff.keysRemoved));
+  if (diff.removed.length > 0) tx.delete(elements(diff.removed));
+  if (diff.added.length > 0) tx.add(elements(diff.added));
+  if (keySet && diff.keysAdded.length > 0) tx.add(keys(keySet, diff.keysAdded));
   return tx;
 }

@@ -4,10 +4,13 @@
 // "netfilter: nf_tables: restart set lookup on base_seq change", 2025: hash sets now and then,
 // interval and concatenated interval sets often), and a new connection whose first packet is
 // missed stays untranslated for its life. Elements that are only added or removed beside it
-// leave it found. Pure: no I/O.
+// leave it found. Also how a removal names an element a read back listed (ListedRef). Pure: no I/O.
 
 import { listedAddress } from '../../model/ip.js';
 import type { MapElement, VerdictElement } from './objects.js';
+import type { KernelElement } from '../../driver/driver.js';
+import type { Entry } from '../../model/types.js';
+import { mapElement } from './render.js';
 
 /** What a map and its key set hold, one element a line as the addon reads them (readElements). */
 export interface HeldElements {
@@ -273,4 +276,22 @@ export function listedSetLines(listing: string, kind: 'map' | 'keys' | 'sourced'
     const comment = wrapped?.comment;
     return typeof comment === 'string' && comment !== '' ? `${line} ${comment}` : line;
   });
+}
+
+/**
+ * Where a read back found an element (ListedRef): in the map and the key set ('both', also what
+ * the elements we programmed are), or in one of them only.
+ */
+export interface ListedRef {
+  element: MapElement;
+  in: 'both' | 'map' | 'keySet';
+}
+
+export function listedIn(e: KernelElement): ListedRef['in'] {
+  return (e.ref as ListedRef | undefined)?.in ?? 'both';
+}
+
+/** An element to delete: as it was listed when it was read back, else as we write it. */
+export function listedElement(e: KernelElement): MapElement {
+  return (e.ref as ListedRef | undefined)?.element ?? mapElement(e as Entry);
 }

@@ -48,7 +48,8 @@ import {
 import { MAX_LISTED_ELEMENTS, NftCliExecutor, type NftCommit, type NftExecutor } from './executor.js';
 import { Transaction } from './objects.js';
 import { NftKernelProbe } from './probe.js';
-import { NftReader, listedElement, listedIn, type NftLister } from './read-back.js';
+import { NftReader, type NftLister } from './read-back.js';
+import { listedElement, listedIn } from './element-diff.js';
 import {
   KEY_SET_NAME,
   MAP_NAME,
@@ -96,6 +97,8 @@ export class NftDriver implements Driver {
   /** Set once more by probe(), before any use (selectBackend probes before it hands a driver out). */
   capabilities: DriverCapabilities;
   private readonly kernel: NftKernelProbe;
+  /** The key lookup, once the probe found it. */
+  private lookupFound: { lookup: KeyLookup; why: string } | undefined;
   private readonly reader: NftReader;
   /** Lists without holding back our writes (the nft command), where there is one. */
   private readonly lister: NftLister | undefined;
@@ -132,9 +135,9 @@ export class NftDriver implements Driver {
     return mapSize(entries);
   }
 
-  /** How our rules look keys up on this kernel (probe.ts), found once. */
-  keyLookup(): Promise<{ lookup: KeyLookup; why: string }> {
-    return this.kernel.keyLookup();
+  /** How our rules look keys up on this kernel (probe.ts), found once; kept here once found. */
+  async keyLookup(): Promise<{ lookup: KeyLookup; why: string }> {
+    return (this.lookupFound ??= await this.kernel.keyLookup());
   }
 
   /** Also finds whether the kernel takes the source-range set: `capabilities.filtersSources`, set here once. */

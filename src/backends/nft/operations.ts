@@ -6,7 +6,7 @@
 import { FAMILIES, entryKey, type Entry, type Family } from '../../model/types.js';
 import type { DriverOperation, KernelElement } from '../../driver/driver.js';
 import type { ChainObject, Transaction } from './objects.js';
-import { listedElement, listedIn } from './read-back.js';
+import { listedElement, listedIn } from './element-diff.js';
 import {
   SOURCE_CHAIN_PREFIX,
   SOURCE_CHECK_MAP,

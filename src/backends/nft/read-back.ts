@@ -3,7 +3,7 @@
 // (chains whose rules differ, the source-range sets, elements missing or foreign). Where the
 // addon programs, the listing runs in another process (the nft command, from a worker) so that
 // changes are never queued behind it; the elements it finds carry how to remove exactly them
-// (ListedRef), which the driver's writes use.
+// (ListedRef, element-diff.ts), which the driver's writes use.
 
 import { ipBytes, listedAddress, parseIp } from '../../model/ip.js';
 import type { Entry, Family } from '../../model/types.js';
@@ -17,7 +17,7 @@ import {
   sourceRangeLines,
   type ListingDiff,
 } from './listing-diff.js';
-import { JsonWriter, Transaction, type MapElement, type RuleObject } from './objects.js';
+import { JsonWriter, Transaction, type RuleObject } from './objects.js';
 import {
   KEY_SET_NAME,
   MAP_NAME,
@@ -26,10 +26,10 @@ import {
   SOURCE_CHECK_MAP,
   TABLE_NAME,
   desiredTable,
-  mapElement,
   sourceRangeObjects,
   type KeyLookup,
 } from './render.js';
+import type { ListedRef } from './element-diff.js';
 
 /** Lists a table as `nft -j list table` prints it; NftCliExecutor is one. */
 export interface NftLister {
@@ -159,24 +159,6 @@ export class NftReader {
       return diffListing(listing, expected, MAP_NAME, Infinity, keySetName);
     }
   }
-}
-
-/**
- * Where a read back found an element (ListedRef): in the map and the key set ('both', also what
- * the elements we programmed are), or in one of them only.
- */
-interface ListedRef {
-  element: MapElement;
-  in: 'both' | 'map' | 'keySet';
-}
-
-export function listedIn(e: KernelElement): ListedRef['in'] {
-  return (e.ref as ListedRef | undefined)?.in ?? 'both';
-}
-
-/** An element to delete: as it was listed when it was read back, else as we write it. */
-export function listedElement(e: KernelElement): MapElement {
-  return (e.ref as ListedRef | undefined)?.element ?? mapElement(e as Entry);
 }
 
 type Json = unknown;

@@ -17,7 +17,7 @@ import { performance } from 'node:perf_hooks';
 import { variantCommand, type IptablesVariant } from '../src/backends/iptables/executor.js';
 import { emptyNatTable } from '../src/backends/iptables/parse.js';
 import { planPartialWrite } from '../src/backends/iptables/partial-write.js';
-import { FamilyRecord } from '../src/backends/iptables/record.js';
+import { IptablesAnnex } from '../src/backends/iptables/annex.js';
 import { renderFamilyRestore } from '../src/backends/iptables/render.js';
 import type { Entry, LocalPodMatch } from '../src/model/types.js';
 import { inPrivateNamespaces } from './namespace.js';
@@ -69,7 +69,7 @@ function measure(variant: IptablesVariant, layout: Layout, entries: number, chan
   const all = Array.from({ length: entries }, (_, i) => entry(i));
   const whole = renderFamilyRestore('ipv4', { entries: all, localPodMatch: POD_MATCH }, MARK, emptyNatTable());
   const shape = { localPodMatch: POD_MATCH, masqueradeMark: MARK, useKubeMarkMasq: false };
-  const record = FamilyRecord.of(whole, shape);
+  const record = IptablesAnnex.of(whole, shape);
   const as = (text: string) => (layout === 'flat' ? flat(text) : text);
   const wholeMs = restore(variant, as(whole.text));
   restore(variant, '*nat\n:BENCH-FLOOR - [0:0]\n-A BENCH-FLOOR -j RETURN\nCOMMIT\n');

@@ -19,8 +19,7 @@
 // The connections translated are our DNAT rules' packet counters, kept across the rules our own
 // restores flush or delete (counters.ts).
 // After a repair the driver tells its bypass listeners which family's translations new
-// connections may have passed by; it never runs conntrack itself, so no write waits for a flow
-// clean-up.
+// connections may have passed by; it never runs conntrack, so no write waits for a clean-up.
 // The driver keeps no record of the kernel between its applies: what a write tells that the
 // reconciler's record does not (annex.ts: the rules by chain, KUBE-MARK-MASQ at the whole write,
 // the entries left out) is its annex (driver.ts, DriverAnnex), returned with each apply, kept by
@@ -214,27 +213,27 @@ export class IptablesDriver implements Driver {
     const annexes = new Map<Family, IptablesAnnex | undefined>();
     const annexOf = (family: Family, annex: DriverAnnex) =>
       annexes.has(family) ? annexes.get(family) : annex instanceof IptablesAnnex ? annex : undefined;
-    const whole = async (family: Family, state: FamilyState, mark: number, previous: IptablesAnnex | undefined) => {
+    const whole = async (family: Family, state: FamilyState, mark: number, prev?: IptablesAnnex, all = true) => {
       annexes.set(family, undefined);
-      const { record, wrote } = await this.writeWhole(family, state, mark, previous);
-      annexes.set(family, record);
+      const { annex, wrote } = await this.writeWhole(family, state, mark, prev, all);
+      annexes.set(family, annex);
       if (wrote) restores++;
-      leftOut[family] = state.entries.length - record.programmed;
+      leftOut[family] = state.entries.length - annex.programmed;
     };
     for (const op of operations) {
       switch (op.kind) {
         case 'writeFamily':
-          await whole(op.family, op.state, op.masqueradeMark, annexOf(op.family, op.annex));
+        case 'replaceFamily': {
+          const annex = op.kind === 'writeFamily' ? annexOf(op.family, op.annex) : undefined;
+          await whole(op.family, op.state, op.masqueradeMark, annex, annex === undefined);
           break;
-        case 'replaceFamily':
-          await whole(op.family, op.state, op.masqueradeMark, undefined);
-          break;
+        }
         case 'writeShape':
         case 'elements': {
-          const record = annexOf(op.family, op.annex);
-          if (!record) throw new Error('our chains were never written');
-          if (await this.writeChanges(op.family, record, op.remove as readonly Entry[], op.add)) restores++;
-          annexes.set(op.family, record);
+          const annex = annexOf(op.family, op.annex);
+          if (!annex) throw new Error('our chains were never written');
+          if (await this.writeChanges(op.family, annex, op.remove as readonly Entry[], op.add)) restores++;
+          annexes.set(op.family, annex);
           break;
         }
         case 'repairShape':
@@ -246,7 +245,7 @@ export class IptablesDriver implements Driver {
             );
             // Read whole (iptables-nft too): the chains of ours the read back found and nothing
             // wants are removed, which the write view of iptables-nft does not list.
-            await whole(op.family, state, op.shape.masqueradeMark, undefined);
+            await whole(op.family, state, op.shape.masqueradeMark, annexOf(op.family, op.annex));
           } else if (op.parts.includes('jumps')) {
             // Read again in this turn: the jump guard may have repaired the jumps since the read
             // back, and deletes computed from an older view would fail.
@@ -269,9 +268,9 @@ export class IptablesDriver implements Driver {
     const handed: NonNullable<Applied['annex']> = {};
     for (const op of operations) {
       for (const family of op.kind === 'removeAll' ? FAMILIES : [op.family]) {
-        const record = op.kind === 'removeAll' ? undefined : annexOf(family, 'annex' in op ? op.annex : undefined);
-        rejected[family] = record?.rejected ?? [];
-        handed[family] = record;
+        const annex = op.kind === 'removeAll' ? undefined : annexOf(family, 'annex' in op ? op.annex : undefined);
+        rejected[family] = annex?.rejected ?? [];
+        handed[family] = annex;
       }
     }
     const applied: Applied = { leftOut, rejected, annex: handed };
@@ -286,49 +285,49 @@ export class IptablesDriver implements Driver {
    * kernel held them already. `previous`: the annex of the family's last write, when known. The
    * write removes the chains of ours the state no longer needs among those its view lists:
    * iptables-legacy's is the whole table; iptables-nft's names only the chains the entry chains go
-   * to, with `previous`'s chains (a Service's source-range chains), and without it the whole table
-   * is read (at the start, after a failed write, for a repair: chains from before may be left).
+   * to, with `previous`'s (a Service's source-range chains), unless `readWhole` (no annex: at the
+   * start, after a failed write; a repair), when it reads the whole table.
    */
   private async writeWhole(
     family: Family,
     state: FamilyState,
     masqueradeMark: number,
     previous: IptablesAnnex | undefined,
-  ): Promise<{ record: IptablesAnnex; wrote: boolean }> {
+    readWhole: boolean,
+  ): Promise<{ annex: IptablesAnnex; wrote: boolean }> {
     const commands = this.commands(family);
     const { rendered, useKubeMarkMasq } = await withRetries(async () => {
       const current =
-        this.variant === 'nft' && previous === undefined
-          ? parseNatSave(await commands.save('nat'))
-          : await readWriteView(commands);
-      if (this.variant === 'nft') for (const chain of previous?.chainNames() ?? []) current.chains.add(chain);
+        this.variant === 'nft' && readWhole ? parseNatSave(await commands.save('nat')) : await readWriteView(commands);
+      if (this.variant === 'nft' && !readWhole)
+        for (const chain of previous?.chainNames() ?? []) current.chains.add(chain);
       const rendered = renderFamilyRestore(family, state, masqueradeMark, current);
       if (!rendered.upToDate) await this.counter.restore(commands, rendered.text, current.chains);
       return { rendered, useKubeMarkMasq: current.chains.has(KUBE_MARK_MASQ) };
     });
     const shape = { localPodMatch: state.localPodMatch, masqueradeMark, useKubeMarkMasq };
     this.reportRejections(previous?.rejected, rendered.rejected);
-    return { record: IptablesAnnex.of(rendered, shape), wrote: !rendered.upToDate };
+    return { annex: IptablesAnnex.of(rendered, shape), wrote: !rendered.upToDate };
   }
 
   /**
-   * The rules of the entries that went and came, as one restore (partial-write.ts), `record` (the
-   * annex handed back) made to follow; false when no rule changes. When it throws (the chains are
-   * not what the annex says, or the change cannot be written in part) `record` is as it was, and
-   * the reconciler forgets it and writes the family whole, with a read of the whole table.
+   * The rules of the entries that went and came, as one restore (partial-write.ts), `annex` (as
+   * handed back) made to follow; false when no rule changes. When it throws (the chains are not
+   * what the annex says, or the change cannot be written in part) `annex` is as it was, and the
+   * reconciler forgets it and writes the family whole, with a read of the whole table.
    */
   private async writeChanges(
     family: Family,
-    record: IptablesAnnex,
+    annex: IptablesAnnex,
     removed: readonly Entry[],
     added: readonly Entry[],
   ): Promise<boolean> {
-    const write: PartialWrite = planPartialWrite(family, record, removed, added, this.rewriteAboveDeletes);
-    const existing = new Set(record.chainNames());
+    const write: PartialWrite = planPartialWrite(family, annex, removed, added, this.rewriteAboveDeletes);
+    const existing = new Set(annex.chainNames());
     if (write.text !== undefined) await this.counter.restore(this.commands(family), write.text, existing);
-    const before = record.rejected;
-    annexPartialWrite(record, write);
-    this.reportRejections(before, record.rejected);
+    const before = annex.rejected;
+    annexPartialWrite(annex, write);
+    this.reportRejections(before, annex.rejected);
     return write.text !== undefined;
   }
 

@@ -2,12 +2,15 @@
 // driver's annex of each family among it (src/backends/iptables/annex.ts), and hands it back with
 // each operation. Shown twice, against the stand-in nat tables: a run of partial syncs through a
 // driver made anew before every apply writes exactly what a long-lived driver writes, each sync
-// as partial; and after such a run nothing reachable from the driver holds an entry.
+// as partial; after such a run nothing reachable from the driver holds an entry; and the jump
+// guard, which runs between syncs, looks after the families whose entry chains the table holds.
 
 import { expect } from 'chai';
 import { Reconciler } from '../../src/reconciler/reconciler.js';
 import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
-import { FAMILIES } from '../../src/model/types.js';
+import { JumpGuard } from '../../src/backends/iptables/jump-guard.js';
+import { removeIptablesObjects } from '../../src/backends/iptables/nat-view.js';
+import { FAMILIES, type Family } from '../../src/model/types.js';
 import type { SyncResult } from '../../src/reconciler/sync-result.js';
 import { FakeIptables } from '../doubles/fake-iptables.js';
 import { RebuiltDriver, iptablesSteps } from '../support/iptables-steps.js';
@@ -98,6 +101,31 @@ for (const variant of ['legacy', 'nft'] as const) {
       expect(reachableEntries({ kept: new Map([['ipv4', lastAnnex]]) })).to.not.deep.equal([]);
       delete (driver as { apply?: unknown }).apply;
       expect(reachableEntries(driver)).to.deep.equal([]);
+    });
+
+    it('the jump guard repairs the jumps of a family that holds our entry chains, and leaves one without them alone', async () => {
+      const fake = new FakeIptables();
+      const reconciler = new Reconciler(new IptablesDriver(variant, { runner: fake, jumpCheckIntervalMs: 0 }));
+      await reconciler.sync(iptablesSteps()[0]!.state, { full: true });
+      await removeIptablesObjects(variant, 'ipv6', fake);
+      // Another writer's chain, first in both families, ACCEPTs what ours would translate.
+      const other =
+        '*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j ACCEPT\n-I PREROUTING 1 -j KUBE-SERVICES\nCOMMIT\n';
+      for (const family of FAMILIES) fake.write(variant, family, other);
+      const repaired: Family[] = [];
+      const guard = new JumpGuard({
+        variant,
+        intervalMs: 1000,
+        runner: fake,
+        exclusive: (work) => work(),
+        onRepair: (family) => repaired.push(family),
+      });
+      const restores = fake.restores(variant, 'ipv6').length;
+      await guard.checkAll();
+      expect(repaired).to.deep.equal(['ipv4']);
+      expect(fake.restores(variant, 'ipv6'), 'nothing tried where our chains are not').to.have.length(restores);
+      expect(fake.nat(variant, 'ipv4').rules('PREROUTING')).to.deep.equal(['-j IPVS_PREROUTING', '-j KUBE-SERVICES']);
+      expect(fake.nat(variant, 'ipv6').rules('PREROUTING')).to.deep.equal(['-j KUBE-SERVICES']);
     });
   });
 }

@@ -5,7 +5,6 @@
 
 import { sameTarget } from '../model/entry-diff.js';
 import type { DesiredState, Entry, EntryKeyFields, Family, FamilyState } from '../model/types.js';
-import type { TranslationsBypassed } from './kernel-change.js';
 
 export type BackendName = 'nft' | 'iptables' | 'ebpf';
 
@@ -107,12 +106,33 @@ export function holdsEntry(element: Pick<KernelElement, 'clusterIp' | 'service'>
   return sameTarget(element, entry);
 }
 
+/**
+ * What a driver's write of a family tells of the kernel that the reconciler's record does not
+ * (iptables: its rules by chain, what the nat table held at a whole write), for the driver's next
+ * write of the family: returned by apply (Applied.annex), kept by the reconciler with its record
+ * of the family and forgotten with it, and handed back with each operation on the family (the
+ * annex as the apply began: an operation after another on the same family in one apply follows
+ * what that one wrote). Opaque to the reconciler; a driver keeps nothing of the kernel between
+ * its applies.
+ */
+export type DriverAnnex = unknown;
+
 /** One typed write. A driver applies a list of them in order (atomically when atomicWrites). */
 export type DriverOperation =
-  /** Everything of the family: the shape and exactly `state.entries`, whatever the kernel held. */
-  | { kind: 'writeFamily'; family: Family; state: FamilyState; masqueradeMark: number }
+  /**
+   * Everything of the family: the shape and exactly `state.entries`, whatever the kernel held.
+   * `annex`: of the family's last write, while the reconciler still knows what it holds.
+   */
+  | { kind: 'writeFamily'; family: Family; state: FamilyState; masqueradeMark: number; annex?: DriverAnnex }
   /** The shape again (never touching other elements), with these element changes. */
-  | { kind: 'writeShape'; family: Family; shape: FamilyShape; remove: readonly KernelElement[]; add: readonly Entry[] }
+  | {
+      kind: 'writeShape';
+      family: Family;
+      shape: FamilyShape;
+      remove: readonly KernelElement[];
+      add: readonly Entry[];
+      annex?: DriverAnnex;
+    }
   /**
    * Element changes only: removals, then additions (a driver without transactions adds first).
    * `rangedByService`: the family's, once they are written (FamilyState.rangedByService).
@@ -123,9 +143,17 @@ export type DriverOperation =
       remove: readonly KernelElement[];
       add: readonly Entry[];
       rangedByService: ReadonlyMap<string, number> | undefined;
+      annex?: DriverAnnex;
     }
   /** Parts of the shape (as readBack named them) written again; `entries` are those programmed. */
-  | { kind: 'repairShape'; family: Family; shape: FamilyShape; parts: readonly string[]; entries: readonly Entry[] }
+  | {
+      kind: 'repairShape';
+      family: Family;
+      shape: FamilyShape;
+      parts: readonly string[];
+      entries: readonly Entry[];
+      annex?: DriverAnnex;
+    }
   /** The last resort: our objects of the family removed and written anew. */
   | { kind: 'replaceFamily'; family: Family; state: FamilyState; masqueradeMark: number }
   /** Every object of ours, in every family. */
@@ -143,6 +171,8 @@ export interface Applied {
   leftOut?: Partial<Record<Family, number>>;
   /** Per family these operations wrote, everything the family now leaves out (not only this write's). */
   rejected?: Partial<Record<Family, readonly Rejection[]>>;
+  /** Per family these operations wrote, what the driver is handed back with its next write of it (DriverAnnex). */
+  annex?: Partial<Record<Family, DriverAnnex>>;
 }
 
 /** A family's objects read back and compared with what was programmed. */
@@ -203,12 +233,13 @@ export interface Driver {
     how: 'alongside-writes' | 'between-writes',
   ): Promise<ReadBack | 'unfinished' | 'not-alongside'>;
   /**
-   * Listeners told, outside the driver's writes, when new connections may have passed our
-   * translations by (iptables: another writer's jump ran before ours until it was put back).
-   * The reconciler listens, and tells its subscribers. A driver whose translations no other
-   * writer can get ahead of (nft's own table, eBPF's programs) never calls it.
+   * Listeners told, outside the driver's writes, when new connections to a family's translations
+   * may have passed them by (iptables: another writer's jump ran before ours until it was put
+   * back). The reconciler listens, and tells its subscribers with the entries it holds there. A
+   * driver whose translations no other writer can get ahead of (nft's own table, eBPF's
+   * programs) never calls it.
    */
-  watchBypasses(listener: (bypass: TranslationsBypassed) => void): void;
+  watchBypasses(listener: (family: Family) => void): void;
   /** Whether any object of ours exists in the kernel (a leftover of another backend choice). */
   hasState(): Promise<boolean>;
   /**

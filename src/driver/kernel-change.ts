@@ -39,7 +39,7 @@ export interface KernelChange {
  */
 export interface TranslationsBypassed {
   family: Family;
-  /** The family's programmed entries when the window closed. */
+  /** The family's entries the reconciler had programmed when the window closed (its ledger's). */
   entries: readonly Entry[];
 }
 

@@ -1,6 +1,10 @@
 // What the reconciler knows the kernel holds of ours, per family: the programmed entries and the
 // shape of our objects, the newest state written and its model generation, what the driver left
-// out, and the ruleset generation at which the family was last known to hold exactly that.
+// out, the driver's annex of its last write (driver.ts, DriverAnnex: what that write tells of the
+// kernel beyond this record, handed back with the next operation on the family), and the ruleset
+// generation at which the family was last known to hold exactly that. This is the one record of
+// what the kernel holds: a driver keeps none between its applies, and a family forgotten here
+// (a failed write, a removal, a whole write under way) takes its annex with it.
 //
 // Trust: where the driver reads the ruleset generation around each commit, a commit that moved it
 // by exactly one was ours alone. A family made exact by such a commit (a whole write, a repair
@@ -8,8 +12,8 @@
 // stays trusted through later commits that are ours alone; any other commit, or a failed write,
 // ends the trust: the next resync verifies.
 
-import { FAMILIES, type DesiredState, type Family, type FamilyState } from '../model/types.js';
-import type { Applied, Driver, FamilyShape, Rejection } from '../driver/driver.js';
+import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../model/types.js';
+import type { Applied, Driver, DriverAnnex, FamilyShape, Rejection } from '../driver/driver.js';
 import { ComposedDiff, type EntryDiff } from '../model/entry-diff.js';
 import { ElementStorage } from './element-storage.js';
 
@@ -23,6 +27,8 @@ export interface ProgrammedFamily {
   leftOut: number;
   /** Entries the family holds before it must be written whole again (driver.roomFor). */
   room: number;
+  /** What the driver's last write of the family told of the kernel, for its next one (Applied.annex). */
+  annex: DriverAnnex;
 }
 
 /** What was written of a family since subscribers were last told (Ledger.takeUntold). */
@@ -94,6 +100,7 @@ export class Ledger {
       shapeKey: this.driver.shapeKey(shape),
       leftOut: applied.leftOut?.[family] ?? 0,
       room: this.driver.roomFor(state.entries.length),
+      annex: applied.annex?.[family],
     });
     this.written.set(family, target);
     this.untold.set(family, 'whole');
@@ -116,11 +123,17 @@ export class Ledger {
     return untold;
   }
 
-  /** What a commit said: what the driver now leaves out, and which families stay or become trusted. */
+  /**
+   * What a commit said: what the driver now leaves out, its annex of each family it wrote (kept
+   * with a family programmed; one written whole takes it when recorded), and which families stay
+   * or become trusted.
+   */
   noteApplied(applied: Applied, exact: Exact): void {
     for (const family of FAMILIES) {
       const rejected = applied.rejected?.[family];
       if (rejected) this.rejected.set(family, rejected);
+      const programmed = this.programmed.get(family);
+      if (programmed && applied.annex && family in applied.annex) programmed.annex = applied.annex[family];
     }
     // Nothing committed (the kernel held it already): what was trusted still is.
     if (applied.unchanged) return;
@@ -149,6 +162,11 @@ export class Ledger {
     const trusted = this.trustedAt.get(family);
     if (trusted === undefined) return false;
     return (await this.driver.generation()) === trusted;
+  }
+
+  /** The entries programmed in `family` (none while it is not known). */
+  entries(family: Family): Entry[] {
+    return [...(this.programmed.get(family)?.elements.values() ?? [])];
   }
 
   /** Entries of `family` the kernel holds: those written, but those the driver left out. */

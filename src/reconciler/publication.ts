@@ -1,12 +1,12 @@
 // What the reconciler tells its subscribers (src/driver/kernel-change.ts): each change of what
 // the kernel holds of ours, one at a time and in the order of the writes, each starting where
-// the one before ended; and each window the driver saw our translations bypassed, as the driver
-// tells it, outside every write.
+// the one before ended; and each window the driver saw a family's translations bypassed, outside
+// every write, with the entries the ledger holds there.
 
 import type { Driver } from '../driver/driver.js';
 import type { FamilyChange, KernelSubscriber } from '../driver/kernel-change.js';
 import { entryDiff, recorded } from '../model/entry-diff.js';
-import { FAMILIES, type DesiredState, type Family, type FamilyState } from '../model/types.js';
+import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../model/types.js';
 import type { Untold } from './ledger.js';
 
 export class Publication {
@@ -15,12 +15,16 @@ export class Publication {
   /** Subscribers are told one change at a time. */
   private queue: Promise<unknown> = Promise.resolve();
 
+  /** `programmed`: a family's entries as the ledger holds them now. */
   constructor(
     private readonly subscribers: readonly KernelSubscriber[],
     driver: Driver,
+    programmed: (family: Family) => readonly Entry[],
   ) {
-    driver.watchBypasses((bypass) => {
-      for (const s of subscribers) s.translationsBypassed?.(bypass);
+    driver.watchBypasses((family) => {
+      const entries = programmed(family);
+      if (entries.length === 0) return;
+      for (const s of subscribers) s.translationsBypassed?.({ family, entries });
     });
   }
 

@@ -76,7 +76,7 @@ export class Reconciler {
     subscribers: readonly KernelSubscriber[] = [],
   ) {
     this.ledger = new Ledger(driver);
-    this.publication = new Publication(subscribers, driver);
+    this.publication = new Publication(subscribers, driver, (family) => this.ledger.entries(family));
     this.verifier = new Verifier({
       driver,
       ledger: this.ledger,
@@ -272,8 +272,9 @@ export class Reconciler {
     if (wrote) {
       try {
         const { rangedByService } = target.desired[family];
+        const { removed: remove, added: add } = changes;
         const applied = await this.apply([
-          { kind: 'elements', family, remove: changes.removed, add: changes.added, rangedByService },
+          { kind: 'elements', family, remove, add, rangedByService, annex: before.annex },
         ]);
         const leftOut = applied.leftOut?.[family];
         if (leftOut !== undefined) before.leftOut = leftOut;
@@ -311,11 +312,12 @@ export class Reconciler {
     const changes = before.elements.changesTo(state);
     const untouched = await this.ledger.untouched(family);
     const { removed: remove, added: add } = changes;
+    const { annex } = before;
     const operations: DriverOperation[] = untouched
       ? isEmpty(changes)
         ? []
-        : [{ kind: 'elements', family, remove, add, rangedByService: state.rangedByService }]
-      : [{ kind: 'writeShape', family, shape: shapeOf(state, mark), remove, add }];
+        : [{ kind: 'elements', family, remove, add, rangedByService: state.rangedByService, annex }]
+      : [{ kind: 'writeShape', family, shape: shapeOf(state, mark), remove, add, annex }];
     try {
       await this.apply(operations);
     } catch {
@@ -349,14 +351,15 @@ export class Reconciler {
       targets.set(family, target);
     }
     const targetOf = (family: Family) => targets.get(family)!;
+    // The driver's annex of each family's last write, while it is known (a shape change), for the write that replaces it.
+    const annexes = new Map(families.map((family) => [family, ledger.programmed.get(family)?.annex]));
     ledger.unprogram(families);
     let wrote = false;
-    const write = (kind: 'writeFamily' | 'replaceFamily', family: Family): DriverOperation => ({
-      kind,
-      family,
-      state: targetOf(family).desired[family],
-      masqueradeMark: targetOf(family).desired.masqueradeMark,
-    });
+    const write = (kind: 'writeFamily' | 'replaceFamily', family: Family): DriverOperation => {
+      const { desired: target } = targetOf(family);
+      const op = { family, state: target[family], masqueradeMark: target.masqueradeMark };
+      return kind === 'writeFamily' ? { kind, ...op, annex: annexes.get(family) } : { kind, ...op };
+    };
     const record = (family: Family, applied: Applied) => {
       if (!applied.unchanged) wrote = true;
       ledger.recordWhole(family, targetOf(family), applied);

@@ -114,11 +114,18 @@ export class Verifier {
         // may have written between the read and this turn, and a driver that repairs by writing
         // the family whole (iptables) would otherwise undo it.
         const entries = [...now.elements.values()];
-        operations.push({ kind: 'repairShape', family, shape: now.shape, parts: read.shapeDrift, entries });
+        operations.push({
+          kind: 'repairShape',
+          family,
+          shape: now.shape,
+          parts: read.shapeDrift,
+          entries,
+          annex: now.annex,
+        });
       }
       if (remove.length > 0 || add.length > 0) {
         const { rangedByService } = ledger.written.get(family)?.desired[family] ?? {};
-        operations.push({ kind: 'elements', family, remove, add, rangedByService });
+        operations.push({ kind: 'elements', family, remove, add, rangedByService, annex: now.annex });
       }
       const listedAt = read.generation;
       if (operations.length === 0) {

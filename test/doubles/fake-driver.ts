@@ -20,7 +20,6 @@ import {
   type TranslatedConnections,
   type Rejection,
 } from '../../src/driver/driver.js';
-import type { TranslationsBypassed } from '../../src/driver/kernel-change.js';
 import { entryKey, type DesiredState, type Entry, type Family } from '../../src/model/types.js';
 
 type ReadBackAnswer = ReadBack | 'unfinished' | 'not-alongside';
@@ -85,7 +84,7 @@ export class FakeDriver implements Driver {
   closing: (() => Promise<void>) | undefined;
   /** Reads back alongside our writes (as nft's and iptables' commands do); else answers 'not-alongside'. */
   readonly readsAlongsideWrites: boolean;
-  private readonly bypassListeners: Array<(bypass: TranslationsBypassed) => void> = [];
+  private readonly bypassListeners: Array<(family: Family) => void> = [];
 
   /** A driver with the capabilities of the backend it is named after, but those given. */
   constructor(
@@ -134,13 +133,13 @@ export class FakeDriver implements Driver {
     return { ok: true, detail: 'a fake driver' };
   }
 
-  watchBypasses(listener: (bypass: TranslationsBypassed) => void): void {
+  watchBypasses(listener: (family: Family) => void): void {
     this.bypassListeners.push(listener);
   }
 
   /** Plays a window in which new connections passed the family's translations by (iptables: a jump displaced). */
-  bypass(bypass: TranslationsBypassed): void {
-    for (const listener of this.bypassListeners) listener(bypass);
+  bypass(family: Family): void {
+    for (const listener of this.bypassListeners) listener(family);
   }
 
   /** The entries of a family as `externalIp proto port -> clusterIp`, sorted. */

@@ -376,7 +376,7 @@ for (const variant of ['legacy', 'nft'] as const) {
       const model = new DesiredStateModel(config);
       logLines.length = 0;
       const first = await backend.sync(model.update(SERVICES, NODE_INFO), { full: true });
-      expect((backend.driver as IptablesDriver).rejected.map((r) => `${r.family} ${r.item}`)).to.deep.equal([
+      expect(first.rejected!.map((r) => `${r.family} ${r.item}`)).to.deep.equal([
         'ipv4 pod bridge interface',
         'ipv6 pod bridge interface',
       ]);

@@ -202,12 +202,15 @@ describe('Controller on a fake driver (no root)', () => {
     caches.set([service(1), service(2)]);
     await syncs(2);
     expect(conntrack.reports).to.have.length(conntrack.calls.length).and.length.at.least(2);
-    // The driver saw our translations passed by (iptables: a jump displaced): the reconciler
-    // tells its subscribers, and the conntrack client forgets the flows pinned meanwhile.
-    const [entry] = driver.applied.flatMap((ops) => ops.flatMap((op) => (op.kind === 'elements' ? op.add : [])));
-    driver.bypass({ family: 'ipv4', entries: [entry!] });
-    expect(conntrack.forgotten).to.deep.equal(['ipv4 192.0.2.2/UDP/53']);
-    expect(conntrack.reports.at(-1)).to.include({ tuples: 1, deleted: 1 });
+    // The driver saw the family's translations passed by (iptables: a jump displaced): the
+    // reconciler tells its subscribers with the entries its ledger holds there, and the conntrack
+    // client forgets the flows pinned meanwhile.
+    driver.bypass('ipv4');
+    expect(conntrack.forgotten).to.deep.equal(['ipv4 192.0.2.1/UDP/53 192.0.2.2/UDP/53']);
+    expect(conntrack.reports.at(-1)).to.include({ tuples: 2, deleted: 1 });
+    // A family that holds none of ours: nobody is told.
+    driver.bypass('ipv6');
+    expect(conntrack.forgotten).to.have.length(1);
   });
 
   it('steps aside when kube-proxy turns to iptables mode, and back when it is in IPVS mode again', async () => {

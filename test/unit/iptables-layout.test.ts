@@ -12,7 +12,7 @@ import {
 } from '../../src/backends/iptables/layout.js';
 import { emptyNatTable } from '../../src/backends/iptables/parse.js';
 import { planPartialWrite } from '../../src/backends/iptables/partial-write.js';
-import { FamilyRecord } from '../../src/backends/iptables/record.js';
+import { IptablesAnnex } from '../../src/backends/iptables/annex.js';
 import { renderFamilyRestore } from '../../src/backends/iptables/render.js';
 import { ipBytes, parseIp } from '../../src/model/ip.js';
 import type { Entry } from '../../src/model/types.js';
@@ -80,7 +80,7 @@ describe('iptables partial write of one large bucket', function () {
   );
 
   it('adds, rewrites and deletes rules of a bucket of 240,000 rules per hook', () => {
-    const empty = FamilyRecord.of(
+    const empty = IptablesAnnex.of(
       renderFamilyRestore('ipv4', { entries: [], localPodMatch: shape.localPodMatch }, 0x4000, emptyNatTable()),
       { ...shape, useKubeMarkMasq: false },
     );

@@ -752,7 +752,7 @@ describe('Reconciler: entries given out of order, or twice (no root)', () => {
     const shuffled = reordered([...first.ipv4.entries].reverse().concat(added));
     expect(await reconciler.sync(shuffled, { full: false })).to.include({ mode: 'partial' });
     expect(driver.applied.at(-1)).to.deep.equal([
-      { kind: 'elements', family: 'ipv4', remove: [], add: [added], rangedByService: undefined },
+      { kind: 'elements', family: 'ipv4', remove: [], add: [added], rangedByService: undefined, annex: undefined },
     ]);
     // The record follows the entries it was given: the same objects in their first order are no change.
     expect(await reconciler.sync(reordered([...first.ipv4.entries, added]), { full: false })).to.include({

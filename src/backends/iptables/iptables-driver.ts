@@ -18,14 +18,19 @@
 // prepends its own, unless what it prepends cannot take packets away from ours (precedence.ts).
 // The connections translated are our DNAT rules' packet counters, kept across the rules our own
 // restores flush or delete (counters.ts).
-// After a repair the driver tells its bypass listeners which translations new connections may
-// have passed by; it never runs conntrack itself, so no write waits for a flow clean-up.
+// After a repair the driver tells its bypass listeners which family's translations new
+// connections may have passed by; it never runs conntrack, so no write waits for a clean-up.
+// The driver keeps no record of the kernel between its applies: what a write tells that the
+// reconciler's record does not (annex.ts: the rules by chain, KUBE-MARK-MASQ at the whole write,
+// the entries left out) is its annex (driver.ts, DriverAnnex), returned with each apply, kept by
+// the reconciler with its record of the family and handed back with the next operation on it.
 
 import type { Logger } from 'pino';
 import { FAMILIES, type Entry, type Family, type FamilyState } from '../../model/types.js';
 import type {
   Applied,
   Driver,
+  DriverAnnex,
   DriverCapabilities,
   DriverOperation,
   EntryCapacity,
@@ -34,14 +39,12 @@ import type {
   ReadBack,
   TranslatedConnections,
 } from '../../driver/driver.js';
-import type { TranslationsBypassed } from '../../driver/kernel-change.js';
 import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './executor.js';
 import { TranslationCounter } from './counters.js';
-import { bucketOf } from './layout.js';
-import { KUBE_MARK_MASQ } from './parse.js';
-import { planPartialWrite, recordPartialWrite, type PartialWrite } from './partial-write.js';
+import { KUBE_MARK_MASQ, parseNatSave } from './parse.js';
+import { planPartialWrite, annexPartialWrite, type PartialWrite } from './partial-write.js';
 import { renderJumpRepairs } from './precedence.js';
-import { FamilyRecord } from './record.js';
+import { IptablesAnnex } from './annex.js';
 import { probeVariant } from './probe.js';
 import { renderFamilyRestore } from './render.js';
 import type { Rejection } from './rules.js';
@@ -85,14 +88,6 @@ export class IptablesDriver implements Driver {
   readonly label: string;
   readonly capacity = IPTABLES_CAPACITY;
   readonly capabilities: DriverCapabilities;
-  private readonly written = new Map<Family, FamilyRecord>();
-  /**
-   * iptables-nft: chains of ours that may exist though no write view lists them (its view names
-   * only the chains the entry chains go to), which the next whole write removes unless the state
-   * needs them: those of the last record when a partial write failed, and the strays the last
-   * verification found (its read is the whole table).
-   */
-  private readonly mayExist = new Map<Family, Set<string>>();
   private readonly rewriteAboveDeletes: number;
   /**
    * The reconciler runs its writes one at a time, but the jump guard repairs our jumps on a timer,
@@ -105,9 +100,7 @@ export class IptablesDriver implements Driver {
   /** Applies under way, and a count that moves as each starts and ends: a read alongside them sees one it overlapped. */
   private writesUnderWay = 0;
   private writeEvents = 0;
-  /** Per family, the rejections last logged. */
-  private readonly reportedRejections = new Map<Family, string>();
-  private readonly bypassListeners: Array<(bypass: TranslationsBypassed) => void> = [];
+  private readonly bypassListeners: Array<(family: Family) => void> = [];
   /** The connections our rules translated, kept across our own writes (counters.ts). */
   private readonly counter = new TranslationCounter(
     (family) => this.commands(family),
@@ -130,16 +123,10 @@ export class IptablesDriver implements Driver {
         // Its repairs touch only the jumps, which a verification reads again before it repairs
         // them: they do not make a listing alongside our writes unfinished.
         exclusive: (work) => this.turn(work),
-        families: () => this.written.keys(),
         runner: options.runner,
         onRepair: (family) => this.bypassed(family),
       });
     }
-  }
-
-  /** Entries and matches left out because a value failed validation; the rest was programmed. */
-  get rejected(): Rejection[] {
-    return FAMILIES.flatMap((f) => this.written.get(f)?.rejected ?? []);
   }
 
   /** Jump repairs made between syncs since the start. */
@@ -164,17 +151,15 @@ export class IptablesDriver implements Driver {
 
   /**
    * Listeners told when our jump was displaced and put back: new connections to the family's
-   * translations may have passed them by meanwhile (the controller forgets their flows).
+   * translations may have passed them by meanwhile (the reconciler's subscribers forget their flows).
    */
-  watchBypasses(listener: (bypass: TranslationsBypassed) => void): void {
+  watchBypasses(listener: (family: Family) => void): void {
     this.bypassListeners.push(listener);
   }
 
   /** Tells the listeners, outside the turns of writes; what they do is not waited for. */
   private bypassed(family: Family): void {
-    const entries = this.written.get(family)?.programmedEntries();
-    if (!entries || entries.length === 0) return;
-    for (const listener of this.bypassListeners) listener({ family, entries });
+    for (const listener of this.bypassListeners) listener(family);
   }
 
   private commands(family: Family): IptablesCommands {
@@ -212,7 +197,8 @@ export class IptablesDriver implements Driver {
     const { applied, repairedJumps } = await this.turn(() => this.tracked(() => this.applyInTurn(operations)));
     for (const family of repairedJumps) this.bypassed(family);
     if (applied.generations) this.jumpGuard?.ownCommit(applied.generations.before, applied.generations.after);
-    if (this.written.size > 0) this.jumpGuard?.start();
+    // Our jumps are in place once a family is written; the guard looks only where our chains are.
+    if (operations.some((op) => op.kind !== 'removeAll')) this.jumpGuard?.start();
     return applied;
   }
 
@@ -223,20 +209,33 @@ export class IptablesDriver implements Driver {
     let restores = 0;
     const leftOut: Partial<Record<Family, number>> = {};
     const repairedJumps: Family[] = [];
-    const count = (family: Family, entries: number, wrote: boolean) => {
+    // This apply's annexes, each family's as its last operation left it; none survives the apply.
+    const annexes = new Map<Family, IptablesAnnex | undefined>();
+    const annexOf = (family: Family, annex: DriverAnnex) =>
+      annexes.has(family) ? annexes.get(family) : annex instanceof IptablesAnnex ? annex : undefined;
+    const whole = async (family: Family, state: FamilyState, mark: number, prev?: IptablesAnnex, all = true) => {
+      annexes.set(family, undefined);
+      const { annex, wrote } = await this.writeWhole(family, state, mark, prev, all);
+      annexes.set(family, annex);
       if (wrote) restores++;
-      leftOut[family] = entries - (this.written.get(family)?.programmed ?? 0);
+      leftOut[family] = state.entries.length - annex.programmed;
     };
     for (const op of operations) {
       switch (op.kind) {
         case 'writeFamily':
-        case 'replaceFamily':
-          count(op.family, op.state.entries.length, await this.writeWhole(op.family, op.state, op.masqueradeMark));
+        case 'replaceFamily': {
+          const annex = op.kind === 'writeFamily' ? annexOf(op.family, op.annex) : undefined;
+          await whole(op.family, op.state, op.masqueradeMark, annex, annex === undefined);
           break;
+        }
         case 'writeShape':
-        case 'elements':
-          if (await this.writeChanges(op.family, op.remove as readonly Entry[], op.add)) restores++;
+        case 'elements': {
+          const annex = annexOf(op.family, op.annex);
+          if (!annex) throw new Error('our chains were never written');
+          if (await this.writeChanges(op.family, annex, op.remove as readonly Entry[], op.add)) restores++;
+          annexes.set(op.family, annex);
           break;
+        }
         case 'repairShape':
           if (op.parts.includes('chains')) {
             const state = { entries: [...op.entries], localPodMatch: op.shape.state.localPodMatch };
@@ -244,7 +243,9 @@ export class IptablesDriver implements Driver {
               { family: op.family },
               'Our iptables chains were not what was last written, writing them whole',
             );
-            count(op.family, op.entries.length, await this.writeWhole(op.family, state, op.shape.masqueradeMark));
+            // Read whole (iptables-nft too): the chains of ours the read back found and nothing
+            // wants are removed, which the write view of iptables-nft does not list.
+            await whole(op.family, state, op.shape.masqueradeMark, annexOf(op.family, op.annex));
           } else if (op.parts.includes('jumps')) {
             // Read again in this turn: the jump guard may have repaired the jumps since the read
             // back, and deletes computed from an older view would fail.
@@ -264,60 +265,69 @@ export class IptablesDriver implements Driver {
       }
     }
     const rejected: NonNullable<Applied['rejected']> = {};
+    const handed: NonNullable<Applied['annex']> = {};
     for (const op of operations) {
       for (const family of op.kind === 'removeAll' ? FAMILIES : [op.family]) {
-        rejected[family] = this.written.get(family)?.rejected ?? [];
+        const annex = op.kind === 'removeAll' ? undefined : annexOf(family, 'annex' in op ? op.annex : undefined);
+        rejected[family] = annex?.rejected ?? [];
+        handed[family] = annex;
       }
     }
-    const applied: Applied = { leftOut, rejected };
+    const applied: Applied = { leftOut, rejected, annex: handed };
     if (restores === 0) applied.unchanged = true;
     const after = restores === 1 ? await this.generation() : undefined;
     if (before !== undefined && after !== undefined) applied.generations = { before, after };
     return { applied, repairedJumps };
   }
 
-  /** Our chains written whole (declared, so flushed) and the jumps repaired; false: the kernel held them already. */
-  private async writeWhole(family: Family, state: FamilyState, masqueradeMark: number): Promise<boolean> {
-    const candidates = new Set([
-      ...(this.mayExist.get(family) ?? []),
-      ...(this.written.get(family)?.chainNames() ?? []),
-    ]);
-    this.written.delete(family);
+  /**
+   * Our chains written whole (declared, so flushed) and the jumps repaired; `wrote` false: the
+   * kernel held them already. `previous`: the annex of the family's last write, when known. The
+   * write removes the chains of ours the state no longer needs among those its view lists:
+   * iptables-legacy's is the whole table; iptables-nft's names only the chains the entry chains go
+   * to, with `previous`'s (a Service's source-range chains), unless `readWhole` (no annex: at the
+   * start, after a failed write; a repair), when it reads the whole table.
+   */
+  private async writeWhole(
+    family: Family,
+    state: FamilyState,
+    masqueradeMark: number,
+    previous: IptablesAnnex | undefined,
+    readWhole: boolean,
+  ): Promise<{ annex: IptablesAnnex; wrote: boolean }> {
     const commands = this.commands(family);
     const { rendered, useKubeMarkMasq } = await withRetries(async () => {
-      const current = await readWriteView(commands);
-      // iptables-legacy's view is the whole table: a chain it does not list does not exist.
-      if (this.variant === 'nft') for (const chain of candidates) current.chains.add(chain);
+      const current =
+        this.variant === 'nft' && readWhole ? parseNatSave(await commands.save('nat')) : await readWriteView(commands);
+      if (this.variant === 'nft' && !readWhole)
+        for (const chain of previous?.chainNames() ?? []) current.chains.add(chain);
       const rendered = renderFamilyRestore(family, state, masqueradeMark, current);
       if (!rendered.upToDate) await this.counter.restore(commands, rendered.text, current.chains);
       return { rendered, useKubeMarkMasq: current.chains.has(KUBE_MARK_MASQ) };
     });
     const shape = { localPodMatch: state.localPodMatch, masqueradeMark, useKubeMarkMasq };
-    this.mayExist.delete(family);
-    this.written.set(family, FamilyRecord.of(rendered, shape));
-    this.reportRejections(family, rendered.rejected);
-    return !rendered.upToDate;
+    this.reportRejections(previous?.rejected, rendered.rejected);
+    return { annex: IptablesAnnex.of(rendered, shape), wrote: !rendered.upToDate };
   }
 
-  /** The rules of the entries that went and came, as one restore (partial-write.ts); false when no rule changes. */
-  private async writeChanges(family: Family, removed: readonly Entry[], added: readonly Entry[]): Promise<boolean> {
-    const record = this.written.get(family);
-    if (!record) throw new Error('our chains were never written');
-    let write: PartialWrite;
-    try {
-      write = planPartialWrite(family, record, removed, added, this.rewriteAboveDeletes);
-      const existing = new Set(record.chainNames());
-      if (write.text !== undefined) await this.counter.restore(this.commands(family), write.text, existing);
-    } catch (err) {
-      // The chains are not what was recorded, or the change cannot be written in part: the
-      // reconciler writes the family whole, which removes what this record had and the state no
-      // longer needs.
-      this.mayExist.set(family, new Set([...(this.mayExist.get(family) ?? []), ...record.chainNames()]));
-      this.written.delete(family);
-      throw err;
-    }
-    recordPartialWrite(record, write);
-    this.reportRejections(family, record.rejected);
+  /**
+   * The rules of the entries that went and came, as one restore (partial-write.ts), `annex` (as
+   * handed back) made to follow; false when no rule changes. When it throws (the chains are not
+   * what the annex says, or the change cannot be written in part) `annex` is as it was, and the
+   * reconciler forgets it and writes the family whole, with a read of the whole table.
+   */
+  private async writeChanges(
+    family: Family,
+    annex: IptablesAnnex,
+    removed: readonly Entry[],
+    added: readonly Entry[],
+  ): Promise<boolean> {
+    const write: PartialWrite = planPartialWrite(family, annex, removed, added, this.rewriteAboveDeletes);
+    const existing = new Set(annex.chainNames());
+    if (write.text !== undefined) await this.counter.restore(this.commands(family), write.text, existing);
+    const before = annex.rejected;
+    annexPartialWrite(annex, write);
+    this.reportRejections(before, annex.rejected);
     return write.text !== undefined;
   }
 
@@ -325,8 +335,9 @@ export class IptablesDriver implements Driver {
    * Our chains and jumps read back and compared with the rules `expected` and `shape` make
    * (verify.ts). 'alongside-writes': read while our writes go on (a change does not wait for the
    * listing, which takes a few hundred ms at 10,000 entries); a read that one of our writes
-   * overlapped, or whose `expected` is not what was last written, is 'unfinished' and the
-   * verification is skipped.
+   * overlapped is 'unfinished' and the
+   * verification is skipped (a partial sync that commits between the reconciler's snapshot and
+   * the read is one the read overlapped, or one the verifier leaves out by its keys).
    */
   async readBack(
     family: Family,
@@ -336,13 +347,12 @@ export class IptablesDriver implements Driver {
   ): Promise<ReadBack | 'unfinished'> {
     const alongside = how === 'alongside-writes';
     const events = this.writeEvents;
-    if (alongside && (this.writesUnderWay > 0 || !this.lastWritten(family, expected))) return 'unfinished';
+    if (alongside && this.writesUnderWay > 0) return 'unfinished';
     const { view, generation } = await readVerificationView(this.commands(family));
     if (alongside && this.writeEvents !== events) return 'unfinished';
     // What our writes change from now on does not make the table read untrue: compared at leisure.
-    const { drift, strays } = await shapeDrift(family, view, expected, shape);
-    // Removed by the whole write the drift asks for (iptables-nft's write view does not list them).
-    if (strays.length > 0) this.mayExist.set(family, new Set([...(this.mayExist.get(family) ?? []), ...strays]));
+    // Strays are 'chains': the repair's whole write reads the whole table, and removes them.
+    const { drift } = await shapeDrift(family, view, expected, shape);
     const read: ReadBack = { missing: [], foreign: [], shapeDrift: drift };
     if (generation !== undefined) read.generation = generation;
     return read;
@@ -359,16 +369,9 @@ export class IptablesDriver implements Driver {
     }
   }
 
-  /** Whether `expected` are the entries (by address, protocol and port) our last write of the family left. */
-  private lastWritten(family: Family, expected: readonly Entry[]): boolean {
-    return this.written.get(family)?.holds(expected, (e) => bucketOf(family, e.externalIp)) ?? false;
-  }
-
-  /** Each rejection is logged once, when the set of them for its family changes. */
-  private reportRejections(family: Family, rejected: Rejection[]): void {
-    const key = JSON.stringify(rejected);
-    if (key === (this.reportedRejections.get(family) ?? '[]')) return;
-    this.reportedRejections.set(family, key);
+  /** Each rejection is logged once, when the set of them for its family changes (from `before`, the last write's). */
+  private reportRejections(before: readonly Rejection[] | undefined, rejected: readonly Rejection[]): void {
+    if (JSON.stringify(rejected) === JSON.stringify(before ?? [])) return;
     for (const r of rejected) {
       this.options.logger?.warn({ family: r.family, item: r.item, reason: r.reason }, 'Left out of the iptables rules');
     }
@@ -376,8 +379,6 @@ export class IptablesDriver implements Driver {
 
   /** Called in a turn, the jump guard stopped. */
   private async removeAll(): Promise<void> {
-    this.written.clear();
-    this.mayExist.clear();
     for (const family of FAMILIES) {
       await this.counter.removeAll(family, () => removeIptablesObjects(this.variant, family, this.options.runner));
     }

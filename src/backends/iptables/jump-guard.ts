@@ -7,10 +7,13 @@
 // our jump and a rule above ours can take packets away from it (precedence.ts), a restore that
 // only moves the jump back (nothing else is written) repairs it. A writer that keeps a harmless jump above ours (a chain that only marks, as
 // KUBE-MARK-MASQ, or only returns) is left alone: moving ours back would only start a tug of war.
+// It keeps no record of what was written: a family is looked after where the nat table holds our
+// entry chains (the kernel says where our jumps belong), and a repair tells the driver the family
+// alone (the reconciler knows its entries).
 
 import type { Logger } from 'pino';
-import type { Family } from '../../model/types.js';
-import { IptablesCommands, type IptablesRunner, type IptablesVariant } from './executor.js';
+import { FAMILIES, type Family } from '../../model/types.js';
+import { IptablesCommands, IptablesToolMissing, type IptablesRunner, type IptablesVariant } from './executor.js';
 import { JUMPS } from './layout.js';
 import { parseNatSave, type NatTableView } from './parse.js';
 import { renderJumpRepairs } from './precedence.js';
@@ -37,8 +40,6 @@ export interface JumpGuardOptions {
   logger?: Logger;
   /** Runs `work` excluded from the backend's syncs (both write the same rules). */
   exclusive<T>(work: () => Promise<T>): Promise<T>;
-  /** Families whose jumps a sync has put in place. */
-  families(): Iterable<Family>;
   /** Runs the iptables commands; the real ones by default. */
   runner?: IptablesRunner | undefined;
   /**
@@ -106,9 +107,7 @@ export class JumpGuard {
    */
   private async dueRound(): Promise<boolean> {
     if (this.options.variant !== 'nft' || !this.readsGenerations) return true;
-    const family = [...this.options.families()][0];
-    if (family === undefined) return false;
-    const generation = await new IptablesCommands('nft', family, this.options.runner).generation();
+    const generation = await new IptablesCommands('nft', 'ipv4', this.options.runner).generation();
     if (generation === undefined) {
       this.readsGenerations = false;
       return true;
@@ -129,12 +128,14 @@ export class JumpGuard {
       // Unreadable this time: look as if it had moved.
     }
     this.lastRoundMs = 0;
-    for (const family of this.options.families()) {
+    for (const family of FAMILIES) {
       if (this.closed) return;
       try {
         await this.check(family);
         this.lastError = '';
       } catch (err) {
+        // A family this variant cannot hold (ip6tables missing) has no jumps of ours to keep.
+        if (err instanceof IptablesToolMissing) continue;
         const message = `${family}: ${(err as Error).message}`;
         if (message !== this.lastError) {
           this.options.logger?.warn({ family, err }, 'Failed to check or repair our jumps in nat PREROUTING/OUTPUT');
@@ -162,12 +163,22 @@ export class JumpGuard {
    */
   private async displaced(commands: IptablesCommands): Promise<{ displaced: boolean; view?: NatTableView }> {
     if (this.options.variant === 'legacy') {
+      // Looking at a nat table that does not exist would create it: it holds nothing of ours.
+      if ((await commands.runner.legacyTables(commands.family))?.has('nat') !== true) return { displaced: false };
       const save = await commands.save('nat');
-      const displaced = JUMPS.some(({ from, to }) => firstRuleOf(save, from) !== `-j ${to}`);
+      const displaced = JUMPS.some(
+        ({ from, to }) => firstRuleOf(save, from) !== `-j ${to}` && new RegExp(`^:${to} `, 'm').test(save),
+      );
       return displaced ? { displaced, view: parseNatSave(save) } : { displaced };
     }
     for (const { from, to } of JUMPS) {
-      if ((await commands.firstRule('nat', from)) !== `-j ${to}`) return { displaced: true };
+      // Not ours: rule 1 is another's, and our entry chain exists (undefined: it does not).
+      if (
+        (await commands.firstRule('nat', from)) !== `-j ${to}` &&
+        (await commands.firstRule('nat', to)) !== undefined
+      ) {
+        return { displaced: true };
+      }
     }
     return { displaced: false };
   }

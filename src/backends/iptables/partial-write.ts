@@ -26,7 +26,7 @@
 // family is written whole, which leaves the odd ones out (render.ts).
 
 import { OUTPUT_CHAIN, bucketChain, bucketOf, byBucket, gotoSpec, serviceChain, type Bucket } from './layout.js';
-import type { FamilyRecord, RecordedService } from './record.js';
+import type { IptablesAnnex, AnnexedService } from './annex.js';
 import {
   entryLabel,
   entryProblem,
@@ -53,7 +53,7 @@ export interface PartialWrite {
   /** The buckets the write touches, with their entries after it (empty: the bucket goes). */
   buckets: Map<Bucket, Map<string, Entry>>;
   /** The Services with source ranges the write touches, as it leaves them (undefined: their chains go). */
-  services: Map<string, RecordedService | undefined>;
+  services: Map<string, AnnexedService | undefined>;
   /** Source-range chains declared and written (whole) or removed. */
   serviceChains: number;
   /** Keys of removed entries that were left out, and added entries that are. */
@@ -84,18 +84,18 @@ function sortedByKey(entries: readonly Entry[], key: Keys): Entry[] {
 }
 
 /**
- * The write that takes the family from `record` to `record` less `removed` plus `added`;
+ * The write that takes the family from `annex` to `annex` less `removed` plus `added`;
  * `rewriteAboveDeletes`: deletes in one chain past which it is written whole. The order of the
  * lines does not depend on the order of the arrays.
  */
 export function planPartialWrite(
   family: Family,
-  record: FamilyRecord,
+  annex: IptablesAnnex,
   removed: readonly Entry[],
   added: readonly Entry[],
   rewriteAboveDeletes: number,
 ): PartialWrite {
-  const ctx = ruleContext(family, record.localPodMatch, record.masqueradeMark, record.useKubeMarkMasq, []);
+  const ctx = ruleContext(family, annex.localPodMatch, annex.masqueradeMark, annex.useKubeMarkMasq, []);
   const touched = new Map<Bucket, { gone: Entry[]; come: Entry[] }>();
   const touch = (bucket: Bucket) => {
     let t = touched.get(bucket);
@@ -113,7 +113,7 @@ export function planPartialWrite(
   const keyOf = keysOnce();
   for (const e of sortedByKey(removed, keyOf)) {
     const key = keyOf(e);
-    if (record.leftOut.has(key)) leftOut.removed.push(key);
+    if (annex.leftOut.has(key)) leftOut.removed.push(key);
     else {
       // An entry that cannot have rules and was not left out is not in the kernel either.
       const bucket = entryProblem(family, e) ? undefined : bucketOf(family, e.externalIp);
@@ -140,7 +140,7 @@ export function planPartialWrite(
   const buckets = new Map<Bucket, Map<string, Entry>>();
   for (const bucket of [...touched.keys()].sort(byBucket(family))) {
     const { gone, come } = touched.get(bucket)!;
-    const before = record.buckets.get(bucket);
+    const before = annex.buckets.get(bucket);
     const after = new Map(before);
     for (const e of gone) after.delete(keyOf(e));
     for (const e of come) after.set(keyOf(e), e);
@@ -176,7 +176,7 @@ export function planPartialWrite(
       }
     }
   }
-  const after = planServices(family, record, services, keyOf);
+  const after = planServices(family, annex, services, keyOf);
   let serviceChains = 0;
   for (const [service, { recorded, rewrite }] of after) {
     if (!rewrite) continue;
@@ -199,7 +199,7 @@ export function planPartialWrite(
     services: new Map([...after].map(([service, { recorded }]) => [service, recorded])),
     serviceChains,
     leftOut,
-    rejected: [...record.rejected.filter((r) => !gone.has(r.item)), ...rejections],
+    rejected: [...annex.rejected.filter((r) => !gone.has(r.item)), ...rejections],
   };
 }
 
@@ -227,22 +227,22 @@ export class WholeWriteNeeded extends Error {}
 
 /**
  * The Services whose entries with source ranges went or came, as the write leaves them:
- * `recorded` what the record keeps (undefined: none left, the chains go), `rewrite` whether
+ * `recorded` what the annex keeps (undefined: none left, the chains go), `rewrite` whether
  * their chains are declared (created, or flushed and written again, or removed): not when they
  * hold the same rules as before. Throws WholeWriteNeeded for entries of a Service that do not
  * share what its chains hold, ranges that fail validation, and a chain name another Service has.
  */
 function planServices(
   family: Family,
-  record: FamilyRecord,
+  annex: IptablesAnnex,
   touched: Map<string, { gone: Entry[]; come: Entry[] }>,
   keyOf: Keys,
-): Map<string, { recorded: RecordedService | undefined; rewrite: boolean }> {
-  const out = new Map<string, { recorded: RecordedService | undefined; rewrite: boolean }>();
+): Map<string, { recorded: AnnexedService | undefined; rewrite: boolean }> {
+  const out = new Map<string, { recorded: AnnexedService | undefined; rewrite: boolean }>();
   let owners: Map<string, string> | undefined;
   for (const service of [...touched.keys()].sort()) {
     const { gone, come } = touched.get(service)!;
-    const before = record.services.get(service);
+    const before = annex.services.get(service);
     const entries = new Map(before?.entries);
     for (const e of gone) entries.delete(keyOf(e));
     if (come.length > 0) {
@@ -258,7 +258,7 @@ function planServices(
           : 'the entries of the Service do not share their source ranges, ClusterIP and sourcesFromNode');
       if (problem) throw new WholeWriteNeeded(`${entryLabel(first)}: ${problem}`);
       if (before === undefined) {
-        owners ??= new Map([...record.services.keys()].map((s) => [serviceChain(OUTPUT_CHAIN, s), s]));
+        owners ??= new Map([...annex.services.keys()].map((s) => [serviceChain(OUTPUT_CHAIN, s), s]));
         const chain = serviceChain(OUTPUT_CHAIN, service);
         const owner = owners.get(chain);
         if (owner !== undefined) {
@@ -278,11 +278,11 @@ function planServices(
   return out;
 }
 
-/** Records a partial write that the kernel took. */
-export function recordPartialWrite(record: FamilyRecord, write: PartialWrite): void {
-  for (const [bucket, entries] of write.buckets) record.setBucket(bucket, entries);
-  for (const [service, after] of write.services) record.setService(service, after);
-  for (const key of write.leftOut.removed) record.leftOut.delete(key);
-  for (const e of write.leftOut.added) record.leftOut.set(flowKey(e), e);
-  record.rejected = write.rejected;
+/** Makes `annex` follow a partial write that the kernel took. */
+export function annexPartialWrite(annex: IptablesAnnex, write: PartialWrite): void {
+  for (const [bucket, entries] of write.buckets) annex.setBucket(bucket, entries);
+  for (const [service, after] of write.services) annex.setService(service, after);
+  for (const key of write.leftOut.removed) annex.leftOut.delete(key);
+  for (const e of write.leftOut.added) annex.leftOut.set(flowKey(e), e);
+  annex.rejected = write.rejected;
 }

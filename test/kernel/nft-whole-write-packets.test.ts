@@ -33,10 +33,16 @@ const STREAM = fileURLToPath(new URL('./udp-stream.js', import.meta.url));
 const LB = '192.0.2.60';
 const CLUSTER_IP = '10.96.0.60';
 const PORT = 9;
-/** How long the syncs go on, and the fewest rounds and datagrams that make the run mean anything. */
+/**
+ * How long the syncs go on at least, and the fewest datagrams that make the run mean anything.
+ * The syncs also go on until a number of whole writes: ten through the addon (a hundred and more
+ * in 15 s, in the VM layer's emulated guests too), four through the nft command, whose whole write
+ * starts nft three times or more: in an emulated guest beside the two streams that is 2 to 9 s a
+ * write (a write that loses lookups lost them every round, source-ranged or not, element-diff.ts).
+ */
 const DURATION_MS = 15_000;
-const MIN_ROUNDS = 10;
 const MIN_DATAGRAMS = 2_000;
+const MIN_ROUNDS = { addon: 10, command: 4 };
 
 function addonExecutor(): NftAddonExecutor {
   const load = loadNftAddon();
@@ -173,7 +179,8 @@ describe('nft whole writes under traffic (restarts, pod CIDRs switching)', funct
         let sent: number[];
         try {
           // A restart each round: a new reconciler and driver, whose first sync writes the family whole.
-          while (performance.now() - started < DURATION_MS) {
+          const minRounds = executor instanceof NftAddonExecutor ? MIN_ROUNDS.addon : MIN_ROUNDS.command;
+          while (performance.now() - started < DURATION_MS || rounds < minRounds) {
             rounds++;
             const state = desired(rounds, sourceRanged);
             const result = await new Reconciler(new NftDriver(executor)).sync(state, { full: true });
@@ -193,7 +200,6 @@ describe('nft whole writes under traffic (restarts, pod CIDRs switching)', funct
         const what = `${rounds} whole writes in ${seconds.toFixed(1)} s, datagrams sent ${sent.join(' and ')}: ${JSON.stringify(seen)}`;
         console.log(`      ${what}`);
         expect(seen.node.untranslated + seen.pod.untranslated, what).to.equal(0);
-        expect(rounds, what).to.be.at.least(MIN_ROUNDS);
         expect(seen.node.translated, what).to.be.at.least(MIN_DATAGRAMS);
         expect(seen.pod.translated, what).to.be.at.least(MIN_DATAGRAMS);
         expect(replaced, 'whole writes that replaced the map').to.equal(0);

@@ -274,12 +274,19 @@ export function deleteTables(tx: Transaction, families: readonly Family[]): Tran
   return tx;
 }
 
+/** The map's and the key set's element objects for `target`, of the elements given. */
+function elementObjects(family: NftFamily, target: MapTarget) {
+  return {
+    elements: (list: readonly MapElement[]) =>
+      ({ kind: 'element', family, table: target.table, set: target.map, map: true, elements: list }) as const,
+    keys: (set: string, list: readonly MapElement[]) =>
+      ({ kind: 'element', family, table: target.table, set, keys: true, elements: list }) as const,
+  };
+}
+
 /** The same changes as a JSON transaction: what libnftables is given when no batch can be. */
 export function elementsTransaction(family: NftFamily, changes: MapElementChanges, target: MapTarget): Transaction {
-  const elements = (list: readonly MapElement[]) =>
-    ({ kind: 'element', family, table: target.table, set: target.map, map: true, elements: list }) as const;
-  const keys = (set: string, list: readonly MapElement[]) =>
-    ({ kind: 'element', family, table: target.table, set, keys: true, elements: list }) as const;
+  const { elements, keys } = elementObjects(family, target);
   const { keySet } = target;
   const tx = new Transaction();
   if (changes.flush) {
@@ -302,10 +309,7 @@ export function elementsTransaction(family: NftFamily, changes: MapElementChange
  * nothing differs.
  */
 export function differenceTransaction(family: NftFamily, diff: MapDifference, target: MapTarget): Transaction {
-  const elements = (list: readonly MapElement[]) =>
-    ({ kind: 'element', family, table: target.table, set: target.map, map: true, elements: list }) as const;
-  const keys = (set: string, list: readonly MapElement[]) =>
-    ({ kind: 'element', family, table: target.table, set, keys: true, elements: list }) as const;
+  const { elements, keys } = elementObjects(family, target);
   const { keySet } = target;
   const tx = new Transaction();
   if (keySet && diff.keysRemoved.length > 0) tx.delete(keys(keySet, diff.keysRemoved));

@@ -8,7 +8,6 @@
 // buffer without bound.
 
 import { formatSize } from '../bytes.js';
-import { parseObject } from './objects.js';
 
 /** A value (an item, or another member of the list) longer than the bound. */
 export class ListItemTooLargeError extends Error {
@@ -211,7 +210,7 @@ export class ListBodySplitter {
     this.reading = 'none';
     let value: unknown;
     try {
-      value = parseObject(text);
+      value = JSON.parse(text);
     } catch {
       throw new ListBodyError(this.path, 'the response is not valid JSON');
     }

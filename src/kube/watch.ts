@@ -14,7 +14,6 @@ import https from 'node:https';
 import type { KubeConfig } from '@kubernetes/client-node/dist/config.js';
 import { formatSize } from '../bytes.js';
 import { MAX_RESPONSE_BYTES, requestOptions } from './request.js';
-import { parseObject } from './objects.js';
 
 /** Longest line accepted (bytes): one event holds one object, as large as a response may be (request.ts). */
 export const MAX_WATCH_LINE_BYTES = MAX_RESPONSE_BYTES;
@@ -218,7 +217,7 @@ function readLines(
     let value: unknown;
     let parsed = true;
     try {
-      value = parseObject(text);
+      value = JSON.parse(text);
     } catch {
       parsed = false;
     }

@@ -5,7 +5,7 @@
 // deleteMatching(family: 'ipv4' | 'ipv6', targets: string, timeoutMs?: number,
 //                limits?: { perTarget?: number, total?: number })
 //   targets: one per line, `protocol-number address port untranslated-only(0|1)`;
-//   resolves { dumped, matched, deleted, ms, share, truncated: [{ target, matched, kept }] }
+//   resolves { dumped, dumps, matched, deleted, ms, share, truncated: [{ target, matched, kept }] }
 //   (target: the index of the target's first line; matched: its entries seen; kept: those
 //   deleted or gone meanwhile), rejects with the kernel's reason.
 
@@ -47,6 +47,7 @@ class DeleteWorker : public Napi::AsyncWorker {
     Napi::Env env = Env();
     Napi::Object value = Napi::Object::New(env);
     value.Set("dumped", Napi::Number::New(env, static_cast<double>(result_.dumped)));
+    value.Set("dumps", Napi::Number::New(env, static_cast<double>(result_.dumps)));
     value.Set("matched", Napi::Number::New(env, static_cast<double>(result_.matched)));
     value.Set("deleted", Napi::Number::New(env, static_cast<double>(result_.deleted)));
     value.Set("ms", Napi::Number::New(env, result_.ms));

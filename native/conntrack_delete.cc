@@ -1,7 +1,8 @@
 // Deletes conntrack entries by their original destination through ctnetlink, in the process
 // (conntrack_addon runs it on a libuv worker thread). What `conntrack -D -f FAMILY -p PROTO --orig-dst IP
 // --dport PORT [--reply-src IP]` does, for many tuples at once and without a process: one dump of
-// the family's table (IPCTNL_MSG_CT_GET, NLM_F_DUMP), the entries matching a target kept (their
+// the family's table (IPCTNL_MSG_CT_GET, NLM_F_DUMP), or one per protocol and port of the
+// targets, filtered by the kernel (FILTERED_DUMPS_UP_TO), the entries matching a target kept (their
 // original tuple and zone, copied as the kernel sent them), then one IPCTNL_MSG_CT_DELETE each.
 // A process per tuple cost the controller's main thread milliseconds of fork and exec per change.
 //
@@ -46,12 +47,16 @@ constexpr size_t DATAGRAM_BYTES = 64u << 10;
 // Room for more acknowledgements than the default receive buffer holds (the kernel caps it at
 // net.core.rmem_max): best effort.
 constexpr int RECEIVE_BUFFER_BYTES = 1 << 20;
-// Up to this many IPv4 targets, one dump per target filtered by the kernel (CTA_FILTER, Linux 5.8
-// and later: only the entries of that original destination cross to us); beyond, one dump of the
-// family's whole table, each entry looked up among the targets (a filtered dump walks the table
-// too). IPv6 is always dumped whole: the kernels tried here (6.18) return no entry to a filtered
-// IPv6 dump that the same filter in IPv4 finds.
-constexpr size_t FILTERED_DUMPS_UP_TO = 64;
+// A dump walks the whole hash table (262,144 buckets on a node with 16 GiB or more: 8.6 ms of
+// the kernel's time for each, whatever it holds, measured on 6.18 with an empty table), so a call
+// walks it as few times as it can: once per (protocol, port) of its targets, filtered by the
+// kernel (CTA_FILTER, Linux 5.8 and later: only the entries of that protocol and destination port
+// cross to us, of that destination address too when the group has one, in IPv4), up to this many
+// groups; beyond, one dump of the family's whole table. Either way each entry is looked up among
+// the targets. The old destination and the new one of a moved address share their ports: one
+// walk. IPv6 dumps are never filtered by address: the kernels tried here (6.18) return no entry
+// to an IPv6 address filter that the same filter in IPv4 finds.
+constexpr size_t FILTERED_DUMPS_UP_TO = 8;
 // The kernel's tuple filter flags (nf_internals.h): the original destination address, protocol
 // and destination port.
 constexpr uint32_t FILTER_IP_DST = 1u << 1;
@@ -86,6 +91,15 @@ struct TargetState {
   size_t kept = 0;     // of which kept, to delete: at most the share
 };
 
+// The targets of one (protocol, destination port): one filtered dump.
+struct Group {
+  uint8_t protocol = 0;
+  uint16_t port = 0;  // network byte order
+  // The address of its first target, and whether every target of the group has it.
+  const uint8_t* address = nullptr;
+  bool oneAddress = true;
+};
+
 struct DumpState {
   int family = 0;
   size_t addressLength = 0;
@@ -93,10 +107,11 @@ struct DumpState {
   std::unordered_map<std::string, size_t> targets;
   std::vector<TargetState> states;
   size_t share = 0;  // entries kept per target, at most
-  // In a filtered dump, the target filtered for: a kernel without CTA_FILTER sends every entry,
-  // which must not count for the other targets (they have their own dump).
-  size_t only = SIZE_MAX;
+  // In a filtered dump, the group filtered for: a kernel without CTA_FILTER sends every entry,
+  // which must not count for the other groups' targets (they have their own dump).
+  const struct Group* only = nullptr;
   size_t dumped = 0;
+  size_t dumps = 0;
   bool tooMany = false;
   // Per kept entry: its CTA_TUPLE_ORIG attribute and, when present, CTA_ZONE, as sent, one after
   // the other in `kept`; `keptEnds` holds where each ends.
@@ -172,7 +187,7 @@ bool OnEntry(const nlmsghdr* nlh, DumpState* state) {
   // One lookup per entry: a node's table holds up to millions, a sync asks for up to thousands.
   const auto target = state->targets.find(TargetKey(o.protocol, o.dst, state->addressLength, o.dport));
   if (target == state->targets.end()) return true;
-  if (state->only != SIZE_MAX && target->second != state->only) return true;
+  if (state->only != nullptr && (o.protocol != state->only->protocol || o.dport != state->only->port)) return true;
   TargetState& t = state->states[target->second];
   // Untranslated: the reply comes from the original destination itself.
   if (t.untranslatedOnly && (!hasReply || std::memcmp(r.src, o.dst, state->addressLength) != 0)) return true;
@@ -203,29 +218,34 @@ nlmsghdr* PutHeader(char* buffer, uint16_t type, uint16_t flags, int family, uin
 }
 
 // One dump of the family's table into `state`: every entry, or (`filter`) only those of the
-// filter's original destination. A kernel without CTA_FILTER sends every entry; the lookup among
-// the targets decides either way.
-bool Dump(netlink::Socket& sock, int family, const Target* filter, DumpState& state, std::string& error) {
+// group's protocol and destination port (and address, in IPv4, when it has one). A kernel without
+// CTA_FILTER sends every entry; the lookup among the targets decides either way.
+bool Dump(netlink::Socket& sock, int family, const Group* filter, DumpState& state, std::string& error) {
   // The header, the nfgenmsg, the tuple and the filter: about 100 bytes.
   alignas(nlmsghdr) char request[512];
   const uint32_t seq = sock.NextSeq();
   nlmsghdr* dump = PutHeader(request, IPCTNL_MSG_CT_GET, NLM_F_DUMP, family, seq);
   if (filter != nullptr) {
+    const bool byAddress = family == AF_INET && filter->oneAddress;
     nlattr* tuple = mnl_attr_nest_start(dump, CTA_TUPLE_ORIG);
-    nlattr* ip = mnl_attr_nest_start(dump, CTA_TUPLE_IP);
-    mnl_attr_put(dump, family == AF_INET ? CTA_IP_V4_DST : CTA_IP_V6_DST, state.addressLength, filter->address);
-    mnl_attr_nest_end(dump, ip);
+    if (byAddress) {
+      nlattr* ip = mnl_attr_nest_start(dump, CTA_TUPLE_IP);
+      mnl_attr_put(dump, CTA_IP_V4_DST, state.addressLength, filter->address);
+      mnl_attr_nest_end(dump, ip);
+    }
     nlattr* proto = mnl_attr_nest_start(dump, CTA_TUPLE_PROTO);
     mnl_attr_put_u8(dump, CTA_PROTO_NUM, filter->protocol);
     mnl_attr_put_u16(dump, CTA_PROTO_DST_PORT, filter->port);
     mnl_attr_nest_end(dump, proto);
     mnl_attr_nest_end(dump, tuple);
     nlattr* flags = mnl_attr_nest_start(dump, CTA_FILTER);
-    mnl_attr_put_u32(dump, CTA_FILTER_ORIG_FLAGS, FILTER_IP_DST | FILTER_PROTO_NUM | FILTER_PROTO_DST_PORT);
+    const uint32_t orig = (byAddress ? FILTER_IP_DST : 0) | FILTER_PROTO_NUM | FILTER_PROTO_DST_PORT;
+    mnl_attr_put_u32(dump, CTA_FILTER_ORIG_FLAGS, orig);
     mnl_attr_put_u32(dump, CTA_FILTER_REPLY_FLAGS, 0);
     mnl_attr_nest_end(dump, flags);
   }
   if (!sock.Send(dump, dump->nlmsg_len)) return error = Errno("asking conntrack for its entries"), false;
+  ++state.dumps;
   const netlink::Received received = sock.Receive(seq, seq, netlink::Limits(), [&](const netlink::Message& m) {
     using Type = netlink::Message::Type;
     if ((m.header->nlmsg_flags & NLM_F_DUMP_INTR) != 0) {
@@ -281,19 +301,33 @@ Result DeleteMatching(int family, const std::vector<Target>& targets, int timeou
   if (!sock.Open(timeoutMs, DATAGRAM_BYTES, result.error)) return result;
   sock.GrowReceiveBuffer(RECEIVE_BUFFER_BYTES, false);
 
-  if (family == AF_INET && targets.size() <= FILTERED_DUMPS_UP_TO) {
-    for (size_t line = 0; line < targets.size(); ++line) {
-      const Target& t = targets[line];
-      state.only = state.targets.at(TargetKey(t.protocol, t.address, state.addressLength, t.port));
-      // A key asked twice is dumped once.
-      if (state.states[state.only].firstLine != line) continue;
-      if (!Dump(sock, family, &t, state, result.error)) return result;
+  // The groups, in the order of their first target; a key asked twice counts once.
+  std::vector<Group> groups;
+  std::unordered_map<uint32_t, size_t> groupOf;
+  for (const TargetState& s : state.states) {
+    const Target& t = targets[s.firstLine];
+    auto [at, inserted] = groupOf.emplace((uint32_t{t.protocol} << 16) | t.port, groups.size());
+    if (inserted) {
+      Group g;
+      g.protocol = t.protocol;
+      g.port = t.port;
+      g.address = t.address;
+      groups.push_back(g);
+    } else if (std::memcmp(groups[at->second].address, t.address, state.addressLength) != 0) {
+      groups[at->second].oneAddress = false;
     }
-    state.only = SIZE_MAX;
+  }
+  if (groups.size() <= FILTERED_DUMPS_UP_TO) {
+    for (const Group& g : groups) {
+      state.only = &g;
+      if (!Dump(sock, family, &g, state, result.error)) return result;
+    }
+    state.only = nullptr;
   } else if (!Dump(sock, family, nullptr, state, result.error)) {
     return result;
   }
   result.dumped = state.dumped;
+  result.dumps = state.dumps;
   for (const TargetState& t : state.states) {
     result.matched += t.matched;
     if (t.matched > t.kept) result.truncated.push_back(Truncated{t.firstLine, t.matched, t.kept});

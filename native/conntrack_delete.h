@@ -41,6 +41,7 @@ struct Truncated {
 struct Result {
   std::string error;
   size_t dumped = 0;
+  size_t dumps = 0;  // walks of the table: dumps asked for
   size_t matched = 0;
   size_t deleted = 0;
   size_t share = 0;

@@ -24,7 +24,8 @@ interface ConntrackAddon {
   /**
    * Deletes the entries whose original destination is one of `targets` (one a line:
    * `protocol-number address port untranslated-only(0|1)`), after one dump of the family's table
-   * (or one filtered dump per target). `truncated`: the targets (index of their line) that
+   * (or one filtered dump per protocol and port of the targets, up to a few). `dumps`: walks of
+   * the table (dumps asked for). `truncated`: the targets (index of their line) that
    * matched more entries than their share. Rejects with the kernel's reason.
    */
   deleteMatching(
@@ -34,6 +35,7 @@ interface ConntrackAddon {
     limits?: ConntrackLimits,
   ): Promise<{
     dumped: number;
+    dumps: number;
     matched: number;
     deleted: number;
     ms: number;
@@ -56,6 +58,8 @@ export interface TruncatedTuple {
 /** What one call did. */
 export interface NetlinkDeletion {
   deleted: number;
+  /** Walks of the conntrack table the call made (each costs the table's size, entries or not). */
+  dumps: number;
   truncated: TruncatedTuple[];
 }
 
@@ -91,6 +95,7 @@ class AddonConntrackNetlink implements ConntrackNetlink {
     const result = await this.addon.deleteMatching(family, targets, timeoutMs, this.limits);
     return {
       deleted: result.deleted,
+      dumps: result.dumps,
       truncated: result.truncated.map((t) => ({ tuple: asked[t.target]!, matched: t.matched, deleted: t.kept })),
     };
   }

@@ -154,15 +154,39 @@ describe('conntrack clean-up on the kernel', function () {
     });
   }
 
-  it('in process, with more tuples than it filters in the kernel one by one, reads the table once and deletes the same', async () => {
+  it('in process, walks the table once per protocol and port of the tuples, in either family', async () => {
+    sh('conntrack', ['-F']);
+    await flow(A, 53, 41031);
+    await flow(B, 53, 41032);
+    await flow(A, 54, 41033);
+    await flow(B, 54, 41034);
+    await flow(A6, 53, 41035);
+    await flow(B6, 53, 41036);
+    // A moved address: the old one's entries and the new one's untranslated, one port: one walk.
+    const moved = await netlink().deleteMatching('ipv4', [tuple(A, 53), tuple(B, 53, true)], 5000);
+    expect(moved).to.deep.include({ deleted: 2, dumps: 1 });
+    expect(entries(A, 54)).to.deep.equal([41033]);
+    expect(entries(B, 54)).to.deep.equal([41034]);
+    const twoPorts = await netlink().deleteMatching('ipv4', [tuple(A, 54), tuple(B, 60)], 5000);
+    expect(twoPorts).to.deep.include({ deleted: 1, dumps: 2 });
+    expect(entries(B, 54)).to.deep.equal([41034]);
+    // IPv6 is filtered by protocol and port alone: the address is looked up among the tuples.
+    const six = await netlink().deleteMatching('ipv6', [tuple(A6, 53), tuple(B6, 54)], 5000);
+    expect(six).to.deep.include({ deleted: 1, dumps: 2 });
+    expect(entries(A6, 53)).to.deep.equal([]);
+    expect(entries(B6, 53)).to.deep.equal([41036]);
+  });
+
+  it('in process, with more ports than it filters in the kernel one by one, reads the table once and deletes the same', async () => {
     sh('conntrack', ['-F']);
     await flow(A, 53, 41021);
     await flow(A, 60, 41022);
     await flow(B, 53, 41023);
-    // 80 tuples (past the filtered dumps), two of which have entries.
+    // 80 tuples of 80 ports (past the filtered dumps), two of which have entries.
     const tuples = [tuple(A, 53), tuple(A, 60), ...Array.from({ length: 78 }, (_, i) => tuple(A, 1000 + i))];
     const report = await inProcess().clean(tuples);
     expect(report).to.include({ tuples: 80, deleted: 2, failures: 0 });
+    expect(await netlink().deleteMatching('ipv4', tuples, 5000)).to.deep.include({ deleted: 0, dumps: 1 });
     expect(entries(A, 53)).to.deep.equal([]);
     expect(entries(A, 60)).to.deep.equal([]);
     expect(entries(B, 53)).to.deep.equal([41023]);
@@ -379,7 +403,7 @@ describe('conntrack clean-up on the kernel', function () {
       expect(truncations()[0]).to.include(`udp ${A}:53 (1000 entries)`).and.not.include(`${B}:53`);
     });
 
-    it('the same in IPv6, where a call reads the whole table once', async () => {
+    it('the same in IPv6, where a dump is filtered by protocol and port alone', async () => {
       await manyFlows(A6, 53, 300, SOURCES6);
       await manyFlows(B6, 53, 3, SOURCES6);
       const cleaner = sharedCleaner(1, '/bin/false');

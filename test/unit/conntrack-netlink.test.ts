@@ -26,7 +26,7 @@ function recordingNetlink(failing: Family[] = []) {
     deleteMatching(family, tuples) {
       calls.push({ family, ports: tuples.map((t) => t.port) });
       if (failing.includes(family)) return Promise.reject(new Error('Operation not permitted'));
-      return Promise.resolve({ deleted: tuples.length, truncated: [] });
+      return Promise.resolve({ deleted: tuples.length, dumps: 1, truncated: [] });
     },
   };
   return { netlink, calls };
@@ -41,7 +41,7 @@ function boundedNetlink(entries: Map<number, number>, share: number) {
   const netlink: ConntrackNetlink = {
     deleteMatching(_family, tuples) {
       calls.push(tuples.map((t) => t.port));
-      const result: NetlinkDeletion = { deleted: 0, truncated: [] };
+      const result: NetlinkDeletion = { deleted: 0, dumps: 1, truncated: [] };
       for (const t of tuples) {
         const matched = entries.get(t.port) ?? 0;
         const deleted = Math.min(matched, share);

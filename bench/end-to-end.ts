@@ -19,8 +19,11 @@ import { PacketProbe, POD_NETNS, msSince, throughAfter } from './prober.js';
 import { BENCH_PORT, NODE_NAME, benchService, ingressIp, log, type ServedCluster } from './services.js';
 import { percentile } from './stats.js';
 
-/** A backend as the benchmark runs it: iptables in either variant. */
-export const E2E_BACKENDS = ['nft', 'iptables-nft', 'iptables-legacy', 'ebpf'] as const;
+/**
+ * A backend as the benchmark runs it: iptables in either variant, and iptables-legacy with
+ * --iptables-comments=false (its rules without their Service's name).
+ */
+export const E2E_BACKENDS = ['nft', 'iptables-nft', 'iptables-legacy', 'iptables-legacy-uncommented', 'ebpf'] as const;
 export type E2eBackend = (typeof E2E_BACKENDS)[number];
 
 export interface StartupRun {
@@ -69,6 +72,29 @@ export interface PacketLatencyResult {
   partialSyncP99Ms: number;
   /** Changes whose new address never answered within the timeout. */
   lost: number;
+  /**
+   * iptables-legacy: the floor under any write, with the controller's rules loaded: one
+   * `iptables-legacy-restore --noflush` of a chain created and deleted in one commit (the tool reads
+   * the whole nat table from the kernel and hands it back whole), ms, FLOOR_RESTORES times.
+   */
+  restoreFloorMs?: number[];
+  restoreFloorP50Ms?: number;
+  restoreFloorP99Ms?: number;
+}
+
+/** Restores the legacy floor is measured with. */
+const FLOOR_RESTORES = 20;
+
+/** The floor of one iptables-legacy write against the nat table as it is (see restoreFloorMs). */
+function legacyRestoreFloor(): number[] {
+  const input = '*nat\n:IPVS-BENCH-FLOOR - [0:0]\n-X IPVS-BENCH-FLOOR\nCOMMIT\n';
+  const samples: number[] = [];
+  for (let i = 0; i < FLOOR_RESTORES; i++) {
+    const started = performance.now();
+    execFileSync('iptables-legacy-restore', ['-w', '--noflush'], { input, stdio: ['pipe', 'ignore', 'pipe'] });
+    samples.push(performance.now() - started);
+  }
+  return samples;
 }
 
 export interface BackendResult {
@@ -122,10 +148,11 @@ export class BackendEnvironment {
         this.cgroupProcs = join(cgroup, 'cgroup.procs');
         this.extraArgs.push('--cgroup-path', cgroup, ...pins);
         this.cleanupArgs.push('--cgroup-path', cgroup);
-      } else if (backend === 'iptables-legacy') {
+      } else if (backend.startsWith('iptables-legacy')) {
         // kube-proxy's iptables-wrapper rule, which the controller follows: the kubelet's hint chain.
         run('iptables-legacy', ['-t', 'mangle', '-N', 'KUBE-IPTABLES-HINT']);
         this.undo.push(() => spawnSync('iptables-legacy', ['-t', 'mangle', '-X', 'KUBE-IPTABLES-HINT']));
+        if (backend === 'iptables-legacy-uncommented') this.extraArgs.push('--iptables-comments=false');
       }
     } catch (err) {
       this.close();
@@ -312,6 +339,7 @@ async function packetLatency(
     await monitor?.stop();
   }
   await sleep(200);
+  const floor = backend.startsWith('iptables-legacy') ? legacyRestoreFloor() : undefined;
   const during = c.syncs.slice(syncsBefore);
   const partial = during.filter((s) => s.mode === 'partial').map((s) => s.ms);
   return {
@@ -321,6 +349,9 @@ async function packetLatency(
     ...(monitor ? { monitorMs, monitorP50Ms: percentile(monitorMs, 50), monitorP99Ms: percentile(monitorMs, 99) } : {}),
     ...{ fullSyncs: during.filter((s) => s.mode === 'full').length, partialSyncP50Ms: percentile(partial, 50) },
     ...{ partialSyncP99Ms: percentile(partial, 99), lost },
+    ...(floor
+      ? { restoreFloorMs: floor, restoreFloorP50Ms: percentile(floor, 50), restoreFloorP99Ms: percentile(floor, 99) }
+      : {}),
   };
 }
 

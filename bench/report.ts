@@ -292,11 +292,14 @@ function formatEndToEnd(r: BenchResults): string[] {
       `   --sync-period ${l0.syncPeriod} --min-sync-period 0s, one change at a time. Probing every 150 us, or 1 % of`,
       '   the wait once longer. nft monitor: the same changes, write -> `nft monitor` shows the element (the',
       '   kernel, not packets). lost: no answer within 10 s. resolution p99: of the gap between the first attempt',
-      '   that connected and the one before it (the prober waiting for a CPU shows here).',
+      '   that connected and the one before it (the prober waiting for a CPU shows here). legacy floor: with',
+      "   the controller's rules loaded, one iptables-legacy-restore --noflush of a chain made and deleted in one",
+      '   commit (the tool reads the whole nat table and the kernel takes it back whole: any legacy write costs it).',
+      '   iptables-legacy-uncommented: iptables-legacy with --iptables-comments=false.',
     );
     out.push(
       ...table(
-        'backend|changes|p50|p90|p99|max|lost|nft monitor p50 / p99|partial sync p50 / p99|full syncs|resolution p99|target',
+        'backend|changes|p50|p90|p99|max|lost|nft monitor p50 / p99|partial sync p50 / p99|legacy floor p50 / p99|full syncs|resolution p99|target',
         withLatency.map((b) => {
           const [l, t] = [b.packetLatency!, packetTarget(b.backend)];
           return [
@@ -306,6 +309,7 @@ function formatEndToEnd(r: BenchResults): string[] {
             String(l.lost),
             l.monitorP50Ms !== undefined ? `${ms(l.monitorP50Ms, 2)} / ${ms(l.monitorP99Ms!, 2)}` : '-',
             `${ms(l.partialSyncP50Ms, 0)} / ${ms(l.partialSyncP99Ms, 0)}`,
+            l.restoreFloorP50Ms !== undefined ? `${ms(l.restoreFloorP50Ms, 1)} / ${ms(l.restoreFloorP99Ms!, 1)}` : '-',
             String(l.fullSyncs),
             ms(l.resolutionP99Ms, 2),
             `p50 <= ${t.p50} ms, p99 <= ${t.p99} ms: ${verdict(meets(t, l))}`,

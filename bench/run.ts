@@ -53,7 +53,7 @@ const USAGE = `usage (root): npm run bench [-- OPTIONS]
   --sizes 1000,10000,50000     numbers of Services for full and memory
   --only ${MEASURES.join(',')}
                                the measures to run (default: all; latency: packet-latency)
-  --backends nft,iptables-nft,iptables-legacy,ebpf
+  --backends nft,iptables-nft,iptables-legacy,iptables-legacy-uncommented,ebpf
                                backends of startup, packet-latency and memory (default nft)
   --changes 500 --iptables-changes 50 --full-syncs 5 --startup-runs 3
   --latency-sync-period 3s     the controller's --sync-period while latencies are measured

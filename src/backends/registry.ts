@@ -35,6 +35,8 @@ export interface BackendSettings {
   nftKeyLookup?: 'auto' | KeyLookup;
   /** 'auto' (default): the variant kube-proxy uses, detected as its iptables-wrapper does. */
   iptablesVariant?: 'auto' | IptablesVariant;
+  /** Whether the iptables rules carry their Service's name as a comment (--iptables-comments; default true). */
+  iptablesComments?: boolean;
   /** The ebpf backend's cgroup v2 directory (--cgroup-path); default: the cgroup v2 root. */
   cgroupPath?: string;
   /** The ebpf backend's bpffs directory for pins (--bpffs-path). */
@@ -91,7 +93,11 @@ export const INSTEAD: Readonly<Record<BackendName, string>> = {
   ebpf: '--backend=nft or --backend=iptables',
 };
 
-function iptables(variant: IptablesVariant, options: { logger?: Logger | undefined }, reason: string): SelectedBackend {
+function iptables(
+  variant: IptablesVariant,
+  options: { logger?: Logger | undefined; comments?: boolean | undefined },
+  reason: string,
+): SelectedBackend {
   return {
     driver: new IptablesDriver(variant, options),
     description: { backend: 'iptables', iptablesVariant: variant },
@@ -117,7 +123,7 @@ export const BACKENDS: BackendRegistry = {
   iptables: {
     async create(settings) {
       const wanted = settings.iptablesVariant ?? 'auto';
-      const options = { logger: settings.logger };
+      const options = { logger: settings.logger, comments: settings.iptablesComments };
       if (wanted !== 'auto') return iptables(wanted, options, `iptables-${wanted}, as configured`);
       const detected = await detectIptablesVariant();
       return iptables(detected.variant, options, detected.reason);
@@ -125,7 +131,8 @@ export const BACKENDS: BackendRegistry = {
     // Only the variant in use stays: the other one's chains are an earlier run's.
     leftovers: (_settings, inUse) =>
       IPTABLES_VARIANTS.filter((v) => !inUse || (inUse.iptablesVariant ?? v) !== v).map(iptablesLeftovers),
-    renderDryRun: (desired) => renderDesiredStateRestoreText(desired, { useKubeMarkMasq: true }),
+    renderDryRun: (desired, settings) =>
+      renderDesiredStateRestoreText(desired, { useKubeMarkMasq: true, comments: settings?.iptablesComments ?? true }),
     capacity: IPTABLES_CAPACITY,
   },
   ebpf: {

@@ -53,6 +53,7 @@ export function backendSettings(config: Config, logger?: Logger): BackendSetting
   return {
     nftExecutor: config.nftExecutor,
     nftKeyLookup: config.nftKeyLookup,
+    iptablesComments: config.iptablesComments,
     cgroupPath: config.cgroupPath,
     bpffsPath: config.bpffsPath,
     logger,

@@ -68,6 +68,14 @@ export function buildCommand(): Command {
     )
     .option('--pod-bridge-interface <name>', 'pod bridge interface, e.g. cni0 (BridgeInterface mode)')
     .option('--pod-interface-name-prefix <prefix>', 'pod interface prefix, e.g. veth (InterfaceNamePrefix mode)')
+    .addOption(
+      booleanOption(
+        '--iptables-comments',
+        "iptables backend: each rule commented with its Service's namespace/name, as the original wrote them; " +
+          'false leaves them out (a change through iptables-legacy then costs about 40 % less at 10,000 Services)',
+        true,
+      ),
+    )
     .option('--masquerade-bit <bit>', 'bit of the packet mark kube-proxy masquerades on (0-31)', '14')
     .option('--iptables-masquerade-bit <bit>', "kube-proxy's name for --masquerade-bit")
     .option('--min-sync-period <duration>', 'minimum interval between syncs; bursts of changes are coalesced', '1s')

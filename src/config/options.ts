@@ -69,6 +69,8 @@ export interface Config {
   kubeProxyPollIntervalMs: number;
   /** Remove our rules while kube-proxy is positively in iptables or nftables mode. */
   kubeProxyStepAside: boolean;
+  /** The iptables backend's rules carry their Service's `namespace/name` as a comment. */
+  iptablesComments: boolean;
   /** --max-entries: entries per family this node programs at most; undefined: the backend's default. */
   maxEntries?: number;
   /** The continuous probe (--probe-*). */
@@ -221,6 +223,7 @@ export function parseConfig(
     kubeProxyMetricsAddressExplicit: command.getOptionValueSource('kubeProxyMetricsAddress') === 'cli',
     kubeProxyPollIntervalMs,
     kubeProxyStepAside: o.kubeProxyStepAside === true,
+    iptablesComments: o.iptablesComments === true,
     probe: probeSettings(o),
   };
 }

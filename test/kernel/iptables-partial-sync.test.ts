@@ -16,8 +16,8 @@ import { IptablesDriver } from '../../src/backends/iptables/iptables-driver.js';
 import { renderChainRules } from '../../src/backends/iptables/render.js';
 import { DesiredStateModel } from '../../src/model/desired-state.js';
 import type { ServiceInfo } from '../../src/model/types.js';
-import { assertIsolatedNetns, sh } from '../../testbed/node-network.js';
-import { CONFIG, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
+import { assertIsolatedNetns, probe, sh } from '../../testbed/node-network.js';
+import { CONFIG, LB_PATH, LB_V4, NODE_INFO, SERVICES, Scenario } from './scenario.js';
 import { fillerService } from '../support/fixtures.js';
 import { linesLogger } from '../support/log-lines.js';
 
@@ -354,6 +354,62 @@ for (const variant of ['legacy', 'nft'] as const) {
       expect(ourRules(variant, 'ipv4')).to.deep.equal(migrated.ipv4);
       expect(ourRules(variant, 'ipv6')).to.deep.equal(migrated.ipv6);
       await fresh.cleanup();
+    });
+
+    it('without comments (--iptables-comments=false): whole and partial writes translate, a resync finds nothing to repair, and switching the flag across a restart rewrites the chains once', async () => {
+      const model = new DesiredStateModel(CONFIG);
+      const fillers = Array.from({ length: 50 }, (_, i) => fillerService(i));
+      const bare = () => new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 0, comments: false }));
+      const served = async (what: string) => {
+        expect(await probe(scenario.network.pod.ns, 'tcp', LB_V4, 80), `${what}: from a pod`).to.equal('svc-a');
+        expect(await probe(undefined, 'tcp', LB_V4, 80), `${what}: from the node`).to.equal('svc-a');
+        expect(await probe(undefined, 'tcp', LB_V4, 8080), `${what}: svc-b from the node`).to.equal('svc-b');
+      };
+      const commented = (rules: string[]) => rules.filter((r) => r.includes(' --comment '));
+      const buckets = (rules: string[]) => rules.filter((r) => !/ -[gj] IPVS_/.test(r));
+
+      backend = bare();
+      expect((await backend.sync(model.update([...SERVICES, ...fillers], NODE_INFO), { full: true })).mode).to.equal(
+        'full',
+      );
+      const whole = ourRules(variant, 'ipv4');
+      expect(buckets(whole).length).to.be.above(3 * fillers.length);
+      expect(commented(whole)).to.deep.equal([]);
+      expect(commented(ourRules(variant, 'ipv6'))).to.deep.equal([]);
+      await served('whole write');
+      // svc-b leaves and comes back: two partial writes, without comments either.
+      const without = [SERVICES[0]!, ...SERVICES.slice(2), ...fillers];
+      expect((await backend.sync(model.update(without, NODE_INFO), { full: false })).mode).to.equal('partial');
+      expect(await probe(undefined, 'tcp', LB_V4, 8080), 'svc-b gone').to.equal(LB_PATH);
+      expect((await backend.sync(model.update([...SERVICES, ...fillers], NODE_INFO), { full: false })).mode).to.equal(
+        'partial',
+      );
+      expect(ourRules(variant, 'ipv4')).to.deep.equal(whole);
+      await served('partial writes');
+      // A resync reads back what was written: nothing to repair.
+      const resync = await backend.sync(model.update([...SERVICES, ...fillers], NODE_INFO), { full: true });
+      expect(resync.repairedElements).to.equal(undefined);
+
+      // Restarted with comments: the first whole write finds the chains unlike its own and
+      // rewrites them; the next finds them held.
+      const restarted = new Reconciler(new IptablesDriver(variant, { jumpCheckIntervalMs: 0 }));
+      const first = await restarted.sync(new DesiredStateModel(CONFIG).update([...SERVICES, ...fillers], NODE_INFO), {
+        full: true,
+      });
+      expect(first.mode).to.equal('full');
+      const withComments = ourRules(variant, 'ipv4');
+      expect(buckets(withComments).every((r) => r.includes(' --comment '))).to.equal(true);
+      expect(withComments.map((r) => r.replace(/ -m comment --comment \S+/, '')).sort()).to.deep.equal(whole);
+      await served('comments back');
+      const again = await restarted.sync(new DesiredStateModel(CONFIG).update([...SERVICES, ...fillers], NODE_INFO), {
+        full: true,
+      });
+      expect(again.repairedElements).to.equal(undefined);
+      // And back without: the same rules as the first whole write.
+      backend = bare();
+      await backend.sync(new DesiredStateModel(CONFIG).update([...SERVICES, ...fillers], NODE_INFO), { full: true });
+      expect(ourRules(variant, 'ipv4')).to.deep.equal(whole);
+      await served('comments off again');
     });
 
     it('a partial sync after a change writes nothing when the state comes again', async () => {

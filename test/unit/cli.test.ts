@@ -83,6 +83,18 @@ describe('command line', function () {
     expect(r.stdout).to.match(/10\.19\.20\.201 \. tcp \. 9100 comment "monitoring\/metrics" : 10\.231\.7\.9/);
   });
 
+  it('--dry-run --backend=iptables prints the rules commented with namespace/name, and without with --iptables-comments=false', async () => {
+    const args = ['--dry-run', '--backend=iptables', '--from-file', 'examples/services.yaml'];
+    const commented = await cli(args);
+    expect(commented.exitCode, commented.stderr).to.equal(0);
+    expect(commented.stdout).to.match(/-d 10\.19\.20\.201\/32 -p tcp -m comment --comment "monitoring\/metrics" /);
+    const bare = await cli([...args, '--iptables-comments=false']);
+    expect(bare.exitCode, bare.stderr).to.equal(0);
+    expect(bare.stdout).to.match(/-d 10\.19\.20\.201\/32 -p tcp -m addrtype /);
+    expect(bare.stdout).not.to.include('--comment');
+    expect(bare.stdout.replace(/^-A .*$/gm, '')).to.equal(commented.stdout.replace(/^-A .*$/gm, ''));
+  });
+
   it('--from-file - reads kubectl JSON from stdin and picks the Node by --node-name', async () => {
     const list = {
       apiVersion: 'v1',

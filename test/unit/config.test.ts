@@ -153,6 +153,7 @@ describe("flags as kube-proxy's: booleans and aliases", () => {
     ['--local-traffic-policy-only', (c: ReturnType<typeof parseConfig>) => c.model.localTrafficPolicyOnly, false],
     ['--emit-events', (c: ReturnType<typeof parseConfig>) => c.emitEvents, false],
     ['--kube-proxy-step-aside', (c: ReturnType<typeof parseConfig>) => c.kubeProxyStepAside, true],
+    ['--iptables-comments', (c: ReturnType<typeof parseConfig>) => c.iptablesComments, true],
     ['--dry-run', (c: ReturnType<typeof parseConfig>) => c.dryRun, false],
     ['--cleanup', (c: ReturnType<typeof parseConfig>) => c.cleanup, false],
     ['--probe-readiness', (c: ReturnType<typeof parseConfig>) => c.probe.readiness, false],

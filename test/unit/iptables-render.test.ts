@@ -20,6 +20,8 @@ import {
   renderFamilyRestore,
 } from '../../src/backends/iptables/render.js';
 import { formatMark, interfaceNameProblem } from '../../src/backends/iptables/rules.js';
+import { IptablesAnnex } from '../../src/backends/iptables/annex.js';
+import { planPartialWrite } from '../../src/backends/iptables/partial-write.js';
 import { renderJumpRepairs } from '../../src/backends/iptables/precedence.js';
 import { renderCleanupRestore } from '../../src/backends/iptables/nat-view.js';
 import { parseBucketChain } from '../../src/backends/iptables/layout.js';
@@ -284,6 +286,74 @@ describe('iptables renderer', () => {
       expect(renderFamilyRestore('ipv4', state, 0x4000, stray).upToDate, 'a stray bucket chain to remove').to.equal(
         false,
       );
+    });
+  });
+
+  describe('without comments (--iptables-comments=false)', () => {
+    const desired = seedDesired();
+    const strip = (rule: string) => rule.replace(/ -m comment --comment "[^"]*"/, '');
+
+    it('renders the same rules, each without its comment match', () => {
+      const commented = renderChainRules('ipv4', desired.ipv4, desired.masqueradeMark, true);
+      const bare = renderChainRules('ipv4', desired.ipv4, desired.masqueradeMark, true, false);
+      expect(commented.rules.every((r) => r.includes(' -m comment --comment "'))).to.equal(true);
+      expect(bare.rules.some((r) => r.includes('comment'))).to.equal(false);
+      expect(bare.rules).to.deep.equal(commented.rules.map(strip));
+      expect([...bare.chains.keys()]).to.deep.equal([...commented.chains.keys()]);
+    });
+
+    it('a table written with comments is not what the rules without them must be, nor the other way: the flag changed, the chains are written whole again', async () => {
+      const state = desired.ipv4;
+      const table = (comments: boolean) =>
+        parseNatSave(
+          renderFamilyRestore('ipv4', state, desired.masqueradeMark, withKubeMarkMasq(), comments)
+            .text.replace('*nat\n', '*nat\n:KUBE-MARK-MASQ - [0:0]\n')
+            .replace(/^-I (PREROUTING|OUTPUT) 1 /gm, '-A $1 '),
+        );
+      const pause = () => Promise.resolve();
+      const compare = (view: NatTableView, comments: boolean) =>
+        compareState(view, 'ipv4', state, desired.masqueradeMark, pause, comments);
+      expect(await compare(table(false), false)).to.deep.equal({ held: true, strays: [] });
+      expect((await compare(table(true), false)).held).to.equal(false);
+      expect((await compare(table(false), true)).held).to.equal(false);
+      expect(renderFamilyRestore('ipv4', state, desired.masqueradeMark, table(false), false).upToDate).to.equal(true);
+      expect(renderFamilyRestore('ipv4', state, desired.masqueradeMark, table(true), false).upToDate).to.equal(false);
+    });
+
+    it('a partial write renders its rules as the whole write it follows did', () => {
+      const state = desired.ipv4;
+      for (const comments of [true, false]) {
+        const whole = renderFamilyRestore('ipv4', state, desired.masqueradeMark, withKubeMarkMasq(), comments);
+        const shape = { localPodMatch: state.localPodMatch, masqueradeMark: desired.masqueradeMark };
+        const annex = IptablesAnnex.of(whole, { ...shape, useKubeMarkMasq: true, comments });
+        const moved = { ...state.entries[0]!, externalIp: '10.19.20.202' };
+        const plan = planPartialWrite('ipv4', annex, [state.entries[0]!], [moved], Number.POSITIVE_INFINITY);
+        // The gotos into a bucket carry no comment either way.
+        const lines = plan.text!.split('\n').filter((l) => /^-[AD] IPVS_/.test(l) && !l.includes(' -g '));
+        const added = lines.filter((l) => l.startsWith('-A '));
+        expect(lines.length - added.length, `comments: ${comments}`).to.be.above(0);
+        expect(
+          lines.every((l) => l.includes(' -m comment --comment "')),
+          `comments: ${comments}`,
+        ).to.equal(comments);
+        expect(added.length, `comments: ${comments}`).to.be.above(0);
+        // Exactly the rules a whole write of the new state would hold.
+        const next = { ...state, entries: [moved, ...state.entries.slice(1)] };
+        const rules = renderChainRules('ipv4', next, desired.masqueradeMark, true, comments).rules;
+        for (const line of added) expect(rules).to.include(line);
+      }
+    });
+
+    it('leaves them out of source-range chains and of --dry-run too', () => {
+      const state: FamilyState = {
+        entries: [entry({ sourceRanges: ['10.0.0.0/8'], sourcesFromNode: true })],
+        localPodMatch: { kind: 'cidrs', cidrs: ['10.244.1.0/24'] },
+      };
+      const ranged = renderChainRules('ipv4', state, 0x4000, false, false);
+      expect(ranged.rules.some((r) => r.includes(' -s 10.0.0.0/8 '))).to.equal(true);
+      expect(ranged.rules.some((r) => r.includes('comment'))).to.equal(false);
+      expect(renderDesiredStateRestoreText(desired, { comments: false })).not.to.include('--comment');
+      expect(renderDesiredStateRestoreText(desired)).to.include('--comment "');
     });
   });
 

@@ -4,7 +4,8 @@
 // next operation on the family. The driver keeps none between its applies. It holds what a write
 // needs and the reconciler's annex does not say:
 // - the shape a partial write renders its rules with, KUBE-MARK-MASQ's presence included (a fact
-//   of the nat table when the chains were written whole, not of the desired state);
+//   of the nat table when the chains were written whole, not of the desired state), and whether
+//   the rules carry comments;
 // - the entries that have rules, by bucket: a partial write hands over only the entries that go
 //   and come, but must know whether a bucket chain is created or emptied, and the entries that
 //   stay in a bucket it writes whole (past the bound on deletes), at the cost of the buckets it
@@ -41,15 +42,18 @@ export class IptablesAnnex {
     readonly masqueradeMark: number,
     /** Whether the mark rules jump to KUBE-MARK-MASQ (it existed when the chains were written whole). */
     readonly useKubeMarkMasq: boolean,
+    /** Whether the rules carry comments (--iptables-comments). */
+    readonly comments: boolean,
     public rejected: Rejection[],
   ) {}
 
   /** The annex of a whole write of `layout`. */
   static of(
     layout: RenderedChains,
-    shape: { localPodMatch: LocalPodMatch; masqueradeMark: number; useKubeMarkMasq: boolean },
+    shape: { localPodMatch: LocalPodMatch; masqueradeMark: number; useKubeMarkMasq: boolean; comments?: boolean },
   ): IptablesAnnex {
-    const annex = new IptablesAnnex(shape.localPodMatch, shape.masqueradeMark, shape.useKubeMarkMasq, layout.rejected);
+    const { localPodMatch, masqueradeMark, useKubeMarkMasq, comments = true } = shape;
+    const annex = new IptablesAnnex(localPodMatch, masqueradeMark, useKubeMarkMasq, comments, layout.rejected);
     for (const [bucket, entries] of layout.buckets)
       annex.setBucket(bucket, new Map(entries.map((e) => [flowKey(e), e])));
     for (const [service, { shared, entries }] of layout.services) {

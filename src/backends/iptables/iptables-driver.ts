@@ -64,6 +64,8 @@ export interface IptablesDriverOptions {
    * instead (REWRITE_ABOVE_DELETES by default; Infinity: never, 0: on every delete).
    */
   rewriteAboveDeletes?: number;
+  /** Rules commented `namespace/name` as the original's (--iptables-comments; docs/iptables.md, "Comments"). */
+  comments?: boolean;
 }
 
 /**
@@ -89,6 +91,7 @@ export class IptablesDriver implements Driver {
   readonly capacity = IPTABLES_CAPACITY;
   readonly capabilities: DriverCapabilities;
   private readonly rewriteAboveDeletes: number;
+  private readonly comments: boolean;
   /**
    * The reconciler runs its writes one at a time, but the jump guard repairs our jumps on a timer,
    * outside its syncs; both delete jump rules by their spec, computed from a listing. So a repair
@@ -113,6 +116,7 @@ export class IptablesDriver implements Driver {
   ) {
     this.label = `iptables-${variant}`;
     this.rewriteAboveDeletes = options.rewriteAboveDeletes ?? REWRITE_ABOVE_DELETES[variant];
+    this.comments = options.comments ?? true;
     this.capabilities = { transactional: false, translates: 'packets', filtersSources: true };
     const interval = options.jumpCheckIntervalMs ?? 1000;
     if (interval > 0) {
@@ -301,11 +305,11 @@ export class IptablesDriver implements Driver {
         this.variant === 'nft' && readWhole ? parseNatSave(await commands.save('nat')) : await readWriteView(commands);
       if (this.variant === 'nft' && !readWhole)
         for (const chain of previous?.chainNames() ?? []) current.chains.add(chain);
-      const rendered = renderFamilyRestore(family, state, masqueradeMark, current);
+      const rendered = renderFamilyRestore(family, state, masqueradeMark, current, this.comments);
       if (!rendered.upToDate) await this.counter.restore(commands, rendered.text, current.chains);
       return { rendered, useKubeMarkMasq: current.chains.has(KUBE_MARK_MASQ) };
     });
-    const shape = { localPodMatch: state.localPodMatch, masqueradeMark, useKubeMarkMasq };
+    const shape = { localPodMatch: state.localPodMatch, masqueradeMark, useKubeMarkMasq, comments: this.comments };
     this.reportRejections(previous?.rejected, rendered.rejected);
     return { annex: IptablesAnnex.of(rendered, shape), wrote: !rendered.upToDate };
   }
@@ -352,7 +356,7 @@ export class IptablesDriver implements Driver {
     if (alongside && this.writeEvents !== events) return 'unfinished';
     // What our writes change from now on does not make the table read untrue: compared at leisure.
     // Strays are 'chains': the repair's whole write reads the whole table, and removes them.
-    const { drift } = await shapeDrift(family, view, expected, shape);
+    const { drift } = await shapeDrift(family, view, expected, shape, this.comments);
     const read: ReadBack = { missing: [], foreign: [], shapeDrift: drift };
     if (generation !== undefined) read.generation = generation;
     return read;

@@ -95,7 +95,7 @@ export function planPartialWrite(
   added: readonly Entry[],
   rewriteAboveDeletes: number,
 ): PartialWrite {
-  const ctx = ruleContext(family, annex.localPodMatch, annex.masqueradeMark, annex.useKubeMarkMasq, []);
+  const ctx = ruleContext(family, annex.localPodMatch, annex.masqueradeMark, annex.useKubeMarkMasq, annex.comments, []);
   const touched = new Map<Bucket, { gone: Entry[]; come: Entry[] }>();
   const touch = (bucket: Bucket) => {
     let t = touched.get(bucket);

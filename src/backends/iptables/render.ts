@@ -120,7 +120,15 @@ function sortServices(
   return services;
 }
 
-function sortEntries(family: Family, state: FamilyState, masqueradeMark: number, useKubeMarkMasq: boolean): Sorted {
+/** How a family's rules are written beyond its state: the mark's target, and the comments. */
+interface RuleShape {
+  /** The mark rules jump to KUBE-MARK-MASQ (it exists in the nat table). */
+  useKubeMarkMasq: boolean;
+  /** Each rule commented with its Service's `namespace/name` (--iptables-comments; default true). */
+  comments?: boolean;
+}
+
+function sortEntries(family: Family, state: FamilyState, masqueradeMark: number, shape: RuleShape): Sorted {
   const rejected: Rejection[] = [];
   const leftOut = new Set<Entry>();
   const reject = (e: Entry, reason: string) => {
@@ -146,7 +154,8 @@ function sortEntries(family: Family, state: FamilyState, masqueradeMark: number,
     if (list) list.push(e);
     else buckets.set(bucket, [e]);
   }
-  const ctx = ruleContext(family, state.localPodMatch, masqueradeMark, useKubeMarkMasq, rejected);
+  const { useKubeMarkMasq, comments = true } = shape;
+  const ctx = ruleContext(family, state.localPodMatch, masqueradeMark, useKubeMarkMasq, comments, rejected);
   const order = [...buckets.keys()].sort(byBucket(family));
   return { family, ctx, order, buckets, services, leftOut: [...leftOut], rejected };
 }
@@ -184,8 +193,9 @@ export function renderChainRules(
   state: FamilyState,
   masqueradeMark: number,
   useKubeMarkMasq: boolean,
+  comments = true,
 ): RenderedChains {
-  const sorted = sortEntries(family, state, masqueradeMark, useKubeMarkMasq);
+  const sorted = sortEntries(family, state, masqueradeMark, { useKubeMarkMasq, comments });
   const chains = new Map(chainsOf(sorted));
   const lines = (entries: boolean) =>
     [...chains].flatMap(([chain, specs]) =>
@@ -241,8 +251,10 @@ export async function compareState(
   state: FamilyState,
   masqueradeMark: number,
   pause: () => Promise<void>,
+  comments = true,
 ): Promise<{ held: boolean; strays: string[] }> {
-  const sorted = sortEntries(family, state, masqueradeMark, current.chains.has(KUBE_MARK_MASQ));
+  const shape = { useKubeMarkMasq: current.chains.has(KUBE_MARK_MASQ), comments };
+  const sorted = sortEntries(family, state, masqueradeMark, shape);
   const strays = strayChains(current, new Set(chainNamesOf(sorted)));
   let compared = 0;
   for (const [chain, specs] of chainsOf(sorted)) {
@@ -335,8 +347,9 @@ export function renderFamilyRestore(
   state: FamilyState,
   masqueradeMark: number,
   current: NatTableView,
+  comments = true,
 ): RenderedFamily {
-  const layout = renderChainRules(family, state, masqueradeMark, current.chains.has(KUBE_MARK_MASQ));
+  const layout = renderChainRules(family, state, masqueradeMark, current.chains.has(KUBE_MARK_MASQ), comments);
   const repairs = renderJumpRepairs(current);
   const stale = strayChains(current, new Set(layout.chains.keys()));
   const lines = [
@@ -359,13 +372,13 @@ export function renderFamilyRestore(
 /** Both families as restore input, for --dry-run: assumes a nat table without our chains. */
 export function renderDesiredStateRestoreText(
   desired: DesiredState,
-  options: { useKubeMarkMasq?: boolean } = {},
+  options: { useKubeMarkMasq?: boolean; comments?: boolean } = {},
 ): string {
   const current = emptyNatTable();
   if (options.useKubeMarkMasq) current.chains.add(KUBE_MARK_MASQ);
   return (['ipv4', 'ipv6'] as const)
     .map((family) => {
-      const r = renderFamilyRestore(family, desired[family], desired.masqueradeMark, current);
+      const r = renderFamilyRestore(family, desired[family], desired.masqueradeMark, current, options.comments);
       const tool = family === 'ipv4' ? 'iptables-restore' : 'ip6tables-restore';
       const notes = r.rejected.map((x) => `# left out: ${x.item}: ${x.reason}\n`).join('');
       const none = desired[family].localPodMatch;

@@ -1,7 +1,7 @@
 // The rules of one entry, and the checks every value passes before it is written into one. Pure.
 //
 // The rules keep the original controller's shape: per entry a DNAT rule, commented
-// `namespace/name`, in the prerouting chain (traffic from local pods), and a masquerade-mark rule
+// `namespace/name` (unless --iptables-comments=false: RuleContext.comments), in the prerouting chain (traffic from local pods), and a masquerade-mark rule
 // then a DNAT rule in the output chain (traffic whose source is local to the node), with changes
 // the contract asks for: pod traffic is not marked (the original marked it too, before kube-proxy
 // 1.24 answered pods itself), only a destination local to the node is translated, and every rule
@@ -176,6 +176,13 @@ export interface RuleContext {
   /** The local pod CIDRs when pods are recognised by them; undefined for an interface match. */
   podCidrs?: ParsedCidr[];
   markTarget: string;
+  /** Whether each rule carries its Service's `namespace/name` as a comment (--iptables-comments). */
+  comments: boolean;
+}
+
+/** A rule's comment match with the space before it; none without comments. */
+function commentOf(ctx: RuleContext, service: string): string {
+  return ctx.comments ? ` -m comment --comment "${service}"` : '';
 }
 
 /** The context of a family's rules; a local pod match that fails validation goes to `rejected`. */
@@ -184,11 +191,12 @@ export function ruleContext(
   localPodMatch: LocalPodMatch,
   masqueradeMark: number,
   useKubeMarkMasq: boolean,
+  comments: boolean,
   rejected: Rejection[],
 ): RuleContext {
   const markTarget = useKubeMarkMasq ? `-j ${KUBE_MARK_MASQ}` : `-j MARK --or-mark ${formatMark(masqueradeMark)}`;
   const sources = sourceMatches(family, localPodMatch, rejected);
-  const ctx: RuleContext = { family, sources, markTarget };
+  const ctx: RuleContext = { family, sources, markTarget, comments };
   if (localPodMatch.kind === 'cidrs') ctx.podCidrs = sources.map((s) => parseCidr(s.slice('-s '.length))!);
   return ctx;
 }
@@ -209,7 +217,7 @@ export type HookName = 'prerouting' | 'output';
 export function entryRules(ctx: RuleContext, e: Entry, hook: HookName): string[] {
   const prefix = ctx.family === 'ipv4' ? 32 : 128;
   const proto = e.protocol.toLowerCase();
-  const comment = `-m comment --comment "${e.service}"`;
+  const comment = commentOf(ctx, e.service);
   const destination = `-d ${e.externalIp}/${prefix}`;
   const ranged = e.sourceRanges !== undefined;
   const entryChain = hook === 'prerouting' ? PREROUTING_CHAIN : OUTPUT_CHAIN;
@@ -217,11 +225,11 @@ export function entryRules(ctx: RuleContext, e: Entry, hook: HookName): string[]
   const rules: string[] = [];
   if (hook === 'prerouting') {
     for (const source of ctx.sources) {
-      const head = `${withDestination(source, destination)} -p ${proto} ${comment}`;
+      const head = `${withDestination(source, destination)} -p ${proto}${comment}`;
       rules.push(`${head} -m addrtype --dst-type LOCAL -m ${proto} --dport ${e.port} ${target}`);
     }
   } else {
-    const head = `${destination} -p ${proto} ${comment} -m addrtype --src-type LOCAL --dst-type LOCAL -m ${proto} --dport ${e.port}`;
+    const head = `${destination} -p ${proto}${comment} -m addrtype --src-type LOCAL --dst-type LOCAL -m ${proto} --dport ${e.port}`;
     if (ranged) rules.push(`${head} ${target}`);
     else rules.push(`${head} ${ctx.markTarget}`, `${head} ${target}`);
   }
@@ -292,7 +300,7 @@ function overlaps(a: ParsedCidr, b: ParsedCidr): boolean {
  */
 export function serviceRules(ctx: RuleContext, s: RangedService, hook: HookName): string[] {
   const prefix = ctx.family === 'ipv4' ? 32 : 128;
-  const comment = `-m comment --comment "${s.service}"`;
+  const comment = commentOf(ctx, s.service);
   const dnat = `-j DNAT --to-destination ${s.clusterIp}`;
   const ranges = s.sourceRanges.map((r) => parseCidr(r)!);
   const pods = hook === 'prerouting' ? ctx.podCidrs : undefined;
@@ -304,12 +312,12 @@ export function serviceRules(ctx: RuleContext, s: RangedService, hook: HookName)
     const own = parseCidr(`${address}/${prefix}`)!;
     if (!fromPods(own)) continue;
     const held = ranges.some((r) => cidrContains(r, own));
-    const head = `-s ${address}/${prefix} -d ${address}/${prefix} ${comment}`;
+    const head = `-s ${address}/${prefix} -d ${address}/${prefix}${comment}`;
     if (held && !s.sourcesFromNode) rules.push(`${head} -j RETURN`);
     else if (!held && s.sourcesFromNode) rules.push(...translate(head));
   }
   for (let i = 0; i < ranges.length; i++) {
-    if (fromPods(ranges[i]!)) rules.push(...translate(`-s ${s.sourceRanges[i]!} ${comment}`));
+    if (fromPods(ranges[i]!)) rules.push(...translate(`-s ${s.sourceRanges[i]!}${comment}`));
   }
   return rules;
 }

@@ -25,7 +25,8 @@ export async function readVerificationView(
 }
 
 /**
- * What differs between `view` and the chains `expected` and `shape` make: 'chains' when our
+ * What differs between `view` and the chains `expected` and `shape` make (with or without
+ * comments): 'chains' when our
  * chains differ, or when chains of ours that nothing wants are left in the table (`strays`: a
  * Service's source-range chain or a bucket chain from before a restart, say), and they are written
  * whole again; else 'jumps' when a jump must be moved back to rule 1, else nothing. KUBE-MARK-MASQ
@@ -37,10 +38,11 @@ export async function shapeDrift(
   view: NatTableView,
   expected: readonly Entry[],
   shape: FamilyShape,
+  comments = true,
 ): Promise<{ drift: string[]; strays: string[] }> {
   const state = { entries: [...expected], localPodMatch: shape.state.localPodMatch };
   const pause = () => new Promise<void>((r) => setImmediate(r));
-  const { held, strays } = await compareState(view, family, state, shape.masqueradeMark, pause);
+  const { held, strays } = await compareState(view, family, state, shape.masqueradeMark, pause, comments);
   if (!held || strays.length > 0) return { drift: ['chains'], strays };
   return { drift: renderJumpRepairs(view).length > 0 ? ['jumps'] : [], strays };
 }

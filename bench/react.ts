@@ -2,6 +2,7 @@
 //
 //   npm run bench -- --only react [--compare REF|none] [--rounds 2] [--changes 100]
 //                    [--spacing 50-100] [--services 10000] [--node 24[,20|current|PATH]] [--cpu-prof]
+//                    [--tcp-changes]
 //
 // Each build (REF, by default the latest tag, built in a temporary git worktree; and this tree)
 // runs as the image runs it (bench/builds.ts: its bundle and package.json's Node flags under the
@@ -14,6 +15,8 @@
 //   react: per change, --spacing ms apart, a status PATCH moving the UDP Service's ingress to a fresh
 //     IP: the PATCH's answer -> the first datagram through the new address (an attempt every 2 ms);
 //   memory with one Service: started again against the second stand-in, VmRSS SETTLE_MS after.
+// --tcp-changes: every second change moves a TCP Service instead, probed by connections: what a
+// change costs without the conntrack clean-up a UDP change is followed by.
 // --cpu-prof: what each build's main thread did during the changes (bench/cpu-profile.ts). Progress
 // goes to stderr; the tables and bench/results/react-<time>.json are the output. The worktree, the
 // namespaces and every process started go away at the end, on failure and on SIGINT.
@@ -55,6 +58,8 @@ interface ReactSpec {
   resultsFile: string;
   /** Where the controllers write CPU profiles (--cpu-prof), if asked. */
   cpuProfileDir?: string;
+  /** --tcp-changes: every second change moves a TCP Service (no conntrack clean-up follows). */
+  tcpChanges: boolean;
 }
 
 export interface RunResult {
@@ -68,6 +73,8 @@ export interface RunResult {
   cachesSyncedMs?: number;
   /** Per change: the PATCH's answer -> first datagram through the new address. */
   reactMs: number[];
+  /** With --tcp-changes, the TCP Service's changes: PATCH answered -> first connection through the new address. */
+  reactTcpMs?: number[];
   /** Changes whose new address did not answer within 5 s. */
   lost: number;
   /** Changes written after the first periodic resync was due (it may have delayed them). */
@@ -86,6 +93,8 @@ export interface RunResult {
 
 /** The Service whose ingress moves: index 0, UDP. The last one (N-1, TCP) is probed at start. */
 const UDP_SERVICE = 0;
+/** With --tcp-changes, the TCP Service whose ingress moves too. */
+const TCP_SERVICE = 1;
 const CHANGE_TIMEOUT_MS = 5_000;
 /** The controller's --sync-period. */
 const SYNC_PERIOD_MS = 30_000;
@@ -102,7 +111,7 @@ function parseOptions(argv: string[]) {
     argv,
     {
       ...{ only: '', compare: undefined, rounds: 2, changes: 100, spacing: '50-100', services: 10_000 },
-      ...{ node: '24', 'cpu-prof': false },
+      ...{ node: '24', 'cpu-prof': false, 'tcp-changes': false },
     },
     { services: 2 },
   );
@@ -126,6 +135,7 @@ function parseOptions(argv: string[]) {
     services,
     nodes: o.node.split(','),
     cpuProfile: o['cpu-prof'],
+    tcpChanges: o['tcp-changes'],
   };
 }
 
@@ -204,6 +214,12 @@ function formatTable(spec: ReactSpec, node: string, results: RunResult[]): strin
     ['start to the last Service answered', per((r) => r.startMs && r.startMs / 1000, 2, 's')],
     ['react p50', per((r) => percentile(r.reactMs, 50), 1, 'ms')],
     ['react p99', per((r) => percentile(r.reactMs, 99), 1, 'ms')],
+    ...(spec.tcpChanges
+      ? ([
+          ['react p50, TCP changes', per((r) => percentile(r.reactTcpMs ?? [], 50), 1, 'ms')],
+          ['react p99, TCP changes', per((r) => percentile(r.reactTcpMs ?? [], 99), 1, 'ms')],
+        ] as Array<[string, (rs: RunResult[]) => string]>)
+      : []),
     [
       `resident memory at ${n} / with one Service`,
       (rs) => `${rs.map((r) => join([r.rssAtNMiB, r.rssOneMiB], 0)).join(', ')} MiB`,
@@ -216,7 +232,9 @@ function formatTable(spec: ReactSpec, node: string, results: RunResult[]): strin
   );
   const notes: string[] = [
     `Cells: round 1 / round 2${spec.rounds > 2 ? ' / ...' : ''}, run in the order ${labels.join(', ')} each round; memory: at ${n} / with one Service, per round.`,
-    `react: ${spec.changes} changes per round of one UDP Service's ingress IP, ${spec.spacingMs.join('-')} ms apart (status PATCH answered -> first datagram through the new address, an attempt every 2 ms).`,
+    spec.tcpChanges
+      ? `react: ${spec.changes} changes per round, ${spec.spacingMs.join('-')} ms apart, of one UDP Service's ingress IP and of one TCP Service's in turn (status PATCH answered -> first datagram, or connection, through the new address, an attempt every 2 ms); a UDP change is followed by its conntrack clean-up (a walk of the kernel's conntrack table), a TCP change by none.`
+      : `react: ${spec.changes} changes per round of one UDP Service's ingress IP, ${spec.spacingMs.join('-')} ms apart (status PATCH answered -> first datagram through the new address, an attempt every 2 ms).`,
   ];
   for (const b of labels) {
     const rs = runs(b);
@@ -345,20 +363,23 @@ async function measureRun(ctx: RunContext, node: NodeBinary, build: Build, round
 }
 
 async function changes(ctx: RunContext, c: Controller, result: RunResult, answeredAt: number): Promise<void> {
-  const { namespace, name } = svc.serviceName(UDP_SERVICE);
   // The same pauses for every build and round.
   const random = seededRandom(28);
   const cpuBefore = c.cpuMs();
   const windows: Array<[number, number]> = [];
+  if (ctx.spec.tcpChanges) result.reactTcpMs = [];
   for (let k = 0; k < ctx.spec.changes; k++) {
+    const tcp = ctx.spec.tcpChanges && k % 2 === 1;
+    const { namespace, name } = svc.serviceName(tcp ? TCP_SERVICE : UDP_SERVICE);
     const address = svc.movedIp(ctx.moved++);
-    const probing = await ctx.udp.begin(address, svc.BENCH_PORT, CHANGE_TIMEOUT_MS, PROBE_INTERVAL_US, 0);
+    const prober = tcp ? ctx.tcp : ctx.udp;
+    const probing = await prober.begin(address, svc.BENCH_PORT, CHANGE_TIMEOUT_MS, PROBE_INTERVAL_US, 0);
     if (performance.now() > answeredAt + SYNC_PERIOD_MS - 500) result.afterResync++;
     const sentNs = process.hrtime.bigint();
     const answeredNs = await ctx.many.moveIngress(namespace, name, address);
     const outcome = await probing.outcome;
     if (outcome.ok) {
-      result.reactMs.push(Number(outcome.firstOkNs - answeredNs) / 1e6);
+      (tcp ? result.reactTcpMs! : result.reactMs).push(Number(outcome.firstOkNs - answeredNs) / 1e6);
       windows.push([Number(sentNs / 1000n), Number(outcome.firstOkNs / 1000n)]);
     } else result.lost++;
     if (result.lost >= 3 && result.reactMs.length === 0)

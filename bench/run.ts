@@ -58,7 +58,7 @@ const USAGE = `usage (root): npm run bench [-- OPTIONS]
   --changes 500 --iptables-changes 50 --full-syncs 5 --startup-runs 3
   --latency-sync-period 3s     the controller's --sync-period while latencies are measured
   --probe-from node|pod        where the end-to-end connections start
-  --only react [--compare REF|none] [--node 24,20] [--cpu-prof] ...
+  --only react [--compare REF|none] [--node 24,20] [--cpu-prof] [--tcp-changes] ...
                                alone: this tree against another build as users run them (bench/react.ts)
   --only probe-cost [--rounds 2] [--window 30] [--node 24]
                                alone: the continuous probe's cost, off / defaults / at its limit (bench/probe-cost.ts)

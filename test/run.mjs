@@ -35,21 +35,30 @@ const suites = [
   // `vm-kernel`: the parts of test/kernel that add to them what depends on the kernel: every
   // packet row of semantics.md through the nft backend as --backend=auto sets it up on that
   // kernel (the map or the key set), the netlink batches and dumps the addon writes and reads,
-  // and whole writes under traffic (what those kernels' set lookups miss). The rest would
+  // whole writes under traffic (what those kernels' set lookups miss), and the conntrack
+  // clean-up's filtered dumps (CTA_FILTER: which filters each kernel honours). The rest would
   // repeat what the scenarios show, at a process per probe costing seconds in the guest.
   { name: 'vm', glob: 'dist/test/vm/**/*.test.js', isolated: true, onlyWhenNamed: true },
   {
     name: 'vm-kernel',
-    files: ['packets', 'nft-element-batch', 'nft-whole-write-difference', 'nft-whole-write-packets'].map(
-      (name) => `dist/test/kernel/${name}.test.js`,
-    ),
+    files: [
+      'packets',
+      'nft-element-batch',
+      'nft-whole-write-difference',
+      'nft-whole-write-packets',
+      'conntrack-cleaner',
+    ].map((name) => `dist/test/kernel/${name}.test.js`),
     // Of the whole writes' difference, what the kernel answers (dumps, the generation check,
     // the source-range set's elements): the rest is the same on every kernel, and 10,000 entries
     // take a minute in the guest.
+    // Of the conntrack clean-up, the dumps and deletions, not the bounds: 70,000 entries do not
+    // fit the guest's conntrack table (nf_conntrack_max follows its memory: 65,536 at 3 GiB).
     grep:
       'packets through the nft \\(addon\\) backend|nft map elements as a netlink batch|' +
       'nft whole writes under traffic|' +
-      'nft whole writes write the difference (reads|in one JSON transaction|source ranges through the addon)',
+      'nft whole writes write the difference (reads|in one JSON transaction|source ranges through the addon)|' +
+      'conntrack clean-up on the kernel (deletes the entries|in process, walks|in process, with more ports|' +
+      'with untranslatedOnly|a tuple with more entries than its share of one in-process call (deletes every|the same in IPv6))',
     isolated: true,
     onlyWhenNamed: true,
   },

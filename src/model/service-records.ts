@@ -49,6 +49,12 @@ export interface ServiceRecord extends Precedence {
   skips: Skip[];
   /** The overCapacity skip, while the record is not admitted. */
   capacitySkip?: Skip;
+  /**
+   * The addresses its request looked up (whether each is a ClusterIP): one as itself, more as an
+   * array, none (most records) undefined. Kept on the record: a map of records to arrays cost
+   * about 90 bytes a Service that looks one up.
+   */
+  lookedUp: string | string[] | undefined;
 }
 
 /** Records that came and went in one update. */
@@ -71,10 +77,12 @@ export class ServiceRecords {
    * first. Kept with the records, a change costs what it touches. The RequestContext reads it.
    */
   readonly clusterIps = new Map<string, number>();
-  /** The records whose request depends on whether an address is a ClusterIP, by address. */
-  private readonly lookups = new Map<string, Set<ServiceRecord>>();
-  /** The addresses each such record looked up (most records look up none and are not here). */
-  private readonly lookedUp = new Map<ServiceRecord, string[]>();
+  /**
+   * The records whose request depends on whether an address is a ClusterIP, by address: the
+   * record itself while it is the only one (nearly every address), a set of them beyond (a set
+   * of one cost about 150 bytes).
+   */
+  private readonly lookups = new Map<string, ServiceRecord | Set<ServiceRecord>>();
   private nextSeq = 0;
   /** What the rules read; replaced (with every record forgotten) when the node's addresses change. */
   private context: RequestContext;
@@ -92,7 +100,6 @@ export class ServiceRecords {
     this.byObject.clear();
     this.clusterIps.clear();
     this.lookups.clear();
-    this.lookedUp.clear();
   }
 
   /** Forgets the records of `gone` Services and derives those of `fresh` ones. */
@@ -131,14 +138,13 @@ export class ServiceRecords {
       admitted: false,
       // Arrays grown by push keep room for more; a record keeps exact copies.
       skips: skips.length > 0 ? skips.slice() : NO_SKIPS,
+      lookedUp: lookedUp.length === 0 ? undefined : lookedUp.length === 1 ? lookedUp[0]! : lookedUp.slice(),
     };
-    if (lookedUp.length > 0) {
-      this.lookedUp.set(record, lookedUp.slice());
-      for (const address of lookedUp) {
-        const records = this.lookups.get(address);
-        if (records) records.add(record);
-        else this.lookups.set(address, new Set([record]));
-      }
+    for (const address of lookedUp) {
+      const held = this.lookups.get(address);
+      if (held === undefined) this.lookups.set(address, record);
+      else if (held instanceof Set) held.add(record);
+      else if (held !== record) this.lookups.set(address, new Set([held, record]));
     }
     return record;
   }
@@ -182,7 +188,9 @@ export class ServiceRecords {
     const stale = new Set<ServiceRecord>();
     for (const [address, was] of before) {
       if (was === this.clusterIps.has(address)) continue;
-      for (const record of this.lookups.get(address) ?? []) stale.add(record);
+      const held = this.lookups.get(address);
+      if (held instanceof Set) for (const record of held) stale.add(record);
+      else if (held !== undefined) stale.add(held);
     }
     if (stale.size === 0) return;
     // Where each record of this change stands in `added` (the start adds every record).
@@ -203,13 +211,16 @@ export class ServiceRecords {
   }
 
   private forgetLookups(record: ServiceRecord): void {
-    const addresses = this.lookedUp.get(record);
-    if (!addresses) return;
-    this.lookedUp.delete(record);
-    for (const address of addresses) {
-      const records = this.lookups.get(address)!;
-      records.delete(record);
-      if (records.size === 0) this.lookups.delete(address);
+    const addresses = record.lookedUp;
+    if (addresses === undefined) return;
+    record.lookedUp = undefined;
+    for (const address of typeof addresses === 'string' ? [addresses] : addresses) {
+      const held = this.lookups.get(address);
+      if (held === record) this.lookups.delete(address);
+      else if (held instanceof Set) {
+        held.delete(record);
+        if (held.size === 1) this.lookups.set(address, held.values().next().value!);
+      }
     }
   }
 }

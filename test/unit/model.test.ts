@@ -530,6 +530,43 @@ describe('model: addresses that belong to the cluster itself', () => {
     expect(own(other.update([kubeDns, tenant, kubernetes], NODE))).to.deep.equal(TENANT_OWN);
   });
 
+  it('follows an address several Services look up: each withdrawn while it is a ClusterIP, each restored when it stops, whichever leaves first', () => {
+    const second = lb('grabby-too', {
+      namespace: 'tenant',
+      creationTimestamp: '2023-01-02T00:00:00Z',
+      clusterIP: '10.96.7.9',
+      ports: [{ port: 8053, protocol: 'UDP' }],
+      externalIPs: ['10.96.0.10', '10.96.0.10'],
+      ingress: undefined,
+    });
+    const secondOn = (d: DesiredState) =>
+      d.ipv4.entries.filter((e) => e.service === 'tenant/grabby-too').map((e) => `${e.externalIp}/${e.port}`);
+    const tenantOn = (d: DesiredState, address: string) => own(d).filter((e) => e.startsWith(`${address} `));
+    for (const leaving of [tenant, second]) {
+      const model = new DesiredStateModel(CONFIG);
+      let d = model.update([tenant, second], NODE);
+      expect(secondOn(d)).to.deep.equal(['10.96.0.10/8053']);
+      expect(tenantOn(d, '10.96.0.10')).to.have.length(2);
+      // kube-dns comes: both lose the address, nothing else.
+      d = model.update([tenant, second, kubeDns], NODE);
+      expect(secondOn(d)).to.deep.equal([]);
+      expect(tenantOn(d, '10.96.0.10')).to.deep.equal([]);
+      expect(tenantOn(d, '192.0.2.10')).to.have.length(2);
+      // One of them leaves while the address is a ClusterIP; kube-dns goes: the other gets it back.
+      const staying = leaving === tenant ? second : tenant;
+      model.update([staying, kubeDns], NODE);
+      d = model.update([staying], NODE);
+      expect(clusterSkips(d)).to.deep.equal([]);
+      if (staying === second) expect(secondOn(d)).to.deep.equal(['10.96.0.10/8053']);
+      else expect(tenantOn(d, '10.96.0.10')).to.have.length(2);
+      // And it follows kube-dns again, alone.
+      d = model.update([staying, kubeDns], NODE);
+      expect(staying === second ? secondOn(d) : tenantOn(d, '10.96.0.10')).to.deep.equal([]);
+      d = model.update([staying], NODE);
+      expect(staying === second ? secondOn(d) : tenantOn(d, '10.96.0.10')).to.have.length(staying === second ? 1 : 2);
+    }
+  });
+
   it('withdraws and restores the same way when the cache says only what changed (the informer)', () => {
     // A cache that tracks its changes, as the informer does: one object replaced, added or removed at a time.
     const history: Array<{ removed: ServiceInfo[]; added: ServiceInfo[] }> = [];

@@ -3,7 +3,7 @@
 // families whose traffic from pods cannot be told apart; and the counts /readyz shows of them.
 
 import { kobj, type Logger } from '../log.js';
-import type { Conflict, DesiredState, Skip } from '../model/types.js';
+import { entryCount, type Conflict, type DesiredState, type Skip } from '../model/types.js';
 
 /** Services not translated because of a limit, per reason. */
 export type ServicesOverLimits = Partial<Record<'tooManyEntries' | 'overCapacity', number>>;
@@ -67,7 +67,7 @@ export class ModelReport {
     }
     this.derived = {
       skips: this.skipCounts,
-      entries: { ipv4: desired.ipv4.entries.length, ipv6: desired.ipv6.entries.length },
+      entries: { ipv4: entryCount(desired.ipv4), ipv6: entryCount(desired.ipv6) },
     };
     this.reportLocalPodMatch(desired);
   }
@@ -116,7 +116,7 @@ export class ModelReport {
     const problems = (['ipv4', 'ipv6'] as const).flatMap((f) => {
       // A family without entries needs no pod detection (an IPv4-only cluster has no IPv6 podCIDR).
       const m = desired[f].localPodMatch;
-      return m.kind === 'none' && desired[f].entries.length > 0 ? [`${f}: ${m.reason}`] : [];
+      return m.kind === 'none' && entryCount(desired[f]) > 0 ? [`${f}: ${m.reason}`] : [];
     });
     this.localPodMatchProblems = problems;
     const joined = problems.join('; ');

@@ -11,7 +11,7 @@ import type { TranslatedConnections } from '../driver/driver.js';
 import { registerTranslationCounter } from './translation-counter.js';
 import type { InformerObserver } from '../kube/informer.js';
 import { buildInfo } from '../build-info/version.js';
-import { FAMILIES, SKIP_REASONS, type Conflict, type DesiredState, type Skip } from '../model/types.js';
+import { FAMILIES, SKIP_REASONS, entryCount, type Conflict, type DesiredState, type Skip } from '../model/types.js';
 
 export const METRIC_PREFIX = 'ipvs_node_controller_';
 
@@ -272,7 +272,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
     const seen = [
       desired.skips,
       desired.conflicts,
-      ...FAMILIES.flatMap((f) => [desired[f].localPodMatch, desired[f].entries.length > 0]),
+      ...FAMILIES.flatMap((f) => [desired[f].localPodMatch, entryCount(desired[f]) > 0]),
     ];
     if (this.lastDesired?.every((v, i) => v === seen[i])) return;
     this.lastDesired = seen;
@@ -281,7 +281,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
     for (const [reason, count] of perReason) this.skippedAddresses.set({ reason }, count);
     for (const family of FAMILIES) {
       this.conflicts.set({ family }, desired.conflicts.filter((c) => c.family === family).length);
-      const missing = desired[family].localPodMatch.kind === 'none' && desired[family].entries.length > 0;
+      const missing = desired[family].localPodMatch.kind === 'none' && entryCount(desired[family]) > 0;
       this.localPodDetectionMissing.set({ family }, missing ? 1 : 0);
     }
   }

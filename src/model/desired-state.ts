@@ -175,8 +175,15 @@ export class DesiredStateModel {
 
     const state = (family: Family): FamilyState => {
       const sorted = this.contests.sorted(family);
-      const { entries, changes } = sorted.publish();
-      const out: FamilyState = { entries, localPodMatch: this.followed!.localPodMatch[family] };
+      const { snapshot, changes } = sorted.publish();
+      const out: FamilyState = {
+        // Made when first read (EntryHandOut): a change written from `changes` never reads it.
+        get entries() {
+          return snapshot.entries();
+        },
+        localPodMatch: this.followed!.localPodMatch[family],
+        snapshot,
+      };
       const ranged = sorted.rangedByService();
       if (ranged.size > 0) {
         out.sourceRanged = true;

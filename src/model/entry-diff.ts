@@ -5,7 +5,14 @@
 // otherwise, the last resort. Pure.
 
 import { orderedChanges } from './ordered-changes.js';
-import { entryKey, sameSourceRanges, type Entry, type EntryKeyFields, type FamilyState } from './types.js';
+import {
+  entryKey,
+  sameSourceRanges,
+  type Entry,
+  type EntryKeyFields,
+  type EntrySnapshot,
+  type FamilyState,
+} from './types.js';
 
 /** Whether two elements of the same key translate to the same ClusterIP and name the same Service. */
 export function sameTarget(
@@ -33,8 +40,11 @@ export interface EntryDiff {
 
 /** Entries as a record keeps them: in the order given, and as a set of the objects. */
 export interface RecordedEntries {
-  entries: readonly Entry[];
+  /** Read only when the model's changes do not start from `snapshot`. */
+  readonly entries: readonly Entry[];
   objects: ReadonlySet<Entry>;
+  /** The model's hand-out they are, if they came from one (FamilyState.snapshot). */
+  snapshot?: EntrySnapshot | undefined;
 }
 
 export function isEmpty(diff: Pick<EntryDiff, 'removed' | 'added'>): boolean {
@@ -48,7 +58,9 @@ export function isEmpty(diff: Pick<EntryDiff, 'removed' | 'added'>): boolean {
  */
 export function entryDiff(from: RecordedEntries, to: Pick<FamilyState, 'entries' | 'changes'>): EntryDiff {
   const hint = to.changes;
-  if (hint && hint.since === from.entries) return pairReplacements(hint.removed, hint.added);
+  if (hint && from.snapshot !== undefined && hint.since === from.snapshot) {
+    return pairReplacements(hint.removed, hint.added);
+  }
   const walked =
     from.objects.size === from.entries.length
       ? orderedChanges(from.entries, to.entries, (e) => from.objects.has(e))
@@ -60,8 +72,9 @@ export function entryDiff(from: RecordedEntries, to: Pick<FamilyState, 'entries'
 }
 
 /** The entries of a state as a record: for a difference from a state nobody keeps a record of. */
-export function recorded(entries: readonly Entry[]): RecordedEntries {
-  return { entries, objects: new Set(entries) };
+export function recorded(state: Pick<FamilyState, 'entries' | 'snapshot'>): RecordedEntries {
+  const entries = state.entries;
+  return { entries, objects: new Set(entries), snapshot: state.snapshot };
 }
 
 /**

@@ -1,18 +1,62 @@
 // The entries of one family kept sorted between syncs, with what changed since the last hand-out:
 // the backends write only those changes when they can.
+//
+// Kept in chunks of up to 2 x CHUNK entries, each handed out as it is and copied before the
+// next change to it: a hand-out costs a reference per chunk, and a change the chunk it touches
+// (a copy of the whole array per change cost 0.3 ms at 50,000 entries, a fresh 400 KB object
+// each time). The array of a hand-out is made when it is first read.
 
-import type { Entry, EntryChanges } from './types.js';
+import type { Entry, EntryChanges, EntrySnapshot } from './types.js';
+
+/** Entries per chunk after a bulk change; a chunk splits past twice as many. */
+const CHUNK = 256;
+
+interface Chunk {
+  keys: string[];
+  entries: Entry[];
+  /** `entries` is part of a hand-out: copied before it changes. */
+  shared: boolean;
+}
+
+/** One hand-out: the chunks as they were, joined when first read. */
+export class EntryHandOut implements EntrySnapshot {
+  private parts: Entry[][] | undefined;
+  private joined: Entry[] | undefined;
+
+  constructor(
+    parts: Entry[][],
+    readonly length: number,
+  ) {
+    this.parts = parts;
+  }
+
+  /** Whether the array was made (tests: a change must not make it). */
+  get made(): boolean {
+    return this.joined !== undefined;
+  }
+
+  /** The entries as one array, the same one every time; the model never changes it. */
+  entries(): Entry[] {
+    if (!this.joined) {
+      const joined: Entry[] = [];
+      for (const part of this.parts!) for (const e of part) joined.push(e);
+      this.joined = joined;
+      this.parts = undefined;
+    }
+    return this.joined;
+  }
+}
 
 /**
- * Entries of one family sorted by sort key. A copy is handed out until the next change, with the
- * entries removed and added since the copy handed out before.
+ * Entries of one family sorted by sort key. A hand-out holds until the next change, with the
+ * entries removed and added since the hand-out before.
  */
 export class SortedEntries {
-  private keys: string[] = [];
-  private entries: Entry[] = [];
-  private published: Entry[] | undefined;
+  private chunks: Chunk[] = [];
+  private size = 0;
+  private published: EntryHandOut | undefined;
   /** What was handed out last; undefined when the changes since are not known. */
-  private lastPublished: Entry[] | undefined;
+  private lastPublished: EntryHandOut | undefined;
   private readonly removed = new Set<Entry>();
   private readonly added = new Set<Entry>();
   /** Per Service (Entry.service), how many of its entries have source ranges. */
@@ -29,38 +73,56 @@ export class SortedEntries {
     return (this.rangedPublished ??= new Map(this.rangedOf));
   }
 
-  publish(): { entries: Entry[]; changes?: EntryChanges } {
-    if (this.published) return { entries: this.published, changes: { since: this.published, removed: [], added: [] } };
-    const entries = this.entries.slice();
+  publish(): { snapshot: EntryHandOut; changes?: EntryChanges } {
+    if (this.published) {
+      return { snapshot: this.published, changes: { since: this.published, removed: [], added: [] } };
+    }
+    const parts: Entry[][] = [];
+    for (const chunk of this.chunks) {
+      chunk.shared = true;
+      parts.push(chunk.entries);
+    }
+    const snapshot = new EntryHandOut(parts, this.size);
     const since = this.lastPublished;
     const changes = since && { since, removed: [...this.removed], added: [...this.added] };
-    this.published = entries;
-    this.lastPublished = entries;
+    this.published = snapshot;
+    this.lastPublished = snapshot;
     this.removed.clear();
     this.added.clear();
-    return changes ? { entries, changes } : { entries };
+    return changes ? { snapshot, changes } : { snapshot };
   }
 
   /** Inserts, or replaces the entry of the same key. */
   set(sortKey: string, entry: Entry): void {
-    const i = this.search(sortKey);
-    if (this.keys[i] === sortKey) {
-      this.note(this.entries[i]!, entry);
-      this.entries[i] = entry;
+    if (this.chunks.length === 0) this.chunks.push({ keys: [], entries: [], shared: false });
+    const [c, i] = this.search(sortKey);
+    const chunk = this.own(c);
+    if (chunk.keys[i] === sortKey) {
+      this.note(chunk.entries[i]!, entry);
+      chunk.entries[i] = entry;
     } else {
-      this.keys.splice(i, 0, sortKey);
-      this.entries.splice(i, 0, entry);
+      chunk.keys.splice(i, 0, sortKey);
+      chunk.entries.splice(i, 0, entry);
+      this.size++;
       this.note(undefined, entry);
+      if (chunk.keys.length > 2 * CHUNK) {
+        const tail: Chunk = { keys: chunk.keys.splice(CHUNK), entries: chunk.entries.splice(CHUNK), shared: false };
+        this.chunks.splice(c + 1, 0, tail);
+      }
     }
     this.published = undefined;
   }
 
   delete(sortKey: string): void {
-    const i = this.search(sortKey);
-    if (this.keys[i] !== sortKey) return;
-    this.note(this.entries[i]!, undefined);
-    this.keys.splice(i, 1);
-    this.entries.splice(i, 1);
+    if (this.chunks.length === 0) return;
+    const [c, i] = this.search(sortKey);
+    if (this.chunks[c]!.keys[i] !== sortKey) return;
+    const chunk = this.own(c);
+    this.note(chunk.entries[i]!, undefined);
+    chunk.keys.splice(i, 1);
+    chunk.entries.splice(i, 1);
+    this.size--;
+    if (chunk.keys.length === 0) this.chunks.splice(c, 1);
     this.published = undefined;
   }
 
@@ -71,37 +133,42 @@ export class SortedEntries {
   merge(sets: Array<{ sortKey: string; entry: Entry }>, deletes: string[]): void {
     sets.sort((a, b) => compareKeys(a.sortKey, b.sortKey));
     deletes.sort(compareKeys);
-    const keys: string[] = [];
-    const entries: Entry[] = [];
+    const chunks: Chunk[] = [];
+    let last: Chunk | undefined;
+    let size = 0;
+    const push = (key: string, entry: Entry) => {
+      if (!last || last.keys.length === CHUNK) chunks.push((last = { keys: [], entries: [], shared: false }));
+      last.keys.push(key);
+      last.entries.push(entry);
+      size++;
+    };
     let s = 0;
     let d = 0;
-    for (let i = 0; i < this.keys.length; i++) {
-      const key = this.keys[i]!;
-      for (; s < sets.length && sets[s]!.sortKey < key; s++) {
-        keys.push(sets[s]!.sortKey);
-        entries.push(sets[s]!.entry);
-        this.note(undefined, sets[s]!.entry);
-      }
-      while (d < deletes.length && deletes[d]! < key) d++;
-      if (s < sets.length && sets[s]!.sortKey === key) {
-        this.note(this.entries[i]!, sets[s]!.entry);
-        keys.push(key);
-        entries.push(sets[s]!.entry);
-        s++;
-      } else if (d < deletes.length && deletes[d] === key) {
-        this.note(this.entries[i]!, undefined);
-      } else {
-        keys.push(key);
-        entries.push(this.entries[i]!);
+    for (const chunk of this.chunks) {
+      for (let i = 0; i < chunk.keys.length; i++) {
+        const key = chunk.keys[i]!;
+        for (; s < sets.length && sets[s]!.sortKey < key; s++) {
+          push(sets[s]!.sortKey, sets[s]!.entry);
+          this.note(undefined, sets[s]!.entry);
+        }
+        while (d < deletes.length && deletes[d]! < key) d++;
+        if (s < sets.length && sets[s]!.sortKey === key) {
+          this.note(chunk.entries[i]!, sets[s]!.entry);
+          push(key, sets[s]!.entry);
+          s++;
+        } else if (d < deletes.length && deletes[d] === key) {
+          this.note(chunk.entries[i]!, undefined);
+        } else {
+          push(key, chunk.entries[i]!);
+        }
       }
     }
     for (; s < sets.length; s++) {
-      keys.push(sets[s]!.sortKey);
-      entries.push(sets[s]!.entry);
+      push(sets[s]!.sortKey, sets[s]!.entry);
       this.note(undefined, sets[s]!.entry);
     }
-    this.keys = keys;
-    this.entries = entries;
+    this.chunks = chunks;
+    this.size = size;
     this.published = undefined;
   }
 
@@ -125,16 +192,38 @@ export class SortedEntries {
     this.rangedPublished = undefined;
   }
 
-  /** The first index whose key is not below sortKey. */
-  private search(sortKey: string): number {
+  /** Chunk `c`, its entries copied first if a hand-out holds them. */
+  private own(c: number): Chunk {
+    const chunk = this.chunks[c]!;
+    if (chunk.shared) {
+      chunk.entries = chunk.entries.slice();
+      chunk.shared = false;
+    }
+    return chunk;
+  }
+
+  /**
+   * Where sortKey is or would go: the first chunk whose last key is not below it (else the last
+   * chunk), and the first index there whose key is not below it.
+   */
+  private search(sortKey: string): [number, number] {
     let low = 0;
-    let high = this.keys.length;
+    let high = this.chunks.length - 1;
     while (low < high) {
       const mid = (low + high) >>> 1;
-      if (this.keys[mid]! < sortKey) low = mid + 1;
+      const keys = this.chunks[mid]!.keys;
+      if (keys[keys.length - 1]! < sortKey) low = mid + 1;
       else high = mid;
     }
-    return low;
+    const keys = this.chunks[low]!.keys;
+    let lo = 0;
+    let hi = keys.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (keys[mid]! < sortKey) lo = mid + 1;
+      else hi = mid;
+    }
+    return [low, lo];
   }
 }
 

@@ -226,8 +226,18 @@ export interface Conflict {
 }
 
 export interface FamilyState {
-  /** Sorted by (externalIp, protocol, port); keys are unique. */
+  /**
+   * Sorted by (externalIp, protocol, port); keys are unique. A model's state makes the array when
+   * it is first read (a whole write, a difference by comparison): a change that is written from
+   * `changes` never makes it, so that a change costs what it changes, not the table.
+   */
   entries: Entry[];
+  /**
+   * The model's hand-out these entries are: the same object for the same entries, named by a
+   * later state's `changes.since`; the number of entries without making the array. Absent in a
+   * state made by hand.
+   */
+  snapshot?: EntrySnapshot;
   localPodMatch: LocalPodMatch;
   /**
    * True when some entry has source ranges: the backend's objects then include what filters
@@ -242,18 +252,46 @@ export interface FamilyState {
    */
   rangedByService?: ReadonlyMap<string, number>;
   /**
-   * How `entries` came from an earlier entries array of the same DesiredStateModel, when it
-   * knows: a backend that programmed `since` can apply these changes without comparing lists.
+   * How `entries` came from an earlier hand-out of the same DesiredStateModel, when it knows: a
+   * backend that programmed `since` can apply these changes without comparing lists.
    */
   changes?: EntryChanges;
 }
 
-/** `entries` = `since` without `removed`, with `added` (entries compared as objects). */
+/** One hand-out of a family's entries by the model (model/sorted-entries.ts). */
+export interface EntrySnapshot {
+  readonly length: number;
+  /** The entries as one array, made on the first call; the same array every time. */
+  entries(): Entry[];
+}
+
+/** `entries` = `since`'s without `removed`, with `added` (entries compared as objects). */
 export interface EntryChanges {
-  /** An entries array the model gave earlier; the model never changes an array it gave. */
-  since: Entry[];
+  /** A hand-out the model gave earlier; the model never changes the entries it gave. */
+  since: EntrySnapshot;
   removed: Entry[];
   added: Entry[];
+}
+
+/** How many entries a state holds, without making a model's array. */
+export function entryCount(state: Pick<FamilyState, 'entries' | 'snapshot'>): number {
+  return state.snapshot ? state.snapshot.length : state.entries.length;
+}
+
+/** What names a state's entries: its snapshot, or its array for a state made by hand. */
+export function entriesIdentity(state: Pick<FamilyState, 'entries' | 'snapshot'>): object {
+  return state.snapshot ?? state.entries;
+}
+
+/**
+ * The state without entries, for what depends on its shape alone (which entries must not make
+ * a model's array): `entries` empty, no `changes` nor `snapshot`.
+ */
+export function withoutEntries(state: FamilyState): FamilyState {
+  const out: FamilyState = { entries: [], localPodMatch: state.localPodMatch };
+  if (state.sourceRanged !== undefined) out.sourceRanged = state.sourceRanged;
+  if (state.rangedByService !== undefined) out.rangedByService = state.rangedByService;
+  return out;
 }
 
 export interface DesiredState {

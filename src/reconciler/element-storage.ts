@@ -5,14 +5,33 @@
 import { entryDiff, type EntryDiff, type RecordedEntries } from '../model/entry-diff.js';
 import type { Entry, FamilyState } from '../model/types.js';
 
+type Source = Pick<FamilyState, 'entries' | 'changes' | 'snapshot'>;
+
+/**
+ * What a record keeps of a state's entries: a model's state itself (its entries never change,
+ * and its array is made only if read), a copy of another's.
+ */
+function kept(state: Source): Pick<FamilyState, 'entries' | 'snapshot'> {
+  const snapshot = state.snapshot;
+  if (snapshot) {
+    return {
+      get entries() {
+        return snapshot.entries();
+      },
+      snapshot,
+    };
+  }
+  return { entries: state.changes ? state.entries : state.entries.slice() };
+}
+
 /** The entries of one family a backend programmed, and how to get from them to new ones. */
 export class ElementStorage {
-  /** In the order of the desired state they came from; never modified (a model's arrays are not). */
-  private entries: readonly Entry[];
+  /** The entries, in the order of the desired state they came from; never modified. */
+  private source: Pick<FamilyState, 'entries' | 'snapshot'>;
   private objects: Set<Entry>;
 
-  constructor(state: Pick<FamilyState, 'entries' | 'changes'>) {
-    this.entries = state.changes ? state.entries : state.entries.slice();
+  constructor(state: Source) {
+    this.source = kept(state);
     this.objects = new Set(state.entries);
   }
 
@@ -21,13 +40,13 @@ export class ElementStorage {
   }
 
   /** What to write so that the kernel goes from the recorded entries to `state.entries`. */
-  changesTo(state: Pick<FamilyState, 'entries' | 'changes'>): EntryDiff {
+  changesTo(state: Source): EntryDiff {
     return entryDiff(this.recorded, state);
   }
 
   /** Records that `changes` (from changesTo) were written: the kernel now holds `state.entries`. */
-  commit(state: Pick<FamilyState, 'entries' | 'changes'>, changes: EntryDiff): void {
-    this.entries = state.changes ? state.entries : state.entries.slice();
+  commit(state: Source, changes: EntryDiff): void {
+    this.source = kept(state);
     if (changes.renewed) {
       this.objects = new Set(state.entries);
       return;
@@ -41,6 +60,13 @@ export class ElementStorage {
   }
 
   private get recorded(): RecordedEntries {
-    return { entries: this.entries, objects: this.objects };
+    const source = this.source;
+    return {
+      get entries() {
+        return source.entries;
+      },
+      objects: this.objects,
+      snapshot: source.snapshot,
+    };
   }
 }

@@ -12,7 +12,15 @@
 // stays trusted through later commits that are ours alone; any other commit, or a failed write,
 // ends the trust: the next resync verifies.
 
-import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../model/types.js';
+import {
+  FAMILIES,
+  entryCount,
+  withoutEntries,
+  type DesiredState,
+  type Entry,
+  type Family,
+  type FamilyState,
+} from '../model/types.js';
 import type { Applied, Driver, DriverAnnex, FamilyShape, Rejection } from '../driver/driver.js';
 import { ComposedDiff, type EntryDiff } from '../model/entry-diff.js';
 import { ElementStorage } from './element-storage.js';
@@ -48,7 +56,7 @@ export interface Exact {
 }
 
 export function shapeOf(state: FamilyState, masqueradeMark: number): FamilyShape {
-  return { state: { ...state, entries: [], changes: undefined }, masqueradeMark };
+  return { state: withoutEntries(state), masqueradeMark };
 }
 
 export class Ledger {
@@ -99,7 +107,7 @@ export class Ledger {
       shape,
       shapeKey: this.driver.shapeKey(shape),
       leftOut: applied.leftOut?.[family] ?? 0,
-      room: this.driver.roomFor(state.entries.length),
+      room: this.driver.roomFor(entryCount(state)),
       annex: applied.annex?.[family],
     });
     this.written.set(family, target);
@@ -171,8 +179,9 @@ export class Ledger {
 
   /** Entries of `family` the kernel holds: those written, but those the driver left out. */
   count(family: Family): number {
-    const written = this.written.get(family)?.desired[family].entries.length ?? 0;
-    return written - (this.programmed.get(family)?.leftOut ?? 0);
+    const written = this.written.get(family)?.desired[family];
+    const count = written ? entryCount(written) : 0;
+    return count - (this.programmed.get(family)?.leftOut ?? 0);
   }
 
   /** What the driver leaves out, every family. */

@@ -6,7 +6,14 @@
 import type { Driver } from '../driver/driver.js';
 import type { FamilyChange, KernelSubscriber } from '../driver/kernel-change.js';
 import { entryDiff, recorded } from '../model/entry-diff.js';
-import { FAMILIES, type DesiredState, type Entry, type Family, type FamilyState } from '../model/types.js';
+import {
+  FAMILIES,
+  entriesIdentity,
+  type DesiredState,
+  type Entry,
+  type Family,
+  type FamilyState,
+} from '../model/types.js';
 import type { Untold } from './ledger.js';
 
 export class Publication {
@@ -63,11 +70,11 @@ export function familyChange(
   // Nothing written, or written whole: the difference is found here, once (a write whole needs none).
   const diff =
     untold === undefined
-      ? before.entries === after.entries
+      ? entriesIdentity(before) === entriesIdentity(after)
         ? { removed: [], added: [] }
-        : entryDiff(recorded(before.entries), after)
+        : entryDiff(recorded(before), after)
       : untold === 'whole'
-        ? entryDiff(recorded(before.entries), after)
+        ? entryDiff(recorded(before), after)
         : untold.result();
   return { family, previousUnknown: false, shapeChanged, removed: diff.removed, added: diff.added };
 }

@@ -22,7 +22,7 @@
 //   order of the writes, each change starting where the one before ended: a sync that ends after
 //   a newer one never tells them of its older state.
 
-import { FAMILIES, type DesiredState, type Family, type FamilyState } from '../model/types.js';
+import { FAMILIES, entryCount, withoutEntries as emptied, type DesiredState, type Family } from '../model/types.js';
 import {
   BackendError,
   type Applied,
@@ -52,8 +52,7 @@ interface Call {
 /** The same state with nothing programmed: what the kernel holds once our objects are removed. */
 function withoutEntries(state: DesiredState): DesiredState {
   // Without `changes`: they describe the model's step, not this state's difference from the last.
-  const empty = (family: FamilyState): FamilyState => ({ ...family, entries: [], changes: undefined });
-  return { ...state, ipv4: empty(state.ipv4), ipv6: empty(state.ipv6) };
+  return { ...state, ipv4: emptied(state.ipv4), ipv6: emptied(state.ipv6) };
 }
 
 export class Reconciler {
@@ -117,7 +116,7 @@ export class Reconciler {
       if (!before) fallBack(family, 'not-programmed');
       else if (
         before.shapeKey !== driver.shapeKey(shapeOf(desired[family], mark)) ||
-        desired[family].entries.length > before.room
+        entryCount(desired[family]) > before.room
       ) {
         fallBack(family, 'table-shape-changed');
       } else if (options.full) {

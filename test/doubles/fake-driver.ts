@@ -20,7 +20,7 @@ import {
   type TranslatedConnections,
   type Rejection,
 } from '../../src/driver/driver.js';
-import { entryKey, type DesiredState, type Entry, type Family } from '../../src/model/types.js';
+import { entryKey, withoutEntries, type DesiredState, type Entry, type Family } from '../../src/model/types.js';
 
 type ReadBackAnswer = ReadBack | 'unfinished' | 'not-alongside';
 
@@ -224,7 +224,7 @@ export class FakeDriver implements Driver {
     };
     if (op.kind === 'writeFamily' || op.kind === 'replaceFamily') {
       refused.clear();
-      return { ...op, state: { ...op.state, entries: op.state.entries.filter(keep) } };
+      return { ...op, state: { ...withoutEntries(op.state), entries: op.state.entries.filter(keep) } };
     }
     if (op.kind === 'repairShape') return op;
     // Removed entries that were left out have nothing in the kernel to remove.

@@ -419,7 +419,7 @@ for (const variant of ['legacy', 'nft'] as const) {
       expect((await backend.sync(changed, { full: false })).mode).to.equal('partial');
       const before = sh(`iptables-${variant}-save`, ['-t', 'nat', '-c']);
       const again = model.update(SERVICES, NODE_INFO);
-      expect(again.ipv4.changes?.since).to.equal(changed.ipv4.entries);
+      expect(again.ipv4.changes?.since).to.equal(changed.ipv4.snapshot);
       expect((await backend.sync(again, { full: false })).mode).to.equal('noop');
       expect(sh(`iptables-${variant}-save`, ['-t', 'nat', '-c']).replace(/^#.*$/gm, '')).to.equal(
         before.replace(/^#.*$/gm, ''),

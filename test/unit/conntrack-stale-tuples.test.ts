@@ -142,7 +142,7 @@ describe('stale conntrack tuples', () => {
     const first = model.update([service(), ...others], NODE);
     const recreated = service({ clusterIP: '10.96.0.99', clusterIPs: ['10.96.0.99'] });
     const second = model.update([recreated, ...others.slice(1)], NODE);
-    expect(second.ipv4.changes?.since).to.equal(first.ipv4.entries);
+    expect(second.ipv4.changes?.since).to.equal(first.ipv4.snapshot);
     const viaChanges = show(stale(first, second));
     const viaLists = show(
       stale(first, {

@@ -456,7 +456,9 @@ for (const variant of ['legacy', 'nft'] as const) {
 
     it('a bad entry costs only its own rules', async () => {
       const desired = state([service(1), service(2)]);
-      desired.ipv4.entries = [...desired.ipv4.entries, { ...desired.ipv4.entries[0]!, port: 70000 }];
+      // A state made by hand (a model's entries never change): the model's, and one bad entry.
+      const { entries, localPodMatch } = desired.ipv4;
+      desired.ipv4 = { entries: [...entries, { ...entries[0]!, port: 70000 }], localPodMatch };
       const result = await backend.sync(desired, { full: true });
       expect(result.rejected).to.have.length(1);
       expect(result.rejected![0]?.reason).to.equal('port 70000 is not in 1..65535');

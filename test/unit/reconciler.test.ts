@@ -16,6 +16,7 @@ import { sameElement } from '../../src/model/entry-diff.js';
 import { BackendError, type DriverOperation } from '../../src/driver/driver.js';
 import type { KernelChange } from '../../src/driver/kernel-change.js';
 import { Reconciler } from '../../src/reconciler/reconciler.js';
+import type { EntryHandOut } from '../../src/model/sorted-entries.js';
 import { MAX_SKIPPED_VERIFICATIONS } from '../../src/reconciler/verification.js';
 import { FakeDriver } from '../doubles/fake-driver.js';
 import { rejectionOf } from '../support/assertions.js';
@@ -62,6 +63,37 @@ describe('Reconciler on a fake driver (no root)', () => {
       expect(again.repairedElements ?? 0).to.equal(0);
     });
   }
+});
+
+describe('Reconciler: a change costs what it changes, not the table', () => {
+  it("a partial sync and its subscribers never make the model's array of the family's entries", async () => {
+    const model = new DesiredStateModel(CONFIG);
+    const services = Array.from({ length: 250 }, (_, i) => lbService(i + 1));
+    const families: Array<{ removed: number; added: number }> = [];
+    const subscriber = {
+      kernelChanged(change: KernelChange) {
+        for (const f of change.families)
+          if (f.family === 'ipv4') families.push({ removed: f.removed.length, added: f.added.length });
+      },
+    };
+    const reconciler = new Reconciler(new FakeDriver('nft'), [subscriber]);
+    const first = model.update(services, NODE);
+    expect((await reconciler.sync(first, { full: true })).mode).to.equal('full');
+    const moved = [...services];
+    moved[7] = lbService(8, { ingress: [{ ip: '198.51.100.8' }] });
+    const next = model.update(moved, NODE);
+    const snapshot = next.ipv4.snapshot as EntryHandOut;
+    expect(snapshot.length).to.equal(250);
+    expect((await reconciler.sync(next, { full: false })).mode).to.equal('partial');
+    expect(snapshot.made, 'the entries array of the changed state').to.equal(false);
+    expect(families.at(-1)).to.deep.equal({ removed: 1, added: 1 });
+    // Read, it is the whole sorted list, the same array each time.
+    expect(next.ipv4.entries).to.have.length(250);
+    expect(next.ipv4.entries).to.equal(next.ipv4.entries);
+    expect(next.ipv4.entries.map((e) => e.externalIp)).to.include('198.51.100.8');
+    // The next full sync finds the kernel as the partial one left it.
+    expect((await reconciler.sync(model.update(moved, NODE), { full: true })).repairedElements ?? 0).to.equal(0);
+  });
 });
 
 const DUAL_NODE: NodeInfo = { name: 'node-1', podCIDRs: ['10.244.1.0/24', 'fd01::/64'] };

@@ -175,6 +175,12 @@ describe('conntrack clean-up on the kernel', function () {
     expect(six).to.deep.include({ deleted: 1, dumps: 2 });
     expect(entries(A6, 53)).to.deep.equal([]);
     expect(entries(B6, 53)).to.deep.equal([41036]);
+    // What one walk costs, whatever the table holds (docs/operations.md, "Limits and external IPs").
+    const buckets = readFileSync('/proc/sys/net/netfilter/nf_conntrack_buckets', 'utf8').trim();
+    const started = performance.now();
+    expect(await netlink().deleteMatching('ipv4', [tuple(A, 99)], 5000)).to.deep.include({ deleted: 0, dumps: 1 });
+    const ms = (performance.now() - started).toFixed(1);
+    console.log(`      (one call, one walk of the conntrack table of ${buckets} buckets: ${ms} ms)`);
   });
 
   it('in process, with more ports than it filters in the kernel one by one, reads the table once and deletes the same', async () => {

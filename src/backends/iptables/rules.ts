@@ -1,9 +1,9 @@
 // The rules of one entry, and the checks every value passes before it is written into one. Pure.
 //
 // The rules keep the original controller's shape: per entry a DNAT rule, commented
-// `namespace/name` (unless --iptables-comments=false: RuleContext.comments), in the prerouting chain (traffic from local pods), and a masquerade-mark rule
-// then a DNAT rule in the output chain (traffic whose source is local to the node), with changes
-// the contract asks for: pod traffic is not marked (the original marked it too, before kube-proxy
+// `namespace/name` (unless --iptables-comments=false: RuleContext.comments), in the prerouting
+// chain (traffic from local pods), and a masquerade-mark rule then a DNAT rule in the output
+// chain (traffic whose source is local to the node), with changes the contract asks for: pod traffic is not marked (the original marked it too, before kube-proxy
 // 1.24 answered pods itself), only a destination local to the node is translated, and every rule
 // also matches protocol and destination port, so that traffic to a port no Service
 // lists is left alone and Services sharing an address each reach their own ClusterIP. The

@@ -3,11 +3,15 @@
 // its bounds).
 //
 // deleteMatching(family: 'ipv4' | 'ipv6', targets: string, timeoutMs?: number,
-//                limits?: { perTarget?: number, total?: number })
+//                limits?: { perTarget?: number, total?: number, flush?: boolean })
 //   targets: one per line, `protocol-number address port untranslated-only(0|1)`;
-//   resolves { dumped, dumps, matched, deleted, ms, share, truncated: [{ target, matched, kept }] }
-//   (target: the index of the target's first line; matched: its entries seen; kept: those
-//   deleted or gone meanwhile), rejects with the kernel's reason.
+//   resolves { dumped, dumps, flushes, flushRefused?, refusesFlush, matched, deleted, ms, share,
+//   truncated: [{ target, matched, kept }] } (flushes: targets the kernel deleted by a filter,
+//   their entries not counted; flushRefused: why the kernel refused that, the first time;
+//   refusesFlush: whether it is known to refuse it, by this call or an earlier one; target:
+//   the index of the target's first line; matched: its entries seen; kept: those deleted or gone
+//   meanwhile), rejects with the kernel's reason. flush: false never asks the kernel to delete by
+//   a filter (the dumps do it).
 
 #include <sys/socket.h>
 
@@ -48,6 +52,9 @@ class DeleteWorker : public Napi::AsyncWorker {
     Napi::Object value = Napi::Object::New(env);
     value.Set("dumped", Napi::Number::New(env, static_cast<double>(result_.dumped)));
     value.Set("dumps", Napi::Number::New(env, static_cast<double>(result_.dumps)));
+    value.Set("flushes", Napi::Number::New(env, static_cast<double>(result_.flushes)));
+    if (!result_.flushRefused.empty()) value.Set("flushRefused", Napi::String::New(env, result_.flushRefused));
+    value.Set("refusesFlush", Napi::Boolean::New(env, result_.refusesFlush));
     value.Set("matched", Napi::Number::New(env, static_cast<double>(result_.matched)));
     value.Set("deleted", Napi::Number::New(env, static_cast<double>(result_.deleted)));
     value.Set("ms", Napi::Number::New(env, result_.ms));
@@ -111,6 +118,11 @@ Napi::Value DeleteMatchingJs(const Napi::CallbackInfo& info) {
     };
     limit("perTarget", limits.perTarget);
     limit("total", limits.total);
+    const Napi::Value flush = given.Get("flush");
+    if (!flush.IsUndefined()) {
+      if (!flush.IsBoolean()) throw Napi::TypeError::New(env, "flush must be a boolean");
+      limits.flush = flush.As<Napi::Boolean>().Value();
+    }
   }
   std::vector<Target> targets;
   std::string error;

@@ -30,6 +30,8 @@ struct Target {
 struct Limits {
   size_t perTarget = DEFAULT_PER_TARGET;
   size_t total = DEFAULT_TOTAL;
+  // Whether the kernel may be asked to delete by a filter (conntrack_delete.cc, Flush).
+  bool flush = true;
 };
 
 struct Truncated {
@@ -42,6 +44,12 @@ struct Result {
   std::string error;
   size_t dumped = 0;
   size_t dumps = 0;  // walks of the table: dumps asked for
+  // Targets the kernel deleted by a filter (their entries not counted: it does not say how many).
+  size_t flushes = 0;
+  // Why the kernel refused the first deletion by a filter (strerror), when it did in this call.
+  std::string flushRefused;
+  // Whether the kernel is known to refuse deletions by a filter (this call or an earlier one).
+  bool refusesFlush = false;
   size_t matched = 0;
   size_t deleted = 0;
   size_t share = 0;

@@ -1,7 +1,7 @@
 // Deletes stale conntrack entries after the kernel holds the new rules: a flow's next packet then
 // starts a new entry and meets the new translation (or none). Through ctnetlink in the process
-// where the conntrack addon is built (conntrack-netlink.ts: one dump per family and call, no
-// process), else with the `conntrack` command (conntrack-tools), which is also what a failed
+// where the conntrack addon is built (conntrack-netlink.ts: a deletion by filter per tuple on
+// Linux 6.12 and later for a few IPv4 tuples, else filtered dumps, no process), else with the `conntrack` command (conntrack-tools), which is also what a failed
 // netlink call falls back to. Failures are reported, never thrown: a stale UDP flow is a smaller
 // harm than a sync that does not finish.
 //
@@ -20,14 +20,16 @@ import { execa } from 'execa';
 import type { Logger } from 'pino';
 import type { Entry, Family } from '../model/types.js';
 import type { ConntrackNetlink, TruncatedTuple } from './conntrack-netlink.js';
-import { NETLINK_ROUNDS, deleteInRounds, logTruncated } from './conntrack-netlink.js';
+import { NETLINK_ROUNDS, deleteFamilies, logTruncated } from './conntrack-netlink.js';
 import type { ConntrackProtocol, StaleTuple } from './stale-tuples.js';
 
 export interface ConntrackCleanupReport {
   /** Tuples asked for. */
   tuples: number;
-  /** Conntrack entries deleted. */
+  /** Conntrack entries deleted one by one (a deletion by filter does not say how many it took). */
   deleted: number;
+  /** Tuples whose entries the kernel deleted by a filter (Linux 6.12 and later, IPv4). Absent: none. */
+  flushed?: number;
   /** Deletions (or listings) that failed; their entries may still be there. */
   failures: number;
   durationMs: number;
@@ -90,7 +92,8 @@ export class ConntrackCleaner {
   private readonly listAbove: number;
   private readonly netlinkRounds: number;
   private missingReported = false;
-  private netlinkFailureReported = false;
+  /** What the in-process deletion said once per run (conntrack-netlink.ts, deleteFamilies). */
+  private readonly said = { netlinkFailure: false, flushRefusal: false };
   /** Per family, the bypass clean-up under way, and the entries of one asked for meanwhile. */
   private readonly forgetting = new Map<Family, { run: Promise<void>; next?: readonly ForgetKey[] }>();
 
@@ -112,26 +115,18 @@ export class ConntrackCleaner {
     const truncated: TruncatedTuple[] = [];
     let completedByCommand = 0;
     if (this.options.netlink) {
-      const left: StaleTuple[] = [];
-      for (const family of ['ipv4', 'ipv6'] as const) {
-        const ofFamily = tuples.filter((t) => t.family === family);
-        if (ofFamily.length === 0) continue;
-        const done = await deleteInRounds(this.options.netlink, family, ofFamily, this.timeoutMs, this.netlinkRounds);
-        report.deleted += done.deleted;
-        if (done.truncated.length > 0) (report.truncated ??= {})[family] = done.truncated.length;
-        for (const t of done.truncated) truncated.push(t);
-        completedByCommand += done.completing;
-        for (const t of done.left) left.push(t);
-        // The command may still manage; it reports its own failures. Said once per run.
-        if (done.error !== undefined && !this.netlinkFailureReported) {
-          this.netlinkFailureReported = true;
-          this.options.logger.warn(
-            { family, err: done.error },
-            'Deleting conntrack entries in process failed, the conntrack command does it instead',
-          );
-        }
-      }
-      viaCommand = left;
+      const done = await deleteFamilies(this.options.netlink, tuples, {
+        timeoutMs: this.timeoutMs,
+        rounds: this.netlinkRounds,
+        logger: this.options.logger,
+        said: this.said,
+      });
+      report.deleted += done.deleted;
+      if (done.flushed > 0) report.flushed = done.flushed;
+      if (done.truncated.length > 0) report.truncated = done.truncatedByFamily;
+      truncated.push(...done.truncated);
+      completedByCommand = done.completing;
+      viaCommand = done.left;
     }
     const groups = new Map<string, StaleTuple[]>();
     for (const t of viaCommand) {
@@ -171,9 +166,9 @@ export class ConntrackCleaner {
         'Failed to delete stale conntrack entries, UDP/SCTP flows may keep their old translation until idle',
       );
     }
-    if (report.deleted > 0) {
+    if (report.deleted > 0 || report.flushed !== undefined) {
       this.options.logger.debug(
-        { deleted: report.deleted, tuples: report.tuples, ms: Math.round(report.durationMs) },
+        { deleted: report.deleted, flushed: report.flushed, tuples: report.tuples, ms: Math.round(report.durationMs) },
         'Deleted stale conntrack entries',
       );
     }

@@ -6,17 +6,23 @@
 // A call is bounded: it deletes at most `total` entries, and each tuple has a share of its own
 // (at most min(perTarget, total / tuples) of its entries), so that one tuple's flows never take
 // another's. A tuple with more entries than its share is returned as truncated: the rest of its
-// entries are still there, for the cleaner to delete.
+// entries are still there, for the cleaner to delete. A kernel that deletes by a filter (Linux
+// 6.12 and later) is asked that for a few IPv4 tuples instead (flushed): no dump, no share, every
+// entry of the tuple gone, their number not known.
 
 import { addonPath, hasFunctions, loadNativeAddon } from '../native-addon.js';
 import type { Family } from '../model/types.js';
 import type { StaleTuple } from './stale-tuples.js';
 import type { Logger } from 'pino';
 
-/** Entries one call keeps to delete: in all, and of one tuple. The addon's defaults: 65,536 each. */
+/**
+ * Entries one call keeps to delete: in all, and of one tuple. The addon's defaults: 65,536 each.
+ * `flush: false`: never ask the kernel to delete by a filter (the dumps do it).
+ */
 export interface ConntrackLimits {
   total?: number;
   perTarget?: number;
+  flush?: boolean;
 }
 
 /** What native/conntrack_addon.cc exports. */
@@ -24,9 +30,12 @@ interface ConntrackAddon {
   /**
    * Deletes the entries whose original destination is one of `targets` (one a line:
    * `protocol-number address port untranslated-only(0|1)`), after one dump of the family's table
-   * (or one filtered dump per protocol and port of the targets, up to a few). `dumps`: walks of
-   * the table (dumps asked for). `truncated`: the targets (index of their line) that
-   * matched more entries than their share. Rejects with the kernel's reason.
+   * (or one filtered dump per protocol and port of the targets, up to a few), or, for a few IPv4
+   * targets on a kernel that does it, one deletion by filter each. `dumps`: walks of the table
+   * (dumps asked for); `flushes`: targets deleted by filter; `flushRefused`: why the kernel
+   * refused that the first time (the dumps did it); `refusesFlush`: whether the kernel is known
+   * to refuse it, by this call or an earlier one. `truncated`: the targets (index of their
+   * line) that matched more entries than their share. Rejects with the kernel's reason.
    */
   deleteMatching(
     family: Family,
@@ -36,6 +45,9 @@ interface ConntrackAddon {
   ): Promise<{
     dumped: number;
     dumps: number;
+    flushes: number;
+    flushRefused?: string;
+    refusesFlush: boolean;
     matched: number;
     deleted: number;
     ms: number;
@@ -60,6 +72,12 @@ export interface NetlinkDeletion {
   deleted: number;
   /** Walks of the conntrack table the call made (each costs the table's size, entries or not). */
   dumps: number;
+  /** Tuples whose entries the kernel deleted by a filter (how many entries: not known). */
+  flushed: number;
+  /** Why the kernel refused to delete by a filter, when this call learned it did. */
+  flushRefused?: string;
+  /** Whether the kernel is known to refuse deletions by a filter (by this call or an earlier one). */
+  refusesFlush?: boolean;
   truncated: TruncatedTuple[];
 }
 
@@ -96,6 +114,9 @@ class AddonConntrackNetlink implements ConntrackNetlink {
     return {
       deleted: result.deleted,
       dumps: result.dumps,
+      flushed: result.flushes,
+      ...(result.flushRefused === undefined ? {} : { flushRefused: result.flushRefused }),
+      refusesFlush: result.refusesFlush,
       truncated: result.truncated.map((t) => ({ tuple: asked[t.target]!, matched: t.matched, deleted: t.kept })),
     };
   }
@@ -141,6 +162,10 @@ const NAMED_TRUNCATED = 8;
 
 export interface InProcessDeletion {
   deleted: number;
+  /** Tuples whose entries the kernel deleted by a filter. */
+  flushed: number;
+  /** Why the kernel refused to delete by a filter, when a call learned it did. */
+  flushRefused?: string;
   /** The tuples the first call truncated. */
   truncated: TruncatedTuple[];
   /**
@@ -162,7 +187,7 @@ export async function deleteInRounds(
   timeoutMs: number,
   rounds: number,
 ): Promise<InProcessDeletion> {
-  const out: InProcessDeletion = { deleted: 0, truncated: [], left: [], completing: 0 };
+  const out: InProcessDeletion = { deleted: 0, flushed: 0, truncated: [], left: [], completing: 0 };
   let todo: readonly StaleTuple[] = tuples;
   for (let round = 0; todo.length > 0 && round < rounds; round++) {
     let result;
@@ -173,6 +198,8 @@ export async function deleteInRounds(
       break;
     }
     out.deleted += result.deleted;
+    out.flushed += result.flushed;
+    if (result.flushRefused !== undefined) out.flushRefused ??= result.flushRefused;
     if (round === 0) out.truncated = result.truncated;
     todo = result.truncated.map((t) => t.tuple);
     // Nothing deleted (every entry went meanwhile): another call would not do better.
@@ -180,6 +207,72 @@ export async function deleteInRounds(
   }
   out.left = [...todo];
   out.completing = todo === tuples ? 0 : todo.length;
+  return out;
+}
+
+/** What deleteFamilies did, both families together. */
+export interface FamiliesDeletion {
+  deleted: number;
+  flushed: number;
+  /** The tuples the first call of each family truncated, and how many per family. */
+  truncated: TruncatedTuple[];
+  truncatedByFamily: Partial<Record<Family, number>>;
+  /** Of `left`, the truncated tuples the command completes. */
+  completing: number;
+  /** The tuples for the command. */
+  left: StaleTuple[];
+}
+
+/**
+ * Deletes the entries of `tuples` in process, each family in rounds (deleteInRounds). Said once
+ * per run (`said` keeps track): a call's failure (the command then does that family), and a
+ * kernel's refusal to delete by a filter (the dumps then do it). Never throws.
+ */
+export async function deleteFamilies(
+  netlink: ConntrackNetlink,
+  tuples: readonly StaleTuple[],
+  options: {
+    timeoutMs: number;
+    rounds: number;
+    logger: Logger;
+    said: { netlinkFailure: boolean; flushRefusal: boolean };
+  },
+): Promise<FamiliesDeletion> {
+  const out: FamiliesDeletion = {
+    deleted: 0,
+    flushed: 0,
+    truncated: [],
+    truncatedByFamily: {},
+    completing: 0,
+    left: [],
+  };
+  const { logger, said } = options;
+  for (const family of ['ipv4', 'ipv6'] as const) {
+    const ofFamily = tuples.filter((t) => t.family === family);
+    if (ofFamily.length === 0) continue;
+    const done = await deleteInRounds(netlink, family, ofFamily, options.timeoutMs, options.rounds);
+    out.deleted += done.deleted;
+    out.flushed += done.flushed;
+    if (done.truncated.length > 0) out.truncatedByFamily[family] = done.truncated.length;
+    out.truncated.push(...done.truncated);
+    out.completing += done.completing;
+    out.left.push(...done.left);
+    if (done.flushRefused !== undefined && !said.flushRefusal) {
+      said.flushRefusal = true;
+      logger.info(
+        { reason: done.flushRefused },
+        'This kernel does not delete conntrack entries by a filter (Linux 6.12 and later do): each clean-up reads the conntrack table instead, a walk of its whole hash table with softirqs off',
+      );
+    }
+    // The command may still manage; it reports its own failures.
+    if (done.error !== undefined && !said.netlinkFailure) {
+      said.netlinkFailure = true;
+      logger.warn(
+        { family, err: done.error },
+        'Deleting conntrack entries in process failed, the conntrack command does it instead',
+      );
+    }
+  }
   return out;
 }
 

@@ -8,6 +8,7 @@ import { KNOWN_ISSUE_IDS, knownIssues } from '../kubeproxy/known-issues.js';
 import { PROXY_MODES } from '../kubeproxy/mode.js';
 import type { ConntrackCleanupReport } from '../conntrack/conntrack-cleaner.js';
 import type { TranslatedConnections } from '../driver/driver.js';
+import { conntrackMetrics } from './conntrack-metrics.js';
 import { registerTranslationCounter } from './translation-counter.js';
 import type { InformerObserver } from '../kube/informer.js';
 import { buildInfo } from '../build-info/version.js';
@@ -227,7 +228,6 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
     for (const family of FAMILIES) {
       this.conflicts.set({ family }, 0);
       this.localPodDetectionMissing.set({ family }, 0);
-      this.conntrackTruncated.inc({ family }, 0);
       this.verificationsUnread.inc({ family }, 0);
     }
     this.conflictEvents.inc(0);
@@ -333,25 +333,8 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
     this.informerErrors.inc({ resource });
   }
 
-  // Stale conntrack entries and iptables rejections (src/conntrack/, src/backends/iptables/).
-  private readonly conntrackDeleted = new Counter({
-    name: METRIC_PREFIX + 'conntrack_entries_deleted_total',
-    help: 'UDP/SCTP conntrack entries deleted because the translation of their destination changed, appeared or went.',
-    registers: [this.registry],
-  });
-  private readonly conntrackErrors = new Counter({
-    name: METRIC_PREFIX + 'conntrack_cleanup_errors_total',
-    help: 'Failed deletions of stale conntrack entries; those flows keep their old translation until idle.',
-    registers: [this.registry],
-  });
-  private readonly conntrackTruncated = new Counter({
-    name: METRIC_PREFIX + 'conntrack_truncated_total',
-    help:
-      'Stale UDP/SCTP tuples with more conntrack entries than their share of one in-process deletion; ' +
-      'the rest were deleted by further calls and the conntrack command (its failures count as clean-up errors).',
-    labelNames: ['family'],
-    registers: [this.registry],
-  });
+  // Stale conntrack entries (src/conntrack/) and iptables rejections (src/backends/iptables/).
+  private readonly conntrack = conntrackMetrics(this.registry);
   private readonly rejected = new Gauge({
     name: METRIC_PREFIX + 'rejected_entries',
     help: 'Entries and local-pod matches the backend left out after the last successful sync because it refuses a value (each is logged once).',
@@ -371,12 +354,7 @@ export class ControllerMetrics implements ControllerObserver, InformerObserver {
   }
 
   onConntrackCleanup(report: ConntrackCleanupReport): void {
-    this.conntrackDeleted.inc(report.deleted);
-    this.conntrackErrors.inc(report.failures);
-    for (const family of FAMILIES) {
-      const truncated = report.truncated?.[family];
-      if (truncated) this.conntrackTruncated.inc({ family }, truncated);
-    }
+    this.conntrack.onCleanup(report);
   }
 
   /** Set from onSync's result: what the backend leaves out of the kernel now. */

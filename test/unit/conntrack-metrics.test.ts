@@ -19,6 +19,16 @@ describe('conntrack and iptables rejection metrics', () => {
     expect(await value(metrics, 'ipvs_node_controller_conntrack_cleanup_errors_total')).to.equal(1);
   });
 
+  it('counts tuples the kernel deleted by a filter apart from the entries deleted one by one, from zero', async () => {
+    const metrics = new ControllerMetrics({ defaultMetrics: false });
+    const name = 'ipvs_node_controller_conntrack_flushed_tuples_total';
+    expect(await value(metrics, name)).to.equal(0);
+    metrics.onConntrackCleanup({ tuples: 2, deleted: 0, flushed: 2, failures: 0, durationMs: 1 });
+    metrics.onConntrackCleanup({ tuples: 1, deleted: 4, failures: 0, durationMs: 1 });
+    expect(await value(metrics, name)).to.equal(2);
+    expect(await value(metrics, 'ipvs_node_controller_conntrack_entries_deleted_total')).to.equal(4);
+  });
+
   it('counts tuples truncated by one in-process deletion, per family, from zero', async () => {
     const metrics = new ControllerMetrics({ defaultMetrics: false });
     const name = 'ipvs_node_controller_conntrack_truncated_total';

@@ -26,7 +26,7 @@ function recordingNetlink(failing: Family[] = []) {
     deleteMatching(family, tuples) {
       calls.push({ family, ports: tuples.map((t) => t.port) });
       if (failing.includes(family)) return Promise.reject(new Error('Operation not permitted'));
-      return Promise.resolve({ deleted: tuples.length, dumps: 1, truncated: [] });
+      return Promise.resolve({ deleted: tuples.length, dumps: 1, flushed: 0, truncated: [] });
     },
   };
   return { netlink, calls };
@@ -41,7 +41,7 @@ function boundedNetlink(entries: Map<number, number>, share: number) {
   const netlink: ConntrackNetlink = {
     deleteMatching(_family, tuples) {
       calls.push(tuples.map((t) => t.port));
-      const result: NetlinkDeletion = { deleted: 0, dumps: 1, truncated: [] };
+      const result: NetlinkDeletion = { deleted: 0, dumps: 1, flushed: 0, truncated: [] };
       for (const t of tuples) {
         const matched = entries.get(t.port) ?? 0;
         const deleted = Math.min(matched, share);
@@ -159,5 +159,39 @@ describe('conntrack clean-up in process', () => {
     ]);
     expect(report.truncated).to.equal(undefined);
     expect(lines.filter((l) => l.includes('more than their share'))).to.deep.equal([]);
+  });
+
+  it('counts the tuples the kernel deleted by a filter, runs no command, and says once that a kernel refused it', async () => {
+    const flushing: ConntrackNetlink = {
+      deleteMatching: (_family, tuples) =>
+        Promise.resolve({ deleted: 0, dumps: 0, flushed: tuples.length, truncated: [] }),
+    };
+    const refusing: ConntrackNetlink = {
+      deleteMatching: (_family, tuples) =>
+        Promise.resolve({
+          deleted: tuples.length,
+          dumps: 1,
+          flushed: 0,
+          flushRefused: 'Invalid argument',
+          truncated: [],
+        }),
+    };
+    const lines: string[] = [];
+    const flushed = await new ConntrackCleaner({
+      logger: linesLogger(lines, 'debug'),
+      netlink: flushing,
+      command,
+    }).clean([tuple('192.0.2.1', 53), tuple('192.0.2.2', 53)]);
+    expect(flushed).to.include({ tuples: 2, deleted: 0, flushed: 2, failures: 0 });
+    const refusedBy = new ConntrackCleaner({ logger: linesLogger(lines, 'debug'), netlink: refusing, command });
+    for (let i = 0; i < 2; i++) {
+      const report = await refusedBy.clean([tuple('192.0.2.1', 53)]);
+      expect(report).to.include({ tuples: 1, deleted: 1, failures: 0 });
+      expect(report.flushed).to.equal(undefined);
+    }
+    expect(commandCalls()).to.deep.equal([]);
+    const said = lines.filter((l) => l.includes('does not delete conntrack entries by a filter'));
+    expect(said).to.have.length(1);
+    expect(said[0]).to.include('Invalid argument');
   });
 });

@@ -346,7 +346,8 @@ export interface ProbeOutcome {
   firstError: string;
 }
 
-type Probing = { outcome: Promise<ProbeOutcome> };
+/** A probe under way: when its first attempt started (an hrtime, ns), and its outcome. */
+type Probing = { startedNs: bigint; outcome: Promise<ProbeOutcome> };
 
 /** Node network of the benchmark's namespace: see the header. */
 export interface ProbeNodeLayout {
@@ -519,7 +520,7 @@ export class PacketProbe {
         firstError: r.firstError as string,
       };
     });
-    return { outcome };
+    return { startedNs: BigInt(started.slice('started '.length).trim()), outcome };
   }
 
   async stop(): Promise<void> {

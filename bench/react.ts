@@ -13,7 +13,9 @@
 //   start: spawn the controller -> the first TCP connection through the last Service's LoadBalancer IP;
 //   memory at N: VmRSS SETTLE_MS after that;
 //   react: per change, --spacing ms apart, a status PATCH moving the UDP Service's ingress to a fresh
-//     IP: the PATCH's answer -> the first datagram through the new address (an attempt every 2 ms);
+//     IP: the PATCH's answer -> the first datagram through the new address (an attempt every 2 ms,
+//     the PATCH sent at a point of the attempts' cycle drawn per change; and a bound below: the
+//     answer -> the attempt before, which did not get through);
 //   memory with one Service: started again against the second stand-in, VmRSS SETTLE_MS after.
 // --tcp-changes: every second change moves a TCP Service instead, probed by connections: what a
 // change costs without the conntrack clean-up a UDP change is followed by.
@@ -73,6 +75,11 @@ export interface RunResult {
   cachesSyncedMs?: number;
   /** Per change: the PATCH's answer -> first datagram through the new address. */
   reactMs: number[];
+  /**
+   * Per UDP change: the PATCH's answer -> the attempt before that first datagram, which did not
+   * get through (0 when none was after the answer): the path took longer, a bound below.
+   */
+  reactBelowMs?: number[];
   /** With --tcp-changes, the TCP Service's changes: PATCH answered -> first connection through the new address. */
   reactTcpMs?: number[];
   /** Changes whose new address did not answer within 5 s. */
@@ -202,6 +209,13 @@ async function outer(argv: string[]): Promise<void> {
   }
 }
 
+/** Per round, p50 / p99 of the bound below: `0.9 / 2.1, 1.0 / 2.4 ms`. */
+function belowCell(rs: RunResult[]): string {
+  const of = (r: RunResult) =>
+    [50, 99].map((p) => (r.reactBelowMs?.length ? percentile(r.reactBelowMs, p).toFixed(1) : '–')).join(' / ');
+  return `${rs.map(of).join(', ')} ms`;
+}
+
 function formatTable(spec: ReactSpec, node: string, results: RunResult[]): string {
   const n = spec.services.toLocaleString('en-US');
   const runs = (build: string) => results.filter((r) => r.build === build).sort((a, b) => a.round - b.round);
@@ -214,6 +228,7 @@ function formatTable(spec: ReactSpec, node: string, results: RunResult[]): strin
     ['start to the last Service answered', per((r) => r.startMs && r.startMs / 1000, 2, 's')],
     ['react p50', per((r) => percentile(r.reactMs, 50), 1, 'ms')],
     ['react p99', per((r) => percentile(r.reactMs, 99), 1, 'ms')],
+    ['react p50 / p99, the attempt before (a bound below)', (rs) => belowCell(rs)],
     ...(spec.tcpChanges
       ? ([
           ['react p50, TCP changes', per((r) => percentile(r.reactTcpMs ?? [], 50), 1, 'ms')],
@@ -233,8 +248,8 @@ function formatTable(spec: ReactSpec, node: string, results: RunResult[]): strin
   const notes: string[] = [
     `Cells: round 1 / round 2${spec.rounds > 2 ? ' / ...' : ''}, run in the order ${labels.join(', ')} each round; memory: at ${n} / with one Service, per round.`,
     spec.tcpChanges
-      ? `react: ${spec.changes} changes per round, ${spec.spacingMs.join('-')} ms apart, of one UDP Service's ingress IP and of one TCP Service's in turn (status PATCH answered -> first datagram, or connection, through the new address, an attempt every 2 ms); a UDP change is followed by its conntrack clean-up (a walk of the kernel's conntrack table), a TCP change by none.`
-      : `react: ${spec.changes} changes per round of one UDP Service's ingress IP, ${spec.spacingMs.join('-')} ms apart (status PATCH answered -> first datagram through the new address, an attempt every 2 ms).`,
+      ? `react: ${spec.changes} changes per round, ${spec.spacingMs.join('-')} ms apart, of one UDP Service's ingress IP and of one TCP Service's in turn (status PATCH answered -> first datagram, or connection, through the new address, an attempt every 2 ms, each PATCH sent at a point of the attempts' cycle drawn for it; the bound below: -> the attempt before the first datagram, which did not get through); a UDP change is followed by its conntrack clean-up (a deletion by filter in the kernel on Linux 6.12 and later, a walk of the conntrack table in a dump before), a TCP change by none.`
+      : `react: ${spec.changes} changes per round of one UDP Service's ingress IP, ${spec.spacingMs.join('-')} ms apart (status PATCH answered -> first datagram through the new address, an attempt every 2 ms; the bound below: -> the attempt before it, which did not get through).`,
   ];
   for (const b of labels) {
     const rs = runs(b);
@@ -362,24 +377,46 @@ async function measureRun(ctx: RunContext, node: NodeBinary, build: Build, round
   return result;
 }
 
+/**
+ * Waits (spinning: a timer is late by a millisecond) until `fraction` of an interval after an
+ * attempt of the probe begun at `startedNs`: the next such moment. Sent always at the same point
+ * of the attempts' cycle, the PATCHes were answered about 0.5 ms before an attempt, so that any
+ * path under 0.5 ms measured 0.5 and any path from 0.5 to 2.5 ms measured 2.5: p50 moved by
+ * steps of 2 ms. At a phase drawn for each change, a change's figure is its path plus the wait
+ * for the next attempt (1 ms on average).
+ */
+function inPhase(startedNs: bigint, fraction: number): void {
+  const interval = BigInt(PROBE_INTERVAL_US * 1000);
+  const offset = BigInt(Math.floor(fraction * PROBE_INTERVAL_US * 1000));
+  const now = process.hrtime.bigint();
+  let due = startedNs + offset;
+  if (due <= now) due += ((now - due) / interval + 1n) * interval;
+  while (process.hrtime.bigint() < due);
+}
+
 async function changes(ctx: RunContext, c: Controller, result: RunResult, answeredAt: number): Promise<void> {
   // The same pauses for every build and round.
   const random = seededRandom(28);
   const cpuBefore = c.cpuMs();
   const windows: Array<[number, number]> = [];
+  // Where between two attempts each PATCH is sent, the same for every build and round.
+  const phase = seededRandom(29);
   if (ctx.spec.tcpChanges) result.reactTcpMs = [];
+  result.reactBelowMs = [];
   for (let k = 0; k < ctx.spec.changes; k++) {
     const tcp = ctx.spec.tcpChanges && k % 2 === 1;
     const { namespace, name } = svc.serviceName(tcp ? TCP_SERVICE : UDP_SERVICE);
     const address = svc.movedIp(ctx.moved++);
     const prober = tcp ? ctx.tcp : ctx.udp;
     const probing = await prober.begin(address, svc.BENCH_PORT, CHANGE_TIMEOUT_MS, PROBE_INTERVAL_US, 0);
+    inPhase(probing.startedNs, phase());
     if (performance.now() > answeredAt + SYNC_PERIOD_MS - 500) result.afterResync++;
     const sentNs = process.hrtime.bigint();
     const answeredNs = await ctx.many.moveIngress(namespace, name, address);
     const outcome = await probing.outcome;
     if (outcome.ok) {
       (tcp ? result.reactTcpMs! : result.reactMs).push(Number(outcome.firstOkNs - answeredNs) / 1e6);
+      if (!tcp) result.reactBelowMs!.push(Math.max(0, Number(outcome.beforeOkNs - answeredNs) / 1e6));
       windows.push([Number(sentNs / 1000n), Number(outcome.firstOkNs / 1000n)]);
     } else result.lost++;
     if (result.lost >= 3 && result.reactMs.length === 0)

@@ -52,8 +52,8 @@ constexpr size_t DATAGRAM_BYTES = 64u << 10;
 // Room for more acknowledgements than the default receive buffer holds (the kernel caps it at
 // net.core.rmem_max): best effort.
 constexpr int RECEIVE_BUFFER_BYTES = 1 << 20;
-// A dump walks the whole hash table (262,144 buckets on a node with 16 GiB or more: 8.6 ms of
-// the kernel's time for each, whatever it holds, measured on 6.18 with an empty table), so a call
+// A dump walks the whole hash table (262,144 buckets on a node with 16 GiB or more: 10-14 ms of
+// the kernel's time for each, whatever it holds, measured on 6.18, softirqs off), so a call
 // walks it as few times as it can: once per (protocol, port) of its targets, filtered by the
 // kernel (CTA_FILTER, Linux 5.8 and later: only the entries of that protocol and destination port
 // cross to us, of that destination address too when the group has one, in IPv4), up to this many
@@ -288,7 +288,7 @@ bool Dump(netlink::Socket& sock, int family, const Group* filter, DumpState& sta
 // protocol, port) and, untranslated only, whose reply comes from that address: one
 // IPCTNL_MSG_CT_DELETE carrying CTA_FILTER and no source. Linux 6.12 and later delete by the
 // filter: the kernel walks its table itself, preemptibly, taking a bucket's lock only where the
-// bucket holds entries (0.5-0.9 ms for 262,144 buckets on 6.18, where a dump takes 10-14 ms with
+// bucket holds entries (0.3-0.9 ms for 262,144 buckets on 6.18, where a dump takes 10-14 ms with
 // softirqs off from its first bucket to its last). Before 6.12 the same message is a deletion of
 // one whole tuple, which the kernel refuses (no source address: EINVAL): never a flush of more
 // than the filter, on any kernel. IPv6 is never asked: its address filter is not to be trusted

@@ -230,6 +230,41 @@ nlmsghdr* PutHeader(char* buffer, uint16_t type, uint16_t flags, int family, uin
   return nlh;
 }
 
+// Why a receive loop of `what` (e.g. "reading conntrack's entries") did not end well.
+std::string ReceiveFailure(const char* what, const netlink::Received& received) {
+  const bool timedOut = received.end == netlink::Received::End::kSystem && received.error == EAGAIN;
+  return std::string(what) + ": " + (timedOut ? "no answer within the timeout" : received.Why());
+}
+
+// The original destination a dump or a deletion by filter matches, and the CTA_FILTER that says
+// so: protocol and destination port, the address when given (IPv4 only), and, when
+// `replySource` is given, the reply's source address (IPv4 only).
+void PutFilter(nlmsghdr* nlh, const uint8_t* address, uint8_t protocol, uint16_t port, const uint8_t* replySource) {
+  nlattr* tuple = mnl_attr_nest_start(nlh, CTA_TUPLE_ORIG);
+  if (address != nullptr) {
+    nlattr* ip = mnl_attr_nest_start(nlh, CTA_TUPLE_IP);
+    mnl_attr_put(nlh, CTA_IP_V4_DST, 4, address);
+    mnl_attr_nest_end(nlh, ip);
+  }
+  nlattr* proto = mnl_attr_nest_start(nlh, CTA_TUPLE_PROTO);
+  mnl_attr_put_u8(nlh, CTA_PROTO_NUM, protocol);
+  mnl_attr_put_u16(nlh, CTA_PROTO_DST_PORT, port);
+  mnl_attr_nest_end(nlh, proto);
+  mnl_attr_nest_end(nlh, tuple);
+  if (replySource != nullptr) {
+    nlattr* reply = mnl_attr_nest_start(nlh, CTA_TUPLE_REPLY);
+    nlattr* ip = mnl_attr_nest_start(nlh, CTA_TUPLE_IP);
+    mnl_attr_put(nlh, CTA_IP_V4_SRC, 4, replySource);
+    mnl_attr_nest_end(nlh, ip);
+    mnl_attr_nest_end(nlh, reply);
+  }
+  nlattr* flags = mnl_attr_nest_start(nlh, CTA_FILTER);
+  const uint32_t orig = (address != nullptr ? FILTER_IP_DST : 0) | FILTER_PROTO_NUM | FILTER_PROTO_DST_PORT;
+  mnl_attr_put_u32(nlh, CTA_FILTER_ORIG_FLAGS, orig);
+  mnl_attr_put_u32(nlh, CTA_FILTER_REPLY_FLAGS, replySource != nullptr ? FILTER_IP_SRC : 0);
+  mnl_attr_nest_end(nlh, flags);
+}
+
 // One dump of the family's table into `state`: every entry, or (`filter`) only those of the
 // group's protocol and destination port (and address, in IPv4, when it has one). A kernel without
 // CTA_FILTER sends every entry; the lookup among the targets decides either way.
@@ -240,22 +275,7 @@ bool Dump(netlink::Socket& sock, int family, const Group* filter, DumpState& sta
   nlmsghdr* dump = PutHeader(request, IPCTNL_MSG_CT_GET, NLM_F_DUMP, family, seq);
   if (filter != nullptr) {
     const bool byAddress = family == AF_INET && filter->oneAddress;
-    nlattr* tuple = mnl_attr_nest_start(dump, CTA_TUPLE_ORIG);
-    if (byAddress) {
-      nlattr* ip = mnl_attr_nest_start(dump, CTA_TUPLE_IP);
-      mnl_attr_put(dump, CTA_IP_V4_DST, state.addressLength, filter->address);
-      mnl_attr_nest_end(dump, ip);
-    }
-    nlattr* proto = mnl_attr_nest_start(dump, CTA_TUPLE_PROTO);
-    mnl_attr_put_u8(dump, CTA_PROTO_NUM, filter->protocol);
-    mnl_attr_put_u16(dump, CTA_PROTO_DST_PORT, filter->port);
-    mnl_attr_nest_end(dump, proto);
-    mnl_attr_nest_end(dump, tuple);
-    nlattr* flags = mnl_attr_nest_start(dump, CTA_FILTER);
-    const uint32_t orig = (byAddress ? FILTER_IP_DST : 0) | FILTER_PROTO_NUM | FILTER_PROTO_DST_PORT;
-    mnl_attr_put_u32(dump, CTA_FILTER_ORIG_FLAGS, orig);
-    mnl_attr_put_u32(dump, CTA_FILTER_REPLY_FLAGS, 0);
-    mnl_attr_nest_end(dump, flags);
+    PutFilter(dump, byAddress ? filter->address : nullptr, filter->protocol, filter->port, nullptr);
   }
   if (!sock.Send(dump, dump->nlmsg_len)) return error = Errno("asking conntrack for its entries"), false;
   ++state.dumps;
@@ -276,9 +296,7 @@ bool Dump(netlink::Socket& sock, int family, const Group* filter, DumpState& sta
     return false;
   }
   if (!received.ok()) {
-    error = received.end == netlink::Received::End::kSystem && received.error == EAGAIN
-                ? "reading conntrack's entries: no answer within the timeout"
-                : "reading conntrack's entries: " + received.Why();
+    error = ReceiveFailure("reading conntrack's entries", received);
     return false;
   }
   return error.empty();
@@ -288,7 +306,7 @@ bool Dump(netlink::Socket& sock, int family, const Group* filter, DumpState& sta
 // protocol, port) and, untranslated only, whose reply comes from that address: one
 // IPCTNL_MSG_CT_DELETE carrying CTA_FILTER and no source. Linux 6.12 and later delete by the
 // filter: the kernel walks its table itself, preemptibly, taking a bucket's lock only where the
-// bucket holds entries (0.3-0.9 ms for 262,144 buckets on 6.18, where a dump takes 10-14 ms with
+// bucket holds entries (0.3-0.5 ms for 262,144 buckets on 6.18, where a dump takes 10-14 ms with
 // softirqs off from its first bucket to its last). Before 6.12 the same message is a deletion of
 // one whole tuple, which the kernel refuses (no source address: EINVAL): never a flush of more
 // than the filter, on any kernel. IPv6 is never asked: its address filter is not to be trusted
@@ -298,26 +316,7 @@ int Flush(netlink::Socket& sock, const Target& t, bool untranslatedOnly, std::st
   alignas(nlmsghdr) char request[512];
   const uint32_t seq = sock.NextSeq();
   nlmsghdr* nlh = PutHeader(request, IPCTNL_MSG_CT_DELETE, NLM_F_ACK, AF_INET, seq);
-  nlattr* orig = mnl_attr_nest_start(nlh, CTA_TUPLE_ORIG);
-  nlattr* ip = mnl_attr_nest_start(nlh, CTA_TUPLE_IP);
-  mnl_attr_put(nlh, CTA_IP_V4_DST, 4, t.address);
-  mnl_attr_nest_end(nlh, ip);
-  nlattr* proto = mnl_attr_nest_start(nlh, CTA_TUPLE_PROTO);
-  mnl_attr_put_u8(nlh, CTA_PROTO_NUM, t.protocol);
-  mnl_attr_put_u16(nlh, CTA_PROTO_DST_PORT, t.port);
-  mnl_attr_nest_end(nlh, proto);
-  mnl_attr_nest_end(nlh, orig);
-  if (untranslatedOnly) {
-    nlattr* reply = mnl_attr_nest_start(nlh, CTA_TUPLE_REPLY);
-    nlattr* replyIp = mnl_attr_nest_start(nlh, CTA_TUPLE_IP);
-    mnl_attr_put(nlh, CTA_IP_V4_SRC, 4, t.address);
-    mnl_attr_nest_end(nlh, replyIp);
-    mnl_attr_nest_end(nlh, reply);
-  }
-  nlattr* filter = mnl_attr_nest_start(nlh, CTA_FILTER);
-  mnl_attr_put_u32(nlh, CTA_FILTER_ORIG_FLAGS, FILTER_IP_DST | FILTER_PROTO_NUM | FILTER_PROTO_DST_PORT);
-  mnl_attr_put_u32(nlh, CTA_FILTER_REPLY_FLAGS, untranslatedOnly ? FILTER_IP_SRC : 0);
-  mnl_attr_nest_end(nlh, filter);
+  PutFilter(nlh, t.address, t.protocol, t.port, untranslatedOnly ? t.address : nullptr);
   if (!sock.Send(nlh, nlh->nlmsg_len)) return error = Errno("deleting conntrack entries by a filter"), -1;
   int answer = 0;
   const netlink::Received received = sock.Receive(seq, seq, netlink::Limits(), [&](const netlink::Message& m) {
@@ -326,9 +325,7 @@ int Flush(netlink::Socket& sock, const Target& t, bool untranslatedOnly, std::st
     return m.type == Type::kAck || m.type == Type::kError ? netlink::Next::kStop : netlink::Next::kMore;
   });
   if (!received.ok()) {
-    error = received.end == netlink::Received::End::kSystem && received.error == EAGAIN
-                ? "deleting conntrack entries by a filter: no answer within the timeout"
-                : "deleting conntrack entries by a filter: " + received.Why();
+    error = ReceiveFailure("deleting conntrack entries by a filter", received);
     return -1;
   }
   return answer;
@@ -472,9 +469,7 @@ Result DeleteMatching(int family, const std::vector<Target>& targets, int timeou
           return ++acked < messages ? netlink::Next::kMore : netlink::Next::kStop;
         });
     if (!received.ok()) {
-      result.error = received.end == netlink::Received::End::kSystem && received.error == EAGAIN
-                         ? "deleting conntrack entries: no answer within the timeout"
-                         : "deleting conntrack entries: " + received.Why();
+      result.error = ReceiveFailure("deleting conntrack entries", received);
       return result;
     }
   }

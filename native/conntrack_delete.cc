@@ -306,7 +306,7 @@ bool Dump(netlink::Socket& sock, int family, const Group* filter, DumpState& sta
 // protocol, port) and, untranslated only, whose reply comes from that address: one
 // IPCTNL_MSG_CT_DELETE carrying CTA_FILTER and no source. Linux 6.12 and later delete by the
 // filter: the kernel walks its table itself, preemptibly, taking a bucket's lock only where the
-// bucket holds entries (0.3-0.5 ms for 262,144 buckets on 6.18, where a dump takes 10-14 ms with
+// bucket holds entries (0.3-0.6 ms for 262,144 buckets on 6.18, where a dump takes 10-14 ms with
 // softirqs off from its first bucket to its last). Before 6.12 the same message is a deletion of
 // one whole tuple, which the kernel refuses (no source address: EINVAL): never a flush of more
 // than the filter, on any kernel. IPv6 is never asked: its address filter is not to be trusted
